@@ -1,0 +1,75 @@
+"""The ``localstate`` command line.
+
+Exit codes: 0 success, 1 a localstate error (message on stderr), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable, Sequence
+
+from localstate.errors import LocalStateError
+
+__all__ = ["main", "build_parser", "command"]
+
+_COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None], str]] = {}
+
+
+def command(name: str, help: str) -> Callable:  # noqa: A002 - argparse's own word
+    """Register ``localstate <name>``: decorate ``run(args) -> int``; its ``.arguments`` adds flags."""
+
+    def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        _COMMANDS[name] = (run, getattr(run, "arguments", lambda parser: None), help)
+        return run
+
+    return register
+
+
+def _version() -> str:
+    from localstate import __version__
+
+    return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    _load_commands()
+    parser = argparse.ArgumentParser(prog="localstate", description=(
+        "Fast, fault-tolerant local state for stream processing on Spark."))
+    parser.add_argument("--version", action="version", version=f"localstate {_version()}")
+    parser.add_argument("--plugins", metavar="FILE", help="plugin policy file (default: $LOCALSTATE_PLUGINS, "
+                        "else plugins.toml in the current directory or an ancestor)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, add_arguments, help_text) in sorted(_COMMANDS.items()):
+        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    return parser
+
+
+def _load_commands() -> None:
+    # Commands live next to what they drive; importing the modules registers them.
+    import localstate.core.commands  # noqa: F401
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.command:
+        parser.print_help()
+        return 2
+    run = _COMMANDS[args.command][0]
+    try:
+        return run(args)
+    except LocalStateError as exc:
+        print(f"localstate {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"localstate {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

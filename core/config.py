@@ -1,0 +1,290 @@
+"""Job configuration (TOML), validated in full before any data is touched.
+
+Every problem is collected and reported in one :class:`~localstate.errors.ConfigError`, each at its
+config path (``stores.counts.cache_size``). Example::
+
+    [job]
+    name = "page-view-counts"
+    partitions = 4
+    task = "my_tasks:PageViewCounter"     # module:Class, a StreamTask subclass
+    commit_interval = "5s"
+    changelog = "file"                    # default changelog system for every store
+    state_dir = "state"                   # relative to this file
+
+    [changelogs.file]                     # options of a changelog system
+    segment_bytes = "64MB"
+
+    [inputs.page-views]
+    system = "jsonl"
+    path = "data/page-views"
+
+    [stores.counts]
+    engine = "kv"
+    backend = "rocksdb"
+    key_serde = "string"
+    value_serde = "int"
+    # changelog = "counts-log"            # stream name; default "<job>-<store>-changelog"; false = none
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from localstate.core.names import name_problem
+from localstate.core.options import did_you_mean, parse_duration
+from localstate.core.policy import PluginPolicy
+from localstate.core.registry import Registry, registry_for
+from localstate.errors import ConfigError, ConfigProblem, LocalStateError
+
+__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "load_job_config", "parse_job_config"]
+
+_JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
+             "state_dir", "allow_pickle", "plugins", "log_level"}
+_STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
+_SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark"}
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """One ``[stores.<name>]`` table after validation."""
+
+    name: str
+    engine: str
+    options: Mapping[str, Any]
+    """Engine options, validated by the engine's factory."""
+    changelog: str | None
+    """Changelog stream name, or None when the store is not logged."""
+    key_serde: str = "bytes"
+    value_serde: str = "bytes"
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """One ``[inputs.<name>]`` or ``[outputs.<name>]`` table; ``system`` picks the stream system."""
+
+    name: str
+    system: str
+    options: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A validated job."""
+
+    name: str
+    partitions: int
+    task: str
+    state_dir: Path
+    changelog_system: str = "file"
+    changelog_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    commit_interval: float = 5.0
+    commit_every: int | None = None
+    window_interval: float | None = None
+    allow_pickle: bool = False
+    inputs: Mapping[str, StreamConfig] = field(default_factory=dict)
+    outputs: Mapping[str, StreamConfig] = field(default_factory=dict)
+    stores: Mapping[str, StoreConfig] = field(default_factory=dict)
+    spark: Mapping[str, Any] = field(default_factory=dict)
+    policy: PluginPolicy = field(default_factory=PluginPolicy)
+    source: str | None = None
+
+    @property
+    def registry(self) -> Registry:
+        return registry_for(self.policy)
+
+
+def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
+                    registry: Registry | None = None) -> JobConfig:
+    """Read and validate a job file. ``plugins`` overrides the policy file location."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError.at("", f"job config {path} does not exist", hint="check the path") from exc
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
+                             hint="fix the TOML syntax at the reported line") from exc
+    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
+
+
+def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
+                     plugins: str | os.PathLike[str] | None = None, registry: Registry | None = None) -> JobConfig:
+    """Validate an already-parsed TOML document. See the module docstring for the format."""
+    base_dir = Path(base_dir or Path.cwd())
+    problems: list[ConfigProblem] = []
+    add = lambda path, message: problems.append(ConfigProblem(path, message))  # noqa: E731
+
+    for section in sorted(set(data) - _SECTIONS):
+        add(section, "unknown section" + did_you_mean(section, sorted(_SECTIONS)))
+
+    job = _table(data, "job", add)
+    for key in sorted(set(job) - _JOB_KEYS):
+        add(f"job.{key}", "unknown key" + did_you_mean(key, sorted(_JOB_KEYS)))
+
+    # The policy decides which plugins the rest of validation may load.
+    policy = PluginPolicy()
+    try:
+        policy_path = plugins or (str(base_dir / job["plugins"]) if isinstance(job.get("plugins"), str) else None)
+        policy = PluginPolicy.discover(policy_path) if policy_path or registry is None else registry.policy
+    except ConfigError as exc:
+        problems.extend(ConfigProblem(p.path or "job.plugins", p.message) for p in exc.problems)
+    registry = registry or registry_for(policy)
+
+    name = job.get("name")
+    if name is None:
+        add("job.name", "required")
+    elif problem := name_problem(name, "job"):
+        add("job.name", problem)
+    partitions = job.get("partitions", 1)
+    if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= 100_000:
+        add("job.partitions", f"must be an integer from 1 to 100000, got {partitions!r}")
+        partitions = 1
+    task = job.get("task")
+    if task is None:
+        add("job.task", "required: the task class as 'module:Class'")
+    elif not isinstance(task, str) or task.count(":") != 1 or not all(task.split(":")):
+        add("job.task", f"must be 'module:Class', got {task!r}")
+    commit_interval = _duration(job, "commit_interval", 5.0, add)
+    window_interval = _duration(job, "window_interval", None, add)
+    commit_every = job.get("commit_every")
+    if commit_every is not None and (not isinstance(commit_every, int) or isinstance(commit_every, bool)
+                                     or commit_every < 1):
+        add("job.commit_every", f"must be a positive integer (records between commits), got {commit_every!r}")
+        commit_every = None
+    allow_pickle = job.get("allow_pickle", False)
+    if not isinstance(allow_pickle, bool):
+        add("job.allow_pickle", "must be true or false")
+        allow_pickle = False
+    state_dir = job.get("state_dir", "state")
+    if not isinstance(state_dir, str) or not state_dir:
+        add("job.state_dir", "must be a directory path")
+        state_dir = "state"
+
+    changelog_system = job.get("changelog", "file")
+    known_changelogs = registry.names("changelogs")
+    changelog_options: dict[str, dict[str, Any]] = {}
+    raw_changelogs = _table(data, "changelogs", add)
+    systems_used = {changelog_system} | set(raw_changelogs)
+    if not isinstance(changelog_system, str):
+        add("job.changelog", "must be the name of a changelog system")
+        systems_used.discard(changelog_system)
+    for system in sorted(systems_used):
+        raw = raw_changelogs.get(system, {})
+        path = f"changelogs.{system}" if system in raw_changelogs else "job.changelog"
+        try:
+            changelog_options[system] = registry.changelog_system(system).validate(raw, f"changelogs.{system}")
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except LocalStateError as exc:
+            add(path, exc.message)
+
+    stores: dict[str, StoreConfig] = {}
+    for store_name, table in _table(data, "stores", add).items():
+        store = _store(store_name, table, name, allow_pickle, registry, add, problems)
+        if store is not None:
+            stores[store_name] = store
+
+    inputs = _streams(data, "inputs", add)
+    outputs = _streams(data, "outputs", add)
+    spark = _table(data, "spark", add)
+
+    if problems:
+        raise ConfigError(problems, source=source)
+    return JobConfig(
+        name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(),
+        changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
+        commit_every=commit_every, window_interval=window_interval, allow_pickle=allow_pickle, inputs=inputs,
+        outputs=outputs, stores=stores, spark=dict(spark), policy=policy, source=source)
+
+
+def _table(data: Mapping[str, Any], key: str, add) -> dict[str, Any]:  # noqa: ANN001
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        add(key, "must be a table")
+        return {}
+    return value
+
+
+def _duration(job: Mapping[str, Any], key: str, default: float | None, add) -> float | None:  # noqa: ANN001
+    if key not in job:
+        return default
+    try:
+        return parse_duration(job[key])
+    except ValueError as exc:
+        add(f"job.{key}", str(exc))
+        return default
+
+
+def _store(store_name: str, table: Any, job_name: Any, allow_pickle: bool, registry: Registry, add,  # noqa: ANN001
+           problems: list[ConfigProblem]) -> StoreConfig | None:
+    path = f"stores.{store_name}"
+    if problem := name_problem(store_name, "store"):
+        add(path, problem)
+        return None
+    if not isinstance(table, dict):
+        add(path, "must be a table")
+        return None
+    ok = True
+    engine = table.get("engine")
+    if not isinstance(engine, str):
+        add(f"{path}.engine", "required: the engine plugin name, e.g. 'kv'")
+        ok = False
+    changelog = table.get("changelog", f"{job_name}-{store_name}-changelog" if isinstance(job_name, str) else None)
+    if changelog is False:
+        changelog = None
+    elif changelog is True:
+        changelog = f"{job_name}-{store_name}-changelog"
+    elif isinstance(changelog, str):
+        if problem := name_problem(changelog, "changelog stream"):
+            add(f"{path}.changelog", problem)
+            ok = False
+    else:
+        add(f"{path}.changelog", "must be a stream name or false")
+        ok = False
+    serdes = {}
+    for key in ("key_serde", "value_serde"):
+        serde = table.get(key, "bytes")
+        try:
+            registry.serde(serde, allow_pickle=allow_pickle) if isinstance(serde, str) else None
+            if not isinstance(serde, str):
+                raise ValueError("must be a serde name such as 'string', 'int' or 'json'")
+        except ValueError as exc:
+            add(f"{path}.{key}", str(exc))
+            ok = False
+        except LocalStateError as exc:
+            add(f"{path}.{key}", exc.message + (f" ({exc.hint})" if exc.hint else ""))
+            ok = False
+        serdes[key] = serde
+    options: dict[str, Any] = {}
+    if isinstance(engine, str):
+        raw_options = {k: v for k, v in table.items() if k not in _STORE_KEYS}
+        try:
+            options = registry.engine_factory(engine).validate_options(store_name, raw_options)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            ok = False
+        except LocalStateError as exc:
+            add(f"{path}.engine", exc.message + (f" ({exc.hint})" if exc.hint else ""))
+            ok = False
+    if not ok:
+        return None
+    return StoreConfig(store_name, engine, options, changelog, serdes["key_serde"], serdes["value_serde"])
+
+
+def _streams(data: Mapping[str, Any], section: str, add) -> dict[str, StreamConfig]:  # noqa: ANN001
+    streams = {}
+    for stream_name, table in _table(data, section, add).items():
+        path = f"{section}.{stream_name}"
+        if problem := name_problem(stream_name, "stream"):
+            add(path, problem)
+            continue
+        if not isinstance(table, dict) or not isinstance(table.get("system"), str):
+            add(f"{path}.system", "required: the stream system, e.g. 'jsonl', 'file', 'generator' or 'kafka'")
+            continue
+        streams[stream_name] = StreamConfig(stream_name, table["system"],
+                                            {k: v for k, v in table.items() if k != "system"})
+    return streams

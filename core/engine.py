@@ -1,0 +1,119 @@
+"""The storage-engine contract.
+
+An engine keeps one store partition's state locally and makes it fault tolerant by logging every
+change to the changelog writer it is handed. The runtime drives it through three calls
+(:meth:`StorageEngine.restore`, :meth:`StorageEngine.flush`, :meth:`StorageEngine.close`) and asks
+it one question (:meth:`StorageEngine.local_offset`). Users talk to the engine's own query API
+(get/put, push/top, add/count, search, ...).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping
+
+from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter
+from localstate.core.options import Option, validate_options
+from localstate.core.serdes import Serde
+
+__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory"]
+
+
+@dataclass(frozen=True)
+class StoreContext:
+    """Everything an engine needs to open one store partition. Passed explicitly; never global."""
+
+    job: str
+    store: str
+    partition: int
+    directory: Path
+    """Local directory owned by this store partition (created by the runtime)."""
+    options: Mapping[str, Any]
+    """Engine options, already validated by the factory."""
+    key_serde: Serde
+    value_serde: Serde
+    changelog: ChangelogWriter
+    """The only place the engine logs its changes."""
+    logged: bool = True
+    """False when the store has ``changelog = false`` (not fault tolerant)."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        """Context for error messages."""
+        return {"store": self.store, "partition": self.partition}
+
+
+class StorageEngine(ABC):
+    """One store partition's local state.
+
+    Contract (what the commit protocol relies on):
+
+    * Every change is eventually written to ``context.changelog`` as ``(key, value | None)``
+      records such that keeping only the last record per key restores the same state
+      (the changelog is *compactable*).
+    * :meth:`flush` appends all changes since the previous flush, calls ``changelog.flush()``
+      (which returns the end offset ``n``), then makes local state durable together with ``n``
+      as its local offset, atomically.
+    * Local state never becomes durable ahead of the changelog: a change may reach local disk
+      before :meth:`flush` only if its record was already flushed to the changelog.
+    * :meth:`local_offset` returns an offset ``o`` such that the local state equals the changelog's
+      state at ``o`` plus, possibly, changes recorded in the changelog at or after ``o``; or None
+      when there is no usable local state (the runtime then rebuilds from offset 0).
+    * :meth:`restore` applies records in order, last record per key wins, tombstones delete; it
+      does not log them again. Restored state becomes durable at the next :meth:`flush`.
+    """
+
+    def __init__(self, context: StoreContext) -> None:
+        self.context = context
+
+    @abstractmethod
+    def restore(self, records: Iterable[ChangelogRecord]) -> None:
+        """Rebuild from changelog records, in order (bulk loading allowed)."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Log pending changes, make the changelog durable, persist local state with its offset."""
+
+    @abstractmethod
+    def local_offset(self) -> int | None:
+        """The changelog offset local state reflects (see class docstring), or None if unknown."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release resources. Does not flush: unflushed changes are discarded."""
+
+    def __enter__(self) -> "StorageEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StorageEngineFactory(ABC):
+    """Builds an engine for one store partition. Registered under ``localstate.engines``.
+
+    Declare options in ``options``; the runtime validates each store's table with
+    :meth:`validate_options` before any data is touched.
+    """
+
+    plugin_api: ClassVar[int] = PLUGIN_API_VERSION
+    options: ClassVar[Mapping[str, Option]] = {}
+    description: ClassVar[str] = ""
+
+    def validate_options(self, store: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """Check a store's engine options; problems are reported at ``stores.<store>.<option>``.
+
+        Override :meth:`check_options` for cross-option rules; keep this template as is.
+        """
+        options = validate_options(self.options, raw, f"stores.{store}")
+        self.check_options(store, options)
+        return options
+
+    def check_options(self, store: str, options: dict[str, Any]) -> None:
+        """Cross-option checks; raise ConfigError with ``stores.<store>.<option>`` paths."""
+
+    @abstractmethod
+    def create(self, context: StoreContext) -> StorageEngine:
+        """Open (or create) the engine for ``context.store`` partition ``context.partition``."""

@@ -1,0 +1,151 @@
+"""Serdes: turn keys and values into bytes and back.
+
+Built-ins: ``bytes``, ``string`` (UTF-8), ``int`` (8-byte order-preserving, so range scans sort
+numerically, negatives included), ``json``, and ``pickle`` (refused unless the job sets
+``allow_pickle = true``: unpickling changelog or input data runs arbitrary code).
+Serdes are plugins under ``localstate.serdes``.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Generic, TypeVar
+
+from localstate.core.changelog import PLUGIN_API_VERSION
+from localstate.errors import SerdeError
+
+__all__ = ["Serde", "BytesSerde", "StringSerde", "IntSerde", "JsonSerde", "PickleSerde"]
+
+T = TypeVar("T")
+
+
+class Serde(ABC, Generic[T]):
+    """Converts objects of one type to bytes and back. ``unsafe`` serdes need the job's opt-in."""
+
+    plugin_api: ClassVar[int] = PLUGIN_API_VERSION
+    name: ClassVar[str] = ""
+    unsafe: ClassVar[bool] = False
+
+    @abstractmethod
+    def serialize(self, obj: T) -> bytes:
+        """Return the bytes of ``obj``; raise SerdeError for objects of the wrong type."""
+
+    @abstractmethod
+    def deserialize(self, data: bytes) -> T:
+        """Return the object encoded by ``data``; raise SerdeError when it cannot be decoded."""
+
+    def _wrong_type(self, obj: object, expected: str) -> SerdeError:
+        return SerdeError(f"serde {self.name!r} expects {expected}, got {type(obj).__name__} {obj!r:.80}",
+                          hint=f"convert the value to {expected} or configure another serde")
+
+    def _undecodable(self, data: bytes, exc: Exception) -> SerdeError:
+        return SerdeError(f"serde {self.name!r} cannot decode {len(data)} bytes {data[:32]!r}: {exc}",
+                          hint="check that the store's serde matches what was written")
+
+
+class BytesSerde(Serde[bytes]):
+    """Identity for ``bytes`` (bytearray and memoryview are accepted and copied)."""
+
+    name = "bytes"
+
+    def serialize(self, obj: bytes) -> bytes:
+        if type(obj) is bytes:
+            return obj
+        if isinstance(obj, (bytearray, memoryview)):
+            return bytes(obj)
+        raise self._wrong_type(obj, "bytes")
+
+    def deserialize(self, data: bytes) -> bytes:
+        return bytes(data)
+
+
+class StringSerde(Serde[str]):
+    """UTF-8 text. Byte order of UTF-8 equals code-point order, so ranges sort like strings."""
+
+    name = "string"
+
+    def serialize(self, obj: str) -> bytes:
+        if not isinstance(obj, str):
+            raise self._wrong_type(obj, "str")
+        try:
+            return obj.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates
+            raise SerdeError(f"serde 'string' cannot encode {obj!r:.80}: {exc}",
+                             hint="remove unpaired surrogates from the text") from exc
+
+    def deserialize(self, data: bytes) -> str:
+        try:
+            return bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise self._undecodable(data, exc) from exc
+
+
+_INT = struct.Struct(">Q")
+_SIGN = 1 << 63
+
+
+class IntSerde(Serde[int]):
+    """Signed 64-bit integers as 8 big-endian bytes with the sign bit flipped.
+
+    Byte order equals numeric order (-2**63 sorts first), so ``range()`` over int keys is numeric.
+    """
+
+    name = "int"
+
+    def serialize(self, obj: int) -> bytes:
+        if not isinstance(obj, int) or isinstance(obj, bool):
+            raise self._wrong_type(obj, "int")
+        if not -_SIGN <= obj < _SIGN:
+            raise SerdeError(f"serde 'int' holds signed 64-bit integers; {obj} is out of range",
+                             hint="use the json or string serde for larger integers")
+        return _INT.pack(obj ^ _SIGN if obj >= 0 else obj + _SIGN)
+
+    def deserialize(self, data: bytes) -> int:
+        if len(data) != 8:
+            raise self._undecodable(data, ValueError("expected exactly 8 bytes"))
+        raw = _INT.unpack(data)[0]
+        return raw ^ _SIGN if raw >= _SIGN else raw - _SIGN
+
+
+class JsonSerde(Serde[Any]):
+    """Compact JSON in UTF-8 (keys of objects sorted, so equal objects give equal bytes)."""
+
+    name = "json"
+
+    def serialize(self, obj: Any) -> bytes:
+        try:
+            return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
+                              allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise SerdeError(f"serde 'json' cannot encode {type(obj).__name__} {obj!r:.80}: {exc}",
+                             hint="store JSON-compatible values (dict, list, str, int, float, bool, None)"
+                             ) from exc
+
+    def deserialize(self, data: bytes) -> Any:
+        try:
+            return json.loads(bytes(data))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise self._undecodable(data, exc) from exc
+
+
+class PickleSerde(Serde[Any]):
+    """Python pickle. Unsafe: decoding runs arbitrary code from the data, so it needs
+    ``allow_pickle = true`` in the job config."""
+
+    name = "pickle"
+    unsafe = True
+
+    def serialize(self, obj: Any) -> bytes:
+        try:
+            return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # pickling can raise almost anything
+            raise SerdeError(f"serde 'pickle' cannot encode {type(obj).__name__}: {exc}") from exc
+
+    def deserialize(self, data: bytes) -> Any:
+        try:
+            return pickle.loads(data)  # noqa: S301 - only reachable with allow_pickle = true
+        except Exception as exc:
+            raise self._undecodable(data, exc) from exc

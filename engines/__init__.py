@@ -1,0 +1,3 @@
+"""Storage engines, one subpackage per engine kind: ``kv``, ``heap``, ``sketch``, ``search``."""
+
+__all__: list[str] = []

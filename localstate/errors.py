@@ -1,0 +1,159 @@
+"""Typed errors. Each carries the thing at fault (store, partition, stream, offset, config path)
+and a hint that tells the operator what to do next."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+__all__ = [
+    "LocalStateError",
+    "ConfigError",
+    "ConfigProblem",
+    "InvalidNameError",
+    "PluginError",
+    "PluginNotFoundError",
+    "PluginLoadError",
+    "PluginRefusedError",
+    "SerdeError",
+    "StoreError",
+    "StoreClosedError",
+    "InvalidValueError",
+    "ChangelogError",
+    "ChangelogCorruptError",
+    "CheckpointError",
+    "FencedError",
+    "RestoreError",
+    "TaskError",
+    "InputError",
+]
+
+
+class LocalStateError(Exception):
+    """Base class of every localstate error.
+
+    ``context`` names what was involved (store, partition, stream, offset, path, ...);
+    ``hint`` says what the operator should do. Both are rendered into ``str(error)``.
+    """
+
+    def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
+        self.message = message
+        self.hint = hint
+        self.context = {k: v for k, v in context.items() if v is not None}
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        text = self.message
+        if self.context:
+            text += " [" + ", ".join(f"{k}={v}" for k, v in self.context.items()) + "]"
+        if self.hint:
+            text += f"\n  what to do: {self.hint}"
+        return text
+
+    # Keep context when an error crosses a process boundary (Spark pickles task errors).
+    def __reduce__(self):  # type: ignore[override]
+        return (_rebuild_error, (type(self), self.message, self.hint, self.context, self.__dict__))
+
+
+def _rebuild_error(cls, message, hint, context, state):  # noqa: ANN001 - pickle helper
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    error.message, error.hint, error.context = message, hint, context
+    error.args = (error._render(),)
+    return error
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One problem in a configuration, at a dotted path such as ``stores.counts.cache_size``."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(LocalStateError):
+    """A job config, option set or policy file is invalid. Lists *every* problem found."""
+
+    def __init__(self, problems: Iterable[ConfigProblem] | str, *, source: str | None = None,
+                 hint: str | None = None) -> None:
+        if isinstance(problems, str):
+            problems = [ConfigProblem("", problems)]
+        self.problems = list(problems)
+        self.source = source
+        where = f" in {source}" if source else ""
+        count = len(self.problems)
+        header = f"{count} problem{'s' if count != 1 else ''}{where}:"
+        body = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{header}\n{body}", hint=hint or "fix each listed entry and run `localstate validate` again")
+
+    @classmethod
+    def at(cls, path: str, message: str, **kwargs: Any) -> "ConfigError":
+        return cls([ConfigProblem(path, message)], **kwargs)
+
+
+class InvalidNameError(ConfigError):
+    """A store, job or stream name that could escape the state directory or is otherwise unusable."""
+
+
+class PluginError(LocalStateError):
+    """Base of plugin lookup and loading errors."""
+
+
+class PluginNotFoundError(PluginError):
+    """No plugin of that name in the group."""
+
+
+class PluginLoadError(PluginError):
+    """The plugin exists but importing it failed."""
+
+
+class PluginRefusedError(PluginError):
+    """The plugin is blocked by policy, is not of the right kind, or speaks another plugin API version."""
+
+
+class SerdeError(LocalStateError):
+    """A value could not be serialized or deserialized."""
+
+
+class StoreError(LocalStateError):
+    """Misuse of a store or a failure inside an engine."""
+
+
+class StoreClosedError(StoreError):
+    """The store was used after close()."""
+
+
+class InvalidValueError(StoreError):
+    """A key or value the store cannot accept (e.g. None, which is reserved for tombstones)."""
+
+
+class ChangelogError(LocalStateError):
+    """A changelog could not be read or written."""
+
+
+class ChangelogCorruptError(ChangelogError):
+    """A changelog record failed its integrity check."""
+
+
+class CheckpointError(LocalStateError):
+    """A checkpoint is missing, unreadable, or inconsistent with the changelog."""
+
+
+class FencedError(CheckpointError):
+    """A newer instance of the same task partition has taken over; this one must stop."""
+
+
+class RestoreError(LocalStateError):
+    """A store could not be brought back to its checkpointed state."""
+
+
+class TaskError(LocalStateError):
+    """The user's task raised; carries the input position being processed."""
+
+
+class InputError(LocalStateError):
+    """An input record could not be decoded or routed."""
