@@ -47,9 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_COMMAND_MODULES = ("localstate.core.commands", "localstate.core.spark.commands")
+
+
 def _load_commands() -> None:
     # Commands live next to what they drive; importing the modules registers them.
-    import localstate.core.commands  # noqa: F401
+    import importlib
+
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

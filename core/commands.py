@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from localstate.core.cli import command
 from localstate.core.config import load_job_config
@@ -34,3 +35,37 @@ def validate(args: argparse.Namespace) -> int:
 
 
 validate.arguments = lambda parser: parser.add_argument("job", help="job config (TOML)")  # type: ignore[attr-defined]
+
+
+@command("reset", "delete a job's checkpoints, local stores and file changelogs, to start over from scratch")
+def reset(args: argparse.Namespace) -> int:
+    import shutil
+
+    from localstate.core.names import safe_join
+
+    job = load_job_config(args.job, plugins=args.plugins)
+    targets = [safe_join(job.state_dir, job.name)]
+    if job.changelog_system == "file":
+        root = job.changelog_options.get("file", {}).get("path") or "changelogs"
+        base = safe_join(job.state_dir) / root if not str(root).startswith("/") else Path(root)
+        targets += [base / store.changelog for store in job.stores.values() if store.changelog]
+    existing = [t for t in targets if t.exists()]
+    if not existing:
+        print("nothing to delete")
+        return 0
+    for target in existing:
+        print(f"{'deleting' if args.yes else 'would delete'} {target}")
+    if not args.yes:
+        print("re-run with --yes to delete; state is then rebuilt from the inputs")
+        return 0
+    for target in existing:
+        shutil.rmtree(target)
+    return 0
+
+
+def _reset_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="job config (TOML)")
+    parser.add_argument("--yes", action="store_true", help="really delete (default: show what would go)")
+
+
+reset.arguments = _reset_arguments  # type: ignore[attr-defined]

@@ -1,0 +1,436 @@
+"""One partition of a file changelog: a directory of segment files, one writer, any number of readers.
+
+Guarantees:
+- ``flush()`` returns only after every appended record is written (and fsynced when ``fsync``);
+  offsets are assigned at append, consecutive.
+- A writer takes an exclusive ``flock`` on ``writer.lock``; a second writer fails with ChangelogError.
+- On open, a writer truncates a torn tail (incomplete/invalid records at the end of the last segment
+  with nothing valid after them) and logs a warning. Any other invalid record raises
+  ChangelogCorruptError; nothing is ever skipped silently.
+- Readers take no lock, re-list segments as they go and never yield a record twice or out of order,
+  also while another object/process appends or compaction swaps segment files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import logging
+import os
+import time
+import zlib
+from pathlib import Path
+from typing import Generator, Iterable, Iterator
+
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.errors import ChangelogCorruptError, ChangelogError
+
+from .format import (
+    CRC,
+    HEADER,
+    HEADER_SIZE,
+    REST,
+    find_valid_after,
+    list_segments,
+    segment_name,
+    walk,
+)
+
+__all__ = ["FileChangelogPartition", "DEFAULT_SEGMENT_BYTES", "LOCK_FILE", "fsync_dir"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 64 << 20
+LOCK_FILE = "writer.lock"
+_CHUNK = 8 << 20
+_CORRUPT_HINT = ("the changelog segment is damaged (disk error or manual edit); restore this partition "
+                 "directory from a backup, or if the job's local state is intact, stop the job and "
+                 "re-create the changelog from it; do not delete records by hand")
+
+
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory so that created/renamed/deleted entries are durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileChangelogPartition(ChangelogPartition):
+    """A file-backed changelog partition. ``writable=False`` opens a lock-free reader."""
+
+    def __init__(self, directory: Path, stream: str = "changelog", partition: int = 0, *,
+                 writable: bool = True, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 fsync: bool = True) -> None:
+        self.directory = Path(directory)
+        self.stream = stream
+        self.partition = partition
+        self.writable = writable
+        self.segment_bytes = max(1, int(segment_bytes))
+        self.fsync = fsync
+        self._buf = bytearray()
+        self._closed = False
+        self._lock_fd: int | None = None
+        self._fd: int | None = None          # active segment, writer only
+        self._active_size = 0
+        self._flushed_end = 0
+        self._next = 0
+        self._end_cache: tuple[int, int, int, int] | None = None  # reader: (base, ino, size, end)
+        if writable:
+            self._open_writer()
+
+    # ------------------------------------------------------------------ writer
+
+    def _open_writer(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        lock_fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise ChangelogError(
+                "changelog partition is already open for writing", stream=self.stream,
+                partition=self.partition, path=str(self.directory),
+                hint="only one writer per partition: close the other FileChangelogPartition or stop the "
+                     "other job instance using this state directory; use reader() to read concurrently") from None
+        self._lock_fd = lock_fd
+        try:
+            self._recover()
+        except BaseException:
+            self._release()
+            raise
+
+    def _recover(self) -> None:
+        """Find the end of the last segment, truncating a torn tail."""
+        bases = list_segments(self.directory)
+        if not bases:
+            self._flushed_end = self._next = 0
+            return
+        base = bases[-1]
+        path = self.directory / segment_name(base)
+        with open(path, "rb") as f:
+            data = f.read()
+        valid_end, next_offset, bad = walk(data, 0, base)
+        if bad is not None:
+            found = find_valid_after(data, bad, next_offset)
+            if found is not None:
+                raise ChangelogCorruptError(
+                    "changelog record failed its integrity check and valid records follow it",
+                    stream=self.stream, partition=self.partition, offset=next_offset, segment=str(path),
+                    byte=bad, hint=_CORRUPT_HINT)
+            dropped = len(data) - valid_end
+            log.warning("changelog %s partition %d: truncating torn tail at offset %d: %d bytes dropped "
+                        "from %s (an unflushed write was interrupted)", self.stream, self.partition,
+                        next_offset, dropped, path)
+            with open(path, "r+b") as f:
+                f.truncate(valid_end)
+                f.flush()
+                os.fsync(f.fileno())
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._active_size = valid_end
+        self._flushed_end = self._next = next_offset
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise ChangelogError("changelog partition is closed", stream=self.stream, partition=self.partition,
+                                 hint="open the partition again")
+        if not self.writable:
+            raise ChangelogError("changelog partition was opened read-only", stream=self.stream,
+                                 partition=self.partition, hint="use FileChangelogSystem.partition() to write")
+
+    def append(self, key: bytes, value: bytes | None) -> None:
+        if not self.writable or self._closed:
+            self._check_writable()
+        offset = self._next
+        try:
+            klen = len(key)
+            if value is None:
+                rest = REST.pack(offset, int(time.time() * 1000), klen, -1)
+                crc = zlib.crc32(key, zlib.crc32(rest))
+                value = b""
+            else:
+                rest = REST.pack(offset, int(time.time() * 1000), klen, len(value))
+                crc = zlib.crc32(value, zlib.crc32(key, zlib.crc32(rest)))
+        except Exception as exc:  # struct.error, TypeError: not bytes / too long
+            raise ChangelogError(f"cannot append record: {exc}", stream=self.stream, partition=self.partition,
+                                 offset=offset, hint="keys and values must be bytes; keys < 4 GiB, "
+                                 "values < 2 GiB") from exc
+        buf = self._buf
+        buf += CRC.pack(crc)
+        buf += rest
+        buf += key
+        buf += value
+        self._next = offset + 1
+
+    def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        if not self.writable or self._closed:
+            self._check_writable()
+        buf = self._buf
+        pack_rest = REST.pack
+        pack_crc = CRC.pack
+        crc32 = zlib.crc32
+        offset = self._next
+        now = int(time.time() * 1000)
+        try:
+            for key, value in records:
+                if value is None:
+                    rest = pack_rest(offset, now, len(key), -1)
+                    buf += pack_crc(crc32(key, crc32(rest)))
+                    buf += rest
+                    buf += key
+                else:
+                    rest = pack_rest(offset, now, len(key), len(value))
+                    buf += pack_crc(crc32(value, crc32(key, crc32(rest))))
+                    buf += rest
+                    buf += key
+                    buf += value
+                offset += 1
+        except Exception as exc:
+            # Records appended before the bad one stay buffered (append semantics, in order).
+            raise ChangelogError(f"cannot append record: {exc}", stream=self.stream, partition=self.partition,
+                                 offset=offset, hint="keys and values must be bytes; keys < 4 GiB, "
+                                 "values < 2 GiB") from exc
+        finally:
+            # A bad record fails in len()/crc32()/pack() before anything of it is buffered, so the
+            # buffer holds whole records only and ``offset`` counts them.
+            self._next = offset
+
+    def end_offset(self) -> int:
+        if self.writable:
+            return self._next
+        return self._disk_end()
+
+    def flush(self) -> int:
+        self._check_writable()
+        buf = self._buf
+        if buf:
+            n = len(buf)
+            pos = 0
+            offset = self._flushed_end
+            try:
+                with memoryview(buf) as view:
+                    while pos < n:
+                        if self._fd is None or self._active_size >= self.segment_bytes:
+                            self._roll(offset)
+                        cut, cut_offset = n, self._next
+                        room = self.segment_bytes - self._active_size
+                        if n - pos > room:
+                            cut, cut_offset = _split_point(buf, pos, room)
+                        self._write_all(view[pos:cut])
+                        pos, offset = cut, cut_offset
+                if self.fsync:
+                    os.fsync(self._fd)  # type: ignore[arg-type]
+            except OSError as exc:
+                self._fail()
+                raise ChangelogError(f"changelog write failed: {exc}", stream=self.stream,
+                                     partition=self.partition, offset=offset,
+                                     hint="check free disk space and permissions, then restart the task; "
+                                          "reopening the partition recovers its tail") from exc
+            buf.clear()
+            self._flushed_end = self._next
+        return self._flushed_end
+
+    def _write_all(self, data: memoryview) -> None:
+        fd = self._fd
+        assert fd is not None
+        written = 0
+        total = len(data)
+        while written < total:
+            written += os.write(fd, data[written:])
+        self._active_size += total
+
+    def _roll(self, base: int) -> None:
+        """Seal the active segment and start a new one whose first offset is ``base``."""
+        if self._fd is not None:
+            if self.fsync:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+        path = self.directory / segment_name(base)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        self._active_size = 0
+        if self.fsync:
+            fsync_dir(self.directory)
+
+    def _fail(self) -> None:
+        """After a write error the in-memory state is unknown: refuse further use of this writer."""
+        self._closed = True
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def close(self) -> None:
+        """Close files and release the writer lock. Unflushed records are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        self._buf = bytearray()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._release()
+
+    def __enter__(self) -> "FileChangelogPartition":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # ------------------------------------------------------------------ readers
+
+    def flushed_end(self) -> int:
+        """Writer: end offset of the durable records. Reader: same as end_offset()."""
+        return self._flushed_end if self.writable else self._disk_end()
+
+    def _disk_end(self) -> int:
+        """End offset of the valid records on disk (a torn or in-progress tail is not counted)."""
+        bases = list_segments(self.directory)
+        if not bases:
+            return 0
+        base = bases[-1]
+        path = self.directory / segment_name(base)
+        try:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                cache = self._end_cache
+                if cache and cache[0] == base and cache[1] == st.st_ino and cache[2] == st.st_size:
+                    return cache[3]
+                data = f.read()
+        except FileNotFoundError:
+            return self._disk_end()
+        _valid_end, next_offset, _bad = walk(data, 0, base)
+        self._end_cache = (base, st.st_ino, len(data), next_offset)
+        return next_offset
+
+    def read(self, start: int = 0, end: int | None = None) -> Iterator[ChangelogRecord]:
+        """Records with ``start <= offset < end``. ``end=None``: a writer reads up to its flushed end;
+        a reader reads whatever valid records exist on disk while it iterates (it follows appends)."""
+        if self._closed:
+            raise ChangelogError("changelog partition is closed", stream=self.stream, partition=self.partition,
+                                 hint="open the partition again")
+        if self.writable:
+            end = self._flushed_end if end is None else min(end, self._flushed_end)
+        return self._read(max(0, start), end)
+
+    def _read(self, start: int, stop: int | None) -> Iterator[ChangelogRecord]:
+        nxt = start
+        bases = list_segments(self.directory)
+        index = max(0, bisect.bisect_right(bases, nxt) - 1)
+        while index < len(bases):
+            if stop is not None and nxt >= stop:
+                return
+            base = bases[index]
+            path = self.directory / segment_name(base)
+            try:
+                f = open(path, "rb", buffering=0)
+            except FileNotFoundError:
+                # Compaction deleted a segment that became empty: re-list and continue at nxt.
+                bases = list_segments(self.directory)
+                index = max(0, bisect.bisect_right(bases, nxt) - 1)
+                if index < len(bases) and bases[index] == base:
+                    raise ChangelogError("segment vanished while reading", stream=self.stream,
+                                         partition=self.partition, segment=str(path),
+                                         hint="another process is deleting changelog files; stop it") from None
+                continue
+            with f:
+                nxt, reached_stop = yield from self._read_segment(f, path, base, nxt, stop,
+                                                                  index < len(bases) - 1)
+            if reached_stop:
+                return
+            if index == len(bases) - 1:
+                bases = list_segments(self.directory)
+            index = bisect.bisect_right(bases, base)
+
+    def _read_segment(self, f, path: Path, base: int, nxt: int, stop: int | None,  # noqa: ANN001
+                      sealed: bool) -> Generator[ChangelogRecord, None, tuple[int, bool]]:
+        """Yield records of one segment (offset >= nxt, < stop). Returns (next offset, reached stop)."""
+        unpack = HEADER.unpack_from
+        crc32 = zlib.crc32
+        record = ChangelogRecord
+        buf = b""
+        i = 0
+        expected = base   # lowest offset the next record may carry
+        retried = False
+        while True:
+            chunk = f.read(_CHUNK)
+            if chunk:
+                buf = (buf[i:] + chunk) if i < len(buf) else chunk
+                i = 0
+            elif i >= len(buf):
+                return nxt, False
+            n = len(buf)
+            bad = None
+            with memoryview(buf) as view:
+                while i + HEADER_SIZE <= n:
+                    crc, off, _ts, klen, vlen = unpack(buf, i)
+                    kend = i + HEADER_SIZE + klen
+                    end = kend + vlen if vlen > 0 else kend
+                    if end > n:
+                        break
+                    if crc32(view[i + 4:end]) != crc or off < expected or vlen < -1:
+                        bad = i
+                        break
+                    expected = off + 1
+                    if off >= nxt:
+                        if stop is not None and off >= stop:
+                            return nxt, True
+                        yield record(buf[i + HEADER_SIZE:kend], buf[kend:end] if vlen >= 0 else None, off)
+                        nxt = off + 1
+                        if nxt == stop:  # do not look at (possibly damaged) bytes past the range
+                            return nxt, True
+                    i = end
+            if bad is None and chunk:
+                continue  # need more bytes for the record at i
+            # Either an invalid record at i, or EOF with an incomplete record at i.
+            buf = buf[i:] + f.read()
+            i = 0
+            # A damaged length field can make a record look incomplete: look for valid records after it.
+            if find_valid_after(buf, 0, expected) is not None:
+                self._corrupt(path, expected, f.tell() - len(buf))
+            # A tail. It is final only if no newer segment exists (the writer completes a segment
+            # before it creates the next one); then re-read once: the bytes are complete now.
+            if not sealed:
+                sealed = any(b > base for b in list_segments(self.directory))
+                if not sealed:
+                    return nxt, False
+            if retried:
+                self._corrupt(path, expected, f.tell() - len(buf))
+            retried = True
+
+    def _corrupt(self, path: Path, offset: int, byte: int) -> None:
+        raise ChangelogCorruptError(
+            "changelog record failed its integrity check", stream=self.stream, partition=self.partition,
+            offset=offset, segment=str(path), byte=byte, hint=_CORRUPT_HINT)
+
+
+def _split_point(buf: bytearray, pos: int, room: int) -> tuple[int, int]:
+    """Byte position after the record at which ``room`` bytes are reached, and the next offset."""
+    unpack = HEADER.unpack_from
+    n = len(buf)
+    start = pos
+    while True:
+        _crc, off, _ts, klen, vlen = unpack(buf, pos)
+        pos += HEADER_SIZE + klen + (vlen if vlen > 0 else 0)
+        if pos - start >= room or pos >= n:
+            return pos, off + 1
+

@@ -1,0 +1,52 @@
+"""Kafka-compatible partitioning: ``murmur2(key bytes) & 0x7fffffff % partitions``, exactly as the
+Java client's default partitioner, so stores, changelogs and Kafka topics stay co-partitioned."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["murmur2", "partition_for", "key_bytes"]
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (seed 0x9747b28c), returned as a signed 32-bit int like Java's."""
+    length = len(data)
+    m, r = 0x5BD1E995, 24
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    tail = length & ~3
+    for i in range(0, tail, 4):
+        k = data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = ((h * m) & 0xFFFFFFFF) ^ k
+    extra = length & 3
+    if extra >= 3:
+        h ^= data[tail + 2] << 16
+    if extra >= 2:
+        h ^= data[tail + 1] << 8
+    if extra >= 1:
+        h ^= data[tail]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def key_bytes(key: Any) -> bytes:
+    """The bytes a key is partitioned by: bytes as is, str as UTF-8, int as its decimal text
+    (what Kafka's StringSerializer would send), anything else as compact sorted JSON."""
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key).encode("ascii")
+    return json.dumps(key, separators=(",", ":"), sort_keys=True).encode("utf-8")
+
+
+def partition_for(key: Any, partitions: int) -> int:
+    """The partition of ``key`` among ``partitions`` (Kafka's default for keyed records)."""
+    return (murmur2(key_bytes(key)) & 0x7FFFFFFF) % partitions

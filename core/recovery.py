@@ -1,0 +1,95 @@
+"""Bring one store partition back to exactly its checkpointed state.
+
+Given the store's local offset L, the checkpointed changelog offset C and the changelog end E:
+
+1. replay changelog records ``[min(L, C), C)`` through ``engine.restore`` (L unknown: from 0);
+2. if ``E > C`` (records written after the last checkpoint, by a crashed or stale instance), *trim*:
+   for every key written in ``[C, E)`` append its value as of C (its last record before C, or a
+   tombstone) to the changelog, and apply the same records to the engine; a later restore can then
+   never see the uncommitted values (Samza's transactional-state trim);
+3. ``engine.flush()``: local state is durable and records the new end offset.
+
+Correctness rests on the engine contract in :mod:`localstate.core.engine`: local state is the
+changelog state at L plus only changes that are in the changelog after L, and the changelog is
+compactable, so re-applying the checkpointed value of every key touched after C yields the state at C.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterable
+
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.core.engine import StorageEngine
+from localstate.core.progress import RestoreProgress, restore_progress
+from localstate.errors import CheckpointError
+
+__all__ = ["StoreRecovery", "recover_store", "values_at"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreRecovery:
+    """What recovering one store partition did."""
+
+    store: str
+    partition: int
+    local_offset: int | None
+    checkpoint_offset: int
+    replayed: int
+    trimmed: int
+    end_offset: int
+    seconds: float
+
+    @property
+    def status(self) -> str:
+        if self.local_offset == self.checkpoint_offset and not self.trimmed:
+            return "ready"
+        if self.local_offset is None:
+            return "rebuilt"
+        return "replayed" if not self.trimmed else "trimmed"
+
+
+def values_at(changelog: ChangelogPartition, keys: Iterable[bytes], offset: int) -> dict[bytes, bytes | None]:
+    """The value of each key as of ``offset``: its last record before ``offset``, else None."""
+    values: dict[bytes, bytes | None] = dict.fromkeys(keys)
+    for record in changelog.read(0, offset):
+        if record.key in values:
+            values[record.key] = record.value
+    return values
+
+
+def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoint_offset: int,
+                  *, label: str) -> StoreRecovery:
+    """Restore ``engine`` to the changelog state at ``checkpoint_offset`` and trim what follows it."""
+    context = engine.context
+    end = changelog.end_offset()
+    if checkpoint_offset > end:
+        raise CheckpointError(
+            f"the checkpoint says changelog {changelog.stream!r} reached offset {checkpoint_offset}, but the "
+            f"changelog ends at {end}: committed changelog records are missing",
+            store=context.store, partition=context.partition, offset=checkpoint_offset,
+            hint="restore the changelog from a backup, or reset the job with `localstate reset` "
+                 "to rebuild state from the inputs")
+    local = engine.local_offset()
+    start = 0 if local is None else min(local, checkpoint_offset)
+    progress = RestoreProgress(label, checkpoint_offset - start)
+    engine.restore(restore_progress(changelog.read(start, checkpoint_offset), progress))
+    seconds = progress.close()
+    trimmed = 0
+    if end > checkpoint_offset:
+        touched = sorted({record.key for record in changelog.read(checkpoint_offset, end)})
+        committed = values_at(changelog, touched, checkpoint_offset)
+        base = end
+        trim = [ChangelogRecord(key, committed[key], base + i) for i, key in enumerate(touched)]
+        changelog.append_many((record.key, record.value) for record in trim)
+        engine.restore(trim)
+        trimmed = len(trim)
+        log.warning("store %s partition %d: neutralised %d uncommitted changelog record(s) at offsets %d..%d "
+                    "by re-writing the checkpointed value of %d key(s)", context.store, context.partition,
+                    end - checkpoint_offset, checkpoint_offset, end - 1, trimmed)
+    engine.flush()
+    return StoreRecovery(context.store, context.partition, local, checkpoint_offset, progress.records, trimmed,
+                         changelog.end_offset(), seconds)

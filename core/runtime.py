@@ -1,0 +1,287 @@
+"""The in-process runtime of one task partition: open and recover its stores, feed the user's
+task in order, commit atomically. Tests, the TaskTestDriver and each Spark task all use it.
+
+Commit (exactly-once state): flush every store (local write + changelog durable, end offsets known)
+-> deliver outputs (durable, positions known) -> atomically write the checkpoint (input positions,
+changelog offsets, output positions, generation). On open, every logged store is brought back to
+exactly the checkpoint (:mod:`localstate.core.recovery`), outputs written after it are rolled back,
+and inputs resume from the checkpointed positions; records below those positions are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Protocol
+
+from localstate.core.changelog import ChangelogPartition, ChangelogSystem, NullChangelogWriter
+from localstate.core.checkpoint import Checkpoint, CheckpointStore
+from localstate.core.config import JobConfig
+from localstate.core.engine import StorageEngine, StoreContext
+from localstate.core.faults import crash_point
+from localstate.core.names import safe_join
+from localstate.core.recovery import StoreRecovery, recover_store
+from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
+    load_task_class
+from localstate.errors import CheckpointError, LocalStateError, TaskError
+
+__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory",
+           "checkpoint_store"]
+
+log = logging.getLogger(__name__)
+
+
+class OutputSink(Protocol):
+    """Where committed outputs go. ``write`` is durable and returns the end position of each
+    stream written; ``rollback`` discards anything after the given positions (exactly-once outputs
+    for sinks that can do it)."""
+
+    def write(self, partition: int, messages: list[OutgoingMessage]) -> Mapping[str, int]: ...
+
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> None: ...
+
+
+class MemorySink:
+    """Outputs kept in lists per (stream, partition): for tests and the TaskTestDriver."""
+
+    def __init__(self) -> None:
+        self.streams: dict[tuple[str, int], list[OutgoingMessage]] = {}
+
+    def write(self, partition: int, messages: list[OutgoingMessage]) -> dict[str, int]:
+        for message in messages:
+            self.streams.setdefault((message.stream, partition), []).append(message)
+        return {stream: len(items) for (stream, p), items in self.streams.items() if p == partition}
+
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
+        for (stream, p), items in self.streams.items():
+            if p == partition:
+                del items[positions.get(stream, 0):]
+
+    def messages(self, stream: str) -> list[OutgoingMessage]:
+        return [m for (s, _), items in sorted(self.streams.items()) if s == stream for m in items]
+
+
+def open_changelog_system(job: JobConfig, name: str | None = None) -> ChangelogSystem:
+    """Instantiate the job's changelog system (or ``name``) with its validated options."""
+    name = name or job.changelog_system
+    system_class = job.registry.changelog_system(name)
+    return system_class(job.changelog_options.get(name, {}), job.state_dir)
+
+
+def store_directory(job: JobConfig, store: str, partition: int) -> Path:
+    """``<state_dir>/<job>/stores/<store>/<partition>``, checked to stay inside the state directory."""
+    return safe_join(job.state_dir, job.name, "stores", store, str(partition))
+
+
+def checkpoint_store(job: JobConfig) -> CheckpointStore:
+    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"))
+
+
+@dataclass
+class _Store:
+    name: str
+    engine: StorageEngine
+    changelog: ChangelogPartition | None
+
+
+@dataclass
+class TaskInstance:
+    """One live task partition. Not thread safe: one caller drives it."""
+
+    job: JobConfig
+    partition: int
+    changelogs: ChangelogSystem
+    sink: OutputSink = field(default_factory=MemorySink)
+    task_factory: Callable[[], StreamTask] | str | None = None
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.task_factory = load_task_class(self.task_factory or self.job.task)
+        self.checkpoints = checkpoint_store(self.job)
+        self.stores: dict[str, _Store] = {}
+        self.positions: dict[str, int] = {}
+        self.generation = 0
+        self.collector = Collector()
+        self.coordinator = Coordinator()
+        self.recoveries: list[StoreRecovery] = []
+        self.task: StreamTask | None = None
+        self.processed_since_commit = 0
+        self.commits = 0
+        self._last_commit = self._last_window = self.clock()
+        self._open = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def open(self) -> list[StoreRecovery]:
+        """Lock the partition, recover every store to the checkpoint, and init the task."""
+        self.checkpoints.lock(self.partition)
+        try:
+            return self._open_locked()
+        except BaseException:
+            self.abandon()
+            raise
+
+    def _open_locked(self) -> list[StoreRecovery]:
+        checkpoint = self.checkpoints.load(self.partition)
+        for name, store in self.job.stores.items():
+            self.stores[name] = self._open_store(name, store)
+        if checkpoint is None:
+            self._check_fresh()
+            checkpoint = Checkpoint(self.partition)
+        for name, store in self.stores.items():
+            if store.changelog is not None:
+                offset = checkpoint.changelogs.get(name, 0)
+                self.recoveries.append(recover_store(store.engine, store.changelog, offset,
+                                                     label=f"{name}[{self.partition}]"))
+            else:
+                store.engine.flush()
+        self.sink.rollback(self.partition, checkpoint.outputs)
+        self.positions = dict(checkpoint.inputs)
+        self.generation = checkpoint.generation + 1
+        # Taking a new generation fences any stale instance still writing with the old one.
+        self.checkpoints.save(self._checkpoint(checkpoint.outputs), expect_generation=checkpoint.generation)
+        self.task = self.task_factory()
+        self.task.init(TaskContext(self.job.name, self.partition, self.job.partitions,
+                                   {name: s.engine for name, s in self.stores.items()}, self.job))
+        self._open = True
+        self._last_commit = self._last_window = self.clock()
+        return self.recoveries
+
+    def _open_store(self, name: str, config: Any) -> _Store:
+        registry = self.job.registry
+        factory = registry.engine_factory(config.engine)
+        changelog = None
+        if config.changelog is not None:
+            self.changelogs.ensure_stream(config.changelog, self.job.partitions)
+            changelog = self.changelogs.partition(config.changelog, self.partition)
+        directory = store_directory(self.job, name, self.partition)
+        directory.mkdir(parents=True, exist_ok=True)
+        context = StoreContext(
+            job=self.job.name, store=name, partition=self.partition, directory=directory, options=config.options,
+            key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
+            value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
+            changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None)
+        engine = factory.create(context)
+        if changelog is not None and engine.local_offset() is None and any(directory.iterdir()):
+            # Unusable local state: start from an empty directory so stale keys cannot survive.
+            log.warning("store %s partition %d: local state is unusable; rebuilding it from the changelog",
+                        name, self.partition)
+            engine.close()
+            shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            engine = factory.create(context)
+        return _Store(name, engine, changelog)
+
+    def _check_fresh(self) -> None:
+        for name, store in self.stores.items():
+            if store.changelog is not None and store.changelog.end_offset() > 0:
+                raise CheckpointError(
+                    f"no checkpoint for partition {self.partition}, but the changelog of store {name!r} holds "
+                    f"{store.changelog.end_offset()} record(s): the checkpoint is missing",
+                    store=name, partition=self.partition, path=str(self.checkpoints.path(self.partition)),
+                    hint="restore the checkpoint file, or run `localstate reset` to discard this job's state "
+                         "and start over")
+
+    def close(self, commit: bool = True) -> None:
+        """Stop cleanly: optionally commit, close the task, the stores and the partition lock."""
+        if self._open and commit:
+            self.commit()
+        if self.task is not None and self._open:
+            self.task.close()
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Drop everything without committing (what a crash does, minus the process dying)."""
+        for store in self.stores.values():
+            store.engine.close()
+            if store.changelog is not None:
+                store.changelog.close()
+        self.stores.clear()
+        self.checkpoints.unlock(self.partition)
+        self._open = False
+
+    # -- processing ----------------------------------------------------------------------------
+    def position(self, stream: str) -> int:
+        """The next offset to process from input ``stream`` (this partition)."""
+        return self.positions.get(stream, 0)
+
+    def process(self, envelope: Envelope) -> bool:
+        """Process one record unless the checkpoint already covers it. May commit afterwards."""
+        if envelope.offset < self.positions.get(envelope.stream, 0):
+            return False
+        crash_point("process")
+        try:
+            self.task.process(envelope, self.collector, self.coordinator)  # type: ignore[union-attr]
+        except LocalStateError:
+            raise
+        except Exception as exc:
+            raise TaskError(f"task raised {type(exc).__name__}: {exc}", stream=envelope.stream,
+                            partition=envelope.partition, offset=envelope.offset,
+                            hint="fix the task or the input; state is rolled back to the last commit on restart"
+                            ) from exc
+        self.positions[envelope.stream] = envelope.offset + 1
+        self.processed_since_commit += 1
+        self._after_call()
+        return True
+
+    def process_all(self, envelopes: Iterable[Envelope]) -> int:
+        processed = 0
+        for envelope in envelopes:
+            processed += self.process(envelope)
+            if self.coordinator.shutdown_requested:
+                break
+        return processed
+
+    def maybe_window(self) -> None:
+        """Call the task's window() if ``window_interval`` has passed."""
+        interval = self.job.window_interval
+        if interval is not None and self.clock() - self._last_window >= interval:
+            self.window()
+
+    def window(self) -> None:
+        self._last_window = self.clock()
+        self.task.window(self.collector, self.coordinator)  # type: ignore[union-attr]
+        self._after_call()
+
+    def _after_call(self) -> None:
+        every = self.job.commit_every
+        if (self.coordinator.commit_requested or (every is not None and self.processed_since_commit >= every)
+                or (every is None and self.clock() - self._last_commit >= self.job.commit_interval)):
+            self.commit()
+
+    # -- commit --------------------------------------------------------------------------------
+    def commit(self) -> Checkpoint:
+        """Flush every store, deliver outputs, write the checkpoint atomically."""
+        checkpoint = self.prepare_commit()
+        self.save_checkpoint(checkpoint)
+        return checkpoint
+
+    def prepare_commit(self) -> Checkpoint:
+        """First half of a commit: flush every store (changelogs durable) and deliver outputs.
+        Returns the checkpoint to write; until it is written, a restart rolls all of this back.
+        The Spark runtime returns it to the driver, which writes it once every partition succeeded."""
+        for index, store in enumerate(self.stores.values()):
+            store.engine.flush()
+            if index == 0:
+                crash_point("mid_flush")
+        crash_point("after_flush")
+        outputs = self.sink.write(self.partition, self.collector.take())
+        return self._checkpoint(outputs)
+
+    def save_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Second half of a commit: write ``checkpoint`` atomically (fenced by generation)."""
+        self.checkpoints.save(checkpoint, expect_generation=self.generation)
+        crash_point("after_checkpoint")
+        self.coordinator.commit_requested = False
+        self.processed_since_commit = 0
+        self.commits += 1
+        self._last_commit = self.clock()
+
+    def _checkpoint(self, outputs: Mapping[str, int]) -> Checkpoint:
+        return Checkpoint(
+            partition=self.partition, generation=self.generation, inputs=dict(self.positions),
+            changelogs={name: s.changelog.end_offset() for name, s in self.stores.items() if s.changelog is not None},
+            outputs=dict(outputs))
+

@@ -1,0 +1,1 @@
+"""CLI commands of the Spark runtime (``localstate run``, ``localstate demo``)."""

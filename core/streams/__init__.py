@@ -1,0 +1,3 @@
+"""Input and output stream systems for jobs (file logs, JSON lines, generators, ...)."""
+
+__all__: list[str] = []

@@ -1,0 +1,130 @@
+"""The task API users implement: Samza's StreamTask in Python.
+
+    class PageViewCounter(StreamTask):
+        def init(self, context):
+            self.counts = context.store("counts")
+
+        def process(self, envelope, collector, coordinator):
+            user = envelope.key
+            self.counts.put(user, (self.counts.get(user) or 0) + 1)
+
+        def window(self, collector, coordinator):
+            for user, count in self.counts.all():
+                collector.send("counts", user, count)
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from localstate.errors import ConfigError, ConfigProblem
+
+__all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "load_task_class"]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One input record and where it came from."""
+
+    stream: str
+    partition: int
+    offset: int
+    key: Any
+    value: Any
+    timestamp: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    stream: str
+    key: Any
+    value: Any
+    partition: int | None = None
+
+
+class Collector:
+    """Collects the task's output messages; they are delivered at commit."""
+
+    def __init__(self) -> None:
+        self.pending: list[OutgoingMessage] = []
+
+    def send(self, stream: str, key: Any, value: Any, partition: int | None = None) -> None:
+        """Emit ``(key, value)`` to output ``stream`` (partitioned by key unless ``partition`` is given)."""
+        self.pending.append(OutgoingMessage(stream, key, value, partition))
+
+    def take(self) -> list[OutgoingMessage]:
+        pending, self.pending = self.pending, []
+        return pending
+
+
+class Coordinator:
+    """Lets the task ask for a commit after the current call, or for the task to shut down."""
+
+    def __init__(self) -> None:
+        self.commit_requested = False
+        self.shutdown_requested = False
+
+    def commit(self) -> None:
+        self.commit_requested = True
+
+    def shutdown(self) -> None:
+        self.shutdown_requested = True
+
+
+@dataclass
+class TaskContext:
+    """What ``init`` receives: the partition, the job's name and config, and the stores."""
+
+    job: str
+    partition: int
+    partitions: int
+    stores: Mapping[str, Any]
+    config: Any = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def store(self, name: str) -> Any:
+        """The store's typed API (a KeyValueEngine, a heap, a sketch store, a search index...)."""
+        try:
+            return self.stores[name]
+        except KeyError:
+            raise ConfigError.at(f"stores.{name}", f"the task asked for store {name!r}, which the job does not "
+                                 f"declare; declared: {', '.join(sorted(self.stores)) or '(none)'}",
+                                 hint=f"add a [stores.{name}] table to the job config") from None
+
+
+class StreamTask(ABC):
+    """A stream task. One instance per job partition; calls on it are never concurrent."""
+
+    def init(self, context: TaskContext) -> None:
+        """Called once after the stores are restored, before the first record."""
+
+    @abstractmethod
+    def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
+        """Handle one input record."""
+
+    def window(self, collector: Collector, coordinator: Coordinator) -> None:
+        """Called every ``window_interval`` (if configured)."""
+
+    def close(self) -> None:
+        """Called when the task instance stops cleanly."""
+
+
+def load_task_class(spec: str | type | Callable[[], StreamTask]) -> Callable[[], StreamTask]:
+    """Resolve ``module:Class`` (or pass a class or factory through) to a zero-argument factory."""
+    if not isinstance(spec, str):
+        return spec
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:  # user code can fail to import in any way
+        raise ConfigError([ConfigProblem("job.task", f"cannot load task {spec!r}: {type(exc).__name__}: {exc}")],
+                          hint="check the module is importable (on every executor) and the class name") from exc
+    if not (isinstance(obj, type) and issubclass(obj, StreamTask)):
+        raise ConfigError([ConfigProblem("job.task", f"{spec!r} is not a StreamTask subclass")],
+                          hint="subclass localstate.StreamTask")
+    return obj

@@ -1,0 +1,91 @@
+"""``engine = "heap"``: the factory that validates heap options and opens a top-N store or a
+reorder buffer depending on ``mode``."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.options import Option, parse_duration, validate_options
+from localstate.errors import ConfigError, ConfigProblem
+
+__all__ = ["HeapEngineFactory", "inner_kv_options", "max_lateness_of"]
+
+_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+
+
+def _lateness(value: Any) -> Any:
+    if isinstance(value, str):
+        parse_duration(value)  # raises ValueError with a readable reason
+        return value
+    if value < 0 or value != value:
+        raise ValueError(f"must be a non-negative number, got {value!r}")
+    return float(value)
+
+
+def max_lateness_of(options: Mapping[str, Any]) -> float | None:
+    """``max_lateness`` in timestamp units: a number as is, a duration string converted to seconds
+    and scaled by ``timestamp_unit``."""
+    value = options.get("max_lateness")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_duration(value) * _UNITS[options.get("timestamp_unit", "s")]
+    return float(value)
+
+
+def inner_kv_options(store: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validated options of the inner key-value store (``backend`` plus the ``kv`` table)."""
+    from localstate.engines.kv import KeyValueEngineFactory
+
+    kv = KeyValueEngineFactory()
+    # The heap never reads through the inner store after open (no object cache needed) and hands it
+    # all changes at flush() time (a spill would only add changelog fsyncs), hence these defaults.
+    raw = {"backend": options.get("backend", "rocksdb"), "cache_size": 0, "write_batch_size": 1 << 30,
+           **dict(options.get("kv") or {})}
+    validated = validate_options(kv.options, raw, f"stores.{store}.kv")
+    kv.check_options(store, validated)
+    return validated
+
+
+class HeapEngineFactory(StorageEngineFactory):
+    """Opens :class:`~localstate.engines.heap.TopNEngine` (``mode = "topn"``) or
+    :class:`~localstate.engines.heap.ReorderBufferEngine` (``mode = "reorder"``)."""
+
+    description: ClassVar[str] = ("running top-N (ranked items with scores, optional capacity) and bounded "
+                                  "sort (reorder buffer released by watermark), persisted through a kv store")
+    options: ClassVar[Mapping[str, Option]] = {
+        "mode": Option(str, "topn", "topn: ranked items; reorder: bounded sort by timestamp",
+                       choices=("topn", "reorder")),
+        "order": Option(str, "max", "topn: which end is the top", choices=("max", "min")),
+        "capacity": Option(int, None, "topn: keep at most this many items, evicting the worst", minimum=1),
+        "max_lateness": Option((int, float, str), None,
+                               "reorder: watermark follows max timestamp seen minus this (a number in "
+                               "timestamp units, or a duration such as '5s')", parse=_lateness),
+        "timestamp_unit": Option(str, "s", "reorder: unit of timestamps, to convert duration strings",
+                                 choices=tuple(_UNITS)),
+        "late_policy": Option(str, "error", "reorder: what to do with events older than the watermark",
+                              choices=("error", "drop", "side_output")),
+        "backend": Option(str, "rocksdb", "local persistence backend of the inner kv store"),
+        "kv": Option(dict, None, "extra options of the inner kv store (cache_size, write_batch_size, ...)"),
+    }
+
+    def check_options(self, store: str, options: dict[str, Any]) -> None:
+        problems = []
+        if options["mode"] == "reorder":
+            if options["capacity"] is not None:
+                problems.append(ConfigProblem(f"stores.{store}.capacity",
+                                              "only applies to mode = \"topn\"; a reorder buffer must not "
+                                              "lose events"))
+        elif options["max_lateness"] is not None:
+            problems.append(ConfigProblem(f"stores.{store}.max_lateness", "only applies to mode = \"reorder\""))
+        if problems:
+            raise ConfigError(problems)
+        inner_kv_options(store, options)
+
+    def create(self, context: StoreContext) -> StorageEngine:
+        if context.options.get("mode", "topn") == "reorder":
+            from localstate.engines.heap.reorder import ReorderBufferEngine
+            return ReorderBufferEngine(context)
+        from localstate.engines.heap.topn import TopNEngine
+        return TopNEngine(context)

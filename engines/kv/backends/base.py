@@ -1,0 +1,243 @@
+"""The backend contract of the key-value engine: an ordered ``bytes -> bytes`` map with atomic batch
+writes, side metadata, and snapshot iteration.
+
+Backends know nothing about serdes, caches or changelogs; the engine (``localstate.engines.kv.engine``)
+does. Snapshot iteration is implemented once, here: a backend only scans short chunks of its *live*
+data, and every write made while iterators are open first records, for each open iterator, the
+pre-image of the keys it changes. An iterator therefore sees the data as of its opening, holds no
+backend handle between chunks (no pinned RocksDB iterator, no open LMDB read transaction), and an
+abandoned iterator leaks nothing but a small Python object.
+"""
+
+from __future__ import annotations
+
+import weakref
+from abc import ABC, abstractmethod
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from sortedcontainers import SortedDict
+
+from localstate.errors import StoreClosedError
+
+__all__ = ["KVBackend", "BackendIterator", "Item"]
+
+Item = tuple[bytes, bytes | None]
+"""A change: ``(key, value)``; ``value is None`` deletes the key."""
+
+_FIRST_CHUNK = 64
+_MAX_CHUNK = 4096
+
+
+class KVBackend(ABC):
+    """Ordered bytes->bytes storage for one store partition.
+
+    Guarantees: :meth:`write` applies all its puts/deletes *and* its metadata atomically (one RocksDB
+    WriteBatch, one LMDB transaction, one in-memory update); metadata never shows up in
+    :meth:`iterate`; iterators returned by :meth:`iterate` are snapshots and closable.
+    """
+
+    name: str = ""
+    #: True when the data survives close/reopen (False for the in-memory backend).
+    persistent: bool = True
+
+    def __init__(self) -> None:
+        self._iterators: "weakref.WeakSet[BackendIterator]" = weakref.WeakSet()
+        self.closed = False
+
+    # -- reads ---------------------------------------------------------------------------------
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, or None."""
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Values of ``keys`` in order (None where absent)."""
+        return [self.get(k) for k in keys]
+
+    @abstractmethod
+    def get_meta(self, key: bytes) -> bytes | None:
+        """A metadata value (stored apart from user data), or None."""
+
+    @abstractmethod
+    def approximate_count(self) -> int:
+        """Estimated number of user keys."""
+
+    @abstractmethod
+    def _scan(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
+              limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` live entries with ``start <= key < end`` (None = unbounded), strictly after
+        ``after`` in iteration order (``after`` None: from the first), ascending or descending."""
+
+    # -- writes --------------------------------------------------------------------------------
+    def write(self, items: Sequence[Item], meta: Mapping[bytes, bytes] | None = None) -> None:
+        """Apply puts/deletes and metadata atomically."""
+        if self.closed:
+            raise StoreClosedError(f"{self.name} backend is closed")
+        if self._iterators and items:
+            self._preserve(items)
+        self._write(items, meta or {})
+
+    @abstractmethod
+    def _write(self, items: Sequence[Item], meta: Mapping[bytes, bytes]) -> None:
+        """Backend-specific atomic write."""
+
+    def bulk_load(self, chunks: Iterable[Sequence[Item]]) -> None:
+        """Restore path: each chunk is applied as one atomic batch (no metadata change)."""
+        for chunk in chunks:
+            self.write(chunk)
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove all data and metadata (used when local state is unusable)."""
+
+    # -- iteration -----------------------------------------------------------------------------
+    def iterate(self, start: bytes | None, end: bytes | None, reverse: bool = False) -> "BackendIterator":
+        """A snapshot iterator over ``[start, end)`` yielding ``(key, value)``."""
+        if self.closed:
+            raise StoreClosedError(f"{self.name} backend is closed")
+        iterator = BackendIterator(self, start, end, reverse)
+        self._iterators.add(iterator)
+        return iterator
+
+    def _preserve(self, items: Sequence[Item]) -> None:
+        """Before a write: give every open iterator the pre-image of keys it has not passed yet."""
+        live = [it for it in list(self._iterators) if not it.closed]
+        if not live:
+            return
+        keys = list({k for k, _ in items})
+        wanted: dict[bytes, list[BackendIterator]] = {}
+        for it in live:
+            for k in keys:
+                if it.wants(k):
+                    wanted.setdefault(k, []).append(it)
+        if not wanted:
+            return
+        order = list(wanted)
+        for k, old in zip(order, self.get_many(order)):
+            for it in wanted[k]:
+                it.overlay[k] = old
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close open iterators and release the backend. Idempotent."""
+        if self.closed:
+            return
+        for it in list(self._iterators):
+            it.close()
+        self._iterators = weakref.WeakSet()
+        self.closed = True
+        self._close()
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release backend handles."""
+
+
+class BackendIterator(Iterator[tuple[bytes, bytes]]):
+    """Snapshot iterator over a backend's ``[start, end)``: live chunks corrected by an overlay of
+    pre-images recorded when keys change after the iterator opened (None = key did not exist)."""
+
+    __slots__ = ("_backend", "_start", "_end", "_reverse", "_buf", "_i", "_fetched", "_pos", "_done",
+                 "_chunk", "overlay", "closed", "__weakref__")
+
+    def __init__(self, backend: KVBackend, start: bytes | None, end: bytes | None, reverse: bool) -> None:
+        self._backend = backend
+        self._start = start
+        self._end = end
+        self._reverse = reverse
+        self._buf: list[tuple[bytes, bytes]] = []
+        self._i = 0
+        self._fetched: bytes | None = None   # last live key fetched (resume point of the next chunk)
+        self._pos: bytes | None = None       # last key yielded
+        self._done = start is not None and end is not None and start >= end
+        self._chunk = _FIRST_CHUNK
+        self.overlay: SortedDict = SortedDict()
+        self.closed = False
+
+    def wants(self, key: bytes) -> bool:
+        """Whether a change to ``key`` must be preserved for this iterator."""
+        if key in self.overlay:
+            return False
+        if (self._start is not None and key < self._start) or (self._end is not None and key >= self._end):
+            return False
+        pos = self._pos
+        if pos is None:
+            return True
+        return key < pos if self._reverse else key > pos
+
+    def _refill(self) -> None:
+        if self._backend.closed:
+            raise StoreClosedError("the store was closed while an iterator was open",
+                                   hint="finish or close iterators before closing the store")
+        request = self._chunk
+        chunk = self._backend._scan(self._start, self._end, self._fetched, self._reverse, request)
+        # Small first chunks keep short scans cheap; big later ones keep long scans fast.
+        self._chunk = min(request * 2, _MAX_CHUNK)
+        self._buf = chunk
+        self._i = 0
+        if len(chunk) < request:
+            self._done = True  # a short chunk: the live range is exhausted
+        if chunk:
+            self._fetched = chunk[-1][0]
+
+    def _next_overlay(self) -> bytes | None:
+        overlay = self.overlay
+        if not overlay:
+            return None
+        pos = self._pos
+        if self._reverse:
+            keys = overlay.irange(maximum=pos, inclusive=(True, False), reverse=True) if pos is not None \
+                else overlay.irange(reverse=True)
+        else:
+            keys = overlay.irange(minimum=pos, inclusive=(False, True)) if pos is not None else overlay.irange()
+        return next(iter(keys), None)
+
+    def __iter__(self) -> "BackendIterator":
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        while True:
+            if self.closed:
+                raise StopIteration
+            if self._i >= len(self._buf) and not self._done:
+                self._refill()
+            live = self._buf[self._i] if self._i < len(self._buf) else None
+            if not self.overlay:
+                if live is None:
+                    self.close()
+                    raise StopIteration
+                self._i += 1
+                self._pos = live[0]
+                return live
+            ov = self._next_overlay()
+            if live is None and ov is None:
+                self.close()
+                raise StopIteration
+            if ov is not None and (live is None or ov == live[0] or ((ov > live[0]) if self._reverse else (ov < live[0]))):
+                if live is not None and ov == live[0]:
+                    self._i += 1
+                self._pos = ov
+                old = self.overlay[ov]
+                if old is None:
+                    continue  # created after the iterator opened
+                return ov, old
+            assert live is not None
+            self._i += 1
+            self._pos = live[0]
+            return live
+
+    def close(self) -> None:
+        """Release the iterator (idempotent). Holds no backend handle, so this only drops buffers."""
+        if not self.closed:
+            self.closed = True
+            self._buf = []
+            self.overlay = SortedDict()
+            try:
+                self._backend._iterators.discard(self)
+            except TypeError:  # interpreter shutdown
+                pass
+
+    def __enter__(self) -> "BackendIterator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

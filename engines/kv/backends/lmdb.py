@@ -1,0 +1,146 @@
+"""LMDB backend: named sub-databases ``data`` and ``meta`` in one environment; every :meth:`write`
+is one write transaction covering both. The memory map doubles automatically when full
+(``MapFullError`` never reaches the caller). Reads use short read transactions, so no reader slot
+stays pinned (see ``base`` for snapshot iteration)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import lmdb
+
+from localstate.core.options import parse_size
+from localstate.engines.kv.backends.base import Item, KVBackend
+from localstate.errors import StoreError
+
+__all__ = ["LMDBBackend"]
+
+log = logging.getLogger(__name__)
+
+
+class LMDBBackend(KVBackend):
+    """One LMDB environment per store partition (directory ``<store dir>/lmdb``)."""
+
+    name = "lmdb"
+    min_key_size = 1  # LMDB rejects empty keys
+
+    def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
+                 partition: int | None = None) -> None:
+        super().__init__()
+        self._path = Path(path)
+        self._store = store
+        self._partition = partition
+        self._map_size = parse_size(options.get("map_size", "64MB"))
+        self._sync = bool(options.get("lmdb_sync", True))
+        self.grows = 0
+        """How many times the map was enlarged since open (statistics)."""
+        self._open()
+
+    def _open(self) -> None:
+        self._path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._env = self._connect()
+        except lmdb.Error as exc:
+            if isinstance(exc, (lmdb.ReadersFullError, lmdb.LockError)):
+                raise StoreError(f"cannot open LMDB at {self._path}: {exc}", store=self._store,
+                                 partition=self._partition, hint="check for other processes using this store") from exc
+            log.warning("store %s partition %s: cannot open LMDB at %s (%s); discarding local state",
+                        self._store, self._partition, self._path, exc)
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._env = self._connect()
+        self._data = self._env.open_db(b"data")
+        self._meta = self._env.open_db(b"meta")
+        self.max_key_size = self._env.max_key_size()
+
+    def _connect(self) -> lmdb.Environment:
+        # sync/metasync off trades machine-crash durability of the latest commits for speed; a killed
+        # process loses nothing either way (the OS keeps the pages).
+        return lmdb.open(str(self._path), map_size=self._map_size, max_dbs=2, sync=self._sync,
+                         metasync=self._sync, readahead=False, lock=True)
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._env.begin(db=self._data) as txn:
+            return txn.get(key)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        with self._env.begin(db=self._data) as txn:
+            get = txn.get
+            return [get(k) for k in keys]
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        with self._env.begin(db=self._meta) as txn:
+            return txn.get(key)
+
+    def approximate_count(self) -> int:
+        with self._env.begin() as txn:
+            return int(txn.stat(self._data)["entries"])
+
+    def _scan(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
+              limit: int) -> list[tuple[bytes, bytes]]:
+        out: list[tuple[bytes, bytes]] = []
+        with self._env.begin(db=self._data) as txn:
+            cur = txn.cursor()
+            if reverse:
+                bound = after if after is not None else end
+                if bound == b"":
+                    return out
+                if bound is None:
+                    ok = cur.last()
+                else:
+                    ok = cur.prev() if cur.set_range(bound) else cur.last()
+                while ok and len(out) < limit:
+                    key = cur.key()
+                    if start is not None and key < start:
+                        break
+                    out.append((key, cur.value()))
+                    ok = cur.prev()
+            else:
+                if after is not None:
+                    ok = cur.set_range(after)
+                    if ok and cur.key() == after:
+                        ok = cur.next()
+                elif start:
+                    ok = cur.set_range(start)
+                else:
+                    ok = cur.first()
+                while ok and len(out) < limit:
+                    key = cur.key()
+                    if end is not None and key >= end:
+                        break
+                    out.append((key, cur.value()))
+                    ok = cur.next()
+        return out
+
+    def _write(self, items: Sequence[Item], meta: Mapping[bytes, bytes]) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True, db=self._data) as txn:
+                    put, delete = txn.put, txn.delete
+                    for key, value in items:
+                        if value is None:
+                            delete(key)
+                        else:
+                            put(key, value)
+                    for key, value in meta.items():
+                        txn.put(key, value, db=self._meta)
+                return
+            except lmdb.MapFullError:
+                self._grow()  # the transaction was aborted: retry it whole in a bigger map
+
+    def _grow(self) -> None:
+        size = self._env.info()["map_size"] * 2
+        log.info("store %s partition %s: LMDB map full, growing to %d bytes", self._store, self._partition, size)
+        self._env.set_mapsize(size)
+        self.grows += 1
+
+    def clear(self) -> None:
+        with self._env.begin(write=True) as txn:
+            txn.drop(self._data, delete=False)
+            txn.drop(self._meta, delete=False)
+
+    def _close(self) -> None:
+        self._env.close()

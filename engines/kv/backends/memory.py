@@ -1,0 +1,66 @@
+"""In-memory backend: a ``SortedDict``. Persists nothing: after a reopen it is empty and reports no
+local offset, so the runtime rebuilds it from the changelog (small, logged in-memory state)."""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Mapping, Sequence
+
+from sortedcontainers import SortedDict
+
+from localstate.engines.kv.backends.base import Item, KVBackend
+
+__all__ = ["MemoryBackend"]
+
+
+class MemoryBackend(KVBackend):
+    """Ordered in-memory map; a write is applied in one step with no intervening reads or yields."""
+
+    name = "memory"
+    persistent = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._data: SortedDict = SortedDict()
+        self._meta: dict[bytes, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._data.get(key)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        get = self._data.get
+        return [get(k) for k in keys]
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self._meta.get(key)
+
+    def approximate_count(self) -> int:
+        return len(self._data)
+
+    def _scan(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
+              limit: int) -> list[tuple[bytes, bytes]]:
+        data = self._data
+        if reverse:
+            hi, hi_inc = (after, False) if after is not None and (end is None or after < end) else (end, False)
+            keys = data.irange(start, hi, inclusive=(True, hi_inc), reverse=True)
+        else:
+            lo, lo_inc = (after, False) if after is not None and (start is None or after >= start) else (start, True)
+            keys = data.irange(lo, end, inclusive=(lo_inc, False))
+        return [(k, data[k]) for k in islice(keys, limit)]
+
+    def _write(self, items: Sequence[Item], meta: Mapping[bytes, bytes]) -> None:
+        data = self._data
+        for key, value in items:
+            if value is None:
+                data.pop(key, None)
+            else:
+                data[key] = value
+        self._meta.update(meta)
+
+    def clear(self) -> None:
+        self._data.clear()
+        self._meta.clear()
+
+    def _close(self) -> None:
+        self._data = SortedDict()
+        self._meta = {}

@@ -1,0 +1,169 @@
+"""RocksDB backend through rocksdict in raw mode.
+
+User data lives in the default column family, metadata (the local offset) in the ``localstate_meta``
+column family, and every :meth:`write` is one ``WriteBatch`` covering both, so data and offset are
+always consistent after a crash. Scans use a short-lived iterator per chunk (see ``base``)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import rocksdict
+
+from localstate.engines.kv.backends.base import Item, KVBackend
+from localstate.errors import StoreError
+
+__all__ = ["RocksDBBackend", "META_CF", "build_options"]
+
+log = logging.getLogger(__name__)
+
+META_CF = "localstate_meta"
+
+
+def build_options(options: Mapping[str, Any]) -> rocksdict.Options:
+    """rocksdict Options from validated engine options (tuning knobs + ``rocksdb`` pass-through)."""
+    from localstate.core.options import parse_size
+    opts = rocksdict.Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_write_buffer_size(parse_size(options.get("write_buffer_size", "64MB")))
+    table = rocksdict.BlockBasedOptions()
+    cache_size = parse_size(options.get("block_cache_size", "64MB"))
+    if cache_size > 0:
+        table.set_block_cache(rocksdict.Cache(cache_size))
+    else:
+        table.disable_cache()
+    bloom = int(options.get("bloom_bits", 10))
+    if bloom > 0:
+        table.set_bloom_filter(bloom, False)
+    opts.set_block_based_table_factory(table)
+    compression = options.get("compression", "lz4")
+    opts.set_compression_type(getattr(rocksdict.DBCompressionType, compression)())
+    for name, value in (options.get("rocksdb") or {}).items():
+        getattr(opts, f"set_{name}")(value)
+    return opts
+
+
+class RocksDBBackend(KVBackend):
+    """One RocksDB database per store partition (directory ``<store dir>/rocksdb``)."""
+
+    name = "rocksdb"
+
+    def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
+                 partition: int | None = None) -> None:
+        super().__init__()
+        self._path = Path(path)
+        self._options = dict(options)
+        self._store = store
+        self._partition = partition
+        self._db: rocksdict.Rdict | None = None
+        self._meta_handle: Any = None
+        self._open()
+
+    def _open(self) -> None:
+        self._path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = self._connect()
+        except Exception as exc:  # rocksdict raises plain Exception
+            text = str(exc)
+            if "lock" in text.lower():
+                raise StoreError(f"RocksDB at {self._path} is in use by another process or handle: {text}",
+                                 store=self._store, partition=self._partition,
+                                 hint="make sure only one task instance opens this store partition") from exc
+            # Unreadable local state is only a cache of the changelog: start empty and be restored.
+            log.warning("store %s partition %s: cannot open RocksDB at %s (%s); discarding local state",
+                        self._store, self._partition, self._path, text)
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._db = self._connect()
+        self._meta_handle = self._db.get_column_family_handle(META_CF)
+
+    def _connect(self) -> rocksdict.Rdict:
+        return rocksdict.Rdict(str(self._path), options=build_options(self._options),
+                               column_families={META_CF: rocksdict.Options(raw_mode=True)})
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._db.get(key)  # type: ignore[union-attr]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return self._db.get(list(keys))  # type: ignore[union-attr]
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        meta = self._db.get_column_family(META_CF)  # type: ignore[union-attr]
+        try:
+            return meta.get(key)
+        finally:
+            del meta  # a live column-family handle would keep the DB lock after close()
+
+    def approximate_count(self) -> int:
+        return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)  # type: ignore[union-attr]
+
+    def _scan(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
+              limit: int) -> list[tuple[bytes, bytes]]:
+        it = self._db.iter()  # type: ignore[union-attr]
+        out: list[tuple[bytes, bytes]] = []
+        try:
+            if reverse:
+                bound = after if after is not None else end
+                if bound is None:
+                    it.seek_to_last()
+                else:
+                    it.seek_for_prev(bound)
+                    if it.valid() and it.key() == bound:
+                        it.prev()
+                while it.valid() and len(out) < limit:
+                    key = it.key()
+                    if start is not None and key < start:
+                        break
+                    out.append((key, it.value()))
+                    it.prev()
+            else:
+                if after is not None:
+                    it.seek(after)
+                    if it.valid() and it.key() == after:
+                        it.next()
+                elif start is not None:
+                    it.seek(start)
+                else:
+                    it.seek_to_first()
+                while it.valid() and len(out) < limit:
+                    key = it.key()
+                    if end is not None and key >= end:
+                        break
+                    out.append((key, it.value()))
+                    it.next()
+        finally:
+            del it
+        return out
+
+    def _write(self, items: Sequence[Item], meta: Mapping[bytes, bytes]) -> None:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        put, delete = batch.put, batch.delete
+        for key, value in items:
+            if value is None:
+                delete(key)
+            else:
+                put(key, value)
+        for key, value in meta.items():
+            batch.put(key, value, self._meta_handle)
+        self._db.write(batch)  # type: ignore[union-attr]
+
+    def clear(self) -> None:
+        self._drop_handles()
+        rocksdict.Rdict.destroy(str(self._path))
+        shutil.rmtree(self._path, ignore_errors=True)
+        self._open()
+
+    def _drop_handles(self) -> None:
+        self._meta_handle = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _close(self) -> None:
+        self._drop_handles()

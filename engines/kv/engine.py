@@ -1,0 +1,424 @@
+"""The key-value engine: Samza's CachedStore + LoggedStore over a pluggable ordered backend.
+
+Layers, top to bottom: serdes -> object cache (bounded LRU of deserialized values, read-your-writes)
+-> pending writes (the coalesced map of keys changed since the last spill/flush, serialized)
+-> changelog (one record per changed key at each spill/flush) -> backend (atomic batch + offset).
+
+Guarantees (see ``localstate.core.engine``):
+
+* ``flush()`` appends one record per key changed since the previous flush, flushes the changelog
+  (end offset ``n``), then writes the changes *and* ``n`` in one atomic backend write.
+* A spill (``write_batch_size`` pending keys before a commit) first appends and flushes the
+  changelog, then writes the backend *without* touching the recorded offset, so local state never
+  runs ahead of the changelog and ``local_offset()`` stays at the last commit.
+* Iterators are snapshots of the merged view (pending writes + backend) at the moment they open.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import weakref
+from collections import OrderedDict
+from typing import Any, Iterable, Iterator, Mapping
+
+from localstate.core.changelog import ChangelogRecord
+from localstate.core.engine import StorageEngine, StoreContext
+from localstate.core.options import parse_size
+from localstate.engines.kv.backends import BackendIterator, KVBackend, open_backend
+from localstate.engines.kv.options import KV_OPTIONS
+from localstate.errors import InvalidValueError, SerdeError, StoreClosedError
+
+__all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
+
+log = logging.getLogger(__name__)
+
+#: Metadata key under which a backend stores the changelog offset its data reflects.
+META_OFFSET = b"local_offset"
+_OFFSET = struct.Struct(">Q")
+_MISS = object()
+
+# Public methods replaced by a StoreClosedError raiser on close(), so the hot path needs no check.
+_API = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "prefix", "all",
+        "approximate_count", "restore", "flush", "local_offset")
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """Smallest byte string greater than every string starting with ``prefix`` (None: no bound)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class KeyValueEngine(StorageEngine):
+    """A key-value store partition: ``get/put/delete``, batch variants, ordered range scans."""
+
+    def __init__(self, context: StoreContext, backend: KVBackend | None = None) -> None:
+        super().__init__(context)
+        opts = {name: opt.default for name, opt in KV_OPTIONS.items()}
+        opts.update(context.options)
+        self._store = context.store
+        self._partition = context.partition
+        self._backend: KVBackend = backend if backend is not None else open_backend(
+            opts["backend"], context.directory, opts, store=context.store, partition=context.partition)
+        self._kser = context.key_serde.serialize
+        self._kde = context.key_serde.deserialize
+        self._vser = context.value_serde.serialize
+        self._vde = context.value_serde.deserialize
+        self._changelog = context.changelog
+        self._cache: OrderedDict[bytes, Any] = OrderedDict()
+        self._cache_size = int(opts["cache_size"])
+        self._batch = int(opts["write_batch_size"])
+        self._restore_batch = int(opts["restore_batch_size"])
+        self._dirty: dict[bytes, bytes | None] = {}
+        self._iterators: "weakref.WeakSet[KVIterator]" = weakref.WeakSet()
+        self._max_key = getattr(self._backend, "max_key_size", 1 << 62)
+        self._min_key = getattr(self._backend, "min_key_size", 0)
+        self.spills = 0
+        """Number of spills since open (statistics)."""
+        self._offset = self._read_offset()
+        if self._offset is None and self._backend.persistent and self._backend._scan(None, None, None, False, 1):
+            # Data without a recorded offset (e.g. a spill before the first commit, or a damaged
+            # offset): unusable, because the runtime will rebuild from offset 0 on top of it.
+            log.warning("store %s partition %d: local data has no valid offset; discarding it",
+                        context.store, context.partition)
+            self._backend.clear()
+        self._closed = False
+
+    # -- errors ----------------------------------------------------------------------------------
+    def _ctx(self) -> dict[str, Any]:
+        return {"store": self._store, "partition": self._partition}
+
+    def _key_error(self, exc: SerdeError, key: object) -> SerdeError:
+        return SerdeError(f"bad key {key!r:.80} for store {self._store!r}: {exc.message}",
+                          hint=exc.hint or "pass keys of the type the store's key serde expects", **self._ctx())
+
+    def _value_error(self, exc: SerdeError, key: object) -> SerdeError:
+        return SerdeError(f"bad value for key {key!r:.80} of store {self._store!r}: {exc.message}",
+                          hint=exc.hint or "pass values the store's value serde accepts", **self._ctx())
+
+    def _none_value(self, key: object) -> InvalidValueError:
+        return InvalidValueError(f"None is not a valid value (key {key!r:.80}); None marks deletions",
+                                 hint="call delete(key) to remove a key", **self._ctx())
+
+    def _bad_key_size(self, key: object, kb: bytes) -> InvalidValueError:
+        return InvalidValueError(
+            f"key {key!r:.80} serializes to {len(kb)} bytes; the {self._backend.name} backend accepts "
+            f"{self._min_key}..{self._max_key} bytes", hint="use shorter keys or the rocksdb backend", **self._ctx())
+
+    def _decode_key(self, kb: bytes) -> Any:
+        try:
+            return self._kde(kb)
+        except SerdeError as exc:
+            raise SerdeError(f"cannot decode a key of store {self._store!r}: {exc.message}",
+                             hint="check that the key serde matches the data", **self._ctx()) from exc
+
+    def _decode_value(self, kb: bytes, vb: bytes) -> Any:
+        try:
+            return self._vde(vb)
+        except SerdeError as exc:
+            raise SerdeError(f"cannot decode the value of key {kb[:64]!r} in store {self._store!r}: "
+                             f"{exc.message}", hint="check that the value serde matches the data",
+                             **self._ctx()) from exc
+
+    # -- reads -----------------------------------------------------------------------------------
+    def get(self, key: Any) -> Any:
+        """The value of ``key``, or None. Sees this task's own unflushed writes."""
+        try:
+            kb = self._kser(key)
+        except SerdeError as exc:
+            raise self._key_error(exc, key) from None
+        cache = self._cache
+        value = cache.get(kb, _MISS)
+        if value is not _MISS:
+            cache.move_to_end(kb)
+            return value
+        return self._load(kb)
+
+    def _load(self, kb: bytes) -> Any:
+        vb = self._dirty.get(kb, _MISS)
+        if vb is _MISS:
+            vb = self._backend.get(kb)
+        value = None if vb is None else self._decode_value(kb, vb)
+        if self._cache_size:
+            cache = self._cache
+            cache[kb] = value
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        return value
+
+    def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
+        """Values of ``keys`` as a dict; absent keys are left out."""
+        result: dict[Any, Any] = {}
+        misses: list[tuple[Any, bytes]] = []
+        cache, dirty, kser = self._cache, self._dirty, self._kser
+        for key in keys:
+            try:
+                kb = kser(key)
+            except SerdeError as exc:
+                raise self._key_error(exc, key) from None
+            value = cache.get(kb, _MISS)
+            if value is _MISS:
+                vb = dirty.get(kb, _MISS)
+                if vb is _MISS:
+                    misses.append((key, kb))
+                    continue
+                value = None if vb is None else self._decode_value(kb, vb)
+            else:
+                cache.move_to_end(kb)
+            if value is not None:
+                result[key] = value
+        if misses:
+            found = self._backend.get_many([kb for _, kb in misses])
+            for (key, kb), vb in zip(misses, found):
+                value = None if vb is None else self._decode_value(kb, vb)
+                if self._cache_size:
+                    cache[kb] = value
+                    if len(cache) > self._cache_size:
+                        cache.popitem(last=False)
+                if value is not None:
+                    result[key] = value
+        return result
+
+    # -- writes ----------------------------------------------------------------------------------
+    def put(self, key: Any, value: Any) -> None:
+        """Set ``key`` to ``value`` (not None). Logged at the next flush, coalesced per key."""
+        if value is None:
+            raise self._none_value(key)
+        try:
+            kb = self._kser(key)
+        except SerdeError as exc:
+            raise self._key_error(exc, key) from None
+        try:
+            vb = self._vser(value)
+        except SerdeError as exc:
+            raise self._value_error(exc, key) from None
+        if not self._min_key <= len(kb) <= self._max_key:
+            raise self._bad_key_size(key, kb)
+        cache = self._cache
+        cache[kb] = value
+        cache.move_to_end(kb)
+        if len(cache) > self._cache_size:
+            cache.popitem(last=False)
+        dirty = self._dirty
+        dirty[kb] = vb
+        if len(dirty) >= self._batch:
+            self._spill()
+
+    def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
+        """Put many entries (a mapping or ``(key, value)`` pairs)."""
+        pairs = entries.items() if isinstance(entries, Mapping) else entries
+        put = self.put
+        for key, value in pairs:
+            put(key, value)
+
+    def delete(self, key: Any) -> None:
+        """Remove ``key`` (a no-op if absent, but still logged as a tombstone)."""
+        try:
+            kb = self._kser(key)
+        except SerdeError as exc:
+            raise self._key_error(exc, key) from None
+        cache = self._cache
+        if self._cache_size:
+            cache[kb] = None
+            cache.move_to_end(kb)
+            if len(cache) > self._cache_size:
+                cache.popitem(last=False)
+        dirty = self._dirty
+        dirty[kb] = None
+        if len(dirty) >= self._batch:
+            self._spill()
+
+    def delete_all(self, keys: Iterable[Any]) -> None:
+        """Remove many keys."""
+        delete = self.delete
+        for key in keys:
+            delete(key)
+
+    def _spill(self) -> None:
+        """Write pending changes to the backend before a commit, obeying the contract: their
+        changelog records are made durable first, and the recorded local offset does not move."""
+        items = list(self._dirty.items())
+        self._changelog.append_many(items)
+        self._changelog.flush()
+        self._backend.write(items)
+        self._dirty.clear()
+        self.spills += 1
+
+    # -- iteration -------------------------------------------------------------------------------
+    def range(self, start: Any = None, end: Any = None, reverse: bool = False) -> "KVIterator":
+        """Entries with ``start <= key < end`` in serialized-key order (None: unbounded side)."""
+        sb = None if start is None else self._ser_bound(start)
+        eb = None if end is None else self._ser_bound(end)
+        return self._iterate(sb, eb, reverse)
+
+    def prefix(self, prefix: Any, reverse: bool = False) -> "KVIterator":
+        """Entries whose serialized key starts with the serialized ``prefix``."""
+        pb = self._ser_bound(prefix)
+        return self._iterate(pb or None, _successor(pb), reverse)
+
+    def all(self, reverse: bool = False) -> "KVIterator":
+        """Every entry, in key order."""
+        return self._iterate(None, None, reverse)
+
+    def _ser_bound(self, key: Any) -> bytes:
+        try:
+            return self._kser(key)
+        except SerdeError as exc:
+            raise self._key_error(exc, key) from None
+
+    def _iterate(self, start: bytes | None, end: bytes | None, reverse: bool) -> "KVIterator":
+        if start is not None and end is not None and start >= end:
+            pending: list[tuple[bytes, bytes | None]] = []
+        else:
+            pending = [(k, v) for k, v in self._dirty.items()
+                       if (start is None or k >= start) and (end is None or k < end)]
+            pending.sort(reverse=reverse)
+        iterator = KVIterator(self, pending, self._backend.iterate(start, end, reverse), reverse)
+        self._iterators.add(iterator)
+        return iterator
+
+    def approximate_count(self) -> int:
+        """Estimated number of keys (backend estimate adjusted by pending puts and deletes)."""
+        pending = sum(1 if v is not None else -1 for v in self._dirty.values())
+        return max(0, self._backend.approximate_count() + pending)
+
+    # -- the engine contract -------------------------------------------------------------------
+    def restore(self, records: Iterable[ChangelogRecord]) -> None:
+        """Apply changelog records in order (last per key wins), in atomic chunks; not re-logged."""
+        chunk: dict[bytes, bytes | None] = {}
+        size = self._restore_batch
+        for record in records:
+            chunk[record.key] = record.value
+            if len(chunk) >= size:
+                self._restore_chunk(chunk)
+                chunk = {}
+        if chunk:
+            self._restore_chunk(chunk)
+
+    def _restore_chunk(self, chunk: dict[bytes, bytes | None]) -> None:
+        self._backend.write(list(chunk.items()))
+        cache, dirty = self._cache, self._dirty
+        for kb in chunk:
+            cache.pop(kb, None)
+            dirty.pop(kb, None)
+
+    def flush(self) -> None:
+        """Log pending changes (one record per key), flush the changelog, then write the changes
+        and the new end offset to the backend in one atomic write."""
+        items = list(self._dirty.items())
+        if items:
+            self._changelog.append_many(items)
+        end = self._changelog.flush()
+        self._backend.write(items, {META_OFFSET: _OFFSET.pack(end)})
+        self._dirty.clear()
+        self._offset = end
+
+    def local_offset(self) -> int | None:
+        """The changelog offset the backend's data reflects (None: no usable local state)."""
+        return self._offset
+
+    def _read_offset(self) -> int | None:
+        raw = self._backend.get_meta(META_OFFSET)
+        if raw is None:
+            return None
+        if len(raw) != _OFFSET.size:
+            log.warning("store %s partition %d: unreadable local offset %r", self._store, self._partition, raw)
+            return None
+        return _OFFSET.unpack(raw)[0]
+
+    def close(self) -> None:
+        """Close iterators and the backend. Unflushed changes are discarded. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for iterator in list(self._iterators):
+            iterator.close()
+        self._backend.close()
+        self._cache = OrderedDict()
+        self._dirty = {}
+        for name in _API:
+            setattr(self, name, self._closed_call)
+
+    def _closed_call(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreClosedError(f"store {self._store!r} is closed", hint="do not use a store after close(); "
+                               "reopen it through its factory", **self._ctx())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def backend(self) -> KVBackend:
+        """The backend (for tests, tools and benchmarks)."""
+        return self._backend
+
+
+class KVIterator(Iterator[tuple[Any, Any]]):
+    """Snapshot iterator over the merged view: pending writes captured at open + backend snapshot.
+
+    Closable, a context manager, and closed automatically when exhausted, garbage collected, or
+    when its store closes. Yields deserialized ``(key, value)`` pairs.
+    """
+
+    def __init__(self, engine: KeyValueEngine, pending: list[tuple[bytes, bytes | None]],
+                 backend_iter: BackendIterator, reverse: bool) -> None:
+        self._engine = engine
+        self._pending = pending
+        self._pi = 0
+        self._bit = backend_iter
+        self._head: tuple[bytes, bytes] | None | object = _MISS
+        self._reverse = reverse
+        self._closed = False
+
+    def __iter__(self) -> "KVIterator":
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        engine = self._engine
+        while True:
+            if self._closed:
+                if engine._closed:
+                    raise StoreClosedError(f"store {engine._store!r} was closed during iteration",
+                                           hint="finish or close iterators before closing the store",
+                                           **engine._ctx())
+                raise StopIteration
+            pending = self._pending[self._pi] if self._pi < len(self._pending) else None
+            head = self._head
+            if head is _MISS:
+                head = self._head = next(self._bit, None)
+            if pending is None and head is None:
+                self.close()
+                raise StopIteration
+            if head is None or (pending is not None and (
+                    pending[0] == head[0] or ((pending[0] > head[0]) if self._reverse else (pending[0] < head[0])))):
+                if head is not None and pending[0] == head[0]:  # type: ignore[index]
+                    self._head = _MISS
+                self._pi += 1
+                kb, vb = pending  # type: ignore[misc]
+                if vb is None:
+                    continue  # deleted, not yet flushed
+            else:
+                kb, vb = head  # type: ignore[misc]
+                self._head = _MISS
+            return engine._decode_key(kb), engine._decode_value(kb, vb)
+
+    def close(self) -> None:
+        """Release the iterator's resources (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._pending = []
+            self._bit.close()
+
+    def __enter__(self) -> "KVIterator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass

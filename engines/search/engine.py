@@ -1,0 +1,417 @@
+"""The search engine: a tantivy full-text index per store partition, made fault tolerant by a
+changelog of ``doc_id -> document JSON`` records."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
+
+import tantivy
+
+from localstate.core.changelog import ChangelogRecord
+from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.options import Option, did_you_mean, parse_size
+from localstate.engines.search.schema import (
+    FieldSpec,
+    decode_document,
+    encode_document,
+    normalize_document,
+    parse_default_fields,
+    parse_fields,
+    values_of,
+)
+from localstate.errors import ConfigError, ConfigProblem, InvalidValueError, RestoreError, StoreClosedError, StoreError
+
+__all__ = ["SearchEngineFactory", "SearchEngine", "SearchHit", "InvalidQueryError"]
+
+log = logging.getLogger(__name__)
+
+#: Hidden fields the engine adds to every schema.
+ID_FIELD = "__ls_id"          # hex of the serialized doc id; raw string, stored, indexed
+SOURCE_FIELD = "__ls_source"  # the document's JSON (what get() returns); stored only
+OFFSET_FIELD = "__ls_offset"  # local changelog offset, only on the offset document
+#: The offset document's id. Not valid hex, so it can never collide with a user document id.
+OFFSET_DOC_ID = "__localstate_offset__"
+INDEX_DIRNAME = "tantivy"
+_MIN_THREAD_HEAP = 15_000_000  # tantivy refuses less per indexing thread
+_RESTORE_CHUNK_BYTES = 32 << 20  # restore coalesces this much changelog at a time
+
+
+class InvalidQueryError(InvalidValueError):
+    """A query string tantivy cannot parse (syntax error, unknown field, bad literal)."""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One ranked result: BM25 score, document id, and the fields declared ``stored = true``."""
+
+    doc_id: Any
+    score: float
+    fields: dict[str, Any]
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+class SearchEngine(StorageEngine):
+    """A tantivy index for one store partition.
+
+    Visibility: ``add``/``delete`` are *pending* until :meth:`flush`. :meth:`get` sees pending
+    writes (read-your-writes through an overlay of pending documents); :meth:`search` and
+    :meth:`count` see the index as of the last :meth:`flush` (tantivy commit + reader reload).
+    Records handed to :meth:`restore` become visible to every call at the next flush.
+
+    Durability: :meth:`flush` logs one record per changed doc id (``key_serde(doc_id) -> JSON`` or a
+    tombstone), calls ``changelog.flush()`` for the end offset ``n``, then commits the index with
+    a hidden offset document holding ``n`` in the same tantivy commit, so the local offset and the
+    documents are atomic. Ranking ties (equal BM25 scores) are broken by doc id, so results only
+    depend on what the index holds, not on segment layout.
+    """
+
+    def __init__(self, context: StoreContext, specs: Mapping[str, FieldSpec], default_fields: Sequence[str],
+                 writer_memory: int, writer_threads: int) -> None:
+        super().__init__(context)
+        self.specs = dict(specs)
+        self.default_fields = list(default_fields)
+        self._stored = [name for name, spec in self.specs.items() if spec.stored]
+        self._path = Path(context.directory) / INDEX_DIRNAME
+        self._writer_memory = writer_memory
+        self._writer_threads = writer_threads
+        self._pending: dict[bytes, tuple[bytes, dict[str, Any]] | None] = {}
+        self._dirty = False  # restored records not yet committed
+        self._closed = False
+        self._index, self._offset = self._open_index()
+        try:
+            self._writer = self._index.writer(heap_size=writer_memory, num_threads=writer_threads)
+        except ValueError as exc:
+            raise StoreError(f"cannot open the index writer of {self._path}: {exc}",
+                             hint="another process (or another open instance) holds this store partition; "
+                                  "close it first", store=context.store, partition=context.partition) from exc
+        self._searcher = self._index.searcher()
+        self._offset_term = tantivy.Query.term_query(self._index.schema, ID_FIELD, OFFSET_DOC_ID)
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    def _schema(self) -> tantivy.Schema:
+        builder = tantivy.SchemaBuilder()
+        builder.add_text_field(ID_FIELD, stored=True, tokenizer_name="raw")
+        builder.add_bytes_field(SOURCE_FIELD, stored=True)
+        builder.add_integer_field(OFFSET_FIELD, stored=True)
+        for spec in self.specs.values():
+            if spec.type in ("text", "string"):
+                builder.add_text_field(spec.name, stored=False, fast=spec.fast, tokenizer_name=spec.tokenizer)
+            elif spec.type == "int":
+                builder.add_integer_field(spec.name, stored=False, indexed=spec.indexed, fast=spec.fast)
+            elif spec.type == "float":
+                builder.add_float_field(spec.name, stored=False, indexed=spec.indexed, fast=spec.fast)
+            else:
+                builder.add_date_field(spec.name, stored=False, indexed=spec.indexed, fast=spec.fast)
+        return builder.build()
+
+    def _open_index(self) -> tuple[tantivy.Index, int | None]:
+        """Open the local index and read its offset; a directory tantivy cannot use is wiped
+        (local state is only a cache of the changelog) and reported as offset None."""
+        schema = self._schema()
+        self._path.mkdir(parents=True, exist_ok=True)
+        problem: str | None = None
+        if tantivy.Index.exists(str(self._path)):
+            try:
+                index = tantivy.Index(schema, path=str(self._path), reuse=True)
+                offset = self._read_offset(index)
+                if offset is not None or self._user_doc_count(index) == 0:
+                    return index, 0 if offset is None else offset
+                problem = "it holds documents but no localstate offset"
+            except BaseException as exc:  # tantivy raises ValueError or pyo3 PanicException
+                if _is_fatal(exc):
+                    raise
+                problem = str(exc).splitlines()[0][:300]
+        elif any(self._path.iterdir()):
+            problem = "it has files but no meta.json"
+        else:
+            return tantivy.Index(schema, path=str(self._path), reuse=True), 0
+        log.warning("search store %s partition %d: discarding local index %s (%s); it will be rebuilt "
+                    "from the changelog", self.context.store, self.context.partition, self._path, problem)
+        shutil.rmtree(self._path)
+        self._path.mkdir(parents=True)
+        return tantivy.Index(schema, path=str(self._path), reuse=True), None
+
+    def _read_offset(self, index: tantivy.Index) -> int | None:
+        searcher = index.searcher()
+        hits = searcher.search(tantivy.Query.term_query(index.schema, ID_FIELD, OFFSET_DOC_ID), 1).hits
+        if not hits:
+            return None
+        value = searcher.doc(hits[0][1]).get_first(OFFSET_FIELD)
+        return int(value) if value is not None else None
+
+    @staticmethod
+    def _user_doc_count(index: tantivy.Index) -> int:
+        return index.searcher().num_docs
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("search store used after close()", hint="open the store again",
+                                   **self.context.describe())
+
+    def _key(self, doc_id: Any) -> bytes:
+        if doc_id is None:
+            raise InvalidValueError("doc_id must not be None", hint="pass a document id",
+                                    **self.context.describe())
+        return self.context.key_serde.serialize(doc_id)
+
+    def _tantivy_doc(self, key: bytes, source: bytes, normalized: Mapping[str, Any]) -> tantivy.Document:
+        doc = tantivy.Document()
+        doc.add_text(ID_FIELD, key.hex())
+        doc.add_bytes(SOURCE_FIELD, source)
+        for name, value in normalized.items():
+            kind = self.specs[name].type
+            for item in values_of(value):
+                if kind in ("text", "string"):
+                    doc.add_text(name, item)
+                elif kind == "int":
+                    doc.add_integer(name, item)
+                elif kind == "float":
+                    doc.add_float(name, item)
+                else:
+                    doc.add_date(name, _dt.datetime.fromisoformat(item))
+        return doc
+
+    def _parse(self, query: str, fields: Sequence[str] | None) -> tantivy.Query:
+        if not isinstance(query, str):
+            raise InvalidQueryError(f"a query must be a string, got {type(query).__name__}",
+                                    hint="pass a query string such as 'title:python AND year:[2000 TO 2010]'",
+                                    **self.context.describe())
+        names = self.default_fields if fields is None else list(fields)
+        for name in names:
+            if name not in self.specs:
+                raise InvalidQueryError(f"unknown field {name!r} in fields=" + did_you_mean(str(name), list(self.specs)),
+                                        hint=f"fields: {', '.join(self.specs)}", field=name,
+                                        **self.context.describe())
+        try:
+            parsed = self._index.parse_query(query, names)
+        except ValueError as exc:
+            raise InvalidQueryError(f"cannot parse query {query!r}: {exc}",
+                                    hint="check the query syntax (field:term, \"phrase\", AND/OR/NOT, "
+                                         f"[a TO b]); fields: {', '.join(self.specs)}",
+                                    query=query, **self.context.describe()) from exc
+        # The hidden offset document must never match (e.g. the query "*").
+        return tantivy.Query.boolean_query([(tantivy.Occur.Must, parsed),
+                                            (tantivy.Occur.MustNot, self._offset_term)])
+
+    def _source_of(self, doc: tantivy.Document) -> dict[str, Any]:
+        return json.loads(doc.get_first(SOURCE_FIELD))
+
+    def _doc_id(self, doc: tantivy.Document) -> Any:
+        return self.context.key_serde.deserialize(bytes.fromhex(doc.get_first(ID_FIELD)))
+
+    # -- query API -------------------------------------------------------------------------------
+
+    def add(self, doc_id: Any, doc: Mapping[str, Any]) -> None:
+        """Add or replace the document ``doc_id``. Checked against the schema now (typed error
+        naming the field); visible to get() at once, to search() after flush()."""
+        self._check_open()
+        key = self._key(doc_id)
+        normalized = normalize_document(self.specs, doc, self.context.store, self.context.partition)
+        self._pending[key] = (encode_document(normalized), normalized)
+
+    def delete(self, doc_id: Any) -> None:
+        """Delete ``doc_id`` (a no-op if absent). Same visibility as add()."""
+        self._check_open()
+        self._pending[self._key(doc_id)] = None
+
+    def get(self, doc_id: Any) -> dict[str, Any] | None:
+        """The whole document as added (dates as aware UTC datetimes), or None. Sees pending writes."""
+        self._check_open()
+        key = self._key(doc_id)
+        if key in self._pending:
+            entry = self._pending[key]
+            return None if entry is None else decode_document(self.specs, entry[1])
+        term = tantivy.Query.term_query(self._index.schema, ID_FIELD, key.hex())
+        hits = self._searcher.search(term, 1).hits
+        if not hits:
+            return None
+        return decode_document(self.specs, self._source_of(self._searcher.doc(hits[0][1])))
+
+    def search(self, query: str, limit: int = 10, fields: Sequence[str] | None = None) -> list[SearchHit]:
+        """The ``limit`` best documents for ``query`` (tantivy query syntax), best first.
+
+        ``fields``: the fields searched by terms without ``field:`` (default: ``default_fields``).
+        Ties in score are broken by doc id (byte order of the serialized id), deterministically.
+        """
+        self._check_open()
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise InvalidValueError(f"limit must be a non-negative integer, got {limit!r}",
+                                    hint="pass limit=10 for example", **self.context.describe())
+        parsed = self._parse(query, fields)
+        if limit == 0:
+            return []
+        searcher = self._searcher
+        # Fetch until every document tying with the limit-th score is in hand, so the cut does not
+        # depend on tantivy's doc-address order (which differs between equal indexes).
+        fetch = limit
+        while True:
+            raw = searcher.search(parsed, fetch, count=False).hits
+            if len(raw) < fetch or raw[-1][0] < raw[limit - 1][0]:
+                break
+            fetch *= 2
+        ranked = []
+        for score, address in raw:
+            doc = searcher.doc(address)
+            ranked.append((-score, doc.get_first(ID_FIELD), doc))
+        ranked.sort(key=lambda item: (item[0], item[1]))
+        hits = []
+        for neg_score, _, doc in ranked[:limit]:
+            source = self._source_of(doc)
+            stored = decode_document(self.specs, {n: source[n] for n in self._stored if n in source})
+            hits.append(SearchHit(self._doc_id(doc), -neg_score, stored))
+        return hits
+
+    def count(self, query: str, fields: Sequence[str] | None = None) -> int:
+        """Number of documents matching ``query`` as of the last flush()."""
+        self._check_open()
+        return self._searcher.search(self._parse(query, fields), 1, count=True).count
+
+    # -- contract --------------------------------------------------------------------------------
+
+    def restore(self, records: Iterable[ChangelogRecord]) -> None:
+        """Re-index changelog records with the one open writer; committed at the next flush().
+
+        Records are coalesced in bounded chunks (last record per doc id wins) so a document that
+        is overwritten or deleted later in the chunk is never indexed: less work, and no deleted
+        documents left behind to skew BM25 statistics.
+        """
+        self._check_open()
+        # Deleting a term that cannot exist is wasted work on a bulk rebuild of an empty index.
+        empty = not self._dirty and self._searcher.num_docs <= (0 if self._offset is None else 1)
+        seen: set[bytes] = set()
+        chunk: dict[bytes, ChangelogRecord] = {}
+        size = 0
+        for record in records:
+            chunk.pop(record.key, None)  # re-insert: keep chunk order = order of last writes
+            chunk[record.key] = record
+            size += len(record.key) + len(record.value or b"") + 64
+            if size >= _RESTORE_CHUNK_BYTES:
+                self._restore_chunk(chunk, empty, seen)
+                chunk, size = {}, 0
+        self._restore_chunk(chunk, empty, seen)
+
+    def _restore_chunk(self, chunk: Mapping[bytes, ChangelogRecord], empty: bool, seen: set[bytes]) -> None:
+        writer = self._writer
+        for key, record in chunk.items():
+            if not empty or key in seen:
+                writer.delete_documents_by_term(ID_FIELD, key.hex())
+            if empty:
+                seen.add(key)
+            self._pending.pop(key, None)
+            self._dirty = True
+            if record.value is None:
+                continue
+            try:
+                normalized = normalize_document(self.specs, json.loads(record.value), self.context.store,
+                                                self.context.partition)
+            except (ValueError, InvalidValueError) as exc:
+                raise RestoreError(f"changelog record for doc {key!r:.60} does not fit the index schema: {exc}",
+                                   hint="the store's fields changed incompatibly with the logged documents; "
+                                        "restore the old schema or rebuild the changelog",
+                                   offset=record.offset, **self.context.describe()) from exc
+            writer.add_document(self._tantivy_doc(key, encode_document(normalized), normalized))
+
+    def flush(self) -> None:
+        """Log pending changes (one record per doc id), flush the changelog, then commit the index
+        together with the new offset (hidden offset document) and reload the searcher."""
+        self._check_open()
+        pending = self._pending
+        if pending:
+            self.context.changelog.append_many((key, None if entry is None else entry[0])
+                                               for key, entry in pending.items())
+        end = self.context.changelog.flush()
+        if not pending and not self._dirty and end == self._offset:
+            return
+        writer = self._writer
+        try:
+            for key, entry in pending.items():
+                writer.delete_documents_by_term(ID_FIELD, key.hex())
+                if entry is not None:
+                    writer.add_document(self._tantivy_doc(key, entry[0], entry[1]))
+            writer.delete_documents_by_term(ID_FIELD, OFFSET_DOC_ID)
+            marker = tantivy.Document()
+            marker.add_text(ID_FIELD, OFFSET_DOC_ID)
+            marker.add_integer(OFFSET_FIELD, end)
+            writer.add_document(marker)
+            writer.commit()
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            # Pending stays: a retry logs the same records again (harmless) and re-applies them.
+            writer.rollback()
+            raise StoreError(f"tantivy commit failed: {exc}", hint="check disk space and permissions of "
+                             f"{self._path}; the changelog already holds the changes", offset=end,
+                             **self.context.describe()) from exc
+        self._pending = {}
+        self._dirty = False
+        self._offset = end
+        self._index.reload()
+        self._searcher = self._index.searcher()
+
+    def local_offset(self) -> int | None:
+        """Offset committed with the index (0 for a new empty index, None after a discarded one)."""
+        self._check_open()
+        return self._offset
+
+    def close(self) -> None:
+        """Discard uncommitted changes and release the index writer lock. Does not flush."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pending = {}
+        writer, self._writer = self._writer, None
+        try:
+            writer.rollback()
+            writer.wait_merging_threads()
+        except BaseException as exc:
+            if _is_fatal(exc):
+                raise
+            log.warning("search store %s partition %d: closing the index writer failed: %s",
+                        self.context.store, self.context.partition, exc)
+        del writer
+        self._searcher = None
+        self._index = None
+
+
+class SearchEngineFactory(StorageEngineFactory):
+    """``engine = "search"``: a tantivy full-text index; schema from the store's ``fields`` table."""
+
+    description = "full-text search index (tantivy): add/delete/get documents, BM25-ranked search"
+    options: ClassVar[Mapping[str, Option]] = {
+        "fields": Option(dict, doc="the index schema: field name -> { type = text|string|int|float|date, "
+                                   "stored, indexed, tokenizer, fast, required }"),
+        "default_fields": Option(list, default=[], doc="fields searched by terms without 'field:' "
+                                                      "(default: every text field)"),
+        "writer_memory": Option((int, str), default=128 << 20, parse=parse_size,
+                                doc="tantivy indexing memory budget (split between writer threads)"),
+        "writer_threads": Option(int, default=1, minimum=1, maximum=8, doc="tantivy indexing threads"),
+    }
+
+    def check_options(self, store: str, options: dict[str, Any]) -> None:
+        specs = parse_fields(store, options["fields"])
+        options["fields"] = {name: spec.as_dict() for name, spec in specs.items()}
+        options["default_fields"] = parse_default_fields(store, options["default_fields"], specs)
+        need = _MIN_THREAD_HEAP * options["writer_threads"]
+        if options["writer_memory"] < need:
+            raise ConfigError([ConfigProblem(f"stores.{store}.writer_memory",
+                                             f"must be at least {need} bytes (15MB per writer thread), "
+                                             f"got {options['writer_memory']}")])
+
+    def create(self, context: StoreContext) -> SearchEngine:
+        specs = parse_fields(context.store, context.options["fields"])
+        default_fields = parse_default_fields(context.store, context.options.get("default_fields", []), specs)
+        return SearchEngine(context, specs, default_fields,
+                            writer_memory=parse_size(context.options.get("writer_memory", "128MB")),
+                            writer_threads=int(context.options.get("writer_threads", 1)))

@@ -1,0 +1,1 @@
+raise ImportError("libacme.so: cannot open shared object file")
