@@ -14,14 +14,15 @@ from localstate.errors import LocalStateError
 
 __all__ = ["main", "build_parser", "command"]
 
-_COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None], str]] = {}
+_COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {}
 
 
 def command(name: str, help: str) -> Callable:  # noqa: A002 - argparse's own word
-    """Register ``localstate <name>``: decorate ``run(args) -> int``; its ``.arguments`` adds flags."""
+    """Register ``localstate <name>``: decorate ``run(args) -> int``; set ``run.arguments`` to a
+    function that adds the command's flags to its parser."""
 
     def register(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-        _COMMANDS[name] = (run, getattr(run, "arguments", lambda parser: None), help)
+        _COMMANDS[name] = (run, help)
         return run
 
     return register
@@ -42,8 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "else plugins.toml in the current directory or an ancestor)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, add_arguments, help_text) in sorted(_COMMANDS.items()):
-        add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    for name, (run, help_text) in sorted(_COMMANDS.items()):
+        add_arguments = getattr(run, "arguments", None)
+        subparser = sub.add_parser(name, help=help_text, description=help_text)
+        if add_arguments is not None:
+            add_arguments(subparser)
     return parser
 
 
@@ -78,4 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run through the imported module so commands register in one table (not in __main__'s copy).
+    from localstate.core import cli
+
+    sys.exit(cli.main())

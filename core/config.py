@@ -233,11 +233,13 @@ def _store(store_name: str, table: Any, job_name: Any, allow_pickle: bool, regis
     if not isinstance(engine, str):
         add(f"{path}.engine", "required: the engine plugin name, e.g. 'kv'")
         ok = False
-    changelog = table.get("changelog", f"{job_name}-{store_name}-changelog" if isinstance(job_name, str) else None)
+    # A default derived from an invalid job name is not reported again: the job name already is.
+    default_changelog = f"{job_name}-{store_name}-changelog" if name_problem(job_name, "job") is None else "unnamed"
+    changelog = table.get("changelog", default_changelog)
     if changelog is False:
         changelog = None
     elif changelog is True:
-        changelog = f"{job_name}-{store_name}-changelog"
+        changelog = default_changelog
     elif isinstance(changelog, str):
         if problem := name_problem(changelog, "changelog stream"):
             add(f"{path}.changelog", problem)

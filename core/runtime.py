@@ -163,8 +163,9 @@ class TaskInstance:
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None)
+        had_files = any(directory.iterdir())
         engine = factory.create(context)
-        if changelog is not None and engine.local_offset() is None and any(directory.iterdir()):
+        if changelog is not None and engine.local_offset() is None and had_files:
             # Unusable local state: start from an empty directory so stale keys cannot survive.
             log.warning("store %s partition %d: local state is unusable; rebuilding it from the changelog",
                         name, self.partition)

@@ -20,7 +20,7 @@ import os
 import time
 import zlib
 from pathlib import Path
-from typing import Generator, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.errors import ChangelogCorruptError, ChangelogError
@@ -76,14 +76,19 @@ class FileChangelogPartition(ChangelogPartition):
         self._active_size = 0
         self._flushed_end = 0
         self._next = 0
-        self._end_cache: tuple[int, int, int, int] | None = None  # reader: (base, ino, size, end)
+        self._end_cache: tuple[int, int, int, int] | None = None  # reader: (base, ino, pos, end)
+        self._sparse: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         if writable:
             self._open_writer()
 
     # ------------------------------------------------------------------ writer
 
     def _open_writer(self) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        if not self.directory.is_dir():
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if self.fsync:  # make the new directory entries durable (stream dir, partition dir)
+                fsync_dir(self.directory.parent)
+                fsync_dir(self.directory.parent.parent)
         lock_fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -303,7 +308,8 @@ class FileChangelogPartition(ChangelogPartition):
         return self._flushed_end if self.writable else self._disk_end()
 
     def _disk_end(self) -> int:
-        """End offset of the valid records on disk (a torn or in-progress tail is not counted)."""
+        """End offset of the valid records on disk (a torn or in-progress tail is not counted).
+        Incremental: continues from the previous call's position while the last segment is the same file."""
         bases = list_segments(self.directory)
         if not bases:
             return 0
@@ -311,15 +317,17 @@ class FileChangelogPartition(ChangelogPartition):
         path = self.directory / segment_name(base)
         try:
             with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
+                ino = os.fstat(f.fileno()).st_ino
+                pos, expected = 0, base
                 cache = self._end_cache
-                if cache and cache[0] == base and cache[1] == st.st_ino and cache[2] == st.st_size:
-                    return cache[3]
+                if cache and cache[0] == base and cache[1] == ino:
+                    pos, expected = cache[2], cache[3]
+                    f.seek(pos)
                 data = f.read()
         except FileNotFoundError:
             return self._disk_end()
-        _valid_end, next_offset, _bad = walk(data, 0, base)
-        self._end_cache = (base, st.st_ino, len(data), next_offset)
+        valid_end, next_offset, _bad = walk(data, 0, expected)
+        self._end_cache = (base, ino, pos + valid_end, next_offset)
         return next_offset
 
     def read(self, start: int = 0, end: int | None = None) -> Iterator[ChangelogRecord]:
@@ -367,46 +375,83 @@ class FileChangelogPartition(ChangelogPartition):
         unpack = HEADER.unpack_from
         crc32 = zlib.crc32
         record = ChangelogRecord
+        new = object.__new__
+        set_key, set_value, set_offset = _SET_KEY, _SET_VALUE, _SET_OFFSET
+        hs = HEADER_SIZE
+        stop_ = stop if stop is not None else 1 << 64
         buf = b""
         i = 0
         expected = base   # lowest offset the next record may carry
         retried = False
+        # Sparse index: (expected, byte position) pairs at chunk starts, per segment file (inode).
+        ino = os.fstat(f.fileno()).st_ino
+        entry = self._sparse.get(base)
+        if entry is None or entry[0] != ino:
+            entry = self._sparse[base] = (ino, [])
+        marks = entry[1]
+        buf_pos = 0       # file position of buf[0]
+        at = bisect.bisect_right(marks, (nxt, 1 << 64)) - 1
+        if at >= 0 and marks[at][0] > expected:
+            expected, buf_pos = marks[at]
+            f.seek(buf_pos)
         while True:
             chunk = f.read(_CHUNK)
             if chunk:
-                buf = (buf[i:] + chunk) if i < len(buf) else chunk
+                if i < len(buf):
+                    buf = buf[i:] + chunk
+                else:
+                    buf = chunk
+                buf_pos += i
                 i = 0
             elif i >= len(buf):
                 return nxt, False
             n = len(buf)
             bad = None
+            if not marks or marks[-1][1] < buf_pos:
+                marks.append((expected, buf_pos))
+            # Seek phase: walk headers only (no crc, no objects) up to the first wanted offset.
+            while expected < nxt and i + hs <= n:
+                _crc, off, _ts, klen, vlen = unpack(buf, i)
+                end = i + hs + klen + (vlen if vlen > 0 else 0)
+                if end > n or off >= nxt or off < expected:
+                    break
+                expected = off + 1
+                i = end
             with memoryview(buf) as view:
-                while i + HEADER_SIZE <= n:
+                while i + hs <= n:
                     crc, off, _ts, klen, vlen = unpack(buf, i)
-                    kend = i + HEADER_SIZE + klen
+                    kend = i + hs + klen
                     end = kend + vlen if vlen > 0 else kend
                     if end > n:
                         break
-                    if crc32(view[i + 4:end]) != crc or off < expected or vlen < -1:
+                    # The crc covers offset and lengths; ``off < expected`` catches misplaced records.
+                    if crc32(view[i + 4:end]) != crc or off < expected:
                         bad = i
                         break
+                    if off >= stop_:
+                        return max(nxt, expected), True
                     expected = off + 1
                     if off >= nxt:
-                        if stop is not None and off >= stop:
-                            return nxt, True
-                        yield record(buf[i + HEADER_SIZE:kend], buf[kend:end] if vlen >= 0 else None, off)
-                        nxt = off + 1
-                        if nxt == stop:  # do not look at (possibly damaged) bytes past the range
-                            return nxt, True
+                        # Build the frozen slots dataclass through its slot descriptors: half the
+                        # cost of its generated __init__ (this is the restore hot path).
+                        rec = new(record)
+                        set_key(rec, buf[i + hs:kend])
+                        set_value(rec, buf[kend:end] if vlen >= 0 else None)
+                        set_offset(rec, off)
+                        yield rec
+                        if expected == stop_:  # do not look at (possibly damaged) bytes past the range
+                            return expected, True
                     i = end
+            nxt = max(nxt, expected)
             if bad is None and chunk:
                 continue  # need more bytes for the record at i
             # Either an invalid record at i, or EOF with an incomplete record at i.
             buf = buf[i:] + f.read()
+            buf_pos += i
             i = 0
             # A damaged length field can make a record look incomplete: look for valid records after it.
             if find_valid_after(buf, 0, expected) is not None:
-                self._corrupt(path, expected, f.tell() - len(buf))
+                self._corrupt(path, expected, buf_pos)
             # A tail. It is final only if no newer segment exists (the writer completes a segment
             # before it creates the next one); then re-read once: the bytes are complete now.
             if not sealed:
@@ -414,13 +459,26 @@ class FileChangelogPartition(ChangelogPartition):
                 if not sealed:
                     return nxt, False
             if retried:
-                self._corrupt(path, expected, f.tell() - len(buf))
+                self._corrupt(path, expected, buf_pos)
             retried = True
 
     def _corrupt(self, path: Path, offset: int, byte: int) -> None:
         raise ChangelogCorruptError(
             "changelog record failed its integrity check", stream=self.stream, partition=self.partition,
             offset=offset, segment=str(path), byte=byte, hint=_CORRUPT_HINT)
+
+
+def _setter(name: str) -> Callable[[ChangelogRecord, object], None]:
+    """Slot setter of ChangelogRecord (a frozen slots dataclass); generic fallback otherwise."""
+    descriptor = getattr(ChangelogRecord, name, None)
+    if descriptor is not None and hasattr(descriptor, "__set__"):
+        return descriptor.__set__
+    return lambda record, value: object.__setattr__(record, name, value)
+
+
+_SET_KEY = _setter("key")
+_SET_VALUE = _setter("value")
+_SET_OFFSET = _setter("offset")
 
 
 def _split_point(buf: bytearray, pos: int, room: int) -> tuple[int, int]:

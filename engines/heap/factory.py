@@ -44,7 +44,12 @@ def inner_kv_options(store: str, options: Mapping[str, Any]) -> dict[str, Any]:
     raw = {"backend": options.get("backend", "rocksdb"), "cache_size": 0, "write_batch_size": 1 << 30,
            **dict(options.get("kv") or {})}
     validated = validate_options(kv.options, raw, f"stores.{store}.kv")
-    kv.check_options(store, validated)
+    try:
+        from localstate.engines.kv.options import check_kv_options
+    except ImportError:  # the kv plugin reorganised its modules: use its public check
+        kv.check_options(store, validated)
+    else:
+        check_kv_options(store, validated, prefix="kv.")
     return validated
 
 
@@ -66,7 +71,8 @@ class HeapEngineFactory(StorageEngineFactory):
                                  choices=tuple(_UNITS)),
         "late_policy": Option(str, "error", "reorder: what to do with events older than the watermark",
                               choices=("error", "drop", "side_output")),
-        "backend": Option(str, "rocksdb", "local persistence backend of the inner kv store"),
+        "backend": Option(str, "rocksdb", "local persistence of the inner kv store (memory persists nothing)",
+                          choices=("rocksdb", "lmdb", "memory")),
         "kv": Option(dict, None, "extra options of the inner kv store (cache_size, write_batch_size, ...)"),
     }
 

@@ -256,7 +256,11 @@ class ReorderBufferEngine(HeapEngineBase):
                     self._corrupt(record, "not a reorder-buffer key")
                 yield record
 
-        self._restore_into_kv(records, tap())
+        try:
+            self._restore_into_kv(records, tap())
+        except BaseException:
+            self._keys = SortedList(events)  # keep the order consistent with what was applied
+            raise
         for key in touched:  # restored values are newer than pending changes
             self._new.pop(key, None)
             self._gone.pop(key, None)
@@ -274,6 +278,11 @@ class ReorderBufferEngine(HeapEngineBase):
 
     # -- helpers -------------------------------------------------------------------------------
     def _timestamp(self, value: Any, what: str = "timestamp", allow_inf: bool = False) -> tuple[float, bytes]:
+        kind_of = type(value)
+        if kind_of is int and -MAX_EXACT_INT <= value <= MAX_EXACT_INT:  # fast paths
+            return float(value), _INT_TS
+        if kind_of is float and -math.inf < value < math.inf:
+            return (value if value else 0.0), _FLOAT_TS  # -0.0 and 0.0 share one key prefix
         try:
             ts = check_number(value)
         except (TypeError, ValueError, OverflowError) as exc:

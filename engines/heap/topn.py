@@ -16,15 +16,12 @@ from sortedcontainers import SortedList
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StoreContext
 from localstate.engines.heap.base import HeapEngineBase
-from localstate.engines.heap.codec import check_number, decode_score_value, encode_score_value
+from localstate.engines.heap.codec import SCORE_HEADER, check_number, decode_score_value, encode_score_value
 from localstate.errors import SerdeError
 
 __all__ = ["Entry", "TopNEngine"]
 
 log = logging.getLogger(__name__)
-
-_ABSENT = object()
-
 
 class Entry(NamedTuple):
     """One ranked entry: the item, its score (always a float) and its payload (None if none)."""
@@ -48,31 +45,41 @@ class TopNEngine(HeapEngineBase):
         self.order: str = options.get("order", "max")
         self.capacity: int | None = options.get("capacity")
         self._sign = -1.0 if self.order == "max" else 1.0
-        self._entries: dict[bytes, tuple[float, bytes | None]] = {}
-        self._dirty: dict[bytes, None] = {}  # insertion-ordered: deterministic changelog order
+        # Scores and payloads live in two flat dicts (floats and bytes are not tracked by the garbage
+        # collector; a tuple per entry would make every collection walk the whole heap).
+        self._scores: dict[bytes, float] = {}
+        self._payloads: dict[bytes, bytes] = {}
+        # Changed items since the last flush -> whether the item exists in the flushed state (if it
+        # does not, removing it again needs no tombstone). Insertion-ordered: deterministic changelog.
+        self._dirty: dict[bytes, bool] = {}
         self._sorted: SortedList = SortedList()
         self._load()
 
     def _load(self) -> None:
         """Rebuild the order from local state (no changelog replay)."""
-        entries = self._entries
+        scores, payloads = self._scores, self._payloads
         with self._kv.all() as rows:
             for key, value in rows:
+                key = bytes(key)
                 try:
-                    entries[bytes(key)] = decode_score_value(value)
+                    score, data = decode_score_value(value)
                 except ValueError as exc:
-                    self._corrupt(None, f"local entry {bytes(key)[:32]!r}: {exc}")
+                    self._corrupt(None, f"local entry {key[:32]!r}: {exc}")
+                scores[key] = score
+                if data is not None:
+                    payloads[key] = data
         self._rebuild()
-        if entries:
+        if scores:
             log.debug("store %s/%d: loaded %d heap entries from local state", self.context.store,
-                      self.context.partition, len(entries))
+                      self.context.partition, len(scores))
 
     def _rebuild(self) -> None:
         sign = self._sign
-        self._sorted = SortedList([(sign * score, item) for item, (score, _) in self._entries.items()])
+        self._sorted = SortedList([(sign * score, item) for item, score in self._scores.items()])
 
     def _drop_memory(self) -> None:
-        self._entries = {}
+        self._scores = {}
+        self._payloads = {}
         self._dirty = {}
         self._sorted = SortedList()
 
@@ -89,36 +96,49 @@ class TopNEngine(HeapEngineBase):
             key = self._kser(item)
         except SerdeError as exc:
             raise self._serde_error(exc, "item") from None
-        if payload is None:
-            data = None
-        else:
+        if payload is not None:
             try:
                 data = self._vser(payload)
             except SerdeError as exc:
                 raise self._serde_error(exc, "payload") from None
         if type(score) is not float or score != score:
             score = self._score(score)
-        entries = self._entries
-        old = entries.get(key)
+        scores = self._scores
+        old = scores.get(key)
         if old is None:
             self._sorted.add((self._sign * score, key))
-        elif old[0] != score:
-            self._sorted.remove((self._sign * old[0], key))
+        elif old != score:
+            self._sorted.remove((self._sign * old, key))
             self._sorted.add((self._sign * score, key))
-        entries[key] = (score, data)
-        self._dirty[key] = None
-        if self.capacity is not None and len(entries) > self.capacity:
+        scores[key] = score
+        if payload is not None:
+            self._payloads[key] = data
+        elif self._payloads:
+            self._payloads.pop(key, None)
+        dirty = self._dirty
+        if key not in dirty:
+            dirty[key] = old is not None
+        if self.capacity is not None and len(scores) > self.capacity:
             return self._evict()
         return None
 
     def _evict(self) -> Entry | None:
         evicted = None
-        while len(self._entries) > self.capacity:  # type: ignore[operator]
-            _, key = self._sorted.pop()
-            score, data = self._entries.pop(key)
-            self._dirty[key] = None
-            evicted = self._entry(key, score, data)
+        while len(self._scores) > self.capacity:  # type: ignore[operator]
+            evicted = self._take(self._sorted.pop()[1])
         return evicted
+
+    def _take(self, key: bytes) -> Entry:
+        """Forget ``key`` (already removed from the order) and return its entry."""
+        score = self._scores.pop(key)
+        data = self._payloads.pop(key, None) if self._payloads else None
+        dirty = self._dirty
+        if key not in dirty:
+            dirty[key] = True
+        try:
+            return Entry(self._kdes(key), score, None if data is None else self._vdes(data))
+        except SerdeError as exc:
+            raise self._serde_error(exc, "stored item or payload") from None
 
     def push_all(self, entries: Iterable[tuple[Any, Any] | tuple[Any, Any, Any]]) -> list[Entry]:
         """Push ``(item, score)`` or ``(item, score, payload)`` tuples; returns the evicted entries."""
@@ -133,98 +153,89 @@ class TopNEngine(HeapEngineBase):
         """Remove ``item``; returns its entry, or None if it was absent."""
         self._check_open()
         key = self._key(item)
-        old = self._entries.pop(key, None)
+        old = self._scores.get(key)
         if old is None:
             return None
-        self._sorted.remove((self._sign * old[0], key))
-        self._dirty[key] = None
-        return self._entry(key, old[0], old[1])
+        self._sorted.remove((self._sign * old, key))
+        return self._take(key)
 
     def pop(self) -> Entry | None:
         """Remove and return the best entry (highest score for max, lowest for min); None when empty."""
         if self._closed:
             self._check_open()
-        if not self._entries:
+        if not self._scores:
             return None
-        _, key = self._sorted.pop(0)
-        score, data = self._entries.pop(key)
-        self._dirty[key] = None
-        return self._entry(key, score, data)
+        return self._take(self._sorted.pop(0)[1])
 
     def pop_worst(self) -> Entry | None:
         """Remove and return the worst entry; None when empty."""
         self._check_open()
-        if not self._entries:
+        if not self._scores:
             return None
-        _, key = self._sorted.pop()
-        score, data = self._entries.pop(key)
-        self._dirty[key] = None
-        return self._entry(key, score, data)
+        return self._take(self._sorted.pop()[1])
 
     def clear(self) -> None:
         """Remove every entry (each logged as a tombstone at the next flush)."""
         self._check_open()
-        self._dirty.update(dict.fromkeys(self._entries))
-        self._entries.clear()
+        dirty = self._dirty
+        for key in self._scores:
+            if key not in dirty:
+                dirty[key] = True
+        self._scores.clear()
+        self._payloads.clear()
         self._sorted.clear()
 
     # -- reads ---------------------------------------------------------------------------------
     def peek(self) -> Entry | None:
         """The best entry without removing it; None when empty."""
         self._check_open()
-        if not self._entries:
+        if not self._scores:
             return None
-        key = self._sorted[0][1]
-        return self._entry(key, *self._entries[key])
+        return self._entry(self._sorted[0][1])
 
     def score(self, item: Any) -> float | None:
         """The score of ``item``, or None when it is absent."""
         self._check_open()
-        entry = self._entries.get(self._key(item))
-        return None if entry is None else entry[0]
+        return self._scores.get(self._key(item))
 
     def get(self, item: Any) -> Entry | None:
         """The entry of ``item``, or None when it is absent."""
         self._check_open()
         key = self._key(item)
-        entry = self._entries.get(key)
-        return None if entry is None else self._entry(key, *entry)
+        return self._entry(key) if key in self._scores else None
 
     def top(self, n: int) -> list[Entry]:
         """The ``n`` best entries, best first."""
         self._check_open()
-        entries = self._entries
-        return [self._entry(key, *entries[key]) for _, key in self._sorted.islice(0, max(n, 0))]
+        return [self._entry(key) for _, key in self._sorted.islice(0, max(n, 0))]
 
     def bottom(self, n: int) -> list[Entry]:
         """The ``n`` worst entries, worst first."""
         self._check_open()
         size = len(self._sorted)
-        entries = self._entries
-        return [self._entry(key, *entries[key])
-                for _, key in self._sorted.islice(max(size - max(n, 0), 0), size, reverse=True)]
+        return [self._entry(key) for _, key in self._sorted.islice(max(size - max(n, 0), 0), size, reverse=True)]
 
     def rank(self, item: Any) -> int | None:
         """0-based position of ``item`` in the order (0 = best), or None when absent."""
         self._check_open()
         key = self._key(item)
-        entry = self._entries.get(key)
-        return None if entry is None else self._sorted.index((self._sign * entry[0], key))
+        score = self._scores.get(key)
+        return None if score is None else self._sorted.index((self._sign * score, key))
 
     def __len__(self) -> int:
         self._check_open()
-        return len(self._entries)
+        return len(self._scores)
 
     def __contains__(self, item: Any) -> bool:
         self._check_open()
-        return self._key(item) in self._entries
+        return self._key(item) in self._scores
 
     def __iter__(self) -> Iterator[Entry]:
         """Entries best first, from a snapshot taken when iteration starts."""
         self._check_open()
-        entries = self._entries
-        snapshot = [(key, entries[key]) for _, key in self._sorted]
-        return (self._entry(key, score, data) for key, (score, data) in snapshot)
+        scores, payloads = self._scores, self._payloads
+        snapshot = [(key, scores[key], payloads.get(key)) for _, key in self._sorted]
+        return (self._make(key, score, data) for key, score, data in snapshot)
 
     # -- contract ------------------------------------------------------------------------------
     def flush(self) -> None:
@@ -232,15 +243,15 @@ class TopNEngine(HeapEngineBase):
         flushes the changelog and persists local state with the offset atomically)."""
         self._check_open()
         if self._dirty:
-            entries = self._entries
+            scores, payloads = self._scores, self._payloads
             puts: list[tuple[bytes, bytes]] = []
             deletes: list[bytes] = []
-            for key in self._dirty:
-                entry = entries.get(key)
-                if entry is None:
+            for key, existed in self._dirty.items():
+                score = scores.get(key)
+                if score is not None:
+                    puts.append((key, encode_score_value(score, payloads.get(key))))
+                elif existed:  # an item created and removed since the last flush needs no record
                     deletes.append(key)
-                else:
-                    puts.append((key, encode_score_value(entry[0], entry[1])))
             if puts:
                 self._kv.put_all(puts)
             if deletes:
@@ -252,24 +263,53 @@ class TopNEngine(HeapEngineBase):
         """Apply changelog records (last per item wins, tombstones delete) to the inner store and to
         the in-memory order; rebuilds the order in bulk when many items changed."""
         self._check_open()
-        entries = self._entries
-        before: dict[bytes, tuple[float, bytes | None] | object] = {}
+        scores, payloads = self._scores, self._payloads
+        before: dict[bytes, float | None] = {}
+        # An empty store with no pending changes is rebuilt in bulk afterwards: nothing to remember.
+        track = bool(scores) or bool(self._dirty)
+        applied = [0]
+        header = SCORE_HEADER.size
+        unpack = SCORE_HEADER.unpack_from
 
         def tap() -> Iterator[ChangelogRecord]:
             for record in records:
-                key = record.key
-                if key not in before:
-                    before[key] = entries.get(key, _ABSENT)
-                if record.value is None:
-                    entries.pop(key, None)
+                key, value = record.key, record.value
+                if track and key not in before:
+                    before[key] = scores.get(key)
+                if value is None:
+                    scores.pop(key, None)
+                    payloads.pop(key, None)
+                    applied[0] += 1
+                    yield record
+                    continue
+                if len(value) == header:  # fast path: no payload
+                    score, flag = unpack(value)
+                    if flag or score != score:
+                        self._corrupt(record, "bad score header")
+                    data = None
                 else:
                     try:
-                        entries[key] = decode_score_value(record.value)
+                        score, data = decode_score_value(value)
                     except ValueError as exc:
                         self._corrupt(record, str(exc))
+                scores[key] = score
+                if data is None:
+                    if payloads:
+                        payloads.pop(key, None)
+                else:
+                    payloads[key] = data
+                applied[0] += 1
                 yield record
 
-        self._restore_into_kv(records, tap())
+        try:
+            self._restore_into_kv(records, tap())
+        except BaseException:
+            self._rebuild()  # keep the order consistent with what was applied before the failure
+            raise
+        if not track:
+            if applied[0]:
+                self._rebuild()
+            return
         if not before:
             return
         for key in before:  # the restored value is newer than any pending change
@@ -279,11 +319,11 @@ class TopNEngine(HeapEngineBase):
             return
         sign, order = self._sign, self._sorted
         for key, old in before.items():
-            if old is not _ABSENT:
-                order.remove((sign * old[0], key))  # type: ignore[index]
-            new = entries.get(key)
+            if old is not None:
+                order.remove((sign * old, key))
+            new = scores.get(key)
             if new is not None:
-                order.add((sign * new[0], key))
+                order.add((sign * new, key))
 
     # -- helpers -------------------------------------------------------------------------------
     def _key(self, item: Any) -> bytes:
@@ -299,7 +339,10 @@ class TopNEngine(HeapEngineBase):
             raise self._invalid(f"invalid score {score!r:.80}: {exc}",
                                 "pass an int or float score; NaN is refused (+-inf are allowed)") from None
 
-    def _entry(self, key: bytes, score: float, data: bytes | None) -> Entry:
+    def _entry(self, key: bytes) -> Entry:
+        return self._make(key, self._scores[key], self._payloads.get(key))
+
+    def _make(self, key: bytes, score: float, data: bytes | None) -> Entry:
         try:
             return Entry(self._kdes(key), score, None if data is None else self._vdes(data))
         except SerdeError as exc:

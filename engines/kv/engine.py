@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StoreContext
-from localstate.core.options import parse_size
+from localstate.core.serdes import StringSerde
 from localstate.engines.kv.backends import BackendIterator, KVBackend, open_backend
 from localstate.engines.kv.options import KV_OPTIONS
 from localstate.errors import InvalidValueError, SerdeError, StoreClosedError
@@ -85,6 +85,68 @@ class KeyValueEngine(StorageEngine):
                         context.store, context.partition)
             self._backend.clear()
         self._closed = False
+        if self._min_key > 0 or self._max_key < (1 << 62):
+            # Only backends with key-size limits (LMDB) pay for the check on the hot path.
+            self.put = self._put_checked  # type: ignore[method-assign]
+        else:
+            self._bind_hot_path(context)
+
+    def _bind_hot_path(self, context: StoreContext) -> None:
+        """Install per-instance ``get``/``put`` closures with every lookup pre-bound.
+
+        Behaviour is exactly that of :meth:`get`/:meth:`put` (the reference versions); this only
+        removes attribute lookups from the cache-hit path, and for the built-in string serde
+        encodes with ``str.encode`` directly (anything it refuses goes through the serde, which
+        raises the proper SerdeError)."""
+        kser = str.encode if type(context.key_serde) is StringSerde else self._kser
+        vser = self._vser
+        cache = self._cache
+        cache_get, move, popitem = cache.get, cache.move_to_end, cache.popitem
+        dirty = self._dirty
+        size, batch = self._cache_size, self._batch
+        load, spill, slow_key = self._load, self._spill, self._slow_key
+        value_error, none_value = self._value_error, self._none_value
+        miss = _MISS
+
+        def get(key: Any) -> Any:
+            try:
+                kb = kser(key)
+            except (SerdeError, TypeError, UnicodeError):
+                kb = slow_key(key)
+            value = cache_get(kb, miss)
+            if value is not miss:
+                move(kb)
+                return value
+            return load(kb)
+
+        def put(key: Any, value: Any) -> None:
+            if value is None:
+                raise none_value(key)
+            try:
+                kb = kser(key)
+            except (SerdeError, TypeError, UnicodeError):
+                kb = slow_key(key)
+            try:
+                vb = vser(value)
+            except SerdeError as exc:
+                raise value_error(exc, key) from None
+            cache[kb] = value
+            move(kb)
+            if len(cache) > size:
+                popitem(False)
+            dirty[kb] = vb
+            if len(dirty) > batch:
+                spill()
+
+        get.__doc__, put.__doc__ = KeyValueEngine.get.__doc__, KeyValueEngine.put.__doc__
+        self.get = get  # type: ignore[method-assign]
+        self.put = put  # type: ignore[method-assign]
+
+    def _slow_key(self, key: Any) -> bytes:
+        try:
+            return self._kser(key)
+        except SerdeError as exc:
+            raise self._key_error(exc, key) from None
 
     # -- errors ----------------------------------------------------------------------------------
     def _ctx(self) -> dict[str, Any]:
@@ -194,8 +256,6 @@ class KeyValueEngine(StorageEngine):
             vb = self._vser(value)
         except SerdeError as exc:
             raise self._value_error(exc, key) from None
-        if not self._min_key <= len(kb) <= self._max_key:
-            raise self._bad_key_size(key, kb)
         cache = self._cache
         cache[kb] = value
         cache.move_to_end(kb)
@@ -203,8 +263,19 @@ class KeyValueEngine(StorageEngine):
             cache.popitem(last=False)
         dirty = self._dirty
         dirty[kb] = vb
-        if len(dirty) >= self._batch:
+        if len(dirty) > self._batch:
             self._spill()
+
+    def _put_checked(self, key: Any, value: Any) -> None:
+        """``put`` for backends with key-size limits: reject keys the backend would refuse before
+        anything is logged (a logged but unwritable record would break every later restore)."""
+        try:
+            kb = self._kser(key)
+        except SerdeError as exc:
+            raise self._key_error(exc, key) from None
+        if not self._min_key <= len(kb) <= self._max_key:
+            raise self._bad_key_size(key, kb)
+        KeyValueEngine.put(self, key, value)
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         """Put many entries (a mapping or ``(key, value)`` pairs)."""
@@ -219,6 +290,8 @@ class KeyValueEngine(StorageEngine):
             kb = self._kser(key)
         except SerdeError as exc:
             raise self._key_error(exc, key) from None
+        if not self._min_key <= len(kb) <= self._max_key:
+            return  # a key the backend cannot hold cannot exist: nothing to delete or log
         cache = self._cache
         if self._cache_size:
             cache[kb] = None
@@ -227,7 +300,7 @@ class KeyValueEngine(StorageEngine):
                 cache.popitem(last=False)
         dirty = self._dirty
         dirty[kb] = None
-        if len(dirty) >= self._batch:
+        if len(dirty) > self._batch:
             self._spill()
 
     def delete_all(self, keys: Iterable[Any]) -> None:
@@ -300,9 +373,14 @@ class KeyValueEngine(StorageEngine):
     def _restore_chunk(self, chunk: dict[bytes, bytes | None]) -> None:
         self._backend.write(list(chunk.items()))
         cache, dirty = self._cache, self._dirty
-        for kb in chunk:
-            cache.pop(kb, None)
-            dirty.pop(kb, None)
+        if cache:
+            pop = cache.pop
+            for kb in chunk:
+                pop(kb, None)
+        if dirty:
+            pop = dirty.pop
+            for kb in chunk:
+                pop(kb, None)
 
     def flush(self) -> None:
         """Log pending changes (one record per key), flush the changelog, then write the changes

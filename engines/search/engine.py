@@ -4,8 +4,10 @@ changelog of ``doc_id -> document JSON`` records."""
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +36,12 @@ log = logging.getLogger(__name__)
 #: Hidden fields the engine adds to every schema.
 ID_FIELD = "__ls_id"          # hex of the serialized doc id; raw string, stored, indexed
 SOURCE_FIELD = "__ls_source"  # the document's JSON (what get() returns); stored only
-OFFSET_FIELD = "__ls_offset"  # local changelog offset, only on the offset document
-#: The offset document's id. Not valid hex, so it can never collide with a user document id.
-OFFSET_DOC_ID = "__localstate_offset__"
+TIE_FIELD = "__ls_tie"        # 64-bit hash of the doc id, fast: breaks score ties without loading docs
+#: A term no document has (not hex); deleting it gives every commit at least one operation, so
+#: each commit gets a new opstamp.
+NOOP_TERM = "__localstate_noop__"
 INDEX_DIRNAME = "tantivy"
+OFFSET_FILENAME = "search-offset.json"
 _MIN_THREAD_HEAP = 15_000_000  # tantivy refuses less per indexing thread
 _RESTORE_CHUNK_BYTES = 32 << 20  # restore coalesces this much changelog at a time
 
@@ -59,6 +63,22 @@ def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
 
 
+def _tie(key: bytes) -> int:
+    """A stable signed 64-bit hash of a serialized doc id (tie-break order of equal scores)."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big", signed=True)
+
+
+def _drop_writer(writer: tantivy.IndexWriter) -> None:
+    """Discard uncommitted work and release the writer's directory lock."""
+    try:
+        writer.rollback()
+        writer.wait_merging_threads()
+    except BaseException as exc:
+        if _is_fatal(exc):
+            raise
+        log.warning("closing a tantivy index writer failed: %s", exc)
+
+
 class SearchEngine(StorageEngine):
     """A tantivy index for one store partition.
 
@@ -68,10 +88,16 @@ class SearchEngine(StorageEngine):
     Records handed to :meth:`restore` become visible to every call at the next flush.
 
     Durability: :meth:`flush` logs one record per changed doc id (``key_serde(doc_id) -> JSON`` or a
-    tombstone), calls ``changelog.flush()`` for the end offset ``n``, then commits the index with
-    a hidden offset document holding ``n`` in the same tantivy commit, so the local offset and the
-    documents are atomic. Ranking ties (equal BM25 scores) are broken by doc id, so results only
-    depend on what the index holds, not on segment layout.
+    tombstone), calls ``changelog.flush()`` for the end offset ``n``, then commits the index. The
+    local offset is tied to the tantivy commit through its opstamp (tantivy-py has no commit
+    payload): before committing, ``search-offset.json`` records ``{opstamp: P, offset: o, next: n}``
+    where P/o are the current commit; on open, a committed opstamp still equal to P means the
+    commit did not happen (offset o), anything else means it did (offset n). So the offset is
+    exactly as atomic as the commit itself. (A hidden offset document, replaced at each commit,
+    would also be atomic but leaves a deleted document per flush in the segments, which skews
+    BM25 statistics until merges; this way an index built by adds alone ranks exactly like a
+    fresh rebuild.) Ranking ties (equal BM25 scores) are broken by a hash of the doc id, so
+    results depend only on what the index holds, not on segment layout.
     """
 
     def __init__(self, context: StoreContext, specs: Mapping[str, FieldSpec], default_fields: Sequence[str],
@@ -86,15 +112,10 @@ class SearchEngine(StorageEngine):
         self._pending: dict[bytes, tuple[bytes, dict[str, Any]] | None] = {}
         self._dirty = False  # restored records not yet committed
         self._closed = False
-        self._index, self._offset = self._open_index()
-        try:
-            self._writer = self._index.writer(heap_size=writer_memory, num_threads=writer_threads)
-        except ValueError as exc:
-            raise StoreError(f"cannot open the index writer of {self._path}: {exc}",
-                             hint="another process (or another open instance) holds this store partition; "
-                                  "close it first", store=context.store, partition=context.partition) from exc
+        self._offset_path = Path(context.directory) / OFFSET_FILENAME
+        self._index, self._writer, self._offset = self._open()
+        self._opstamp: int = self._writer.commit_opstamp
         self._searcher = self._index.searcher()
-        self._offset_term = tantivy.Query.term_query(self._index.schema, ID_FIELD, OFFSET_DOC_ID)
 
     # -- opening ---------------------------------------------------------------------------------
 
@@ -102,7 +123,7 @@ class SearchEngine(StorageEngine):
         builder = tantivy.SchemaBuilder()
         builder.add_text_field(ID_FIELD, stored=True, tokenizer_name="raw")
         builder.add_bytes_field(SOURCE_FIELD, stored=True)
-        builder.add_integer_field(OFFSET_FIELD, stored=True)
+        builder.add_integer_field(TIE_FIELD, fast=True)
         for spec in self.specs.values():
             if spec.type in ("text", "string"):
                 builder.add_text_field(spec.name, stored=False, fast=spec.fast, tokenizer_name=spec.tokenizer)
@@ -114,44 +135,76 @@ class SearchEngine(StorageEngine):
                 builder.add_date_field(spec.name, stored=False, indexed=spec.indexed, fast=spec.fast)
         return builder.build()
 
-    def _open_index(self) -> tuple[tantivy.Index, int | None]:
-        """Open the local index and read its offset; a directory tantivy cannot use is wiped
-        (local state is only a cache of the changelog) and reported as offset None."""
+    def _open(self) -> tuple[tantivy.Index, tantivy.IndexWriter, int | None]:
+        """Open the local index, its writer and its offset. A directory tantivy cannot use is
+        wiped (local state is only a cache of the changelog) and reported as offset None."""
         schema = self._schema()
         self._path.mkdir(parents=True, exist_ok=True)
         problem: str | None = None
+        index: tantivy.Index | None = None
         if tantivy.Index.exists(str(self._path)):
             try:
                 index = tantivy.Index(schema, path=str(self._path), reuse=True)
-                offset = self._read_offset(index)
-                if offset is not None or self._user_doc_count(index) == 0:
-                    return index, 0 if offset is None else offset
-                problem = "it holds documents but no localstate offset"
+                num_docs = index.searcher().num_docs
             except BaseException as exc:  # tantivy raises ValueError or pyo3 PanicException
                 if _is_fatal(exc):
                     raise
-                problem = str(exc).splitlines()[0][:300]
+                index, problem = None, str(exc).splitlines()[0][:300]
         elif any(self._path.iterdir()):
             problem = "it has files but no meta.json"
         else:
-            return tantivy.Index(schema, path=str(self._path), reuse=True), 0
+            self._offset_path.unlink(missing_ok=True)
+            index, num_docs = tantivy.Index(schema, path=str(self._path), reuse=True), 0
+        if index is not None:
+            writer = self._new_writer(index)
+            offset, problem = self._committed_offset(writer.commit_opstamp, num_docs)
+            if problem is None:
+                return index, writer, offset
+            _drop_writer(writer)
         log.warning("search store %s partition %d: discarding local index %s (%s); it will be rebuilt "
                     "from the changelog", self.context.store, self.context.partition, self._path, problem)
         shutil.rmtree(self._path)
+        self._offset_path.unlink(missing_ok=True)
         self._path.mkdir(parents=True)
-        return tantivy.Index(schema, path=str(self._path), reuse=True), None
+        index = tantivy.Index(schema, path=str(self._path), reuse=True)
+        return index, self._new_writer(index), None
 
-    def _read_offset(self, index: tantivy.Index) -> int | None:
-        searcher = index.searcher()
-        hits = searcher.search(tantivy.Query.term_query(index.schema, ID_FIELD, OFFSET_DOC_ID), 1).hits
-        if not hits:
-            return None
-        value = searcher.doc(hits[0][1]).get_first(OFFSET_FIELD)
-        return int(value) if value is not None else None
+    def _new_writer(self, index: tantivy.Index) -> tantivy.IndexWriter:
+        try:
+            return index.writer(heap_size=self._writer_memory, num_threads=self._writer_threads)
+        except ValueError as exc:
+            raise StoreError(f"cannot open the index writer of {self._path}: {exc}",
+                             hint="another process (or another open instance) holds this store partition; "
+                                  "close it first", **self.context.describe()) from exc
 
-    @staticmethod
-    def _user_doc_count(index: tantivy.Index) -> int:
-        return index.searcher().num_docs
+    def _committed_offset(self, opstamp: int, num_docs: int) -> tuple[int | None, str | None]:
+        """(offset, None) for the committed index, or (None, why it is unusable)."""
+        try:
+            marker = json.loads(self._offset_path.read_bytes())
+            before, offset, following = marker["opstamp"], marker["offset"], marker["next"]
+        except FileNotFoundError:
+            # Never flushed: usable only if empty (the changelog state at offset 0).
+            return (0, None) if num_docs == 0 else (None, f"it holds documents but {OFFSET_FILENAME} is missing")
+        except (ValueError, KeyError, TypeError) as exc:
+            return None, f"{OFFSET_FILENAME} is unreadable: {exc}"
+        offset = following if opstamp != before else offset
+        if offset is None:
+            return (0, None) if num_docs == 0 else (None, "its offset is unknown")
+        return int(offset), None
+
+    def _write_marker(self, offset: int | None, following: int) -> None:
+        """Durably note, before a commit, what the commit will mean (see class docstring)."""
+        tmp = self._offset_path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(json.dumps({"opstamp": self._opstamp, "offset": offset, "next": following}).encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._offset_path)
+        fd = os.open(self._offset_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -170,6 +223,7 @@ class SearchEngine(StorageEngine):
         doc = tantivy.Document()
         doc.add_text(ID_FIELD, key.hex())
         doc.add_bytes(SOURCE_FIELD, source)
+        doc.add_integer(TIE_FIELD, _tie(key))
         for name, value in normalized.items():
             kind = self.specs[name].type
             for item in values_of(value):
@@ -195,15 +249,12 @@ class SearchEngine(StorageEngine):
                                         hint=f"fields: {', '.join(self.specs)}", field=name,
                                         **self.context.describe())
         try:
-            parsed = self._index.parse_query(query, names)
+            return self._index.parse_query(query, names)
         except ValueError as exc:
             raise InvalidQueryError(f"cannot parse query {query!r}: {exc}",
                                     hint="check the query syntax (field:term, \"phrase\", AND/OR/NOT, "
                                          f"[a TO b]); fields: {', '.join(self.specs)}",
                                     query=query, **self.context.describe()) from exc
-        # The hidden offset document must never match (e.g. the query "*").
-        return tantivy.Query.boolean_query([(tantivy.Occur.Must, parsed),
-                                            (tantivy.Occur.MustNot, self._offset_term)])
 
     def _source_of(self, doc: tantivy.Document) -> dict[str, Any]:
         return json.loads(doc.get_first(SOURCE_FIELD))
@@ -243,7 +294,8 @@ class SearchEngine(StorageEngine):
         """The ``limit`` best documents for ``query`` (tantivy query syntax), best first.
 
         ``fields``: the fields searched by terms without ``field:`` (default: ``default_fields``).
-        Ties in score are broken by doc id (byte order of the serialized id), deterministically.
+        Ties in score are broken by a 64-bit hash of the doc id, so the result depends only on the
+        documents in the index, not on how they were added (segments, merges).
         """
         self._check_open()
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
@@ -255,22 +307,22 @@ class SearchEngine(StorageEngine):
         searcher = self._searcher
         # Fetch until every document tying with the limit-th score is in hand, so the cut does not
         # depend on tantivy's doc-address order (which differs between equal indexes).
-        fetch = limit
+        fetch = limit + 1
         while True:
             raw = searcher.search(parsed, fetch, count=False).hits
             if len(raw) < fetch or raw[-1][0] < raw[limit - 1][0]:
                 break
             fetch *= 2
-        ranked = []
-        for score, address in raw:
-            doc = searcher.doc(address)
-            ranked.append((-score, doc.get_first(ID_FIELD), doc))
-        ranked.sort(key=lambda item: (item[0], item[1]))
+        if len(raw) > limit and raw[limit][0] < raw[limit - 1][0]:
+            raw = raw[:limit]  # no tie at the cut: the extra hit is not needed
+        ties = searcher.fast_field_values(TIE_FIELD, [address for _, address in raw])
+        ranked = sorted(zip(raw, ties), key=lambda item: (-item[0][0], item[1]))
         hits = []
-        for neg_score, _, doc in ranked[:limit]:
+        for (score, address), _ in ranked[:limit]:
+            doc = searcher.doc(address)
             source = self._source_of(doc)
             stored = decode_document(self.specs, {n: source[n] for n in self._stored if n in source})
-            hits.append(SearchHit(self._doc_id(doc), -neg_score, stored))
+            hits.append(SearchHit(self._doc_id(doc), score, stored))
         return hits
 
     def count(self, query: str, fields: Sequence[str] | None = None) -> int:
@@ -289,7 +341,7 @@ class SearchEngine(StorageEngine):
         """
         self._check_open()
         # Deleting a term that cannot exist is wasted work on a bulk rebuild of an empty index.
-        empty = not self._dirty and self._searcher.num_docs <= (0 if self._offset is None else 1)
+        empty = not self._dirty and self._searcher.num_docs == 0
         seen: set[bytes] = set()
         chunk: dict[bytes, ChangelogRecord] = {}
         size = 0
@@ -340,12 +392,9 @@ class SearchEngine(StorageEngine):
                 writer.delete_documents_by_term(ID_FIELD, key.hex())
                 if entry is not None:
                     writer.add_document(self._tantivy_doc(key, entry[0], entry[1]))
-            writer.delete_documents_by_term(ID_FIELD, OFFSET_DOC_ID)
-            marker = tantivy.Document()
-            marker.add_text(ID_FIELD, OFFSET_DOC_ID)
-            marker.add_integer(OFFSET_FIELD, end)
-            writer.add_document(marker)
-            writer.commit()
+            writer.delete_documents_by_term(ID_FIELD, NOOP_TERM)
+            self._write_marker(self._offset, end)
+            opstamp = writer.commit()
         except BaseException as exc:
             if _is_fatal(exc):
                 raise
@@ -354,6 +403,9 @@ class SearchEngine(StorageEngine):
             raise StoreError(f"tantivy commit failed: {exc}", hint="check disk space and permissions of "
                              f"{self._path}; the changelog already holds the changes", offset=end,
                              **self.context.describe()) from exc
+        if opstamp == self._opstamp:  # never seen; would only make a reopen replay a little more
+            log.warning("search store %s: tantivy commit kept opstamp %d", self.context.store, opstamp)
+        self._opstamp = opstamp
         self._pending = {}
         self._dirty = False
         self._offset = end
@@ -372,14 +424,7 @@ class SearchEngine(StorageEngine):
         self._closed = True
         self._pending = {}
         writer, self._writer = self._writer, None
-        try:
-            writer.rollback()
-            writer.wait_merging_threads()
-        except BaseException as exc:
-            if _is_fatal(exc):
-                raise
-            log.warning("search store %s partition %d: closing the index writer failed: %s",
-                        self.context.store, self.context.partition, exc)
+        _drop_writer(writer)
         del writer
         self._searcher = None
         self._index = None

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import numpy as np
 from datasketch.hashfunc import sha1_hash32
 
-from localstate.engines.sketch.hashing import encode_item, fast_hash32, fast_hash64, fast_hash64_many, \
-    sha1_hash32_many, encode_items
+from localstate.engines.sketch.hashing import (encode_item, encode_items, fast_hash32, fast_hash64,
+                                               fast_hash64_many, sha1_hash32_many)
 
 __all__ = ["HyperLogLog", "MIN_PRECISION", "MAX_PRECISION", "hash32_function"]
 
@@ -64,8 +64,10 @@ class HyperLogLog:
     def add(self, item: Any) -> bool:
         """Add one item; return True when a register changed."""
         data = encode_item(item)
-        hv = (hashlib.sha1(data).digest()[:4] if self.hash == "datasketch" else None)
-        value = int.from_bytes(hv, "little") if hv is not None else fast_hash64(data) & 0xFFFFFFFF
+        if self.hash == "datasketch":
+            value = int.from_bytes(hashlib.sha1(data).digest()[:4], "little")  # == sha1_hash32(data)
+        else:
+            value = fast_hash64(data) & 0xFFFFFFFF
         index = value & (self.m - 1)
         rank = self._max_rank - (value >> self.p).bit_length() + 1
         if rank > self.reg[index]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import random
 import signal
@@ -22,12 +23,12 @@ _spec.loader.exec_module(crash_writer)  # type: ignore[union-attr]
 
 
 @pytest.mark.slow
-def test_kill_minus_nine_never_loses_flushed_records(tmp_path: Path) -> None:
+def test_kill_minus_nine_never_loses_flushed_records(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(20261122)
     flushed = 0
     for iteration in range(12):
-        batch = rng.choice([1, 50, 700])
-        proc = subprocess.Popen([sys.executable, str(HERE / "crash_writer.py"), str(tmp_path), "64KB",
+        batch = rng.choice([1, 50, 700, 20000])
+        proc = subprocess.Popen([sys.executable, str(HERE / "crash_writer.py"), str(tmp_path), "1MB",
                                  str(batch)], stdout=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         opened_at = int(proc.stdout.readline())
@@ -42,9 +43,10 @@ def test_kill_minus_nine_never_loses_flushed_records(tmp_path: Path) -> None:
         proc.wait()
         flushed = max(flushed, reported)
         # verify with a reader (no recovery) and with a writer (recovery truncates a torn tail)
-        system = FileChangelogSystem({"segment_bytes": "64KB"}, tmp_path)
+        system = FileChangelogSystem({"segment_bytes": "1MB"}, tmp_path)
         reader_records = list(system.reader("crash", 0).read())
-        part = system.partition("crash", 0)
+        with caplog.at_level(logging.WARNING):
+            part = system.partition("crash", 0)
         end = part.end_offset()
         assert end >= flushed
         offsets = [r.offset for r in part.read()]
@@ -54,3 +56,5 @@ def test_kill_minus_nine_never_loses_flushed_records(tmp_path: Path) -> None:
             assert (r.key, r.value) == crash_writer.record(r.offset)
         part.close()
     assert flushed > 1000
+    torn = [r for r in caplog.records if "torn tail" in r.getMessage()]
+    print(f"{len(torn)} torn tails truncated in 12 kills")  # informative: depends on kill timing

@@ -199,3 +199,49 @@ def test_partition_usable_directly(tmp_path: Path) -> None:
     assert records_of(reader) == [(0, b"k", b"v")]
     with pytest.raises(ChangelogError):
         part.append(b"k", b"v")   # closed
+
+
+def test_sparse_index_seeks_match_full_scans(system: FileChangelogSystem,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from localstate.changelog.file import partition as partition_module
+    monkeypatch.setattr(partition_module, "_CHUNK", 97)   # many chunks -> many index marks
+    part = system.partition("s", 0)
+    items = [(b"k%d" % (i % 17), None if i % 11 == 0 else b"v" * (i % 70)) for i in range(400)]
+    part.append_many(items)
+    part.flush()
+    reader = system.reader("s", 0)
+    full = list(reader.read())
+    assert [(r.key, r.value) for r in full] == items
+    for start in list(range(0, 401, 13)) + [399, 400, 5000]:
+        for _ in range(2):                                  # second round uses the index
+            assert list(reader.read(start)) == full[start:]
+            assert list(reader.read(start, start + 9)) == full[start:start + 9]
+    assert len(reader._sparse[0][1]) > 50
+    part.close()
+    # a compacted segment is a new file: old marks must not be used for it
+    system2 = FileChangelogSystem({"fsync": False, "segment_bytes": 2000}, system.state_dir / "two")
+    w = system2.partition("s", 0)
+    w.append_many(items)
+    w.flush()
+    r2 = system2.reader("s", 0)
+    before = list(r2.read())
+    for start in range(0, 400, 7):
+        list(r2.read(start))
+    system2.compact("s", 0, 300)
+    after = list(r2.read())
+    assert len(after) < len(before)
+    for start in range(0, 401, 7):
+        assert list(r2.read(start)) == [r for r in after if r.offset >= start]
+    w.close()
+
+
+def test_reader_end_offset_tracks_appends(small: FileChangelogSystem) -> None:
+    writer = small.partition("s", 0)
+    reader = small.reader("s", 0)
+    for i in range(1, 40):
+        writer.append(b"k", b"v" * i)
+        writer.flush()
+        assert reader.end_offset() == i
+    writer.append(b"k", b"unflushed")
+    assert reader.end_offset() == 39
+    writer.close()

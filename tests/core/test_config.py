@@ -97,7 +97,7 @@ def test_three_mistakes_reported_together(tmp_path):
         load_job_config(job_file)
     assert {p.path for p in info.value.problems} == {"job.name", "job.partitions", "stores.counts.cache_size"}
 
-    result = subprocess.run([sys.executable, "-m", "localstate.core.cli", "validate", str(job_file)],
+    result = subprocess.run([sys.executable, "-m", "localstate", "validate", str(job_file)],
                             capture_output=True, text=True)
     assert result.returncode == 1
     for path in ("job.name", "job.partitions", "stores.counts.cache_size"):
@@ -116,7 +116,7 @@ def test_toml_syntax_error_names_the_file(tmp_path):
 def test_validate_ok_exits_zero(tmp_path):
     job_file = tmp_path / "job.toml"
     job_file.write_text('[job]\nname = "ok"\ntask = "t:T"\n[stores.s]\nengine = "kv"\nbackend = "lmdb"\n')
-    result = subprocess.run([sys.executable, "-m", "localstate.core.cli", "validate", str(job_file)],
+    result = subprocess.run([sys.executable, "-m", "localstate", "validate", str(job_file)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "ok" in result.stdout

@@ -134,7 +134,7 @@ def test_unknown_engine_name_lists_names_with_did_you_mean(acme_site):
 def test_plugins_cli_lists_status_and_reason(acme_site, tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(acme_site), os.environ.get("PYTHONPATH", "")]))
     env["LOCALSTATE_PLUGINS"] = str(write_policy(tmp_path / "p.toml", '[policy]\ndeny_plugins = ["acme-oldapi"]\n'))
-    result = subprocess.run([sys.executable, "-m", "localstate.core.cli", "plugins"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "localstate", "plugins"], capture_output=True, text=True,
                             env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     lines = {line.split()[1]: line for line in result.stdout.splitlines() if line.startswith("engines")}

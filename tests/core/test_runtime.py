@@ -52,8 +52,9 @@ def test_crash_loses_only_uncommitted_work_and_replays_its_inputs(tmp_path):
         assert merged == {f"u{k}": 26 for k in range(10)}
         driver.commit()
         outputs = driver.outputs("counted")
-        assert outputs[:len(committed_outputs)] == committed_outputs
-        assert len(outputs) == 260  # uncommitted outputs were rolled back, then produced once
+        assert set(committed_outputs) <= set(outputs)
+        # Uncommitted outputs were rolled back, then produced once: no (key, count) twice.
+        assert len(outputs) == len(set(outputs)) == 260
 
 
 def test_crash_between_changelog_flush_and_checkpoint_is_trimmed(tmp_path):

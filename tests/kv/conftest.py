@@ -4,7 +4,7 @@ parametrized over the three backends."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 

@@ -118,7 +118,7 @@ def durable_changelog(directory: Path) -> ChangelogPartition:
         from localstate.changelog.file import FileChangelogSystem  # type: ignore[attr-defined]
     except ImportError:
         return JsonlChangelog(Path(directory) / "changelog.jsonl")
-    system = FileChangelogSystem({}, Path(directory))
+    system = FileChangelogSystem(FileChangelogSystem.validate({}, "changelogs.file"), Path(directory))
     system.ensure_stream("search-changelog", 1)
     return system.partition("search-changelog", 0)
 
@@ -143,3 +143,39 @@ def state_at(records: Iterable[ChangelogRecord]) -> dict[bytes, bytes]:
     for record in records:
         state[record.key] = record.value
     return {k: v for k, v in state.items() if v is not None}
+
+
+def read_checkpoint(path: Path) -> int:
+    """The offset the worker recorded after its last completed flush (0 if none yet)."""
+    try:
+        return int(Path(path).read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def write_checkpoint(path: Path, offset: int) -> None:
+    """Atomically record ``offset`` (what the runtime's checkpoint file would hold)."""
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(offset))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def recover(engine: SearchEngine, changelog: ChangelogPartition, checkpoint: int) -> dict[str, Any]:
+    """What the runtime does on start (see the helper brief): replay [min(L, C), C), then
+    neutralise records written after C by re-writing each such key's value at C (trim records,
+    appended to the changelog too so a later rebuild agrees), then flush."""
+    local = engine.local_offset()
+    start = 0 if local is None else min(local, checkpoint)
+    engine.restore(changelog.read(start, checkpoint))
+    tail_keys = {r.key for r in changelog.read(checkpoint)}
+    if tail_keys:
+        at_c = state_at(changelog.read(0, checkpoint))
+        trims = [(key, at_c.get(key)) for key in sorted(tail_keys)]
+        changelog.append_many(trims)
+        end = changelog.flush()
+        engine.restore(ChangelogRecord(k, v, end - 1) for k, v in trims)
+    engine.flush()
+    return {"local": local, "checkpoint": checkpoint, "replayed_from": start, "trimmed": len(tail_keys)}

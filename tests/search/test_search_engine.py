@@ -12,7 +12,7 @@ import pytest
 from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.engines.search import InvalidQueryError, SearchEngineFactory
 from localstate.errors import ConfigError, InvalidValueError, RestoreError, StoreClosedError, StoreError
-from search_support import FIELDS, make_context, open_engine, state_at
+from search_support import open_engine
 
 
 def ranked(engine, query: str, limit: int = 20) -> list[tuple[str, float]]:
@@ -150,6 +150,30 @@ def test_local_state_reuse_needs_no_replay(tmp_path: Path, stdlib_docs) -> None:
     reopened.flush()  # the runtime's post-restore flush: logs nothing, commits nothing new
     assert changelog.end_offset() == 300 and reopened.local_offset() == 300
     reopened.close()
+
+
+def test_offset_marker_resolves_a_commit_that_did_not_happen(tmp_path: Path) -> None:
+    changelog = MemoryChangelogPartition()
+    engine = open_engine(tmp_path, changelog)
+    engine.add("a", {"body": "one"})
+    engine.flush()
+    assert engine.local_offset() == 1
+    # A crash after flush() wrote its marker but before tantivy committed: the index is still at
+    # the old commit, so the old offset must be reported, not the announced one.
+    engine._write_marker(1, 99)
+    engine.close()
+    reopened = open_engine(tmp_path, changelog)
+    assert reopened.local_offset() == 1 and reopened.get("a") == {"body": "one"}
+    reopened.add("b", {"body": "two"})
+    reopened.flush()  # this commit happened: its announced offset is the local offset
+    reopened.close()
+    again = open_engine(tmp_path, changelog)
+    assert again.local_offset() == 2 and again.count("two") == 1
+    again.close()
+    (tmp_path / "search-offset.json").write_text("{broken")
+    broken = open_engine(tmp_path, changelog)
+    assert broken.local_offset() is None and broken.count("*") == 0
+    broken.close()
 
 
 @pytest.mark.parametrize("damage", ["garbage_meta", "empty_meta", "garbage_segments", "missing_segment",
@@ -315,7 +339,7 @@ def test_restore_rejects_records_that_do_not_fit_schema(tmp_path: Path) -> None:
     engine.close()
 
 
-def test_tie_break_is_by_doc_id_not_insertion_order(tmp_path: Path) -> None:
+def test_tie_break_depends_on_doc_ids_not_insertion_order(tmp_path: Path) -> None:
     one = open_engine(tmp_path / "one", MemoryChangelogPartition())
     two = open_engine(tmp_path / "two", MemoryChangelogPartition())
     ids = [f"k{i:03d}" for i in range(60)]
@@ -326,7 +350,29 @@ def test_tie_break_is_by_doc_id_not_insertion_order(tmp_path: Path) -> None:
         two.add(doc_id, {"body": "same words here"})
     one.flush()
     two.flush()
-    assert [h.doc_id for h in one.search("words", limit=7)] == ids[:7]
-    assert [h.doc_id for h in two.search("words", limit=7)] == ids[:7]
+    from localstate.engines.search.engine import _tie
+    expected = sorted(ids, key=lambda d: _tie(d.encode()))[:7]
+    assert expected != ids[:7] and expected != list(reversed(ids))[:7]
+    assert [h.doc_id for h in one.search("words", limit=7)] == expected
+    assert [h.doc_id for h in two.search("words", limit=7)] == expected
     one.close()
     two.close()
+
+
+def test_docs_example_runs(capsys) -> None:
+    import re
+    text = (Path(__file__).parents[2] / "docs" / "search.md").read_text()
+    exec(compile(re.findall(r"```python\n(.*?)```", text, re.S)[0], "docs/search.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "[]" and out[2].startswith("a1 ") and out[-1] == "2 2"
+
+
+@pytest.mark.slow
+def test_stdlib_example_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    script = Path(__file__).parents[2] / "examples" / "search" / "index_stdlib_docs.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "reopened: local offset" in result.stdout and "'temporary file':" in result.stdout

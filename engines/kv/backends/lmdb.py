@@ -63,13 +63,16 @@ class LMDBBackend(KVBackend):
                          metasync=self._sync, readahead=False, lock=True)
 
     def get(self, key: bytes) -> bytes | None:
+        if not 0 < len(key) <= self.max_key_size:
+            return None  # LMDB cannot hold such a key (the engine refuses to put one)
         with self._env.begin(db=self._data) as txn:
             return txn.get(key)
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        limit = self.max_key_size
         with self._env.begin(db=self._data) as txn:
             get = txn.get
-            return [get(k) for k in keys]
+            return [get(k) if 0 < len(k) <= limit else None for k in keys]
 
     def get_meta(self, key: bytes) -> bytes | None:
         with self._env.begin(db=self._meta) as txn:

@@ -80,6 +80,9 @@ class RocksDBBackend(KVBackend):
             self._path.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
         self._meta_handle = self._db.get_column_family_handle(META_CF)
+        # Point reads go straight to rocksdict (no Python frame): the cache-miss path is hot in
+        # large stores. Rdict.get returns None for a missing key, as KVBackend.get must.
+        self.get = self._db.get  # type: ignore[method-assign]
 
     def _connect(self) -> rocksdict.Rdict:
         return rocksdict.Rdict(str(self._path), options=build_options(self._options),
@@ -161,6 +164,7 @@ class RocksDBBackend(KVBackend):
 
     def _drop_handles(self) -> None:
         self._meta_handle = None
+        self.__dict__.pop("get", None)  # the bound Rdict.get would keep the database alive
         if self._db is not None:
             self._db.close()
             self._db = None

@@ -1,0 +1,176 @@
+"""Key-value engine benchmark: ``python -m bench kv [--json] [--quick]``.
+
+Hot set: the shared counting workload (../shared/peers/workload.py), 50k keys, 1M read-modify-write
+increments, commit (flush) every 10k, changelog on. Compared in the same run with a plain dict,
+raw LMDB / raw rocksdict, and Quix Streams' RocksDB state (measured by ../shared/peers/quix_state.py
+with a Python that has quixstreams; never a dependency of this project).
+
+Cold set: K keys (default 500k, ``--cold-keys 5000000`` for the issue's target size), two passes
+(create, then increment every key once more), 100k-entry cache, against raw rocksdict with one
+WriteBatch per commit. Every measurement runs in a fresh process (bench/kv_cases.py), so each
+row's peak RSS is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.report import Report
+
+__all__ = ["main"]
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ROOT.parent / "shared" / "peers"
+
+
+def _case(case: str, params: dict[str, Any]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "bench", "kv_cases", case, json.dumps(params)], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench case {case} {params} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _quix_python() -> str | None:
+    if importlib.util.find_spec("quixstreams") is not None:
+        return sys.executable
+    venv = Path(os.environ.get("PEERS_VENV", "/tmp/localstate-peers"))
+    candidate = venv / "bin" / "python"
+    if candidate.exists():
+        probe = subprocess.run([str(candidate), "-c", "import quixstreams"], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return str(candidate)
+    return None
+
+
+def _quix(events: int, keys: int, commit_every: int) -> float | None:
+    python = _quix_python()
+    if python is None:
+        return None
+    out = subprocess.run([python, "quix_state.py", "--events", str(events), "--keys", str(keys),
+                          "--commit-every", str(commit_every)], cwd=PEERS, capture_output=True, text=True,
+                         check=False)
+    match = re.search(r"([\d,]+) ops/s", out.stdout)
+    return float(match.group(1).replace(",", "")) if out.returncode == 0 and match else None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench kv")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="200k hot events, 100k cold keys")
+    parser.add_argument("--events", type=int, default=None, help="hot-set increments (default 1M)")
+    parser.add_argument("--keys", type=int, default=50_000, help="hot-set keys")
+    parser.add_argument("--commit-every", type=int, default=10_000)
+    parser.add_argument("--cold-keys", type=int, default=None, help="cold-set keys (default 500k; issue: 5M)")
+    parser.add_argument("--cache-size", type=int, default=100_000)
+    parser.add_argument("--skip-default-batch", action="store_true",
+                        help="skip the write_batch_size=500 (default) runs, which spill and fsync often")
+    parser.add_argument("--all-batches", action="store_true",
+                        help="also measure lmdb with write_batch_size=500 (slow: an fsync per spill)")
+    parser.add_argument("--only", choices=("hot", "cold", "restore"), default=None,
+                        help="run one part of the benchmark")
+    args = parser.parse_args(argv)
+    events = args.events or (200_000 if args.quick else 1_000_000)
+    cold_keys = args.cold_keys or (100_000 if args.quick else 500_000)
+    every = args.commit_every
+    tuned = 2 * every   # >= distinct keys written per commit: no spill between commits
+    parts = {args.only} if args.only else {"hot", "cold", "restore"}
+
+    report = Report("kv", params={"hot_events": events, "hot_keys": args.keys, "commit_every": every,
+                                  "cold_keys": cold_keys, "cold_events": 2 * cold_keys,
+                                  "cache_size": args.cache_size})
+    figures: dict[str, float] = {}
+    changelogs: set[str] = set()
+
+    def run(label: str, case: str, params: dict[str, Any]) -> None:
+        result = _case(case, params)
+        figures[label] = result["ops_per_s"]
+        if "changelog" in result:
+            changelogs.add(result["changelog"])
+        report.add(label, **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in result.items()})
+
+    if "hot" in parts:
+        hot = {"events": events, "keys": args.keys, "commit_every": every}
+        run("hot: dict", "dict", hot)
+        run("hot: raw lmdb, txn per commit", "lmdb_raw", hot)
+        run("hot: raw rocksdict, WriteBatch per commit", "rocksdict_batch", hot)
+        for backend in ("rocksdb", "lmdb", "memory"):
+            # The default batch (500) is measured for rocksdb; lmdb's costs an extra fsync per spill
+            # and ~25 s, so it runs only with --all-batches.
+            with_default = backend == "rocksdb" or (backend == "lmdb" and args.all_batches)
+            batches = [tuned, 500] if with_default and not args.skip_default_batch else [tuned]
+            for batch in batches:
+                run(f"hot: kv {backend} write_batch_size={batch}", "engine",
+                    {**hot, "backend": backend, "cache_size": args.cache_size, "write_batch_size": batch})
+        quix = _quix(events, args.keys, every)
+        if quix is not None:
+            figures["hot: quixstreams"] = quix
+            report.add("hot: quixstreams rocksdb state", ops_per_s=quix, events=events)
+        else:
+            report.notes.append("Quix Streams was not measured (quixstreams not importable, no peers venv); "
+                                "run `bash ../shared/peers/run_peers.sh --events N` and compare its ops/s")
+        d = figures["hot: dict"]
+        for backend in ("rocksdb", "lmdb"):
+            for batch in (tuned, 500):
+                label = f"hot: kv {backend} write_batch_size={batch}"
+                if label in figures:
+                    report.ratio(f"hot {backend} (batch {batch}) / dict", figures[label] / d, ">= 0.30")
+                    if quix is not None:
+                        report.ratio(f"hot {backend} (batch {batch}) / quixstreams", figures[label] / quix, ">= 10")
+        report.ratio("hot memory / dict", figures[f"hot: kv memory write_batch_size={tuned}"] / d)
+
+    if "cold" in parts:
+        cold = {"keys": cold_keys, "passes": 2, "commit_every": every}
+        run("cold: raw rocksdict, WriteBatch per commit", "rocksdict_batch", cold)
+        run("cold: raw rocksdict (kv's options), WriteBatch", "rocksdict_batch", {**cold, "kv_options": True})
+        for backend in ("rocksdb", "lmdb"):
+            run(f"cold: kv {backend} write_batch_size={tuned}", "engine",
+                {**cold, "backend": backend, "cache_size": args.cache_size, "write_batch_size": tuned,
+                 "verify": False})
+        raw = figures["cold: raw rocksdict, WriteBatch per commit"]
+        for backend in ("rocksdb", "lmdb"):
+            report.ratio(f"cold {backend} / raw rocksdict WriteBatch",
+                         figures[f"cold: kv {backend} write_batch_size={tuned}"] / raw, ">= 0.70")
+        report.ratio("cold rocksdb / raw rocksdict WriteBatch with kv's options",
+                     figures[f"cold: kv rocksdb write_batch_size={tuned}"]
+                     / figures["cold: raw rocksdict (kv's options), WriteBatch"])
+        report.notes.append("raw rocksdict uses rocksdict's default Options as the peers script does; the "
+                            "'(kv's options)' row uses the engine's defaults (bloom 10 bits, 64MB block cache, lz4)")
+        if not args.cold_keys:
+            report.notes.append("cold set below the issue's 5M keys to keep the default run short; "
+                                "use --cold-keys 5000000 (or --only cold --cold-keys 5000000) for the full size")
+
+    if "restore" in parts:
+        params = {"keys": cold_keys, "passes": 1, "commit_every": every, "cache_size": args.cache_size,
+                  "write_batch_size": tuned}
+        for backend in ("rocksdb", "lmdb"):
+            run(f"restore: kv {backend} restore()", "restore", {**params, "backend": backend})
+            run(f"restore: kv {backend} put() replay", "restore", {**params, "backend": backend, "replay": True})
+            report.ratio(f"restore {backend}: restore() / put() replay",
+                         figures[f"restore: kv {backend} restore()"] / figures[f"restore: kv {backend} put() replay"],
+                         "> 1")
+
+    kinds = ", ".join(sorted(changelogs)) or "no"
+    report.notes.append(f"kv rows log every change to the {kinds} changelog and flush it at every commit; "
+                        "dict, raw rows and Quix log nothing (quix_state.py has no changelog topic)")
+    if "memory" in changelogs:
+        report.notes.append("localstate.changelog.file was not importable: the in-memory changelog was used")
+    report.notes.append(f"write_batch_size={tuned} holds a whole commit interval's distinct keys (no spill); "
+                        "500 (the default) spills every 500 keys, and each spill must flush the changelog "
+                        "first (contract rule 3): one more changelog fsync (and LMDB fsync) per spill")
+    report.notes.append("rss_growth_mb = peak RSS minus RSS after building the key list, each row in its own "
+                        f"process; cold runs use a {args.cache_size}-entry cache, 64MB block cache, 64MB memtable")
+    report.emit(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

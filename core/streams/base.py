@@ -1,0 +1,151 @@
+"""The stream-system contract: inputs read by offset range, outputs written durably with rollback.
+
+An input stream partition is a log: records at consecutive offsets ``0..end_offset()``. Job
+partition ``p`` reads input partition ``p`` (Samza's model: inputs are pre-partitioned with the
+Kafka-compatible partitioner of :mod:`localstate.core.partitioner`). A record that cannot be
+decoded is yielded as an :class:`InputRecord` with ``error`` set, so the runtime can apply the
+input's ``on_error`` policy (``fail`` | ``skip`` | ``dead_letter``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Mapping
+
+from localstate.core.config import JobConfig, StreamConfig
+from localstate.core.options import Option, did_you_mean, validate_options
+from localstate.errors import ConfigError
+
+__all__ = ["InputRecord", "InputStream", "OutputStream", "ON_ERROR", "base_dir", "resolve_path",
+           "register_input", "register_output", "open_input", "open_output", "INPUT_SYSTEMS", "OUTPUT_SYSTEMS"]
+
+ON_ERROR = ("fail", "skip", "dead_letter")
+
+#: Options every input accepts, whatever its system.
+COMMON_INPUT_OPTIONS: Mapping[str, Option] = {
+    "on_error": Option(str, default="fail", choices=ON_ERROR,
+                       doc="bad record (undecodable, no key): fail the job, skip it (counted), or "
+                           "write it to the `dead_letter` output stream"),
+    "dead_letter": Option(str, default="", doc="output stream receiving bad records when on_error = 'dead_letter'"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One record read from an input partition. ``error`` is set when it could not be decoded;
+    ``raw`` then holds what was read (for the dead-letter stream)."""
+
+    offset: int
+    key: Any
+    value: Any
+    ts: float | None = None
+    error: str | None = None
+    raw: str | None = None
+
+
+def base_dir(job: JobConfig) -> Path:
+    """The directory relative paths in a job file are relative to (the file's own directory)."""
+    return Path(job.source).resolve().parent if job.source else Path.cwd()
+
+
+def resolve_path(job: JobConfig, value: str) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else base_dir(job) / path
+
+
+class InputStream(ABC):
+    """One configured input (all its partitions). Instances are cheap; create one per use."""
+
+    system: ClassVar[str]
+    options: ClassVar[Mapping[str, Option]] = {}
+
+    def __init__(self, job: JobConfig, config: StreamConfig) -> None:
+        self.job = job
+        self.name = config.name
+        spec = {**COMMON_INPUT_OPTIONS, **self.options}
+        self.config = validate_options(spec, dict(config.options), f"inputs.{config.name}")
+        self.on_error: str = self.config["on_error"]
+        self.dead_letter: str = self.config["dead_letter"]
+        if self.on_error == "dead_letter" and self.dead_letter not in job.outputs:
+            raise ConfigError.at(f"inputs.{self.name}.dead_letter",
+                                 f"on_error = 'dead_letter' needs an output stream; got {self.dead_letter!r}",
+                                 hint="declare [outputs.<name>] and set dead_letter = '<name>'")
+
+    @abstractmethod
+    def end_offset(self, partition: int) -> int:
+        """Offset after the last complete record of ``partition``."""
+
+    @abstractmethod
+    def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        """Records with ``start <= offset < end``, in offset order."""
+
+
+class OutputStream(ABC):
+    """One configured output, written by one task partition into its own partition ``p``.
+
+    File and JSON-lines outputs are written per producing task partition (one writer per file),
+    which is what makes :meth:`truncate` (exactly-once outputs) possible."""
+
+    system: ClassVar[str]
+    options: ClassVar[Mapping[str, Option]] = {}
+
+    def __init__(self, job: JobConfig, config: StreamConfig) -> None:
+        self.job = job
+        self.name = config.name
+        self.config = validate_options(self.options, dict(config.options), f"outputs.{config.name}")
+
+    @abstractmethod
+    def truncate(self, partition: int, position: int) -> int:
+        """Drop every record at or after ``position``; return the resulting end position."""
+
+    @abstractmethod
+    def append(self, partition: int, items: list[tuple[Any, Any]]) -> int:
+        """Append ``(key, value)`` pairs durably; return the end position."""
+
+    @abstractmethod
+    def end_offset(self, partition: int) -> int:
+        """Current end position of ``partition``."""
+
+    def read(self, partition: int) -> Iterator[tuple[Any, Any]]:
+        """Every record of ``partition`` as ``(key, value)`` (tests, verification)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release writers."""
+
+
+INPUT_SYSTEMS: dict[str, type[InputStream]] = {}
+OUTPUT_SYSTEMS: dict[str, type[OutputStream]] = {}
+
+
+def register_input(cls: type[InputStream]) -> type[InputStream]:
+    INPUT_SYSTEMS[cls.system] = cls
+    return cls
+
+
+def register_output(cls: type[OutputStream]) -> type[OutputStream]:
+    OUTPUT_SYSTEMS[cls.system] = cls
+    return cls
+
+
+def _lookup(systems: Mapping[str, type], kind: str, config: StreamConfig) -> type:
+    try:
+        return systems[config.system]
+    except KeyError:
+        raise ConfigError.at(f"{kind}.{config.name}.system",
+                             f"unknown {kind[:-1]} system {config.system!r}"
+                             + did_you_mean(config.system, sorted(systems)),
+                             hint=f"use one of: {', '.join(sorted(systems))}") from None
+
+
+def open_input(job: JobConfig, name: str) -> InputStream:
+    """Instantiate input ``name`` of ``job`` (options validated, errors at ``inputs.<name>.<option>``)."""
+    config = job.inputs[name]
+    return _lookup(INPUT_SYSTEMS, "inputs", config)(job, config)
+
+
+def open_output(job: JobConfig, name: str) -> OutputStream:
+    config = job.outputs[name]
+    return _lookup(OUTPUT_SYSTEMS, "outputs", config)(job, config)

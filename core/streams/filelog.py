@@ -1,0 +1,167 @@
+"""File-log streams: the file changelog format (:mod:`localstate.changelog.file`) used as job input
+and output. ``<path>/<stream>/<partition>/*.log``; keys and values encoded with serdes (JSON by
+default). Outputs truncate their partition on rollback (exactly-once outputs)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Mapping
+
+from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
+from localstate.changelog.file.format import HEADER, HEADER_SIZE, list_segments, segment_name
+from localstate.changelog.file.partition import LOCK_FILE, fsync_dir
+from localstate.core.config import JobConfig, StreamConfig
+from localstate.core.options import Option
+from localstate.errors import SerdeError
+
+from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
+
+__all__ = ["FileLogInput", "FileLogOutput", "truncate_log"]
+
+_SERDE_OPTIONS: Mapping[str, Option] = {
+    "path": Option(str, doc="root directory of the file streams (relative to the job file)"),
+    "stream": Option(str, default="", doc="stream name under path (default: the input/output name)"),
+    "key_serde": Option(str, default="json", doc="serde of keys"),
+    "value_serde": Option(str, default="json", doc="serde of values"),
+}
+
+
+def truncate_log(directory: Path, offset: int) -> None:
+    """Drop every record with offset >= ``offset`` from a file-log partition directory. The caller
+    holds the partition's writer lock (no writer object may be open on it)."""
+    bases = list_segments(directory)
+    for base in reversed(bases):
+        path = directory / segment_name(base)
+        if base >= offset and base != bases[0]:
+            path.unlink()
+            continue
+        with open(path, "r+b") as handle:
+            data = handle.read()
+            pos = 0
+            while pos + HEADER_SIZE <= len(data):
+                _crc, off, _ts, klen, vlen = HEADER.unpack_from(data, pos)
+                if off >= offset:
+                    break
+                pos += HEADER_SIZE + klen + max(vlen, 0)
+            if pos < len(data):
+                handle.truncate(pos)
+                handle.flush()
+                os.fsync(handle.fileno())
+        break
+    fsync_dir(directory)
+
+
+class _FileLog:
+    def _setup(self, job: JobConfig, name: str) -> None:
+        self.root = resolve_path(job, self.config["path"])
+        self.stream = self.config["stream"] or name
+        self.system = FileChangelogSystem({"path": str(self.root), "fsync": True}, job.state_dir)
+        registry = job.registry
+        self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
+        self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
+
+
+@register_input
+class FileLogInput(_FileLog, InputStream):
+    system = "file"
+    options: ClassVar[Mapping[str, Option]] = {
+        **_SERDE_OPTIONS,
+        "ts_field": Option(str, default="ts", doc="value field holding the event time (when values are objects)"),
+    }
+
+    def __init__(self, job: JobConfig, config: StreamConfig) -> None:
+        super().__init__(job, config)
+        self._setup(job, config.name)
+
+    def end_offset(self, partition: int) -> int:
+        if not self.system.partition_dir(self.stream, partition).exists():
+            return 0
+        reader = self.system.reader(self.stream, partition)
+        try:
+            return reader.end_offset()
+        finally:
+            reader.close()
+
+    def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        if start >= end:
+            return
+        reader = self.system.reader(self.stream, partition)
+        key_de, value_de, ts_field = self.key_serde.deserialize, self.value_serde.deserialize, self.config["ts_field"]
+        try:
+            for record in reader.read(start, end):
+                try:
+                    key = key_de(record.key)
+                    value = value_de(record.value) if record.value is not None else None
+                except SerdeError as exc:
+                    yield InputRecord(record.offset, None, None, None, f"undecodable: {exc.message}",
+                                      repr((record.key, record.value))[:1000])
+                    continue
+                ts = value.get(ts_field) if isinstance(value, dict) else None
+                yield InputRecord(record.offset, key, value, float(ts) if isinstance(ts, (int, float)) else None)
+        finally:
+            reader.close()
+
+
+@register_output
+class FileLogOutput(_FileLog, OutputStream):
+    system = "file"
+    options = _SERDE_OPTIONS
+
+    def __init__(self, job: JobConfig, config: StreamConfig) -> None:
+        super().__init__(job, config)
+        self._setup(job, config.name)
+        self._writers: dict[int, FileChangelogPartition] = {}
+
+    def _ensure(self, partition: int) -> None:
+        self.system.ensure_stream(self.stream, self.job.partitions)
+
+    def _writer(self, partition: int) -> FileChangelogPartition:
+        writer = self._writers.get(partition)
+        if writer is None:
+            self._ensure(partition)
+            writer = self._writers[partition] = self.system.partition(self.stream, partition)
+        return writer
+
+    def end_offset(self, partition: int) -> int:
+        return self._writer(partition).flush()
+
+    def truncate(self, partition: int, position: int) -> int:
+        writer = self._writer(partition)
+        if writer.flush() > position:
+            # Truncate under the writer's lock, then reopen so its in-memory end is re-read.
+            directory = self.system.partition_dir(self.stream, partition)
+            lock = os.open(directory / LOCK_FILE, os.O_RDWR)
+            try:
+                writer.close()
+                self._writers.pop(partition, None)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                truncate_log(directory, position)
+            finally:
+                os.close(lock)
+            writer = self._writer(partition)
+        return writer.flush()
+
+    def append(self, partition: int, items: list[tuple[Any, Any]]) -> int:
+        writer = self._writer(partition)
+        if items:
+            key_ser, value_ser = self.key_serde.serialize, self.value_serde.serialize
+            writer.append_many((key_ser(k), value_ser(v) if v is not None else None) for k, v in items)
+        return writer.flush()
+
+    def read(self, partition: int) -> Iterator[tuple[Any, Any]]:
+        if not self.system.partition_dir(self.stream, partition).exists():
+            return
+        reader = self.system.reader(self.stream, partition)
+        try:
+            for record in reader.read(0):
+                yield (self.key_serde.deserialize(record.key),
+                       self.value_serde.deserialize(record.value) if record.value is not None else None)
+        finally:
+            reader.close()
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()

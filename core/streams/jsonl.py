@@ -1,0 +1,174 @@
+"""JSON-lines streams: a directory with one file per partition, ``<path>/<partition>.jsonl``.
+
+Each line is ``{"key": ..., "value": ..., "ts": ...}``; the offset of a record is its line number.
+A last line without its newline is an append in progress and is not read. As an output, a task
+partition appends (and fsyncs) to its own file; rollback truncates to a line count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Mapping
+
+from localstate.core.config import JobConfig, StreamConfig
+from localstate.core.options import Option
+from localstate.errors import InputError
+
+from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
+
+__all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl"]
+
+
+_DECODER = json.JSONDecoder()
+_POSITIONS: dict[tuple[str, int], int] = {}
+"""(file, line offset) -> byte position, remembered by this process for the next batch."""
+
+
+def _file(directory: Path, partition: int) -> Path:
+    return directory / f"{int(partition)}.jsonl"
+
+
+_LINES: dict[str, tuple[int, int, int]] = {}
+"""file -> (inode, bytes counted, newlines in them): input files only grow, so count only new bytes."""
+
+
+def _complete_lines(path: Path, cache: bool = False) -> int:
+    try:
+        with open(path, "rb") as handle:
+            stat = os.fstat(handle.fileno())
+            seen = _LINES.get(str(path)) if cache else None
+            if seen is not None and seen[0] == stat.st_ino and seen[1] <= stat.st_size:
+                handle.seek(seen[1])
+                lines = seen[2] + handle.read().count(b"\n")
+            else:
+                lines = handle.read().count(b"\n")
+            if cache:
+                _LINES[str(path)] = (stat.st_ino, stat.st_size, lines)
+            return lines
+    except FileNotFoundError:
+        return 0
+
+
+def write_jsonl(directory: str | os.PathLike[str], partition: int, records: list[dict[str, Any]]) -> None:
+    """Append ``records`` (dicts with key/value/ts) to ``<directory>/<partition>.jsonl`` (test/demo helper)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(_file(directory, partition), "a", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+def read_jsonl(directory: str | os.PathLike[str], partition: int) -> list[dict[str, Any]]:
+    path = _file(Path(directory), partition)
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.endswith("\n")]
+
+
+@register_input
+class JsonLinesInput(InputStream):
+    system = "jsonl"
+    options: ClassVar[Mapping[str, Option]] = {
+        "path": Option(str, doc="directory holding <partition>.jsonl files (relative to the job file)"),
+    }
+
+    def __init__(self, job: JobConfig, config: StreamConfig) -> None:
+        super().__init__(job, config)
+        self.directory = resolve_path(job, self.config["path"])
+
+    def end_offset(self, partition: int) -> int:
+        return _complete_lines(_file(self.directory, partition), cache=True)
+
+    def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        path = _file(self.directory, partition)
+        if start >= end:
+            return
+        try:
+            handle = open(path, "rb")
+        except FileNotFoundError as exc:
+            raise InputError(f"input file {path} is missing but offsets up to {end} were planned",
+                             stream=self.name, partition=partition, offset=start, path=str(path),
+                             hint="input files must not be deleted while the job reads them") from exc
+        loads = _DECODER.decode
+        with handle:
+            # Resume at the byte where this worker's previous batch stopped instead of re-scanning
+            # every earlier line (Python workers are reused across batches).
+            offset, position = 0, 0
+            hint = _POSITIONS.get((str(path), start))
+            if hint is not None:
+                handle.seek(hint)
+                offset, position = start, hint
+            for line in handle:
+                if offset >= end or not line.endswith(b"\n"):
+                    break
+                if offset >= start:
+                    try:
+                        data = loads(line.decode("utf-8"))
+                        key = data["key"]
+                        if key is None:
+                            raise KeyError("key")
+                        ts = data.get("ts")
+                        yield InputRecord(offset, key, data.get("value"), float(ts) if ts is not None else None)
+                    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # incl. UnicodeDecodeError
+                        reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {exc}"
+                        yield InputRecord(offset, None, None, None, reason,
+                                          line.decode("utf-8", "replace").rstrip("\n"))
+                offset += 1
+                position += len(line)
+            if len(_POSITIONS) > 4096:
+                _POSITIONS.clear()
+            _POSITIONS[(str(path), offset)] = position
+
+
+@register_output
+class JsonLinesOutput(OutputStream):
+    system = "jsonl"
+    options: ClassVar[Mapping[str, Option]] = {
+        "path": Option(str, doc="directory receiving <partition>.jsonl files (relative to the job file)"),
+        "fsync": Option(bool, default=True, doc="fsync at every commit (durable outputs)"),
+    }
+
+    def __init__(self, job: JobConfig, config: StreamConfig) -> None:
+        super().__init__(job, config)
+        self.directory = resolve_path(job, self.config["path"])
+
+    def end_offset(self, partition: int) -> int:
+        return _complete_lines(_file(self.directory, partition))
+
+    def truncate(self, partition: int, position: int) -> int:
+        path = _file(self.directory, partition)
+        if not path.exists():
+            return 0
+        with open(path, "r+b") as handle:
+            data = handle.read()
+            cut, lines = 0, 0
+            while lines < position:
+                newline = data.find(b"\n", cut)
+                if newline < 0:
+                    break
+                cut, lines = newline + 1, lines + 1
+            if cut < len(data):
+                handle.truncate(cut)
+                handle.flush()
+                os.fsync(handle.fileno())
+        return lines
+
+    def append(self, partition: int, items: list[tuple[Any, Any]]) -> int:
+        path = _file(self.directory, partition)
+        if items:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            text = "".join(json.dumps({"key": k, "value": v}, separators=(",", ":"), sort_keys=True) + "\n"
+                           for k, v in items)
+            with open(path, "ab") as handle:
+                handle.write(text.encode("utf-8"))
+                handle.flush()
+                if self.config["fsync"]:
+                    os.fsync(handle.fileno())
+        return _complete_lines(path)
+
+    def read(self, partition: int) -> Iterator[tuple[Any, Any]]:
+        for record in read_jsonl(self.directory, partition):
+            yield record["key"], record["value"]

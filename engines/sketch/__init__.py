@@ -1,0 +1,126 @@
+"""The ``sketch`` engine: named HyperLogLog, Bloom filter or KLL quantile sketches per store.
+
+Configure a store with ``engine = "sketch"`` and ``kind = "hll" | "bloom" | "quantiles"``::
+
+    [stores.visitors]
+    engine = "sketch"
+    key_serde = "string"   # sketch names
+    kind = "hll"
+    precision = 12         # 4..16, like datasketch.HyperLogLog(p)
+
+The changelog records deltas (changed registers / words, or one serialised quantile sketch per
+flush), never inputs; see ``docs/sketch.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.options import Option
+from localstate.core.serdes import BytesSerde
+from localstate.engines.sketch.bloom import MAX_WORDS, BloomFilter, bloom_size
+from localstate.engines.sketch.engine import BloomFilterStore, HyperLogLogStore, QuantilesStore, SketchStore
+from localstate.engines.sketch.hashing import HASHES, encode_item, fast_hash32, fast_hash64
+from localstate.engines.sketch.hll import MAX_PRECISION, MIN_PRECISION, HyperLogLog
+from localstate.engines.sketch.kll import MAX_K, MIN_K, KllSketch, rank_error
+from localstate.errors import ConfigError, ConfigProblem
+
+__all__ = [
+    "SketchEngineFactory",
+    "SketchStore",
+    "HyperLogLogStore",
+    "BloomFilterStore",
+    "QuantilesStore",
+    "HyperLogLog",
+    "BloomFilter",
+    "KllSketch",
+    "bloom_size",
+    "rank_error",
+    "encode_item",
+    "fast_hash32",
+    "fast_hash64",
+    "KINDS",
+]
+
+KINDS = ("hll", "bloom", "quantiles")
+
+DEFAULTS: dict[str, Any] = {"precision": 12, "capacity": 1_000_000, "error_rate": 0.01, "k": 200}
+#: Options that only make sense for one kind (None default = "not given"; filled in check_options).
+_KIND_OF = {"precision": "hll", "capacity": "bloom", "error_rate": "bloom", "k": "quantiles", "hash": ("hll", "bloom")}
+_DEFAULT_HASH = {"hll": "datasketch", "bloom": "fast"}
+_BACKENDS = ("rocksdb", "lmdb", "memory")
+
+
+def _error_rate(value: float) -> float:
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"must be between 0 and 1 (exclusive), got {value!r}")
+    return value
+
+
+class SketchEngineFactory(StorageEngineFactory):
+    """Creates a :class:`HyperLogLogStore`, :class:`BloomFilterStore` or :class:`QuantilesStore`."""
+
+    description: ClassVar[str] = ("probabilistic sketches (HyperLogLog, Bloom filter, KLL quantiles) whose "
+                                  "changelog logs changed registers/words, not inputs")
+    options: ClassVar[Mapping[str, Option]] = {
+        "kind": Option(str, doc="which sketch the store holds: hll, bloom or quantiles", choices=KINDS),
+        "precision": Option(int, None, f"HLL: p, 2**p registers ({MIN_PRECISION}..{MAX_PRECISION}, default 12; "
+                            "relative error 1.04/sqrt(2**p))", minimum=MIN_PRECISION, maximum=MAX_PRECISION),
+        "hash": Option(str, None, "hll/bloom: 'datasketch' (SHA-1 as datasketch; default for hll) or 'fast' "
+                       "(numpy-vectorised 64-bit hash; default for bloom)", choices=HASHES),
+        "capacity": Option(int, None, "bloom: expected number of distinct items (default 1000000)", minimum=1),
+        "error_rate": Option(float, None, "bloom: false-positive rate at capacity (default 0.01)",
+                             parse=_error_rate),
+        "k": Option(int, None, f"quantiles: KLL accuracy parameter ({MIN_K}..{MAX_K}, default 200: rank "
+                    "error about 1.3%)", minimum=MIN_K, maximum=MAX_K),
+        "backend": Option(str, "rocksdb", "local structure of the inner key-value store: rocksdb, lmdb or memory",
+                          choices=_BACKENDS),
+    }
+
+    def check_options(self, store: str, options: dict[str, Any]) -> None:
+        kind = options["kind"]
+        problems: list[ConfigProblem] = []
+        for name, kinds in _KIND_OF.items():
+            if options.get(name) is not None and kind not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+                problems.append(ConfigProblem(f"stores.{store}.{name}",
+                                              f"does not apply to kind = {kind!r} (it is a {kinds} option)"))
+        for name, default in DEFAULTS.items():
+            if options.get(name) is None:
+                options[name] = default
+        if options.get("hash") is None:
+            options["hash"] = _DEFAULT_HASH.get(kind, "datasketch")
+        if kind == "bloom" and not problems:
+            bits, _ = bloom_size(options["capacity"], options["error_rate"])
+            if bits // 64 > MAX_WORDS:
+                problems.append(ConfigProblem(f"stores.{store}.capacity",
+                                              f"needs {bits} bits, more than the maximum {MAX_WORDS * 64}"))
+        if problems:
+            raise ConfigError(problems, hint="remove the options that do not apply, or fix their values")
+
+    def create(self, context: StoreContext) -> StorageEngine:
+        from localstate.engines.kv import KeyValueEngineFactory  # composed lazily: kv is heavier
+
+        options = context.options
+        if "hash" not in options or options.get("precision") is None:
+            options = self.validate_options(context.store, dict(options))
+        kv = KeyValueEngineFactory()
+        # The inner store is written only at flush (all changed units at once) and never read hot:
+        # no object cache, and no spills in the middle of a flush.
+        kv_options = kv.validate_options(context.store, {"backend": options["backend"], "cache_size": 0,
+                                                         "write_batch_size": 1 << 22})
+        inner = kv.create(dataclasses.replace(context, options=kv_options, key_serde=BytesSerde(),
+                                              value_serde=BytesSerde()))
+        try:
+            kind = options["kind"]
+            if kind == "hll":
+                return HyperLogLogStore(context, inner, options["precision"], options["hash"])
+            if kind == "bloom":
+                bits, hashes = bloom_size(options["capacity"], options["error_rate"])
+                return BloomFilterStore(context, inner, options["capacity"], options["error_rate"], bits, hashes,
+                                        options["hash"])
+            return QuantilesStore(context, inner, options["k"])
+        except BaseException:
+            inner.close()
+            raise
