@@ -12,7 +12,7 @@ def main() -> int:
     here = Path(__file__).parent
     # Modules named *_cases hold a benchmark's workloads; they are not benchmarks themselves.
     names = sorted(m.name for m in pkgutil.iter_modules([str(here)])
-                   if m.name != "report" and not m.name.endswith("_cases"))
+                   if m.name != "report" and not m.name.startswith("_") and not m.name.endswith("_cases"))
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print("usage: python -m bench NAME [--json] [options]\n\nbenchmarks: " + ", ".join(names))
         return 0 if len(sys.argv) >= 2 else 2
