@@ -69,3 +69,31 @@ def _reset_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 reset.arguments = _reset_arguments  # type: ignore[attr-defined]
+
+
+@command("compact", "compact a job's file changelogs up to the checkpointed offsets (last record per key)")
+def compact(args: argparse.Namespace) -> int:
+    from localstate.changelog.file import FileChangelogSystem, compact_stream
+    from localstate.core.runtime import checkpoint_store, open_changelog_system
+
+    job = load_job_config(args.job, plugins=args.plugins)
+    system = open_changelog_system(job)
+    if not isinstance(system, FileChangelogSystem):
+        print(f"changelog system {job.changelog_system!r} compacts on its own (e.g. Kafka's log cleaner); "
+              "nothing to do")
+        return 0
+    checkpoints = checkpoint_store(job)
+    # Only the committed prefix may be compacted: trimming after a crash needs the values before it.
+    committed = {p: checkpoints.load(p) for p in range(job.partitions)}
+    for name, store in sorted(job.stores.items()):
+        if store.changelog is None:
+            continue
+        upto = {p: c.changelogs.get(name, 0) for p, c in committed.items() if c is not None}
+        stats = compact_stream(system, store.changelog, upto)
+        print(f"{store.changelog}: {stats.records_before} -> {stats.records_after} records, "
+              f"{stats.bytes_before / 1e6:.1f} -> {stats.bytes_after / 1e6:.1f} MB in {stats.seconds:.2f}s")
+    system.close()
+    return 0
+
+
+compact.arguments = lambda parser: parser.add_argument("job", help="job config (TOML)")  # type: ignore[attr-defined]
