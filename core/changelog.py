@@ -87,6 +87,20 @@ class ChangelogPartition(ChangelogWriter):
         """Yield records with ``start <= offset < end`` (``end=None``: up to the flushed end), in
         offset order. Offsets may have gaps (compaction)."""
 
+    def read_batches(self, start: int = 0, end: int | None = None) -> Iterator[list[ChangelogRecord]]:
+        """The records of :meth:`read`, in lists (each list is new and belongs to the caller).
+
+        A bulk path for consumers that work in batches; implementations may override it to decode
+        many records at once. This default groups :meth:`read` in lists of up to 4096 records."""
+        batch: list[ChangelogRecord] = []
+        for record in self.read(start, end):
+            batch.append(record)
+            if len(batch) >= 4096:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
     def close(self) -> None:
         """Release resources. Unflushed records may be lost."""
 

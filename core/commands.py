@@ -37,29 +37,47 @@ def validate(args: argparse.Namespace) -> int:
 validate.arguments = lambda parser: parser.add_argument("job", help="job config (TOML)")  # type: ignore[attr-defined]
 
 
-@command("reset", "delete a job's checkpoints, local stores and file changelogs, to start over from scratch")
+@command("reset", "delete a job's checkpoints, local stores and changelogs, to start over from scratch")
 def reset(args: argparse.Namespace) -> int:
     import shutil
 
     from localstate.core.names import safe_join
+    from localstate.core.runtime import open_changelog_system
 
     job = load_job_config(args.job, plugins=args.plugins)
     targets = [safe_join(job.state_dir, job.name)]
+    streams = [store.changelog for store in job.stores.values() if store.changelog]
+    # Changelogs that live outside the state directory (e.g. Kafka topics) are deleted through the
+    # system's optional delete_stream() capability.
+    remote = None
     if job.changelog_system == "file":
         root = job.changelog_options.get("file", {}).get("path") or "changelogs"
         base = safe_join(job.state_dir) / root if not str(root).startswith("/") else Path(root)
-        targets += [base / store.changelog for store in job.stores.values() if store.changelog]
+        targets += [base / stream for stream in streams]
+    elif streams:
+        remote = open_changelog_system(job)
+        if not hasattr(remote, "delete_stream"):
+            print(f"changelog system {job.changelog_system!r} cannot delete streams; "
+                  f"delete these by hand: {', '.join(streams)}")
+            streams = []
     existing = [t for t in targets if t.exists()]
-    if not existing:
+    remote_streams = streams if remote is not None else []
+    if not existing and not remote_streams:
         print("nothing to delete")
         return 0
     for target in existing:
         print(f"{'deleting' if args.yes else 'would delete'} {target}")
+    for stream in remote_streams:
+        print(f"{'deleting' if args.yes else 'would delete'} changelog {stream!r} on {job.changelog_system}")
     if not args.yes:
         print("re-run with --yes to delete; state is then rebuilt from the inputs")
         return 0
     for target in existing:
         shutil.rmtree(target)
+    for stream in remote_streams:
+        remote.delete_stream(stream)  # type: ignore[union-attr]
+    if remote is not None:
+        remote.close()
     return 0
 
 

@@ -79,8 +79,10 @@ def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoi
     engine.restore(restore_progress(changelog.read(start, checkpoint_offset), progress))
     seconds = progress.close()
     trimmed = 0
-    if end > checkpoint_offset:
-        touched = sorted({record.key for record in changelog.read(checkpoint_offset, end)})
+    # A changelog may end past the checkpoint with no data records there (Kafka's transaction
+    # markers take offsets): then there is nothing to neutralise.
+    touched = sorted({r.key for r in changelog.read(checkpoint_offset, end)}) if end > checkpoint_offset else []
+    if touched:
         committed = values_at(changelog, touched, checkpoint_offset)
         base = end
         trim = [ChangelogRecord(key, committed[key], base + i) for i, key in enumerate(touched)]

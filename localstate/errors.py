@@ -19,13 +19,16 @@ __all__ = [
     "StoreError",
     "StoreClosedError",
     "InvalidValueError",
+    "LateEventError",
     "ChangelogError",
     "ChangelogCorruptError",
     "CheckpointError",
     "FencedError",
+    "ChangelogFencedError",
     "RestoreError",
     "TaskError",
     "InputError",
+    "OutputError",
 ]
 
 
@@ -131,6 +134,22 @@ class InvalidValueError(StoreError):
     """A key or value the store cannot accept (e.g. None, which is reserved for tombstones)."""
 
 
+class LateEventError(InvalidValueError):
+    """A reorder buffer (heap engine, ``mode = "reorder"``, ``late_policy = "error"``) received an event
+    older than its watermark: releasing it would break the total order of the output.
+
+    ``timestamp``, ``watermark`` and ``max_lateness`` (None when unset) are attributes and context."""
+
+    def __init__(self, message: str, *, timestamp: Any, watermark: Any, max_lateness: Any = None,
+                 hint: str | None = None, **context: Any) -> None:
+        self.timestamp = timestamp
+        self.watermark = watermark
+        self.max_lateness = max_lateness
+        super().__init__(message, hint=hint or "raise max_lateness (or drain later), or set late_policy = "
+                         "\"drop\" or \"side_output\" on the store", timestamp=timestamp,
+                         watermark=watermark, max_lateness=max_lateness, **context)
+
+
 class ChangelogError(LocalStateError):
     """A changelog could not be read or written."""
 
@@ -157,3 +176,12 @@ class TaskError(LocalStateError):
 
 class InputError(LocalStateError):
     """An input record could not be decoded or routed."""
+
+
+class OutputError(LocalStateError):
+    """An output stream could not be written (e.g. a Kafka broker did not acknowledge in time)."""
+
+
+class ChangelogFencedError(ChangelogError, FencedError):
+    """A newer writer of the same changelog partition (a newer instance of the task partition) has
+    taken over; this one's changelog writes are refused by the broker and it must stop."""

@@ -1,21 +1,28 @@
 """Run a job on Spark in micro-batches, one Spark task per job partition.
 
 Per batch the driver reads every partition's checkpoint (the committed input positions), plans the
-input offset ranges ``[position, end)`` (``end`` = the input's end when planned) and a record limit,
-and runs one Spark task per partition with work. Each Spark task (:func:`run_partition`):
+input offset ranges ``[position, end)`` (``end`` = the input's end when planned, at most
+``position + batch_size``) and a record limit (``batch_size``, all inputs together), and runs one
+Spark task per partition with work. With instances kept open, the tasks are slots: each claims
+one of the batch's partitions, preferring the one its Python worker keeps open (:func:`run_slot`).
+Each Spark task (:func:`run_partition`):
 
-1. opens a :class:`~localstate.core.runtime.TaskInstance` for its partition: stores are recovered to
-   the last *committed* checkpoint, so a retried attempt always starts from committed state, and
-   outputs written after it are truncated;
+1. checks out its partition's :class:`~localstate.core.runtime.TaskInstance`: the one its Python
+   worker kept open after the partition's previous batch if the driver committed exactly that batch,
+   else a freshly opened one, recovered to the last *committed* checkpoint (outputs written after it
+   are truncated). Either way a retried attempt starts from committed state (:mod:`.instances`);
 2. reads its own input range (no per-record traffic through the JVM), merges the inputs in event
    time order (``(ts, input, offset)``: a merge that is resumable at any cut, so the processing order
    does not depend on batch boundaries), applies each input's ``on_error`` policy and feeds the task;
 3. calls ``prepare_commit()`` (stores and changelogs flushed, outputs written durably) and returns
-   the checkpoint to the driver, without saving it; then closes without committing.
+   the checkpoint to the driver, without saving it; the instance stays open in the worker.
 
 The driver saves the returned checkpoints only when every partition of the batch succeeded. If it
 dies before, the next open trims the changelog records and truncates the outputs written after the
-last saved checkpoint (:mod:`localstate.core.recovery`), so nothing is lost or counted twice.
+last saved checkpoint (:mod:`localstate.core.recovery`), so nothing is lost or counted twice. At the
+end of a run the driver has the workers close the instances they kept.
+
+Each task reports where its time went (:data:`TASK_PHASES`), the driver its own (:data:`DRIVER_PHASES`).
 """
 
 from __future__ import annotations
@@ -24,24 +31,31 @@ import heapq
 import logging
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from itertools import islice, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system
+from localstate.core.faults import crash_point
+from localstate.core.runtime import checkpoint_store, open_changelog_system
+from localstate.core.spark.instances import (BatchInstance, checkin, checkout, claim, clear_requests, kept_partition,
+                                             release_partitions)
 from localstate.core.streams import StreamSink, open_input
-from localstate.core.streams.base import InputRecord, base_dir
+from localstate.core.streams.base import InputRecord, InputStream, base_dir
 from localstate.core.task import Envelope
 from localstate.errors import InputError, LocalStateError, TaskError
 
-__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "run_partition", "spark_context",
-           "normalize_master"]
+__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "run_partition", "run_slot",
+           "spark_context", "normalize_master", "TASK_PHASES", "DRIVER_PHASES"]
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +92,25 @@ class PartitionPlan:
     """at most this many records (all inputs together); None = the whole ranges"""
     fault: dict[str, Any] | None = None
     """test/demo only: ``{"partition", "batch", "after", "marker"}`` SIGKILLs the worker once"""
+    run_id: str = ""
+    """the driver's run: a kept instance is reused only within the run that opened it"""
+    keep_open: bool = False
+    """keep the task instance open in the worker for the partition's next batch (see ``instances``)"""
+
+
+#: Phases of a Spark task, in seconds (``timings`` of :func:`run_partition`'s result): waiting for
+#: the partition lock, opening/recovering (or validating the kept instance), reading and decoding
+#: input, the task's ``process()`` (with its store reads and writes), changelog appends and fsyncs,
+#: the rest of the store flush (the local write), writing outputs, closing.
+TASK_PHASES = ("wait", "open", "read", "process", "changelog", "store_flush", "outputs", "close")
+#: Phases on the driver, per batch.
+DRIVER_PHASES = ("plan", "spark", "checkpoint")
+
+_CHUNK = 256
+"""Records pulled from the inputs at a time. Small on purpose: a chunk's records must die before
+Python's cyclic GC promotes them to its oldest generation, or every few thousand records trigger a
+full collection of the worker's heap (measured: ~12% of a task's time with 2048-record chunks, none
+with 256)."""
 
 
 @dataclass
@@ -92,13 +125,26 @@ class BatchResult:
     restore_seconds: float = 0.0
     replayed: int = 0
     trimmed: int = 0
+    tasks: int = 0
+    failed_attempts: int = 0
+    """task attempts that failed and were retried by Spark (a killed worker, an I/O error)"""
+    reused: int = 0
+    """tasks that found their partition's instance still open in their worker"""
     task_seconds: dict[str, float] = field(default_factory=dict)
+    """:data:`TASK_PHASES` summed over the batch's tasks"""
+    busiest_task: float = 0.0
+    """seconds of the longest task (the batch's critical path inside Spark)"""
+    driver_seconds: dict[str, float] = field(default_factory=dict)
+    """:data:`DRIVER_PHASES`; ``spark`` is the Spark job's wall time minus the busiest task: scheduling,
+    Python worker hand-off, plan and result (de)serialization"""
 
 
 @dataclass
 class RunSummary:
     batches: list[BatchResult] = field(default_factory=list)
     seconds: float = 0.0
+    release_seconds: float = 0.0
+    """closing the instances kept open in the workers, at the end of the run"""
 
     @property
     def records_in(self) -> int:
@@ -112,103 +158,186 @@ class RunSummary:
     def lag(self) -> int:
         return self.batches[-1].lag if self.batches else 0
 
-
-class _BatchInstance(TaskInstance):
-    """A TaskInstance whose commits are driven by the batch: no timer or record-count commits
-    inside a batch (the driver commits all partitions at batch end)."""
-
-    def _after_call(self) -> None:
-        pass
+    def breakdown(self) -> dict[str, float]:
+        """Where the wall time went, in seconds that add up to about :attr:`seconds`: driver phases,
+        Spark overhead, and the task phases (summed over all tasks, then scaled to the batches'
+        critical paths, i.e. their busiest tasks: the tasks of one batch run in parallel)."""
+        out = {name: sum(b.driver_seconds.get(name, 0.0) for b in self.batches) for name in DRIVER_PHASES}
+        busy = sum(b.busiest_task for b in self.batches)
+        summed = {name: sum(b.task_seconds.get(name, 0.0) for b in self.batches) for name in TASK_PHASES}
+        total = sum(summed.values())
+        for name, value in summed.items():
+            out[name] = value / total * busy if total else 0.0
+        out["release"] = self.release_seconds
+        return out
 
 
 def _sort_key(ts: float | None, index: int, offset: int) -> tuple[float, int, int]:
     return (float("-inf") if ts is None else ts, index, offset)
 
 
-def _keyed(records: Iterator[InputRecord], index: int, name: str, single: bool) -> Iterator[tuple[Any, str, InputRecord]]:
-    if single:
-        for record in records:
-            yield None, name, record
-        return
+def _keyed(records: Iterator[InputRecord], index: int, name: str) -> Iterator[tuple[Any, str, InputRecord]]:
     for record in records:
         yield _sort_key(record.ts, index, record.offset), name, record
 
 
-def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
-    """Executor side of one batch for one partition. Returns the checkpoint (as a dict) and counts,
-    or ``{"error": pickled LocalStateError}`` for deterministic failures that a retry cannot fix."""
+def _envelope_maker() -> Callable[[str, int, int, Any, Any, float | None], Envelope]:
+    """A function building ``Envelope(stream, partition, offset, key, value, timestamp)`` at about
+    half the cost of the constructor: a frozen dataclass's ``__init__`` sets every field through
+    ``object.__setattr__``; this sets the same slots through their descriptors. The result is an
+    ordinary, equal Envelope. Falls back to the constructor if Envelope's fields ever change."""
+    names = ("stream", "partition", "offset", "key", "value", "timestamp")
+    if tuple(f.name for f in fields(Envelope)) != names or not all(n in Envelope.__dict__ for n in names):
+        return Envelope
+    s_stream, s_partition, s_offset, s_key, s_value, s_ts = (Envelope.__dict__[n].__set__ for n in names)
+    new = object.__new__
+
+    def make(stream: str, partition: int, offset: int, key: Any, value: Any, ts: float | None) -> Envelope:
+        envelope = new(Envelope)
+        s_stream(envelope, stream)
+        s_partition(envelope, partition)
+        s_offset(envelope, offset)
+        s_key(envelope, key)
+        s_value(envelope, value)
+        s_ts(envelope, ts)
+        return envelope
+
+    return make
+
+
+_envelope = _envelope_maker()
+
+
+def _add_pythonpath(job: JobConfig) -> None:
     for path in [base_dir(job), *(Path(p) for p in job.spark.get("pythonpath", []))]:
         path = path if path.is_absolute() else base_dir(job) / path
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))
-    started = time.perf_counter()
+
+
+def _feed(instance: BatchInstance, plan: PartitionPlan, inputs: Mapping[str, InputStream],
+          counts: dict[str, int]) -> float:
+    """Read the plan's input ranges and feed the task, in order; returns the seconds spent reading
+    and decoding input. The hot loop of the runtime: it calls the task directly (instead of
+    ``TaskInstance.process``, which re-checks what a batch already guarantees: records start at the
+    committed positions, no commits inside a batch)."""
     partition = plan.partition
-    changelogs = open_changelog_system(job)
-    sink = StreamSink(job)
-    instance = _BatchInstance(job, partition, changelogs, sink)
-    try:
-        recoveries = instance.open()
-        opened = time.perf_counter()
-        inputs = {name: open_input(job, name) for name in sorted(plan.ranges)}
-        streams = []
-        for index, name in enumerate(sorted(plan.ranges)):
-            _, end = plan.ranges[name]
-            records = inputs[name].read(partition, instance.position(name), end)
-            streams.append(_keyed(records, index, name, len(plan.ranges) == 1))
-        counts = {"in": 0, "skipped": 0, "dead": 0}
-        fault = plan.fault if plan.fault and plan.fault.get("partition") == partition \
-            and plan.fault.get("batch") == plan.batch else None
-        limit = plan.limit
-        # One input needs no merge (the common case; saves a key tuple per record).
-        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=lambda item: item[0])
-        for _, name, record in merged:
-            if limit is not None and counts["in"] >= limit:
-                break
-            if fault is not None and counts["in"] == fault["after"] and not os.path.exists(fault["marker"]):
+    names = sorted(plan.ranges)
+    streams = [inputs[name].read(partition, instance.position(name), plan.ranges[name][1]) for name in names]
+    if len(streams) == 1:  # the common case needs no merge (and no sort key per record)
+        items: Iterator[tuple[str, InputRecord]] = zip(repeat(names[0]), streams[0])
+    else:
+        merged = heapq.merge(*(_keyed(s, i, n) for i, (n, s) in enumerate(zip(names, streams))), key=itemgetter(0))
+        items = ((name, record) for _, name, record in merged)
+    planned = sum(max(0, end - instance.position(name)) for name, (_, end) in plan.ranges.items())
+    if plan.limit is not None and planned > plan.limit:
+        items = islice(items, plan.limit)
+    fault = plan.fault if plan.fault and plan.fault.get("partition") == partition \
+        and plan.fault.get("batch") == plan.batch else None
+    process = instance.task.process  # type: ignore[union-attr]
+    collector, coordinator, positions = instance.collector, instance.coordinator, instance.positions
+    envelope = _envelope
+    clock = time.perf_counter
+    reading = 0.0
+    n = 0
+    while True:
+        # Records are pulled in chunks so that reading and processing can be timed apart for free.
+        started = clock()
+        chunk = list(islice(items, _CHUNK))
+        reading += clock() - started
+        if not chunk:
+            break
+        for name, record in chunk:
+            if fault is not None and n == fault["after"] and not os.path.exists(fault["marker"]):
                 Path(fault["marker"]).write_text(f"killed pid {os.getpid()} partition {partition}\n")
                 os.kill(os.getpid(), signal.SIGKILL)
-            counts["in"] += 1
+            n += 1
             if record.error is None:
-                instance.process(Envelope(name, partition, record.offset, record.key, record.value, record.ts))
-                continue
-            source = inputs[name]
-            if source.on_error == "fail":
-                raise InputError(f"bad input record ({record.error}): {str(record.raw)[:200]}", stream=name,
-                                 partition=partition, offset=record.offset,
-                                 hint=f"fix the record, or set on_error = 'skip' or 'dead_letter' on "
-                                      f"[inputs.{name}]")
-            if source.on_error == "dead_letter":
-                instance.collector.send(source.dead_letter, None, {
-                    "stream": name, "partition": partition, "offset": record.offset, "error": record.error,
-                    "raw": record.raw})
-                counts["dead"] += 1
+                crash_point("process")
+                try:
+                    process(envelope(name, partition, record.offset, record.key, record.value, record.ts),
+                            collector, coordinator)
+                except LocalStateError:
+                    raise
+                except Exception as exc:
+                    raise TaskError(f"task raised {type(exc).__name__}: {exc}", stream=name, partition=partition,
+                                    offset=record.offset, hint="fix the task or the input; state is rolled back "
+                                    "to the last commit on restart") from exc
             else:
-                counts["skipped"] += 1
-                log.warning("skipping bad record of %s[%d] at offset %d: %s", name, partition, record.offset,
-                            record.error)
-            instance.positions[name] = record.offset + 1
-        processed = time.perf_counter()
+                _bad_record(inputs[name], instance, name, partition, record, counts)
+            positions[name] = record.offset + 1
+    counts["in"] = n
+    return reading
+
+
+def _bad_record(source: InputStream, instance: BatchInstance, name: str, partition: int, record: InputRecord,
+                counts: dict[str, int]) -> None:
+    """Apply the input's ``on_error`` policy to an undecodable or keyless record."""
+    if source.on_error == "fail":
+        raise InputError(f"bad input record ({record.error}): {str(record.raw)[:200]}", stream=name,
+                         partition=partition, offset=record.offset,
+                         hint=f"fix the record, or set on_error = 'skip' or 'dead_letter' on [inputs.{name}]")
+    if source.on_error == "dead_letter":
+        instance.collector.send(source.dead_letter, None, {
+            "stream": name, "partition": partition, "offset": record.offset, "error": record.error,
+            "raw": record.raw})
+        counts["dead"] += 1
+    else:
+        counts["skipped"] += 1
+        log.warning("skipping bad record of %s[%d] at offset %d: %s", name, partition, record.offset, record.error)
+
+
+def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
+    """Executor side of one batch for one partition. Returns the checkpoint (as a dict), counts and
+    :data:`TASK_PHASES` timings, or ``{"error": pickled LocalStateError}`` for deterministic failures
+    that a retry cannot fix."""
+    _add_pythonpath(job)
+    started = time.perf_counter()
+    partition = plan.partition
+    lease = checkout(job, partition, plan.run_id)
+    instance, clock = lease.instance, lease.clock
+    changelog_start, outputs_start = clock["changelog"], clock["outputs"]
+    prepared = None
+    try:
+        opened = time.perf_counter()
+        inputs = {name: open_input(job, name) for name in sorted(plan.ranges)}
+        counts = {"in": 0, "skipped": 0, "dead": 0}
+        reading = _feed(instance, plan, inputs, counts)
         if job.window_interval is not None:
             instance.maybe_window()
-        before = sink.written
-        checkpoint = instance.prepare_commit()
+        processed = time.perf_counter()
+        changelog_in_process = clock["changelog"] - changelog_start  # spills of large batches
+        before = lease.sink.written
+        prepared = instance.prepare_commit()
         committed = time.perf_counter()
-        return {
-            "partition": partition, "checkpoint": asdict(checkpoint), "in": counts["in"],
-            "out": sink.written - before, "skipped": counts["skipped"], "dead": counts["dead"],
-            "restore_seconds": sum(r.seconds for r in recoveries), "replayed": sum(r.replayed for r in recoveries),
-            "trimmed": sum(r.trimmed for r in recoveries), "pid": os.getpid(),
-            "timings": {"open": opened - started, "process": processed - opened, "commit": committed - processed},
-        }
     except (InputError, TaskError) as exc:
         # Deterministic: a retry would fail the same way. Hand the typed error to the driver.
         return {"partition": partition, "error": pickle.dumps(exc)}
     finally:
-        try:
-            instance.close(commit=False)
-        finally:
-            sink.close()
-            changelogs.close()
+        checkin(lease, prepared, keep=plan.keep_open)
+    changelog = clock["changelog"] - changelog_start
+    outputs = clock["outputs"] - outputs_start
+    timings = {
+        "wait": lease.waited, "open": opened - started - lease.waited, "read": reading,
+        "process": processed - opened - reading - changelog_in_process, "changelog": changelog,
+        "store_flush": committed - processed - (changelog - changelog_in_process) - outputs, "outputs": outputs,
+        "close": time.perf_counter() - committed,
+    }
+    return {
+        "partition": partition, "checkpoint": asdict(prepared), "in": counts["in"],
+        "out": lease.sink.written - before, "skipped": counts["skipped"], "dead": counts["dead"],
+        "restore_seconds": sum(r.seconds for r in lease.recoveries),
+        "replayed": sum(r.replayed for r in lease.recoveries), "trimmed": sum(r.trimmed for r in lease.recoveries),
+        "reused": lease.reused, "pid": os.getpid(), "timings": timings,
+    }
+
+
+def run_slot(job: JobConfig, plans: Mapping[int, PartitionPlan], claims: Path, slot: int) -> dict[str, Any]:
+    """Executor side of Spark task ``slot`` of a batch whose instances are kept open: claim one of
+    the batch's partitions, preferring the one this worker keeps open, and run it."""
+    any_plan = next(iter(plans.values()))
+    partition = claim(claims, sorted(plans), slot, kept_partition(job, any_plan.run_id))
+    return run_partition(job, plans[partition])
 
 
 def normalize_master(master: str, max_failures: int = 4) -> str:
@@ -250,17 +379,24 @@ class SparkJobRunner:
 
     def __init__(self, job: JobConfig, *, context: Any = None, master: str | None = None,
                  batch_size: int | None = None, fault: dict[str, Any] | None = None,
-                 progress: Callable[[str], None] | None = print) -> None:
+                 progress: Callable[[str], None] | None = print, keep_open: bool | None = None) -> None:
         self.job = job
         self.master = master or str(job.spark.get("master", "local[*]"))
         self._context = context
         self.batch_size = batch_size if batch_size is not None else job.spark.get("batch_size")
         self.fault = fault
         self.progress = progress
+        self.keep_open = bool(job.spark.get("keep_open", True)) if keep_open is None else keep_open
+        self.run_id = uuid.uuid4().hex
         self.checkpoints = checkpoint_store(job)
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
         self.sink_check = StreamSink(job)  # validates [outputs.*] on the driver, before any task runs
         self.sink_check.close()
+
+    @property
+    def _claims(self) -> Path:
+        """Where the tasks of this run's batches claim their partitions."""
+        return self.checkpoints.root / "claims" / self.run_id
 
     @property
     def context(self) -> Any:
@@ -268,6 +404,18 @@ class SparkJobRunner:
             conf = {k: v for k, v in self.job.spark.get("conf", {}).items()}
             self._context = spark_context(self.master, f"localstate:{self.job.name}", conf)
         return self._context
+
+    def _create_changelogs(self) -> None:
+        """Create the stores' changelog streams once, here, rather than in the first batch's tasks
+        all at the same time (creating a stream is idempotent, but concurrent creation is a race
+        that can fail a task attempt)."""
+        changelogs = open_changelog_system(self.job)
+        try:
+            for store in self.job.stores.values():
+                if store.changelog is not None:
+                    changelogs.ensure_stream(store.changelog, self.job.partitions)
+        finally:
+            changelogs.close()
 
     def plan(self, batch: int) -> tuple[list[PartitionPlan], int]:
         """Plans for the partitions with input to process, and the total lag before the batch."""
@@ -277,17 +425,37 @@ class SparkJobRunner:
             ranges = {}
             for name, source in self.inputs.items():
                 start, end = checkpoint.inputs.get(name, 0), source.end_offset(partition)
-                ranges[name] = (start, max(start, end))
                 lag += max(0, end - start)
+                if self.batch_size is not None:
+                    # No input can give more than the limit; an exact range also lets a reader run
+                    # to its end (the jsonl reader then remembers where the next batch starts).
+                    end = min(end, start + int(self.batch_size))
+                ranges[name] = (start, max(start, end))
             if any(end > start for start, end in ranges.values()):
-                plans.append(PartitionPlan(batch, partition, ranges, self.batch_size, self.fault))
+                plans.append(PartitionPlan(batch, partition, ranges, self.batch_size, self.fault, self.run_id,
+                                           self.keep_open))
         return plans, lag
 
     def run_batch(self, batch: int, plans: list[PartitionPlan]) -> BatchResult:
+        """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
         job = self.job
         started = time.perf_counter()
+        group = f"localstate-{self.run_id}-{batch}"
+        self.context.setJobGroup(group, f"localstate {job.name} batch {batch}")
         rdd = self.context.parallelize(plans, len(plans))
-        results = rdd.mapPartitions(lambda items: [run_partition(job, plan) for plan in items]).collect()
+        if self.keep_open:
+            # Tasks are slots that claim a partition each, preferring the one their worker keeps.
+            # (Each slot holds one plan; it must be consumed, or PySpark does not reuse the worker.)
+            claims = self._claims / str(batch)
+            by_partition = {plan.partition: plan for plan in plans}
+            try:
+                results = rdd.mapPartitionsWithIndex(
+                    lambda slot, items: [run_slot(job, by_partition, claims, slot) for _ in items]).collect()
+            finally:
+                shutil.rmtree(claims, ignore_errors=True)
+        else:
+            results = rdd.mapPartitions(lambda items: [run_partition(job, plan) for plan in items]).collect()
+        collected = time.perf_counter()
         errors = [r for r in results if "error" in r]
         if errors:
             raise pickle.loads(errors[0]["error"])
@@ -297,7 +465,9 @@ class SparkJobRunner:
             # The checkpoint carries the generation its task instance took at open: a newer
             # instance (a zombie attempt of a later run) makes this save fail, fenced.
             self.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
-        out = BatchResult(batch, seconds=time.perf_counter() - started)
+        saved = time.perf_counter()
+        out = BatchResult(batch, seconds=saved - started, tasks=len(results),
+                          failed_attempts=self._failed_attempts(group))
         for r in results:
             out.records_in += r["in"]
             out.records_out += r["out"]
@@ -306,42 +476,75 @@ class SparkJobRunner:
             out.restore_seconds += r["restore_seconds"]
             out.replayed += r["replayed"]
             out.trimmed += r["trimmed"]
+            out.reused += r["reused"]
             for key, value in r["timings"].items():
                 out.task_seconds[key] = out.task_seconds.get(key, 0.0) + value
+            out.busiest_task = max(out.busiest_task, sum(r["timings"].values()))
+        out.driver_seconds = {"spark": max(0.0, collected - started - out.busiest_task),
+                              "checkpoint": saved - collected}
         return out
+
+    def _failed_attempts(self, group: str) -> int:
+        """Task attempts of the batch's Spark job that failed and were retried (the executor logs
+        that would say so are silenced)."""
+        tracker = self.context.statusTracker()
+        failed = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job_id)
+            for stage_id in info.stageIds if info is not None else []:
+                stage = tracker.getStageInfo(stage_id)
+                failed += stage.numFailedTasks if stage is not None else 0
+        return failed
 
     def run(self, batches: int | None = None) -> RunSummary:
         """Run until every input is consumed (or ``batches`` batches ran)."""
         summary = RunSummary()
         self.context  # start Spark before timing anything
+        self.run_id = uuid.uuid4().hex
+        partitions = range(self.job.partitions)
+        clear_requests(self.checkpoints, partitions)
+        self._create_changelogs()
         started = time.perf_counter()
         batch = 0
-        while batches is None or batch < batches:
-            plans, lag = self.plan(batch)
-            if not plans:
-                break
-            try:
-                result = self.run_batch(batch, plans)
-            except LocalStateError:
-                raise
-            except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
-                text = str(exc)
-                tail = next((line for line in reversed(text.splitlines()) if "Error" in line), text[-300:])
-                raise TaskError(f"Spark batch {batch} failed after retries: {tail.strip()[:500]}",
-                                hint="see the Python traceback above; state stays at the last committed "
-                                     "batch, fix the cause and run again") from exc
-            result.lag = lag - result.records_in
-            summary.batches.append(result)
-            if self.progress is not None:
-                rate = result.records_in / result.seconds if result.seconds else 0.0
-                extra = f" skipped {result.skipped:,}" if result.skipped else ""
-                extra += f" dead-lettered {result.dead_lettered:,}" if result.dead_lettered else ""
-                extra += f" restored {result.replayed:,} trimmed {result.trimmed:,}" if result.replayed or \
-                    result.trimmed else ""
-                self.progress(f"batch {batch}: {len(plans)} task(s), in {result.records_in:,} out "
-                              f"{result.records_out:,} in {result.seconds:.2f}s ({rate:,.0f} rec/s), lag "
-                              f"{result.lag:,}{extra}")
-            batch += 1
+        try:
+            while batches is None or batch < batches:
+                planning = time.perf_counter()
+                plans, lag = self.plan(batch)
+                planned = time.perf_counter()
+                if not plans:
+                    break
+                try:
+                    result = self.run_batch(batch, plans)
+                except LocalStateError:
+                    raise
+                except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
+                    text = str(exc)
+                    tail = next((line for line in reversed(text.splitlines()) if "Error" in line), text[-300:])
+                    raise TaskError(f"Spark batch {batch} failed after retries: {tail.strip()[:500]}",
+                                    hint="see the Python traceback above; state stays at the last committed "
+                                         "batch, fix the cause and run again") from exc
+                result.driver_seconds["plan"] = planned - planning
+                result.seconds += planned - planning
+                result.lag = lag - result.records_in
+                summary.batches.append(result)
+                if self.progress is not None:
+                    self.progress(_progress_line(result, len(plans)))
+                batch += 1
+        finally:
+            if self.keep_open:
+                releasing = time.perf_counter()
+                release_partitions(self.checkpoints, partitions)
+                shutil.rmtree(self._claims, ignore_errors=True)
+                summary.release_seconds = time.perf_counter() - releasing
         summary.seconds = time.perf_counter() - started
         return summary
 
+
+def _progress_line(result: BatchResult, tasks: int) -> str:
+    rate = result.records_in / result.seconds if result.seconds else 0.0
+    extra = f" skipped {result.skipped:,}" if result.skipped else ""
+    extra += f" dead-lettered {result.dead_lettered:,}" if result.dead_lettered else ""
+    extra += f" restored {result.replayed:,} trimmed {result.trimmed:,}" if result.replayed or result.trimmed else ""
+    extra += f" ({result.failed_attempts} failed task attempt(s) retried)" if result.failed_attempts else ""
+    return (f"batch {result.batch}: {tasks} task(s), in {result.records_in:,} out {result.records_out:,} in "
+            f"{result.seconds:.2f}s ({rate:,.0f} rec/s), lag {result.lag:,}{extra}")

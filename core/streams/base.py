@@ -90,6 +90,10 @@ class OutputStream(ABC):
 
     system: ClassVar[str]
     options: ClassVar[Mapping[str, Option]] = {}
+    exactly_once: ClassVar[bool] = True
+    """Whether :meth:`truncate` really drops records written after a checkpoint (exactly-once
+    outputs). False (Kafka): outputs are at-least-once across a crash between their flush and the
+    checkpoint; state stays exactly-once either way."""
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         self.job = job

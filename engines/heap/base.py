@@ -1,65 +1,223 @@
-"""What both heap engines share: the inner key-value store that gives them local persistence,
-changelog coalescing and atomic offsets, plus closed-store and serde error handling."""
+"""What both heap engines share: local persistence on a key-value backend of the kv engine
+(RocksDB, LMDB or memory), the changelog protocol at flush, bulk restore, and error helpers.
+
+The heap engines are their own logged store: the in-memory structure (a ``SortedList`` plus dicts) is
+the truth between two flushes, and :meth:`HeapEngineBase._commit` hands the changelog and the backend
+only the changes coalesced since the previous flush, with the kv engine's protocol:
+
+1. append one record per changed key to the changelog and flush it (end offset ``n``);
+2. write the same changes *and* ``n`` to the backend in one atomic write.
+
+So local state never runs ahead of the changelog, and ``local_offset()`` is the offset of the last
+completed flush: a reopen with current local state needs no replay.
+
+**Local layout.** The heap never reads single entries back (everything it needs is in memory), so
+local state is not one backend row per item: each flush writes its whole change set as *one* row, a
+*segment* (key ``heap-seg:`` + 8-byte big-endian sequence number, value the ``marshal``-encoded list
+of ``(key, value | None)`` pairs — the changelog records themselves). Opening replays the segments in
+order (last value per key wins). When the segments hold more than ``4 x live entries + 65,536`` pairs,
+the next flush replaces them all by a snapshot of the live entries in the same atomic write, so space
+and reopen time stay proportional to the heap. This costs about one ``marshal`` call per flush instead
+of one backend write per changed item. A layout this version does not know (another format, another
+``marshal`` version, undecodable rows) is discarded with a warning and rebuilt from the changelog.
+A non-persistent backend (``memory``) is never written at all.
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-from typing import Any, Iterable, Iterator, NoReturn
+import marshal
+import struct
+from typing import Any, Callable, Iterable, NoReturn
 
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StoreContext
-from localstate.core.serdes import BytesSerde
-from localstate.errors import InvalidValueError, LocalStateError, RestoreError, SerdeError, StoreClosedError
+from localstate.core.serdes import Serde, StringSerde
+from localstate.engines.kv.engine import META_OFFSET
+from localstate.errors import (InvalidValueError, LateEventError, LocalStateError, RestoreError, SerdeError,
+                               StoreClosedError)
 
-__all__ = ["HeapEngineBase", "LateEventError"]
+__all__ = ["HeapEngineBase", "LateEventError", "fast_codec", "SEGMENT_PREFIX", "LOCAL_FORMAT"]
 
 log = logging.getLogger(__name__)
 
+_U64 = struct.Struct(">Q")  # also the encoding of META_OFFSET's value, as the kv engine writes it
+SEGMENT_PREFIX = b"heap-seg:"
+META_FORMAT = b"heap_format"
+LOCAL_FORMAT = b"heap-segments/1 marshal/%d" % marshal.version
+"""Local layout version; the meta value written with every flush is this plus the mode (``topn`` or
+``reorder``). Local state with another value is discarded (rebuilt from the changelog)."""
+_SNAPSHOT_CHUNK = 65_536  # pairs per snapshot segment (keeps single backend values moderate)
+_COMPACT_SLACK = 65_536
 
-class LateEventError(InvalidValueError):
-    """A reorder buffer received an event older than its watermark and ``late_policy = "error"``."""
+
+def fast_codec(serde: Serde) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    """``(serialize, deserialize)`` for the hot path. For the built-in string serde these are
+    ``str.encode`` / ``bytes.decode`` (no Python frame); they raise TypeError or UnicodeError where the
+    serde raises SerdeError, so callers retry through the serde to get the proper error."""
+    if type(serde) is StringSerde:
+        return str.encode, bytes.decode
+    return serde.serialize, serde.deserialize
 
 
 class HeapEngineBase(StorageEngine):
-    """Composes an inner :class:`~localstate.engines.kv.KeyValueEngine` (bytes keys and values) on the
-    same directory and changelog. Subclasses keep their in-memory order, put changed entries into the
-    inner store at :meth:`flush`, and rebuild the order from it on open and from records on restore."""
+    """Opens the backend chosen by ``backend`` (options of the ``kv`` table apply to it) under the
+    store's directory, and implements local offsets, flush, restore and close around the subclass's
+    in-memory structure. Subclasses load themselves from :meth:`_local_rows` and provide
+    :meth:`_snapshot` (their live rows) for segment compaction."""
+
+    mode: str = ""
+    """``topn`` or ``reorder``: part of the local format, so a store whose mode changed is rebuilt."""
 
     def __init__(self, context: StoreContext) -> None:
         super().__init__(context)
         from localstate.engines.heap.factory import inner_kv_options
-        from localstate.engines.kv import KeyValueEngineFactory  # lazy: kv is a sibling plugin
+        from localstate.engines.kv.backends import open_backend  # lazy: kv is a sibling plugin
 
-        inner = replace(context, options=inner_kv_options(context.store, context.options),
-                        key_serde=BytesSerde(), value_serde=BytesSerde())
-        self._kv = KeyValueEngineFactory().create(inner)
+        options = inner_kv_options(context.store, context.options)
+        self._backend = open_backend(options["backend"], context.directory, options, store=context.store,
+                                     partition=context.partition)
+        self._persistent: bool = self._backend.persistent
+        self._restore_batch = int(options.get("restore_batch_size") or 10_000)
+        self._changelog = context.changelog
         self._closed = False
-        self._kser = context.key_serde.serialize
-        self._kdes = context.key_serde.deserialize
-        self._vser = context.value_serde.serialize
-        self._vdes = context.value_serde.deserialize
+        self._kser, self._kdes = fast_codec(context.key_serde)
+        self._vser, self._vdes = fast_codec(context.value_serde)
+        self._first_segment = 0  # segments [first, next) hold local state
+        self._next_segment = 0
+        self._segment_pairs = 0  # pairs stored in them (compaction trigger)
+        self._format = LOCAL_FORMAT + b" " + self.mode.encode()
+        self._offset = self._read_offset()
+        if self._persistent:
+            fmt = self._backend.get_meta(META_FORMAT)
+            if fmt != self._format and (fmt is not None or self._offset is not None or self._has_rows()):
+                self._discard_local(f"local heap state has format {fmt!r}, this store reads {self._format!r}")
+            elif self._offset is None and self._has_rows():
+                # Rows without a recorded offset: unusable, the runtime rebuilds from offset 0.
+                self._discard_local("local heap data has no valid offset")
 
     # -- contract ------------------------------------------------------------------------------
     def local_offset(self) -> int | None:
         self._check_open()
-        return self._kv.local_offset()
+        return self._offset
 
     def close(self) -> None:
+        """Release the backend and the in-memory structure. Unflushed changes are discarded. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._kv.close()
+        self._backend.close()
         self._drop_memory()
 
     def _drop_memory(self) -> None:
-        """Release the in-memory order (subclasses)."""
+        """Release the in-memory structure (subclasses)."""
 
-    def _restore_into_kv(self, records: Iterable[ChangelogRecord], tap: Iterator[ChangelogRecord]) -> None:
-        """Feed ``tap`` (a generator passing ``records`` through the in-memory update) to the inner
-        store's bulk restore, and make sure every record went through the tap."""
+    def _snapshot(self) -> list[tuple[bytes, bytes]]:
+        """Every live row ``(key, value)`` as the changelog would hold it after a compaction."""
+        raise NotImplementedError
+
+    def _live_count(self) -> int:
+        """Number of live rows (compaction trigger)."""
+        raise NotImplementedError
+
+    # -- local state -----------------------------------------------------------------------------
+    def _read_offset(self) -> int | None:
+        raw = self._backend.get_meta(META_OFFSET)
+        if raw is None:
+            return None
+        if len(raw) != _U64.size:
+            log.warning("store %s partition %d: unreadable local offset %r", self.context.store,
+                        self.context.partition, raw)
+            return None
+        return _U64.unpack(raw)[0]
+
+    def _has_rows(self) -> bool:
+        with self._backend.iterate(None, None) as rows:
+            return next(rows, None) is not None
+
+    def _discard_local(self, reason: str) -> None:
+        log.warning("store %s partition %d: %s; discarding it (it is rebuilt from the changelog)",
+                    self.context.store, self.context.partition, reason)
+        self._backend.clear()
+        self._offset = None
+        self._first_segment = self._next_segment = self._segment_pairs = 0
+
+    def _local_rows(self) -> dict[bytes, bytes]:
+        """Local state as ``key -> value``: the segments replayed in order, tombstones dropped.
+        Undecodable local state is discarded (empty result, no local offset)."""
+        rows: dict[bytes, bytes | None] = {}
+        if not self._persistent or self._offset is None:
+            return {}
+        first = None
         try:
-            self._kv.restore(tap)
+            with self._backend.iterate(None, None) as segments:
+                for key, blob in segments:
+                    if len(key) != len(SEGMENT_PREFIX) + 8 or not key.startswith(SEGMENT_PREFIX):
+                        raise ValueError(f"unexpected local key {key[:32]!r}")
+                    pairs = marshal.loads(blob)
+                    if type(pairs) is not list:
+                        raise ValueError(f"segment {key!r} holds a {type(pairs).__name__}, not a list")
+                    rows.update(pairs)
+                    self._segment_pairs += len(pairs)
+                    number = _U64.unpack_from(key, len(SEGMENT_PREFIX))[0]
+                    first = number if first is None else first
+                    self._next_segment = number + 1
+        except (ValueError, EOFError, TypeError) as exc:
+            self._discard_local(f"undecodable local heap state ({exc})")
+            return {}
+        self._first_segment = first or 0
+        if None in rows.values():
+            return {key: value for key, value in rows.items() if value is not None}
+        return rows  # type: ignore[return-value]
+
+    def _segment(self, pairs: list[tuple[bytes, bytes | None]]) -> tuple[bytes, bytes]:
+        """A new segment row holding ``pairs``."""
+        key = SEGMENT_PREFIX + _U64.pack(self._next_segment)
+        self._next_segment += 1
+        self._segment_pairs += len(pairs)
+        return key, marshal.dumps(pairs)
+
+    def _compaction(self) -> list[tuple[bytes, bytes | None]]:
+        """Backend writes replacing every segment by a snapshot of the live rows."""
+        writes: list[tuple[bytes, bytes | None]] = [
+            (SEGMENT_PREFIX + _U64.pack(number), None) for number in range(self._first_segment, self._next_segment)]
+        self._first_segment, self._segment_pairs = self._next_segment, 0
+        rows = self._snapshot()
+        for start in range(0, len(rows), _SNAPSHOT_CHUNK):
+            writes.append(self._segment(rows[start:start + _SNAPSHOT_CHUNK]))
+        return writes
+
+    def _commit(self, items: list[tuple[bytes, bytes | None]]) -> None:
+        """Log ``items`` (one record per changed key; None deletes), flush the changelog, then write
+        them as one segment (or a compaction) and the new end offset to the backend atomically."""
+        if items:
+            self._changelog.append_many(items)
+        end = self._changelog.flush()
+        if self._persistent:
+            if self._segment_pairs + len(items) > 4 * self._live_count() + _COMPACT_SLACK:
+                writes = self._compaction()
+            else:
+                writes = [self._segment(items)] if items else []
+            self._backend.write(writes, {META_OFFSET: _U64.pack(end), META_FORMAT: self._format})
+        self._offset = end
+
+    def _restore_records(self, records: Iterable[ChangelogRecord],
+                         apply: Callable[[ChangelogRecord], None]) -> None:
+        """Call ``apply`` (the in-memory update) on each record and write the records to the backend,
+        one segment per ``restore_batch_size`` records. Not re-logged; the local offset is untouched
+        (recovery flushes afterwards, which records it)."""
+        pairs: list[tuple[bytes, bytes | None]] = []
+        size, persistent = self._restore_batch, self._persistent
+        try:
+            for record in records:
+                apply(record)
+                if persistent:
+                    pairs.append((record.key, record.value))
+                    if len(pairs) >= size:
+                        self._backend.write([self._segment(pairs)], {META_FORMAT: self._format})
+                        pairs = []
+            if pairs:
+                self._backend.write([self._segment(pairs)], {META_FORMAT: self._format})
         except LocalStateError:
             raise
         except Exception as exc:  # a backend failure mid-restore
@@ -67,8 +225,6 @@ class HeapEngineBase(StorageEngine):
                                store=self.context.store, partition=self.context.partition,
                                hint="delete the store partition's local directory and restart to rebuild "
                                     "it from the changelog") from exc
-        for _ in tap:  # the inner store stopped early (it must not); keep memory consistent anyway
-            pass
 
     # -- helpers -------------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -81,6 +237,14 @@ class HeapEngineBase(StorageEngine):
         return SerdeError(f"store {self.context.store!r}: cannot use this {what}: {exc.message}",
                           hint=exc.hint or f"check the store's {what} serde", store=self.context.store,
                           partition=self.context.partition)
+
+    def _slow(self, serde_call: Callable[[Any], Any], value: Any, what: str) -> Any:
+        """Run the serde itself after a fast-path failure: it raises a SerdeError, which is reported
+        with the store and partition (or, for odd inputs the fast path refused, it succeeds)."""
+        try:
+            return serde_call(value)
+        except SerdeError as exc:
+            raise self._serde_error(exc, what) from None
 
     def _corrupt(self, record: ChangelogRecord | None, reason: str) -> NoReturn:
         raise RestoreError(

@@ -22,6 +22,7 @@ __all__ = [
     "encode_ts",
     "decode_ts",
     "event_key",
+    "decode_event_stamps",
     "EVENT_KEY_LEN",
     "META_KEY",
     "encode_meta",
@@ -34,6 +35,7 @@ SCORE_HEADER = struct.Struct(">dB")
 _U64 = struct.Struct(">Q")
 _F64 = struct.Struct(">d")
 _META = struct.Struct(">Qdd")
+_EVENT_KEY = struct.Struct(">QQ")
 _SIGN = 1 << 63
 _ALL = (1 << 64) - 1
 
@@ -80,9 +82,18 @@ def decode_ts(data: bytes) -> float:
     return _F64.unpack(_U64.pack(bits ^ _SIGN if bits & _SIGN else bits ^ _ALL))[0]
 
 
+def decode_event_stamps(keys: list[bytes]) -> list[float]:
+    """:func:`decode_ts` of many 16-byte event keys at once (a few C calls instead of three per key)."""
+    count = len(keys)
+    bits = [b ^ _SIGN if b & _SIGN else b ^ _ALL for b, _ in _EVENT_KEY.iter_unpack(b"".join(keys))]
+    return list(struct.unpack(f">{count}d", struct.pack(f">{count}Q", *bits)))
+
+
 def event_key(ts: float, seq: int) -> bytes:
-    """Key of one buffered event: sorts by timestamp, then by arrival (sequence number)."""
-    return encode_ts(ts) + _U64.pack(seq)
+    """Key of one buffered event: sorts by timestamp, then by arrival (sequence number).
+    Equal to ``encode_ts(ts) + seq as u64``, packed in one call (it is on the push hot path)."""
+    bits = _U64.unpack(_F64.pack(ts))[0]
+    return _EVENT_KEY.pack(bits ^ _ALL if bits & _SIGN else bits | _SIGN, seq)
 
 
 def encode_meta(next_seq: int, watermark: float, max_ts: float) -> bytes:

@@ -35,12 +35,13 @@ def max_lateness_of(options: Mapping[str, Any]) -> float | None:
 
 
 def inner_kv_options(store: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validated options of the inner key-value store (``backend`` plus the ``kv`` table)."""
+    """Validated kv-engine options for the heap's backend (``backend`` plus the ``kv`` table), so a
+    heap store accepts and checks exactly what a kv store would. The heap uses the backend options
+    (RocksDB/LMDB tuning, ``restore_batch_size``); it has no object cache and writes only at flush(),
+    so ``cache_size`` and ``write_batch_size`` are accepted but unused (defaults: 0 and unlimited)."""
     from localstate.engines.kv import KeyValueEngineFactory
 
     kv = KeyValueEngineFactory()
-    # The heap never reads through the inner store after open (no object cache needed) and hands it
-    # all changes at flush() time (a spill would only add changelog fsyncs), hence these defaults.
     raw = {"backend": options.get("backend", "rocksdb"), "cache_size": 0, "write_batch_size": 1 << 30,
            **dict(options.get("kv") or {})}
     validated = validate_options(kv.options, raw, f"stores.{store}.kv")
@@ -58,7 +59,7 @@ class HeapEngineFactory(StorageEngineFactory):
     :class:`~localstate.engines.heap.ReorderBufferEngine` (``mode = "reorder"``)."""
 
     description: ClassVar[str] = ("running top-N (ranked items with scores, optional capacity) and bounded "
-                                  "sort (reorder buffer released by watermark), persisted through a kv store")
+                                  "sort (reorder buffer released by watermark), persisted on a kv backend")
     options: ClassVar[Mapping[str, Option]] = {
         "mode": Option(str, "topn", "topn: ranked items; reorder: bounded sort by timestamp",
                        choices=("topn", "reorder")),
@@ -71,9 +72,10 @@ class HeapEngineFactory(StorageEngineFactory):
                                  choices=tuple(_UNITS)),
         "late_policy": Option(str, "error", "reorder: what to do with events older than the watermark",
                               choices=("error", "drop", "side_output")),
-        "backend": Option(str, "rocksdb", "local persistence of the inner kv store (memory persists nothing)",
+        "backend": Option(str, "rocksdb", "local persistence: a kv engine backend (memory persists nothing)",
                           choices=("rocksdb", "lmdb", "memory")),
-        "kv": Option(dict, None, "extra options of the inner kv store (cache_size, write_batch_size, ...)"),
+        "kv": Option(dict, None, "kv-engine options for the backend (block_cache_size, compression, "
+                                 "rocksdb = {...}, map_size, restore_batch_size, ...)"),
     }
 
     def check_options(self, store: str, options: dict[str, Any]) -> None:

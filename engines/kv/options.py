@@ -22,15 +22,17 @@ KV_OPTIONS: dict[str, Option] = {
                       choices=BACKENDS),
     "cache_size": Option(int, 10_000, "entries in the LRU object cache; 0 disables caching of read objects",
                          minimum=0),
-    "write_batch_size": Option(int, 500, "pending changed keys that trigger a spill (changelog flush, then "
-                               "backend write) before the next commit", minimum=1),
+    "write_batch_size": Option(int, 10_000, "pending changed keys that trigger a spill (changelog flush, "
+                               "then backend write) before the next commit; each spill costs a changelog "
+                               "fsync; a pending key holds its serialized key and value (+ ~150 bytes)", minimum=1),
     "restore_batch_size": Option(int, 10_000, "records per atomic batch when restoring", minimum=1),
     # RocksDB
     "block_cache_size": Option((int, str), "64MB", "RocksDB block cache (e.g. '64MB')", parse=_size),
-    "write_buffer_size": Option((int, str), "64MB", "RocksDB memtable size (e.g. '64MB')", parse=_size),
+    "write_buffer_size": Option((int, str), "16MB", "RocksDB memtable size (e.g. '16MB'); larger memtables "
+                                "make every insert slower (a deeper skiplist)", parse=_size),
     "compression": Option(str, "lz4", "RocksDB compression", choices=COMPRESSIONS),
-    "bloom_bits": Option(int, 10, "RocksDB bloom filter bits per key; 0 disables the filter",
-                         minimum=0, maximum=64),
+    "bloom_bits": Option(int, 10, "RocksDB bloom filter bits per key in table files, also enabling a "
+                         "whole-key bloom filter on the memtable; 0 disables both", minimum=0, maximum=64),
     "rocksdb": Option(dict, {}, "extra RocksDB options passed to rocksdict.Options setters "
                       "(see ROCKSDB_PASSTHROUGH)"),
     # LMDB
@@ -85,6 +87,8 @@ ROCKSDB_PASSTHROUGH: dict[str, Callable[[Any], Any]] = {
     "disable_auto_compactions": _bool,
     "level_compaction_dynamic_level_bytes": _bool,
     "optimize_filters_for_hits": _bool,
+    "memtable_prefix_bloom_ratio": _float,
+    "memtable_whole_key_filtering": _bool,
     "advise_random_on_open": _bool,
     "use_direct_reads": _bool,
     "use_direct_io_for_flush_and_compaction": _bool,

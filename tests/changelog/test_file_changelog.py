@@ -204,7 +204,9 @@ def test_partition_usable_directly(tmp_path: Path) -> None:
 def test_sparse_index_seeks_match_full_scans(system: FileChangelogSystem,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from localstate.changelog.file import partition as partition_module
-    monkeypatch.setattr(partition_module, "_CHUNK", 97)   # many chunks -> many index marks
+    monkeypatch.setattr(partition_module, "_CHUNK", 97)   # many chunks: records split across reads
+    monkeypatch.setattr(partition_module, "_BATCH_BYTES", 50)
+    monkeypatch.setattr(partition_module, "_MARK_BYTES", 50)  # many remembered positions
     part = system.partition("s", 0)
     items = [(b"k%d" % (i % 17), None if i % 11 == 0 else b"v" * (i % 70)) for i in range(400)]
     part.append_many(items)
@@ -216,7 +218,7 @@ def test_sparse_index_seeks_match_full_scans(system: FileChangelogSystem,
         for _ in range(2):                                  # second round uses the index
             assert list(reader.read(start)) == full[start:]
             assert list(reader.read(start, start + 9)) == full[start:start + 9]
-    assert len(reader._sparse[0][1]) > 50
+    assert len(reader._marks[0]) > 50
     part.close()
     # a compacted segment is a new file: old marks must not be used for it
     system2 = FileChangelogSystem({"fsync": False, "segment_bytes": 2000}, system.state_dir / "two")
@@ -245,3 +247,23 @@ def test_reader_end_offset_tracks_appends(small: FileChangelogSystem) -> None:
     writer.append(b"k", b"unflushed")
     assert reader.end_offset() == 39
     writer.close()
+
+
+def test_read_batches_match_read(small: FileChangelogSystem, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localstate.changelog.file import partition as partition_module
+    from localstate.changelog.memory import MemoryChangelogPartition
+
+    monkeypatch.setattr(partition_module, "_BATCH_BYTES", 100)   # several batches per segment
+    part = small.partition("s", 0)
+    memory = MemoryChangelogPartition("s", 0)
+    items = [(b"k%d" % (i % 13), None if i % 7 == 0 else b"v" * (i % 50)) for i in range(300)]
+    for log in (part, memory):
+        log.append_many(items)
+        log.flush()
+    for log in (part, memory, small.reader("s", 0)):   # file override, file reader, core default
+        for start, end in ((0, None), (17, 250), (299, 300), (300, None)):
+            batches = list(log.read_batches(start, end))
+            assert all(isinstance(batch, list) and batch for batch in batches)
+            assert [r for batch in batches for r in batch] == list(log.read(start, end))
+    assert len(list(part.read_batches())) > 10
+    part.close()

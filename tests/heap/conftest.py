@@ -1,5 +1,5 @@
-"""Fixtures for heap engine tests: open a heap store partition on a real inner kv backend and a
-memory changelog, without the runtime."""
+"""Fixtures for heap engine tests: open a heap store partition on a real kv backend and a memory
+changelog, without the runtime; and a shared local SparkContext for the Spark examples."""
 
 from __future__ import annotations
 
@@ -64,3 +64,13 @@ def opener() -> Callable[..., Any]:
 @pytest.fixture
 def compact() -> Callable[[list[ChangelogRecord]], list[ChangelogRecord]]:
     return compacted
+
+
+@pytest.fixture(scope="session")
+def spark_context():
+    """One local SparkContext for the session (get-or-create: shared with tests/spark when both run)."""
+    from localstate.core.spark.runner import spark_context as make_context
+
+    context = make_context("local[2]", "localstate-tests")
+    yield context
+    context.stop()

@@ -100,6 +100,30 @@ def test_late_policies(heap_dirs, opener, changelog, policy) -> None:
     buf.close()
 
 
+def test_late_event_error_carries_lateness_and_survives_pickling(heap_dirs, opener, changelog) -> None:
+    """The typed error of ``late_policy = "error"`` (localstate.errors.LateEventError) names the event
+    timestamp, the watermark and max_lateness, with a hint; Spark pickles task errors to the driver."""
+    import pickle
+
+    from localstate import errors
+
+    buf = opener(heap_dirs(), changelog, mode="reorder", store="logs", backend="memory", max_lateness="2s",
+                 timestamp_unit="ms")
+    buf.push("new", 10_000)
+    with pytest.raises(errors.LateEventError) as info:
+        buf.push("old", 7_999)
+    error = info.value
+    assert LateEventError is errors.LateEventError and isinstance(error, errors.InvalidValueError)
+    assert (error.timestamp, error.watermark, error.max_lateness) == (7_999, 8_000.0, 2_000.0)
+    assert error.context["store"] == "logs" and error.context["max_lateness"] == 2_000.0
+    assert "max_lateness" in error.hint and "side_output" in error.hint
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is errors.LateEventError and (copy.timestamp, copy.watermark) == (7_999, 8_000.0)
+    assert str(copy) == str(error)
+    assert len(buf) == 1 and buf.push("at the watermark", 8_000) is True  # not late: released in order
+    buf.close()
+
+
 def test_options_are_validated_at_their_config_path() -> None:
     factory = HeapEngineFactory()
     cases = {

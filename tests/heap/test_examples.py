@@ -1,4 +1,5 @@
-"""The plain-Python heap examples run and check their own results (ordering, crash equivalence)."""
+"""The plain-Python heap examples (examples/heap/direct: the engine driven without the runtime) run
+and check their own results (ordering, crash equivalence)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "heap"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "heap" / "direct"
 
 
 @pytest.mark.parametrize("name", ["trending_pages.py", "merge_logs.py"])

@@ -61,6 +61,7 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("drain_until"), timestamps),
     st.tuples(st.just("drain")),
     st.tuples(st.just("flush")),
+    st.tuples(st.just("peek")),  # reads the order between pushes (pushes are placed lazily)
 ), max_size=60)
 
 
@@ -92,6 +93,9 @@ def test_reorder_matches_model_and_restores(heap_dirs, opener, compact, ops, max
             out = pairs(buf.drain())
             assert out == (model.drain_until(model.watermark) if model.max_ts != float("-inf") else [])
             released += out
+        elif op[0] == "peek":
+            head = buf.peek()
+            assert (None if head is None else (head.timestamp, head.event)) == next(iter(model.content()), None)
         else:
             buf.flush()
         assert len(buf) == len(model.buffer)

@@ -59,6 +59,8 @@ operations = st.lists(st.one_of(
     st.tuples(st.just("pop")),
     st.tuples(st.just("pop_worst")),
     st.tuples(st.just("flush")),
+    st.tuples(st.just("top"), st.integers(0, 3)),  # reads of the order between pushes (pushes are
+    st.tuples(st.just("rank"), items),             # placed lazily, at the next read)
 ), max_size=60)
 
 
@@ -86,6 +88,11 @@ def test_topn_matches_model_and_restores(heap_dirs, opener, compact, ops, order,
             assert as_tuple(heap.pop()) == model.pop()
         elif name == "pop_worst":
             assert as_tuple(heap.pop_worst()) == model.pop(worst=True)
+        elif name == "top":
+            assert [as_tuple(e) for e in heap.top(op[1])] == model.ordered()[:op[1]]
+        elif name == "rank":
+            names = [entry[0] for entry in model.ordered()]
+            assert heap.rank(op[1]) == (names.index(op[1]) if op[1] in names else None)
         else:
             heap.flush()
         assert len(heap) == len(model.entries)
@@ -146,3 +153,28 @@ def test_tail_replay_on_large_heap_uses_incremental_path(heap_dirs, opener, ops)
     assert [as_tuple(e) for e in restored] == model.ordered()
     assert restored.rank(model.ordered()[0][0]) == 0
     restored.close()
+
+
+def test_restore_over_unplaced_items_keeps_the_order(heap_dirs, opener) -> None:
+    """Items pushed but not yet placed in the order (no read since) stay consistent when a restore
+    touches them: the restored value wins for the keys it names, the other pending changes stay."""
+    changelog = MemoryChangelogPartition()
+    heap = opener(heap_dirs(), changelog, backend="memory")
+    model = Model("max", None)
+    for i in range(100):
+        heap.push(f"i{i:03d}", i % 9)
+        model.push(f"i{i:03d}", i % 9, None)
+    heap.flush()
+    records = list(changelog.read())
+    assert heap.top(1)  # everything placed
+    for i in range(0, 100, 10):  # placed items moved to "unplaced" by an update, and new unplaced items
+        heap.push(f"i{i:03d}", 50 + i)
+        model.push(f"i{i:03d}", 50 + i, None)
+        heap.push(f"new{i}", -i)
+        model.push(f"new{i}", -i, None)
+    tail = [record for record in records if record.key in (b"i010", b"i011", b"new")]
+    heap.restore(tail)  # i010 (unplaced) goes back to its flushed score, i011 (placed) is rewritten
+    model.push("i010", 10 % 9, None)
+    assert [as_tuple(e) for e in heap] == model.ordered()
+    assert heap.rank("i090") == 0 and heap.rank("new90") == len(model.entries) - 1
+    heap.close()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import enum
+
 import pytest
 
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, StringSerde
-from localstate.engines.kv import KeyValueEngineFactory
+from localstate.engines.kv import KeyValueEngine, KeyValueEngineFactory
+from localstate.engines.kv.codecs import FAST_ERRORS, fast_codec
 from localstate.errors import ConfigError, InvalidValueError, SerdeError, StoreClosedError
 
 
@@ -229,3 +232,86 @@ def test_lmdb_map_grows_while_an_iterator_is_open(opener, backend) -> None:
     assert kv.backend.grows >= 3
     rest = list(it)
     assert rest == [(b"a%03d" % i, b"old") for i in range(1, 100)]
+
+
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+@pytest.mark.parametrize("value", [0, 1, -1, 2**63 - 1, -2**63, _Level.HIGH, 2**63, -2**63 - 1, True, 1.0, "1"])
+def test_int_fast_codec_matches_serde(value) -> None:
+    """The engine's builtin-speed int codec gives the serde's bytes, or refuses what the serde refuses."""
+    serialize, deserialize = fast_codec(IntSerde())
+    try:
+        expected = IntSerde().serialize(value)
+    except SerdeError:
+        with pytest.raises(FAST_ERRORS):
+            serialize(value)
+        return
+    try:
+        data = serialize(value)
+    except FAST_ERRORS:
+        assert type(value) is not int   # only subclasses (IntEnum) may take the serde's path
+        return
+    assert data == expected and deserialize(data) == IntSerde().deserialize(data) == value
+
+
+def test_fast_path_matches_reference_methods(opener, backend) -> None:
+    """The per-instance get/put closures behave exactly like the class's reference methods: same
+    bytes pending, same errors, same reads (from the cache, pending writes and the backend)."""
+    kv = opener(StringSerde(), IntSerde(), cache_size=4, write_batch_size=1000)
+    cases = [("a", 0), ("b", -5), ("c", 2**63 - 1), ("d", _Level.HIGH), ("e", 2**63), ("f", True),
+             ("g", 1.5), ("h", None), (5, 1), ("\ud800", 1), ("x" * 600, 1), ("", 2)]
+
+    def outcome(call) -> object:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - comparing outcomes
+            return type(exc)
+        return "ok"
+
+    for key, value in cases:
+        fast = outcome(lambda: kv.put(key, value))
+        fast_pending = dict(kv._dirty)
+        kv._dirty.clear()
+        reference = outcome(lambda: KeyValueEngine.put(kv, key, value))
+        assert (key, fast) == (key, reference)
+        assert fast_pending == kv._dirty
+        kv.flush()
+    for cache_cleared in (True, False):
+        for key, _ in cases:
+            if cache_cleared:
+                kv._cache.clear()
+            assert outcome(lambda: kv.get(key)) == outcome(lambda: KeyValueEngine.get(kv, key))
+            if outcome(lambda: kv.get(key)) == "ok":
+                assert kv.get(key) == KeyValueEngine.get(kv, key)
+
+
+def test_reads_see_every_write_path(opener, backend) -> None:
+    """Backend reads (cache off) see commits, spills and restores: LMDB's shared read transaction
+    is renewed by every write."""
+    from localstate.core.changelog import ChangelogRecord
+    kv = opener(StringSerde(), IntSerde(), cache_size=0, write_batch_size=2)
+    kv.put("a", 1)
+    kv.flush()
+    assert kv.get("a") == 1
+    kv.put("a", 2)
+    assert kv.get("a") == 2                      # pending
+    kv.flush()
+    assert kv.get("a") == 2                      # backend
+    kv.put_all({"a": 3, "b": 3, "c": 3})         # the third pending key spills
+    assert kv.spills == 1 and kv.get("a") == 3 and kv.get("c") == 3
+    kv.restore([ChangelogRecord(b"a", IntSerde().serialize(4), 9), ChangelogRecord(b"b", None, 10)])
+    assert kv.get("a") == 4 and kv.get("b") is None and kv.get_all(["a", "b", "c"]) == {"a": 4, "c": 3}
+    kv.delete("c")
+    kv.flush()
+    assert kv.get("c") is None and dict(kv.all()) == {"a": 4}
+
+
+def test_int_value_decode_error(opener) -> None:
+    from localstate.core.changelog import ChangelogRecord
+    kv = opener(StringSerde(), IntSerde())
+    kv.restore([ChangelogRecord(b"k", b"\x01\x02\x03", 0)])   # not 8 bytes
+    with pytest.raises(SerdeError) as info:
+        kv.get("k")
+    assert info.value.context == {"store": "teststore", "partition": 0}

@@ -78,6 +78,7 @@ def test_demo_pipeline_with_worker_sigkill_is_exact(tmp_path, spark_context):
                     context=spark_context, out=lines.append) == 0, "\n".join(lines)
     assert (tmp_path / "killed-once").exists()
     assert any("verification: OK" in line for line in lines)
+    assert any("1 failed task attempt(s) retried" in line for line in lines), "\n".join(lines)
 
 
 def _bad_input_job(tmp_path: Path, on_error: str) -> Path:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from abc import ABC, abstractmethod
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -68,19 +68,22 @@ class KVBackend(ABC):
         ``after`` in iteration order (``after`` None: from the first), ascending or descending."""
 
     # -- writes --------------------------------------------------------------------------------
-    def write(self, items: Sequence[Item], meta: Mapping[bytes, bytes] | None = None) -> None:
-        """Apply puts/deletes and metadata atomically."""
+    def write(self, items: Collection[Item], meta: Mapping[bytes, bytes] | None = None, *,
+              deletes: bool = True) -> None:
+        """Apply puts/deletes and metadata atomically. ``items`` may be any re-iterable collection
+        (a list, a dict's ``items()``); ``deletes=False`` promises that no value is None, which lets
+        a backend take a bulk-put path."""
         if self.closed:
             raise StoreClosedError(f"{self.name} backend is closed")
         if self._iterators and items:
             self._preserve(items)
-        self._write(items, meta or {})
+        self._write(items, meta or {}, deletes)
 
     @abstractmethod
-    def _write(self, items: Sequence[Item], meta: Mapping[bytes, bytes]) -> None:
-        """Backend-specific atomic write."""
+    def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
+        """Backend-specific atomic write (``deletes``: whether some value may be None)."""
 
-    def bulk_load(self, chunks: Iterable[Sequence[Item]]) -> None:
+    def bulk_load(self, chunks: Iterable[Collection[Item]]) -> None:
         """Restore path: each chunk is applied as one atomic batch (no metadata change)."""
         for chunk in chunks:
             self.write(chunk)
@@ -98,7 +101,7 @@ class KVBackend(ABC):
         self._iterators.add(iterator)
         return iterator
 
-    def _preserve(self, items: Sequence[Item]) -> None:
+    def _preserve(self, items: Collection[Item]) -> None:
         """Before a write: give every open iterator the pre-image of keys it has not passed yet."""
         live = [it for it in list(self._iterators) if not it.closed]
         if not live:

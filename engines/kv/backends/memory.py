@@ -4,7 +4,7 @@ local offset, so the runtime rebuilds it from the changelog (small, logged in-me
 from __future__ import annotations
 
 from itertools import islice
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -48,13 +48,16 @@ class MemoryBackend(KVBackend):
             keys = data.irange(lo, end, inclusive=(lo_inc, False))
         return [(k, data[k]) for k in islice(keys, limit)]
 
-    def _write(self, items: Sequence[Item], meta: Mapping[bytes, bytes]) -> None:
+    def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
         data = self._data
-        for key, value in items:
-            if value is None:
-                data.pop(key, None)
-            else:
-                data[key] = value
+        if deletes:
+            for key, value in items:
+                if value is None:
+                    data.pop(key, None)
+                else:
+                    data[key] = value
+        elif items:
+            data.update(items)
         self._meta.update(meta)
 
     def clear(self) -> None:

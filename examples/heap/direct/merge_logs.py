@@ -1,7 +1,7 @@
 """Merge out-of-order logs into one totally ordered log with a changelog-backed reorder buffer
 (``engine = "heap"``, ``mode = "reorder"``), driven directly (no runtime, no Spark).
 
-    python examples/heap/merge_logs.py [STATE_DIR]
+    python examples/heap/direct/merge_logs.py [STATE_DIR]
 
 Three servers ship log lines whose timestamps (epoch milliseconds) arrive up to 2 seconds out of
 order. The buffer releases lines once the watermark (newest timestamp - ``max_lateness``) passes

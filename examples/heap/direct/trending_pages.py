@@ -1,7 +1,7 @@
 """Trending pages: the top-N most viewed pages per one-minute window, kept in a changelog-backed
 heap store (``engine = "heap"``), driven directly (no runtime, no Spark).
 
-    python examples/heap/trending_pages.py [STATE_DIR]
+    python examples/heap/direct/trending_pages.py [STATE_DIR]
 
 Every view pushes ``page -> views so far in this window``; at the end of a window the top 3 are
 printed and the store is cleared. Each commit (``flush()``) logs one record per changed page, not

@@ -1,0 +1,366 @@
+"""Task instances kept open across micro-batches inside a Python worker.
+
+Opening a partition (lock, open every store, open the changelog writers, take a new generation)
+costs tens of milliseconds per batch, and a fresh instance starts with a cold object cache. Spark
+reuses Python workers across tasks (``spark.python.worker.reuse``, on by default), so a worker can
+keep the instance of the partition it just ran open, with its stores, changelog writers, output
+writers and caches, and use it again if the next task it gets is for the same partition.
+
+Which worker gets which partition's next task is up to Spark, so a kept instance is a *lease* that
+must be given back on demand, and validated before reuse:
+
+* **Reuse only what the driver committed.** A kept instance remembers the checkpoint it prepared.
+  It is reused only if the checkpoint on disk is exactly that one (same generation, positions and
+  changelog offsets): then the driver committed this instance's last batch and nobody touched the
+  partition since (the instance held its locks throughout). Otherwise — the batch was not committed,
+  a retried attempt, another instance took the partition — it is closed without committing and the
+  partition is reopened, which recovers it to the checkpoint. Kept instances are also keyed by the
+  run (``run_id``): nothing is reused across two runs of a job.
+* **Tasks go where the state is.** A batch's Spark tasks are interchangeable slots: each claims
+  one of the batch's partitions (:func:`claim`), preferring the one its worker keeps open, so the
+  partitions stay with their workers whatever order Spark hands the tasks to workers in.
+* **At most one kept instance per worker**: a task first gives back whatever its worker kept for
+  another partition, so two workers that swap partitions free them for each other.
+* **Give back on request.** A task (or the driver) that finds a partition locked creates
+  ``<checkpoints>/<partition>.want``; while its worker is idle, a watcher thread of the worker
+  holding that partition sees the file within milliseconds and closes the instance, releasing its
+  locks. The waiter then takes the lock (up to :data:`LOCK_TIMEOUT` seconds, after which it fails
+  with FencedError as a second live instance does). The driver does the same at the end of every
+  run, so no instance outlives ``SparkJobRunner.run()``.
+
+The watcher only looks while its worker runs no task, so it never competes with a running task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem
+from localstate.core.checkpoint import Checkpoint, CheckpointStore
+from localstate.core.config import JobConfig
+from localstate.core.recovery import StoreRecovery
+from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.streams import StreamSink
+from localstate.core.task import OutgoingMessage
+from localstate.errors import FencedError, LocalStateError
+
+__all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim",
+           "acquire_partition", "clear_requests", "release_partitions", "LOCK_TIMEOUT"]
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT = 30.0
+"""Seconds a task waits for another instance of its partition to give it back."""
+_POLL = 0.002
+_WATCH = 0.005
+
+
+class BatchInstance(TaskInstance):
+    """A TaskInstance whose commits are driven by the batch: no timer or record-count commits
+    inside a batch (the driver commits all partitions at batch end)."""
+
+    def _after_call(self) -> None:
+        pass
+
+
+class _TimedChangelog(ChangelogPartition):
+    """Delegates to a changelog partition and adds the time spent appending and flushing to
+    ``clock["changelog"]`` (what a commit spends on the changelog, as opposed to the store)."""
+
+    def __init__(self, inner: ChangelogPartition, clock: dict[str, float]) -> None:
+        self._inner = inner
+        self._clock = clock
+        self.stream = inner.stream
+        self.partition = inner.partition
+
+    def append(self, key: bytes, value: bytes | None) -> None:
+        started = time.perf_counter()
+        self._inner.append(key, value)
+        self._clock["changelog"] += time.perf_counter() - started
+
+    def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        started = time.perf_counter()
+        self._inner.append_many(records)
+        self._clock["changelog"] += time.perf_counter() - started
+
+    def flush(self) -> int:
+        started = time.perf_counter()
+        end = self._inner.flush()
+        self._clock["changelog"] += time.perf_counter() - started
+        return end
+
+    def end_offset(self) -> int:
+        return self._inner.end_offset()
+
+    def read(self, start: int = 0, end: int | None = None) -> Iterator[ChangelogRecord]:
+        return self._inner.read(start, end)
+
+    def read_batches(self, start: int = 0, end: int | None = None) -> Iterator[list[ChangelogRecord]]:
+        return self._inner.read_batches(start, end)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # anything else a system offers (e.g. truncate)
+        return getattr(self._inner, name)
+
+
+class _TimedSink:
+    """Delegates to the job's :class:`StreamSink` and adds the time spent writing outputs to
+    ``clock["outputs"]``."""
+
+    def __init__(self, inner: StreamSink, clock: dict[str, float]) -> None:
+        self._inner = inner
+        self._clock = clock
+
+    @property
+    def written(self) -> int:
+        return self._inner.written
+
+    def write(self, partition: int, messages: list[OutgoingMessage]) -> Mapping[str, int]:
+        started = time.perf_counter()
+        positions = self._inner.write(partition, messages)
+        self._clock["outputs"] += time.perf_counter() - started
+        return positions
+
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
+        self._inner.rollback(partition, positions)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _TimedChangelogs(ChangelogSystem):
+    """The job's changelog system, handing out :class:`_TimedChangelog` partitions."""
+
+    def __init__(self, inner: ChangelogSystem, clock: dict[str, float]) -> None:
+        self._inner = inner
+        self._clock = clock
+
+    def ensure_stream(self, stream: str, partitions: int) -> None:
+        self._inner.ensure_stream(stream, partitions)
+
+    def partition(self, stream: str, partition: int) -> ChangelogPartition:
+        return _TimedChangelog(self._inner.partition(stream, partition), self._clock)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@dataclass(eq=False)
+class Lease:
+    """One open task partition, its changelog system and output sink, as used by one Spark task."""
+
+    key: tuple[Any, ...]
+    instance: BatchInstance
+    changelogs: ChangelogSystem
+    sink: _TimedSink
+    clock: dict[str, float]
+    """seconds accumulated since the instance opened: ``changelog`` (append + flush), ``outputs``"""
+    recoveries: list[StoreRecovery] = field(default_factory=list)
+    """what opening did in this checkout (empty when the instance was reused)"""
+    reused: bool = False
+    waited: float = 0.0
+    """seconds this checkout waited for the partition's lock"""
+    prepared: Checkpoint | None = None
+    """the checkpoint the last batch prepared (what the driver saves if the batch succeeds)"""
+
+    def is_current(self) -> bool:
+        """True if the driver committed exactly what this instance prepared last."""
+        instance = self.instance
+        if self.prepared is None or instance.task is None:
+            return False
+        try:
+            return instance.checkpoints.load(instance.partition) == self.prepared
+        except LocalStateError:  # unreadable checkpoint: the fresh open reports it properly
+            return False
+
+    def close(self) -> None:
+        """Close without committing and release every lock; the partition lock goes last, so whoever
+        takes it next finds the output writers and changelog partitions free."""
+        instance = self.instance
+        try:
+            self.sink.close()
+            instance.close(commit=False)
+        except Exception:  # noqa: BLE001 - the locks must go whatever failed
+            log.exception("closing task partition %d failed", instance.partition)
+        finally:
+            try:
+                self.changelogs.close()
+            finally:
+                instance.checkpoints.unlock(instance.partition)
+
+
+# -- the worker's kept instance ----------------------------------------------------------------
+_mutex = threading.Condition()
+_kept: Lease | None = None
+_watcher: threading.Thread | None = None
+
+
+def _want_file(checkpoints: CheckpointStore, partition: int) -> Path:
+    return checkpoints.root / f"{int(partition)}.want"
+
+
+def _watch() -> None:
+    """Give the kept instance back as soon as someone asks for its partition."""
+    global _kept
+    while True:
+        with _mutex:
+            while _kept is None:
+                _mutex.wait()
+            lease = _kept
+            if _want_file(lease.instance.checkpoints, lease.instance.partition).exists():
+                _kept = None
+                lease.close()
+                continue
+        time.sleep(_WATCH)
+
+
+def release_kept() -> None:
+    """Close the instance this process keeps, if any."""
+    global _kept
+    with _mutex:
+        lease, _kept = _kept, None
+    if lease is not None:
+        lease.close()
+
+
+def acquire_partition(checkpoints: CheckpointStore, partition: int, timeout: float = LOCK_TIMEOUT) -> float:
+    """Take ``partition``'s instance lock on ``checkpoints``, asking a worker that keeps it open to
+    give it back. Returns the seconds waited; raises FencedError after ``timeout``."""
+    started = time.perf_counter()
+    want = None
+    try:
+        while True:
+            try:
+                checkpoints.lock(partition)
+                return time.perf_counter() - started
+            except FencedError:
+                if time.perf_counter() - started > timeout:
+                    raise
+                if want is None:
+                    want = _want_file(checkpoints, partition)
+                    want.touch()
+                time.sleep(_POLL)
+    finally:
+        if want is not None:
+            want.unlink(missing_ok=True)
+
+
+def clear_requests(checkpoints: CheckpointStore, partitions: Iterable[int]) -> None:
+    """Remove give-back requests left by a task that died while waiting (a stale request only
+    stops instances of that partition from being kept; this restores it at the start of a run)."""
+    for partition in partitions:
+        _want_file(checkpoints, partition).unlink(missing_ok=True)
+
+
+def release_partitions(checkpoints: CheckpointStore, partitions: Iterable[int], timeout: float = LOCK_TIMEOUT) -> None:
+    """Driver side, at the end of a run: make every worker give back its instances of
+    ``partitions`` (so the state can be opened by anyone once the run returns)."""
+    release_kept()  # run_partition called in this very process (tests)
+    partitions = list(partitions)
+    for partition in partitions:  # ask all at once, then collect
+        _want_file(checkpoints, partition).touch()
+    try:
+        for partition in partitions:
+            try:
+                acquire_partition(checkpoints, partition, timeout)
+                checkpoints.unlock(partition)
+            except FencedError:
+                log.warning("task partition %d is still held by a running task after %.0fs", partition, timeout)
+    finally:
+        clear_requests(checkpoints, partitions)
+
+
+def kept_partition(job: JobConfig, run_id: str) -> int | None:
+    """The partition of ``job`` this worker keeps open for run ``run_id``, if any."""
+    with _mutex:
+        lease = _kept
+    if lease is not None and lease.key[:3] == (run_id, str(job.state_dir), job.name):
+        return lease.key[3]
+    return None
+
+
+def claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None) -> int:
+    """Claim one of ``partitions`` for Spark task ``slot`` of a batch (``directory`` is the batch's,
+    shared by its tasks): the one this slot claimed before (a retried attempt continues with it),
+    else ``prefer`` (the partition this worker keeps open) if free, else the first free one.
+
+    A claim is a file ``<partition>`` holding the slot number, created atomically with its content
+    (written aside, then hard-linked: ``link`` fails if the name exists). A batch has as many slots as
+    partitions and each slot holds at most one claim, so a free partition is always left."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for partition in partitions:
+        try:
+            if (directory / str(partition)).read_text() == str(slot):
+                return partition
+        except FileNotFoundError:
+            pass
+    mine = directory / f".slot-{slot}-{os.getpid()}"
+    mine.write_text(str(slot))
+    try:
+        order = ([prefer] if prefer in partitions else []) + [p for p in partitions if p != prefer]
+        for partition in order:
+            try:
+                os.link(mine, directory / str(partition))
+                return partition
+            except FileExistsError:
+                continue
+    finally:
+        mine.unlink(missing_ok=True)
+    raise FencedError(f"Spark task {slot} found every partition of its batch claimed ({list(partitions)})",
+                      path=str(directory), hint="a batch's tasks and partitions no longer match: run the job again")
+
+
+def checkout(job: JobConfig, partition: int, run_id: str) -> Lease:
+    """The open instance of ``partition`` for this task: the one this worker kept, if the driver
+    committed its last batch, else a freshly opened (recovered) one."""
+    global _kept
+    key = (run_id, str(job.state_dir), job.name, partition)
+    with _mutex:
+        lease, _kept = _kept, None
+    if lease is not None:
+        if lease.key == key and lease.is_current():
+            lease.reused, lease.recoveries, lease.waited = True, [], 0.0
+            return lease
+        lease.close()  # another partition, or not committed: give it back / roll it back
+    clock = {"changelog": 0.0, "outputs": 0.0}
+    changelogs = _TimedChangelogs(open_changelog_system(job), clock)
+    sink = _TimedSink(StreamSink(job), clock)
+    instance = BatchInstance(job, partition, changelogs, sink)
+    try:
+        waited = acquire_partition(instance.checkpoints, partition)
+        recoveries = instance.open()
+    except BaseException:
+        sink.close()
+        changelogs.close()
+        instance.checkpoints.unlock(partition)
+        raise
+    return Lease(key, instance, changelogs, sink, clock, list(recoveries), False, waited)
+
+
+def checkin(lease: Lease, prepared: Checkpoint | None, keep: bool) -> None:
+    """Done with ``lease``: keep it open for the next batch (``keep`` and the batch prepared a
+    checkpoint), else close it without committing."""
+    global _kept, _watcher
+    if not keep or prepared is None:
+        lease.close()
+        return
+    lease.prepared = prepared
+    with _mutex:
+        previous, _kept = _kept, lease
+        if _watcher is None or not _watcher.is_alive():
+            _watcher = threading.Thread(target=_watch, name="localstate-lease-watcher", daemon=True)
+            _watcher.start()
+        _mutex.notify_all()
+    if previous is not None:
+        previous.close()

@@ -1,0 +1,109 @@
+"""Task instances kept open across batches in a Python worker (core/spark/instances.py): reused only
+when the driver committed exactly their last batch, given back on request, all closed at run end."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.config import load_job_config
+from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system
+from localstate.core.spark import instances
+from localstate.core.spark.runner import SparkJobRunner, run_partition
+from localstate.core.streams import StreamSink, open_output
+
+from .test_spark_runtime import _bad_input_job, _final_counts
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(autouse=True)
+def _nothing_kept():
+    yield
+    instances.release_kept()
+
+
+def _save(job, result) -> None:
+    checkpoint = Checkpoint(**result["checkpoint"])
+    checkpoint_store(job).save(checkpoint, expect_generation=checkpoint.generation)
+
+
+def _emitted(job, partition: int) -> list:
+    output = open_output(job, "counts-out")
+    try:
+        return list(output.read(partition))
+    finally:
+        output.close()
+
+
+def test_kept_instance_is_reused_only_after_its_batch_was_committed(tmp_path):
+    job = load_job_config(_bad_input_job(tmp_path, "skip"))
+    runner = SparkJobRunner(job, context=object(), batch_size=10, progress=None)  # plans only
+    [plan] = [p for p in runner.plan(0)[0] if p.partition == 0]
+    assert plan.keep_open
+
+    first = run_partition(job, plan)                     # prepared, kept open, never committed
+    assert not first["reused"] and instances._kept is not None
+    again = run_partition(job, plan)                     # the retry must not build on `first`
+    assert not again["reused"] and again["trimmed"] > 0
+    assert again["checkpoint"]["inputs"] == first["checkpoint"]["inputs"]
+    assert again["checkpoint"]["generation"] == first["checkpoint"]["generation"] + 1
+    _save(job, again)                                    # the driver commits the batch
+
+    [plan] = [p for p in runner.plan(1)[0] if p.partition == 0]
+    reused = run_partition(job, plan)
+    assert reused["reused"] and reused["restore_seconds"] == 0 and reused["trimmed"] == 0
+    assert reused["checkpoint"]["generation"] == again["checkpoint"]["generation"]
+    assert reused["timings"]["open"] < 1.0 and reused["timings"]["wait"] == 0.0
+    _save(job, reused)
+
+    # Every emitted running count is exactly one more than the key's previous one: no batch was
+    # applied twice, none lost.
+    seen: Counter = Counter()
+    for key, count in _emitted(job, 0):
+        assert count == seen[key] + 1, (key, count, seen[key])
+        seen[key] = count
+    assert sum(seen.values()) == 20
+
+
+def test_kept_instance_of_another_run_or_partition_is_closed_not_reused(tmp_path):
+    job = load_job_config(_bad_input_job(tmp_path, "skip"))
+    runner = SparkJobRunner(job, context=object(), batch_size=10, progress=None)
+    plans = {p.partition: p for p in runner.plan(0)[0]}
+    _save(job, run_partition(job, plans[0]))
+    _save(job, run_partition(job, plans[1]))             # this worker now keeps partition 1 only
+    assert instances._kept.instance.partition == 1
+    runner.run_id = "another run"
+    plans = {p.partition: p for p in runner.plan(1)[0]}
+    result = run_partition(job, plans[1])                # committed, but kept by an earlier run
+    assert not result["reused"]
+
+
+def test_kept_instance_is_given_back_on_request(tmp_path):
+    job = load_job_config(_bad_input_job(tmp_path, "skip"))
+    runner = SparkJobRunner(job, context=object(), batch_size=10, progress=None)
+    [plan] = [p for p in runner.plan(0)[0] if p.partition == 1]
+    _save(job, run_partition(job, plan))
+    assert instances._kept is not None
+    # Another instance wants the partition: the watcher thread closes the kept one.
+    store = checkpoint_store(job)
+    waited = instances.acquire_partition(store, 1, timeout=10)
+    assert instances._kept is None and waited < 10
+    assert not (store.root / "1.want").exists()
+    store.unlock(1)
+
+
+def test_a_run_leaves_no_instance_open(tmp_path, spark_context):
+    job = load_job_config(_bad_input_job(tmp_path, "skip"))
+    summary = SparkJobRunner(job, context=spark_context, batch_size=8, progress=None).run()
+    assert len(summary.batches) > 2 and sum(b.tasks for b in summary.batches) >= 2 * len(summary.batches) - 1
+    assert _final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))
+    # The driver (or anyone) can open every partition right away: the workers gave them back.
+    changelogs = open_changelog_system(job)
+    for partition in range(job.partitions):
+        instance = TaskInstance(job, partition, changelogs, StreamSink(job))
+        instance.open()
+        instance.close(commit=False)
+    changelogs.close()
