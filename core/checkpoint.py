@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localstate.core.fsutil import write_atomic
 from localstate.core.names import safe_join
 from localstate.errors import CheckpointError, FencedError
 
@@ -112,17 +113,7 @@ class CheckpointStore:
                                   f"{current.generation}; this instance is generation {expect_generation}",
                                   partition=checkpoint.partition,
                                   hint="this instance is stale; stop it (its uncommitted work is discarded)")
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(checkpoint.to_json())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(path, checkpoint.to_json().encode("utf-8"))
 
     def delete(self, partition: int) -> None:
         self.path(partition).unlink(missing_ok=True)

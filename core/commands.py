@@ -28,7 +28,31 @@ def plugins(args: argparse.Namespace) -> int:
 
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
+    from localstate.core.streams import open_input, open_output
+    from localstate.core.task import add_task_paths, load_task_class
+    from localstate.errors import ConfigError
+
     job = load_job_config(args.job, plugins=args.plugins)
+    # Beyond the file's shape: each input's and output's options and the task class. Stream
+    # constructors only validate (they connect to nothing), so this is safe without a broker.
+    problems = []
+    for name in job.inputs:
+        try:
+            open_input(job, name)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    for name in job.outputs:
+        try:
+            open_output(job, name)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    add_task_paths(job)
+    try:
+        load_task_class(job.task)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems, source=str(args.job))
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
           f"{len(job.stores)} store(s), {len(job.inputs)} input(s), {len(job.outputs)} output(s)")
     return 0

@@ -165,7 +165,6 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         state_dir = "state"
 
     changelog_system = job.get("changelog", "file")
-    known_changelogs = registry.names("changelogs")
     changelog_options: dict[str, dict[str, Any]] = {}
     raw_changelogs = _table(data, "changelogs", add)
     systems_used = {changelog_system} | set(raw_changelogs)

@@ -5,7 +5,7 @@ config path (for example ``stores.counts.cache_size``)."""
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from localstate.errors import ConfigError, ConfigProblem

@@ -18,11 +18,15 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from localstate.errors import ConfigError, ConfigProblem
 
-__all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "load_task_class"]
+if TYPE_CHECKING:
+    from localstate.core.config import JobConfig
+
+__all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "load_task_class",
+           "add_task_paths"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,3 +132,17 @@ def load_task_class(spec: str | type | Callable[[], StreamTask]) -> Callable[[],
         raise ConfigError([ConfigProblem("job.task", f"{spec!r} is not a StreamTask subclass")],
                           hint="subclass localstate.StreamTask")
     return obj
+
+
+def add_task_paths(job: "JobConfig") -> None:
+    """Put the job file's directory and ``[spark] pythonpath`` entries on ``sys.path``, so that
+    ``job.task = "module:Class"`` finds a module kept next to the job file."""
+    import sys
+    from pathlib import Path
+
+    from localstate.core.streams.base import base_dir
+
+    for path in [base_dir(job), *(Path(p) for p in job.spark.get("pythonpath", []))]:
+        path = path if path.is_absolute() else base_dir(job) / path
+        if str(path) not in sys.path:
+            sys.path.insert(0, str(path))

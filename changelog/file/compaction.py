@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from localstate.errors import ChangelogCorruptError, ChangelogError, LocalStateError
 
 from .format import HEADER, HEADER_SIZE, list_segments, segment_name
-from .partition import fsync_dir
+from localstate.core.fsutil import fsync_dir
 
 if TYPE_CHECKING:
     from .system import FileChangelogSystem

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Generator, Iterable, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.core.fsutil import fsync_dir
 from localstate.errors import ChangelogCorruptError, ChangelogError
 
 from .format import (
@@ -40,7 +41,7 @@ from .format import (
     walk,
 )
 
-__all__ = ["FileChangelogPartition", "DEFAULT_SEGMENT_BYTES", "LOCK_FILE", "fsync_dir"]
+__all__ = ["FileChangelogPartition", "DEFAULT_SEGMENT_BYTES", "LOCK_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +54,6 @@ _NO_STOP = 1 << 64
 _CORRUPT_HINT = ("the changelog segment is damaged (disk error or manual edit); restore this partition "
                  "directory from a backup, or if the job's local state is intact, stop the job and "
                  "re-create the changelog from it; do not delete records by hand")
-
-
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory so that created/renamed/deleted entries are durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileChangelogPartition(ChangelogPartition):

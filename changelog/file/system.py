@@ -11,7 +11,6 @@ Layout::
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
@@ -21,7 +20,8 @@ from localstate.core.options import Option, parse_duration, parse_size
 from localstate.errors import ChangelogError, ConfigError
 
 from .compaction import BackgroundCompactor, CompactionStats, compact_partition
-from .partition import DEFAULT_SEGMENT_BYTES, FileChangelogPartition, fsync_dir
+from .partition import DEFAULT_SEGMENT_BYTES, FileChangelogPartition
+from localstate.core.fsutil import write_atomic
 
 __all__ = ["FileChangelogSystem", "STREAM_META"]
 
@@ -108,12 +108,8 @@ class FileChangelogSystem(ChangelogSystem):
             return
         directory = self.stream_dir(stream)
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / (STREAM_META + ".tmp")
-        tmp.write_text(json.dumps({"format": FORMAT_VERSION, "partitions": partitions}))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / STREAM_META)
-        fsync_dir(directory)
+        write_atomic(directory / STREAM_META,
+                     json.dumps({"format": FORMAT_VERSION, "partitions": partitions}).encode())
 
     def partition(self, stream: str, partition: int) -> FileChangelogPartition:
         """Open one partition for appending and reading (takes the partition's writer lock)."""

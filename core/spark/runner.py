@@ -50,8 +50,8 @@ from localstate.core.runtime import checkpoint_store, open_changelog_system
 from localstate.core.spark.instances import (BatchInstance, checkin, checkout, claim, clear_requests, kept_partition,
                                              release_partitions)
 from localstate.core.streams import StreamSink, open_input
-from localstate.core.streams.base import InputRecord, InputStream, base_dir
-from localstate.core.task import Envelope
+from localstate.core.streams.base import InputRecord, InputStream
+from localstate.core.task import Envelope, add_task_paths
 from localstate.errors import InputError, LocalStateError, TaskError
 
 __all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "run_partition", "run_slot",
@@ -208,13 +208,6 @@ def _envelope_maker() -> Callable[[str, int, int, Any, Any, float | None], Envel
 _envelope = _envelope_maker()
 
 
-def _add_pythonpath(job: JobConfig) -> None:
-    for path in [base_dir(job), *(Path(p) for p in job.spark.get("pythonpath", []))]:
-        path = path if path.is_absolute() else base_dir(job) / path
-        if str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-
-
 def _feed(instance: BatchInstance, plan: PartitionPlan, inputs: Mapping[str, InputStream],
           counts: dict[str, int]) -> float:
     """Read the plan's input ranges and feed the task, in order; returns the seconds spent reading
@@ -291,7 +284,7 @@ def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     """Executor side of one batch for one partition. Returns the checkpoint (as a dict), counts and
     :data:`TASK_PHASES` timings, or ``{"error": pickled LocalStateError}`` for deterministic failures
     that a retry cannot fix."""
-    _add_pythonpath(job)
+    add_task_paths(job)
     started = time.perf_counter()
     partition = plan.partition
     lease = checkout(job, partition, plan.run_id)

@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Iterator, Mapping
 
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
 from localstate.changelog.file.format import HEADER, HEADER_SIZE, list_segments, segment_name
-from localstate.changelog.file.partition import LOCK_FILE, fsync_dir
+from localstate.changelog.file.partition import LOCK_FILE
+from localstate.core.fsutil import fsync_dir
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option
 from localstate.errors import SerdeError

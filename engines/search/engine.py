@@ -7,7 +7,6 @@ import datetime as _dt
 import hashlib
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ import tantivy
 
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.fsutil import write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
 from localstate.engines.search.schema import (
     FieldSpec,
@@ -194,17 +194,8 @@ class SearchEngine(StorageEngine):
 
     def _write_marker(self, offset: int | None, following: int) -> None:
         """Durably note, before a commit, what the commit will mean (see class docstring)."""
-        tmp = self._offset_path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(json.dumps({"opstamp": self._opstamp, "offset": offset, "next": following}).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._offset_path)
-        fd = os.open(self._offset_path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(self._offset_path,
+                     json.dumps({"opstamp": self._opstamp, "offset": offset, "next": following}).encode())
 
     # -- helpers ---------------------------------------------------------------------------------
 

@@ -151,6 +151,35 @@ def test_ensure_stream_metadata(system: FileChangelogSystem) -> None:
     system.partition("events", 3).close()
 
 
+def test_concurrent_ensure_stream_creates_one_valid_stream(system: FileChangelogSystem) -> None:
+    """Spark workers of one job create the same streams at the same moment: none may fail, and the
+    stream metadata ends up whole (each writer uses its own temporary file)."""
+    import threading
+
+    streams = [f"s{i}" for i in range(40)]
+    start = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def create_all() -> None:
+        start.wait()
+        for stream in streams:
+            try:
+                system.ensure_stream(stream, 3)
+            except BaseException as exc:  # collected, asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=create_all) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for stream in streams:
+        directory = system.stream_dir(stream)
+        assert json.loads((directory / "stream.json").read_text())["partitions"] == 3
+        assert sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp")) == []
+
+
 def test_bad_config_and_names(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         FileChangelogSystem({"segment_byte": "1MB"}, tmp_path)

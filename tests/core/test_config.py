@@ -3,7 +3,6 @@
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -116,7 +115,38 @@ def test_toml_syntax_error_names_the_file(tmp_path):
 def test_validate_ok_exits_zero(tmp_path):
     job_file = tmp_path / "job.toml"
     job_file.write_text('[job]\nname = "ok"\ntask = "t:T"\n[stores.s]\nengine = "kv"\nbackend = "lmdb"\n')
+    # the task module sits next to the job file, as in the examples
+    (tmp_path / "t.py").write_text("from localstate.core.task import StreamTask\n\n"
+                                   "class T(StreamTask):\n    def process(self, envelope, collector, coordinator):\n"
+                                   "        pass\n")
     result = subprocess.run([sys.executable, "-m", "localstate", "validate", str(job_file)],
-                            capture_output=True, text=True)
+                            capture_output=True, text=True, cwd=tmp_path.parent)
     assert result.returncode == 0, result.stderr
     assert "ok" in result.stdout
+
+
+def test_validate_checks_stream_options_and_the_task(tmp_path):
+    """Problems that only show when the job opens its streams or imports its task are reported by
+    `localstate validate` too, all at once, without connecting to any broker."""
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(textwrap.dedent("""
+        [job]
+        name = "j"
+        task = "no_such_module:Task"
+        [inputs.views]
+        system = "jsonl"
+        path = "in"
+        on_eror = "skip"
+        [outputs.counts]
+        system = "kafka"
+        topic = "counts"
+        bootstrap_servers = "localhost:1"
+        linger = "soon"
+    """))
+    result = subprocess.run([sys.executable, "-m", "localstate", "validate", str(job_file)],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "inputs.views.on_eror" in result.stderr and "on_error" in result.stderr  # did-you-mean
+    assert "outputs.counts" in result.stderr
+    assert "job.task" in result.stderr and "no_such_module" in result.stderr
+    assert "3 problems" in result.stderr

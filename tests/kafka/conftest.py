@@ -6,7 +6,6 @@ and are never skipped there.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import pytest

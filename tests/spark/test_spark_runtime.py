@@ -165,7 +165,7 @@ def test_bad_input_skip_and_dead_letter(tmp_path, spark_context, policy):
 def test_uncommitted_batch_is_rolled_back(tmp_path, spark_context):
     """A batch whose tasks finished (stores flushed, outputs written) but whose checkpoints the
     driver never saved (it died) leaves no trace: changelogs are trimmed, outputs truncated."""
-    from localstate.core.spark.runner import PartitionPlan, run_partition
+    from localstate.core.spark.runner import run_partition
 
     job = load_job_config(_bad_input_job(tmp_path, "skip"))
     runner = SparkJobRunner(job, context=spark_context, batch_size=10, progress=None)
