@@ -1,6 +1,6 @@
 """Page-view counting on local[2]: localstate's Spark runtime vs Spark's own stateful streaming
 (native groupBy().count(), transformWithStateInPandas, applyInPandasWithState; measured by
-/work/shared/peers/spark_peer.py in a subprocess of the same run, on the same workload shape).
+../shared/peers/spark_peer.py in a subprocess of the same run, on the same workload shape).
 
     python -m bench spark [--json] [--quick] [--events N] [--users K] [--no-peer]
 
@@ -42,7 +42,7 @@ from localstate.core.runtime import TaskInstance, open_changelog_system
 from localstate.core.spark.runner import RunSummary, SparkJobRunner, spark_context
 from localstate.core.streams import StreamSink
 
-PEER = Path("/work/shared/peers/spark_peer.py")
+PEER = Path(__file__).resolve().parents[2] / "shared" / "peers" / "spark_peer.py"  # ../shared beside the repo
 
 
 def _write_events(directory: Path, events: int, users: int, seed: int, partitions: int) -> np.ndarray:
