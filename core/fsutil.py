@@ -18,8 +18,9 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
-    """Replace ``path`` with ``data`` so that readers see the old or the new file, never a mix.
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` durably (file and directory fsynced), so that readers see the
+    old or the new file, never a mix.
 
     The temporary file name is unique per call, so concurrent writers (two Spark workers creating
     the same stream, say) never write into each other's temporary file; the last rename wins.
@@ -30,11 +31,9 @@ def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
         with open(tmp, "wb") as handle:
             handle.write(data)
             handle.flush()
-            if fsync:
-                os.fsync(handle.fileno())
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if fsync:
-        fsync_dir(path.parent)
+    fsync_dir(path.parent)
