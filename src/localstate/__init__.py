@@ -1,15 +1,27 @@
 """localstate: fast, fault-tolerant local state for stream processing on Spark.
 
-The public surface is small; see ``docs/`` for the architecture and guides.
+The public surface, in two parts:
+
+* for **task authors**: :class:`StreamTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
+  :class:`Coordinator`, :class:`TaskTestDriver`, and the errors in :mod:`localstate.errors`;
+* for **plugin authors** (engines, changelog systems, serdes): :class:`StorageEngine`,
+  :class:`StorageEngineFactory`, :class:`StoreContext`, :class:`Option`, :class:`Serde` and the
+  changelog contract.
+
+Everything else is internal. See ``docs/`` for the architecture and guides.
 """
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
+from localstate import errors
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem, ChangelogWriter
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
+from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
+from localstate.errors import LocalStateError
 
 try:
     __version__ = version("localstate")
@@ -18,15 +30,34 @@ except PackageNotFoundError:  # running from a source tree without installing
 
 __all__ = [
     "__version__",
+    # task authors
+    "StreamTask",
+    "TaskContext",
+    "Envelope",
+    "Collector",
+    "Coordinator",
+    "TaskTestDriver",
+    "LocalStateError",
+    "errors",
+    "JobConfig",
+    "load_job_config",
+    # plugin authors
     "ChangelogPartition",
     "ChangelogRecord",
     "ChangelogSystem",
     "ChangelogWriter",
-    "JobConfig",
-    "load_job_config",
     "Option",
     "Serde",
     "StorageEngine",
     "StorageEngineFactory",
     "StoreContext",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The test driver pulls in the whole runtime; import it only when a test asks for it.
+    if name == "TaskTestDriver":
+        from localstate.core.testing import TaskTestDriver
+
+        return TaskTestDriver
+    raise AttributeError(f"module 'localstate' has no attribute {name!r}")
