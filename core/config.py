@@ -114,6 +114,7 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
                      plugins: str | os.PathLike[str] | None = None, registry: Registry | None = None) -> JobConfig:
     """Validate an already-parsed TOML document. See the module docstring for the format."""
+    job_dir = Path(base_dir) if base_dir is not None else None
     base_dir = Path(base_dir or Path.cwd())
     problems: list[ConfigProblem] = []
     add = lambda path, message: problems.append(ConfigProblem(path, message))  # noqa: E731
@@ -125,13 +126,24 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     for key in sorted(set(job) - _JOB_KEYS):
         add(f"job.{key}", "unknown key" + did_you_mean(key, sorted(_JOB_KEYS)))
 
-    # The policy decides which plugins the rest of validation may load.
-    policy = PluginPolicy()
+    # The policy decides which plugins the rest of validation may load. Precedence (core/policy.py):
+    # operator (plugins= or a given registry, then $LOCALSTATE_PLUGINS) > job.plugins > plugins.toml
+    # in the job's folder > default; a dict parsed without base_dir has no folder to look in.
+    job_plugins = job.get("plugins")
+    if job_plugins is not None and not isinstance(job_plugins, str):
+        add("job.plugins", "must be the name of a policy file next to the job file")
+        job_plugins = None  # the problem above fails the config; nothing falls open
+    # Fail closed: until a policy is read, only the built-ins may load.
+    policy = PluginPolicy(mode="allowlist")
     try:
-        policy_path = plugins or (str(base_dir / job["plugins"]) if isinstance(job.get("plugins"), str) else None)
-        policy = PluginPolicy.discover(policy_path) if policy_path or registry is None else registry.policy
+        if registry is not None and not plugins:
+            policy = registry.policy
+        else:
+            policy = PluginPolicy.discover(plugins, job_dir=job_dir, job_plugins=job_plugins)
     except ConfigError as exc:
-        problems.extend(ConfigProblem(p.path or "job.plugins", p.message) for p in exc.problems)
+        if not all(p.path.startswith("job.") for p in exc.problems):
+            raise  # a broken policy file is its own error, reported against that file
+        problems.extend(exc.problems)
     registry = registry or registry_for(policy)
 
     name = job.get("name")
