@@ -166,12 +166,11 @@ def _read_policy_text(path: Path) -> str:
                    "make it readable by the user running localstate, or remove it") from None
     except OSError as exc:
         raise fail(f"cannot be opened: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise fail("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise fail("is a directory, not a file")
-        if not stat.S_ISREG(mode):
-            raise fail("is not a regular file")
         try:
             raw = handle.read(_MAX_POLICY_BYTES + 1)
         except OSError as exc:
