@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from localstate.core.cli import command
-from localstate.core.config import load_job_config
+from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
 
@@ -19,7 +19,7 @@ def plugins(args: argparse.Namespace) -> int:
     # folder if a job is named, else plugins.toml in the current directory itself (never an ancestor).
     job = getattr(args, "job", None)
     if job is not None:
-        policy = load_job_config(job, plugins=args.plugins).policy
+        policy = job_policy(job, plugins=args.plugins)
     else:
         policy = PluginPolicy.discover(args.plugins, job_dir=Path.cwd())
     rows = [("GROUP", "NAME", "DISTRIBUTION", "VERSION", "STATUS", "WHY")]

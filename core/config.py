@@ -40,7 +40,7 @@ from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry, registry_for
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "load_job_config", "parse_job_config"]
+__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_config", "parse_job_config"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
              "state_dir", "allow_pickle", "plugins", "log_level"}
@@ -109,6 +109,22 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
         raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
                              hint="fix the TOML syntax at the reported line") from exc
     return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
+
+
+def job_policy(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> PluginPolicy:
+    """The plugin policy that governs the job file at ``path``, by the same precedence as
+    :func:`load_job_config`, without validating (or loading plugins for) the rest of the job."""
+    path = Path(path)
+    try:
+        job = tomllib.loads(path.read_text(encoding="utf-8")).get("job", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
+                             hint="fix the TOML syntax at the reported line") from exc
+    job_plugins = job.get("plugins") if isinstance(job, dict) else None
+    if job_plugins is not None and not isinstance(job_plugins, str):
+        raise ConfigError.at("job.plugins", "must be the name of a policy file next to the job file",
+                             source=str(path))
+    return PluginPolicy.discover(plugins, job_dir=path.parent, job_plugins=job_plugins)
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,

@@ -123,10 +123,11 @@ def locate_policy(explicit: str | os.PathLike[str] | None = None, *, job_dir: Pa
     return PolicyLocation(None, "default")
 
 
-def find_policy_file(explicit: str | os.PathLike[str] | None = None, *, job_dir: Path | None = None,
-                     job_plugins: str | None = None) -> Path | None:
-    """The governing policy file, or None for the default policy (see :func:`locate_policy`)."""
-    return locate_policy(explicit, job_dir=job_dir, job_plugins=job_plugins).path
+def find_policy_file(explicit: str | os.PathLike[str] | None = None, start: Path | None = None, *,
+                     job_dir: Path | None = None, job_plugins: str | None = None) -> Path | None:
+    """The governing policy file, or None for the default policy (see :func:`locate_policy`).
+    ``start`` is the job's folder (older name of ``job_dir``); only that folder is looked in."""
+    return locate_policy(explicit, job_dir=job_dir or start, job_plugins=job_plugins).path
 
 
 def _present(path: Path, where: str, hint: str) -> Path:

@@ -367,3 +367,17 @@ def test_policy_ships_to_executors_as_an_equal_value(tmp_path, layered):
     policy = load_job_config(job_file(tmp_path / "job")).policy
     shipped = pickle.loads(pickle.dumps(policy))
     assert shipped == policy and hash(shipped) == hash(policy) and shipped.source == policy.source
+
+
+def test_plugins_command_shows_the_policy_of_the_named_job(tmp_path, evil_site, marker):
+    job = job_file(tmp_path / "job", engine="evil")  # blocked below: the listing must still work
+    (job.parent / "plugins.toml").write_text('[policy]\nmode = "allowlist"\n')
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    env["PYTHONPATH"] = os.pathsep.join([str(evil_site), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, "-m", "localstate", "plugins", str(job)], capture_output=True,
+                            text=True, cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"policy: {job.parent / 'plugins.toml'} (chosen by job folder)" in result.stdout
+    evil = [line for line in result.stdout.splitlines() if line.split()[:2] == ["engines", "evil"]]
+    assert evil and "blocked" in evil[0] and "Evil_Plugin" in evil[0]
+    assert not marker.exists()
