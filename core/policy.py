@@ -330,9 +330,7 @@ class PluginPolicy:
         """
         qualified = f"{group}.{name}"
         dist = normalize_distribution(distribution)
-        # Deny matches generously (normalised names): a deny rule must not be dodged by spelling.
-        denied = {normalize_distribution(d) for d in self.deny_plugins}
-        if normalize_distribution(name) in denied or normalize_distribution(qualified) in denied:
+        if self.denies_name(group, name):
             return False, f"plugin {qualified!r} is denied by {self._where()}"
         if dist in self.deny_distributions:
             return False, f"distribution {distribution!r} is denied by {self._where()}"
@@ -350,6 +348,12 @@ class PluginPolicy:
         if dist in self.allow_distributions:
             return True, f"allowed by allow_distributions in {self._where()}"
         return False, f"not on the allowlist in {self._where()}"
+
+    def denies_name(self, group: str, name: str) -> bool:
+        """Whether ``deny_plugins`` names ``name`` (plain or ``group.name``). Matching is generous,
+        case-insensitive with ``-_.`` folded, so a deny rule cannot be dodged by spelling."""
+        denied = {normalize_distribution(d) for d in self.deny_plugins}
+        return normalize_distribution(name) in denied or normalize_distribution(f"{group}.{name}") in denied
 
     def describe_source(self) -> str:
         """One line for operators: which file governs and why, or the default."""

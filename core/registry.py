@@ -87,6 +87,10 @@ class Registry:
     def load(self, group: str, name: str) -> Any:
         """Import and check the plugin object (a class) for ``name``; cached per process."""
         alias, name = name, self.policy.resolve_alias(group, name)
+        if alias != name and self.policy.denies_name(group, alias):
+            raise PluginRefusedError(f"{group[:-1]} plugin {alias!r} (alias of {name!r}) is denied by "
+                                     f"{self.policy.source or 'the plugin policy'}",
+                                     hint="remove it from deny_plugins if you trust it", plugin=alias)
         key = (group, name)
         with self._lock:
             if key not in self._loaded:

@@ -381,3 +381,11 @@ def test_plugins_command_shows_the_policy_of_the_named_job(tmp_path, evil_site, 
     evil = [line for line in result.stdout.splitlines() if line.split()[:2] == ["engines", "evil"]]
     assert evil and "blocked" in evil[0] and "Evil_Plugin" in evil[0]
     assert not marker.exists()
+
+
+def test_deny_applies_to_an_alias_name_and_to_its_target(tmp_path):
+    for deny in ('"keyvalue"', '"engines.kv"'):
+        path = tmp_path / "p.toml"
+        path.write_text(f'[policy]\ndeny_plugins = [{deny}]\n[aliases.engines]\nkeyvalue = "kv"\n')
+        with pytest.raises(PluginRefusedError):
+            Registry(PluginPolicy.load(path)).engine_factory("keyvalue")
