@@ -99,7 +99,7 @@ class JobConfig:
 
 def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
                     registry: Registry | None = None) -> JobConfig:
-    """Read and validate a job file. ``plugins`` overrides the policy file location."""
+    """Read and validate a job file. ``plugins`` is the operator's policy file: it wins over the job's own."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -96,12 +96,13 @@ class PolicyLocation:
 def locate_policy(explicit: str | os.PathLike[str] | None = None, *, job_dir: Path | None = None,
                   job_plugins: str | None = None) -> PolicyLocation:
     """Pick the policy file by the documented precedence (module docstring). Never reads the file
-    and never looks at the current directory; raises ConfigError for a named file that is absent
-    or a ``job_plugins`` that leaves ``job_dir``."""
+    and never searches the current directory or any ancestor (the current directory only anchors a
+    relative ``job_plugins`` when there is no ``job_dir``); raises ConfigError for a named file that
+    is absent or a ``job_plugins`` that leaves the job's folder."""
     operator: PolicyLocation | None = None
     if explicit:
-        operator = PolicyLocation(_present(Path(explicit), "plugins", "pass an existing plugins.toml or drop --plugins"),
-                                  "--plugins")
+        operator = PolicyLocation(_present(Path(explicit), "plugins",
+                                           "pass an existing plugins.toml or drop --plugins"), "--plugins")
     elif os.environ.get(ENV_VAR):
         operator = PolicyLocation(_present(Path(os.environ[ENV_VAR]), ENV_VAR,
                                            f"point {ENV_VAR} at an existing plugins.toml or unset it"),
