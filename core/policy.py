@@ -62,6 +62,7 @@ POLICY_FILE = "plugins.toml"
 _MODES = ("open", "allowlist")
 #: A policy is a few lines; the cap keeps a hostile file from stalling tomllib (dotted keys are quadratic).
 _MAX_POLICY_BYTES = 64 * 1024
+_MAX_KEY_DEPTH = 32
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _FIX_HINT = "fix the policy file (see docs/plugins.md) or remove it; a broken policy never falls back to the default"
 
@@ -151,6 +152,17 @@ def _inside_job_dir(job_dir: Path, value: str) -> Path:
     return _present(path, "job.plugins", "create the file next to the job file or drop job.plugins")
 
 
+def _too_deep(text: str) -> bool:
+    """True if a line's key (or table header) has more dotted parts than any policy needs. tomllib
+    takes time quadratic in that depth (minutes for one 64 KiB line), so this is checked first;
+    counting every dot before the first ``=`` can only overestimate, never let a deep key through."""
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if stripped and not stripped.startswith("#") and stripped.partition("=")[0].count(".") > _MAX_KEY_DEPTH:
+            return True
+    return False
+
+
 def _read_policy_text(path: Path) -> str:
     """The file's text, or ConfigError for anything but a readable regular UTF-8 file of sane size."""
     def fail(message: str, hint: str = _FIX_HINT) -> ConfigError:
@@ -217,6 +229,8 @@ class PluginPolicy:
         path = Path(path)
         text = _read_policy_text(path)
         try:
+            if _too_deep(text):
+                raise RecursionError
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError.at("", f"plugin policy file is not valid TOML: {exc}", source=str(path),

@@ -242,6 +242,8 @@ def _make(kind: str, path: Path) -> None:
         "override-str": '[policy]\noverride_builtins = "yes"\n', "trusted-int": "[local]\ntrusted = 1\n",
         "invalid-toml": "[policy\nmode = ", "deep-arrays": "x = " + "[" * 5000 + "]" * 5000 + "\n",
         "deep-tables": "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n", "huge": "# " + "x" * 200_000 + "\n",
+        # tomllib is quadratic in key depth: unchecked, each of these takes seconds to minutes.
+        "deep-dotted-key": ".".join(["a"] * 30_000) + " = 1\n", "deep-header": "[" + ".".join(["a"] * 30_000) + "]\n",
     }
     if kind in texts:
         path.write_text(texts[kind])
@@ -262,8 +264,8 @@ def _make(kind: str, path: Path) -> None:
 
 MALFORMED = ["policy-int", "aliases-int", "aliases-group-int", "alias-target-int", "local-int", "local-paths-int",
              "local-group-str", "local-target-list", "mode-int", "mode-list", "allow-nested", "override-str",
-             "trusted-int", "invalid-toml", "deep-arrays", "deep-tables", "huge", "invalid-utf8", "directory",
-             "dangling-symlink", "fifo", "unreadable"]
+             "trusted-int", "invalid-toml", "deep-arrays", "deep-tables", "deep-dotted-key", "deep-header", "huge",
+             "invalid-utf8", "directory", "dangling-symlink", "fifo", "unreadable"]
 
 
 def _skip_if_root(kind: str) -> None:
@@ -282,7 +284,7 @@ def test_malformed_policy_next_to_the_job_is_a_config_error(tmp_path, kind):
     assert info.value.hint
 
 
-@pytest.mark.parametrize("kind", ["policy-int", "invalid-utf8", "directory", "dangling-symlink", "deep-arrays"])
+@pytest.mark.parametrize("kind", ["policy-int", "invalid-utf8", "directory", "dangling-symlink", "deep-dotted-key"])
 @pytest.mark.parametrize("how", ["env", "explicit", "job.plugins"])
 def test_malformed_policy_fails_closed_however_it_is_named(tmp_path, monkeypatch, kind, how):
     job = job_file(tmp_path / "job", extra='plugins = "mine.toml"' if how == "job.plugins" else "")
