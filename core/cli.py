@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localstate", description=(
         "Fast, fault-tolerant local state for stream processing on Spark."))
     parser.add_argument("--version", action="version", version=f"localstate {_version()}")
-    parser.add_argument("--plugins", metavar="FILE", help="plugin policy file (default: $LOCALSTATE_PLUGINS, "
-                        "else plugins.toml in the current directory or an ancestor)")
+    parser.add_argument("--plugins", metavar="FILE", help="operator plugin policy file; wins over any job's own "
+                        "(default: $LOCALSTATE_PLUGINS, else the job's [job] plugins or plugins.toml next to "
+                        "the job file, else the open default; see docs/plugins.md)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (run, help_text) in sorted(_COMMANDS.items()):

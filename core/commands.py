@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from localstate.core.cli import command
-from localstate.core.config import load_job_config
+from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
 
@@ -15,15 +15,30 @@ __all__: list[str] = []
 
 @command("plugins", "list every discovered plugin: group, name, distribution, version, status and why")
 def plugins(args: argparse.Namespace) -> int:
-    policy = PluginPolicy.discover(args.plugins)
+    # The same precedence as a job run: operator (--plugins, $LOCALSTATE_PLUGINS), then the job's
+    # folder if a job is named, else plugins.toml in the current directory itself (never an ancestor).
+    job = getattr(args, "job", None)
+    if job is not None:
+        policy = job_policy(job, plugins=args.plugins)
+    else:
+        policy = PluginPolicy.discover(args.plugins, job_dir=Path.cwd())
     rows = [("GROUP", "NAME", "DISTRIBUTION", "VERSION", "STATUS", "WHY")]
     for info, status in Registry(policy).describe():
         rows.append((info.group, info.name, info.distribution, info.version, status, info.reason))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[5])
-    print(f"\npolicy: {policy.source or 'default (no plugins.toml found): every installed plugin may load'}")
+    for group, alias, target in policy.aliases:
+        print(f"alias: {group}.{alias} -> {target}")
+    for group, alias, target in policy.overridden_builtins():
+        print(f"WARNING: built-in {group[:-1]} {alias!r} is replaced by {target!r} "
+              f"(override_builtins = true in {policy.source})")
+    print(f"\npolicy: {policy.describe_source()}")
     return 0
+
+
+plugins.arguments = lambda parser: parser.add_argument(  # type: ignore[attr-defined]
+    "job", nargs="?", help="job config (TOML): show the policy that governs this job")
 
 
 @command("validate", "check a job config and report every problem with its path")

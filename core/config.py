@@ -40,7 +40,7 @@ from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry, registry_for
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "load_job_config", "parse_job_config"]
+__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_config", "parse_job_config"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
              "state_dir", "allow_pickle", "plugins", "log_level"}
@@ -99,7 +99,7 @@ class JobConfig:
 
 def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
                     registry: Registry | None = None) -> JobConfig:
-    """Read and validate a job file. ``plugins`` overrides the policy file location."""
+    """Read and validate a job file. ``plugins`` is the operator's policy file: it wins over the job's own."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -111,9 +111,26 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
     return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
 
 
+def job_policy(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> PluginPolicy:
+    """The plugin policy that governs the job file at ``path``, by the same precedence as
+    :func:`load_job_config`, without validating (or loading plugins for) the rest of the job."""
+    path = Path(path)
+    try:
+        job = tomllib.loads(path.read_text(encoding="utf-8")).get("job", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
+                             hint="fix the TOML syntax at the reported line") from exc
+    job_plugins = job.get("plugins") if isinstance(job, dict) else None
+    if job_plugins is not None and not isinstance(job_plugins, str):
+        raise ConfigError.at("job.plugins", "must be the name of a policy file next to the job file",
+                             source=str(path))
+    return PluginPolicy.discover(plugins, job_dir=path.parent, job_plugins=job_plugins)
+
+
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
                      plugins: str | os.PathLike[str] | None = None, registry: Registry | None = None) -> JobConfig:
     """Validate an already-parsed TOML document. See the module docstring for the format."""
+    job_dir = Path(base_dir) if base_dir is not None else None
     base_dir = Path(base_dir or Path.cwd())
     problems: list[ConfigProblem] = []
     add = lambda path, message: problems.append(ConfigProblem(path, message))  # noqa: E731
@@ -125,13 +142,24 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     for key in sorted(set(job) - _JOB_KEYS):
         add(f"job.{key}", "unknown key" + did_you_mean(key, sorted(_JOB_KEYS)))
 
-    # The policy decides which plugins the rest of validation may load.
-    policy = PluginPolicy()
+    # The policy decides which plugins the rest of validation may load. Precedence (core/policy.py):
+    # operator (plugins= or a given registry, then $LOCALSTATE_PLUGINS) > job.plugins > plugins.toml
+    # in the job's folder > default; a dict parsed without base_dir has no folder to look in.
+    job_plugins = job.get("plugins")
+    if job_plugins is not None and not isinstance(job_plugins, str):
+        add("job.plugins", "must be the name of a policy file next to the job file")
+        job_plugins = None  # the problem above fails the config; nothing falls open
+    # Fail closed: until a policy is read, only the built-ins may load.
+    policy = PluginPolicy(mode="allowlist")
     try:
-        policy_path = plugins or (str(base_dir / job["plugins"]) if isinstance(job.get("plugins"), str) else None)
-        policy = PluginPolicy.discover(policy_path) if policy_path or registry is None else registry.policy
+        if registry is not None and not plugins:
+            policy = registry.policy
+        else:
+            policy = PluginPolicy.discover(plugins, job_dir=job_dir, job_plugins=job_plugins)
     except ConfigError as exc:
-        problems.extend(ConfigProblem(p.path or "job.plugins", p.message) for p in exc.problems)
+        if not all(p.path.startswith("job.") for p in exc.problems):
+            raise  # a broken policy file is its own error, reported against that file
+        problems.extend(exc.problems)
     registry = registry or registry_for(policy)
 
     name = job.get("name")

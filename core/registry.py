@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as metadata
+import logging
 import sys
 import threading
 from dataclasses import dataclass
@@ -18,11 +19,14 @@ from typing import Any
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogSystem
 from localstate.core.engine import StorageEngineFactory
 from localstate.core.options import did_you_mean
-from localstate.core.policy import GROUPS, LOCAL_DISTRIBUTION, PluginPolicy
+from localstate.core.policy import (BUILTIN_DISTRIBUTION, GROUPS, LOCAL_DISTRIBUTION, PluginPolicy,
+                                    is_builtin_entry_point, normalize_distribution)
 from localstate.core.serdes import Serde
 from localstate.errors import PluginLoadError, PluginNotFoundError, PluginRefusedError
 
 __all__ = ["PluginInfo", "Registry", "registry_for"]
+
+logger = logging.getLogger(__name__)
 
 _KINDS: dict[str, type] = {"engines": StorageEngineFactory, "changelogs": ChangelogSystem, "serdes": Serde}
 _KIND_NAMES = {"engines": "StorageEngineFactory", "changelogs": "ChangelogSystem", "serdes": "Serde"}
@@ -49,18 +53,26 @@ class Registry:
         self.policy = policy or PluginPolicy()
         self._loaded: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
-        for path in self.policy.paths:
-            if path not in sys.path:
-                sys.path.append(path)
 
     # -- discovery (no imports) ----------------------------------------------------------------
     def available(self, group: str) -> list[PluginInfo]:
         """Every plugin of ``group``, allowed or not, sorted by name."""
         infos = []
-        for ep in metadata.entry_points(group=GROUPS[group]):
+        entry_points = list(metadata.entry_points(group=GROUPS[group]))
+        builtins = {ep.name for ep in entry_points if is_builtin_entry_point(ep)}
+        for ep in entry_points:
             dist = ep.dist.name if ep.dist else "(unknown)"
             version = ep.dist.version if ep.dist else ""
-            allowed, reason = self.policy.decide(group, ep.name, dist)
+            if is_builtin_entry_point(ep):
+                dist = BUILTIN_DISTRIBUTION
+            elif normalize_distribution(dist) == BUILTIN_DISTRIBUTION:
+                # Named like localstate but pointing outside it: never treated as a built-in.
+                dist = f"{dist} (look-alike, not localstate)"
+            if ep.name in builtins and dist != BUILTIN_DISTRIBUTION:
+                # An installed plugin cannot take over a built-in name (that needs an explicit alias).
+                allowed, reason = False, f"takes the name of the built-in {group[:-1]} {ep.name!r}; refused"
+            else:
+                allowed, reason = self.policy.decide(group, ep.name, dist)
             infos.append(PluginInfo(group, ep.name, ep.value, dist, version, allowed, reason))
         for local_group, name, target in self.policy.local:
             if local_group == group:
@@ -74,10 +86,17 @@ class Registry:
     # -- loading -------------------------------------------------------------------------------
     def load(self, group: str, name: str) -> Any:
         """Import and check the plugin object (a class) for ``name``; cached per process."""
-        name = self.policy.resolve_alias(group, name)
+        alias, name = name, self.policy.resolve_alias(group, name)
+        if alias != name and self.policy.denies_name(group, alias):
+            raise PluginRefusedError(f"{group[:-1]} plugin {alias!r} (alias of {name!r}) is denied by "
+                                     f"{self.policy.source or 'the plugin policy'}",
+                                     hint="remove it from deny_plugins if you trust it", plugin=alias)
         key = (group, name)
         with self._lock:
             if key not in self._loaded:
+                if alias != name and (group, alias, name) in self.policy.overridden_builtins():
+                    logger.warning("built-in %s name %r is aliased to %r by %s (override_builtins = true)",
+                                   group[:-1], alias, name, self.policy.source)
                 self._loaded[key] = self._load(group, name)
             return self._loaded[key]
 
@@ -103,9 +122,18 @@ class Registry:
                 f"{group[:-1]} plugin name {name!r} is provided by several distributions: {dists}",
                 hint="deny all but one of them in plugins.toml ([policy] deny_distributions)", plugin=name)
         info = allowed[0]
+        self._add_local_paths(info)
         obj = _import_target(info)
         _check_kind(group, info, obj)
         return obj
+
+    def _add_local_paths(self, info: PluginInfo) -> None:
+        # Only when an allowed local plugin is imported: listing or refusing one changes nothing.
+        if info.distribution != LOCAL_DISTRIBUTION:
+            return
+        for path in self.policy.paths:
+            if path not in sys.path:
+                sys.path.append(path)
 
     def engine_factory(self, name: str) -> StorageEngineFactory:
         return self.load("engines", name)()
@@ -131,6 +159,7 @@ class Registry:
                     rows.append((info, "blocked"))
                     continue
                 try:
+                    self._add_local_paths(info)
                     _check_kind(group, info, _import_target(info))
                     rows.append((info, "allowed"))
                 except (PluginLoadError, PluginRefusedError) as exc:
