@@ -29,6 +29,7 @@ from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.core.fsutil import fsync_dir
 from localstate.errors import ChangelogCorruptError, ChangelogError
 
+from .compaction import CompactionManifest, check_gap
 from .format import (
     CRC,
     HEADER,
@@ -236,6 +237,26 @@ class FileChangelogPartition(ChangelogPartition):
             self._flushed_end = self._next
         return self._flushed_end
 
+    def roll(self) -> bool:
+        """Writer: flush, then seal the active segment (if it holds records) and start a new, empty one,
+        so compaction can reach the records that were in it. Returns True if a segment was sealed."""
+        self.flush()
+        if self._fd is None or self._active_size == 0:
+            return False
+        try:
+            self._roll(self._flushed_end)
+        except OSError as exc:
+            self._fail()
+            raise ChangelogError(f"cannot roll the changelog segment: {exc}", stream=self.stream,
+                                 partition=self.partition, offset=self._flushed_end,
+                                 hint="check free disk space and permissions, then restart the task") from exc
+        return True
+
+    def compaction_horizon(self) -> int:
+        """1 + the highest offset of a tombstone compaction dropped (0: none). Local state whose
+        offset is below it missed a delete that is no longer in the changelog: it must be rebuilt."""
+        return CompactionManifest.load(self.directory, self.stream, self.partition).horizon
+
     def _write_all(self, data: memoryview) -> None:
         fd = self._fd
         assert fd is not None
@@ -353,6 +374,10 @@ class FileChangelogPartition(ChangelogPartition):
             live = set(bases)
             self._marks = {b: m for b, m in self._marks.items() if b in live}
         index = max(0, bisect.bisect_right(bases, nxt) - 1)
+        if bases and nxt < bases[0] and (stop is None or nxt < stop):
+            # Offsets before the first segment: only compaction may have removed them.
+            check_gap(self.directory, None, nxt, bases[0] if stop is None else min(bases[0], stop),
+                      stream=self.stream, partition=self.partition)
         while index < len(bases):
             if stop is not None and nxt >= stop:
                 return
@@ -378,6 +403,11 @@ class FileChangelogPartition(ChangelogPartition):
             if index == len(bases) - 1:
                 bases = list_segments(self.directory)
             index = bisect.bisect_right(bases, base)
+            if index < len(bases) and nxt < bases[index] and (stop is None or nxt < stop):
+                # The next segment must continue where this one ended, unless compaction recorded
+                # that it removed the offsets in between: a segment deleted by anyone else is loss.
+                target = bases[index] if stop is None else min(bases[index], stop)
+                check_gap(self.directory, base, nxt, target, stream=self.stream, partition=self.partition)
 
     def _segment_batches(self, f, path: Path, base: int, nxt: int, stop: int | None,  # noqa: ANN001
                          sealed: bool) -> Generator[list[ChangelogRecord], None, tuple[int, bool]]:
