@@ -100,9 +100,10 @@ class CompactionManifest:
                 merged.append((a, b))
         self.removed = merged
 
-    def bridges(self, base: int | None, position: int, target: int) -> bool:
-        """True if compaction explains why the records after ``position`` (the end of what segment
-        ``base`` holds; None: before the first segment) continue only at ``target``."""
+    def unexplained(self, base: int | None, position: int, target: int) -> int | None:
+        """The first offset in ``[position, target)`` whose absence compaction does not explain, or
+        None. ``position`` is the end of what segment ``base`` holds (None: before the first segment)
+        and ``target`` where the records continue."""
         end = self.ends.get(base) if base is not None else None
         if end is not None and position <= end:
             position = end
@@ -110,9 +111,9 @@ class CompactionManifest:
         while position < target:
             at = bisect.bisect_right(starts, position) - 1
             if at < 0 or self.removed[at][1] <= position:
-                return False
+                return position
             position = self.removed[at][1]
-        return True
+        return None
 
 
 def check_gap(directory: Path, base: int | None, position: int, target: int, *, stream: str,
@@ -123,13 +124,14 @@ def check_gap(directory: Path, base: int | None, position: int, target: int, *, 
         return
     if manifest is None:
         manifest = CompactionManifest.load(directory, stream, partition)
-    if manifest.bridges(base, position, target):
+    first = manifest.unexplained(base, position, target)
+    if first is None:
         return
-    missing = directory / segment_name(position)
+    missing = directory / segment_name(first)
     raise ChangelogCorruptError(
-        f"changelog records at offsets {position}..{target - 1} are missing (segment {missing.name} or "
-        f"its successors is gone) and compaction did not remove them", stream=stream, partition=partition,
-        segment=str(missing), offset=position, path=str(directory), hint=_MISSING_HINT)
+        f"changelog segment {missing.name} is missing: records at offsets {first}..{target - 1} are gone "
+        f"and compaction did not remove them", stream=stream, partition=partition, segment=str(missing),
+        offset=first, path=str(directory), hint=_MISSING_HINT)
 
 
 @dataclass
