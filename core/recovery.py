@@ -103,6 +103,12 @@ def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoi
     progress = RestoreProgress(label, checkpoint_offset - start)
     engine.restore(restore_progress(changelog.read(start, checkpoint_offset), progress))
     seconds = progress.close()
+    if is_stale(local, changelog):
+        # A compaction that ran during the replay dropped a tombstone the replay may have missed.
+        raise RestoreError(
+            f"compaction of {changelog.stream!r} dropped a delete while the store replayed from offset {local}",
+            store=context.store, partition=context.partition, offset=local, path=str(context.directory),
+            hint="open the store again: its local state is then rebuilt from the changelog")
     trimmed = 0
     # A changelog may end past the checkpoint with no data records there (Kafka's transaction
     # markers take offsets): then there is nothing to neutralise.

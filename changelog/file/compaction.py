@@ -366,7 +366,10 @@ def compact_stream(system: "FileChangelogSystem", stream: str, upto_by_partition
 
 class BackgroundCompactor:
     """A daemon thread compacting every ``interval`` seconds. ``targets()`` returns
-    ``{(stream, partition): upto}`` (the runtime passes its checkpointed changelog offsets)."""
+    ``{(stream, partition): upto}`` (the runtime passes its checkpointed changelog offsets).
+
+    It never seals an active segment itself (``roll=False``): a writer of the partition may be opening
+    at any moment, and only writers roll (the runtime asks them to, see ``core.spark.runner``)."""
 
     def __init__(self, system: "FileChangelogSystem", interval: float,
                  targets: Callable[[], Mapping[tuple[str, int], int]]) -> None:
@@ -375,6 +378,7 @@ class BackgroundCompactor:
         self.targets = targets
         self.runs = 0
         self.last_error: BaseException | None = None
+        self.last_stats: CompactionStats | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="localstate-compactor", daemon=True)
 
@@ -386,23 +390,29 @@ class BackgroundCompactor:
         while not self._stop.wait(self.interval):
             self.run_once()
 
-    def run_once(self) -> None:
-        """One round over all targets; errors are logged, remembered and do not stop the thread."""
+    def run_once(self) -> CompactionStats:
+        """One round over all targets; errors are logged, remembered and do not stop the thread.
+        Returns the round's totals (also kept as ``last_stats``)."""
+        total = CompactionStats()
+        started = time.perf_counter()
         try:
             targets = dict(self.targets())
         except Exception as exc:  # noqa: BLE001 - a failing callback must not kill the thread
             log.warning("background compaction: targets() failed: %s", exc)
             self.last_error = exc
-            return
+            return total
         for (stream, partition), upto in targets.items():
             if self._stop.is_set():
-                return
+                return total
             try:
-                self.system.compact(stream, partition, upto)
+                total.add(self.system.compact(stream, partition, upto, roll=False))
             except (LocalStateError, OSError) as exc:
                 log.warning("background compaction of %s partition %d failed: %s", stream, partition, exc)
                 self.last_error = exc
+        total.seconds = time.perf_counter() - started
+        self.last_stats = total
         self.runs += 1
+        return total
 
     def stop(self, timeout: float | None = 10.0) -> None:
         self._stop.set()
