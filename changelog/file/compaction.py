@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .system import FileChangelogSystem
 
 __all__ = ["CompactionStats", "CompactionManifest", "compact_partition", "compact_stream", "BackgroundCompactor",
-           "COMPACT_LOCK", "MANIFEST", "check_gap"]
+           "COMPACT_LOCK", "MANIFEST", "check_gap", "check_last_segment"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,22 @@ class CompactionManifest:
                 return position
             position = self.removed[at][1]
         return None
+
+
+def check_last_segment(directory: Path, base: int, *, stream: str, partition: int) -> None:
+    """Raise ChangelogCorruptError if compaction recorded that segment ``base``, the last one on disk,
+    was followed by others: compaction never touches the active segment, so they were lost, and a
+    writer resuming here would reuse their offsets."""
+    manifest = CompactionManifest.load(directory, stream, partition)
+    if base not in manifest.ends:
+        return
+    first = manifest.unexplained(None, manifest.ends[base], manifest.ends[base] + 1)
+    first = manifest.ends[base] if first is None else first
+    missing = directory / segment_name(first)
+    raise ChangelogCorruptError(
+        f"changelog segment {missing.name} is missing: the partition ends with segment {segment_name(base)}, "
+        f"which compaction rewrote when segments followed it", stream=stream, partition=partition,
+        segment=str(missing), offset=first, path=str(directory), hint=_MISSING_HINT)
 
 
 def check_gap(directory: Path, base: int | None, position: int, target: int, *, stream: str,

@@ -29,7 +29,7 @@ from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.core.fsutil import fsync_dir
 from localstate.errors import ChangelogCorruptError, ChangelogError
 
-from .compaction import CompactionManifest, check_gap
+from .compaction import CompactionManifest, check_gap, check_last_segment
 from .format import (
     CRC,
     HEADER,
@@ -133,6 +133,7 @@ class FileChangelogPartition(ChangelogPartition):
                 f.truncate(valid_end)
                 f.flush()
                 os.fsync(f.fileno())
+        check_last_segment(self.directory, base, stream=self.stream, partition=self.partition)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         self._active_size = valid_end
         self._flushed_end = self._next = next_offset

@@ -166,3 +166,27 @@ def test_restore_over_a_deleted_segment_fails_naming_it(tiny, tmp_path):
         assert segment_name(bases[1]) in str(info.value)
     finally:
         engine.close()
+
+
+def test_writer_refuses_to_reuse_offsets_of_deleted_segments_after_compaction(tiny):
+    part = tiny.partition("s", 0)
+    # Unique keys (kept) between writes of one hot key (superseded): segments keep records but lose tails.
+    part.append_many((b"u%d" % i if i % 4 == 0 else b"hot", b"v%05d" % i) for i in range(120))
+    end = part.flush()
+    part.close()
+    tiny.compact("s", 0, end, now=0)
+    bases = list_segments(directory(tiny))
+    manifest = json.loads((directory(tiny) / MANIFEST).read_text())
+    offsets = [r.offset for r in read_all(tiny)]
+    # A segment whose tail compaction dropped: it ends before the next segment's base.
+    shortened = [b for b in bases if str(b) in manifest["ends"]
+                 and max(o for o in offsets if b <= o < manifest["ends"][str(b)]) + 1 < manifest["ends"][str(b)]]
+    assert shortened
+    # Delete every segment after it (the active one included): a writer would reuse their offsets.
+    for base in bases:
+        if base > shortened[0]:
+            delete(tiny, base)
+    lost = manifest["ends"][str(shortened[0])]
+    with pytest.raises(ChangelogCorruptError) as info:
+        tiny.partition("s", 0)
+    assert segment_name(lost) in str(info.value)
