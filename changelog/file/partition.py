@@ -11,6 +11,10 @@ Guarantees:
   nor skip one, also while another object/process appends or compaction swaps segment files: a reader
   leaves a segment only once a newer one exists (the writer completes a segment before creating the
   next) and it has read the segment to its end after seeing that.
+- Gaps between segments are read through only if compaction recorded them (``compaction.json``);
+  a segment deleted by anything else raises ChangelogCorruptError naming it and the offsets lost, and
+  a writer does not resume on a last segment that compaction saw followed by others.
+- ``roll()`` (writer) seals the active segment so compaction can reach its records.
 """
 
 from __future__ import annotations
@@ -375,10 +379,7 @@ class FileChangelogPartition(ChangelogPartition):
             live = set(bases)
             self._marks = {b: m for b, m in self._marks.items() if b in live}
         index = max(0, bisect.bisect_right(bases, nxt) - 1)
-        if bases and nxt < bases[0] and (stop is None or nxt < stop):
-            # Offsets before the first segment: only compaction may have removed them.
-            check_gap(self.directory, None, nxt, bases[0] if stop is None else min(bases[0], stop),
-                      stream=self.stream, partition=self.partition)
+        self._check_start(bases, nxt, stop)
         while index < len(bases):
             if stop is not None and nxt >= stop:
                 return
@@ -394,6 +395,7 @@ class FileChangelogPartition(ChangelogPartition):
                     raise ChangelogError("segment vanished while reading", stream=self.stream,
                                          partition=self.partition, segment=str(path),
                                          hint="another process is deleting changelog files; stop it") from None
+                self._check_start(bases, nxt, stop)
                 continue
             with f:
                 nxt, finished = yield from self._segment_batches(f, path, base, nxt, stop,
@@ -409,6 +411,12 @@ class FileChangelogPartition(ChangelogPartition):
                 # that it removed the offsets in between: a segment deleted by anyone else is loss.
                 target = bases[index] if stop is None else min(bases[index], stop)
                 check_gap(self.directory, base, nxt, target, stream=self.stream, partition=self.partition)
+
+    def _check_start(self, bases: list[int], nxt: int, stop: int | None) -> None:
+        """Offsets from ``nxt`` up to the first segment are missing: only compaction may remove them."""
+        if bases and nxt < bases[0] and (stop is None or nxt < stop):
+            check_gap(self.directory, None, nxt, bases[0] if stop is None else min(bases[0], stop),
+                      stream=self.stream, partition=self.partition)
 
     def _segment_batches(self, f, path: Path, base: int, nxt: int, stop: int | None,  # noqa: ANN001
                          sealed: bool) -> Generator[list[ChangelogRecord], None, tuple[int, bool]]:
