@@ -55,8 +55,8 @@ from localstate.core.streams.base import InputRecord, InputStream
 from localstate.core.task import Envelope, add_task_paths
 from localstate.errors import InputError, LocalStateError, TaskError
 
-__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "BatchCompaction", "run_partition", "run_slot",
-           "spark_context", "normalize_master", "TASK_PHASES", "DRIVER_PHASES"]
+__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "BatchCompaction", "run_partition",
+           "run_slot", "spark_context", "normalize_master", "TASK_PHASES", "DRIVER_PHASES"]
 
 log = logging.getLogger(__name__)
 
@@ -346,9 +346,9 @@ class BatchCompaction:
     """Compaction while ``localstate run`` runs, so restore cost follows live state, not history.
 
     At the first batch of a run and then every ``interval`` seconds (the file changelog's
-    ``compact_interval``, default 10 minutes) the driver marks a batch's
-    plans ``roll_changelogs``: each task seals its active changelog segments (task instances kept open
-    in the workers hold the writer locks, so only they can). Once that batch's checkpoints are saved,
+    ``compact_interval``, default 10 minutes) the driver marks a batch's plans ``roll_changelogs``:
+    each task seals its active changelog segments (task instances kept open in the workers hold the
+    writer locks, so only they can). Once that batch's checkpoints are saved,
     one compaction round runs in a background thread of the driver over every store partition, up to
     its checkpointed changelog offset: safe next to the live writers and readers (only sealed
     segments are rewritten, under compact.lock) and never past the checkpoint (trimming after a crash
