@@ -141,16 +141,27 @@ def compact(args: argparse.Namespace) -> int:
         return 0
     checkpoints = checkpoint_store(job)
     # Only the committed prefix may be compacted: trimming after a crash needs the values before it.
+    # The active segment of a partition no job writes to is sealed first, so its records count too.
     committed = {p: checkpoints.load(p) for p in range(job.partitions)}
-    for name, store in sorted(job.stores.items()):
-        if store.changelog is None:
-            continue
-        upto = {p: c.changelogs.get(name, 0) for p, c in committed.items() if c is not None}
-        stats = compact_stream(system, store.changelog, upto)
-        print(f"{store.changelog}: {stats.records_before} -> {stats.records_after} records, "
-              f"{stats.bytes_before / 1e6:.1f} -> {stats.bytes_after / 1e6:.1f} MB in {stats.seconds:.2f}s")
-    system.close()
+    try:
+        for name, store in sorted(job.stores.items()):
+            if store.changelog is None:
+                continue
+            upto = {p: c.changelogs.get(name, 0) for p, c in committed.items() if c is not None}
+            stats = compact_stream(system, store.changelog, upto)
+            print(f"{store.changelog}: {stats.records_before:,} -> {stats.records_after:,} records, "
+                  f"{_size(stats.bytes_before)} -> {_size(stats.bytes_after)}, "
+                  f"{stats.tombstones_dropped:,} tombstone(s) dropped, in {stats.seconds:.2f}s")
+    finally:
+        system.close()
     return 0
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for people: B, kB or MB."""
+    if n < 10_000:
+        return f"{n:,} B"
+    return f"{n / 1e3:,.1f} kB" if n < 10_000_000 else f"{n / 1e6:,.1f} MB"
 
 
 compact.arguments = lambda parser: parser.add_argument("job", help="job config (TOML)")  # type: ignore[attr-defined]

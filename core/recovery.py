@@ -9,6 +9,12 @@ Given the store's local offset L, the checkpointed changelog offset C and the ch
    never see the uncommitted values (Samza's transactional-state trim);
 3. ``engine.flush()``: local state is durable and records the new end offset.
 
+A store whose local offset L is below the changelog's *compaction horizon* (1 + the highest offset of
+a tombstone that compaction dropped; optional capability ``changelog.compaction_horizon()``, 0 when a
+system does not offer it) is *stale*: replaying ``[L, C)`` would miss that delete and the key would come
+back. Such local state must be discarded and rebuilt from offset 0 (:func:`is_stale`; the runtime does
+it when it opens the store); :func:`recover_store` refuses a stale store with RestoreError.
+
 Correctness rests on the engine contract in :mod:`localstate.core.engine`: local state is the
 changelog state at L plus only changes that are in the changelog after L, and the changelog is
 compactable, so re-applying the checkpointed value of every key touched after C yields the state at C.
@@ -23,9 +29,9 @@ from typing import Iterable
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.core.engine import StorageEngine
 from localstate.core.progress import RestoreProgress, restore_progress
-from localstate.errors import CheckpointError
+from localstate.errors import CheckpointError, RestoreError
 
-__all__ = ["StoreRecovery", "recover_store", "values_at"]
+__all__ = ["StoreRecovery", "recover_store", "values_at", "compaction_horizon", "is_stale"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,17 @@ def values_at(changelog: ChangelogPartition, keys: Iterable[bytes], offset: int)
     return values
 
 
+def compaction_horizon(changelog: ChangelogPartition) -> int:
+    """The changelog's compaction horizon (see the module docstring); 0 if the system has none."""
+    horizon = getattr(changelog, "compaction_horizon", None)
+    return int(horizon()) if callable(horizon) else 0
+
+
+def is_stale(local_offset: int | None, changelog: ChangelogPartition) -> bool:
+    """True if local state at ``local_offset`` may hold keys whose delete compaction has dropped."""
+    return local_offset is not None and local_offset < compaction_horizon(changelog)
+
+
 def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoint_offset: int,
                   *, label: str) -> StoreRecovery:
     """Restore ``engine`` to the changelog state at ``checkpoint_offset`` and trim what follows it."""
@@ -74,10 +91,24 @@ def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoi
             hint="restore the changelog from a backup, or reset the job with `localstate reset` "
                  "to rebuild state from the inputs")
     local = engine.local_offset()
+    if is_stale(local, changelog):
+        raise RestoreError(
+            f"local state of the store is at changelog offset {local}, below the compaction horizon "
+            f"{compaction_horizon(changelog)} of {changelog.stream!r}: a delete it has not seen is no longer in "
+            "the changelog", store=context.store, partition=context.partition, offset=local,
+            path=str(context.directory),
+            hint="discard the store's local directory and restore again (the runtime does this itself); "
+                 "keep tombstone_retention longer than a store may stay offline")
     start = 0 if local is None else min(local, checkpoint_offset)
     progress = RestoreProgress(label, checkpoint_offset - start)
     engine.restore(restore_progress(changelog.read(start, checkpoint_offset), progress))
     seconds = progress.close()
+    if is_stale(local, changelog):
+        # A compaction that ran during the replay dropped a tombstone the replay may have missed.
+        raise RestoreError(
+            f"compaction of {changelog.stream!r} dropped a delete while the store replayed from offset {local}",
+            store=context.store, partition=context.partition, offset=local, path=str(context.directory),
+            hint="open the store again: its local state is then rebuilt from the changelog")
     trimmed = 0
     # A changelog may end past the checkpoint with no data records there (Kafka's transaction
     # markers take offsets): then there is nothing to neutralise.

@@ -23,7 +23,7 @@ from localstate.core.config import JobConfig
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
 from localstate.core.names import safe_join
-from localstate.core.recovery import StoreRecovery, recover_store
+from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
 from localstate.errors import CheckpointError, LocalStateError, TaskError
@@ -169,6 +169,16 @@ class TaskInstance:
             # Unusable local state: start from an empty directory so stale keys cannot survive.
             log.warning("store %s partition %d: local state is unusable; rebuilding it from the changelog",
                         name, self.partition)
+            engine.close()
+            shutil.rmtree(directory)
+            directory.mkdir(parents=True)
+            engine = factory.create(context)
+        if changelog is not None and is_stale(engine.local_offset(), changelog):
+            # Compaction dropped a tombstone this state has not applied: replaying only the tail would
+            # bring the deleted key back. Local state is a cache: rebuild it from offset 0.
+            log.warning("store %s partition %d: local state (offset %s) is older than the changelog's "
+                        "compaction horizon %d; rebuilding it from the changelog", name, self.partition,
+                        engine.local_offset(), compaction_horizon(changelog))
             engine.close()
             shutil.rmtree(directory)
             directory.mkdir(parents=True)

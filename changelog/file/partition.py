@@ -11,6 +11,10 @@ Guarantees:
   nor skip one, also while another object/process appends or compaction swaps segment files: a reader
   leaves a segment only once a newer one exists (the writer completes a segment before creating the
   next) and it has read the segment to its end after seeing that.
+- Gaps between segments are read through only if compaction recorded them (``compaction.json``);
+  a segment deleted by anything else raises ChangelogCorruptError naming it and the offsets lost, and
+  a writer does not resume on a last segment that compaction saw followed by others.
+- ``roll()`` (writer) seals the active segment so compaction can reach its records.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.core.fsutil import fsync_dir
 from localstate.errors import ChangelogCorruptError, ChangelogError
 
+from .compaction import CompactionManifest, check_gap, check_last_segment
 from .format import (
     CRC,
     HEADER,
@@ -132,6 +137,7 @@ class FileChangelogPartition(ChangelogPartition):
                 f.truncate(valid_end)
                 f.flush()
                 os.fsync(f.fileno())
+        check_last_segment(self.directory, base, stream=self.stream, partition=self.partition)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         self._active_size = valid_end
         self._flushed_end = self._next = next_offset
@@ -235,6 +241,26 @@ class FileChangelogPartition(ChangelogPartition):
             buf.clear()
             self._flushed_end = self._next
         return self._flushed_end
+
+    def roll(self) -> bool:
+        """Writer: flush, then seal the active segment (if it holds records) and start a new, empty one,
+        so compaction can reach the records that were in it. Returns True if a segment was sealed."""
+        self.flush()
+        if self._fd is None or self._active_size == 0:
+            return False
+        try:
+            self._roll(self._flushed_end)
+        except OSError as exc:
+            self._fail()
+            raise ChangelogError(f"cannot roll the changelog segment: {exc}", stream=self.stream,
+                                 partition=self.partition, offset=self._flushed_end,
+                                 hint="check free disk space and permissions, then restart the task") from exc
+        return True
+
+    def compaction_horizon(self) -> int:
+        """1 + the highest offset of a tombstone compaction dropped (0: none). Local state whose
+        offset is below it missed a delete that is no longer in the changelog: it must be rebuilt."""
+        return CompactionManifest.load(self.directory, self.stream, self.partition).horizon
 
     def _write_all(self, data: memoryview) -> None:
         fd = self._fd
@@ -353,6 +379,7 @@ class FileChangelogPartition(ChangelogPartition):
             live = set(bases)
             self._marks = {b: m for b, m in self._marks.items() if b in live}
         index = max(0, bisect.bisect_right(bases, nxt) - 1)
+        self._check_start(bases, nxt, stop)
         while index < len(bases):
             if stop is not None and nxt >= stop:
                 return
@@ -368,6 +395,7 @@ class FileChangelogPartition(ChangelogPartition):
                     raise ChangelogError("segment vanished while reading", stream=self.stream,
                                          partition=self.partition, segment=str(path),
                                          hint="another process is deleting changelog files; stop it") from None
+                self._check_start(bases, nxt, stop)
                 continue
             with f:
                 nxt, finished = yield from self._segment_batches(f, path, base, nxt, stop,
@@ -378,6 +406,17 @@ class FileChangelogPartition(ChangelogPartition):
             if index == len(bases) - 1:
                 bases = list_segments(self.directory)
             index = bisect.bisect_right(bases, base)
+            if index < len(bases) and nxt < bases[index] and (stop is None or nxt < stop):
+                # The next segment must continue where this one ended, unless compaction recorded
+                # that it removed the offsets in between: a segment deleted by anyone else is loss.
+                target = bases[index] if stop is None else min(bases[index], stop)
+                check_gap(self.directory, base, nxt, target, stream=self.stream, partition=self.partition)
+
+    def _check_start(self, bases: list[int], nxt: int, stop: int | None) -> None:
+        """Offsets from ``nxt`` up to the first segment are missing: only compaction may remove them."""
+        if bases and nxt < bases[0] and (stop is None or nxt < stop):
+            check_gap(self.directory, None, nxt, bases[0] if stop is None else min(bases[0], stop),
+                      stream=self.stream, partition=self.partition)
 
     def _segment_batches(self, f, path: Path, base: int, nxt: int, stop: int | None,  # noqa: ANN001
                          sealed: bool) -> Generator[list[ChangelogRecord], None, tuple[int, bool]]:

@@ -6,26 +6,36 @@ Layout::
     <path>/<stream>/<partition>/00000000000000000000.log   segments named by base offset
     <path>/<stream>/<partition>/writer.lock          flock'ed by the single writer
     <path>/<stream>/<partition>/compact.lock         flock'ed while compacting
+    <path>/<stream>/<partition>/compaction.json      what compaction removed (gaps, tombstone horizon)
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 from localstate.core.changelog import ChangelogSystem
 from localstate.core.names import check_name, safe_join
 from localstate.core.options import Option, parse_duration, parse_size
-from localstate.errors import ChangelogError, ConfigError
+from localstate.errors import ChangelogCorruptError, ChangelogError, ConfigError
 
 from .compaction import BackgroundCompactor, CompactionStats, compact_partition
-from .partition import DEFAULT_SEGMENT_BYTES, FileChangelogPartition
+from .format import list_segments
+from .partition import DEFAULT_SEGMENT_BYTES, LOCK_FILE, FileChangelogPartition
 from localstate.core.fsutil import write_atomic
 
-__all__ = ["FileChangelogSystem", "STREAM_META"]
+__all__ = ["FileChangelogSystem", "STREAM_META", "DEFAULT_COMPACT_INTERVAL"]
+
+log = logging.getLogger(__name__)
 
 STREAM_META = "stream.json"
+#: Default period of background compaction in ``localstate run`` (seconds): frequent enough that a
+#: long-running job's changelog stays near its live size, rare enough that the rewrite cost is small.
+DEFAULT_COMPACT_INTERVAL = 600.0
 FORMAT_VERSION = 1
 
 
@@ -41,8 +51,8 @@ class FileChangelogSystem(ChangelogSystem):
         "fsync": Option(bool, default=True, doc="fsync segment files at every flush"),
         "tombstone_retention": Option((int, float, str), default=86400.0, parse=parse_duration,
                                       doc="compaction keeps tombstones at least this long ('1d')"),
-        "compact_interval": Option((int, float, str), default=0.0, parse=parse_duration,
-                                   doc="background compaction period; 0 disables it"),
+        "compact_interval": Option((int, float, str), default=DEFAULT_COMPACT_INTERVAL, parse=parse_duration,
+                                   doc="period of compaction while a job runs ('10m'); 0 disables it"),
     }
 
     def __init__(self, options: Mapping[str, Any] | None = None, state_dir: Path | str = ".") -> None:
@@ -124,11 +134,44 @@ class FileChangelogSystem(ChangelogSystem):
         return FileChangelogPartition(directory, stream, partition, writable=False,
                                       segment_bytes=self.segment_bytes, fsync=self.fsync)
 
-    def compact(self, stream: str, partition: int, upto: int, now: float | None = None) -> CompactionStats:
-        """Keep the last record per key below ``upto`` (see compaction.compact_partition)."""
+    def compact(self, stream: str, partition: int, upto: int, now: float | None = None, *,
+                roll: bool = True) -> CompactionStats:
+        """Keep the last record per key below ``upto`` (see compaction.compact_partition).
+
+        ``roll``: if the active segment holds records below ``upto`` and no writer has the partition
+        open, seal it first so those records are compacted too (a live writer keeps its segment; it
+        rolls when its runtime asks it to)."""
+        if roll:
+            self.roll_if_idle(stream, partition, upto)
         return compact_partition(self.partition_dir(stream, partition), upto,
                                  tombstone_retention=self.tombstone_retention, now=now, fsync=self.fsync,
                                  stream=stream, partition=partition)
+
+    def roll_if_idle(self, stream: str, partition: int, upto: int) -> bool:
+        """Seal the active segment of a partition nobody writes to if it holds records below ``upto``.
+        Returns True if it did; False if there is nothing to roll or a writer holds the partition."""
+        directory = self.partition_dir(stream, partition)
+        bases = list_segments(directory)
+        if not bases or bases[-1] >= upto:
+            return False
+        lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("changelog %s partition %d: a writer holds the active segment; compacting sealed "
+                     "segments only", stream, partition)
+            return False
+        finally:
+            os.close(lock_fd)  # a probe only: the writer opened below takes the lock itself
+        try:
+            writer = FileChangelogPartition(directory, stream, partition, writable=True,
+                                            segment_bytes=self.segment_bytes, fsync=self.fsync)
+        except ChangelogCorruptError:
+            raise
+        except ChangelogError:  # a writer started between the probe and now
+            return False
+        with writer:
+            return writer.roll()
 
     def start_compactor(self, targets: Callable[[], Mapping[tuple[str, int], int]]) -> BackgroundCompactor:
         """Start background compaction every ``compact_interval`` seconds; ``targets()`` returns

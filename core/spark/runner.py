@@ -35,9 +35,10 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
@@ -54,8 +55,8 @@ from localstate.core.streams.base import InputRecord, InputStream
 from localstate.core.task import Envelope, add_task_paths
 from localstate.errors import InputError, LocalStateError, TaskError
 
-__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "run_partition", "run_slot",
-           "spark_context", "normalize_master", "TASK_PHASES", "DRIVER_PHASES"]
+__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "BatchCompaction", "run_partition",
+           "run_slot", "spark_context", "normalize_master", "TASK_PHASES", "DRIVER_PHASES"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ class PartitionPlan:
     """the driver's run: a kept instance is reused only within the run that opened it"""
     keep_open: bool = False
     """keep the task instance open in the worker for the partition's next batch (see ``instances``)"""
+    roll_changelogs: bool = False
+    """seal the active changelog segments before processing, so the driver's next compaction round
+    reaches the records in them (see :class:`BatchCompaction`)"""
 
 
 #: Phases of a Spark task, in seconds (``timings`` of :func:`run_partition`'s result): waiting for
@@ -145,6 +149,8 @@ class RunSummary:
     seconds: float = 0.0
     release_seconds: float = 0.0
     """closing the instances kept open in the workers, at the end of the run"""
+    compaction_rounds: int = 0
+    """changelog compaction rounds completed while the job ran (:class:`BatchCompaction`)"""
 
     @property
     def records_in(self) -> int:
@@ -292,6 +298,8 @@ def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     changelog_start, outputs_start = clock["changelog"], clock["outputs"]
     prepared = None
     try:
+        if plan.roll_changelogs:
+            _roll_changelogs(instance)
         opened = time.perf_counter()
         inputs = {name: open_input(job, name) for name in sorted(plan.ranges)}
         counts = {"in": 0, "skipped": 0, "dead": 0}
@@ -323,6 +331,85 @@ def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "replayed": sum(r.replayed for r in lease.recoveries), "trimmed": sum(r.trimmed for r in lease.recoveries),
         "reused": lease.reused, "pid": os.getpid(), "timings": timings,
     }
+
+
+def _roll_changelogs(instance: BatchInstance) -> None:
+    """Seal each store's active changelog segment (changelog systems with a ``roll()`` capability).
+    The instance is at its committed checkpoint here, so everything sealed is at most that."""
+    for store in instance.stores.values():
+        roll = getattr(store.changelog, "roll", None) if store.changelog is not None else None
+        if callable(roll):
+            roll()
+
+
+class BatchCompaction:
+    """Compaction while ``localstate run`` runs, so restore cost follows live state, not history.
+
+    At the first batch of a run and then every ``interval`` seconds (the file changelog's
+    ``compact_interval``, default 10 minutes) the driver marks a batch's plans ``roll_changelogs``:
+    each task seals its active changelog segments (task instances kept open in the workers hold the
+    writer locks, so only they can). Once that batch's checkpoints are saved,
+    one compaction round runs in a background thread of the driver over every store partition, up to
+    its checkpointed changelog offset: safe next to the live writers and readers (only sealed
+    segments are rewritten, under compact.lock) and never past the checkpoint (trimming after a crash
+    needs the values before it). One round at a time; :meth:`close` waits for a running one."""
+
+    def __init__(self, job: JobConfig, system: Any, interval: float) -> None:
+        from localstate.changelog.file.compaction import BackgroundCompactor
+
+        self.job = job
+        self.system = system
+        self.interval = interval
+        self.checkpoints = checkpoint_store(job)
+        self.rounds = BackgroundCompactor(system, interval, self.targets)  # used for its run_once()
+        self._last = float("-inf")  # the first batch of a run rolls: short runs compact too
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_job(cls, job: JobConfig) -> "BatchCompaction | None":
+        """The job's compaction, or None if its changelog system cannot compact or it is disabled."""
+        if not any(store.changelog is not None for store in job.stores.values()):
+            return None
+        system = open_changelog_system(job)
+        interval = float(getattr(system, "compact_interval", 0.0) or 0.0)
+        if not callable(getattr(system, "compact", None)) or interval <= 0:
+            system.close()
+            return None
+        return cls(job, system, interval)
+
+    def targets(self) -> dict[tuple[str, int], int]:
+        """``{(changelog stream, partition): checkpointed offset}`` of every logged store partition."""
+        out = {}
+        for partition in range(self.job.partitions):
+            checkpoint = self.checkpoints.load(partition)
+            if checkpoint is None:
+                continue
+            for name, store in self.job.stores.items():
+                if store.changelog is not None and checkpoint.changelogs.get(name, 0) > 0:
+                    out[(store.changelog, partition)] = checkpoint.changelogs[name]
+        return out
+
+    def due(self) -> bool:
+        """True if the next batch should roll (the interval passed and no round is running)."""
+        running = self._thread is not None and self._thread.is_alive()
+        return not running and time.monotonic() - self._last >= self.interval
+
+    def start_round(self) -> None:
+        """Compact up to the checkpoints just saved, in the background."""
+        self._last = time.monotonic()
+        self._thread = threading.Thread(target=self._round, name="localstate-compaction", daemon=True)
+        self._thread.start()
+
+    def _round(self) -> None:
+        stats = self.rounds.run_once()
+        log.info("compaction round: %d -> %d changelog records, %d -> %d bytes, %d tombstone(s) dropped in "
+                 "%.2fs", stats.records_before, stats.records_after, stats.bytes_before, stats.bytes_after,
+                 stats.tombstones_dropped, stats.seconds)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        self.system.close()
 
 
 def run_slot(job: JobConfig, plans: Mapping[int, PartitionPlan], claims: Path, slot: int) -> dict[str, Any]:
@@ -497,6 +584,7 @@ class SparkJobRunner:
         partitions = range(self.job.partitions)
         clear_requests(self.checkpoints, partitions)
         self._create_changelogs()
+        compaction = BatchCompaction.for_job(self.job)
         started = time.perf_counter()
         batch = 0
         try:
@@ -506,6 +594,9 @@ class SparkJobRunner:
                 planned = time.perf_counter()
                 if not plans:
                     break
+                roll = compaction is not None and compaction.due()
+                if roll:
+                    plans = [replace(plan, roll_changelogs=True) for plan in plans]
                 try:
                     result = self.run_batch(batch, plans)
                 except LocalStateError:
@@ -516,6 +607,8 @@ class SparkJobRunner:
                     raise TaskError(f"Spark batch {batch} failed after retries: {tail.strip()[:500]}",
                                     hint="see the Python traceback above; state stays at the last committed "
                                          "batch, fix the cause and run again") from exc
+                if roll:
+                    compaction.start_round()  # type: ignore[union-attr]
                 result.driver_seconds["plan"] = planned - planning
                 result.seconds += planned - planning
                 result.lag = lag - result.records_in
@@ -524,6 +617,9 @@ class SparkJobRunner:
                     self.progress(_progress_line(result, len(plans)))
                 batch += 1
         finally:
+            if compaction is not None:
+                compaction.close()  # waits for a running round
+                summary.compaction_rounds = compaction.rounds.runs
             if self.keep_open:
                 releasing = time.perf_counter()
                 release_partitions(self.checkpoints, partitions)

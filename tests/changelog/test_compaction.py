@@ -144,7 +144,7 @@ def test_background_compactor(tmp_path: Path) -> None:
     assert len(list(part.read())) < 20
     assert state(part.read()) == {b"k0": b"v98", b"k1": b"v99"}
     with pytest.raises(ChangelogError):
-        FileChangelogSystem({}, tmp_path).start_compactor(lambda: {})
+        FileChangelogSystem({"compact_interval": 0}, tmp_path).start_compactor(lambda: {})
     part.close()
 
 
