@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from localstate.core.cli import command
@@ -28,31 +29,16 @@ def plugins(args: argparse.Namespace) -> int:
 
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
-    from localstate.core.streams import open_input, open_output
-    from localstate.core.task import add_task_paths, load_task_class
+    from localstate.core.validation import check_job
     from localstate.errors import ConfigError
 
-    job = load_job_config(args.job, plugins=args.plugins)
-    # Beyond the file's shape: each input's and output's options and the task class. Stream
-    # constructors only validate (they connect to nothing), so this is safe without a broker.
-    problems = []
-    for name in job.inputs:
-        try:
-            open_input(job, name)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    for name in job.outputs:
-        try:
-            open_output(job, name)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    add_task_paths(job)
-    try:
-        load_task_class(job.task)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    if problems:
-        raise ConfigError(problems, source=str(args.job))
+    # Every stage runs even when an earlier one failed: one run shows every problem.
+    check = check_job(args.job, plugins=args.plugins)
+    for note in check.notes:
+        print(f"{args.job}: warning: {note}", file=sys.stderr)
+    if check.problems:
+        raise ConfigError(check.problems, source=str(args.job))
+    job = check.job
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
           f"{len(job.stores)} store(s), {len(job.inputs)} input(s), {len(job.outputs)} output(s)")
     return 0

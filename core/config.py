@@ -112,10 +112,15 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
-                     plugins: str | os.PathLike[str] | None = None, registry: Registry | None = None) -> JobConfig:
-    """Validate an already-parsed TOML document. See the module docstring for the format."""
+                     plugins: str | os.PathLike[str] | None = None, registry: Registry | None = None,
+                     collect: list[ConfigProblem] | None = None) -> JobConfig:
+    """Validate an already-parsed TOML document. See the module docstring for the format.
+
+    With ``collect``, problems are appended to it instead of raised, and a best-effort JobConfig is
+    returned (invalid stores left out, invalid scalars at their defaults) so that ``validate`` can go
+    on checking inputs, outputs and the task in the same run."""
     base_dir = Path(base_dir or Path.cwd())
-    problems: list[ConfigProblem] = []
+    problems: list[ConfigProblem] = collect if collect is not None else []
     add = lambda path, message: problems.append(ConfigProblem(path, message))  # noqa: E731
 
     for section in sorted(set(data) - _SECTIONS):
@@ -191,8 +196,12 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     outputs = _streams(data, "outputs", add)
     spark = _table(data, "spark", add)
 
-    if problems:
+    if problems and collect is None:
         raise ConfigError(problems, source=source)
+    if collect is not None:  # best effort: placeholders where the value itself was the problem
+        name = name if isinstance(name, str) and name_problem(name, "job") is None else "unnamed"
+        task = task if isinstance(task, str) else ""
+        changelog_system = changelog_system if isinstance(changelog_system, str) else "file"
     return JobConfig(
         name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(),
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
