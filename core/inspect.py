@@ -1,0 +1,483 @@
+"""Read-only views of a job's state (``localstate inspect``): checkpoints, store partitions, store
+contents, changelog streams.
+
+Guarantee: nothing here writes, creates, locks, truncates or deletes anything. Checkpoints are read
+as files (not through :class:`CheckpointStore`, which creates its directory); file changelogs through
+:meth:`FileChangelogSystem.reader` (no writer lock, a torn tail is skipped, not truncated); LMDB is
+opened ``readonly=True, lock=False``; RocksDB is opened read-only on a private snapshot in a temporary
+directory (SST files hard-linked, the small files copied), because rocksdict rewrites its
+``rocksdict-config.json`` even when opening read-only. It may run next to a live job: what it shows
+is then a recent consistent view of each partition, not necessarily of all partitions together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.config import JobConfig, StoreConfig
+from localstate.core.names import safe_join
+from localstate.core.runtime import store_directory
+from localstate.core.serdes import Serde
+from localstate.errors import ChangelogError, CheckpointError, StateNotFoundError
+
+__all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "load_checkpoints",
+           "store_partitions", "store_entries", "changelog_partitions", "changelog_records", "stream_location",
+           "dir_size", "to_jsonable"]
+
+_OFFSET = struct.Struct(">Q")
+_META_OFFSET = b"local_offset"       # the kv engine's META_OFFSET (not imported: that pulls in the engine)
+_ROCKSDB_META_CF = "localstate_meta"
+
+
+# -- where things are ------------------------------------------------------------------------------
+
+def job_dir(job: JobConfig) -> Path:
+    """``<state_dir>/<job>``: checkpoints and local stores."""
+    return safe_join(job.state_dir, job.name)
+
+
+def stream_location(job: JobConfig, section: str, name: str) -> str:
+    """Where input/output ``name`` lives, for people: a directory, or a Kafka topic."""
+    from localstate.core.streams.base import resolve_path
+
+    config = (job.inputs if section == "inputs" else job.outputs)[name]
+    options = config.options
+    if config.system == "kafka":
+        return f"kafka topic {options.get('topic') or name!r}"
+    if isinstance(options.get("path"), str):
+        path = resolve_path(job, options["path"])
+        if config.system == "file":
+            path = path / (options.get("stream") or name)
+        return str(path)
+    return f"({config.system})"
+
+
+def changelog_root(job: JobConfig) -> Path | None:
+    """Directory of the job's file changelogs, or None when changelogs are not files."""
+    if job.changelog_system != "file":
+        return None
+    root = Path(job.changelog_options.get("file", {}).get("path") or "changelogs")
+    return root if root.is_absolute() else job.state_dir / root
+
+
+def dir_size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symlinks not followed)."""
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                stat = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            total += stat.st_size if not os.path.islink(os.path.join(folder, name)) else 0
+    return total
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+
+def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
+    """Each partition's checkpoint (None where there is none), read without creating anything."""
+    root = job_dir(job) / "checkpoints"
+    found: dict[int, Checkpoint | None] = {}
+    for partition in range(job.partitions):
+        path = root / f"{partition}.json"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            found[partition] = None
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc}", partition=partition, path=str(path),
+                                  hint="check the file's permissions and disk") from exc
+        found[partition] = Checkpoint.from_json(text, str(path))
+    return found
+
+
+def require_state(job: JobConfig) -> dict[int, Checkpoint | None]:
+    """The checkpoints, or StateNotFoundError when the job has no state at all (never run here)."""
+    checkpoints = load_checkpoints(job)
+    root = changelog_root(job)
+    logged = [s.changelog for s in job.stores.values() if s.changelog]
+    has_changelogs = root is not None and any((root / stream).is_dir() for stream in logged)
+    if not job_dir(job).exists() and not has_changelogs:
+        raise StateNotFoundError(f"job {job.name!r} has no state in {job.state_dir}: it has not run with this "
+                                 "state directory", path=str(job_dir(job)),
+                                 hint="run it first (`localstate run JOB`), or check job.state_dir in the config")
+    return checkpoints
+
+
+# -- store partitions --------------------------------------------------------------------------------
+
+@dataclass
+class StorePartitionInfo:
+    """One store partition as found on disk."""
+
+    store: str
+    partition: int
+    engine: str
+    backend: str | None
+    directory: Path
+    exists: bool
+    bytes: int
+    local_offset: int | None
+    keys: int | None
+    checkpoint_offset: int | None
+    changelog_end: int | None
+    notes: list[str] = field(default_factory=list)
+
+
+def store_config(job: JobConfig, store: str) -> StoreConfig:
+    from localstate.core.options import did_you_mean
+
+    if store not in job.stores:
+        known = sorted(job.stores)
+        raise StateNotFoundError(f"job {job.name!r} has no store {store!r}{did_you_mean(store, known)}",
+                                 store=store, hint=f"stores of this job: {', '.join(known) or '(none)'}")
+    return job.stores[store]
+
+
+def _backend(config: StoreConfig) -> str | None:
+    if config.engine in ("kv", "heap", "sketch"):
+        return str(config.options.get("backend") or "rocksdb")
+    return None
+
+
+def store_partitions(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint | None],
+                     partitions: list[int] | None = None) -> list[StorePartitionInfo]:
+    """What each partition of ``store`` holds locally, next to its checkpoint and changelog end."""
+    config = store_config(job, store)
+    backend = _backend(config)
+    infos = []
+    for partition in partitions if partitions is not None else range(job.partitions):
+        directory = store_directory(job, store, partition)
+        checkpoint = checkpoints.get(partition)
+        info = StorePartitionInfo(
+            store, partition, config.engine, backend, directory, directory.is_dir(),
+            dir_size(directory) if directory.is_dir() else 0, None, None,
+            checkpoint.changelogs.get(store, 0) if checkpoint is not None and config.changelog else None,
+            _changelog_end(job, config.changelog, partition) if config.changelog else None)
+        if info.exists:
+            try:
+                with _open_local(directory, backend) as local:
+                    if local is not None:
+                        info.local_offset = local.offset()
+                        if config.engine == "kv":
+                            info.keys = sum(1 for _ in local.scan())
+                    elif config.engine == "search":
+                        info.local_offset = _search_offset(directory, info.notes)
+            except Exception as exc:  # noqa: BLE001 - an unreadable local store is shown, not fatal
+                info.notes.append(f"local store unreadable: {type(exc).__name__}: {exc}")
+        if config.changelog is None:
+            info.notes.append("not logged (changelog = false): not fault tolerant")
+        elif backend == "memory":
+            info.notes.append("memory backend: no local files; contents come from the changelog")
+        if (info.local_offset is not None and info.checkpoint_offset is not None
+                and info.local_offset != info.checkpoint_offset):
+            info.notes.append(f"local offset {info.local_offset} != checkpointed {info.checkpoint_offset}: "
+                              "the next start replays/trims to the checkpoint")
+        infos.append(info)
+    return infos
+
+
+def _search_offset(directory: Path, notes: list[str]) -> int | None:
+    # The search engine's marker says offset o (commit not done) or n (done); which one needs tantivy
+    # to compare opstamps, so both are shown.
+    try:
+        marker = json.loads((directory / "search-offset.json").read_bytes())
+        notes.append(f"search index marker: offset {marker['offset']} or {marker['next']} (by tantivy opstamp)")
+        return int(marker["next"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class _LocalReader:
+    """Read-only access to a kv backend directory: the offset and the live entries in key order."""
+
+    def offset(self) -> int | None:
+        raw = self.meta(_META_OFFSET)
+        return _OFFSET.unpack(raw)[0] if raw is not None and len(raw) == _OFFSET.size else None
+
+    def meta(self, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def scan(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+
+class _LMDBReader(_LocalReader):
+    def __init__(self, path: Path) -> None:
+        import lmdb
+
+        # readonly + lock=False: no lock file is created or written, no map is grown.
+        self.env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=2, readahead=False)
+        self.data = self.env.open_db(b"data", create=False)
+        self.meta_db = self.env.open_db(b"meta", create=False)
+
+    def meta(self, key: bytes) -> bytes | None:
+        with self.env.begin(db=self.meta_db) as txn:
+            return txn.get(key)
+
+    def scan(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        with self.env.begin(db=self.data, buffers=False) as txn:
+            cursor = txn.cursor()
+            if (cursor.set_range(start) if start is not None else cursor.first()):
+                yield from cursor.iternext()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _RocksReader(_LocalReader):
+    def __init__(self, path: Path) -> None:
+        import rocksdict
+
+        self.snapshot = Path(tempfile.mkdtemp(prefix="localstate-inspect-"))
+        try:
+            _snapshot_rocksdb(path, self.snapshot)
+            self.db = rocksdict.Rdict(str(self.snapshot), options=rocksdict.Options(raw_mode=True),
+                                      column_families={_ROCKSDB_META_CF: rocksdict.Options(raw_mode=True)},
+                                      access_type=rocksdict.AccessType.read_only())
+        except BaseException:
+            shutil.rmtree(self.snapshot, ignore_errors=True)
+            raise
+
+    def meta(self, key: bytes) -> bytes | None:
+        return self.db.get_column_family(_ROCKSDB_META_CF).get(key)
+
+    def scan(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        it = self.db.iter()
+        it.seek(start) if start is not None else it.seek_to_first()
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+        del it
+
+    def close(self) -> None:
+        self.db.close()
+        shutil.rmtree(self.snapshot, ignore_errors=True)
+
+
+def _snapshot_rocksdb(source: Path, target: Path) -> None:
+    """A private copy of a RocksDB directory to open read-only: SST files (immutable) hard-linked
+    where the file system allows it, everything else copied; info logs and the LOCK skipped."""
+    for entry in os.scandir(source):
+        if not entry.is_file(follow_symlinks=False) or entry.name.startswith("LOG") or entry.name == "LOCK":
+            continue
+        destination = target / entry.name
+        if entry.name.endswith(".sst"):
+            try:
+                os.link(entry.path, destination)
+                continue
+            except OSError:
+                pass
+        shutil.copyfile(entry.path, destination)
+
+
+@contextmanager
+def _open_local(directory: Path, backend: str | None) -> Iterator[_LocalReader | None]:
+    """A reader of the store partition's kv backend directory, or None if there is none on disk."""
+    path = directory / backend if backend in ("rocksdb", "lmdb") else None
+    if path is None or not path.is_dir():
+        yield None
+        return
+    reader = _RocksReader(path) if backend == "rocksdb" else _LMDBReader(path)
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+# -- changelogs ----------------------------------------------------------------------------------------
+
+def _file_system(job: JobConfig):  # noqa: ANN202 - FileChangelogSystem, imported lazily
+    from localstate.changelog.file import FileChangelogSystem
+
+    if job.changelog_system != "file":
+        raise ChangelogError(f"changelog system {job.changelog_system!r}: inspect reads file changelogs only",
+                             hint="read the topics with the system's own tools (e.g. kafka-console-consumer); "
+                                  "`inspect --store` still shows local rocksdb/lmdb stores")
+    return FileChangelogSystem(job.changelog_options.get("file", {}), job.state_dir)
+
+
+def _changelog_end(job: JobConfig, stream: str, partition: int) -> int | None:
+    if job.changelog_system != "file":
+        return None
+    system = _file_system(job)
+    if not system.partition_dir(stream, partition).is_dir():
+        return None
+    reader = system.reader(stream, partition)
+    try:
+        return reader.end_offset()
+    finally:
+        reader.close()
+
+
+@dataclass
+class SegmentInfo:
+    name: str
+    bytes: int
+
+
+@dataclass
+class ChangelogPartitionInfo:
+    stream: str
+    partition: int
+    directory: Path
+    exists: bool
+    start: int | None
+    end: int
+    checkpoint_offset: int | None
+    segments: list[SegmentInfo]
+
+
+def resolve_stream(job: JobConfig, name: str) -> tuple[str, StoreConfig | None]:
+    """A changelog stream by its name or by its store's name -> (stream, the store it logs)."""
+    for store in job.stores.values():
+        if name in (store.changelog, store.name) and store.changelog:
+            return store.changelog, store
+    known = sorted(s.changelog for s in job.stores.values() if s.changelog)
+    raise StateNotFoundError(f"job {job.name!r} has no changelog stream {name!r}", stream=name,
+                             hint=f"changelog streams of this job: {', '.join(known) or '(none)'} "
+                                  "(a store name works too)")
+
+
+def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
+                         checkpoints: dict[int, Checkpoint | None],
+                         partitions: list[int] | None = None) -> list[ChangelogPartitionInfo]:
+    from localstate.changelog.file.format import list_segments, segment_name
+
+    system = _file_system(job)
+    infos = []
+    for partition in partitions if partitions is not None else range(job.partitions):
+        directory = system.partition_dir(stream, partition)
+        checkpoint = checkpoints.get(partition)
+        committed = checkpoint.changelogs.get(store.name, 0) if checkpoint is not None and store else None
+        if not directory.is_dir():
+            infos.append(ChangelogPartitionInfo(stream, partition, directory, False, None, 0, committed, []))
+            continue
+        segments = [SegmentInfo(segment_name(base), (directory / segment_name(base)).stat().st_size)
+                    for base in list_segments(directory)]
+        reader = system.reader(stream, partition)
+        try:
+            end = reader.end_offset()
+            first = next(iter(reader.read(0, end)), None)
+        finally:
+            reader.close()
+        infos.append(ChangelogPartitionInfo(stream, partition, directory, True,
+                                            first.offset if first is not None else None, end, committed, segments))
+    return infos
+
+
+def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 0,
+                      end: int | None = None) -> Iterator[Any]:
+    """Raw records of one file changelog partition (nothing if it does not exist)."""
+    system = _file_system(job)
+    if not system.partition_dir(stream, partition).is_dir():
+        return
+    reader = system.reader(stream, partition)
+    try:
+        yield from reader.read(start, end if end is not None else reader.end_offset())
+    finally:
+        reader.close()
+
+
+# -- store contents ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    partition: int
+    key: Any
+    value: Any
+    source: str
+    """'local' or 'changelog'"""
+
+
+def _decoder(serde: Serde | None):  # noqa: ANN202
+    def decode(data: bytes) -> Any:
+        if serde is None:
+            return data
+        try:
+            return serde.deserialize(data)
+        except Exception:  # noqa: BLE001 - engine-internal encodings: shown raw
+            return data
+    return decode
+
+
+def store_serdes(job: JobConfig, config: StoreConfig) -> tuple[Serde | None, Serde | None]:
+    """The store's serdes for decoding kv contents; None (raw bytes) for other engines, whose
+    changelog records are engine encodings, and for serdes that could run code (pickle)."""
+    registry = job.registry
+    serdes = []
+    for name in (config.key_serde, config.value_serde):
+        try:
+            serdes.append(registry.serde(name, allow_pickle=job.allow_pickle))
+        except Exception:  # noqa: BLE001 - a refused serde: show raw bytes
+            serdes.append(None)
+    key_serde, value_serde = serdes
+    if config.engine != "kv":
+        return key_serde if config.engine in ("heap", "search") else None, None
+    return key_serde, value_serde
+
+
+def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint | None], *,
+                  partitions: list[int] | None = None, from_changelog: bool = False,
+                  key_filter: Any = None) -> Iterator[Entry]:
+    """The contents of ``store``, partition by partition in key (byte) order, decoded.
+
+    From the local rocksdb/lmdb store where there is one (unless ``from_changelog``), else from the
+    changelog replayed up to the checkpointed offset (last record per key, tombstones delete).
+    ``key_filter(decoded_key) -> bool`` selects keys."""
+    config = store_config(job, store)
+    backend = _backend(config)
+    key_serde, value_serde = store_serdes(job, config)
+    decode_key, decode_value = _decoder(key_serde), _decoder(value_serde)
+    for partition in partitions if partitions is not None else range(job.partitions):
+        directory = store_directory(job, store, partition)
+        use_local = (config.engine == "kv" and not from_changelog and backend in ("rocksdb", "lmdb")
+                     and (directory / backend).is_dir())
+        if use_local:
+            with _open_local(directory, backend) as local:
+                assert local is not None
+                for kb, vb in local.scan():
+                    key = decode_key(kb)
+                    if key_filter is None or key_filter(key):
+                        yield Entry(partition, key, decode_value(vb), "local")
+            continue
+        if config.changelog is None:
+            raise StateNotFoundError(f"store {store!r} partition {partition} has no local store on disk and no "
+                                     "changelog (changelog = false)", store=store, partition=partition,
+                                     path=str(directory), hint="nothing persistent to show for this store")
+        checkpoint = checkpoints.get(partition)
+        upto = checkpoint.changelogs.get(store, 0) if checkpoint is not None else 0
+        latest: dict[bytes, bytes | None] = {}
+        for record in changelog_records(job, config.changelog, partition, 0, upto):
+            latest[record.key] = record.value
+        for kb in sorted(latest):
+            vb = latest[kb]
+            if vb is None:
+                continue
+            key = decode_key(kb)
+            if key_filter is None or key_filter(key):
+                yield Entry(partition, key, decode_value(vb), "changelog")
+
+
+def to_jsonable(value: Any) -> Any:
+    """JSON-safe form of a decoded key or value: bytes become {"hex": ...}."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"hex": bytes(value).hex()}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
