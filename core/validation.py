@@ -63,7 +63,8 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
             problems.extend(exc.problems)
         except LocalStateError as exc:
             problems.append(ConfigProblem(f"outputs.{name}", exc.message))
-    if job.task:  # an absent or malformed task is already reported at job.task
+    task = job.task
+    if task.count(":") == 1 and all(task.split(":")):  # an absent or malformed task is already reported
         add_task_paths(job)
         try:
             load_task_class(job.task)

@@ -149,3 +149,16 @@ def test_run_refuses_missing_input_directory(tmp_path):
     assert result.returncode == 1
     assert "inputs.views.path" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "state").exists()                        # nothing was created
+
+
+def test_malformed_task_is_reported_once(tmp_path):
+    job_file = _write(tmp_path, """
+        [job]
+        name = "j"
+        task = "no_colon_here"
+        [stores.s]
+        engine = "kv"
+        backend = "nope"
+    """)
+    paths = [p.path for p in check_job(job_file).problems]
+    assert sorted(paths) == ["job.task", "stores.s.backend"]
