@@ -171,8 +171,9 @@ def inspect(args: argparse.Namespace) -> int:
                     records.append(record)
                     if len(records) >= args.records:
                         break
-            decoded = [{"offset": r.offset, "key": view.to_jsonable(_try(key_serde, r.key)),
-                        "value": None if r.value is None else view.to_jsonable(_try(value_serde, r.value))}
+            decode_key, decode_value = view.decoder(key_serde), view.decoder(value_serde)
+            decoded = [{"offset": r.offset, "key": view.to_jsonable(decode_key(r.key)),
+                        "value": None if r.value is None else view.to_jsonable(decode_value(r.value))}
                        for r in records]
             if args.json:
                 print(json.dumps({"stream": stream, "partition": info.partition, "directory": str(info.directory),
@@ -192,15 +193,6 @@ def inspect(args: argparse.Namespace) -> int:
                 print(f"  @{record['offset']}  {json.dumps(record['key'])}  {value}")
         return 0
     return _inspect_overview(job, view, partitions, args.json)
-
-
-def _try(serde, data: bytes):  # noqa: ANN001, ANN202
-    if serde is None:
-        return data
-    try:
-        return serde.deserialize(data)
-    except Exception:  # noqa: BLE001 - not this serde's encoding: shown raw
-        return data
 
 
 def _key_filter(job, args: argparse.Namespace):  # noqa: ANN001, ANN202

@@ -31,7 +31,7 @@ from localstate.errors import ChangelogError, CheckpointError, StateNotFoundErro
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "load_checkpoints",
            "store_partitions", "store_entries", "changelog_partitions", "changelog_records", "stream_location",
-           "dir_size", "to_jsonable"]
+           "dir_size", "to_jsonable", "raw_value", "decoder"]
 
 _OFFSET = struct.Struct(">Q")
 _META_OFFSET = b"local_offset"       # the kv engine's META_OFFSET (not imported: that pulls in the engine)
@@ -401,15 +401,26 @@ class Entry:
     """'local' or 'changelog'"""
 
 
-def _decoder(serde: Serde | None):  # noqa: ANN202
+def decoder(serde: Serde | None):  # noqa: ANN202
     def decode(data: bytes) -> Any:
-        if serde is None:
-            return data
-        try:
-            return serde.deserialize(data)
-        except Exception:  # noqa: BLE001 - engine-internal encodings: shown raw
-            return data
+        if serde is not None:
+            try:
+                return serde.deserialize(data)
+            except Exception:  # noqa: BLE001 - engine-internal encodings: shown as below
+                pass
+        return raw_value(data)
     return decode
+
+
+def raw_value(data: bytes) -> Any:
+    """Bytes without a serde: the JSON they hold when they are a JSON object or array (engines such as
+    search log documents as JSON), else the bytes themselves (shown as hex)."""
+    if data[:1] in (b"{", b"["):
+        try:
+            return json.loads(data.decode("utf-8"))
+        except ValueError:
+            pass
+    return data
 
 
 def store_serdes(job: JobConfig, config: StoreConfig) -> tuple[Serde | None, Serde | None]:
@@ -439,7 +450,7 @@ def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint 
     config = store_config(job, store)
     backend = _backend(config)
     key_serde, value_serde = store_serdes(job, config)
-    decode_key, decode_value = _decoder(key_serde), _decoder(value_serde)
+    decode_key, decode_value = decoder(key_serde), decoder(value_serde)
     for partition in partitions if partitions is not None else range(job.partitions):
         directory = store_directory(job, store, partition)
         use_local = (config.engine == "kv" and not from_changelog and backend in ("rocksdb", "lmdb")
