@@ -98,8 +98,9 @@ class JobConfig:
 
 
 def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
-                    registry: Registry | None = None) -> JobConfig:
-    """Read and validate a job file. ``plugins`` overrides the policy file location."""
+                    registry: Registry | None = None, collect: list[ConfigProblem] | None = None) -> JobConfig:
+    """Read and validate a job file. ``plugins`` overrides the policy file location; ``collect`` as in
+    :func:`parse_job_config` (an unreadable file still raises)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -108,7 +109,8 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
                              hint="fix the TOML syntax at the reported line") from exc
-    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
+    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry,
+                            collect=collect)
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,

@@ -10,11 +10,10 @@ created, connected to or written.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localstate.core.config import JobConfig, parse_job_config
+from localstate.core.config import JobConfig, load_job_config
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["JobCheck", "check_job", "input_path_problems", "require_input_paths", "spark_notes"]
@@ -24,7 +23,7 @@ __all__ = ["JobCheck", "check_job", "input_path_problems", "require_input_paths"
 class JobCheck:
     """What :func:`check_job` found: the (best-effort) job, its problems, and notes that are not errors."""
 
-    job: JobConfig | None
+    job: JobConfig
     problems: list[ConfigProblem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -34,16 +33,8 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
     from localstate.core.streams import open_input, open_output
     from localstate.core.task import add_task_paths, load_task_class
 
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError.at("", f"job config {path} does not exist", hint="check the path") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
-                             hint="fix the TOML syntax at the reported line") from exc
     problems: list[ConfigProblem] = []
-    job = parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, collect=problems)
+    job = load_job_config(path, plugins=plugins, collect=problems)
     check = JobCheck(job, problems)
     # Stream constructors only validate (they connect to nothing), so this is safe without a broker.
     for name in job.inputs:
@@ -70,7 +61,7 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
             load_task_class(job.task)
         except ConfigError as exc:
             problems.extend(exc.problems)
-    check.notes.extend(spark_notes(job, data.get("job") if isinstance(data.get("job"), dict) else {}))
+    check.notes.extend(spark_notes(job))
     return check
 
 
@@ -113,10 +104,20 @@ def require_input_paths(job: JobConfig) -> None:
                           hint="fix the path, or create the input first (e.g. the example's make_input.py)")
 
 
-def spark_notes(job: JobConfig, raw_job: dict) -> list[str]:
+def spark_notes(job: JobConfig) -> list[str]:
     """Settings the Spark runner does not use, said out loud rather than silently ignored."""
-    ignored = [key for key in ("commit_interval", "commit_every") if key in raw_job]
-    if not ignored:
-        return []
+    raw = _raw_job_table(job.source)
     return [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
-            "it applies to the in-process runtime and the TaskTestDriver" for key in ignored]
+            "it applies to the in-process runtime and the TaskTestDriver"
+            for key in ("commit_interval", "commit_every") if key in raw]
+
+
+def _raw_job_table(source: str | None) -> dict:
+    """The [job] table as written in the file (to tell settings given explicitly from defaults)."""
+    import tomllib
+
+    try:
+        table = tomllib.loads(Path(source).read_text(encoding="utf-8")).get("job", {}) if source else {}
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}

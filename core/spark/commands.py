@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     job = load_job_config(args.job, plugins=args.plugins)
     # A mistyped input path would otherwise run as an empty input and exit 0.
     require_input_paths(job)
-    for note in spark_notes(job, _raw_job_table(args.job)):
+    for note in spark_notes(job):
         print(f"warning: {note}", file=sys.stderr)
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)
     print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
@@ -39,17 +39,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"state: {job_dir(job)} (look at it: localstate inspect {args.job}; start over: "
           f"localstate reset {args.job} --yes)", flush=True)
     return 0
-
-
-def _raw_job_table(path: str) -> dict:
-    """The [job] table as written (to tell settings given explicitly from defaults)."""
-    import tomllib
-
-    try:
-        table = tomllib.loads(open(path, encoding="utf-8").read()).get("job", {})
-    except (OSError, ValueError):
-        return {}
-    return table if isinstance(table, dict) else {}
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
