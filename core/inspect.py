@@ -13,6 +13,7 @@ is then a recent consistent view of each partition, not necessarily of all parti
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import struct
@@ -32,6 +33,8 @@ from localstate.errors import ChangelogError, CheckpointError, StateNotFoundErro
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "load_checkpoints",
            "store_partitions", "store_entries", "changelog_partitions", "changelog_records", "stream_location",
            "dir_size", "to_jsonable", "raw_value", "decoder"]
+
+log = logging.getLogger(__name__)
 
 _OFFSET = struct.Struct(">Q")
 _META_OFFSET = b"local_offset"       # the kv engine's META_OFFSET (not imported: that pulls in the engine)
@@ -212,6 +215,9 @@ class _LocalReader:
     def scan(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release the handle (and any private snapshot)."""
+
 
 class _LMDBReader(_LocalReader):
     def __init__(self, path: Path) -> None:
@@ -282,18 +288,22 @@ def _snapshot_rocksdb(source: Path, target: Path) -> None:
         shutil.copyfile(entry.path, destination)
 
 
-@contextmanager
-def _open_local(directory: Path, backend: str | None) -> Iterator[_LocalReader | None]:
+def _reader(directory: Path, backend: str | None) -> _LocalReader | None:
     """A reader of the store partition's kv backend directory, or None if there is none on disk."""
     path = directory / backend if backend in ("rocksdb", "lmdb") else None
     if path is None or not path.is_dir():
-        yield None
-        return
-    reader = _RocksReader(path) if backend == "rocksdb" else _LMDBReader(path)
+        return None
+    return _RocksReader(path) if backend == "rocksdb" else _LMDBReader(path)
+
+
+@contextmanager
+def _open_local(directory: Path, backend: str | None) -> Iterator[_LocalReader | None]:
+    reader = _reader(directory, backend)
     try:
         yield reader
     finally:
-        reader.close()
+        if reader is not None:
+            reader.close()
 
 
 # -- changelogs ----------------------------------------------------------------------------------------
@@ -455,13 +465,22 @@ def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint 
         directory = store_directory(job, store, partition)
         use_local = (config.engine == "kv" and not from_changelog and backend in ("rocksdb", "lmdb")
                      and (directory / backend).is_dir())
+        local = None
         if use_local:
-            with _open_local(directory, backend) as local:
-                assert local is not None
+            try:
+                local = _reader(directory, backend)
+            except Exception as exc:  # noqa: BLE001 - local state is a cache: fall back to the changelog
+                log.warning("store %s partition %d: cannot read the local %s store (%s: %s); showing the "
+                            "changelog up to the checkpoint instead", store, partition, backend,
+                            type(exc).__name__, exc)
+        if local is not None:
+            try:
                 for kb, vb in local.scan():
                     key = decode_key(kb)
                     if key_filter is None or key_filter(key):
                         yield Entry(partition, key, decode_value(vb), "local")
+            finally:
+                local.close()
             continue
         if config.changelog is None:
             raise StateNotFoundError(f"store {store!r} partition {partition} has no local store on disk and no "

@@ -295,3 +295,25 @@ def test_job_file_parses(tmp_path):
     # the job above is valid as written (guards the fixture against silent config drift)
     (tmp_path / "job.toml").write_text(textwrap.dedent(JOB))
     assert set(load_job_config(tmp_path / "job.toml").stores) == {"counts", "last", "cache", "top", "scratch"}
+
+
+def test_unreadable_local_store_falls_back_to_the_changelog(run, capsys, tmp_path):
+    """Local state is a cache: garbage in a local RocksDB/LMDB directory is reported (overview) and the
+    contents come from the changelog up to the checkpoint; nothing is repaired or deleted."""
+    job_file, committed, _ = run
+    copy = tmp_path / "copy"
+    shutil.copytree(job_file.parent, copy, symlinks=True)
+    stores = copy / "state" / "inspect-me" / "stores"
+    for store, backend in (("counts", "rocksdb"), ("last", "lmdb")):
+        for p in range(PARTITIONS):
+            directory = stores / store / str(p) / backend
+            shutil.rmtree(directory)
+            directory.mkdir()
+            (directory / ("CURRENT" if backend == "rocksdb" else "data.mdb")).write_bytes(b"garbage\n" * 10)
+    before = _snapshot(copy / "state")
+    assert _dump(capsys, copy / "job.toml", "counts") == {p: committed[p]["counts"] for p in committed}
+    assert _dump(capsys, copy / "job.toml", "last") == {p: committed[p]["last"] for p in committed}
+    code, out, err = _inspect(capsys, str(copy / "job.toml"))
+    assert code == 0, err
+    assert "local store unreadable" in out
+    assert _snapshot(copy / "state") == before
