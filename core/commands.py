@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -131,150 +130,9 @@ compact.arguments = lambda parser: parser.add_argument("job", help="job config (
 @command("inspect", "show a job's state read-only: checkpoints and store partitions (default), a store's "
                     "contents (--store), or a changelog stream (--changelog)")
 def inspect(args: argparse.Namespace) -> int:
-    from localstate.core import inspect as view
+    from localstate.core.inspect import run_inspect
 
-    job = load_job_config(args.job, plugins=args.plugins)
-    if args.partition is not None and not 0 <= args.partition < job.partitions:
-        from localstate.errors import StateNotFoundError
-        raise StateNotFoundError(f"job {job.name!r} has partitions 0..{job.partitions - 1}, not {args.partition}",
-                                 partition=args.partition, hint="pick a partition below job.partitions")
-    partitions = [args.partition] if args.partition is not None else None
-    if args.store and args.changelog:
-        from localstate.errors import ConfigError
-        raise ConfigError.at("", "--store and --changelog are exclusive", hint="inspect one thing at a time")
-    if args.store:
-        view.store_config(job, args.store)  # a bad name fails before anything else is read
-        checkpoints = view.require_state(job)
-        key_filter = _key_filter(job, args)
-        shown = 0
-        for entry in view.store_entries(job, args.store, checkpoints, partitions=partitions,
-                                        from_changelog=args.from_changelog, key_filter=key_filter):
-            if args.limit and shown >= args.limit:
-                print(f"... (--limit {args.limit} reached; --limit 0 shows all)", file=sys.stderr)
-                break
-            key, value = view.to_jsonable(entry.key), view.to_jsonable(entry.value)
-            if args.json:
-                print(json.dumps({"partition": entry.partition, "key": key, "value": value}, sort_keys=True))
-            else:
-                print(f"{entry.partition}\t{json.dumps(key)}\t{json.dumps(value, sort_keys=True)}")
-            shown += 1
-        return 0
-    if args.changelog:
-        stream, store = view.resolve_stream(job, args.changelog)
-        checkpoints = view.require_state(job)
-        infos = view.changelog_partitions(job, stream, store, checkpoints, partitions)
-        key_serde, value_serde = view.store_serdes(job, store) if store else (None, None)
-        for info in infos:
-            records = []
-            if info.exists and args.records:
-                for record in view.changelog_records(job, stream, info.partition, 0, info.end):
-                    records.append(record)
-                    if len(records) >= args.records:
-                        break
-            decode_key, decode_value = view.decoder(key_serde), view.decoder(value_serde)
-            decoded = [{"offset": r.offset, "key": view.to_jsonable(decode_key(r.key)),
-                        "value": None if r.value is None else view.to_jsonable(decode_value(r.value))}
-                       for r in records]
-            if args.json:
-                print(json.dumps({"stream": stream, "partition": info.partition, "directory": str(info.directory),
-                                  "exists": info.exists, "start": info.start, "end": info.end,
-                                  "checkpoint": info.checkpoint_offset,
-                                  "segments": [{"name": s.name, "bytes": s.bytes} for s in info.segments],
-                                  "records": decoded}, sort_keys=True))
-                continue
-            print(f"{stream} partition {info.partition}: {info.directory}"
-                  + ("" if info.exists else " (does not exist)"))
-            print(f"  offsets {info.start if info.start is not None else '-'}..{info.end} "
-                  f"(end {info.end}), checkpointed {info.checkpoint_offset if info.checkpoint_offset is not None else '-'}")
-            for segment in info.segments:
-                print(f"  segment {segment.name}  {segment.bytes:,} bytes")
-            for record in decoded:
-                value = "(tombstone)" if record["value"] is None else json.dumps(record["value"], sort_keys=True)
-                print(f"  @{record['offset']}  {json.dumps(record['key'])}  {value}")
-        return 0
-    return _inspect_overview(job, view, partitions, args.json)
-
-
-def _key_filter(job, args: argparse.Namespace):  # noqa: ANN001, ANN202
-    """Select keys by --prefix or --start/--end, compared as the store's key type (int keys as ints)."""
-    if args.prefix is None and args.start is None and args.end is None:
-        return None
-    from localstate.errors import ConfigError
-
-    if args.prefix is not None and (args.start is not None or args.end is not None):
-        raise ConfigError.at("", "--prefix and --start/--end are exclusive", hint="use one way to select keys")
-    as_int = job.stores[args.store].key_serde == "int"
-    try:
-        start = int(args.start) if as_int and args.start is not None else args.start
-        end = int(args.end) if as_int and args.end is not None else args.end
-    except ValueError:
-        raise ConfigError.at("", f"store {args.store!r} has int keys: --start/--end must be integers",
-                             hint="e.g. --start 10 --end 20") from None
-
-    def select(key) -> bool:  # noqa: ANN001
-        if isinstance(key, (bytes, bytearray)):  # raw keys: compare bytes with the arguments' UTF-8
-            key, low, high, prefix = bytes(key), *(None if x is None else x.encode()
-                                                   for x in (args.start, args.end, args.prefix))
-        else:
-            key, low, high, prefix = (key if as_int else str(key)), start, end, args.prefix
-        if prefix is not None:
-            return not isinstance(key, int) and key.startswith(prefix)
-        try:
-            return (low is None or key >= low) and (high is None or key < high)
-        except TypeError:  # a key of another type than the bounds
-            return False
-
-    return select
-
-
-def _inspect_overview(job, view, partitions, as_json: bool) -> int:  # noqa: ANN001
-    checkpoints = view.require_state(job)
-    stores = [info for name in sorted(job.stores) for info in view.store_partitions(job, name, checkpoints, partitions)]
-    changelogs = view.changelog_root(job)
-    if as_json:
-        print(json.dumps({
-            "job": job.name, "partitions": job.partitions, "state_dir": str(view.job_dir(job)),
-            "changelogs": str(changelogs) if changelogs else job.changelog_system,
-            "checkpoints": {str(p): (None if c is None else {"generation": c.generation, "inputs": c.inputs,
-                                                              "changelogs": c.changelogs, "outputs": c.outputs})
-                            for p, c in checkpoints.items() if partitions is None or p in partitions},
-            "stores": [{"store": i.store, "partition": i.partition, "engine": i.engine, "backend": i.backend,
-                        "directory": str(i.directory), "exists": i.exists, "bytes": i.bytes,
-                        "local_offset": i.local_offset, "keys": i.keys, "checkpoint_offset": i.checkpoint_offset,
-                        "changelog_end": i.changelog_end, "notes": i.notes} for i in stores],
-            "inputs": {n: view.stream_location(job, "inputs", n) for n in job.inputs},
-            "outputs": {n: view.stream_location(job, "outputs", n) for n in job.outputs},
-        }, sort_keys=True))
-        return 0
-    print(f"job {job.name!r}: {job.partitions} partition(s), state in {view.job_dir(job)}")
-    print(f"changelogs: {changelogs if changelogs else job.changelog_system}")
-    print("checkpoints:")
-    for partition, checkpoint in checkpoints.items():
-        if partitions is not None and partition not in partitions:
-            continue
-        if checkpoint is None:
-            print(f"  partition {partition}: none (never committed)")
-            continue
-        print(f"  partition {partition}: generation {checkpoint.generation}, inputs {checkpoint.inputs}, "
-              f"changelogs {checkpoint.changelogs}, outputs {checkpoint.outputs}")
-    print("stores:")
-    rows = [("STORE", "PART", "ENGINE", "BACKEND", "LOCAL", "CHECKPOINT", "CHANGELOG_END", "KEYS", "BYTES")]
-    dash = lambda value: "-" if value is None else str(value)  # noqa: E731
-    for i in stores:
-        rows.append((i.store, str(i.partition), i.engine, dash(i.backend),
-                     dash(i.local_offset) if i.exists else "(none)", dash(i.checkpoint_offset),
-                     dash(i.changelog_end), dash(i.keys), f"{i.bytes:,}"))
-    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
-    for row in rows:
-        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
-    for i in stores:
-        for note in i.notes:
-            print(f"  {i.store}[{i.partition}]: {note}")
-    for section in ("inputs", "outputs"):
-        names = job.inputs if section == "inputs" else job.outputs
-        for name in names:
-            print(f"{section[:-1]} {name}: {view.stream_location(job, section, name)}")
-    return 0
+    return run_inspect(load_job_config(args.job, plugins=args.plugins), args)
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
