@@ -135,18 +135,25 @@ def inspect(args: argparse.Namespace) -> int:
     return run_inspect(load_job_config(args.job, plugins=args.plugins), args)
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job config (TOML)")
     parser.add_argument("--store", metavar="NAME", help="dump this store's contents, decoded with its serdes")
     parser.add_argument("--changelog", metavar="STREAM", help="show this changelog stream (or the store's)")
-    parser.add_argument("--partition", type=int, default=None, help="only this partition")
-    parser.add_argument("--limit", type=int, default=100, help="--store: at most N entries (0: all; default 100)")
+    parser.add_argument("--partition", type=_count, default=None, help="only this partition")
+    parser.add_argument("--limit", type=_count, default=100, help="--store: at most N entries (0: all; default 100)")
     parser.add_argument("--prefix", default=None, help="--store: keys starting with this")
     parser.add_argument("--start", default=None, help="--store: keys >= this")
     parser.add_argument("--end", default=None, help="--store: keys < this")
     parser.add_argument("--from-changelog", action="store_true",
                         help="--store: replay the changelog up to the checkpoint instead of reading the local store")
-    parser.add_argument("--records", type=int, default=5, help="--changelog: records shown per partition")
+    parser.add_argument("--records", type=_count, default=5, help="--changelog: records shown per partition")
     parser.add_argument("--json", action="store_true", help="JSON output (one object per line)")
 
 

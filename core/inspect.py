@@ -186,6 +186,11 @@ def store_partitions(job: JobConfig, store: str, checkpoints: dict[int, Checkpoi
             info.notes.append("not logged (changelog = false): not fault tolerant")
         elif backend == "memory":
             info.notes.append("memory backend: no local files; contents come from the changelog")
+        if (info.changelog_end is not None and info.checkpoint_offset is not None
+                and info.changelog_end < info.checkpoint_offset):
+            info.notes.append(f"the checkpoint says offset {info.checkpoint_offset} but the changelog ends at "
+                              f"{info.changelog_end}: committed records are missing (restore the changelog, or "
+                              "`localstate reset`)")
         if (info.local_offset is not None and info.checkpoint_offset is not None
                 and info.local_offset != info.checkpoint_offset):
             info.notes.append(f"local offset {info.local_offset} != checkpointed {info.checkpoint_offset}: "

@@ -317,3 +317,23 @@ def test_unreadable_local_store_falls_back_to_the_changelog(run, capsys, tmp_pat
     assert code == 0, err
     assert "local store unreadable" in out
     assert _snapshot(copy / "state") == before
+
+
+def test_key_selection_follows_the_key_type(tmp_path):
+    """--start/--end compare int keys as ints (10 < 9 as text would be wrong), text keys as text."""
+    import argparse
+
+    from localstate.core.inspect import _key_filter
+    from localstate.errors import ConfigError
+
+    (tmp_path / "job.toml").write_text(JOB + '\n[stores.byid]\nengine = "kv"\nkey_serde = "int"\n')
+    job = load_job_config(tmp_path / "job.toml")
+    args = lambda **kw: argparse.Namespace(**{"store": "byid", "prefix": None, "start": None, "end": None, **kw})  # noqa: E731
+    select = _key_filter(job, args(start="9", end="11"))
+    assert [k for k in (8, 9, 10, 11, 100) if select(k)] == [9, 10]
+    select = _key_filter(job, args(store="counts", prefix="user-1"))
+    assert [k for k in ("user-1", "user-10", "user-2", "xuser-1") if select(k)] == ["user-1", "user-10"]
+    with pytest.raises(ConfigError):
+        _key_filter(job, args(start="abc"))
+    with pytest.raises(ConfigError):
+        _key_filter(job, args(store="counts", prefix="a", start="b"))
