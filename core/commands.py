@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from localstate.core.cli import command
@@ -43,31 +44,16 @@ plugins.arguments = lambda parser: parser.add_argument(  # type: ignore[attr-def
 
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
-    from localstate.core.streams import open_input, open_output
-    from localstate.core.task import add_task_paths, load_task_class
+    from localstate.core.validation import check_job
     from localstate.errors import ConfigError
 
-    job = load_job_config(args.job, plugins=args.plugins)
-    # Beyond the file's shape: each input's and output's options and the task class. Stream
-    # constructors only validate (they connect to nothing), so this is safe without a broker.
-    problems = []
-    for name in job.inputs:
-        try:
-            open_input(job, name)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    for name in job.outputs:
-        try:
-            open_output(job, name)
-        except ConfigError as exc:
-            problems.extend(exc.problems)
-    add_task_paths(job)
-    try:
-        load_task_class(job.task)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-    if problems:
-        raise ConfigError(problems, source=str(args.job))
+    # Every stage runs even when an earlier one failed: one run shows every problem.
+    check = check_job(args.job, plugins=args.plugins)
+    for note in check.notes:
+        print(f"{args.job}: warning: {note}", file=sys.stderr)
+    if check.problems:
+        raise ConfigError(check.problems, source=str(args.job))
+    job = check.job
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
           f"{len(job.stores)} store(s), {len(job.inputs)} input(s), {len(job.outputs)} output(s)")
     return 0
@@ -165,3 +151,36 @@ def _size(n: int) -> str:
 
 
 compact.arguments = lambda parser: parser.add_argument("job", help="job config (TOML)")  # type: ignore[attr-defined]
+
+
+@command("inspect", "show a job's state read-only: checkpoints and store partitions (default), a store's "
+                    "contents (--store), or a changelog stream (--changelog)")
+def inspect(args: argparse.Namespace) -> int:
+    from localstate.core.inspect import run_inspect
+
+    return run_inspect(load_job_config(args.job, plugins=args.plugins), args)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="job config (TOML)")
+    parser.add_argument("--store", metavar="NAME", help="dump this store's contents, decoded with its serdes")
+    parser.add_argument("--changelog", metavar="STREAM", help="show this changelog stream (or the store's)")
+    parser.add_argument("--partition", type=_count, default=None, help="only this partition")
+    parser.add_argument("--limit", type=_count, default=100, help="--store: at most N entries (0: all; default 100)")
+    parser.add_argument("--prefix", default=None, help="--store: keys starting with this")
+    parser.add_argument("--start", default=None, help="--store: keys >= this")
+    parser.add_argument("--end", default=None, help="--store: keys < this")
+    parser.add_argument("--from-changelog", action="store_true",
+                        help="--store: replay the changelog up to the checkpoint instead of reading the local store")
+    parser.add_argument("--records", type=_count, default=5, help="--changelog: records shown per partition")
+    parser.add_argument("--json", action="store_true", help="JSON output (one object per line)")
+
+
+inspect.arguments = _inspect_arguments  # type: ignore[attr-defined]

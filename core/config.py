@@ -98,8 +98,9 @@ class JobConfig:
 
 
 def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
-                    registry: Registry | None = None) -> JobConfig:
-    """Read and validate a job file. ``plugins`` is the operator's policy file: it wins over the job's own."""
+                    registry: Registry | None = None, collect: list[ConfigProblem] | None = None) -> JobConfig:
+    """Read and validate a job file. ``plugins`` is the operator's policy file: it wins over the job's
+    own. ``collect`` as in :func:`parse_job_config` (an unreadable file still raises)."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -108,7 +109,8 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
                              hint="fix the TOML syntax at the reported line") from exc
-    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
+    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry,
+                            collect=collect)
 
 
 def job_policy(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> PluginPolicy:
@@ -128,11 +130,16 @@ def job_policy(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] 
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
-                     plugins: str | os.PathLike[str] | None = None, registry: Registry | None = None) -> JobConfig:
-    """Validate an already-parsed TOML document. See the module docstring for the format."""
+                     plugins: str | os.PathLike[str] | None = None, registry: Registry | None = None,
+                     collect: list[ConfigProblem] | None = None) -> JobConfig:
+    """Validate an already-parsed TOML document. See the module docstring for the format.
+
+    With ``collect``, problems are appended to it instead of raised, and a best-effort JobConfig is
+    returned (invalid stores left out, invalid scalars at their defaults) so that ``validate`` can go
+    on checking inputs, outputs and the task in the same run."""
     job_dir = Path(base_dir) if base_dir is not None else None
     base_dir = Path(base_dir or Path.cwd())
-    problems: list[ConfigProblem] = []
+    problems: list[ConfigProblem] = collect if collect is not None else []
     add = lambda path, message: problems.append(ConfigProblem(path, message))  # noqa: E731
 
     for section in sorted(set(data) - _SECTIONS):
@@ -219,8 +226,12 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     outputs = _streams(data, "outputs", add)
     spark = _table(data, "spark", add)
 
-    if problems:
+    if problems and collect is None:
         raise ConfigError(problems, source=source)
+    if collect is not None:  # best effort: placeholders where the value itself was the problem
+        name = name if isinstance(name, str) and name_problem(name, "job") is None else "unnamed"
+        task = task if isinstance(task, str) else ""
+        changelog_system = changelog_system if isinstance(changelog_system, str) else "file"
     return JobConfig(
         name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(),
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from localstate.core.cli import command
 from localstate.core.config import load_job_config
@@ -14,7 +15,14 @@ __all__: list[str] = []
 def run(args: argparse.Namespace) -> int:
     from localstate.core.spark.runner import SparkJobRunner
 
+    from localstate.core.inspect import changelog_root, job_dir, stream_location
+    from localstate.core.validation import require_input_paths, spark_notes
+
     job = load_job_config(args.job, plugins=args.plugins)
+    # A mistyped input path would otherwise run as an empty input and exit 0.
+    require_input_paths(job)
+    for note in spark_notes(job):
+        print(f"warning: {note}", file=sys.stderr)
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)
     print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
           flush=True)
@@ -22,6 +30,14 @@ def run(args: argparse.Namespace) -> int:
     rate = summary.records_in / summary.seconds if summary.seconds else 0.0
     print(f"done: {len(summary.batches)} batch(es), {summary.records_in:,} records in, {summary.records_out:,} out, "
           f"{summary.seconds:.1f}s ({rate:,.0f} rec/s), lag {summary.lag:,}", flush=True)
+    for name in job.outputs:
+        print(f"output {name}: {stream_location(job, 'outputs', name)}")
+    logged = sorted(store.changelog for store in job.stores.values() if store.changelog)
+    if logged:
+        root = changelog_root(job)
+        print(f"changelogs: {', '.join(logged)} " + (f"in {root}" if root else f"on {job.changelog_system}"))
+    print(f"state: {job_dir(job)} (look at it: localstate inspect {args.job}; start over: "
+          f"localstate reset {args.job} --yes)", flush=True)
     return 0
 
 

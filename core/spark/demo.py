@@ -319,6 +319,8 @@ def run_demo(*, events: int = 200_000, partitions: int = 2, kill: bool = True, m
     root = Path(directory).resolve()
     try:
         data, state, outputs = root / "data", root / "state", root / "out"
+        out(f"work directory {root}: " + ("a temporary directory, removed at the end (--dir DIR keeps the "
+                                          "results)" if tmp is not None else "kept after the run"))
         started = time.perf_counter()
         counts = generate_events(data, events, partitions)
         out(f"generated {events:,} events in {time.perf_counter() - started:.1f}s: "
@@ -358,6 +360,11 @@ def run_demo(*, events: int = 200_000, partitions: int = 2, kill: bool = True, m
             f"{sum(actual['unmatched'].values()):,} unmatched clicks, {len(actual['expired']):,} impressions expired")
         out(f"  full restore          partition 0 rebuilt from its changelogs: {replayed:,} records in "
             f"{restore_seconds:.2f}s")
+        out(f"  outputs               in {outputs}: " + ", ".join(
+            f"{name} ({job.outputs[name].system})" for name in sorted(job.outputs)))
+        out(f"  state                 {state} (checkpoints, local stores, changelogs)")
+        if tmp is None:
+            out(f"  look at it            localstate inspect {job_file}")
         problems = compare(expected, actual)
         if kill and not marker.exists():
             problems.append("the worker kill did not happen")
@@ -369,6 +376,7 @@ def run_demo(*, events: int = 200_000, partitions: int = 2, kill: bool = True, m
     finally:
         if tmp is not None:
             tmp.cleanup()
+            out(f"removed {root} (run with --dir DIR to keep the outputs and state)")
 
 
 class PageViewCounter(StreamTask):

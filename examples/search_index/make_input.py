@@ -12,8 +12,8 @@ Listings go to ``<listings path>/<partition>.jsonl`` with ``partition = partitio
 partitions)`` (the Kafka-compatible partitioner); every saved search goes to every partition's
 ``<saved-searches path>/<partition>.jsonl`` (each partition's index is one shard of the listings,
 so each must run every search). Both in event-time order. Paths and the partition count come from
-the ``job.toml`` next to this file. Refuses to write twice: delete ``data/``, ``state/`` and
-``out/`` to start over.
+the ``job.toml`` next to this file. Refuses to write twice: delete the example's ``.work/``
+folder to start from scratch.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def write_input(job_file: Path, listings: int = 3000, searches: int = 24, seed: 
     search_dir = resolve_path(job, job.inputs["saved_searches"].options["path"])
     for directory in (listing_dir, search_dir):
         if directory.exists() and any(directory.iterdir()):
-            raise SystemExit(f"{directory} already has input; delete data/, state/ and out/ to start over")
+            raise SystemExit(f"{directory} already has input; `localstate reset JOB --yes` starts the job over on it, deleting .work/ starts from scratch")
     by_partition: dict[int, list[dict[str, Any]]] = {p: [] for p in range(job.partitions)}
     for ts, listing_id, value in listing_events(listings, seed):
         by_partition[partition_for(listing_id, job.partitions)].append({"key": listing_id, "value": value, "ts": ts})

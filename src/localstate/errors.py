@@ -27,6 +27,7 @@ __all__ = [
     "ChangelogFencedError",
     "RestoreError",
     "TaskError",
+    "StateNotFoundError",
     "InputError",
     "OutputError",
 ]
@@ -185,3 +186,8 @@ class OutputError(LocalStateError):
 class ChangelogFencedError(ChangelogError, FencedError):
     """A newer writer of the same changelog partition (a newer instance of the task partition) has
     taken over; this one's changelog writes are refused by the broker and it must stop."""
+
+
+class StateNotFoundError(LocalStateError):
+    """What was asked for is not in the job's state: a store, stream or partition the job does not
+    have, or a job that has not run with this state directory (``localstate inspect``)."""

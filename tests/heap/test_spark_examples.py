@@ -26,7 +26,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "heap"
 def prepare(tmp_path: Path, name: str) -> tuple[JobConfig, dict[str, Any]]:
     """Copy the example's job folder (without any local run's files) and write its input."""
     shutil.copytree(EXAMPLES / name, tmp_path / "job",
-                    ignore=shutil.ignore_patterns("data", "state", "out", "__pycache__"))
+                    ignore=shutil.ignore_patterns(".work", "data", "state", "out", "__pycache__"))
     make_input = runpy.run_path(str(tmp_path / "job" / "make_input.py"))
     make_input["write_input"](tmp_path / "job" / "job.toml")
     module = runpy.run_path(str(tmp_path / "job" / f"{name}.py"))

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.spark
 
 
 def _run(tmp_path, spark_context, name: str, batch_size: int):
-    shutil.copytree(EXAMPLES / name, tmp_path / "job")
+    shutil.copytree(EXAMPLES / name, tmp_path / "job", ignore=shutil.ignore_patterns(".work", "__pycache__"))
     job = load_job_config(tmp_path / "job" / "job.toml")
     summary = SparkJobRunner(job, context=spark_context, batch_size=batch_size, progress=None).run()
     assert summary.lag == 0 and len(summary.batches) > 1

@@ -31,7 +31,7 @@ def prepare(tmp_path: Path, name: str) -> tuple[JobConfig, dict[str, Any]]:
     """Copy the example's folder (without a local run's files), write its input if it has a
     ``make_input.py``, and load its job config and task module."""
     shutil.copytree(EXAMPLES / name, tmp_path / "job",
-                    ignore=shutil.ignore_patterns("data", "state", "out", "__pycache__"))
+                    ignore=shutil.ignore_patterns(".work", "data", "state", "out", "__pycache__"))
     if (tmp_path / "job" / "make_input.py").exists():
         runpy.run_path(str(tmp_path / "job" / "make_input.py"))["write_input"](tmp_path / "job" / "job.toml")
     module = runpy.run_path(str(tmp_path / "job" / f"{name}.py"))

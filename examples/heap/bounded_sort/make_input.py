@@ -9,7 +9,7 @@ takes 1.5-3.5 s, so some lines arrive after the 2 s watermark has passed them. E
 holds its services' lines sorted by arrival time (``ts``, epoch seconds) and ends with a control line
 ``{"watermark": T}`` (T = the newest ``at`` of the partition: everything has been shipped).
 Paths and the partition count come from the ``job.toml`` next to this file. Refuses to write twice:
-delete ``data/``, ``state/`` and ``out/`` to start over.
+delete the example's ``.work/`` folder to start from scratch.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def write_input(job_file: Path, lines_per_host: int = 450, seed: int = 3) -> Pat
     job = load_job_config(job_file)
     directory = resolve_path(job, job.inputs["logs"].options["path"])
     if directory.exists() and any(directory.iterdir()):
-        raise SystemExit(f"{directory} already has input; delete data/, state/ and out/ to start over")
+        raise SystemExit(f"{directory} already has input; `localstate reset JOB --yes` starts the job over on it, deleting .work/ starts from scratch")
     by_partition: dict[int, list[dict]] = {p: [] for p in range(job.partitions)}
     for line in collected_lines(lines_per_host, seed):
         arrives = line.pop("arrives")

@@ -6,8 +6,8 @@ Ten minutes of views over 300 pages: popularity is Zipf-like, and every minute a
 Each line is ``{"key": page, "value": {"page", "user"}, "ts": epoch seconds}``, appended to
 ``<input path>/<partition>.jsonl`` where ``partition = partition_for(page, partitions)`` (the
 Kafka-compatible partitioner), in event-time order. Paths and the partition count come from the
-``job.toml`` next to this file. Refuses to write twice: delete ``data/``, ``state/`` and ``out/`` to
-start over.
+``job.toml`` next to this file. Refuses to write twice: delete the example's ``.work/`` folder to
+start from scratch.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def write_input(job_file: Path, views: int = 12_000, seed: int = 5) -> Path:
     job = load_job_config(job_file)
     directory = resolve_path(job, job.inputs["page_views"].options["path"])
     if directory.exists() and any(directory.iterdir()):
-        raise SystemExit(f"{directory} already has input; delete data/, state/ and out/ to start over")
+        raise SystemExit(f"{directory} already has input; `localstate reset JOB --yes` starts the job over on it, deleting .work/ starts from scratch")
     by_partition: dict[int, list[dict]] = {p: [] for p in range(job.partitions)}
     for ts, page, user in page_views(views, seed):
         by_partition[partition_for(page, job.partitions)].append(

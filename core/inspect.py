@@ -1,0 +1,666 @@
+"""Read-only views of a job's state (``localstate inspect``): checkpoints, store partitions, store
+contents, changelog streams.
+
+Guarantee: nothing here writes, creates, locks, truncates or deletes anything. Checkpoints are read
+as files (not through :class:`CheckpointStore`, which creates its directory); file changelogs through
+:meth:`FileChangelogSystem.reader` (no writer lock, a torn tail is skipped, not truncated); LMDB is
+opened ``readonly=True, lock=False``; RocksDB is opened read-only on a private snapshot in a temporary
+directory (SST files hard-linked, the small files copied), because rocksdict rewrites its
+``rocksdict-config.json`` even when opening read-only. It may run next to a live job: what it shows
+is then a recent consistent view of each partition, not necessarily of all partitions together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import struct
+import sys
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.config import JobConfig, StoreConfig
+from localstate.core.names import safe_join
+from localstate.core.runtime import store_directory
+from localstate.core.serdes import Serde
+from localstate.errors import ChangelogError, CheckpointError, ConfigError, StateNotFoundError
+
+__all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
+           "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
+           "resolve_stream", "changelog_partitions", "changelog_records", "stream_location", "dir_size", "decoder",
+           "raw_value", "to_jsonable", "run_inspect"]
+
+log = logging.getLogger(__name__)
+
+_OFFSET = struct.Struct(">Q")
+_META_OFFSET = b"local_offset"       # the kv engine's META_OFFSET (not imported: that pulls in the engine)
+_ROCKSDB_META_CF = "localstate_meta"
+
+
+# -- where things are ------------------------------------------------------------------------------
+
+def job_dir(job: JobConfig) -> Path:
+    """``<state_dir>/<job>``: checkpoints and local stores."""
+    return safe_join(job.state_dir, job.name)
+
+
+def stream_location(job: JobConfig, section: str, name: str) -> str:
+    """Where input/output ``name`` lives, for people: a directory, or a Kafka topic."""
+    from localstate.core.streams.base import resolve_path
+
+    config = (job.inputs if section == "inputs" else job.outputs)[name]
+    options = config.options
+    if config.system == "kafka":
+        return f"kafka topic {options.get('topic') or name!r}"
+    if isinstance(options.get("path"), str):
+        path = resolve_path(job, options["path"])
+        if config.system == "file":
+            path = path / (options.get("stream") or name)
+        return str(path)
+    return f"({config.system})"
+
+
+def changelog_root(job: JobConfig) -> Path | None:
+    """Directory of the job's file changelogs, or None when changelogs are not files."""
+    if job.changelog_system != "file":
+        return None
+    root = Path(job.changelog_options.get("file", {}).get("path") or "changelogs")
+    return root if root.is_absolute() else job.state_dir / root
+
+
+def dir_size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symlinks not followed)."""
+    total = 0
+    for folder, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                stat = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            total += stat.st_size if not os.path.islink(os.path.join(folder, name)) else 0
+    return total
+
+
+# -- checkpoints -------------------------------------------------------------------------------------
+
+def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
+    """Each partition's checkpoint (None where there is none), read without creating anything."""
+    root = job_dir(job) / "checkpoints"
+    found: dict[int, Checkpoint | None] = {}
+    for partition in range(job.partitions):
+        path = root / f"{partition}.json"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            found[partition] = None
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"cannot read checkpoint {path}: {exc}", partition=partition, path=str(path),
+                                  hint="check the file's permissions and disk") from exc
+        found[partition] = Checkpoint.from_json(text, str(path))
+    return found
+
+
+def require_state(job: JobConfig) -> dict[int, Checkpoint | None]:
+    """The checkpoints, or StateNotFoundError when the job has no state at all (never run here)."""
+    checkpoints = load_checkpoints(job)
+    root = changelog_root(job)
+    logged = [s.changelog for s in job.stores.values() if s.changelog]
+    has_changelogs = root is not None and any((root / stream).is_dir() for stream in logged)
+    if not job_dir(job).exists() and not has_changelogs:
+        raise StateNotFoundError(f"job {job.name!r} has no state in {job.state_dir}: it has not run with this "
+                                 "state directory", path=str(job_dir(job)),
+                                 hint="run it first (`localstate run JOB`), or check job.state_dir in the config")
+    return checkpoints
+
+
+# -- store partitions --------------------------------------------------------------------------------
+
+@dataclass
+class StorePartitionInfo:
+    """One store partition as found on disk."""
+
+    store: str
+    partition: int
+    engine: str
+    backend: str | None
+    directory: Path
+    exists: bool
+    bytes: int
+    local_offset: int | None
+    keys: int | None
+    checkpoint_offset: int | None
+    changelog_end: int | None
+    notes: list[str] = field(default_factory=list)
+
+
+def store_config(job: JobConfig, store: str) -> StoreConfig:
+    from localstate.core.options import did_you_mean
+
+    if store not in job.stores:
+        known = sorted(job.stores)
+        raise StateNotFoundError(f"job {job.name!r} has no store {store!r}{did_you_mean(store, known)}",
+                                 store=store, hint=f"stores of this job: {', '.join(known) or '(none)'}")
+    return job.stores[store]
+
+
+def _backend(config: StoreConfig) -> str | None:
+    if config.engine in ("kv", "heap", "sketch"):
+        return str(config.options.get("backend") or "rocksdb")
+    return None
+
+
+def store_partitions(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint | None],
+                     partitions: list[int] | None = None) -> list[StorePartitionInfo]:
+    """What each partition of ``store`` holds locally, next to its checkpoint and changelog end."""
+    config = store_config(job, store)
+    backend = _backend(config)
+    infos = []
+    for partition in partitions if partitions is not None else range(job.partitions):
+        directory = store_directory(job, store, partition)
+        checkpoint = checkpoints.get(partition)
+        info = StorePartitionInfo(
+            store, partition, config.engine, backend, directory, directory.is_dir(),
+            dir_size(directory) if directory.is_dir() else 0, None, None,
+            checkpoint.changelogs.get(store, 0) if checkpoint is not None and config.changelog else None,
+            _changelog_end(job, config.changelog, partition) if config.changelog else None)
+        if info.exists:
+            try:
+                with _open_local(directory, backend) as local:
+                    if local is not None:
+                        info.local_offset = local.offset()
+                        if config.engine == "kv":
+                            info.keys = sum(1 for _ in local.scan())
+                    elif config.engine == "search":
+                        info.local_offset = _search_offset(directory, info.notes)
+            except Exception as exc:  # noqa: BLE001 - an unreadable local store is shown, not fatal
+                info.notes.append(f"local store unreadable: {type(exc).__name__}: {exc}")
+        if config.changelog is None:
+            info.notes.append("not logged (changelog = false): not fault tolerant")
+        elif backend == "memory":
+            info.notes.append("memory backend: no local files; contents come from the changelog")
+        if (info.changelog_end is not None and info.checkpoint_offset is not None
+                and info.changelog_end < info.checkpoint_offset):
+            info.notes.append(f"the checkpoint says offset {info.checkpoint_offset} but the changelog ends at "
+                              f"{info.changelog_end}: committed records are missing (restore the changelog, or "
+                              "`localstate reset`)")
+        if (info.local_offset is not None and info.checkpoint_offset is not None
+                and info.local_offset != info.checkpoint_offset):
+            info.notes.append(f"local offset {info.local_offset} != checkpointed {info.checkpoint_offset}: "
+                              "the next start replays/trims to the checkpoint")
+        infos.append(info)
+    return infos
+
+
+def _search_offset(directory: Path, notes: list[str]) -> int | None:
+    # The search engine's marker says offset o (commit not done) or n (done); which one needs tantivy
+    # to compare opstamps, so both are shown.
+    try:
+        marker = json.loads((directory / "search-offset.json").read_bytes())
+        notes.append(f"search index marker: offset {marker['offset']} or {marker['next']} (by tantivy opstamp)")
+        return int(marker["next"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class _LocalReader:
+    """Read-only access to a kv backend directory: the offset and the live entries in key order."""
+
+    def offset(self) -> int | None:
+        raw = self.meta(_META_OFFSET)
+        return _OFFSET.unpack(raw)[0] if raw is not None and len(raw) == _OFFSET.size else None
+
+    def meta(self, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def scan(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the handle (and any private snapshot)."""
+
+
+class _LMDBReader(_LocalReader):
+    def __init__(self, path: Path) -> None:
+        import lmdb
+
+        # readonly + lock=False: no lock file is created or written, no map is grown.
+        self.env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=2, readahead=False)
+        self.data = self.env.open_db(b"data", create=False)
+        self.meta_db = self.env.open_db(b"meta", create=False)
+
+    def meta(self, key: bytes) -> bytes | None:
+        with self.env.begin(db=self.meta_db) as txn:
+            return txn.get(key)
+
+    def scan(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        with self.env.begin(db=self.data, buffers=False) as txn:
+            cursor = txn.cursor()
+            if (cursor.set_range(start) if start is not None else cursor.first()):
+                yield from cursor.iternext()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _RocksReader(_LocalReader):
+    def __init__(self, path: Path) -> None:
+        import rocksdict
+
+        self.snapshot = Path(tempfile.mkdtemp(prefix="localstate-inspect-"))
+        try:
+            _snapshot_rocksdb(path, self.snapshot)
+            self.db = rocksdict.Rdict(str(self.snapshot), options=rocksdict.Options(raw_mode=True),
+                                      column_families={_ROCKSDB_META_CF: rocksdict.Options(raw_mode=True)},
+                                      access_type=rocksdict.AccessType.read_only())
+        except BaseException:
+            shutil.rmtree(self.snapshot, ignore_errors=True)
+            raise
+
+    def meta(self, key: bytes) -> bytes | None:
+        return self.db.get_column_family(_ROCKSDB_META_CF).get(key)
+
+    def scan(self, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        it = self.db.iter()
+        it.seek(start) if start is not None else it.seek_to_first()
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+        del it
+
+    def close(self) -> None:
+        self.db.close()
+        shutil.rmtree(self.snapshot, ignore_errors=True)
+
+
+def _snapshot_rocksdb(source: Path, target: Path) -> None:
+    """A private copy of a RocksDB directory to open read-only: SST files (immutable) hard-linked
+    where the file system allows it, everything else copied; info logs and the LOCK skipped."""
+    for entry in os.scandir(source):
+        if not entry.is_file(follow_symlinks=False) or entry.name.startswith("LOG") or entry.name == "LOCK":
+            continue
+        destination = target / entry.name
+        if entry.name.endswith(".sst"):
+            try:
+                os.link(entry.path, destination)
+                continue
+            except OSError:
+                pass
+        shutil.copyfile(entry.path, destination)
+
+
+def _reader(directory: Path, backend: str | None) -> _LocalReader | None:
+    """A reader of the store partition's kv backend directory, or None if there is none on disk."""
+    path = directory / backend if backend in ("rocksdb", "lmdb") else None
+    if path is None or not path.is_dir():
+        return None
+    return _RocksReader(path) if backend == "rocksdb" else _LMDBReader(path)
+
+
+@contextmanager
+def _open_local(directory: Path, backend: str | None) -> Iterator[_LocalReader | None]:
+    reader = _reader(directory, backend)
+    try:
+        yield reader
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+# -- changelogs ----------------------------------------------------------------------------------------
+
+def _file_system(job: JobConfig):  # noqa: ANN202 - FileChangelogSystem, imported lazily
+    from localstate.changelog.file import FileChangelogSystem
+
+    if job.changelog_system != "file":
+        raise ChangelogError(f"changelog system {job.changelog_system!r}: inspect reads file changelogs only",
+                             hint="read the topics with the system's own tools (e.g. kafka-console-consumer); "
+                                  "`inspect --store` still shows local rocksdb/lmdb stores")
+    return FileChangelogSystem(job.changelog_options.get("file", {}), job.state_dir)
+
+
+def _changelog_end(job: JobConfig, stream: str, partition: int) -> int | None:
+    if job.changelog_system != "file":
+        return None
+    system = _file_system(job)
+    if not system.partition_dir(stream, partition).is_dir():
+        return None
+    reader = system.reader(stream, partition)
+    try:
+        return reader.end_offset()
+    finally:
+        reader.close()
+
+
+@dataclass
+class SegmentInfo:
+    name: str
+    bytes: int
+
+
+@dataclass
+class ChangelogPartitionInfo:
+    stream: str
+    partition: int
+    directory: Path
+    exists: bool
+    start: int | None
+    end: int
+    checkpoint_offset: int | None
+    segments: list[SegmentInfo]
+
+
+def resolve_stream(job: JobConfig, name: str) -> tuple[str, StoreConfig | None]:
+    """A changelog stream by its name or by its store's name -> (stream, the store it logs)."""
+    for store in job.stores.values():
+        if name in (store.changelog, store.name) and store.changelog:
+            return store.changelog, store
+    known = sorted(s.changelog for s in job.stores.values() if s.changelog)
+    raise StateNotFoundError(f"job {job.name!r} has no changelog stream {name!r}", stream=name,
+                             hint=f"changelog streams of this job: {', '.join(known) or '(none)'} "
+                                  "(a store name works too)")
+
+
+def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
+                         checkpoints: dict[int, Checkpoint | None],
+                         partitions: list[int] | None = None) -> list[ChangelogPartitionInfo]:
+    from localstate.changelog.file.format import list_segments, segment_name
+
+    system = _file_system(job)
+    infos = []
+    for partition in partitions if partitions is not None else range(job.partitions):
+        directory = system.partition_dir(stream, partition)
+        checkpoint = checkpoints.get(partition)
+        committed = checkpoint.changelogs.get(store.name, 0) if checkpoint is not None and store else None
+        if not directory.is_dir():
+            infos.append(ChangelogPartitionInfo(stream, partition, directory, False, None, 0, committed, []))
+            continue
+        segments = [SegmentInfo(segment_name(base), (directory / segment_name(base)).stat().st_size)
+                    for base in list_segments(directory)]
+        reader = system.reader(stream, partition)
+        try:
+            end = reader.end_offset()
+            first = next(iter(reader.read(0, end)), None)
+        finally:
+            reader.close()
+        infos.append(ChangelogPartitionInfo(stream, partition, directory, True,
+                                            first.offset if first is not None else None, end, committed, segments))
+    return infos
+
+
+def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 0,
+                      end: int | None = None) -> Iterator[Any]:
+    """Raw records of one file changelog partition (nothing if it does not exist)."""
+    system = _file_system(job)
+    if not system.partition_dir(stream, partition).is_dir():
+        return
+    reader = system.reader(stream, partition)
+    try:
+        yield from reader.read(start, end if end is not None else reader.end_offset())
+    finally:
+        reader.close()
+
+
+# -- store contents ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Entry:
+    partition: int
+    key: Any
+    value: Any
+    source: str
+    """'local' or 'changelog'"""
+
+
+def decoder(serde: Serde | None):  # noqa: ANN202
+    def decode(data: bytes) -> Any:
+        if serde is not None:
+            try:
+                return serde.deserialize(data)
+            except Exception:  # noqa: BLE001 - engine-internal encodings: shown as below
+                pass
+        return raw_value(data)
+    return decode
+
+
+def raw_value(data: bytes) -> Any:
+    """Bytes without a serde: the JSON they hold when they are a JSON object or array (engines such as
+    search log documents as JSON), else the bytes themselves (shown as hex)."""
+    if data[:1] in (b"{", b"["):
+        try:
+            return json.loads(data.decode("utf-8"))
+        except ValueError:
+            pass
+    return data
+
+
+def store_serdes(job: JobConfig, config: StoreConfig) -> tuple[Serde | None, Serde | None]:
+    """The store's serdes for decoding kv contents; None (raw bytes) for other engines, whose
+    changelog records are engine encodings, and for serdes that could run code (pickle)."""
+    registry = job.registry
+    serdes = []
+    for name in (config.key_serde, config.value_serde):
+        try:
+            serdes.append(registry.serde(name, allow_pickle=job.allow_pickle))
+        except Exception:  # noqa: BLE001 - a refused serde: show raw bytes
+            serdes.append(None)
+    key_serde, value_serde = serdes
+    if config.engine != "kv":
+        return key_serde if config.engine in ("heap", "search") else None, None
+    return key_serde, value_serde
+
+
+def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint | None], *,
+                  partitions: list[int] | None = None, from_changelog: bool = False,
+                  key_filter: Any = None) -> Iterator[Entry]:
+    """The contents of ``store``, partition by partition in key (byte) order, decoded.
+
+    From the local rocksdb/lmdb store where there is one (unless ``from_changelog``), else from the
+    changelog replayed up to the checkpointed offset (last record per key, tombstones delete).
+    ``key_filter(decoded_key) -> bool`` selects keys."""
+    config = store_config(job, store)
+    backend = _backend(config)
+    key_serde, value_serde = store_serdes(job, config)
+    decode_key, decode_value = decoder(key_serde), decoder(value_serde)
+    for partition in partitions if partitions is not None else range(job.partitions):
+        directory = store_directory(job, store, partition)
+        use_local = (config.engine == "kv" and not from_changelog and backend in ("rocksdb", "lmdb")
+                     and (directory / backend).is_dir())
+        local = None
+        if use_local:
+            try:
+                local = _reader(directory, backend)
+            except Exception as exc:  # noqa: BLE001 - local state is a cache: fall back to the changelog
+                log.warning("store %s partition %d: cannot read the local %s store (%s: %s); showing the "
+                            "changelog up to the checkpoint instead", store, partition, backend,
+                            type(exc).__name__, exc)
+        if local is not None:
+            try:
+                for kb, vb in local.scan():
+                    key = decode_key(kb)
+                    if key_filter is None or key_filter(key):
+                        yield Entry(partition, key, decode_value(vb), "local")
+            finally:
+                local.close()
+            continue
+        if config.changelog is None:
+            raise StateNotFoundError(f"store {store!r} partition {partition} has no local store on disk and no "
+                                     "changelog (changelog = false)", store=store, partition=partition,
+                                     path=str(directory), hint="nothing persistent to show for this store")
+        checkpoint = checkpoints.get(partition)
+        upto = checkpoint.changelogs.get(store, 0) if checkpoint is not None else 0
+        latest: dict[bytes, bytes | None] = {}
+        for record in changelog_records(job, config.changelog, partition, 0, upto):
+            latest[record.key] = record.value
+        for kb in sorted(latest):
+            vb = latest[kb]
+            if vb is None:
+                continue
+            key = decode_key(kb)
+            if key_filter is None or key_filter(key):
+                yield Entry(partition, key, decode_value(vb), "changelog")
+
+
+def to_jsonable(value: Any) -> Any:
+    """JSON-safe form of a decoded key or value: bytes become {"hex": ...}."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"hex": bytes(value).hex()}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+# -- the command -------------------------------------------------------------------------------------
+
+def run_inspect(job: JobConfig, args: argparse.Namespace) -> int:
+    """``localstate inspect``: print what ``args`` asks for (see the command's --help)."""
+    if args.partition is not None and not 0 <= args.partition < job.partitions:
+        raise StateNotFoundError(f"job {job.name!r} has partitions 0..{job.partitions - 1}, not {args.partition}",
+                                 partition=args.partition, hint="pick a partition below job.partitions")
+    partitions = [args.partition] if args.partition is not None else None
+    if args.store and args.changelog:
+        raise ConfigError.at("", "--store and --changelog are exclusive", hint="inspect one thing at a time")
+    if args.store:
+        return _print_store(job, args, partitions)
+    if args.changelog:
+        return _print_changelog(job, args, partitions)
+    return _inspect_overview(job, partitions, args.json)
+
+
+def _print_store(job: JobConfig, args: argparse.Namespace, partitions: list[int] | None) -> int:
+    store_config(job, args.store)  # a bad name fails before anything else is read
+    checkpoints = require_state(job)
+    key_filter = _key_filter(job, args)
+    shown = 0
+    for entry in store_entries(job, args.store, checkpoints, partitions=partitions,
+                               from_changelog=args.from_changelog, key_filter=key_filter):
+        if args.limit and shown >= args.limit:
+            print(f"... (--limit {args.limit} reached; --limit 0 shows all)", file=sys.stderr)
+            break
+        key, value = to_jsonable(entry.key), to_jsonable(entry.value)
+        if args.json:
+            print(json.dumps({"partition": entry.partition, "key": key, "value": value}, sort_keys=True))
+        else:
+            print(f"{entry.partition}\t{json.dumps(key)}\t{json.dumps(value, sort_keys=True)}")
+        shown += 1
+    return 0
+
+
+def _print_changelog(job: JobConfig, args: argparse.Namespace, partitions: list[int] | None) -> int:
+    from itertools import islice
+
+    stream, store = resolve_stream(job, args.changelog)
+    checkpoints = require_state(job)
+    key_serde, value_serde = store_serdes(job, store) if store else (None, None)
+    decode_key, decode_value = decoder(key_serde), decoder(value_serde)
+    for info in changelog_partitions(job, stream, store, checkpoints, partitions):
+        records = list(islice(changelog_records(job, stream, info.partition, 0, info.end), max(args.records, 0)))
+        decoded = [{"offset": r.offset, "key": to_jsonable(decode_key(r.key)),
+                    "value": None if r.value is None else to_jsonable(decode_value(r.value))} for r in records]
+        if args.json:
+            print(json.dumps({"stream": stream, "partition": info.partition, "directory": str(info.directory),
+                              "exists": info.exists, "start": info.start, "end": info.end,
+                              "checkpoint": info.checkpoint_offset,
+                              "segments": [{"name": s.name, "bytes": s.bytes} for s in info.segments],
+                              "records": decoded}, sort_keys=True))
+            continue
+        dash = lambda value: "-" if value is None else str(value)  # noqa: E731
+        print(f"{stream} partition {info.partition}: {info.directory}" + ("" if info.exists else " (does not exist)"))
+        print(f"  offsets {dash(info.start)}..{info.end} (end {info.end}), checkpointed {dash(info.checkpoint_offset)}")
+        for segment in info.segments:
+            print(f"  segment {segment.name}  {segment.bytes:,} bytes")
+        for record in decoded:
+            value = "(tombstone)" if record["value"] is None else json.dumps(record["value"], sort_keys=True)
+            print(f"  @{record['offset']}  {json.dumps(record['key'])}  {value}")
+    return 0
+
+
+def _key_filter(job: JobConfig, args: argparse.Namespace) -> Callable[[Any], bool] | None:
+    """Select keys by --prefix or --start/--end, compared as the store's key type (int keys as ints)."""
+    if args.prefix is None and args.start is None and args.end is None:
+        return None
+    if args.prefix is not None and (args.start is not None or args.end is not None):
+        raise ConfigError.at("", "--prefix and --start/--end are exclusive", hint="use one way to select keys")
+    as_int = job.stores[args.store].key_serde == "int"
+    try:
+        start = int(args.start) if as_int and args.start is not None else args.start
+        end = int(args.end) if as_int and args.end is not None else args.end
+    except ValueError:
+        raise ConfigError.at("", f"store {args.store!r} has int keys: --start/--end must be integers",
+                             hint="e.g. --start 10 --end 20") from None
+
+    def select(key) -> bool:  # noqa: ANN001
+        if isinstance(key, (bytes, bytearray)):  # raw keys: compare bytes with the arguments' UTF-8
+            key, low, high, prefix = bytes(key), *(None if x is None else x.encode()
+                                                   for x in (args.start, args.end, args.prefix))
+        else:
+            key, low, high, prefix = (key if as_int else str(key)), start, end, args.prefix
+        if prefix is not None:
+            return not isinstance(key, int) and key.startswith(prefix)
+        try:
+            return (low is None or key >= low) and (high is None or key < high)
+        except TypeError:  # a key of another type than the bounds
+            return False
+
+    return select
+
+
+def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: bool) -> int:
+    checkpoints = require_state(job)
+    stores = [info for name in sorted(job.stores) for info in store_partitions(job, name, checkpoints, partitions)]
+    changelogs = changelog_root(job)
+    if as_json:
+        print(json.dumps({
+            "job": job.name, "partitions": job.partitions, "state_dir": str(job_dir(job)),
+            "changelogs": str(changelogs) if changelogs else job.changelog_system,
+            "checkpoints": {str(p): (None if c is None else {"generation": c.generation, "inputs": c.inputs,
+                                                              "changelogs": c.changelogs, "outputs": c.outputs})
+                            for p, c in checkpoints.items() if partitions is None or p in partitions},
+            "stores": [{"store": i.store, "partition": i.partition, "engine": i.engine, "backend": i.backend,
+                        "directory": str(i.directory), "exists": i.exists, "bytes": i.bytes,
+                        "local_offset": i.local_offset, "keys": i.keys, "checkpoint_offset": i.checkpoint_offset,
+                        "changelog_end": i.changelog_end, "notes": i.notes} for i in stores],
+            "inputs": {n: stream_location(job, "inputs", n) for n in job.inputs},
+            "outputs": {n: stream_location(job, "outputs", n) for n in job.outputs},
+        }, sort_keys=True))
+        return 0
+    print(f"job {job.name!r}: {job.partitions} partition(s), state in {job_dir(job)}")
+    print(f"changelogs: {changelogs if changelogs else job.changelog_system}")
+    print("checkpoints:")
+    for partition, checkpoint in checkpoints.items():
+        if partitions is not None and partition not in partitions:
+            continue
+        if checkpoint is None:
+            print(f"  partition {partition}: none (never committed)")
+            continue
+        print(f"  partition {partition}: generation {checkpoint.generation}, inputs {checkpoint.inputs}, "
+              f"changelogs {checkpoint.changelogs}, outputs {checkpoint.outputs}")
+    print("stores:")
+    rows = [("STORE", "PART", "ENGINE", "BACKEND", "LOCAL", "CHECKPOINT", "CHANGELOG_END", "KEYS", "BYTES")]
+    dash = lambda value: "-" if value is None else str(value)  # noqa: E731
+    for i in stores:
+        rows.append((i.store, str(i.partition), i.engine, dash(i.backend),
+                     dash(i.local_offset) if i.exists else "(none)", dash(i.checkpoint_offset),
+                     dash(i.changelog_end), dash(i.keys), f"{i.bytes:,}"))
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for i in stores:
+        for note in i.notes:
+            print(f"  {i.store}[{i.partition}]: {note}")
+    for section in ("inputs", "outputs"):
+        names = job.inputs if section == "inputs" else job.outputs
+        for name in names:
+            print(f"{section[:-1]} {name}: {stream_location(job, section, name)}")
+    return 0

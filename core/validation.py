@@ -1,0 +1,123 @@
+"""Whole-job validation: every problem of a job file in one pass (``localstate validate``), and the
+input-path check that ``localstate run`` also applies.
+
+:func:`check_job` never stops at the first failing stage: the file's shape, the plugin policy, the
+stores, the inputs and outputs (their systems and options, and whether an input's directory exists),
+and the task class are all checked, and every problem is returned with its config path. Nothing is
+created, connected to or written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from localstate.core.config import JobConfig, load_job_config
+from localstate.errors import ConfigError, ConfigProblem, LocalStateError
+
+__all__ = ["JobCheck", "check_job", "input_path_problems", "require_input_paths", "spark_notes"]
+
+
+@dataclass
+class JobCheck:
+    """What :func:`check_job` found: the (best-effort) job, its problems, and notes that are not errors."""
+
+    job: JobConfig
+    problems: list[ConfigProblem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> JobCheck:
+    """Check the job file at ``path`` in full; raises only when the file itself cannot be read."""
+    from localstate.core.streams import open_input, open_output
+    from localstate.core.task import add_task_paths, load_task_class
+
+    problems: list[ConfigProblem] = []
+    job = load_job_config(path, plugins=plugins, collect=problems)
+    check = JobCheck(job, problems)
+    # Stream constructors only validate (they connect to nothing), so this is safe without a broker.
+    for name in job.inputs:
+        try:
+            stream = open_input(job, name)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+            continue
+        except LocalStateError as exc:
+            problems.append(ConfigProblem(f"inputs.{name}", exc.message))
+            continue
+        problems.extend(_missing_path(job, name, stream))
+    for name in job.outputs:
+        try:
+            open_output(job, name)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+        except LocalStateError as exc:
+            problems.append(ConfigProblem(f"outputs.{name}", exc.message))
+    task = job.task
+    if task.count(":") == 1 and all(task.split(":")):  # an absent or malformed task is already reported
+        add_task_paths(job)
+        try:
+            load_task_class(job.task)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    check.notes.extend(spark_notes(job))
+    return check
+
+
+def _missing_path(job: JobConfig, name: str, stream: object) -> list[ConfigProblem]:
+    directory = _input_directory(stream)
+    if directory is None or directory.is_dir():
+        return []
+    what = "does not exist" if not directory.exists() else "is not a directory"
+    return [ConfigProblem(f"inputs.{name}.path",
+                          f"input directory {directory} {what} (relative paths are relative to the job file)")]
+
+
+def _input_directory(stream: object) -> Path | None:
+    """The directory a file-based input reads: jsonl's ``<path>``, file's ``<path>/<stream>``."""
+    from localstate.core.streams import FileLogInput, JsonLinesInput
+
+    if isinstance(stream, JsonLinesInput):
+        return stream.directory
+    if isinstance(stream, FileLogInput):
+        return stream.root / stream.stream
+    return None
+
+
+def input_path_problems(job: JobConfig) -> list[ConfigProblem]:
+    """Inputs of ``job`` whose directory does not exist (each at ``inputs.<name>.path``)."""
+    from localstate.core.streams import open_input
+
+    problems = []
+    for name in job.inputs:
+        problems.extend(_missing_path(job, name, open_input(job, name)))
+    return problems
+
+
+def require_input_paths(job: JobConfig) -> None:
+    """Refuse to run a job whose file-based input directory is missing: a mistyped path would
+    otherwise run as an empty input and report success."""
+    problems = input_path_problems(job)
+    if problems:
+        raise ConfigError(problems, source=job.source,
+                          hint="fix the path, or create the input first (e.g. the example's make_input.py)")
+
+
+def spark_notes(job: JobConfig) -> list[str]:
+    """Settings the Spark runner does not use, said out loud rather than silently ignored."""
+    raw = _raw_job_table(job.source)
+    return [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
+            "it applies to the in-process runtime and the TaskTestDriver"
+            for key in ("commit_interval", "commit_every") if key in raw]
+
+
+def _raw_job_table(source: str | None) -> dict:
+    """The [job] table as written in the file (to tell settings given explicitly from defaults)."""
+    import tomllib
+
+    try:
+        table = tomllib.loads(Path(source).read_text(encoding="utf-8")).get("job", {}) if source else {}
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
