@@ -22,13 +22,14 @@ from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
+from localstate.core.fsutil import ensure_dir, make_owned_dir
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
 from localstate.errors import CheckpointError, LocalStateError, TaskError
 
-__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory",
+__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "job_directory",
            "checkpoint_store"]
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,15 @@ def store_directory(job: JobConfig, store: str, partition: int) -> Path:
     return safe_join(job.state_dir, job.name, "stores", store, str(partition))
 
 
+def job_directory(job: JobConfig) -> Path:
+    """``<state_dir>/<job>``, created with localstate's ownership marker (what ``reset`` checks
+    before deleting it); refuses symlinks (UnsafePathError)."""
+    return make_owned_dir(job.state_dir, safe_join(job.state_dir, job.name), "job", job=job.name)
+
+
 def checkpoint_store(job: JobConfig) -> CheckpointStore:
-    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"))
+    job_directory(job)
+    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"), anchor=job.state_dir)
 
 
 @dataclass
@@ -157,7 +165,7 @@ class TaskInstance:
             self.changelogs.ensure_stream(config.changelog, self.job.partitions)
             changelog = self.changelogs.partition(config.changelog, self.partition)
         directory = store_directory(self.job, name, self.partition)
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.job.state_dir, directory)
         context = StoreContext(
             job=self.job.name, store=name, partition=self.partition, directory=directory, options=config.options,
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),

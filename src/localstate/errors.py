@@ -29,6 +29,7 @@ __all__ = [
     "TaskError",
     "InputError",
     "OutputError",
+    "UnsafePathError",
 ]
 
 
@@ -185,3 +186,8 @@ class OutputError(LocalStateError):
 class ChangelogFencedError(ChangelogError, FencedError):
     """A newer writer of the same changelog partition (a newer instance of the task partition) has
     taken over; this one's changelog writes are refused by the broker and it must stop."""
+
+
+class UnsafePathError(LocalStateError):
+    """A path localstate would write, truncate or delete is a symlink, leaves its directory, or holds
+    something localstate did not create. Nothing was touched."""
