@@ -29,6 +29,7 @@ def plugins(args: argparse.Namespace) -> int:
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
     from localstate.core.streams import open_input, open_output
+    from localstate.core.streams.base import overlap_problems
     from localstate.core.task import add_task_paths, load_task_class
     from localstate.errors import ConfigError
 
@@ -36,16 +37,18 @@ def validate(args: argparse.Namespace) -> int:
     # Beyond the file's shape: each input's and output's options and the task class. Stream
     # constructors only validate (they connect to nothing), so this is safe without a broker.
     problems = []
+    inputs, outputs = {}, {}
     for name in job.inputs:
         try:
-            open_input(job, name)
+            inputs[name] = open_input(job, name)
         except ConfigError as exc:
             problems.extend(exc.problems)
     for name in job.outputs:
         try:
-            open_output(job, name)
+            outputs[name] = open_output(job, name)
         except ConfigError as exc:
             problems.extend(exc.problems)
+    problems.extend(overlap_problems(inputs, outputs))  # an output over an input destroys it
     add_task_paths(job)
     try:
         load_task_class(job.task)

@@ -38,11 +38,11 @@ log = logging.getLogger(__name__)
 class OutputSink(Protocol):
     """Where committed outputs go. ``write`` is durable and returns the end position of each
     stream written; ``rollback`` discards anything after the given positions (exactly-once outputs
-    for sinks that can do it)."""
+    for sinks that can do it) and may return the position of every output for the next checkpoint."""
 
     def write(self, partition: int, messages: list[OutgoingMessage]) -> Mapping[str, int]: ...
 
-    def rollback(self, partition: int, positions: Mapping[str, int]) -> None: ...
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> Mapping[str, int] | None: ...
 
 
 class MemorySink:
@@ -145,11 +145,13 @@ class TaskInstance:
                                                      label=f"{name}[{self.partition}]"))
             else:
                 store.engine.flush()
-        self.sink.rollback(self.partition, checkpoint.outputs)
+        # The sink returns every output's position (StreamSink), so even this first checkpoint covers
+        # the outputs: a restart then truncates what this instance wrote instead of refusing it.
+        outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
         self.positions = dict(checkpoint.inputs)
         self.generation = checkpoint.generation + 1
         # Taking a new generation fences any stale instance still writing with the old one.
-        self.checkpoints.save(self._checkpoint(checkpoint.outputs), expect_generation=checkpoint.generation)
+        self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
         self.task = self.task_factory()
         self.task.init(TaskContext(self.job.name, self.partition, self.job.partitions,
                                    {name: s.engine for name, s in self.stores.items()}, self.job))

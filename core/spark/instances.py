@@ -129,8 +129,8 @@ class _TimedSink:
         self._clock["outputs"] += time.perf_counter() - started
         return positions
 
-    def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
-        self._inner.rollback(partition, positions)
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> Mapping[str, int] | None:
+        return self._inner.rollback(partition, positions)
 
     def close(self) -> None:
         self._inner.close()

@@ -63,6 +63,9 @@ class _FileLog:
         self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
         self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
 
+    def location(self) -> tuple[str, str]:
+        return "path", str((self.root / self.stream).resolve())
+
 
 @register_input
 class FileLogInput(_FileLog, InputStream):

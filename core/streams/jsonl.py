@@ -84,6 +84,9 @@ class JsonLinesInput(InputStream):
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
 
+    def location(self) -> tuple[str, str]:
+        return "path", str(self.directory.resolve())
+
     def end_offset(self, partition: int) -> int:
         return _complete_lines(_file(self.directory, partition), cache=True)
 
@@ -145,6 +148,9 @@ class JsonLinesOutput(OutputStream):
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
+
+    def location(self) -> tuple[str, str]:
+        return "path", str(self.directory.resolve())
 
     def end_offset(self, partition: int) -> int:
         return _complete_lines(_file(self.directory, partition))
