@@ -53,7 +53,7 @@ def validate(args: argparse.Namespace) -> int:
             outputs[name] = open_output(job, name)
         except ConfigError as exc:
             problems.extend(exc.problems)
-    problems.extend(overlap_problems(inputs, outputs))  # an output over an input destroys it
+    problems.extend(overlap_problems(inputs, outputs, job))  # an output over an input destroys it
     add_task_paths(job)
     try:
         load_task_class(job.task)

@@ -9,6 +9,7 @@ input's ``on_error`` policy (``fail`` | ``skip`` | ``dead_letter``).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
@@ -149,14 +150,35 @@ def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
     return first == second or first in second.parents or second in first.parents
 
 
-def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, OutputStream]) -> list[ConfigProblem]:
+def state_places(job: JobConfig) -> list[tuple[str, tuple[str, str]]]:
+    """What an output must never write into: the job's state directory and its stores' changelogs."""
+    places = [("the job's state directory", ("path", str(job.state_dir / job.name)))]
+    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
+    if job.changelog_system == "file":
+        root = Path(job.changelog_options.get("file", {}).get("path") or "changelogs")
+        root = root if root.is_absolute() else job.state_dir / root
+        places += [(f"changelog {s!r}", ("path", str(Path(os.path.abspath(root / s))))) for s in streams]
+    elif job.changelog_system == "kafka":
+        prefix = job.changelog_options.get("kafka", {}).get("topic_prefix") or ""
+        places += [(f"changelog {s!r}", ("kafka", f"{prefix}{s}")) for s in streams]
+    return places
+
+
+def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, OutputStream],
+                     job: JobConfig | None = None) -> list[ConfigProblem]:
     """An output that writes where an input reads (same directory or topic, or one directory inside
-    the other), or where another output writes, would destroy that data: one problem per pair."""
+    the other), where another output writes, or (given ``job``) into the job's state or changelogs
+    would destroy that data: one problem per pair."""
     problems = []
     places = {name: output.location() for name, output in outputs.items()}
+    protected = state_places(job) if job is not None else []
     for name, place in sorted(places.items()):
         if place is None:
             continue
+        for label, other in protected:
+            if _overlap(place, other):
+                problems.append(ConfigProblem(f"outputs.{name}", f"writes into {label} ({other[1]}): "
+                                              "truncating the output would destroy the job's state"))
         for input_name, stream in sorted(inputs.items()):
             other = stream.location()
             if other is not None and _overlap(place, other):

@@ -29,7 +29,7 @@ class StreamSink:
     def __init__(self, job: JobConfig) -> None:
         self.job = job
         self.outputs: dict[str, OutputStream] = {name: open_output(job, name) for name in sorted(job.outputs)}
-        problems = overlap_problems({name: open_input(job, name) for name in job.inputs}, self.outputs)
+        problems = overlap_problems({name: open_input(job, name) for name in job.inputs}, self.outputs, job)
         if problems:
             self.close()
             raise ConfigError(problems, source=job.source,

@@ -140,3 +140,14 @@ def test_distinct_outputs_validate(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     path = job_file(tmp_path, JSONL)
     assert main(["validate", str(path)]) == 0
+
+
+def test_output_into_the_jobs_state_or_changelog_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    path = job_file(tmp_path, 'system = "file"\npath = "state/changelogs"\nstream = "echo-kv-changelog"\n'
+                    '\n[stores.kv]\nengine = "kv"\nbackend = "memory"\n'
+                    '\n[outputs.inside]\nsystem = "jsonl"\npath = "state/echo/stores"\n')
+    assert main(["validate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "outputs.reports: writes into changelog 'echo-kv-changelog'" in err
+    assert "outputs.inside: writes into the job's state directory" in err
