@@ -17,7 +17,7 @@ import os
 import stat
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from localstate.errors import UnsafePathError
 
@@ -156,13 +156,23 @@ def is_owned(directory: Path, kind: str, **expect: Any) -> bool:
             and all(marker.get(key) == value for key, value in expect.items()))
 
 
-def make_owned_dir(anchor: Path, path: Path, kind: str, **info: Any) -> Path:
-    """Create ``path`` like :func:`ensure_dir` and mark it as localstate's (``kind`` and ``info``)
-    when localstate created it, or found it empty (a crash between mkdir and marker). A directory
-    that already held something else stays unmarked: ``reset`` will not delete it."""
+def make_owned_dir(anchor: Path, path: Path, kind: str, *, layout: Callable[[str], bool] | None = None,
+                   **info: Any) -> Path:
+    """Create ``path`` like :func:`ensure_dir` and make sure it is localstate's ``kind`` directory for
+    ``info``: a directory localstate creates (or finds empty: a crash between mkdir and marker) gets
+    the marker. An unmarked directory whose every entry passes ``layout`` (state of a version that
+    wrote no markers) is adopted; any other unmarked or differently-marked directory is refused
+    (UnsafePathError): localstate writes nothing into what it did not create."""
     created = ensure_dir(anchor, path)
     path = Path(os.path.abspath(path))
-    if created or (read_marker(path) is None and not any(path.iterdir())):
-        write_atomic(path / MARKER, json.dumps({"owner": "localstate", "kind": kind, **info},
-                                               sort_keys=True).encode())
+    if not created and is_owned(path, kind, **info):
+        return path
+    # Marker temp files of a concurrent creator (another Spark worker) count as empty.
+    entries = [] if created else [e for e in os.listdir(path) if not e.startswith(MARKER)]
+    marker = None if created else read_marker(path)
+    if marker is not None or (entries and not (layout and all(layout(entry) for entry in entries))):
+        what = f"it belongs to {marker}" if marker else "it already exists and localstate did not create it"
+        raise UnsafePathError(f"refusing to use {path} as {kind} directory: {what}", path=str(path),
+                              hint="move it away, or choose another job name, state_dir or changelog path")
+    write_atomic(path / MARKER, json.dumps({"owner": "localstate", "kind": kind, **info}, sort_keys=True).encode())
     return path

@@ -80,7 +80,8 @@ def store_directory(job: JobConfig, store: str, partition: int) -> Path:
 def job_directory(job: JobConfig) -> Path:
     """``<state_dir>/<job>``, created with localstate's ownership marker (what ``reset`` checks
     before deleting it); refuses symlinks (UnsafePathError)."""
-    return make_owned_dir(job.state_dir, safe_join(job.state_dir, job.name), "job", job=job.name)
+    return make_owned_dir(job.state_dir, safe_join(job.state_dir, job.name), "job", job=job.name,
+                          layout=lambda entry: entry in ("checkpoints", "stores"))
 
 
 def checkpoint_store(job: JobConfig) -> CheckpointStore:

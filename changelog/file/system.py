@@ -118,7 +118,9 @@ class FileChangelogSystem(ChangelogSystem):
                     hint="the partition count of a job cannot change (state is partitioned by it): restore "
                          "the previous count, or start with a new job name / empty state directory")
             return
-        directory = make_owned_dir(self.anchor, self.stream_dir(stream), "changelog-stream", stream=stream)
+        directory = make_owned_dir(self.anchor, self.stream_dir(stream), "changelog-stream", stream=stream,
+                                   layout=lambda entry: entry == STREAM_META or entry.isdigit()
+                                   or entry.startswith(STREAM_META + "."))
         write_atomic(directory / STREAM_META,
                      json.dumps({"format": FORMAT_VERSION, "partitions": partitions}).encode())
 

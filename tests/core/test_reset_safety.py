@@ -158,3 +158,40 @@ def test_changelog_that_is_also_an_output_is_kept(tmp_path, monkeypatch, capsys)
     assert main(["reset", str(path), "--yes"]) == 0
     assert "also one of the job's inputs or outputs" in capsys.readouterr().out
     assert sorted(results.rglob("*")) == before
+
+
+def test_run_writes_nothing_into_an_unrelated_directory_named_like_the_job(tmp_path, monkeypatch):
+    from localstate.errors import UnsafePathError
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    home = tmp_path / "home"
+    mine, snapshot = victim(home / "photos")
+    path = job_file(tmp_path, name="photos", state_dir=str(home))
+    before = snapshot()
+    with pytest.raises(UnsafePathError) as info:
+        run_once(path)
+    assert str(mine) in str(info.value)
+    assert snapshot() == before
+
+
+def test_run_writes_nothing_into_a_users_directory_named_like_the_changelog(tmp_path, monkeypatch):
+    from localstate.errors import UnsafePathError
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    important, snapshot = victim(tmp_path / "home" / "important")
+    path = job_file(tmp_path, changelog="important", changelog_path=str(important.parent))
+    before = snapshot()
+    with pytest.raises(UnsafePathError):
+        run_once(path)
+    assert snapshot() == before
+
+
+def test_state_from_a_version_without_markers_is_adopted(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    path = job_file(tmp_path)
+    run_once(path)
+    state = tmp_path / "state"
+    (state / "victimjob" / ".localstate-owned").unlink()
+    run_once(path)  # only checkpoints/ and stores/ inside: localstate's layout, marked again
+    assert main(["reset", str(path), "--yes"]) == 0
+    assert not (state / "victimjob").exists()
