@@ -151,3 +151,18 @@ def test_output_into_the_jobs_state_or_changelog_is_refused(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert "outputs.reports: writes into changelog 'echo-kv-changelog'" in err
     assert "outputs.inside: writes into the job's state directory" in err
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_symlinked_output_file_is_never_truncated_through(tmp_path, monkeypatch, overwrite):
+    from localstate.errors import LocalStateError
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    victim = tmp_path / "victim.jsonl"
+    victim.write_bytes(b'{"key":"x","value":1}\n' * 50)
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "0.jsonl").symlink_to(victim)
+    path = job_file(tmp_path, JSONL, overwrite=overwrite)
+    with pytest.raises(LocalStateError):  # OutputError (data there), or UnsafePathError (overwrite)
+        start(path)
+    assert victim.read_bytes() == b'{"key":"x","value":1}\n' * 50
