@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+from localstate.core.fsutil import check_no_symlinks
 from localstate.errors import ConfigProblem, InvalidNameError
 
 __all__ = ["NAME_PATTERN", "RESERVED_JOB_NAMES", "name_problem", "check_name", "safe_join"]
@@ -45,8 +46,6 @@ def safe_join(root: Path, *names: str, anchor: Path | None = None) -> Path:
     """Join validated names under ``root`` and verify the result stays inside it, and that no
     existing component below ``anchor`` (default ``root``) is a symlink: containment is checked on
     the path as written, never by following links (UnsafePathError)."""
-    from localstate.core.fsutil import check_no_symlinks
-
     for name in names:
         check_name(name, "path component")
     root = Path(os.path.abspath(root))
