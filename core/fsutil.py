@@ -151,9 +151,17 @@ def is_owned(directory: Path, kind: str, **expect: Any) -> bool:
             return False
     except OSError:
         return False
-    marker = read_marker(directory)
+    return _matches(read_marker(directory), kind, expect)
+
+
+def _matches(marker: dict[str, Any] | None, kind: str, expect: dict[str, Any]) -> bool:
     return (marker is not None and marker.get("kind") == kind
             and all(marker.get(key) == value for key, value in expect.items()))
+
+
+def _foreign(path: Path, kind: str, why: str) -> UnsafePathError:
+    return UnsafePathError(f"refusing to use {path} as {kind} directory: {why}", path=str(path),
+                           hint="move it away, or choose another job name, state_dir or changelog path")
 
 
 def make_owned_dir(anchor: Path, path: Path, kind: str, *, layout: Callable[[str], bool] | None = None,
@@ -165,14 +173,16 @@ def make_owned_dir(anchor: Path, path: Path, kind: str, *, layout: Callable[[str
     (UnsafePathError): localstate writes nothing into what it did not create."""
     created = ensure_dir(anchor, path)
     path = Path(os.path.abspath(path))
-    if not created and is_owned(path, kind, **info):
-        return path
-    # Marker temp files of a concurrent creator (another Spark worker) count as empty.
-    entries = [] if created else [e for e in os.listdir(path) if not e.startswith(MARKER)]
-    marker = None if created else read_marker(path)
-    if marker is not None or (entries and not (layout and all(layout(entry) for entry in entries))):
-        what = f"it belongs to {marker}" if marker else "it already exists and localstate did not create it"
-        raise UnsafePathError(f"refusing to use {path} as {kind} directory: {what}", path=str(path),
-                              hint="move it away, or choose another job name, state_dir or changelog path")
+    if not created:
+        marker = read_marker(path)
+        if marker is not None:
+            if _matches(marker, kind, info):
+                return path
+            raise _foreign(path, kind, f"it belongs to {marker}")
+        # Marker temp files of a concurrent creator (another Spark worker) do not count; if that
+        # creator finishes meanwhile, this rewrites the same marker.
+        entries = [e for e in os.listdir(path) if not e.startswith(MARKER)]
+        if entries and not (layout and all(layout(entry) for entry in entries)):
+            raise _foreign(path, kind, "it already exists and localstate did not create it")
     write_atomic(path / MARKER, json.dumps({"owner": "localstate", "kind": kind, **info}, sort_keys=True).encode())
     return path
