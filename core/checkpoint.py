@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localstate.core.fsutil import write_atomic
+from localstate.core.fsutil import ensure_dir, open_nofollow, read_nofollow, write_atomic
 from localstate.core.names import safe_join
 from localstate.errors import CheckpointError, FencedError
 
@@ -60,19 +60,23 @@ class CheckpointStore:
     """Checkpoints of one job on the local (or a shared) file system:
     ``<root>/<partition>.json``, with an exclusive lock per partition held by the live instance."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, anchor: Path | None = None) -> None:
+        """``anchor``: the directory (the state directory) below which no component of ``root`` may
+        be a symlink; default ``root`` itself."""
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.anchor = Path(anchor) if anchor is not None else self.root
+        ensure_dir(self.anchor, self.root)
         self._locks: dict[int, int] = {}
 
     def path(self, partition: int) -> Path:
-        return safe_join(self.root, f"{int(partition)}.json")
+        return safe_join(self.root, f"{int(partition)}.json", anchor=self.anchor)
 
     def lock(self, partition: int) -> None:
         """Take the partition's instance lock: a second live instance of the partition is refused."""
         if partition in self._locks:
             return
-        fd = os.open(self.root / f"{int(partition)}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        fd = open_nofollow(safe_join(self.root, f"{int(partition)}.lock", anchor=self.anchor),
+                           os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -90,7 +94,7 @@ class CheckpointStore:
     def load(self, partition: int) -> Checkpoint | None:
         path = self.path(partition)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_nofollow(path).decode("utf-8")
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError) as exc:

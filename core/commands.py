@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localstate.core.cli import command
 from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
+
+if TYPE_CHECKING:
+    from localstate.core.config import JobConfig
 
 __all__: list[str] = []
 
@@ -64,46 +69,132 @@ validate.arguments = lambda parser: parser.add_argument("job", help="job config 
 
 @command("reset", "delete a job's checkpoints, local stores and changelogs, to start over from scratch")
 def reset(args: argparse.Namespace) -> int:
+    """Delete only what localstate created for this job: directories carrying its ownership marker
+    (never through a symlink), and changelog topics that are not one of the job's inputs/outputs.
+    Anything else is listed as kept, with the reason."""
     import shutil
 
-    from localstate.core.names import safe_join
-    from localstate.core.runtime import open_changelog_system
-
     job = load_job_config(args.job, plugins=args.plugins)
-    targets = [safe_join(job.state_dir, job.name)]
-    streams = [store.changelog for store in job.stores.values() if store.changelog]
-    # Changelogs that live outside the state directory (e.g. Kafka topics) are deleted through the
-    # system's optional delete_stream() capability.
-    remote = None
-    if job.changelog_system == "file":
-        root = job.changelog_options.get("file", {}).get("path") or "changelogs"
-        base = safe_join(job.state_dir) / root if not str(root).startswith("/") else Path(root)
-        targets += [base / stream for stream in streams]
-    elif streams:
-        remote = open_changelog_system(job)
-        if not hasattr(remote, "delete_stream"):
-            print(f"changelog system {job.changelog_system!r} cannot delete streams; "
-                  f"delete these by hand: {', '.join(streams)}")
-            streams = []
-    existing = [t for t in targets if t.exists()]
-    remote_streams = streams if remote is not None else []
-    if not existing and not remote_streams:
+    targets, kept = _reset_local_targets(job)
+    remote, remote_streams = _reset_remote_streams(job, kept)
+    for path, why in kept:
+        print(f"keeping {path}: {why}")
+    if not targets and not remote_streams:
         print("nothing to delete")
+        if remote is not None:
+            remote.close()
         return 0
-    for target in existing:
+    for target in targets:
         print(f"{'deleting' if args.yes else 'would delete'} {target}")
     for stream in remote_streams:
         print(f"{'deleting' if args.yes else 'would delete'} changelog {stream!r} on {job.changelog_system}")
     if not args.yes:
         print("re-run with --yes to delete; state is then rebuilt from the inputs")
+        if remote is not None:
+            remote.close()
         return 0
-    for target in existing:
-        shutil.rmtree(target)
+    for target in targets:
+        shutil.rmtree(target)  # rmtree removes symlinks inside, never what they point to
     for stream in remote_streams:
         remote.delete_stream(stream)  # type: ignore[union-attr]
     if remote is not None:
         remote.close()
     return 0
+
+
+def _reset_local_targets(job: "JobConfig") -> tuple[list[Path], list[tuple[str, str]]]:
+    """Directories ``reset`` may delete (the job dir, file changelog streams), and those it keeps
+    with why: a symlink, no ownership marker, or a place the job reads or writes."""
+    from localstate.changelog.file import FileChangelogSystem
+    from localstate.core.fsutil import is_owned
+    from localstate.core.names import safe_join
+    from localstate.core.runtime import open_changelog_system
+    from localstate.errors import UnsafePathError
+
+    targets: list[Path] = []
+    kept: list[tuple[str, str]] = []
+
+    def consider(locate, kind: str, owner: dict[str, str]) -> Path | None:  # noqa: ANN001
+        try:
+            path = locate()
+        except UnsafePathError as exc:
+            kept.append((exc.context.get("path", "?"), "it is a symlink or leaves its directory"))
+            return None
+        if not os.path.lexists(path):
+            return None
+        if not is_owned(path, kind, **owner):
+            kept.append((str(path), f"localstate did not create it ({kind} marker missing); delete it by "
+                                    "hand if it is really this job's"))
+            return None
+        return path
+
+    job_dir = consider(lambda: safe_join(job.state_dir, job.name), "job", {"job": job.name})
+    if job_dir is not None:
+        targets.append(job_dir)
+    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
+    if job.changelog_system == "file" and streams:
+        system = open_changelog_system(job)
+        assert isinstance(system, FileChangelogSystem)
+        places = _stream_places(job)
+        for stream in streams:
+            path = consider(lambda: system.stream_dir(stream), "changelog-stream", {"stream": stream})
+            if path is None:
+                continue
+            if any(_nested(str(path), place) for kind, place in places if kind == "path"):
+                kept.append((str(path), "it is also one of the job's inputs or outputs"))
+            elif job_dir is None or job_dir not in path.parents:
+                targets.append(path)
+        system.close()
+    return targets, kept
+
+
+def _reset_remote_streams(job: "JobConfig", kept: list[tuple[str, str]]) -> tuple[object | None, list[str]]:
+    """The changelog system (when not the file one) and the changelog streams ``reset`` may delete
+    there: never one whose topic is also an input or output of the job."""
+    from localstate.core.runtime import open_changelog_system
+
+    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
+    if job.changelog_system == "file" or not streams:
+        return None, []
+    remote = open_changelog_system(job)
+    if not hasattr(remote, "delete_stream"):
+        print(f"changelog system {job.changelog_system!r} cannot delete streams; "
+              f"delete these by hand: {', '.join(streams)}")
+        remote.close()
+        return None, []
+    topics = {place for kind, place in _stream_places(job) if kind == "kafka"}
+    allowed = []
+    for stream in streams:
+        topic = remote.topic(stream) if hasattr(remote, "topic") else stream
+        if topic in topics:
+            kept.append((f"changelog {stream!r} (topic {topic!r})", "it is also an input or output topic of the "
+                         "job; rename the store's changelog"))
+        else:
+            allowed.append(stream)
+    return remote, allowed
+
+
+def _stream_places(job: "JobConfig") -> list[tuple[str, str]]:
+    """Where the job's inputs and outputs live (see ``InputStream.location``); unopenable ones are
+    skipped (validate reports them)."""
+    from localstate.core.streams import open_input, open_output
+    from localstate.errors import LocalStateError
+
+    places = []
+    for opener, names in ((open_input, job.inputs), (open_output, job.outputs)):
+        for name in names:
+            try:
+                place = opener(job, name).location()
+            except LocalStateError:
+                continue
+            if place is not None:
+                places.append(place)
+    return places
+
+
+def _nested(a: str, b: str) -> bool:
+    first, second = Path(a).resolve(), Path(b)
+    return first == second or first in second.parents or second in first.parents
 
 
 def _reset_arguments(parser: argparse.ArgumentParser) -> None:

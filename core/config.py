@@ -216,6 +216,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         except LocalStateError as exc:
             add(path, exc.message)
 
+    _check_state_layout(name, changelog_options, add)
+
     stores: dict[str, StoreConfig] = {}
     for store_name, table in _table(data, "stores", add).items():
         store = _store(store_name, table, name, allow_pickle, registry, add, problems)
@@ -237,6 +239,18 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, window_interval=window_interval, allow_pickle=allow_pickle, inputs=inputs,
         outputs=outputs, stores=stores, spark=dict(spark), policy=policy, source=source)
+
+
+def _check_state_layout(name: Any, changelog_options: Mapping[str, Mapping[str, Any]], add) -> None:  # noqa: ANN001
+    """The job's directory and the file changelog's directory inside the state dir must differ: a job
+    named like the changelog directory would own, and its ``reset`` delete, every job's changelogs."""
+    path = changelog_options.get("file", {}).get("path")
+    if not isinstance(name, str) or not isinstance(path, str) or Path(path).is_absolute():
+        return
+    parts = Path(path).parts
+    if parts and parts[0] == name:
+        add("job.name", f"job name {name!r} is the file changelog's directory ([changelogs.file] path = "
+                        f"{path!r}) in the state directory; rename the job or move the changelogs")
 
 
 def _table(data: Mapping[str, Any], key: str, add) -> dict[str, Any]:  # noqa: ANN001

@@ -1,21 +1,113 @@
-"""Durable file-system primitives shared by the changelog, checkpoints and engines."""
+"""Durable, symlink-refusing file-system primitives shared by the changelog, checkpoints and engines.
+
+Policy: below a directory localstate owns (the state directory, a changelog root), nothing is
+followed through a symlink. Directories are checked component by component with ``lstat`` and
+created one level at a time; files are opened with ``O_NOFOLLOW``. A symlink found there raises
+:class:`~localstate.errors.UnsafePathError` before anything is written, truncated or deleted.
+
+Directories that localstate creates for a job or a stream carry an ownership marker
+(:data:`MARKER`); ``localstate reset`` deletes a directory only if it carries the right marker.
+"""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import stat
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
-__all__ = ["fsync_dir", "write_atomic"]
+from localstate.errors import UnsafePathError
+
+__all__ = ["MARKER", "fsync_dir", "write_atomic", "check_no_symlinks", "ensure_dir", "open_nofollow",
+           "read_nofollow", "make_owned_dir", "read_marker", "is_owned"]
+
+MARKER = ".localstate-owned"
+"""File in a directory localstate created: JSON naming what the directory is (``kind``) and for whom."""
+
+_SYMLINK_HINT = ("localstate never follows symlinks inside its state directory (or a changelog root): "
+                 "remove the symlink, and if the data it points to is yours, move it out of the way; to keep "
+                 "state elsewhere, point job.state_dir (or the changelog's path) at the real directory")
+
+
+def _unsafe(path: Path | str, why: str) -> UnsafePathError:
+    return UnsafePathError(f"refusing to use {path}: {why}", path=str(path), hint=_SYMLINK_HINT)
 
 
 def fsync_dir(directory: Path) -> None:
     """fsync a directory so that created/renamed/deleted entries are durable."""
-    fd = os.open(directory, os.O_RDONLY)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _below(anchor: Path, path: Path) -> tuple[Path, list[str]]:
+    """``anchor`` made absolute, and the components of ``path`` below it (lexically, ``..`` refused)."""
+    anchor = Path(os.path.abspath(anchor))
+    path = Path(os.path.abspath(path))
+    if path != anchor and anchor not in path.parents:
+        raise _unsafe(path, f"it is outside {anchor}")
+    return anchor, list(path.relative_to(anchor).parts)
+
+
+def check_no_symlinks(anchor: Path, path: Path) -> Path:
+    """Return ``path`` (absolute) after checking that it lies inside ``anchor`` and that no existing
+    component below ``anchor``, ``path`` included, is a symlink. ``anchor`` itself is the operator's
+    choice and may be anything."""
+    anchor, parts = _below(anchor, path)
+    current = anchor
+    for part in parts:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            break
+        if stat.S_ISLNK(mode):
+            raise _unsafe(current, "it is a symlink")
+    return anchor.joinpath(*parts)
+
+
+def ensure_dir(anchor: Path, path: Path) -> bool:
+    """Create ``path`` and its missing parents below ``anchor`` one level at a time, refusing any
+    symlinked or non-directory component. Return True if ``path`` itself was created."""
+    anchor, parts = _below(anchor, path)
+    anchor.mkdir(parents=True, exist_ok=True)
+    current, created = anchor, False
+    for part in parts:
+        current = current / part
+        try:
+            os.mkdir(current, 0o755)
+            created = True
+            continue
+        except FileExistsError:
+            created = False
+        mode = os.lstat(current).st_mode
+        if stat.S_ISLNK(mode):
+            raise _unsafe(current, "it is a symlink")
+        if not stat.S_ISDIR(mode):
+            raise _unsafe(current, "it is not a directory")
+    return created
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses a symlink as the last component (UnsafePathError)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):
+            raise _unsafe(path, "it is a symlink") from None
+        raise
+
+
+def read_nofollow(path: Path) -> bytes:
+    """The whole content of ``path``, refusing a symlink (FileNotFoundError if missing)."""
+    fd = open_nofollow(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read()
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -23,12 +115,15 @@ def write_atomic(path: Path, data: bytes) -> None:
     old or the new file, never a mix.
 
     The temporary file name is unique per call, so concurrent writers (two Spark workers creating
-    the same stream, say) never write into each other's temporary file; the last rename wins.
+    the same stream, say) never write into each other's temporary file; the last rename wins. The
+    temporary file is created exclusively and never through a symlink; the rename replaces a
+    symlink at ``path`` itself rather than writing where it points.
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
@@ -37,3 +132,57 @@ def write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def read_marker(directory: Path) -> dict[str, Any] | None:
+    """The ownership marker of ``directory``, or None if it has none (or an unreadable one)."""
+    try:
+        data = json.loads(read_nofollow(Path(directory) / MARKER))
+    except (OSError, ValueError, UnsafePathError):
+        return None
+    return data if isinstance(data, dict) and data.get("owner") == "localstate" else None
+
+
+def is_owned(directory: Path, kind: str, **expect: Any) -> bool:
+    """Whether ``directory`` is a real directory (not a symlink) carrying localstate's marker of
+    ``kind`` with every ``expect`` field equal."""
+    try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return False
+    except OSError:
+        return False
+    return _matches(read_marker(directory), kind, expect)
+
+
+def _matches(marker: dict[str, Any] | None, kind: str, expect: dict[str, Any]) -> bool:
+    return (marker is not None and marker.get("kind") == kind
+            and all(marker.get(key) == value for key, value in expect.items()))
+
+
+def _foreign(path: Path, kind: str, why: str) -> UnsafePathError:
+    return UnsafePathError(f"refusing to use {path} as {kind} directory: {why}", path=str(path),
+                           hint="move it away, or choose another job name, state_dir or changelog path")
+
+
+def make_owned_dir(anchor: Path, path: Path, kind: str, *, layout: Callable[[str], bool] | None = None,
+                   **info: Any) -> Path:
+    """Create ``path`` like :func:`ensure_dir` and make sure it is localstate's ``kind`` directory for
+    ``info``: a directory localstate creates (or finds empty: a crash between mkdir and marker) gets
+    the marker. An unmarked directory whose every entry passes ``layout`` (state of a version that
+    wrote no markers) is adopted; any other unmarked or differently-marked directory is refused
+    (UnsafePathError): localstate writes nothing into what it did not create."""
+    created = ensure_dir(anchor, path)
+    path = Path(os.path.abspath(path))
+    if not created:
+        marker = read_marker(path)
+        if marker is not None:
+            if _matches(marker, kind, info):
+                return path
+            raise _foreign(path, kind, f"it belongs to {marker}")
+        # Marker temp files of a concurrent creator (another Spark worker) do not count; if that
+        # creator finishes meanwhile, this rewrites the same marker.
+        entries = [e for e in os.listdir(path) if not e.startswith(MARKER)]
+        if entries and not (layout and all(layout(entry) for entry in entries)):
+            raise _foreign(path, kind, "it already exists and localstate did not create it")
+    write_atomic(path / MARKER, json.dumps({"owner": "localstate", "kind": kind, **info}, sort_keys=True).encode())
+    return path

@@ -22,13 +22,14 @@ from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
+from localstate.core.fsutil import ensure_dir, make_owned_dir
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
 from localstate.errors import CheckpointError, LocalStateError, TaskError
 
-__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory",
+__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "job_directory",
            "checkpoint_store"]
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,11 @@ log = logging.getLogger(__name__)
 class OutputSink(Protocol):
     """Where committed outputs go. ``write`` is durable and returns the end position of each
     stream written; ``rollback`` discards anything after the given positions (exactly-once outputs
-    for sinks that can do it)."""
+    for sinks that can do it) and may return the position of every output for the next checkpoint."""
 
     def write(self, partition: int, messages: list[OutgoingMessage]) -> Mapping[str, int]: ...
 
-    def rollback(self, partition: int, positions: Mapping[str, int]) -> None: ...
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> Mapping[str, int] | None: ...
 
 
 class MemorySink:
@@ -76,8 +77,16 @@ def store_directory(job: JobConfig, store: str, partition: int) -> Path:
     return safe_join(job.state_dir, job.name, "stores", store, str(partition))
 
 
+def job_directory(job: JobConfig) -> Path:
+    """``<state_dir>/<job>``, created with localstate's ownership marker (what ``reset`` checks
+    before deleting it); refuses symlinks (UnsafePathError)."""
+    return make_owned_dir(job.state_dir, safe_join(job.state_dir, job.name), "job", job=job.name,
+                          layout=lambda entry: entry in ("checkpoints", "stores"))
+
+
 def checkpoint_store(job: JobConfig) -> CheckpointStore:
-    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"))
+    job_directory(job)
+    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"), anchor=job.state_dir)
 
 
 @dataclass
@@ -137,11 +146,13 @@ class TaskInstance:
                                                      label=f"{name}[{self.partition}]"))
             else:
                 store.engine.flush()
-        self.sink.rollback(self.partition, checkpoint.outputs)
+        # The sink returns every output's position (StreamSink), so even this first checkpoint covers
+        # the outputs: a restart then truncates what this instance wrote instead of refusing it.
+        outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
         self.positions = dict(checkpoint.inputs)
         self.generation = checkpoint.generation + 1
         # Taking a new generation fences any stale instance still writing with the old one.
-        self.checkpoints.save(self._checkpoint(checkpoint.outputs), expect_generation=checkpoint.generation)
+        self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
         self.task = self.task_factory()
         self.task.init(TaskContext(self.job.name, self.partition, self.job.partitions,
                                    {name: s.engine for name, s in self.stores.items()}, self.job))
@@ -157,7 +168,7 @@ class TaskInstance:
             self.changelogs.ensure_stream(config.changelog, self.job.partitions)
             changelog = self.changelogs.partition(config.changelog, self.partition)
         directory = store_directory(self.job, name, self.partition)
-        directory.mkdir(parents=True, exist_ok=True)
+        ensure_dir(self.job.state_dir, directory)
         context = StoreContext(
             job=self.job.name, store=name, partition=self.partition, directory=directory, options=config.options,
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),

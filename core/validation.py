@@ -31,15 +31,17 @@ class JobCheck:
 def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> JobCheck:
     """Check the job file at ``path`` in full; raises only when the file itself cannot be read."""
     from localstate.core.streams import open_input, open_output
+    from localstate.core.streams.base import overlap_problems
     from localstate.core.task import add_task_paths, load_task_class
 
     problems: list[ConfigProblem] = []
     job = load_job_config(path, plugins=plugins, collect=problems)
     check = JobCheck(job, problems)
     # Stream constructors only validate (they connect to nothing), so this is safe without a broker.
+    inputs, outputs = {}, {}
     for name in job.inputs:
         try:
-            stream = open_input(job, name)
+            stream = inputs[name] = open_input(job, name)
         except ConfigError as exc:
             problems.extend(exc.problems)
             continue
@@ -49,11 +51,12 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
         problems.extend(_missing_path(job, name, stream))
     for name in job.outputs:
         try:
-            open_output(job, name)
+            outputs[name] = open_output(job, name)
         except ConfigError as exc:
             problems.extend(exc.problems)
         except LocalStateError as exc:
             problems.append(ConfigProblem(f"outputs.{name}", exc.message))
+    problems.extend(overlap_problems(inputs, outputs, job))  # an output over an input destroys it
     task = job.task
     if task.count(":") == 1 and all(task.split(":")):  # an absent or malformed task is already reported
         add_task_paths(job)

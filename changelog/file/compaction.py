@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from localstate.errors import ChangelogCorruptError, ChangelogError, LocalStateError
 
 from .format import HEADER, HEADER_SIZE, list_segments, segment_name
-from localstate.core.fsutil import fsync_dir, write_atomic
+from localstate.core.fsutil import fsync_dir, open_nofollow, write_atomic
 
 if TYPE_CHECKING:
     from .system import FileChangelogSystem
@@ -192,7 +192,7 @@ def compact_partition(directory: Path, upto: int, *, tombstone_retention: float 
         return stats
     now = time.time() if now is None else now
     cutoff_ms = int((now - tombstone_retention) * 1000)
-    lock_fd = os.open(directory / COMPACT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    lock_fd = open_nofollow(directory / COMPACT_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -355,7 +355,7 @@ def _rewrite(directory: Path, base: int, upto: int, last: dict[bytes, int], cuto
         stats.segments_deleted += 1
     else:
         tmp = directory / (segment_name(base) + TMP_SUFFIX)
-        with open(tmp, "wb") as f:
+        with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
             f.write(out)
             f.flush()
             if fsync:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Generator, Iterable, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
-from localstate.core.fsutil import fsync_dir
+from localstate.core.fsutil import fsync_dir, open_nofollow, read_nofollow
 from localstate.errors import ChangelogCorruptError, ChangelogError
 
 from .compaction import CompactionManifest, check_gap, check_last_segment
@@ -94,7 +94,7 @@ class FileChangelogPartition(ChangelogPartition):
             if self.fsync:  # make the new directory entries durable (stream dir, partition dir)
                 fsync_dir(self.directory.parent)
                 fsync_dir(self.directory.parent.parent)
-        lock_fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = open_nofollow(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -119,8 +119,7 @@ class FileChangelogPartition(ChangelogPartition):
             return
         base = bases[-1]
         path = self.directory / segment_name(base)
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_nofollow(path)
         valid_end, next_offset, bad = walk(data, 0, base)
         if bad is not None:
             found = find_valid_after(data, bad, next_offset)
@@ -133,12 +132,12 @@ class FileChangelogPartition(ChangelogPartition):
             log.warning("changelog %s partition %d: truncating torn tail at offset %d: %d bytes dropped "
                         "from %s (an unflushed write was interrupted)", self.stream, self.partition,
                         next_offset, dropped, path)
-            with open(path, "r+b") as f:
+            with os.fdopen(open_nofollow(path, os.O_RDWR), "r+b") as f:
                 f.truncate(valid_end)
                 f.flush()
                 os.fsync(f.fileno())
         check_last_segment(self.directory, base, stream=self.stream, partition=self.partition)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND)
         self._active_size = valid_end
         self._flushed_end = self._next = next_offset
 
@@ -279,7 +278,7 @@ class FileChangelogPartition(ChangelogPartition):
             os.close(self._fd)
             self._fd = None
         path = self.directory / segment_name(base)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
         self._active_size = 0
         if self.fsync:
             fsync_dir(self.directory)
@@ -342,7 +341,7 @@ class FileChangelogPartition(ChangelogPartition):
         base = bases[-1]
         path = self.directory / segment_name(base)
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_nofollow(path, os.O_RDONLY), "rb") as f:
                 st = os.fstat(f.fileno())
                 pos, expected = 0, base
                 cache = self._end_cache
@@ -386,7 +385,7 @@ class FileChangelogPartition(ChangelogPartition):
             base = bases[index]
             path = self.directory / segment_name(base)
             try:
-                f = open(path, "rb", buffering=0)
+                f = os.fdopen(open_nofollow(path, os.O_RDONLY), "rb", buffering=0)
             except FileNotFoundError:
                 # Compaction deleted a segment that became empty: re-list and continue at nxt.
                 bases = list_segments(self.directory)

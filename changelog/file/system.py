@@ -26,7 +26,7 @@ from localstate.errors import ChangelogCorruptError, ChangelogError, ConfigError
 from .compaction import BackgroundCompactor, CompactionStats, compact_partition
 from .format import list_segments
 from .partition import DEFAULT_SEGMENT_BYTES, LOCK_FILE, FileChangelogPartition
-from localstate.core.fsutil import write_atomic
+from localstate.core.fsutil import make_owned_dir, read_nofollow, write_atomic
 
 __all__ = ["FileChangelogSystem", "STREAM_META", "DEFAULT_COMPACT_INTERVAL"]
 
@@ -39,13 +39,22 @@ DEFAULT_COMPACT_INTERVAL = 600.0
 FORMAT_VERSION = 1
 
 
+def _inside_when_relative(value: str) -> str:
+    """A relative changelog path must stay inside the state directory (``reset`` deletes there)."""
+    if not Path(value).is_absolute() and ".." in Path(value).parts:
+        raise ValueError(f"relative path {value!r} leaves the state directory; use a path inside it, "
+                         "or an absolute path for changelogs kept elsewhere")
+    return value
+
+
 class FileChangelogSystem(ChangelogSystem):
     """Embedded, durable changelog on the local file system (the default)."""
 
     description = "changelog segments in local files (embedded default, durable with fsync)"
     options: ClassVar[Mapping[str, Option]] = {
-        "path": Option(str, default="changelogs",
-                       doc="directory of the changelogs; relative paths are relative to the state dir"),
+        "path": Option(str, default="changelogs", parse=_inside_when_relative,
+                       doc="directory of the changelogs; relative paths are relative to the state dir "
+                           "and must stay inside it"),
         "segment_bytes": Option((int, str), default=DEFAULT_SEGMENT_BYTES, parse=parse_size, minimum=1,
                                 doc="roll to a new segment file once a segment reaches this size ('64MB')"),
         "fsync": Option(bool, default=True, doc="fsync segment files at every flush"),
@@ -60,6 +69,9 @@ class FileChangelogSystem(ChangelogSystem):
         super().__init__(validated, Path(state_dir))
         path = Path(validated["path"])
         self.root = path if path.is_absolute() else self.state_dir / path
+        # Below the anchor nothing is followed through a symlink: the state dir for a relative path
+        # (its `changelogs` dir included), else the operator's chosen directory.
+        self.anchor = self.root if path.is_absolute() else self.state_dir
         self.segment_bytes: int = validated["segment_bytes"]
         self.fsync: bool = validated["fsync"]
         self.tombstone_retention: float = validated["tombstone_retention"]
@@ -71,14 +83,14 @@ class FileChangelogSystem(ChangelogSystem):
     def stream_dir(self, stream: str) -> Path:
         """Directory of ``stream`` (validated: it cannot escape ``root``)."""
         check_name(stream, "stream", "changelog.stream")
-        return safe_join(self.root, stream)
+        return safe_join(self.root, stream, anchor=self.anchor)
 
     def partition_dir(self, stream: str, partition: int) -> Path:
         if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
             raise ChangelogError(f"invalid partition {partition!r}", stream=stream,
                                  hint="partitions are integers >= 0")
         self.stream_dir(stream)
-        return safe_join(self.root, stream, str(partition))
+        return safe_join(self.root, stream, str(partition), anchor=self.anchor)
 
     def _check_partition_count(self, stream: str, partition: int) -> None:
         meta = self._read_meta(stream)
@@ -90,7 +102,7 @@ class FileChangelogSystem(ChangelogSystem):
     def _read_meta(self, stream: str) -> dict[str, Any] | None:
         path = self.stream_dir(stream) / STREAM_META
         try:
-            meta = json.loads(path.read_text())
+            meta = json.loads(read_nofollow(path))
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
@@ -116,8 +128,9 @@ class FileChangelogSystem(ChangelogSystem):
                     hint="the partition count of a job cannot change (state is partitioned by it): restore "
                          "the previous count, or start with a new job name / empty state directory")
             return
-        directory = self.stream_dir(stream)
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = make_owned_dir(self.anchor, self.stream_dir(stream), "changelog-stream", stream=stream,
+                                   layout=lambda entry: entry == STREAM_META or entry.isdigit()
+                                   or entry.startswith(STREAM_META + "."))
         write_atomic(directory / STREAM_META,
                      json.dumps({"format": FORMAT_VERSION, "partitions": partitions}).encode())
 

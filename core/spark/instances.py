@@ -44,6 +44,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
+from localstate.core.fsutil import ensure_dir, open_nofollow
 from localstate.core.recovery import StoreRecovery
 from localstate.core.runtime import TaskInstance, open_changelog_system
 from localstate.core.streams import StreamSink
@@ -129,8 +130,8 @@ class _TimedSink:
         self._clock["outputs"] += time.perf_counter() - started
         return positions
 
-    def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
-        self._inner.rollback(partition, positions)
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> Mapping[str, int] | None:
+        return self._inner.rollback(partition, positions)
 
     def close(self) -> None:
         self._inner.close()
@@ -298,7 +299,7 @@ def claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | N
     A claim is a file ``<partition>`` holding the slot number, created atomically with its content
     (written aside, then hard-linked: ``link`` fails if the name exists). A batch has as many slots as
     partitions and each slot holds at most one claim, so a free partition is always left."""
-    directory.mkdir(parents=True, exist_ok=True)
+    ensure_dir(directory.parent.parent, directory)  # claims/<run> below the checked checkpoints dir
     for partition in partitions:
         try:
             if (directory / str(partition)).read_text() == str(slot):
@@ -306,7 +307,9 @@ def claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | N
         except FileNotFoundError:
             pass
     mine = directory / f".slot-{slot}-{os.getpid()}"
-    mine.write_text(str(slot))
+    mine.unlink(missing_ok=True)  # a stale one (pid reused); never written through a symlink
+    with os.fdopen(open_nofollow(mine, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
+        handle.write(str(slot))
     try:
         order = ([prefer] if prefer in partitions else []) + [p for p in partitions if p != prefer]
         for partition in order:

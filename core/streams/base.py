@@ -9,16 +9,17 @@ input's ``on_error`` policy (``fail`` | ``skip`` | ``dead_letter``).
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
 
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, did_you_mean, validate_options
-from localstate.errors import ConfigError
+from localstate.errors import ConfigError, ConfigProblem
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "ON_ERROR", "base_dir", "resolve_path",
-           "register_input", "register_output", "open_input", "open_output", "INPUT_SYSTEMS", "OUTPUT_SYSTEMS"]
+           "overlap_problems", "register_input", "register_output", "open_input", "open_output", "INPUT_SYSTEMS", "OUTPUT_SYSTEMS"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -28,6 +29,14 @@ COMMON_INPUT_OPTIONS: Mapping[str, Option] = {
                        doc="bad record (undecodable, no key): fail the job, skip it (counted), or "
                            "write it to the `dead_letter` output stream"),
     "dead_letter": Option(str, default="", doc="output stream receiving bad records when on_error = 'dead_letter'"),
+}
+
+
+#: Options every output accepts, whatever its system.
+COMMON_OUTPUT_OPTIONS: Mapping[str, Option] = {
+    "overwrite": Option(bool, default=False,
+                        doc="at a first start, replace data already in the output that no checkpoint of this "
+                            "job covers (default: refuse to start, so nothing the job did not write is lost)"),
 }
 
 
@@ -78,6 +87,11 @@ class InputStream(ABC):
     def end_offset(self, partition: int) -> int:
         """Offset after the last complete record of ``partition``."""
 
+    def location(self) -> tuple[str, str] | None:
+        """Where the stream's data lives, to detect an output writing over an input:
+        ``("path", <absolute directory>)`` or ``("kafka", <topic>)``; None when it has no place."""
+        return None
+
     @abstractmethod
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         """Records with ``start <= offset < end``, in offset order."""
@@ -99,7 +113,9 @@ class OutputStream(ABC):
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         self.job = job
         self.name = config.name
-        self.config = validate_options(self.options, dict(config.options), f"outputs.{config.name}")
+        self.config = validate_options({**COMMON_OUTPUT_OPTIONS, **self.options}, dict(config.options),
+                                       f"outputs.{config.name}")
+        self.overwrite: bool = self.config["overwrite"]
 
     @abstractmethod
     def truncate(self, partition: int, position: int) -> int:
@@ -117,8 +133,62 @@ class OutputStream(ABC):
         """Every record of ``partition`` as ``(key, value)`` (tests, verification)."""
         raise NotImplementedError
 
+    def location(self) -> tuple[str, str] | None:
+        """Where the output writes (see :meth:`InputStream.location`)."""
+        return None
+
     def close(self) -> None:
         """Release writers."""
+
+
+def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    if a[0] != b[0]:
+        return False
+    if a[0] != "path":
+        return a[1] == b[1]
+    first, second = Path(a[1]), Path(b[1])
+    return first == second or first in second.parents or second in first.parents
+
+
+def state_places(job: JobConfig) -> list[tuple[str, tuple[str, str]]]:
+    """What an output must never write into: the job's state directory and its stores' changelogs."""
+    places = [("the job's state directory", ("path", str(job.state_dir / job.name)))]
+    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
+    if job.changelog_system == "file":
+        root = Path(job.changelog_options.get("file", {}).get("path") or "changelogs")
+        root = root if root.is_absolute() else job.state_dir / root
+        places += [(f"changelog {s!r}", ("path", str(Path(os.path.abspath(root / s))))) for s in streams]
+    elif job.changelog_system == "kafka":
+        prefix = job.changelog_options.get("kafka", {}).get("topic_prefix") or ""
+        places += [(f"changelog {s!r}", ("kafka", f"{prefix}{s}")) for s in streams]
+    return places
+
+
+def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, OutputStream],
+                     job: JobConfig | None = None) -> list[ConfigProblem]:
+    """An output that writes where an input reads (same directory or topic, or one directory inside
+    the other), where another output writes, or (given ``job``) into the job's state or changelogs
+    would destroy that data: one problem per pair."""
+    problems = []
+    places = {name: output.location() for name, output in outputs.items()}
+    protected = state_places(job) if job is not None else []
+    for name, place in sorted(places.items()):
+        if place is None:
+            continue
+        for label, other in protected:
+            if _overlap(place, other):
+                problems.append(ConfigProblem(f"outputs.{name}", f"writes into {label} ({other[1]}): "
+                                              "truncating the output would destroy the job's state"))
+        for input_name, stream in sorted(inputs.items()):
+            other = stream.location()
+            if other is not None and _overlap(place, other):
+                problems.append(ConfigProblem(f"outputs.{name}", f"writes where input {input_name!r} reads "
+                                              f"({place[1]} / {other[1]}): the job would overwrite its own input"))
+        for other_name, other in sorted(places.items()):
+            if other_name > name and other is not None and _overlap(place, other):
+                problems.append(ConfigProblem(f"outputs.{name}", f"writes where output {other_name!r} writes "
+                                              f"({place[1]} / {other[1]})"))
+    return problems
 
 
 INPUT_SYSTEMS: dict[str, type[InputStream]] = {}

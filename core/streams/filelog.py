@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
 from localstate.changelog.file.format import HEADER, HEADER_SIZE, list_segments, segment_name
 from localstate.changelog.file.partition import LOCK_FILE
-from localstate.core.fsutil import fsync_dir
+from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option
 from localstate.errors import SerdeError
@@ -38,7 +38,7 @@ def truncate_log(directory: Path, offset: int) -> None:
         if base >= offset and base != bases[0]:
             path.unlink()
             continue
-        with open(path, "r+b") as handle:
+        with os.fdopen(open_nofollow(path, os.O_RDWR), "r+b") as handle:
             data = handle.read()
             pos = 0
             while pos + HEADER_SIZE <= len(data):
@@ -62,6 +62,9 @@ class _FileLog:
         registry = job.registry
         self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
         self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
+
+    def location(self) -> tuple[str, str]:
+        return "path", str((self.root / self.stream).resolve())
 
 
 @register_input
@@ -133,7 +136,7 @@ class FileLogOutput(_FileLog, OutputStream):
         if writer.flush() > position:
             # Truncate under the writer's lock, then reopen so its in-memory end is re-read.
             directory = self.system.partition_dir(self.stream, partition)
-            lock = os.open(directory / LOCK_FILE, os.O_RDWR)
+            lock = open_nofollow(directory / LOCK_FILE, os.O_RDWR)
             try:
                 writer.close()
                 self._writers.pop(partition, None)

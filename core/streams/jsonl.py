@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
 from localstate.core.config import JobConfig, StreamConfig
+from localstate.core.fsutil import open_nofollow
 from localstate.core.options import Option
 from localstate.errors import InputError
 
@@ -84,6 +85,9 @@ class JsonLinesInput(InputStream):
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
 
+    def location(self) -> tuple[str, str]:
+        return "path", str(self.directory.resolve())
+
     def end_offset(self, partition: int) -> int:
         return _complete_lines(_file(self.directory, partition), cache=True)
 
@@ -146,6 +150,9 @@ class JsonLinesOutput(OutputStream):
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
 
+    def location(self) -> tuple[str, str]:
+        return "path", str(self.directory.resolve())
+
     def end_offset(self, partition: int) -> int:
         return _complete_lines(_file(self.directory, partition))
 
@@ -153,7 +160,7 @@ class JsonLinesOutput(OutputStream):
         path = _file(self.directory, partition)
         if not path.exists():
             return 0
-        with open(path, "r+b") as handle:
+        with os.fdopen(open_nofollow(path, os.O_RDWR), "r+b") as handle:
             data = handle.read()
             cut, lines = 0, 0
             while lines < position:
@@ -173,7 +180,7 @@ class JsonLinesOutput(OutputStream):
             self.directory.mkdir(parents=True, exist_ok=True)
             text = "".join(json.dumps({"key": k, "value": v}, separators=(",", ":"), sort_keys=True) + "\n"
                            for k, v in items)
-            with open(path, "ab") as handle:
+            with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:
                 handle.write(text.encode("utf-8"))
                 handle.flush()
                 if self.config["fsync"]:

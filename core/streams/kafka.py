@@ -424,6 +424,9 @@ class KafkaInput(InputStream):
                                 doc="how long the driver waits for a partition's end when planning"),
     }
 
+    def location(self) -> tuple[str, str]:
+        return "kafka", self.topic
+
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
         self.topic = self.config["topic"] or self.name
@@ -535,6 +538,9 @@ class KafkaOutput(OutputStream):
         "headers": Option(bool, default=True, doc="add the localstate-producer/localstate-seq headers "
                                                   "(duplicate detection)"),
     }
+
+    def location(self) -> tuple[str, str]:
+        return "kafka", self.topic
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)

@@ -30,6 +30,7 @@ __all__ = [
     "StateNotFoundError",
     "InputError",
     "OutputError",
+    "UnsafePathError",
 ]
 
 
@@ -191,3 +192,8 @@ class ChangelogFencedError(ChangelogError, FencedError):
 class StateNotFoundError(LocalStateError):
     """What was asked for is not in the job's state: a store, stream or partition the job does not
     have, or a job that has not run with this state directory (``localstate inspect``)."""
+
+
+class UnsafePathError(LocalStateError):
+    """A path localstate would write, truncate or delete is a symlink, leaves its directory, or holds
+    something localstate did not create. Nothing was touched."""

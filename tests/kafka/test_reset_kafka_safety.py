@@ -1,0 +1,37 @@
+"""`localstate reset --yes` never deletes a Kafka topic that is also one of the job's inputs or
+outputs, even when a store's changelog is named so that its topic is that topic (real broker)."""
+
+from localstate.core.cli import main
+from localstate.core.config import load_job_config
+from localstate.core.runtime import open_changelog_system
+
+
+def test_reset_keeps_a_changelog_topic_that_is_the_input_topic(tmp_path, kafka_broker, topic_prefix, capsys):
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(f"""
+[job]
+name = "resetsafe"
+task = "localstate.core.spark.demo:PageViewCounter"
+state_dir = "{tmp_path / 'state'}"
+changelog = "kafka"
+[changelogs.kafka]
+bootstrap_servers = "{kafka_broker.bootstrap_servers}"
+topic_prefix = "{topic_prefix}"
+[inputs.events]
+system = "kafka"
+topic = "{topic_prefix}events"
+[stores.counts]
+engine = "kv"
+backend = "memory"
+key_serde = "string"
+value_serde = "int"
+changelog = "events"
+""")
+    job = load_job_config(job_file)
+    system = open_changelog_system(job)
+    system.ensure_stream("events", 1)  # the input topic, as the producer of the input created it
+    assert main(["reset", str(job_file), "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "keeping changelog 'events'" in out and "input or output topic" in out
+    assert system.describe("events") == 1
+    system.close()
