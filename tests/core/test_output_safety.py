@@ -139,6 +139,7 @@ def test_two_outputs_in_one_place_are_refused(tmp_path, monkeypatch, capsys):
 def test_distinct_outputs_validate(tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     path = job_file(tmp_path, JSONL)
+    (tmp_path / "in").mkdir()  # validate refuses a missing input directory
     assert main(["validate", str(path)]) == 0
 
 
