@@ -52,7 +52,7 @@ from localstate.core.spark.instances import (BatchInstance, checkin, checkout, c
 from localstate.core.streams import StreamSink, open_input
 from localstate.core.streams.base import InputRecord, InputStream
 from localstate.core.spark.failures import executor_failure, spark_failure
-from localstate.core.task import Envelope, add_task_paths
+from localstate.core.task import Envelope, add_task_paths, load_task_class
 from localstate.core.tracebacks import raise_task_error
 from localstate.errors import InputError, LocalStateError
 
@@ -390,6 +390,8 @@ class SparkJobRunner:
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
         self.sink_check = StreamSink(job)  # validates [outputs.*] on the driver, before any task runs
         self.sink_check.close()
+        add_task_paths(job)
+        load_task_class(job.task)  # a task that cannot even be imported fails here, before Spark starts
 
     @property
     def _claims(self) -> Path:
