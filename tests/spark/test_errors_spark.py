@@ -162,8 +162,9 @@ def test_py4j_fallback_extracts_the_python_traceback(spark_context):
     line = next(i for i, src in enumerate(Path(__file__).read_text().splitlines(), 1)
                 if src.endswith("# MARK-TEST: chained"))
     assert "ValueError: bad record in a plain Spark job" in text and f"{__file__}:{line}" in text
-    assert "after 4 attempt(s)" in text
+    assert "SQLSTATE" not in text and "PYTHON_EXCEPTION" not in text
     assert_no_java(error.traceback)
+    assert "KeyError: 'missing'" in error.traceback  # the cause, in the full traceback
 
 
 # -- the CLI, in a subprocess ---------------------------------------------------------------------
