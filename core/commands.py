@@ -47,12 +47,18 @@ def validate(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             problems.extend(exc.problems)
     add_task_paths(job)
+    task_error = None
     try:
         load_task_class(job.task)
     except ConfigError as exc:
         problems.extend(exc.problems)
+        task_error = exc
     if problems:
-        raise ConfigError(problems, source=str(args.job))
+        error = ConfigError(problems, source=str(args.job))
+        if task_error is not None:  # keep where the task's module failed, for the CLI to print
+            error.traceback, error.traceback_summary = task_error.traceback, task_error.traceback_summary
+            error.location = task_error.location
+        raise error
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
           f"{len(job.stores)} store(s), {len(job.inputs)} input(s), {len(job.outputs)} output(s)")
     return 0
