@@ -56,7 +56,9 @@ class Collector:
         self.pending: list[OutgoingMessage] = []
 
     def send(self, stream: str, key: Any, value: Any, partition: int | None = None) -> None:
-        """Emit ``(key, value)`` to output ``stream`` (partitioned by key unless ``partition`` is given)."""
+        """Emit ``(key, value)`` to output ``stream``, delivered at the next commit. File and JSON-lines
+        outputs write it to the producing task's partition, Kafka outputs by key; ``partition`` is
+        recorded on the message, but no built-in output uses it (docs/task-api.md)."""
         self.pending.append(OutgoingMessage(stream, key, value, partition))
 
     def take(self) -> list[OutgoingMessage]:
