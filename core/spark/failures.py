@@ -48,16 +48,22 @@ def executor_failure(exc: BaseException, batch: int, partition: int) -> bytes:
     to retry."""
     if not _deterministic(exc):
         raise exc
-    trace = describe(exc)
     if isinstance(exc, LocalStateError):
-        error = attach(exc, trace, batch=batch)
+        # Its message says what is wrong; it carries a traceback already if it came through the
+        # task's code (localstate's own frames would only hide that, e.g. for a bad input record).
+        error = exc
+        error.context.setdefault("batch", batch)
+        error.args = (error._render(),)
     else:
+        trace = describe(exc)
         error = attach(ExecutorError(f"Spark task of partition {partition} raised {trace.headline}", hint=_HINT,
                                      partition=partition, batch=batch), trace)
     try:
         return pickle.dumps(error)
     except Exception:  # noqa: BLE001 - e.g. a task's own LocalStateError subclass with unpicklable state
-        return pickle.dumps(attach(ExecutorError(str(error), partition=partition, batch=batch), trace))
+        fallback = ExecutorError(str(error), partition=partition, batch=batch)
+        fallback.traceback, fallback.traceback_summary = error.traceback, error.traceback_summary
+        return pickle.dumps(fallback)
 
 
 # -- driver side: a Py4JJavaError's text ------------------------------------------------------

@@ -47,11 +47,11 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.faults import crash_point
 from localstate.core.runtime import PROCESS_HINT, checkpoint_store, open_changelog_system
+from localstate.core.spark.failures import executor_failure, spark_failure
 from localstate.core.spark.instances import (BatchInstance, checkin, checkout, claim, clear_requests, kept_partition,
                                              release_partitions)
 from localstate.core.streams import StreamSink, open_input
 from localstate.core.streams.base import InputRecord, InputStream
-from localstate.core.spark.failures import executor_failure, spark_failure
 from localstate.core.task import Envelope, add_task_paths, load_task_class
 from localstate.core.tracebacks import raise_task_error
 from localstate.errors import InputError, LocalStateError
