@@ -126,7 +126,7 @@ def spark_failure(exc: BaseException, batch: int) -> LocalStateError:
     tried = f" after {attempts[1]} attempt(s)" if attempts else ""
     python = python_traceback(text)
     if python is None:  # the worker died (killed, out of memory, a crash in native code), or Spark itself failed
-        reason = _java_reason(text) or f"{type(exc).__name__}: {' '.join(text.split())[:300]}"
+        reason = _java_reason(text) or type(exc).__name__
         return ExecutorError(f"Spark batch {batch} failed{tried}: {reason}", batch=batch,
                              hint="a Python worker that dies (killed, out of memory, a crash in native code) is "
                                   "retried by Spark; it died every time. State stays at the last committed batch: "
@@ -156,4 +156,10 @@ def _java_reason(text: str) -> str | None:
             line = line.split("): ", 1)[1] if "): " in line else line  # "Lost task 0.3 in stage 1.0 (TID 7) (host ...): "
             reason = _JAVA_CLASS.sub("", line).strip()
             return reason or None
+    # Spark itself failed (a stopped context, a lost executor...): its first line that is no frame.
+    for line in text.splitlines():
+        if line.strip() and not _JAVA_FRAME.match(line) and not line.startswith("An error occurred while calling"):
+            reason = _JAVA_CLASS.sub("", line.lstrip(": ")).strip()
+            if reason:
+                return reason[:500]
     return None

@@ -345,3 +345,13 @@ def test_fallback_without_python_traceback_names_the_reason():
     assert isinstance(error, ExecutorError)
     assert str(error).startswith("Spark batch 2 failed after 4 attempt(s): Python worker exited unexpectedly (crashed)")
     assert "org.apache" not in str(error)
+
+
+def test_fallback_when_spark_itself_failed_has_no_java():
+    text = ("An error occurred while calling o23.collectAndServe.\n: java.lang.IllegalStateException: Cannot call "
+            "methods on a stopped SparkContext.\n\tat org.apache.spark.SparkContext.assertNotStopped("
+            "SparkContext.scala:122)\n")
+    error = spark_failure(RuntimeError(text), 0)
+    assert isinstance(error, ExecutorError)
+    assert "Cannot call methods on a stopped SparkContext." in str(error)
+    assert "java.lang" not in str(error) and "org.apache" not in str(error) and ".scala:" not in str(error)
