@@ -7,7 +7,9 @@ in ``error.traceback`` (the user's frames, then the full traceback) and ``error.
 (the user's frames and the exception line only), which the CLI prints.
 
 A *user frame* is one whose file lies outside the localstate package, the standard library,
-PySpark and Py4J: the task module and whatever it calls of the user's own.
+PySpark, Py4J and installed third-party packages (site-packages): the task module and whatever it
+calls of the user's own. A failure inside numpy thus points at the user's line that called numpy.
+Frames of installed packages stand in when there is no other (a task installed as a package).
 """
 
 from __future__ import annotations
@@ -44,14 +46,23 @@ def _library_roots() -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=4096)
-def is_user_file(filename: str) -> bool:
-    """True if ``filename`` is the user's code (not localstate, the standard library, PySpark, Py4J)."""
+def _kind(filename: str) -> int:
+    """0: localstate, the standard library, PySpark, Py4J; 1: an installed third-party package;
+    2: the user's own code."""
     if not filename or filename.startswith("<"):  # <frozen ...>, <string>
-        return False
+        return 0
     parts = filename.replace("\\", "/").split("/")
     if "pyspark" in parts or "py4j" in parts or any(part.endswith((".zip", ".egg")) for part in parts):
-        return False  # an executor's copy of PySpark (pyspark.zip, py4j-*.zip), wherever it lives
-    return not os.path.realpath(filename).startswith(_library_roots())
+        return 0  # an executor's copy of PySpark (pyspark.zip, py4j-*.zip), wherever it lives
+    if os.path.realpath(filename).startswith(_library_roots()):
+        return 0
+    return 1 if "site-packages" in parts or "dist-packages" in parts else 2
+
+
+def is_user_file(filename: str) -> bool:
+    """True if ``filename`` is the user's code: not localstate, the standard library, PySpark, Py4J,
+    nor an installed package (an installed package counts when no other frame does)."""
+    return _kind(filename) == 2
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,9 @@ def describe_frames(frames: Iterable[traceback.FrameSummary], type_name: str, me
     """A :class:`Trace` from frames (outermost first), the exception's type name and message, and the
     complete traceback text. Also used for tracebacks parsed from a Spark error's text."""
     frames = list(frames)
-    user = [frame for frame in frames if is_user_file(frame.filename)]
+    # The user's frames; else those of installed packages (a task installed as a package).
+    user = [frame for frame in frames if _kind(frame.filename) == 2] or \
+        [frame for frame in frames if _kind(frame.filename) == 1]
     exception_line = f"{type_name}: {message}" if message else type_name
     if user:
         shown = traceback.StackSummary.from_list(user[-USER_FRAMES:])

@@ -210,6 +210,22 @@ def test_user_frames_are_files_outside_localstate_stdlib_and_pyspark(tmp_path):
     assert not is_user_file(runtime_module.__file__) and not is_user_file(runner.__file__)
     assert not is_user_file(json.__file__) and not is_user_file("<frozen importlib._bootstrap>")
     assert not is_user_file("/opt/spark/python/lib/pyspark.zip/pyspark/worker.py")
+    assert not is_user_file("/usr/lib/python3/dist-packages/numpy/core/fromnumeric.py")
+
+
+class ReshapesBadly(StreamTask):
+    def process(self, envelope, collector, coordinator):
+        import numpy
+
+        numpy.reshape(numpy.arange(3), (2, 2))  # MARK: numpy
+
+
+def test_error_inside_an_installed_package_points_at_the_users_call(tmp_path):
+    with TaskTestDriver(ReshapesBadly, state_dir=tmp_path) as driver:
+        with pytest.raises(TaskError) as info:
+            driver.send("in", "a", 1)
+    assert_names(info.value, "ValueError", "cannot reshape array of size 3 into shape (2,2)", "numpy")
+    assert "numpy" in info.value.traceback.split("full traceback:")[1]  # numpy's frames: in the full one only
 
 
 # -- load_task_class ------------------------------------------------------------------------------
