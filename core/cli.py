@@ -76,10 +76,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except LocalStateError as exc:
         print(f"localstate {args.command}: error: {exc}", file=sys.stderr)
+        _print_traceback(exc, args.verbose)
         return 1
     except KeyboardInterrupt:
         print(f"localstate {args.command}: interrupted", file=sys.stderr)
         return 130
+
+
+def _print_traceback(error: LocalStateError, verbose: int) -> None:
+    """Where Python code failed, if it did: the user's frames (the full traceback with ``-v``)."""
+    text = error.traceback if verbose else error.traceback_summary
+    if text:
+        more = "" if verbose else "\n(run with -v for the full traceback)" if error.traceback != text else ""
+        print(text.rstrip("\n") + more, file=sys.stderr)
 
 
 if __name__ == "__main__":

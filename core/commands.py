@@ -57,7 +57,12 @@ def validate(args: argparse.Namespace) -> int:
     for note in check.notes:
         print(f"{args.job}: warning: {note}", file=sys.stderr)
     if check.problems:
-        raise ConfigError(check.problems, source=str(args.job))
+        error = ConfigError(check.problems, source=str(args.job))
+        if check.task_error is not None:  # keep where the task's module failed, for the CLI to print
+            task_error = check.task_error
+            error.traceback, error.traceback_summary = task_error.traceback, task_error.traceback_summary
+            error.location = task_error.location
+        raise error
     job = check.job
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
           f"{len(job.stores)} store(s), {len(job.inputs)} input(s), {len(job.outputs)} output(s)")

@@ -27,12 +27,15 @@ from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
-from localstate.errors import CheckpointError, LocalStateError, TaskError
+from localstate.core.tracebacks import raise_task_error
+from localstate.errors import CheckpointError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "job_directory",
            "checkpoint_store"]
 
 log = logging.getLogger(__name__)
+
+PROCESS_HINT = "fix the task or the input; state is rolled back to the last commit on restart"
 
 
 class OutputSink(Protocol):
@@ -153,12 +156,27 @@ class TaskInstance:
         self.generation = checkpoint.generation + 1
         # Taking a new generation fences any stale instance still writing with the old one.
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
-        self.task = self.task_factory()
-        self.task.init(TaskContext(self.job.name, self.partition, self.job.partitions,
-                                   {name: s.engine for name, s in self.stores.items()}, self.job))
+        self.task = self._create_task()
+        context = TaskContext(self.job.name, self.partition, self.job.partitions,
+                              {name: s.engine for name, s in self.stores.items()}, self.job)
+        try:
+            self.task.init(context)
+        except (Exception, SystemExit) as exc:
+            raise_task_error(exc, "init()", partition=self.partition,
+                             hint="fix the task's init(); no input was processed and the state is unchanged")
         self._open = True
         self._last_commit = self._last_window = self.clock()
         return self.recoveries
+
+    def _create_task(self) -> StreamTask:
+        """Construct the user's task; a failure is a TaskError naming the user's file and line."""
+        try:
+            return self.task_factory()  # type: ignore[misc]
+        except (Exception, SystemExit) as exc:
+            name = getattr(self.task_factory, "__qualname__", None) or repr(self.task_factory)
+            raise_task_error(exc, f"constructor {name}()", partition=self.partition,
+                             hint="fix the task's __init__ (or factory); no input was processed and the state "
+                                  "is unchanged")
 
     def _open_store(self, name: str, config: Any) -> _Store:
         registry = self.job.registry
@@ -210,9 +228,14 @@ class TaskInstance:
         """Stop cleanly: optionally commit, close the task, the stores and the partition lock."""
         if self._open and commit:
             self.commit()
-        if self.task is not None and self._open:
-            self.task.close()
-        self.abandon()
+        try:
+            if self.task is not None and self._open:
+                self.task.close()
+        except (Exception, SystemExit) as exc:
+            raise_task_error(exc, "close()", partition=self.partition,
+                             hint="fix the task's close(); what was committed stays committed")
+        finally:
+            self.abandon()
 
     def abandon(self) -> None:
         """Drop everything without committing (what a crash does, minus the process dying)."""
@@ -236,13 +259,9 @@ class TaskInstance:
         crash_point("process")
         try:
             self.task.process(envelope, self.collector, self.coordinator)  # type: ignore[union-attr]
-        except LocalStateError:
-            raise
-        except Exception as exc:
-            raise TaskError(f"task raised {type(exc).__name__}: {exc}", stream=envelope.stream,
-                            partition=envelope.partition, offset=envelope.offset,
-                            hint="fix the task or the input; state is rolled back to the last commit on restart"
-                            ) from exc
+        except (Exception, SystemExit) as exc:
+            raise_task_error(exc, "process()", stream=envelope.stream, partition=envelope.partition,
+                             offset=envelope.offset, hint=PROCESS_HINT)
         self.positions[envelope.stream] = envelope.offset + 1
         self.processed_since_commit += 1
         self._after_call()
@@ -264,7 +283,11 @@ class TaskInstance:
 
     def window(self) -> None:
         self._last_window = self.clock()
-        self.task.window(self.collector, self.coordinator)  # type: ignore[union-attr]
+        try:
+            self.task.window(self.collector, self.coordinator)  # type: ignore[union-attr]
+        except (Exception, SystemExit) as exc:
+            raise_task_error(exc, "window()", partition=self.partition,
+                             hint="fix the task's window(); state is rolled back to the last commit on restart")
         self._after_call()
 
     def _after_call(self) -> None:

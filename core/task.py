@@ -56,7 +56,9 @@ class Collector:
         self.pending: list[OutgoingMessage] = []
 
     def send(self, stream: str, key: Any, value: Any, partition: int | None = None) -> None:
-        """Emit ``(key, value)`` to output ``stream`` (partitioned by key unless ``partition`` is given)."""
+        """Emit ``(key, value)`` to output ``stream``, delivered at the next commit. File and JSON-lines
+        outputs write it to the producing task's partition, Kafka outputs by key; ``partition`` is
+        recorded on the message, but no built-in output uses it (docs/task-api.md)."""
         self.pending.append(OutgoingMessage(stream, key, value, partition))
 
     def take(self) -> list[OutgoingMessage]:
@@ -125,13 +127,32 @@ def load_task_class(spec: str | type | Callable[[], StreamTask]) -> Callable[[],
         obj: Any = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except Exception as exc:  # user code can fail to import in any way
-        raise ConfigError([ConfigProblem("job.task", f"cannot load task {spec!r}: {type(exc).__name__}: {exc}")],
-                          hint="check the module is importable (on every executor) and the class name") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # user code can fail to import in any way, sys.exit() included
+        raise _load_error(spec, module_name, exc) from exc
     if not (isinstance(obj, type) and issubclass(obj, StreamTask)):
         raise ConfigError([ConfigProblem("job.task", f"{spec!r} is not a StreamTask subclass")],
                           hint="subclass localstate.StreamTask")
     return obj
+
+
+def _load_error(spec: str, module_name: str, exc: BaseException) -> ConfigError:
+    """The ConfigError for a task that failed to load, naming the module and, when the failure is
+    in the user's module, its file and line."""
+    from localstate.core.tracebacks import attach, describe
+
+    trace = describe(exc)
+    if isinstance(exc, SystemExit):
+        what = f"module {module_name!r} called sys.exit({exc.code!r}) while being imported"
+    else:
+        what = f"{trace.type_name}: {' '.join(trace.message.split())[:500]}"
+    where = f" at {trace.location}" if trace.in_user_code else ""
+    error = ConfigError([ConfigProblem("job.task", f"cannot load task {spec!r}: {what}{where}")],
+                        hint="check the module is importable (on every executor), does not exit or raise when "
+                             "imported, and defines the class")
+    attach(error, trace)
+    return error
 
 
 def add_task_paths(job: "JobConfig") -> None:

@@ -26,6 +26,8 @@ class JobCheck:
     job: JobConfig
     problems: list[ConfigProblem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    task_error: ConfigError | None = None
+    """why the task class did not load (it carries the traceback of the task's module)"""
 
 
 def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> JobCheck:
@@ -64,6 +66,7 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
             load_task_class(job.task)
         except ConfigError as exc:
             problems.extend(exc.problems)
+            check.task_error = exc
     check.notes.extend(spark_notes(job))
     return check
 

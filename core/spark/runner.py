@@ -47,13 +47,15 @@ from typing import Any, Callable, Iterator, Mapping
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.faults import crash_point
-from localstate.core.runtime import checkpoint_store, open_changelog_system
+from localstate.core.runtime import PROCESS_HINT, checkpoint_store, open_changelog_system
+from localstate.core.spark.failures import executor_failure, spark_failure
 from localstate.core.spark.instances import (BatchInstance, checkin, checkout, claim, clear_requests, kept_partition,
                                              release_partitions)
 from localstate.core.streams import StreamSink, open_input
 from localstate.core.streams.base import InputRecord, InputStream
-from localstate.core.task import Envelope, add_task_paths
-from localstate.errors import InputError, LocalStateError, TaskError
+from localstate.core.task import Envelope, add_task_paths, load_task_class
+from localstate.core.tracebacks import raise_task_error
+from localstate.errors import InputError, LocalStateError
 
 __all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "BatchCompaction", "run_partition",
            "run_slot", "spark_context", "normalize_master", "TASK_PHASES", "DRIVER_PHASES"]
@@ -256,12 +258,9 @@ def _feed(instance: BatchInstance, plan: PartitionPlan, inputs: Mapping[str, Inp
                 try:
                     process(envelope(name, partition, record.offset, record.key, record.value, record.ts),
                             collector, coordinator)
-                except LocalStateError:
-                    raise
-                except Exception as exc:
-                    raise TaskError(f"task raised {type(exc).__name__}: {exc}", stream=name, partition=partition,
-                                    offset=record.offset, hint="fix the task or the input; state is rolled back "
-                                    "to the last commit on restart") from exc
+                except (Exception, SystemExit) as exc:
+                    raise_task_error(exc, "process()", stream=name, partition=partition, offset=record.offset,
+                                     hint=PROCESS_HINT)
             else:
                 _bad_record(inputs[name], instance, name, partition, record, counts)
             positions[name] = record.offset + 1
@@ -289,7 +288,16 @@ def _bad_record(source: InputStream, instance: BatchInstance, name: str, partiti
 def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     """Executor side of one batch for one partition. Returns the checkpoint (as a dict), counts and
     :data:`TASK_PHASES` timings, or ``{"error": pickled LocalStateError}`` for deterministic failures
-    that a retry cannot fix."""
+    that a retry cannot fix (see :func:`~localstate.core.spark.failures.executor_failure`): the
+    driver raises that error, with its Python traceback, instead of Py4J's Java one. Failures a
+    retry may fix are raised, for Spark to retry the task."""
+    try:
+        return _run_partition(job, plan)
+    except (Exception, SystemExit) as exc:
+        return {"partition": plan.partition, "error": executor_failure(exc, plan.batch, plan.partition)}
+
+
+def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     add_task_paths(job)
     started = time.perf_counter()
     partition = plan.partition
@@ -311,9 +319,6 @@ def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         before = lease.sink.written
         prepared = instance.prepare_commit()
         committed = time.perf_counter()
-    except (InputError, TaskError) as exc:
-        # Deterministic: a retry would fail the same way. Hand the typed error to the driver.
-        return {"partition": partition, "error": pickle.dumps(exc)}
     finally:
         checkin(lease, prepared, keep=plan.keep_open)
     changelog = clock["changelog"] - changelog_start
@@ -472,6 +477,8 @@ class SparkJobRunner:
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
         self.sink_check = StreamSink(job)  # validates [outputs.*] on the driver, before any task runs
         self.sink_check.close()
+        add_task_paths(job)
+        load_task_class(job.task)  # a task that cannot even be imported fails here, before Spark starts
 
     @property
     def _claims(self) -> Path:
@@ -602,11 +609,8 @@ class SparkJobRunner:
                 except LocalStateError:
                     raise
                 except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
-                    text = str(exc)
-                    tail = next((line for line in reversed(text.splitlines()) if "Error" in line), text[-300:])
-                    raise TaskError(f"Spark batch {batch} failed after retries: {tail.strip()[:500]}",
-                                    hint="see the Python traceback above; state stays at the last committed "
-                                         "batch, fix the cause and run again") from exc
+                    log.debug("Spark batch %d failed", batch, exc_info=True)
+                    raise spark_failure(exc, batch) from None
                 if roll:
                     compaction.start_round()  # type: ignore[union-attr]
                 result.driver_seconds["plan"] = planned - planning

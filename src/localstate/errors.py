@@ -28,6 +28,7 @@ __all__ = [
     "RestoreError",
     "TaskError",
     "StateNotFoundError",
+    "ExecutorError",
     "InputError",
     "OutputError",
     "UnsafePathError",
@@ -39,7 +40,15 @@ class LocalStateError(Exception):
 
     ``context`` names what was involved (store, partition, stream, offset, path, ...);
     ``hint`` says what the operator should do. Both are rendered into ``str(error)``.
+    An error raised by (or through) Python code that failed also carries that code's traceback:
+    ``traceback`` (the user's frames first, then the full traceback), ``traceback_summary`` (the
+    user's frames and the exception line) and ``location`` (``file:line in function``); the CLI
+    prints them. All three are None otherwise.
     """
+
+    traceback: str | None = None
+    traceback_summary: str | None = None
+    location: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
         self.message = message
@@ -174,6 +183,12 @@ class RestoreError(LocalStateError):
 
 class TaskError(LocalStateError):
     """The user's task raised; carries the input position being processed."""
+
+
+class ExecutorError(LocalStateError):
+    """A Spark task failed outside the task's own code: an unexpected Python exception in the
+    executor (a resource limit, a localstate bug) or a Python worker that died. Carries the Python
+    traceback (``traceback``) when there is one."""
 
 
 class InputError(LocalStateError):

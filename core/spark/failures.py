@@ -1,0 +1,165 @@
+"""What a failed Spark task reports: the Python exception, never Py4J's Java stack.
+
+Executor side, :func:`executor_failure` sorts a failure of :func:`~localstate.core.spark.runner.run_partition`:
+
+* deterministic (the task's own bug, bad input or config, a RecursionError or OverflowError anywhere):
+  a retry would fail the same way, so it becomes a typed, picklable LocalStateError carrying the
+  formatted Python traceback, which the task *returns* to the driver (no Spark retry burnt);
+* possibly transient (an OSError such as ENOSPC or EIO, MemoryError, a fenced instance, an
+  unavailable changelog or output): re-raised, so that Spark retries the task.
+
+Driver side, :func:`spark_failure` turns what is left, a Py4JJavaError after Spark's retries (a
+re-raised transient error, a worker that died, an error before localstate's code ran), into a typed
+error, taking the Python traceback out of the Java exception's text.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import traceback
+from localstate import errors
+from localstate.core.tracebacks import attach, describe, describe_frames
+from localstate.errors import (ChangelogError, CheckpointError, ConfigError, ExecutorError, FencedError, InputError,
+                               LocalStateError, OutputError, PluginError, RestoreError, SerdeError, StoreError,
+                               TaskError)
+
+__all__ = ["executor_failure", "spark_failure", "python_traceback", "RETRYABLE"]
+
+RETRYABLE: tuple[type[BaseException], ...] = (OSError, MemoryError, FencedError, ChangelogError, CheckpointError,
+                                             RestoreError, OutputError)
+"""Failures a new attempt may not meet again: Spark retries the task. A StoreError is retried too,
+unless it is a misuse by the task (raised through the task's code, see :func:`_deterministic`)."""
+
+_HINT = ("state stays at the last committed batch; fix the cause and run again (a retry of the batch "
+         "would fail the same way)")
+
+
+def _deterministic(exc: BaseException) -> bool:
+    if isinstance(exc, (TaskError, InputError, ConfigError, PluginError, SerdeError)):
+        return True
+    if isinstance(exc, StoreError):
+        return exc.traceback is not None  # misused by the task: it came through the task's own code
+    return not isinstance(exc, RETRYABLE)
+
+
+def executor_failure(exc: BaseException, batch: int, partition: int) -> bytes:
+    """The pickled typed error to return to the driver for ``exc``, or re-raise ``exc`` for Spark
+    to retry."""
+    if not _deterministic(exc):
+        raise exc
+    if isinstance(exc, LocalStateError):
+        # Its message says what is wrong; it carries a traceback already if it came through the
+        # task's code (localstate's own frames would only hide that, e.g. for a bad input record).
+        error = exc
+        error.context.setdefault("batch", batch)
+        error.args = (error._render(),)
+    else:
+        trace = describe(exc)
+        error = attach(ExecutorError(f"Spark task of partition {partition} raised {trace.headline}", hint=_HINT,
+                                     partition=partition, batch=batch), trace)
+    try:
+        return pickle.dumps(error)
+    except Exception:  # noqa: BLE001 - e.g. a task's own LocalStateError subclass with unpicklable state
+        fallback = ExecutorError(str(error), partition=partition, batch=batch)
+        fallback.traceback, fallback.traceback_summary = error.traceback, error.traceback_summary
+        return pickle.dumps(fallback)
+
+
+# -- driver side: a Py4JJavaError's text ------------------------------------------------------
+_TRACEBACK = "Traceback (most recent call last):"
+_JAVA_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$")
+_FRAME = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+)$')
+_JAVA_CLASS = re.compile(r"\b(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error|Throwable)\b:?\s*")
+_SQLSTATE = re.compile(r"^\s*SQLSTATE: \w+\s*$")  # Spark 4 appends the error class's state to the Python text
+_ATTEMPTS = re.compile(r"failed (\d+) times")
+
+
+def python_traceback(text: str) -> str | None:
+    """The first Python traceback in a Spark error's text (what a PythonException carries), without
+    the Java frames that follow it; None if there is none."""
+    start = text.find(_TRACEBACK)
+    if start < 0:
+        return None
+    lines = []
+    for line in text[start:].splitlines():
+        if _JAVA_FRAME.match(line) or _SQLSTATE.match(line) or line.startswith(("Driver stacktrace:", "Caused by: ")):
+            break
+        lines.append(line)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _parse(python: str) -> tuple[list[traceback.FrameSummary], str, str]:
+    """Frames, exception type name and message of the last (outermost raised) traceback in ``python``."""
+    last = python[python.rfind(_TRACEBACK) + len(_TRACEBACK):].splitlines()[1:]
+    frames: list[traceback.FrameSummary] = []
+    rest: list[str] = []
+    for index, line in enumerate(last):
+        match = _FRAME.match(line)
+        if match:
+            frames.append(traceback.FrameSummary(match["file"], int(match["line"]), match["name"], line=None))
+        elif line.startswith("    ") and frames and frames[-1].line is None and line.strip("^~ "):
+            frame = frames[-1]
+            frames[-1] = traceback.FrameSummary(frame.filename, frame.lineno, frame.name, line=line.strip())
+        elif not line.startswith("  "):
+            rest = last[index:]
+            break
+    exception = "\n".join(rest).strip()
+    head, _, message = exception.partition(": ")
+    if not re.fullmatch(r"[\w.]+", head):
+        head, message = "Error", exception
+    return frames, head, message
+
+
+def _typed(type_name: str) -> type[LocalStateError]:
+    """The localstate error class named ``type_name`` (``localstate.errors.FencedError``), else ExecutorError."""
+    module, _, name = type_name.rpartition(".")
+    cls = getattr(errors, name, None) if module in ("", "localstate.errors") else None
+    return cls if isinstance(cls, type) and issubclass(cls, LocalStateError) else ExecutorError
+
+
+def spark_failure(exc: BaseException, batch: int) -> LocalStateError:
+    """The typed error for a Spark job that failed after its retries (``exc``: a Py4JJavaError or
+    whatever PySpark raised), made of its Python traceback; no Java frame in its message."""
+    text = str(exc)
+    attempts = _ATTEMPTS.search(text)
+    tried = f" after {attempts[1]} attempt(s)" if attempts else ""
+    python = python_traceback(text)
+    if python is None:  # the worker died (killed, out of memory, a crash in native code), or Spark itself failed
+        reason = _java_reason(text) or type(exc).__name__
+        return ExecutorError(f"Spark batch {batch} failed{tried}: {reason}", batch=batch,
+                             hint="a Python worker that dies (killed, out of memory, a crash in native code) is "
+                                  "retried by Spark; it died every time. State stays at the last committed batch: "
+                                  "check the executors' memory and logs, then run again")
+    frames, type_name, message = _parse(python)
+    trace = describe_frames(frames, type_name.rpartition(".")[2] or type_name, message, python)
+    cls = _typed(type_name)
+    if cls is ExecutorError:
+        error: LocalStateError = ExecutorError(f"Spark batch {batch} failed{tried}: {trace.headline}", batch=batch,
+                                               hint="state stays at the last committed batch; fix the cause and "
+                                                    "run again")
+    else:
+        # A localstate error re-raised for Spark to retry: keep its type (callers catch e.g. FencedError);
+        # its text already holds its context and hint.
+        error = cls.__new__(cls)
+        LocalStateError.__init__(error, f"Spark batch {batch} failed{tried}: {message}")
+        error.context = {}
+    return attach(error, trace)
+
+
+def _java_reason(text: str) -> str | None:
+    """The failure's reason from a Java exception's text, without Java class names or frames."""
+    for marker in ("most recent failure:", "Job aborted due to stage failure:"):
+        at = text.find(marker)
+        if at >= 0:
+            line = text[at + len(marker):].splitlines()[0]
+            line = line.split("): ", 1)[1] if "): " in line else line  # "Lost task 0.3 in stage 1.0 (TID 7) (host ...): "
+            reason = _JAVA_CLASS.sub("", line).strip()
+            return reason or None
+    # Spark itself failed (a stopped context, a lost executor...): its first line that is no frame.
+    for line in text.splitlines():
+        if line.strip() and not _JAVA_FRAME.match(line) and not line.startswith("An error occurred while calling"):
+            reason = _JAVA_CLASS.sub("", line.lstrip(": ")).strip()
+            if reason:
+                return reason[:500]
+    return None
