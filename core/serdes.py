@@ -17,9 +17,80 @@ from typing import Any, ClassVar, Generic, TypeVar
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.errors import SerdeError
 
-__all__ = ["Serde", "BytesSerde", "StringSerde", "IntSerde", "JsonSerde", "PickleSerde"]
+__all__ = ["Serde", "BytesSerde", "StringSerde", "IntSerde", "JsonSerde", "PickleSerde", "STRICT_JSON",
+           "MAX_JSON_DEPTH", "json_problem", "ensure_bytes"]
 
 T = TypeVar("T")
+
+
+#: Deepest nesting of arrays/objects accepted from data: deeper values are refused at decoding, because
+#: encoding them again (a store put, an output) would hit Python's recursion limit later, at a point
+#: where the record can no longer be skipped or dead-lettered.
+MAX_JSON_DEPTH = 256
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value - value:  # inf - inf and nan - nan are nan (truthy); finite numbers give 0.0
+        raise ValueError(f"number {text[:40]} is out of range of a double")
+    return value
+
+
+STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+"""A decoder that refuses what :class:`JsonSerde` cannot encode again: NaN, Infinity, numbers that
+overflow a double (1e400). The C scanner still does the parsing; only floats cost one Python call."""
+
+
+def json_problem(text: str | bytes, value: Any) -> str | None:
+    """Why a decoded JSON ``value`` (from ``text``) cannot be encoded again, or None.
+
+    Cheap for the usual record: the nesting depth is only measured when ``text`` holds more brackets
+    than :data:`MAX_JSON_DEPTH`, and strings are only checked for lone surrogates when ``text`` holds
+    a ``\\u`` escape (the only way to write one in valid UTF-8 JSON)."""
+    slash_u = b"\\u" if isinstance(text, bytes) else "\\u"
+    if len(text) > 2 * MAX_JSON_DEPTH and _brackets(text) > MAX_JSON_DEPTH and _depth_over(value, MAX_JSON_DEPTH):
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if slash_u in text:
+        try:
+            json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return "holds a lone surrogate (\\ud800-\\udfff) that UTF-8 cannot encode"
+    return None
+
+
+def _brackets(text: str | bytes) -> int:
+    if isinstance(text, bytes):
+        return text.count(b"[") + text.count(b"{")
+    return text.count("[") + text.count("{")
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/dicts deeper than ``limit`` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def ensure_bytes(data: Any, serde: "Serde[Any]") -> bytes:
+    """``data`` if a serde returned bytes; a SerdeError otherwise (a custom serde returning None or
+    str must fail at the call, not later at a flush after its changelog record was written)."""
+    if type(data) is bytes:
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise SerdeError(f"serde {serde.name or type(serde).__name__!r} returned {type(data).__name__}, not bytes",
+                     hint="fix the serde's serialize() to return bytes")
 
 
 class Serde(ABC, Generic[T]):
@@ -119,16 +190,23 @@ class JsonSerde(Serde[Any]):
         try:
             return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
                               allow_nan=False).encode("utf-8")
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise SerdeError(f"serde 'json' cannot encode {type(obj).__name__} {obj!r:.80}: {exc}",
                              hint="store JSON-compatible values (dict, list, str, int, float, bool, None)"
                              ) from exc
 
     def deserialize(self, data: bytes) -> Any:
+        """Decode; refuses (SerdeError) what :meth:`serialize` would refuse, so bad data is caught
+        where it is read (an input's ``on_error`` can then skip or dead-letter it)."""
         try:
-            return json.loads(bytes(data))
-        except (ValueError, UnicodeDecodeError) as exc:
+            text = bytes(data).decode("utf-8")
+            value = STRICT_JSON.decode(text)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise self._undecodable(data, exc) from exc
+        problem = json_problem(text, value)
+        if problem is not None:
+            raise self._undecodable(data, ValueError(problem))
+        return value
 
 
 class PickleSerde(Serde[Any]):
