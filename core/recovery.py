@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.core.engine import StorageEngine
 from localstate.core.progress import RestoreProgress, restore_progress
-from localstate.errors import CheckpointError
+from localstate.errors import CheckpointError, RestoreError
 
 __all__ = ["StoreRecovery", "recover_store", "values_at"]
 
@@ -62,8 +62,12 @@ def values_at(changelog: ChangelogPartition, keys: Iterable[bytes], offset: int)
 
 
 def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoint_offset: int,
-                  *, label: str) -> StoreRecovery:
-    """Restore ``engine`` to the changelog state at ``checkpoint_offset`` and trim what follows it."""
+                  *, label: str, discard: Callable[[], StorageEngine] | None = None) -> StoreRecovery:
+    """Restore ``engine`` to the changelog state at ``checkpoint_offset`` and trim what follows it.
+
+    Local state ahead of the changelog's end is never trusted: ``discard`` (empty the store and
+    return the reopened engine) is called and the store is rebuilt from offset 0; without
+    ``discard`` that case is a RestoreError."""
     context = engine.context
     end = changelog.end_offset()
     if checkpoint_offset > end:
@@ -74,6 +78,19 @@ def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoi
             hint="restore the changelog from a backup, or reset the job with `localstate reset` "
                  "to rebuild state from the inputs")
     local = engine.local_offset()
+    if local is not None and local > end:
+        # The changelog lost records local state already holds (e.g. its unsynced tail in a machine
+        # crash with fsync = false): those updates are not committed, would stay visible and be applied
+        # twice when the input is re-delivered. Local state is a cache: rebuild it from the changelog.
+        log.warning("store %s partition %d: local state is at changelog offset %d but the changelog %r ends at "
+                    "%d; discarding local state and rebuilding it from the changelog", context.store,
+                    context.partition, local, changelog.stream, end)
+        if discard is None:
+            raise RestoreError(
+                f"local state of store {context.store!r} is ahead of its changelog ({local} > {end})",
+                store=context.store, partition=context.partition, offset=local,
+                hint="delete the store's local directory; it is rebuilt from the changelog")
+        engine, local = discard(), None
     start = 0 if local is None else min(local, checkpoint_offset)
     progress = RestoreProgress(label, checkpoint_offset - start)
     engine.restore(restore_progress(changelog.read(start, checkpoint_offset), progress))

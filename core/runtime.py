@@ -26,7 +26,8 @@ from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
-from localstate.errors import CheckpointError, LocalStateError, TaskError
+from localstate.core.corruption import corrupt_reason
+from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, TaskError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory",
            "checkpoint_store"]
@@ -134,7 +135,8 @@ class TaskInstance:
             if store.changelog is not None:
                 offset = checkpoint.changelogs.get(name, 0)
                 self.recoveries.append(recover_store(store.engine, store.changelog, offset,
-                                                     label=f"{name}[{self.partition}]"))
+                                                     label=f"{name}[{self.partition}]",
+                                                     discard=lambda name=name: self._discard_local(name)))
             else:
                 store.engine.flush()
         self.sink.rollback(self.partition, checkpoint.outputs)
@@ -163,8 +165,17 @@ class TaskInstance:
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None)
+        if changelog is not None:
+            self._discard_if_marked(name, directory)
         had_files = any(directory.iterdir())
-        engine = factory.create(context)
+        try:
+            engine = factory.create(context)
+        except StoreCorruptError as exc:
+            if changelog is None:
+                raise
+            log.warning("store %s partition %d: %s", name, self.partition, exc.message)
+            self._discard_if_marked(name, directory, force=True)
+            engine = factory.create(context)
         if changelog is not None and engine.local_offset() is None and had_files:
             # Unusable local state: start from an empty directory so stale keys cannot survive.
             log.warning("store %s partition %d: local state is unusable; rebuilding it from the changelog",
@@ -174,6 +185,29 @@ class TaskInstance:
             directory.mkdir(parents=True)
             engine = factory.create(context)
         return _Store(name, engine, changelog)
+
+    def _discard_if_marked(self, name: str, directory: Path, force: bool = False) -> None:
+        """Empty a logged store's directory when an engine marked its local state corrupt (see
+        :mod:`localstate.core.corruption`): recovery then rebuilds it from the changelog."""
+        reason = corrupt_reason(directory) or next(
+            (r for child in directory.iterdir() if child.is_dir() and not child.is_symlink()
+             and (r := corrupt_reason(child)) is not None), None)
+        if reason is None and not force:
+            return
+        log.warning("store %s partition %d: local state was found damaged (%s); rebuilding it from the changelog",
+                    name, self.partition, reason or "at open")
+        shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+
+    def _discard_local(self, name: str) -> StorageEngine:
+        """Close store ``name``, empty its directory and open it again, empty (recovery replays it)."""
+        store = self.stores[name]
+        store.engine.close()
+        directory = store.engine.context.directory
+        shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+        store.engine = self.job.registry.engine_factory(self.job.stores[name].engine).create(store.engine.context)
+        return store.engine
 
     def _check_fresh(self) -> None:
         for name, store in self.stores.items():
