@@ -35,37 +35,32 @@ def _no_constant(name: str) -> Any:
 
 def _finite(text: str) -> float:
     value = float(text)
-    if value - value:  # inf - inf and nan - nan are nan (truthy); finite numbers give 0.0
-        raise ValueError(f"number {text[:40]} is out of range of a double")
+    if value - value:  # inf - inf is nan (truthy); a finite number gives 0.0
+        raise ValueError(f"number {text[:40]} is out of the range of a double")
     return value
 
 
 STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
-"""A decoder that refuses what :class:`JsonSerde` cannot encode again: NaN, Infinity, numbers that
-overflow a double (1e400). The C scanner still does the parsing; only floats cost one Python call."""
+"""The json serde's decoder: refuses what :class:`JsonSerde` cannot encode again, NaN, Infinity and
+numbers beyond a double's range (1e400), at the point of reading. The C scanner still does all the
+parsing; a float literal costs one small Python call. See :func:`json_problem` for the rest."""
 
 
-def json_problem(text: str | bytes, value: Any) -> str | None:
-    """Why a decoded JSON ``value`` (from ``text``) cannot be encoded again, or None.
+def json_problem(data: bytes, value: Any) -> str | None:
+    """Why ``value``, decoded by :data:`STRICT_JSON` from ``data``, still cannot be encoded again as
+    JSON in UTF-8 (a lone surrogate, nesting deeper than :data:`MAX_JSON_DEPTH`), or None.
 
-    Cheap for the usual record: the nesting depth is only measured when ``text`` holds more brackets
-    than :data:`MAX_JSON_DEPTH`, and strings are only checked for lone surrogates when ``text`` holds
-    a ``\\u`` escape (the only way to write one in valid UTF-8 JSON)."""
-    slash_u = b"\\u" if isinstance(text, bytes) else "\\u"
-    if len(text) > 2 * MAX_JSON_DEPTH and _brackets(text) > MAX_JSON_DEPTH and _depth_over(value, MAX_JSON_DEPTH):
+    Cheap for the usual record: ``value`` is only examined when ``data`` holds a ``\\u`` escape (the
+    only way to write a lone surrogate in valid UTF-8) or more brackets than the depth limit."""
+    if len(data) > 2 * MAX_JSON_DEPTH and data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH \
+            and _depth_over(value, MAX_JSON_DEPTH):
         return f"nested deeper than {MAX_JSON_DEPTH} levels"
-    if slash_u in text:
+    if b"\\u" in data:
         try:
             json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
         except UnicodeEncodeError:
             return "holds a lone surrogate (\\ud800-\\udfff) that UTF-8 cannot encode"
     return None
-
-
-def _brackets(text: str | bytes) -> int:
-    if isinstance(text, bytes):
-        return text.count(b"[") + text.count(b"{")
-    return text.count("[") + text.count("{")
 
 
 def _depth_over(value: Any, limit: int) -> bool:
@@ -198,12 +193,12 @@ class JsonSerde(Serde[Any]):
     def deserialize(self, data: bytes) -> Any:
         """Decode; refuses (SerdeError) what :meth:`serialize` would refuse, so bad data is caught
         where it is read (an input's ``on_error`` can then skip or dead-letter it)."""
+        data = bytes(data)
         try:
-            text = bytes(data).decode("utf-8")
-            value = STRICT_JSON.decode(text)
+            value = STRICT_JSON.decode(data.decode("utf-8"))
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise self._undecodable(data, exc) from exc
-        problem = json_problem(text, value)
+        problem = json_problem(data, value)
         if problem is not None:
             raise self._undecodable(data, ValueError(problem))
         return value
