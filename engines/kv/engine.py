@@ -131,16 +131,25 @@ class KeyValueEngine(StorageEngine):
             self._backend.clear()
         return offset
 
-    def _read_failed(self, exc: Exception) -> Exception:
-        """The error to raise for a failed backend read: StoreCorruptError when the backend reports
-        damage (never mistaken for a task bug), else a StoreError naming the store."""
+    def _backend_failed(self, exc: Exception) -> Exception:
+        """The error to raise for a failed backend read or write: StoreCorruptError when the backend
+        reports damage (never mistaken for a task bug), else a StoreError naming the store."""
         if isinstance(exc, LocalStateError):
             return exc
         error = self._backend.corruption(exc)
         if error is not None:
             return error
-        return StoreError(f"{self._backend.name} read failed in store {self._store!r}: {type(exc).__name__}: "
+        return StoreError(f"{self._backend.name} backend failed in store {self._store!r}: {type(exc).__name__}: "
                           f"{exc}", hint="check the disk and the store directory", **self._ctx())
+
+    def _write_backend(self, items: list[tuple[bytes, bytes | None]], meta: Mapping[bytes, bytes] | None,
+                       deletes: bool) -> None:
+        try:
+            self._backend.write(items, meta, deletes=deletes)
+        except LocalStateError:
+            raise
+        except Exception as exc:
+            raise self._backend_failed(exc) from exc
 
     def _bind_hot_path(self) -> None:
         """Install per-instance ``get``/``put`` closures with every lookup pre-bound.
@@ -155,7 +164,7 @@ class KeyValueEngine(StorageEngine):
         cache_get, move, popitem, dirty_get = cache.get, cache.move_to_end, cache.popitem, dirty.get
         size, batch, lo, hi = self._cache_size, self._batch, self._min_key, self._max_key
         spill, slow_key, slow_value, decode_value = self._spill, self._slow_key, self._slow_value, self._decode_value
-        read_failed = self._read_failed
+        backend_failed = self._backend_failed
         none_value, bad_key_size = self._none_value, self._bad_key_size
         miss = _MISS
 
@@ -173,7 +182,7 @@ class KeyValueEngine(StorageEngine):
                 try:
                     vb = backend.get(kb)
                 except Exception as exc:
-                    raise read_failed(exc) from exc
+                    raise backend_failed(exc) from exc
             if vb is None:
                 value = None
             else:
@@ -277,7 +286,7 @@ class KeyValueEngine(StorageEngine):
             try:
                 vb = self._backend.get(kb)
             except Exception as exc:
-                raise self._read_failed(exc) from exc
+                raise self._backend_failed(exc) from exc
         value = None if vb is None else self._decode_value(kb, vb)
         self._cache_put(kb, value)
         return value
@@ -313,7 +322,7 @@ class KeyValueEngine(StorageEngine):
             try:
                 found = self._backend.get_many([kb for _, kb in misses])
             except Exception as exc:
-                raise self._read_failed(exc) from exc
+                raise self._backend_failed(exc) from exc
             for (key, kb), vb in zip(misses, found):
                 value = None if vb is None else self._decode_value(kb, vb)
                 self._cache_put(kb, value)
@@ -371,7 +380,7 @@ class KeyValueEngine(StorageEngine):
         items = self._pending_items()
         self._changelog.append_many(items)
         self._changelog.flush()
-        self._backend.write(items, deletes=self._tombstones)
+        self._write_backend(items, None, self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
         self.spills += 1
@@ -445,7 +454,7 @@ class KeyValueEngine(StorageEngine):
             if min(sizes) < self._min_key or max(sizes) > self._max_key:
                 chunk = self._check_restored_keys(chunk)
         # key order: a cheaper backend write (see _pending_items)
-        self._backend.write(sorted(chunk.items(), key=itemgetter(0)), deletes=deletes)
+        self._write_backend(sorted(chunk.items(), key=itemgetter(0)), None, deletes)
         cache, dirty = self._cache, self._dirty
         if cache:
             pop = cache.pop
@@ -480,7 +489,7 @@ class KeyValueEngine(StorageEngine):
         if items:
             self._changelog.append_many(items)
         end = self._changelog.flush()
-        self._backend.write(items, {META_OFFSET: _OFFSET.pack(end)}, deletes=self._tombstones)
+        self._write_backend(items, {META_OFFSET: _OFFSET.pack(end)}, self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
         self._offset = end
