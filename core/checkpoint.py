@@ -22,6 +22,7 @@ from localstate.errors import CheckpointError, FencedError
 __all__ = ["Checkpoint", "CheckpointStore"]
 
 _FORMAT = 1
+_LIMIT = 1 << 63  # offsets are 64-bit in every changelog and stream
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,8 @@ def _offset(value: Any, where: str, field_name: str) -> int:
     """A non-negative int (bool, float and str are refused: an offset of -5 would trim a store empty)."""
     if type(value) is not int:
         raise _corrupt(where, field_name, f"expected a non-negative integer, got {type(value).__name__} {value!r:.40}")
-    if value < 0:
-        raise _corrupt(where, field_name, f"must be >= 0, got {value}")
+    if not 0 <= value < _LIMIT:
+        raise _corrupt(where, field_name, f"must be in 0..2**63-1, got {value}")
     return value
 
 

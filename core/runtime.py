@@ -134,9 +134,7 @@ class TaskInstance:
         for name, store in self.stores.items():
             if store.changelog is not None:
                 offset = checkpoint.changelogs.get(name, 0)
-                self.recoveries.append(recover_store(store.engine, store.changelog, offset,
-                                                     label=f"{name}[{self.partition}]",
-                                                     discard=lambda name=name: self._discard_local(name)))
+                self.recoveries.append(self._recover(name, store, offset))
             else:
                 store.engine.flush()
         self.sink.rollback(self.partition, checkpoint.outputs)
@@ -185,6 +183,18 @@ class TaskInstance:
             directory.mkdir(parents=True)
             engine = factory.create(context)
         return _Store(name, engine, changelog)
+
+    def _recover(self, name: str, store: _Store, offset: int) -> StoreRecovery:
+        """Recover ``store`` to changelog ``offset``; local state found damaged on the way is discarded
+        and the store rebuilt from the changelog, once."""
+        discard = lambda: self._discard_local(name)  # noqa: E731
+        label = f"{name}[{self.partition}]"
+        try:
+            return recover_store(store.engine, store.changelog, offset, label=label, discard=discard)
+        except StoreCorruptError as exc:
+            log.warning("store %s partition %d: %s; rebuilding it from the changelog", name, self.partition,
+                        exc.message)
+            return recover_store(discard(), store.changelog, offset, label=label, discard=discard)
 
     def _discard_if_marked(self, name: str, directory: Path, force: bool = False) -> None:
         """Empty a logged store's directory when an engine marked its local state corrupt (see

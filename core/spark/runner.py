@@ -267,7 +267,8 @@ def _bad_record(source: InputStream, instance: BatchInstance, name: str, partiti
                 counts: dict[str, int]) -> None:
     """Apply the input's ``on_error`` policy to an undecodable or keyless record."""
     if source.on_error == "fail":
-        raise InputError(f"bad input record ({record.error}): {str(record.raw)[:200]}", stream=name,
+        raise InputError(f"bad input record ({_safe_text(record.error)}): {_safe_text(str(record.raw)[:200])}",
+                         stream=name,
                          partition=partition, offset=record.offset,
                          hint=f"fix the record, or set on_error = 'skip' or 'dead_letter' on [inputs.{name}]")
     if source.on_error == "dead_letter":

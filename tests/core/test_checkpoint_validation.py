@@ -39,6 +39,8 @@ def test_good_checkpoint_round_trips() -> None:
 @pytest.mark.parametrize("path, value, field", [
     ("changelogs.counts", -5, "changelogs.counts"),
     ("inputs.in", -1, "inputs.in"),
+    ("inputs.in", 1 << 63, "inputs.in"),
+    ("changelogs.counts", 10 ** 40, "changelogs.counts"),
     ("outputs.out", -2, "outputs.out"),
     ("generation", -1, "generation"),
     ("partition", -1, "partition"),
