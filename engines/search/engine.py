@@ -8,7 +8,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import struct
 import zlib
@@ -52,7 +51,7 @@ OFFSET_FILENAME = "search-offset.json"
 VERIFIED_FILENAME = "search-verified.json"
 """Segment files whose checksums were verified: ``{name: [size, mtime_ns]}`` (segments are immutable,
 so each is read in full once, at the first open that finds it)."""
-_SEGMENT_FILE = re.compile(r"^[0-9a-f]{32}(\.\d+)?\.[a-z]+$")
+_SEGMENT_SUFFIXES = (".store", ".idx", ".term", ".pos", ".fast", ".fieldnorm")
 _FOOTER_MAGIC = struct.pack("<I", 1337)  # tantivy's file footer: json {"version", "crc"}, u32 len, u32 magic
 #: Words of tantivy errors that mean its files are damaged.
 _DAMAGE_WORDS = ("IO error", "corrupt", "Corrupt", "checksum", "decompress", "out of bounds")
@@ -232,9 +231,12 @@ class SearchEngine(StorageEngine):
                 verified = {}
         except (OSError, ValueError):
             verified = {}
+        committed = self._committed_files()
+        if committed is None:
+            return None  # no readable meta.json: opening the index reports it
         now: dict[str, list[int]] = {}
         for entry in os.scandir(self._path):
-            if not _SEGMENT_FILE.match(entry.name) or not entry.is_file(follow_symlinks=False):
+            if entry.name not in committed or not entry.is_file(follow_symlinks=False):
                 continue
             stat = entry.stat(follow_symlinks=False)
             identity = [stat.st_size, stat.st_mtime_ns]
@@ -246,6 +248,22 @@ class SearchEngine(StorageEngine):
         if now != verified:
             write_atomic(self._verified_path, json.dumps(now, sort_keys=True).encode())
         return None
+
+    def _committed_files(self) -> set[str] | None:
+        """Names of the files of the segments meta.json lists (files of segments a killed writer
+        left behind uncommitted are not part of the index and may be torn)."""
+        try:
+            meta = json.loads((self._path / "meta.json").read_bytes())
+            names: set[str] = set()
+            for segment in meta["segments"]:
+                prefix = str(segment["segment_id"]).replace("-", "")
+                names.update(f"{prefix}{suffix}" for suffix in _SEGMENT_SUFFIXES)
+                deletes = segment.get("deletes")
+                if deletes:
+                    names.add(f"{prefix}.{int(deletes['opstamp'])}.del")
+            return names
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
 
     @contextmanager
     def _reading(self) -> Iterator[None]:
