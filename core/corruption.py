@@ -11,6 +11,7 @@ the changelog. The marker is what makes the retry rebuild instead of trusting th
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 from localstate.errors import StoreCorruptError
@@ -25,10 +26,14 @@ CORRUPT_MARKER = "LOCALSTATE_CORRUPT"
 
 def mark_corrupt(directory: Path, reason: str) -> None:
     """Leave the marker in ``directory`` (best effort: a failure only means the damage is found
-    again, and reported again, on the next use)."""
+    again, and reported again, on the next use). Never follows a symlink planted at its name."""
+    data = (reason[:2000] + "\n").encode("utf-8", "backslashreplace")
     try:
-        (Path(directory) / CORRUPT_MARKER).write_text(reason[:2000] + "\n", encoding="utf-8",
-                                                      errors="backslashreplace")
+        fd = os.open(Path(directory) / CORRUPT_MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
     except OSError as exc:
         log.warning("cannot mark %s as corrupt: %s", directory, exc)
 

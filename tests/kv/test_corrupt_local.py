@@ -181,3 +181,19 @@ def test_lmdb_restore_skips_tombstones_of_keys_it_cannot_hold(tmp_path: Path) ->
         driver.commit()
     with TaskTestDriver(Deleter, stores=_stores("lmdb"), state_dir=tmp_path) as driver:
         assert _state(driver) == {"short": 2}
+
+
+def test_corrupt_marker_never_follows_a_symlink(tmp_path: Path) -> None:
+    from localstate.core.corruption import corrupt_reason, mark_corrupt
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / CORRUPT_MARKER).symlink_to(outside)
+    mark_corrupt(store, "damage")
+    assert outside.read_text() == "keep"
+    assert corrupt_reason(store) is None  # a marker localstate did not write does not count
+    (store / CORRUPT_MARKER).unlink()
+    mark_corrupt(store, "damage")
+    assert corrupt_reason(store) == "damage"
