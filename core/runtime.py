@@ -20,13 +20,13 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
+from localstate.core.corruption import corrupt_reason
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
-from localstate.core.corruption import corrupt_reason
 from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, TaskError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory",

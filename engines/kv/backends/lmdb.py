@@ -13,9 +13,9 @@ from typing import Any, Collection, Mapping, Sequence
 
 import lmdb
 
+from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.core.options import parse_size
 from localstate.engines.kv.backends.base import Item, KVBackend
-from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["LMDBBackend"]
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 #: lmdb errors that mean the files are damaged (LMDB keeps no checksums: these are structural).
 _DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.PanicError,
-           lmdb.VersionMismatchError, lmdb.BadRslotError, lmdb.BadTxnError, lmdb.IncompatibleError)
+           lmdb.VersionMismatchError, lmdb.IncompatibleError)
 
 
 class LMDBBackend(KVBackend):

@@ -15,8 +15,8 @@ from typing import Any, Collection, Mapping, Sequence
 
 import rocksdict
 
-from localstate.engines.kv.backends.base import Item, KVBackend
 from localstate.core.corruption import corrupt_reason, store_corrupt
+from localstate.engines.kv.backends.base import Item, KVBackend
 from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["RocksDBBackend", "META_CF", "build_options"]
