@@ -22,6 +22,7 @@ from localstate.errors import CheckpointError, FencedError
 __all__ = ["Checkpoint", "CheckpointStore"]
 
 _FORMAT = 1
+_LIMIT = 1 << 63  # offsets are 64-bit in every changelog and stream
 
 
 @dataclass(frozen=True)
@@ -42,18 +43,46 @@ class Checkpoint:
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Checkpoint":
+        """Parse and validate a checkpoint file's text; every field is type- and range-checked
+        (CheckpointError naming ``where`` and the field otherwise)."""
         try:
             data = json.loads(text)
-            if data.pop("format") != _FORMAT:
-                raise ValueError("unknown checkpoint format")
-            return cls(partition=int(data["partition"]), generation=int(data["generation"]),
-                       inputs={str(k): int(v) for k, v in data["inputs"].items()},
-                       changelogs={str(k): int(v) for k, v in data["changelogs"].items()},
-                       outputs={str(k): int(v) for k, v in data.get("outputs", {}).items()})
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(f"checkpoint {where} is corrupt: {exc}", path=where,
-                                  hint="restore the file from a backup, or reset the job with "
-                                       "`localstate reset` (state is then rebuilt from scratch)") from exc
+        except (ValueError, RecursionError) as exc:
+            raise _corrupt(where, "", f"not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise _corrupt(where, "", f"expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != _FORMAT:
+            raise _corrupt(where, "format", f"unknown checkpoint format {data.get('format')!r:.40}")
+        for name in ("partition", "inputs", "changelogs"):
+            if name not in data:
+                raise _corrupt(where, name, "missing")
+        return cls(partition=_offset(data["partition"], where, "partition"),
+                   generation=_offset(data.get("generation", 0), where, "generation"),
+                   inputs=_offsets(data["inputs"], where, "inputs"),
+                   changelogs=_offsets(data["changelogs"], where, "changelogs"),
+                   outputs=_offsets(data.get("outputs", {}), where, "outputs"))
+
+
+def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
+    label = f" field {field_name!r}" if field_name else ""
+    return CheckpointError(f"checkpoint {where} is corrupt:{label} {problem}", path=where, field=field_name or None,
+                           hint="restore the file from a backup, or reset the job with `localstate reset` "
+                                "(state is then rebuilt from scratch)")
+
+
+def _offset(value: Any, where: str, field_name: str) -> int:
+    """A non-negative int (bool, float and str are refused: an offset of -5 would trim a store empty)."""
+    if type(value) is not int:
+        raise _corrupt(where, field_name, f"expected a non-negative integer, got {type(value).__name__} {value!r:.40}")
+    if not 0 <= value < _LIMIT:
+        raise _corrupt(where, field_name, f"must be in 0..2**63-1, got {value}")
+    return value
+
+
+def _offsets(value: Any, where: str, field_name: str) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise _corrupt(where, field_name, f"expected an object of name -> offset, got {type(value).__name__}")
+    return {name: _offset(offset, where, f"{field_name}.{name}") for name, offset in value.items()}
 
 
 class CheckpointStore:
@@ -103,7 +132,8 @@ class CheckpointStore:
         checkpoint = Checkpoint.from_json(text, str(path))
         if checkpoint.partition != partition:
             raise CheckpointError(f"checkpoint {path} belongs to partition {checkpoint.partition}",
-                                  partition=partition, hint="put the file back where it came from")
+                                  partition=partition, path=str(path), field="partition",
+                                  hint="put the file back where it came from")
         return checkpoint
 
     def save(self, checkpoint: Checkpoint, *, expect_generation: int | None = None) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.core.engine import StorageEngine
@@ -79,8 +79,12 @@ def is_stale(local_offset: int | None, changelog: ChangelogPartition) -> bool:
 
 
 def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoint_offset: int,
-                  *, label: str) -> StoreRecovery:
-    """Restore ``engine`` to the changelog state at ``checkpoint_offset`` and trim what follows it."""
+                  *, label: str, discard: Callable[[], StorageEngine] | None = None) -> StoreRecovery:
+    """Restore ``engine`` to the changelog state at ``checkpoint_offset`` and trim what follows it.
+
+    Local state ahead of the changelog's end, or older than its compaction horizon, is never trusted:
+    ``discard`` (empty the store and return the reopened engine) is called and the store is rebuilt
+    from offset 0; without ``discard`` either case is a RestoreError."""
     context = engine.context
     end = changelog.end_offset()
     if checkpoint_offset > end:
@@ -91,6 +95,24 @@ def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoi
             hint="restore the changelog from a backup, or reset the job with `localstate reset` "
                  "to rebuild state from the inputs")
     local = engine.local_offset()
+    if local is not None and local > end:
+        # The changelog lost records local state already holds (e.g. its unsynced tail in a machine
+        # crash with fsync = false): those updates are not committed, would stay visible and be applied
+        # twice when the input is re-delivered. Local state is a cache: rebuild it from the changelog.
+        log.warning("store %s partition %d: local state is at changelog offset %d but the changelog %r ends at "
+                    "%d; discarding local state and rebuilding it from the changelog", context.store,
+                    context.partition, local, changelog.stream, end)
+        if discard is None:
+            raise RestoreError(
+                f"local state of store {context.store!r} is ahead of its changelog ({local} > {end})",
+                store=context.store, partition=context.partition, offset=local,
+                hint="delete the store's local directory; it is rebuilt from the changelog")
+        engine, local = discard(), None
+    if is_stale(local, changelog) and discard is not None:
+        log.warning("store %s partition %d: local state (offset %d) is older than the compaction horizon %d of "
+                    "%r; rebuilding it from the changelog", context.store, context.partition, local,
+                    compaction_horizon(changelog), changelog.stream)
+        engine, local = discard(), None
     if is_stale(local, changelog):
         raise RestoreError(
             f"local state of the store is at changelog offset {local}, below the compaction horizon "

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
+from localstate.core.corruption import corrupt_reason
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
 from localstate.core.fsutil import ensure_dir, make_owned_dir
@@ -28,7 +29,7 @@ from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
 from localstate.core.tracebacks import raise_task_error
-from localstate.errors import CheckpointError
+from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, TaskError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "job_directory",
            "checkpoint_store"]
@@ -145,8 +146,7 @@ class TaskInstance:
         for name, store in self.stores.items():
             if store.changelog is not None:
                 offset = checkpoint.changelogs.get(name, 0)
-                self.recoveries.append(recover_store(store.engine, store.changelog, offset,
-                                                     label=f"{name}[{self.partition}]"))
+                self.recoveries.append(self._recover(name, store, offset))
             else:
                 store.engine.flush()
         # The sink returns every output's position (StreamSink), so even this first checkpoint covers
@@ -192,27 +192,71 @@ class TaskInstance:
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None)
+        if changelog is not None:
+            self._discard_if_marked(name, directory)
         had_files = any(directory.iterdir())
-        engine = factory.create(context)
+        try:
+            engine = factory.create(context)
+        except StoreCorruptError as exc:
+            if changelog is None:
+                raise
+            engine = self._rebuild(factory, context, None, f"local state is damaged ({exc.message})")
         if changelog is not None and engine.local_offset() is None and had_files:
             # Unusable local state: start from an empty directory so stale keys cannot survive.
-            log.warning("store %s partition %d: local state is unusable; rebuilding it from the changelog",
-                        name, self.partition)
-            engine.close()
-            shutil.rmtree(directory)
-            directory.mkdir(parents=True)
-            engine = factory.create(context)
+            engine = self._rebuild(factory, context, engine, "local state is unusable")
         if changelog is not None and is_stale(engine.local_offset(), changelog):
             # Compaction dropped a tombstone this state has not applied: replaying only the tail would
-            # bring the deleted key back. Local state is a cache: rebuild it from offset 0.
-            log.warning("store %s partition %d: local state (offset %s) is older than the changelog's "
-                        "compaction horizon %d; rebuilding it from the changelog", name, self.partition,
-                        engine.local_offset(), compaction_horizon(changelog))
-            engine.close()
-            shutil.rmtree(directory)
-            directory.mkdir(parents=True)
-            engine = factory.create(context)
+            # bring the deleted key back.
+            engine = self._rebuild(factory, context, engine,
+                                   f"local state (offset {engine.local_offset()}) is older than the changelog's "
+                                   f"compaction horizon {compaction_horizon(changelog)}")
         return _Store(name, engine, changelog)
+
+    def _recover(self, name: str, store: _Store, offset: int) -> StoreRecovery:
+        """Recover ``store`` to changelog ``offset``; local state found damaged on the way is discarded
+        and the store rebuilt from the changelog, once."""
+        discard = lambda: self._discard_local(name)  # noqa: E731
+        label = f"{name}[{self.partition}]"
+        try:
+            return recover_store(store.engine, store.changelog, offset, label=label, discard=discard)
+        except StoreCorruptError as exc:
+            log.warning("store %s partition %d: %s; rebuilding it from the changelog", name, self.partition,
+                        exc.message)
+            return recover_store(discard(), store.changelog, offset, label=label, discard=discard)
+
+    def _discard_if_marked(self, name: str, directory: Path, force: bool = False) -> None:
+        """Empty a logged store's directory when an engine marked its local state corrupt (see
+        :mod:`localstate.core.corruption`): recovery then rebuilds it from the changelog."""
+        reason = corrupt_reason(directory) or next(
+            (r for child in directory.iterdir() if child.is_dir() and not child.is_symlink()
+             and (r := corrupt_reason(child)) is not None), None)
+        if reason is None and not force:
+            return
+        log.warning("store %s partition %d: local state was found damaged (%s); rebuilding it from the changelog",
+                    name, self.partition, reason or "at open")
+        shutil.rmtree(directory)
+        directory.mkdir(parents=True)
+
+    def _discard_local(self, name: str) -> StorageEngine:
+        """Close store ``name``, empty its directory and open it again, empty (recovery replays it)."""
+        store = self.stores[name]
+        factory = self.job.registry.engine_factory(self.job.stores[name].engine)
+        store.engine = self._rebuild(factory, store.engine.context, store.engine, None)
+        return store.engine
+
+    def _rebuild(self, factory: Any, context: StoreContext, engine: StorageEngine | None,
+                 reason: str | None) -> StorageEngine:
+        """The one way local state is thrown away: close ``engine``, empty the store's directory and
+        open a fresh, empty engine there (recovery then rebuilds it from the changelog). Local state
+        is only a cache of the changelog."""
+        if reason is not None:
+            log.warning("store %s partition %d: %s; rebuilding it from the changelog", context.store,
+                        context.partition, reason)
+        if engine is not None:
+            engine.close()
+        shutil.rmtree(context.directory)
+        context.directory.mkdir(parents=True)
+        return factory.create(context)
 
     def _check_fresh(self) -> None:
         for name, store in self.stores.items():

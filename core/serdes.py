@@ -17,9 +17,75 @@ from typing import Any, ClassVar, Generic, TypeVar
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.errors import SerdeError
 
-__all__ = ["Serde", "BytesSerde", "StringSerde", "IntSerde", "JsonSerde", "PickleSerde"]
+__all__ = ["Serde", "BytesSerde", "StringSerde", "IntSerde", "JsonSerde", "PickleSerde", "STRICT_JSON",
+           "MAX_JSON_DEPTH", "json_problem", "ensure_bytes"]
 
 T = TypeVar("T")
+
+
+#: Deepest nesting of arrays/objects accepted from data: deeper values are refused at decoding, because
+#: encoding them again (a store put, an output) would hit Python's recursion limit later, at a point
+#: where the record can no longer be skipped or dead-lettered.
+MAX_JSON_DEPTH = 256
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value - value:  # inf - inf is nan (truthy); a finite number gives 0.0
+        raise ValueError(f"number {text[:40]} is out of the range of a double")
+    return value
+
+
+STRICT_JSON = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite)
+"""The json serde's decoder: refuses what :class:`JsonSerde` cannot encode again, NaN, Infinity and
+numbers beyond a double's range (1e400), at the point of reading. The C scanner still does all the
+parsing; a float literal costs one small Python call. See :func:`json_problem` for the rest."""
+
+
+def json_problem(data: bytes, value: Any) -> str | None:
+    """Why ``value``, decoded by :data:`STRICT_JSON` from ``data``, still cannot be encoded again as
+    JSON in UTF-8 (a lone surrogate, nesting deeper than :data:`MAX_JSON_DEPTH`), or None.
+
+    Cheap for the usual record: ``value`` is only examined when ``data`` holds a ``\\u`` escape (the
+    only way to write a lone surrogate in valid UTF-8) or more brackets than the depth limit."""
+    if len(data) > 2 * MAX_JSON_DEPTH and data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH \
+            and _depth_over(value, MAX_JSON_DEPTH):
+        return f"nested deeper than {MAX_JSON_DEPTH} levels"
+    if b"\\u" in data:
+        try:
+            json.dumps(value, ensure_ascii=False, check_circular=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return "holds a lone surrogate (\\ud800-\\udfff) that UTF-8 cannot encode"
+    return None
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists/dicts deeper than ``limit`` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limit:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def ensure_bytes(data: Any, serde: "Serde[Any]") -> bytes:
+    """``data`` if a serde returned bytes; a SerdeError otherwise (a custom serde returning None or
+    str must fail at the call, not later at a flush after its changelog record was written)."""
+    if type(data) is bytes:
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise SerdeError(f"serde {serde.name or type(serde).__name__!r} returned {type(data).__name__}, not bytes",
+                     hint="fix the serde's serialize() to return bytes")
 
 
 class Serde(ABC, Generic[T]):
@@ -119,16 +185,23 @@ class JsonSerde(Serde[Any]):
         try:
             return json.dumps(obj, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
                               allow_nan=False).encode("utf-8")
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise SerdeError(f"serde 'json' cannot encode {type(obj).__name__} {obj!r:.80}: {exc}",
                              hint="store JSON-compatible values (dict, list, str, int, float, bool, None)"
                              ) from exc
 
     def deserialize(self, data: bytes) -> Any:
+        """Decode; refuses (SerdeError) what :meth:`serialize` would refuse, so bad data is caught
+        where it is read (an input's ``on_error`` can then skip or dead-letter it)."""
+        data = bytes(data)
         try:
-            return json.loads(bytes(data))
-        except (ValueError, UnicodeDecodeError) as exc:
+            value = STRICT_JSON.decode(data.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             raise self._undecodable(data, exc) from exc
+        problem = json_problem(data, value)
+        if problem is not None:
+            raise self._undecodable(data, ValueError(problem))
+        return value
 
 
 class PickleSerde(Serde[Any]):

@@ -272,17 +272,31 @@ def _bad_record(source: InputStream, instance: BatchInstance, name: str, partiti
                 counts: dict[str, int]) -> None:
     """Apply the input's ``on_error`` policy to an undecodable or keyless record."""
     if source.on_error == "fail":
-        raise InputError(f"bad input record ({record.error}): {str(record.raw)[:200]}", stream=name,
+        raise InputError(f"bad input record ({_safe_text(record.error)}): {_safe_text(str(record.raw)[:200])}",
+                         stream=name,
                          partition=partition, offset=record.offset,
                          hint=f"fix the record, or set on_error = 'skip' or 'dead_letter' on [inputs.{name}]")
     if source.on_error == "dead_letter":
+        # error and raw come from the bad data itself: make them encodable by every output (a lone
+        # surrogate would otherwise fail the dead-letter write, and the job, on every run).
         instance.collector.send(source.dead_letter, None, {
-            "stream": name, "partition": partition, "offset": record.offset, "error": record.error,
-            "raw": record.raw})
+            "stream": name, "partition": partition, "offset": record.offset, "error": _safe_text(record.error),
+            "raw": _safe_text(record.raw)})
         counts["dead"] += 1
     else:
         counts["skipped"] += 1
         log.warning("skipping bad record of %s[%d] at offset %d: %s", name, partition, record.offset, record.error)
+
+
+def _safe_text(text: Any) -> Any:
+    """``text`` with lone surrogates escaped (``\\udc80``), so that UTF-8 outputs accept it."""
+    if not isinstance(text, str):
+        return text if text is None else repr(text)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:

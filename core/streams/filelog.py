@@ -10,16 +10,21 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
-from localstate.changelog.file.format import HEADER, HEADER_SIZE, list_segments, segment_name
+from localstate.changelog.file.format import HEADER, HEADER_SIZE, find_valid_after, list_segments, segment_name, \
+    walk
 from localstate.changelog.file.partition import LOCK_FILE
 from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option
-from localstate.errors import SerdeError
+from localstate.errors import ChangelogCorruptError, InputError, SerdeError
 
 from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
 
 __all__ = ["FileLogInput", "FileLogOutput", "truncate_log"]
+
+_DAMAGED_HINT = ("the input's segment file is damaged (disk error or manual edit): restore it from a backup or "
+                 "from its producer; a damaged frame cannot be skipped or dead-lettered, because how many "
+                 "records it held is unknown")
 
 _SERDE_OPTIONS: Mapping[str, Option] = {
     "path": Option(str, doc="root directory of the file streams (relative to the job file)"),
@@ -78,19 +83,56 @@ class FileLogInput(_FileLog, InputStream):
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
         self._setup(job, config.name)
+        self._tails: dict[int, tuple[int, int, int, int]] = {}
+        """partition -> (last segment base, inode, byte position and offset after its valid records)"""
 
     def end_offset(self, partition: int) -> int:
-        if not self.system.partition_dir(self.stream, partition).exists():
+        """The offset after the last valid record of the last segment. A record that fails its check
+        with valid records after it is damage, not the end of the data: an InputError (never a
+        silent stop that would leave every later record unread, on every run)."""
+        directory = self.system.partition_dir(self.stream, partition)
+        if not directory.exists():
             return 0
-        reader = self.system.reader(self.stream, partition)
-        try:
-            return reader.end_offset()
-        finally:
-            reader.close()
+        while True:
+            bases = list_segments(directory)
+            if not bases:
+                return 0
+            base = bases[-1]
+            path = directory / segment_name(base)
+            try:
+                with open(path, "rb") as handle:
+                    stat = os.fstat(handle.fileno())
+                    # Continue where the previous call stopped while the last segment is the same file
+                    # (an input only grows): each batch reads only the bytes appended since.
+                    seen = self._tails.get(partition)
+                    pos, expected = 0, base
+                    if seen is not None and seen[:2] == (base, stat.st_ino) and seen[2] <= stat.st_size:
+                        pos, expected = seen[2], seen[3]
+                        handle.seek(pos)
+                    data = handle.read()
+            except FileNotFoundError:
+                continue  # the last segment was replaced meanwhile: list again
+            valid_end, next_offset, bad = walk(data, 0, expected)
+            if bad is not None and find_valid_after(data, bad, next_offset) is not None:
+                raise InputError(f"input {self.name!r} partition {partition}: the record at offset {next_offset} of "
+                                 f"segment {path} is damaged and valid records follow it",
+                                 stream=self.name, partition=partition, offset=next_offset, segment=str(path),
+                                 byte=pos + bad, hint=_DAMAGED_HINT)
+            self._tails[partition] = (base, stat.st_ino, pos + valid_end, next_offset)
+            return next_offset
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         if start >= end:
             return
+        try:
+            yield from self._read(partition, start, end)
+        except ChangelogCorruptError as exc:
+            raise InputError(f"input {self.name!r} partition {partition}: {exc.message}", stream=self.name,
+                             partition=partition, offset=exc.context.get("offset"),
+                             segment=exc.context.get("segment"), byte=exc.context.get("byte"),
+                             hint=_DAMAGED_HINT) from exc
+
+    def _read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         reader = self.system.reader(self.stream, partition)
         key_de, value_de, ts_field = self.key_serde.deserialize, self.value_serde.deserialize, self.config["ts_field"]
         try:
@@ -103,7 +145,16 @@ class FileLogInput(_FileLog, InputStream):
                                       repr((record.key, record.value))[:1000])
                     continue
                 ts = value.get(ts_field) if isinstance(value, dict) else None
-                yield InputRecord(record.offset, key, value, float(ts) if isinstance(ts, (int, float)) else None)
+                if isinstance(ts, (int, float)):
+                    try:
+                        ts = float(ts)  # an int beyond a double's range: OverflowError
+                    except OverflowError:
+                        yield InputRecord(record.offset, None, None, None, f"undecodable: {ts_field} out of range",
+                                          repr((record.key, record.value))[:1000])
+                        continue
+                else:
+                    ts = None
+                yield InputRecord(record.offset, key, value, ts)
         finally:
             reader.close()
 

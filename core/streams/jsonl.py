@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.fsutil import open_nofollow
 from localstate.core.options import Option
+from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError
 
 from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
@@ -23,13 +24,20 @@ from .base import InputRecord, InputStream, OutputStream, register_input, regist
 __all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl"]
 
 
-_DECODER = json.JSONDecoder()
+_DECODER = STRICT_JSON
 # The decoder's C scanner, called directly: a line that is exactly one JSON value followed by its
 # newline (the usual case) skips JSONDecoder.decode's Python wrapper and whitespace regexes. Any
-# other line goes through decode, which returns the same value or raises the same error.
+# other line goes through decode, which returns the same value or raises the same error. The decoder
+# and json_problem are the json serde's: what it could not encode again (NaN, Infinity, 1e400, lone
+# surrogates, deep nesting) is an undecodable record here, where on_error can still handle it.
 _SCAN = json.scanner.c_make_scanner(_DECODER) if json.scanner.c_make_scanner else _DECODER.scan_once
 _POSITIONS: dict[tuple[str, int], int] = {}
 """(file, line offset) -> byte position, remembered by this process for the next batch."""
+
+
+def _text(exc: BaseException) -> str:
+    """An exception's message, safe to write anywhere (no lone surrogates, bounded length)."""
+    return str(exc)[:500].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _file(directory: Path, partition: int) -> Path:
@@ -125,10 +133,19 @@ class JsonLinesInput(InputStream):
                         key = data["key"]
                         if key is None:
                             raise KeyError("key")
+                        if b"\\" in line or len(line) > 512:  # see json_problem: rarely true
+                            problem = json_problem(line, data)
+                            if problem is not None:
+                                raise ValueError(problem)
                         ts = data.get("ts")
-                        yield InputRecord(offset, key, data.get("value"), float(ts) if ts is not None else None)
-                    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # incl. UnicodeDecodeError
-                        reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {exc}"
+                        if ts is not None:
+                            ts = float(ts)
+                            if ts - ts:  # "nan" and "inf" strings: an event time must be finite
+                                raise ValueError(f"ts {ts} is not a finite number")
+                        yield InputRecord(offset, key, data.get("value"), ts)
+                    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError,
+                            RecursionError) as exc:  # incl. UnicodeDecodeError, OverflowError
+                        reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {_text(exc)}"
                         yield InputRecord(offset, None, None, None, reason,
                                           line.decode("utf-8", "replace").rstrip("\n"))
                 offset += 1

@@ -29,10 +29,12 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StoreContext
+from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
 from localstate.engines.kv.backends import BackendIterator, KVBackend, open_backend
 from localstate.engines.kv.codecs import FAST_ERRORS, fast_codec
 from localstate.engines.kv.options import KV_OPTIONS
-from localstate.errors import InvalidValueError, SerdeError, StoreClosedError
+from localstate.errors import InvalidValueError, LocalStateError, RestoreError, SerdeError, StoreClosedError, \
+    StoreError
 
 __all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
 
@@ -46,6 +48,22 @@ _MISS = object()
 # Public methods replaced by a StoreClosedError raiser on close(), so the hot path needs no check.
 _API = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "prefix", "all",
         "approximate_count", "restore", "flush", "local_offset")
+
+
+_TRUSTED_SERDES = (BytesSerde, StringSerde, IntSerde, JsonSerde, PickleSerde)
+
+
+def _checked_serialize(serde: Serde[Any], serialize: Any) -> Any:
+    """``serialize`` itself for the built-in serdes (they always return bytes); for any other serde a
+    wrapper that raises SerdeError when it returns something else (None, str): caught at put, before
+    anything reaches the changelog."""
+    if type(serde) in _TRUSTED_SERDES:
+        return serialize
+
+    def checked(obj: Any) -> bytes:
+        return ensure_bytes(serialize(obj), serde)
+
+    return checked
 
 
 def _successor(prefix: bytes) -> bytes | None:
@@ -67,13 +85,16 @@ class KeyValueEngine(StorageEngine):
         self._partition = context.partition
         self._backend: KVBackend = backend if backend is not None else open_backend(
             opts["backend"], context.directory, opts, store=context.store, partition=context.partition)
-        self._kser = context.key_serde.serialize
-        self._kde = context.key_serde.deserialize
-        self._vser = context.value_serde.serialize
-        self._vde = context.value_serde.deserialize
+        kserde, vserde = context.key_serde, context.value_serde
+        self._kser = _checked_serialize(kserde, kserde.serialize)
+        self._kde = kserde.deserialize
+        self._vser = _checked_serialize(vserde, vserde.serialize)
+        self._vde = vserde.deserialize
         # builtin-speed codecs for the built-in serdes (see codecs.py); errors go back through the serde
-        self._kfast, _ = fast_codec(context.key_serde)
-        self._vfast, self._vde_fast = fast_codec(context.value_serde)
+        kfast, _ = fast_codec(kserde)
+        vfast, self._vde_fast = fast_codec(vserde)
+        self._kfast = _checked_serialize(kserde, kfast)
+        self._vfast = _checked_serialize(vserde, vfast)
         self._changelog = context.changelog
         self._cache: OrderedDict[bytes, Any] = OrderedDict()
         self._cache_size = int(opts["cache_size"])
@@ -86,15 +107,49 @@ class KeyValueEngine(StorageEngine):
         self._min_key = getattr(self._backend, "min_key_size", 0)
         self.spills = 0
         """Number of spills since open (statistics)."""
-        self._offset = self._read_offset()
-        if self._offset is None and self._backend.persistent and self._backend._scan(None, None, None, False, 1):
+        try:
+            self._offset = self._usable_offset()
+        except Exception as exc:
+            if self._backend.corruption(exc) is None:
+                raise
+            # Damaged local state is only a cache of the changelog: start empty, the runtime rebuilds it.
+            log.warning("store %s partition %d: local %s state is damaged (%s); discarding it",
+                        context.store, context.partition, self._backend.name, exc)
+            self._backend.discard()
+            self._offset = None
+        self._closed = False
+        self._bind_hot_path()
+
+    def _usable_offset(self) -> int | None:
+        """The local offset, after discarding data that has none."""
+        offset = self._read_offset()
+        if offset is None and self._backend.persistent and self._backend._scan(None, None, None, False, 1):
             # Data without a recorded offset (e.g. a spill before the first commit, or a damaged
             # offset): unusable, because the runtime will rebuild from offset 0 on top of it.
             log.warning("store %s partition %d: local data has no valid offset; discarding it",
-                        context.store, context.partition)
+                        self._store, self._partition)
             self._backend.clear()
-        self._closed = False
-        self._bind_hot_path()
+        return offset
+
+    def _backend_failed(self, exc: Exception) -> Exception:
+        """The error to raise for a failed backend read or write: StoreCorruptError when the backend
+        reports damage (never mistaken for a task bug), else a StoreError naming the store."""
+        if isinstance(exc, LocalStateError):
+            return exc
+        error = self._backend.corruption(exc)
+        if error is not None:
+            return error
+        return StoreError(f"{self._backend.name} backend failed in store {self._store!r}: {type(exc).__name__}: "
+                          f"{exc}", hint="check the disk and the store directory", **self._ctx())
+
+    def _write_backend(self, items: list[tuple[bytes, bytes | None]], meta: Mapping[bytes, bytes] | None,
+                       deletes: bool) -> None:
+        try:
+            self._backend.write(items, meta, deletes=deletes)
+        except LocalStateError:
+            raise
+        except Exception as exc:
+            raise self._backend_failed(exc) from exc
 
     def _bind_hot_path(self) -> None:
         """Install per-instance ``get``/``put`` closures with every lookup pre-bound.
@@ -109,6 +164,7 @@ class KeyValueEngine(StorageEngine):
         cache_get, move, popitem, dirty_get = cache.get, cache.move_to_end, cache.popitem, dirty.get
         size, batch, lo, hi = self._cache_size, self._batch, self._min_key, self._max_key
         spill, slow_key, slow_value, decode_value = self._spill, self._slow_key, self._slow_value, self._decode_value
+        backend_failed = self._backend_failed
         none_value, bad_key_size = self._none_value, self._bad_key_size
         miss = _MISS
 
@@ -123,7 +179,10 @@ class KeyValueEngine(StorageEngine):
                 return value
             vb = dirty_get(kb, miss)
             if vb is miss:
-                vb = backend.get(kb)
+                try:
+                    vb = backend.get(kb)
+                except Exception as exc:
+                    raise backend_failed(exc) from exc
             if vb is None:
                 value = None
             else:
@@ -224,7 +283,10 @@ class KeyValueEngine(StorageEngine):
             return value
         vb = self._dirty.get(kb, _MISS)
         if vb is _MISS:
-            vb = self._backend.get(kb)
+            try:
+                vb = self._backend.get(kb)
+            except Exception as exc:
+                raise self._backend_failed(exc) from exc
         value = None if vb is None else self._decode_value(kb, vb)
         self._cache_put(kb, value)
         return value
@@ -257,7 +319,10 @@ class KeyValueEngine(StorageEngine):
             if value is not None:
                 result[key] = value
         if misses:
-            found = self._backend.get_many([kb for _, kb in misses])
+            try:
+                found = self._backend.get_many([kb for _, kb in misses])
+            except Exception as exc:
+                raise self._backend_failed(exc) from exc
             for (key, kb), vb in zip(misses, found):
                 value = None if vb is None else self._decode_value(kb, vb)
                 self._cache_put(kb, value)
@@ -315,7 +380,7 @@ class KeyValueEngine(StorageEngine):
         items = self._pending_items()
         self._changelog.append_many(items)
         self._changelog.flush()
-        self._backend.write(items, deletes=self._tombstones)
+        self._write_backend(items, None, self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
         self.spills += 1
@@ -384,8 +449,12 @@ class KeyValueEngine(StorageEngine):
             self._restore_chunk(chunk, deletes)
 
     def _restore_chunk(self, chunk: dict[bytes, bytes | None], deletes: bool) -> None:
+        if chunk and (self._min_key > 0 or self._max_key < 1 << 62):
+            sizes = list(map(len, chunk))
+            if min(sizes) < self._min_key or max(sizes) > self._max_key:
+                chunk = self._check_restored_keys(chunk)
         # key order: a cheaper backend write (see _pending_items)
-        self._backend.write(sorted(chunk.items(), key=itemgetter(0)), deletes=deletes)
+        self._write_backend(sorted(chunk.items(), key=itemgetter(0)), None, deletes)
         cache, dirty = self._cache, self._dirty
         if cache:
             pop = cache.pop
@@ -396,6 +465,23 @@ class KeyValueEngine(StorageEngine):
             for kb in chunk:
                 pop(kb, None)
 
+    def _check_restored_keys(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+        """``chunk`` without tombstones of keys this backend cannot hold (such keys cannot exist);
+        RestoreError for a value under such a key (e.g. a store switched to LMDB whose changelog holds
+        empty keys or keys over 511 bytes): the restore could never succeed."""
+        lo, hi = self._min_key, self._max_key
+        kept: dict[bytes, bytes | None] = {}
+        for kb, value in chunk.items():
+            if lo <= len(kb) <= hi:
+                kept[kb] = value
+            elif value is not None:
+                raise RestoreError(
+                    f"the changelog of store {self._store!r} holds a {len(kb)}-byte key {kb[:32]!r}; the "
+                    f"{self._backend.name} backend holds keys of {lo}..{hi} bytes", key_size=len(kb),
+                    hint=f"use backend = \"rocksdb\" for store {self._store!r} (it accepts any key size), "
+                         f"or reset the job", **self._ctx())
+        return kept
+
     def flush(self) -> None:
         """Log pending changes (one record per key), flush the changelog, then write the changes
         and the new end offset to the backend in one atomic write."""
@@ -403,7 +489,7 @@ class KeyValueEngine(StorageEngine):
         if items:
             self._changelog.append_many(items)
         end = self._changelog.flush()
-        self._backend.write(items, {META_OFFSET: _OFFSET.pack(end)}, deletes=self._tombstones)
+        self._write_backend(items, {META_OFFSET: _OFFSET.pack(end)}, self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
         self._offset = end

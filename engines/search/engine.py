@@ -7,14 +7,19 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import os
 import shutil
+import struct
+import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import tantivy
 
 from localstate.core.changelog import ChangelogRecord
+from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.fsutil import write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
@@ -27,7 +32,8 @@ from localstate.engines.search.schema import (
     parse_fields,
     values_of,
 )
-from localstate.errors import ConfigError, ConfigProblem, InvalidValueError, RestoreError, StoreClosedError, StoreError
+from localstate.errors import ConfigError, ConfigProblem, InvalidValueError, LocalStateError, RestoreError, \
+    StoreClosedError, StoreError
 
 __all__ = ["SearchEngineFactory", "SearchEngine", "SearchHit", "InvalidQueryError"]
 
@@ -42,6 +48,13 @@ TIE_FIELD = "__ls_tie"        # 64-bit hash of the doc id, fast: breaks score ti
 NOOP_TERM = "__localstate_noop__"
 INDEX_DIRNAME = "tantivy"
 OFFSET_FILENAME = "search-offset.json"
+VERIFIED_FILENAME = "search-verified.json"
+"""Segment files whose checksums were verified: ``{name: [size, mtime_ns]}`` (segments are immutable,
+so each is read in full once, at the first open that finds it)."""
+_SEGMENT_SUFFIXES = (".store", ".idx", ".term", ".pos", ".fast", ".fieldnorm")
+_FOOTER_MAGIC = struct.pack("<I", 1337)  # tantivy's file footer: json {"version", "crc"}, u32 len, u32 magic
+#: Words of tantivy errors that mean its files are damaged.
+_DAMAGE_WORDS = ("IO error", "corrupt", "Corrupt", "checksum", "decompress", "out of bounds")
 _MIN_THREAD_HEAP = 15_000_000  # tantivy refuses less per indexing thread
 _RESTORE_CHUNK_BYTES = 32 << 20  # restore coalesces this much changelog at a time
 
@@ -61,6 +74,32 @@ class SearchHit:
 
 def _is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))
+
+
+def _is_damage(exc: BaseException) -> bool:
+    """Whether a tantivy read error reports damaged index files (a pyo3 panic while reading counts)."""
+    if isinstance(exc, LocalStateError) or _is_fatal(exc):
+        return False
+    return type(exc).__name__ == "PanicException" or (
+        isinstance(exc, (ValueError, OSError)) and any(word in str(exc) for word in _DAMAGE_WORDS))
+
+
+def _footer_problem(path: Path) -> str | None:
+    """Why segment file ``path`` fails tantivy's own footer checksum (crc32 of the bytes before the
+    footer), or None."""
+    data = path.read_bytes()
+    if len(data) < 8 or data[-4:] != _FOOTER_MAGIC:
+        return f"{path.name} has no valid footer"
+    length = struct.unpack_from("<I", data, len(data) - 8)[0]
+    if length + 8 > len(data):
+        return f"{path.name} has a damaged footer"
+    try:
+        crc = json.loads(data[len(data) - 8 - length:len(data) - 8])["crc"]
+    except (ValueError, KeyError, TypeError):
+        return f"{path.name} has an unreadable footer"
+    if zlib.crc32(memoryview(data)[:len(data) - 8 - length]) != crc:
+        return f"{path.name} fails its checksum"
+    return None
 
 
 def _tie(key: bytes) -> int:
@@ -142,7 +181,15 @@ class SearchEngine(StorageEngine):
         self._path.mkdir(parents=True, exist_ok=True)
         problem: str | None = None
         index: tantivy.Index | None = None
-        if tantivy.Index.exists(str(self._path)):
+        exists = tantivy.Index.exists(str(self._path))
+        marked = corrupt_reason(self._path)
+        if marked is not None:
+            problem = f"found damaged earlier: {marked}"
+        elif exists:
+            problem = self._segment_damage()
+        if problem is not None:
+            pass  # discarded below
+        elif exists:
             try:
                 index = tantivy.Index(schema, path=str(self._path), reuse=True)
                 num_docs = index.searcher().num_docs
@@ -165,9 +212,70 @@ class SearchEngine(StorageEngine):
                     "from the changelog", self.context.store, self.context.partition, self._path, problem)
         shutil.rmtree(self._path)
         self._offset_path.unlink(missing_ok=True)
+        self._verified_path.unlink(missing_ok=True)
         self._path.mkdir(parents=True)
         index = tantivy.Index(schema, path=str(self._path), reuse=True)
         return index, self._new_writer(index), None
+
+    @property
+    def _verified_path(self) -> Path:
+        return Path(self.context.directory) / VERIFIED_FILENAME
+
+    def _segment_damage(self) -> str | None:
+        """Verify the footer checksum of every segment file not verified at an earlier open (tantivy
+        reads lazily and would serve damaged segments as wrong or missing results). Why the index is
+        damaged, or None."""
+        try:
+            verified = json.loads(self._verified_path.read_bytes())
+            if not isinstance(verified, dict):
+                verified = {}
+        except (OSError, ValueError):
+            verified = {}
+        committed = self._committed_files()
+        if committed is None:
+            return None  # no readable meta.json: opening the index reports it
+        now: dict[str, list[int]] = {}
+        for entry in os.scandir(self._path):
+            if entry.name not in committed or not entry.is_file(follow_symlinks=False):
+                continue
+            stat = entry.stat(follow_symlinks=False)
+            identity = [stat.st_size, stat.st_mtime_ns]
+            if verified.get(entry.name) != identity:
+                problem = _footer_problem(Path(entry.path))
+                if problem is not None:
+                    return problem
+            now[entry.name] = identity
+        if now != verified:
+            write_atomic(self._verified_path, json.dumps(now, sort_keys=True).encode())
+        return None
+
+    def _committed_files(self) -> set[str] | None:
+        """Names of the files of the segments meta.json lists (files of segments a killed writer
+        left behind uncommitted are not part of the index and may be torn)."""
+        try:
+            meta = json.loads((self._path / "meta.json").read_bytes())
+            names: set[str] = set()
+            for segment in meta["segments"]:
+                prefix = str(segment["segment_id"]).replace("-", "")
+                names.update(f"{prefix}{suffix}" for suffix in _SEGMENT_SUFFIXES)
+                deletes = segment.get("deletes")
+                if deletes:
+                    names.add(f"{prefix}.{int(deletes['opstamp'])}.del")
+            return names
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Damage found while reading the index is a StoreCorruptError (and marks it for a rebuild at
+        the next open), not an error of the task."""
+        try:
+            yield
+        except BaseException as exc:
+            if not _is_damage(exc):
+                raise
+            raise store_corrupt(self._path, "tantivy", str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                                store=self.context.store, partition=self.context.partition) from exc
 
     def _new_writer(self, index: tantivy.Index) -> tantivy.IndexWriter:
         try:
@@ -276,10 +384,12 @@ class SearchEngine(StorageEngine):
             entry = self._pending[key]
             return None if entry is None else decode_document(self.specs, entry[1])
         term = tantivy.Query.term_query(self._index.schema, ID_FIELD, key.hex())
-        hits = self._searcher.search(term, 1).hits
-        if not hits:
-            return None
-        return decode_document(self.specs, self._source_of(self._searcher.doc(hits[0][1])))
+        with self._reading():
+            hits = self._searcher.search(term, 1).hits
+            if not hits:
+                return None
+            source = self._source_of(self._searcher.doc(hits[0][1]))
+        return decode_document(self.specs, source)
 
     def search(self, query: str, limit: int = 10, fields: Sequence[str] | None = None) -> list[SearchHit]:
         """The ``limit`` best documents for ``query`` (tantivy query syntax), best first.
@@ -295,6 +405,10 @@ class SearchEngine(StorageEngine):
         parsed = self._parse(query, fields)
         if limit == 0:
             return []
+        with self._reading():
+            return self._search(parsed, limit)
+
+    def _search(self, parsed: tantivy.Query, limit: int) -> list[SearchHit]:
         searcher = self._searcher
         # Fetch until every document tying with the limit-th score is in hand, so the cut does not
         # depend on tantivy's doc-address order (which differs between equal indexes).
@@ -319,7 +433,9 @@ class SearchEngine(StorageEngine):
     def count(self, query: str, fields: Sequence[str] | None = None) -> int:
         """Number of documents matching ``query`` as of the last flush()."""
         self._check_open()
-        return self._searcher.search(self._parse(query, fields), 1, count=True).count
+        parsed = self._parse(query, fields)
+        with self._reading():
+            return self._searcher.search(parsed, 1, count=True).count
 
     # -- contract --------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ __all__ = [
     "SerdeError",
     "StoreError",
     "StoreClosedError",
+    "StoreCorruptError",
     "InvalidValueError",
     "LateEventError",
     "ChangelogError",
@@ -139,6 +140,14 @@ class StoreError(LocalStateError):
 
 class StoreClosedError(StoreError):
     """The store was used after close()."""
+
+
+class StoreCorruptError(StoreError):
+    """An engine found its *local* state damaged (a failed checksum, a corrupt page or segment).
+
+    Local state is a cache of the changelog: the runtime never treats this as a task bug. The store
+    directory is marked corrupt, so the next open (the retried task attempt) discards it and rebuilds
+    the store from the changelog."""
 
 
 class InvalidValueError(StoreError):

@@ -19,16 +19,22 @@ LINES = [
     b"\n",                                                        # empty
     b'{"value":1}\n',                                             # no key
     b'{"key":null,"value":1}\n',                                  # null key
-    b'{"key":"\xc3\xa9t\xc3\xa9","value":"\\u00e9","ts":NaN}\n',   # unicode, NaN
+    b'{"key":"\xc3\xa9t\xc3\xa9","value":"\\u00e9","ts":NaN}\n',   # unicode, NaN (refused: not JSON)
+    b'{"key":"\xc3\xa9t\xc3\xa9","value":"\\u00e9","ts":1}\n',     # unicode
     b'{"key":"f","value":1}\xff\n',                               # invalid UTF-8
     b'{"key":["g",1],"value":{"deep":[{"x":true}]},"ts":"7"}\n',
 ]
 
 
+def _refuse(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def _expected(offset: int, line: bytes) -> tuple:
-    """Independent reference: json.loads on the decoded line."""
+    """Independent reference: json.loads on the decoded line (NaN and Infinity refused: the json serde
+    could not encode them again)."""
     try:
-        data = json.loads(line.decode("utf-8"))
+        data = json.loads(line.decode("utf-8"), parse_constant=_refuse)
         key = data["key"]
         if key is None:
             raise KeyError("key")

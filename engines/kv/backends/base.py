@@ -17,7 +17,7 @@ from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
-from localstate.errors import StoreClosedError
+from localstate.errors import StoreClosedError, StoreCorruptError
 
 __all__ = ["KVBackend", "BackendIterator", "Item"]
 
@@ -91,6 +91,15 @@ class KVBackend(ABC):
     @abstractmethod
     def clear(self) -> None:
         """Remove all data and metadata (used when local state is unusable)."""
+
+    def discard(self) -> None:
+        """Throw local state away, even when it is too damaged to :meth:`clear` in place."""
+        self.clear()
+
+    def corruption(self, exc: BaseException) -> StoreCorruptError | None:
+        """If ``exc`` (raised by the backend library) reports damaged local data: mark the backend's
+        directory corrupt (see :mod:`localstate.core.corruption`) and return the error to raise."""
+        return None
 
     # -- iteration -----------------------------------------------------------------------------
     def iterate(self, start: bytes | None, end: bytes | None, reverse: bool = False) -> "BackendIterator":

@@ -13,13 +13,18 @@ from typing import Any, Collection, Mapping, Sequence
 
 import lmdb
 
+from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.core.options import parse_size
 from localstate.engines.kv.backends.base import Item, KVBackend
-from localstate.errors import StoreError
+from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["LMDBBackend"]
 
 log = logging.getLogger(__name__)
+
+#: lmdb errors that mean the files are damaged (LMDB keeps no checksums: these are structural).
+_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.PanicError,
+           lmdb.VersionMismatchError, lmdb.IncompatibleError)
 
 
 class LMDBBackend(KVBackend):
@@ -44,9 +49,19 @@ class LMDBBackend(KVBackend):
         self._open()
 
     def _open(self) -> None:
+        reason = corrupt_reason(self._path)
+        if reason is not None:
+            log.warning("store %s partition %s: discarding LMDB at %s, found damaged earlier (%s)",
+                        self._store, self._partition, self._path, reason)
+            shutil.rmtree(self._path, ignore_errors=True)
         self._path.mkdir(parents=True, exist_ok=True)
         try:
             self._env = self._connect()
+            try:
+                self._open_dbs()
+            except BaseException:
+                self._env.close()
+                raise
         except lmdb.Error as exc:
             if isinstance(exc, (lmdb.ReadersFullError, lmdb.LockError)):
                 raise StoreError(f"cannot open LMDB at {self._path}: {exc}", store=self._store,
@@ -56,9 +71,29 @@ class LMDBBackend(KVBackend):
             shutil.rmtree(self._path, ignore_errors=True)
             self._path.mkdir(parents=True, exist_ok=True)
             self._env = self._connect()
+            self._open_dbs()
+
+    def _open_dbs(self) -> None:
+        """Open the sub-databases and read the first meta entry (damage to the root pages shows here)."""
         self._data = self._env.open_db(b"data")
         self._meta = self._env.open_db(b"meta")
         self.max_key_size = self._env.max_key_size()
+        with self._env.begin(db=self._meta) as txn:
+            txn.cursor().first()
+
+    def corruption(self, exc: BaseException) -> StoreCorruptError | None:
+        if isinstance(exc, StoreCorruptError):
+            return exc
+        if isinstance(exc, _DAMAGE):
+            return store_corrupt(self._path, "LMDB", f"{type(exc).__name__}: {exc}", store=self._store,
+                                 partition=self._partition)
+        return None
+
+    def discard(self) -> None:
+        self._end_reads()
+        self._env.close()
+        shutil.rmtree(self._path, ignore_errors=True)
+        self._open()
 
     def _connect(self) -> lmdb.Environment:
         # sync/metasync off trades machine-crash durability of the latest commits for speed; a killed
@@ -101,6 +136,13 @@ class LMDBBackend(KVBackend):
 
     def _scan(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
               limit: int) -> list[tuple[bytes, bytes]]:
+        try:
+            return self._scan_txn(start, end, after, reverse, limit)
+        except _DAMAGE as exc:
+            raise self.corruption(exc) from exc  # type: ignore[misc]
+
+    def _scan_txn(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
+                  limit: int) -> list[tuple[bytes, bytes]]:
         out: list[tuple[bytes, bytes]] = []
         with self._env.begin(db=self._data) as txn:
             cur = txn.cursor()

@@ -15,8 +15,9 @@ from typing import Any, Collection, Mapping, Sequence
 
 import rocksdict
 
+from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.engines.kv.backends.base import Item, KVBackend
-from localstate.errors import StoreError
+from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["RocksDBBackend", "META_CF", "build_options"]
 
@@ -71,6 +72,12 @@ class RocksDBBackend(KVBackend):
         self._open()
 
     def _open(self) -> None:
+        reason = corrupt_reason(self._path)
+        if reason is not None:
+            log.warning("store %s partition %s: discarding RocksDB at %s, found damaged earlier (%s)",
+                        self._store, self._partition, self._path, reason)
+            rocksdict.Rdict.destroy(str(self._path))
+            shutil.rmtree(self._path, ignore_errors=True)
         self._path.mkdir(parents=True, exist_ok=True)
         try:
             self._db = self._connect()
@@ -113,8 +120,30 @@ class RocksDBBackend(KVBackend):
     def approximate_count(self) -> int:
         return int(self._db.property_int_value("rocksdb.estimate-num-keys") or 0)  # type: ignore[union-attr]
 
+    def corruption(self, exc: BaseException) -> StoreCorruptError | None:
+        if isinstance(exc, StoreCorruptError):
+            return exc
+        text = str(exc)
+        # rocksdict raises plain Exception carrying RocksDB's Status text ("Corruption: block checksum
+        # mismatch ...").
+        if type(exc) is Exception and ("Corruption" in text or "checksum" in text.lower()):
+            return store_corrupt(self._path, "RocksDB", text, store=self._store, partition=self._partition)
+        return None
+
     def _scan(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
               limit: int) -> list[tuple[bytes, bytes]]:
+        try:
+            return self._scan_checked(start, end, after, reverse, limit)
+        except Exception as exc:
+            error = self.corruption(exc)
+            if error is None:
+                raise
+            raise error from exc
+
+    def _scan_checked(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
+                      limit: int) -> list[tuple[bytes, bytes]]:
+        """The scan; an iterator that stops because of an error (a failed block checksum) is not the
+        end of the data: its status() raises, so a damaged store is never read as a shorter one."""
         it = self._db.iter()  # type: ignore[union-attr]
         out: list[tuple[bytes, bytes]] = []
         try:
@@ -147,6 +176,8 @@ class RocksDBBackend(KVBackend):
                         break
                     out.append((key, it.value()))
                     it.next()
+            if len(out) < limit:
+                it.status()
         finally:
             del it
         return out
