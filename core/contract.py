@@ -397,7 +397,7 @@ def check_restore(adapter: EngineAdapter, directory: Path, seed: int = 0, ops: i
                   f"tombstones for {len(doomed)} of {len(keys)} keys do not delete exactly those keys")
 
 
-def check_close_discards(adapter: EngineAdapter, directory: Path, seed: int = 0, rounds: int = 4,
+def check_close_discards(adapter: EngineAdapter, directory: Path, seed: int = 0, rounds: int = 3,
                          ops: int = 12) -> None:
     """(4) close() without flush() discards unflushed changes: a reopen shows the last flushed state
     (plus only what the engine had already flushed to the changelog before, e.g. spills)."""
@@ -420,20 +420,26 @@ def check_close_discards(adapter: EngineAdapter, directory: Path, seed: int = 0,
                                   "unflushed changes survived close()")
                 else:
                     _expect(offset is None, adapter, name, f"non-persistent engine reports {offset!r}")
-            _recover_and_compare(adapter, run.engine, harness, dirs, name)
-            run.flushed_state = adapter.state(run.engine)
+            run.flushed_state = _recover_and_compare(adapter, run.engine, harness, dirs, name, (end, state))
+            run.flushed_end = harness.end()
 
 
 def _recover_and_compare(adapter: EngineAdapter, engine: StorageEngine, harness: EngineHarness, dirs: _Dirs,
-                         check: str) -> Any:
-    """recover_store to the changelog end, then compare with a fresh restore of the whole changelog."""
+                         check: str, known: tuple[int, Any] | None = None) -> Any:
+    """recover_store to the changelog end and compare with the changelog's state there: ``known``
+    ``(end, state)`` if the caller saw it (the state right after a flush), else a fresh restore of
+    the whole changelog (which check_compactable shows to equal the live state)."""
     end = harness.end()
     offset = engine.local_offset()
     _expect(offset is None or 0 <= offset <= end, adapter, check,
             f"local_offset() {offset!r} is outside the changelog [0, {end}]")
     recover_store(engine, harness.changelog, end, label=f"contract {adapter.name}")
     state = adapter.state(engine)
-    _expect_state(state, _restored_state(adapter, dirs("reference"), harness.records(end)), adapter, check,
+    if known is not None and known[0] == end:
+        reference = known[1]
+    else:
+        reference = _restored_state(adapter, dirs("reference"), harness.records(end))
+    _expect_state(state, reference, adapter, check,
                   f"local state at local_offset {offset} plus replay of [{offset}, {end}) is not the changelog's state")
     if adapter.persistent:
         _expect(engine.local_offset() == harness.end(), adapter, check,
@@ -441,7 +447,7 @@ def _recover_and_compare(adapter: EngineAdapter, engine: StorageEngine, harness:
     return state
 
 
-def check_local_offset(adapter: EngineAdapter, directory: Path, seed: int = 0, steps: int = 70) -> None:
+def check_local_offset(adapter: EngineAdapter, directory: Path, seed: int = 0, steps: int = 40) -> None:
     """(5) At random reopen points local_offset() is None or an offset o with local state = changelog
     state at o (+ possibly later records); after the local directory was deleted it is None or 0
     with an empty state."""
@@ -451,18 +457,17 @@ def check_local_offset(adapter: EngineAdapter, directory: Path, seed: int = 0, s
     empty = _empty_state(adapter, dirs("empty"))
     with EngineHarness(adapter, dirs("store")) as harness:
         run = _Run(adapter, harness, seed)
-        for _ in range(steps):
-            roll = rng.random()
+        for step in range(steps):
+            roll = 1.0 if step == steps - 1 else rng.random()  # the last step always wipes
             if roll < 0.7:
                 run.ops_(1)
             elif roll < 0.85:
                 run.flush(name)
             elif roll < 0.95:
                 run.reopen()
-                state = _recover_and_compare(adapter, run.engine, harness, dirs, name)
-                if harness.end() == run.flushed_end:
-                    _expect_state(state, run.flushed_state, adapter, name, "reopen does not give the last flushed state")
-                run.flushed_state, run.flushed_end = state, harness.end()
+                run.flushed_state = _recover_and_compare(adapter, run.engine, harness, dirs, name,
+                                                         (run.flushed_end, run.flushed_state))
+                run.flushed_end = harness.end()
             else:
                 run.reopen(wipe=True)
                 offset = run.engine.local_offset()
@@ -470,7 +475,8 @@ def check_local_offset(adapter: EngineAdapter, directory: Path, seed: int = 0, s
                         f"local_offset() is {offset!r} after the local directory was deleted")
                 _expect_state(adapter.state(run.engine), empty, adapter, name,
                               "an engine opened on a deleted directory is not empty")
-                run.flushed_state = _recover_and_compare(adapter, run.engine, harness, dirs, name)
+                run.flushed_state = _recover_and_compare(adapter, run.engine, harness, dirs, name,
+                                                         (run.flushed_end, run.flushed_state))
                 run.flushed_end = harness.end()
 
 
@@ -479,31 +485,33 @@ def check_local_offset(adapter: EngineAdapter, directory: Path, seed: int = 0, s
 CHECKPOINT = "checkpoint.json"
 
 
-def adapter_spec(adapter: EngineAdapter) -> str:
+def adapter_spec(adapter: EngineAdapter) -> dict[str, Any]:
     """How the crash child finds ``adapter``: the file defining its class, the class, its params."""
     cls = type(adapter)
-    return json.dumps({"file": inspect.getfile(cls), "module": cls.__module__, "class": cls.__qualname__,
-                       "params": adapter.params})
+    return {"file": inspect.getfile(cls), "module": cls.__module__, "class": cls.__qualname__,
+            "params": adapter.params}
 
 
-def load_adapter(spec: str) -> EngineAdapter:
+def load_adapter(spec: Mapping[str, Any]) -> EngineAdapter:
     """Rebuild an adapter from :func:`adapter_spec` (imports the module, else loads the file)."""
-    data = json.loads(spec)
     try:
-        module = importlib.import_module(data["module"])
+        module = importlib.import_module(spec["module"])
     except ImportError:
-        path = Path(data["file"])
-        sys.path.insert(0, str(path.parent))
-        loaded = importlib.util.spec_from_file_location(f"_contract_adapter_{path.stem}", path)
-        if loaded is None or loaded.loader is None:
-            raise
-        module = importlib.util.module_from_spec(loaded)
-        sys.modules[loaded.name] = module
-        loaded.loader.exec_module(module)
+        path = Path(spec["file"])
+        name = f"_contract_adapter_{path.stem}"
+        module = sys.modules.get(name)  # type: ignore[assignment]
+        if module is None:
+            sys.path.insert(0, str(path.parent))
+            loaded = importlib.util.spec_from_file_location(name, path)
+            if loaded is None or loaded.loader is None:
+                raise
+            module = importlib.util.module_from_spec(loaded)
+            sys.modules[name] = module
+            loaded.loader.exec_module(module)
     target: Any = module
-    for part in data["class"].split("."):
+    for part in spec["class"].split("."):
         target = getattr(target, part)
-    return target(**data["params"])
+    return target(**spec["params"])
 
 
 def _read_checkpoint(workdir: Path) -> dict[str, int]:
@@ -527,32 +535,45 @@ def _file_changelog(workdir: Path, adapter: EngineAdapter) -> ChangelogPartition
     return FileChangelogPartition(workdir / "changelog", f"{adapter.store}-changelog", 0)
 
 
-def crash_child(spec: str, workdir: Path, seed: int, flush_every: int, total: int) -> None:
-    """The shared crash child: recover to the checkpoint, then apply seeded ops from the
-    checkpointed step, flushing and checkpointing every ``flush_every`` ops. Prints
-    ``flushing N`` before a flush, ``checkpointing N OFFSET`` between the flush and the checkpoint
-    write, ``flushed N OFFSET`` after it, and ``done`` at ``total`` ops."""
-    adapter = load_adapter(spec)
-    checkpoint = _read_checkpoint(workdir)
-    changelog = _file_changelog(workdir, adapter)
-    harness = EngineHarness(adapter, workdir / "store", changelog)
-    engine = harness.open()
-    recover_store(engine, changelog, checkpoint["offset"], label=f"contract {adapter.name}")
-    step = checkpoint["step"]
-    print(f"recovered {step} {checkpoint['offset']}", flush=True)
+def crash_child(specs: Sequence[Mapping[str, Any]], root: Path, seed: int, flush_every: int, total: int) -> None:
+    """The shared crash child. Adapter ``i`` works in ``root/i`` (file changelog, store directory,
+    checkpoint file): recover every store to its checkpoint, then apply the seeded ops from the
+    checkpointed step to every store, and every ``flush_every`` steps flush and checkpoint each store
+    in turn. Prints ``flushing I N`` before store I's flush, ``checkpointing I N OFFSET`` between its
+    flush and its checkpoint write, ``flushed I N OFFSET`` after that, and ``done`` at ``total``."""
+    stores = []
+    for i, spec in enumerate(specs):
+        adapter = load_adapter(spec)
+        workdir = root / str(i)
+        workdir.mkdir(parents=True, exist_ok=True)
+        checkpoint = _read_checkpoint(workdir)
+        changelog = _file_changelog(workdir, adapter)
+        engine = EngineHarness(adapter, workdir / "store", changelog).open()
+        recover_store(engine, changelog, checkpoint["offset"], label=f"contract {adapter.name}")
+        stores.append((adapter, workdir, changelog, engine, checkpoint["step"]))
+        print(f"recovered {i} {checkpoint['step']} {checkpoint['offset']}", flush=True)
+    step = min((store[4] for store in stores), default=total)
     while step < total:
-        adapter.apply(engine, adapter.random_op(op_rng(seed, step)))
+        ops = {}
+        for i, (adapter, workdir, changelog, engine, start) in enumerate(stores):
+            if step >= start:  # a store checkpointed further than the others skips what it has
+                ops[i] = adapter.random_op(op_rng(seed, step))
+                adapter.apply(engine, ops[i])
         step += 1
         if step % flush_every == 0 or step == total:
-            print(f"flushing {step}", flush=True)
-            engine.flush()
-            offset = changelog.end_offset()
-            print(f"checkpointing {step} {offset}", flush=True)
-            _write_checkpoint(workdir, step, offset)
-            print(f"flushed {step} {offset}", flush=True)
+            for i, (adapter, workdir, changelog, engine, start) in enumerate(stores):
+                if step <= start:
+                    continue
+                print(f"flushing {i} {step}", flush=True)
+                engine.flush()
+                offset = changelog.end_offset()
+                print(f"checkpointing {i} {step} {offset}", flush=True)
+                _write_checkpoint(workdir, step, offset)
+                print(f"flushed {i} {step} {offset}", flush=True)
     print("done", flush=True)
-    harness.close_all()
-    changelog.close()
+    for _, _, changelog, engine, _ in stores:
+        engine.close()
+        changelog.close()
 
 
 class _Reference:
@@ -566,7 +587,7 @@ class _Reference:
         self.ops: list[Any] = []
 
     def state_at(self, step: int) -> Any:
-        assert step >= len(self.ops), "reference steps only move forward"
+        assert step >= len(self.ops), "checkpoints only move forward"
         while len(self.ops) < step:
             op = self.adapter.random_op(op_rng(self.seed, len(self.ops)))
             self.adapter.apply(self.engine, op)
@@ -579,12 +600,13 @@ class _Reference:
         return state
 
 
-def _run_child(adapter: EngineAdapter, workdir: Path, seed: int, flush_every: int, total: int,
-               kill: tuple[str, int, float] | None) -> tuple[list[str], bool]:
-    """Run the crash child; ``kill = (marker, nth, delay)``: SIGKILL it ``delay`` seconds after the
-    ``nth`` line starting with ``marker``. Returns its output lines and whether it was killed."""
-    command = [sys.executable, "-m", "localstate.core.contract", adapter_spec(adapter), str(workdir), str(seed),
-               str(flush_every), str(total)]
+def _run_child(adapters: Sequence[EngineAdapter], root: Path, seed: int, flush_every: int, total: int,
+               kill: tuple[str, int, int, float] | None) -> tuple[list[str], bool]:
+    """Run the crash child; ``kill = (marker, store, nth, delay)``: SIGKILL it ``delay`` seconds after
+    the ``nth`` ``marker`` line of store ``store``. Returns its output lines and whether it was killed."""
+    specs = json.dumps([adapter_spec(adapter) for adapter in adapters])
+    command = [sys.executable, "-m", "localstate.core.contract", specs, str(root), str(seed), str(flush_every),
+               str(total)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     killed = False
@@ -593,11 +615,12 @@ def _run_child(adapter: EngineAdapter, workdir: Path, seed: int, flush_every: in
         assert process.stdout is not None
         for line in process.stdout:
             lines.append(line.strip())
-            if kill is not None and line.startswith(kill[0]):
+            words = line.split()
+            if kill is not None and words[0] == kill[0] and int(words[1]) == kill[1]:
                 seen += 1
-                if seen == kill[1]:
-                    if kill[2]:
-                        time.sleep(kill[2])
+                if seen == kill[2]:
+                    if kill[3]:
+                        time.sleep(kill[3])
                     os.kill(process.pid, signal.SIGKILL)
                     killed = True
                     break
@@ -606,60 +629,76 @@ def _run_child(adapter: EngineAdapter, workdir: Path, seed: int, flush_every: in
             process.kill()
         process.wait()
         err = process.stderr.read() if process.stderr else ""
-        if process.stdout:
-            process.stdout.close()
-        if process.stderr:
-            process.stderr.close()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
     if not killed and process.returncode != 0:
-        raise AssertionError(f"{adapter.name}: crash child failed (exit {process.returncode}):\n{err[-3000:]}")
+        names = ", ".join(adapter.name for adapter in adapters)
+        raise AssertionError(f"crash child for {names} failed (exit {process.returncode}):\n{err[-3000:]}")
     return lines, killed
 
 
-def check_crash(adapter: EngineAdapter, directory: Path, seed: int = 0, kills: int = 2, flush_every: int = 6,
-                total: int = 80) -> None:
-    """(6) SIGKILL the shared child at random moments (some inside flush, some between the flush and
-    the checkpoint); each time, reopen + recover_store to the checkpoint gives the reference state at
-    the checkpointed step. Finally a child runs to the end and recovers from all of it."""
+def _check_recovered(adapter: EngineAdapter, workdir: Path, reference: _Reference, lines: list[str], index: int,
+                     context: str) -> int:
+    """Reopen store ``index`` after the child ended, recover it to its checkpoint and compare."""
     name = "crash"
+    checkpoint = _read_checkpoint(workdir)
+    flushed = [int(line.split()[2]) for line in lines if line.startswith(f"flushed {index} ")]
+    if flushed:
+        _expect(checkpoint["step"] >= flushed[-1], adapter, name,
+                f"checkpoint {checkpoint} is behind the child's last completed flush at step {flushed[-1]}")
+    changelog = _file_changelog(workdir, adapter)
+    harness = EngineHarness(adapter, workdir / "store", changelog)
+    try:
+        engine = harness.open()
+        offset = engine.local_offset()
+        end = changelog.end_offset()
+        _expect(offset is None or 0 <= offset <= end, adapter, name,
+                f"after SIGKILL local_offset() is {offset!r}, the changelog ends at {end}")
+        recover_store(engine, changelog, checkpoint["offset"], label=f"contract {adapter.name}")
+        if adapter.persistent:
+            _expect(engine.local_offset() == changelog.end_offset(), adapter, name,
+                    f"after recovery local_offset() is {engine.local_offset()!r}, changelog end "
+                    f"{changelog.end_offset()}")
+        _expect_state(adapter.state(engine), reference.state_at(checkpoint["step"]), adapter, name,
+                      f"{context}: recovery to checkpoint {checkpoint} (local_offset was {offset}, changelog end "
+                      f"{end}) gives another state than the uninterrupted run at that step")
+    finally:
+        harness.close_all()
+        changelog.close()
+    return checkpoint["step"]
+
+
+def check_crash(adapters: EngineAdapter | Sequence[EngineAdapter], directory: Path, seed: int = 0, kills: int = 3,
+                flush_every: int = 5, total: int = 60) -> None:
+    """(6) One child process runs all ``adapters`` side by side and is SIGKILLed ``kills`` times at
+    random moments (right at or shortly after the start of one store's flush, or between its flush
+    and its checkpoint); after each kill every store, reopened and recovered with recover_store to
+    its checkpoint, must show the uninterrupted reference run's state at the checkpointed step.
+    The next child recovers from the same directories; a last child runs to the end."""
+    if isinstance(adapters, EngineAdapter):
+        adapters = [adapters]
     dirs = _Dirs(directory)
-    workdir = dirs("child")
-    workdir.mkdir(parents=True)
+    root = dirs("child")
     rng = random.Random(seed)
-    reference = _Reference(adapter, dirs("reference"), seed)
+    references = [_Reference(adapter, dirs(f"reference-{i}"), seed) for i, adapter in enumerate(adapters)]
     try:
         for attempt in range(kills + 1):
-            last = attempt == kills
-            kill = None if last else (rng.choice(["flushing", "flushing", "checkpointing"]), rng.randint(1, 3),
-                                      rng.choice([0.0, 0.0, rng.uniform(0, 0.01)]))
-            lines, killed = _run_child(adapter, workdir, seed, flush_every, total, kill)
-            checkpoint = _read_checkpoint(workdir)
-            flushed = [int(line.split()[1]) for line in lines if line.startswith("flushed")]
-            _expect(not flushed or checkpoint["step"] >= flushed[-1], adapter, name,
-                    f"checkpoint {checkpoint} is behind the child's last completed flush {flushed[-1]}")
-            changelog = _file_changelog(workdir, adapter)
-            harness = EngineHarness(adapter, workdir / "store", changelog)
-            try:
-                engine = harness.open()
-                offset = engine.local_offset()
-                end = changelog.end_offset()
-                _expect(offset is None or 0 <= offset <= end, adapter, name,
-                        f"after SIGKILL local_offset() is {offset!r}, the changelog ends at {end}")
-                recover_store(engine, changelog, checkpoint["offset"], label=f"contract {adapter.name}")
-                if adapter.persistent:
-                    _expect(engine.local_offset() == changelog.end_offset(), adapter, name,
-                            f"after recovery local_offset() is {engine.local_offset()!r}, changelog end "
-                            f"{changelog.end_offset()}")
-                _expect_state(adapter.state(engine), reference.state_at(checkpoint["step"]), adapter, name,
-                              f"after SIGKILL ({'killed' if killed else 'not killed'}, kill={kill}) recovery to "
-                              f"checkpoint {checkpoint} gives another state")
-            finally:
-                harness.close_all()
-                changelog.close()
+            kill = None
+            if attempt < kills:
+                kill = (rng.choice(["flushing", "flushing", "checkpointing"]), rng.randrange(len(adapters)),
+                        rng.randint(1, 2), rng.choice([0.0, 0.0, rng.uniform(0, 0.01)]))
+            lines, killed = _run_child(adapters, root, seed, flush_every, total, kill)
+            context = f"after SIGKILL {attempt + 1} ({kill})" if killed else "after a complete run"
+            steps = [_check_recovered(adapter, root / str(i), references[i], lines, i, context)
+                     for i, adapter in enumerate(adapters)]
             if not killed:
-                _expect(checkpoint["step"] == total, adapter, name, f"the child ended at step {checkpoint['step']}")
+                _expect(steps == [total] * len(adapters), adapters[0], "crash",
+                        f"the child ended with checkpoints at steps {steps}, not {total}")
                 break
     finally:
-        reference.harness.close_all()
+        for reference in references:
+            reference.harness.close_all()
 
 
 #: Every check, by name (the crash check runs child processes: slow).
@@ -678,7 +717,7 @@ class ContractSuite:
     attribute); every contract check becomes a test. ``seed`` is a class attribute."""
 
     seed: int = 0
-    crash_kills: int = 2
+    crash_kills: int = 3
 
     def test_flush_reopen(self, adapter: EngineAdapter, tmp_path: Path) -> None:
         check_flush_reopen(adapter, tmp_path, self.seed)
@@ -701,10 +740,10 @@ class ContractSuite:
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 5:
-        print("usage: python -m localstate.core.contract ADAPTER_SPEC WORKDIR SEED FLUSH_EVERY TOTAL "
+        print("usage: python -m localstate.core.contract ADAPTER_SPECS_JSON ROOT SEED FLUSH_EVERY TOTAL "
               "(the crash child of the engine contract suite)", file=sys.stderr)
         return 2
-    crash_child(argv[0], Path(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]))
+    crash_child(json.loads(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]))
     return 0
 
 

@@ -1,10 +1,24 @@
-"""Every check of the engine contract suite (localstate.core.contract) for every built-in engine."""
+"""Every check of the engine contract suite (localstate.core.contract) for every built-in engine
+configuration (adapters.py); the crash check runs them all in one child process."""
 
 from __future__ import annotations
 
-from localstate.core.contract import ContractSuite
+from pathlib import Path
+
+import pytest
+from adapters import ALL_ADAPTERS
+
+from localstate.core.contract import ContractSuite, check_crash
 
 
 class TestBuiltinEngines(ContractSuite):
     """kv x {rocksdb, lmdb, memory, rocksdb spilling}, heap topn/reorder x backends, sketch kinds,
     search; the ``adapter`` fixture comes from conftest.py."""
+
+    test_crash = None  # one child for all adapters below: a child start costs seconds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_crash_every_builtin_engine(tmp_path: Path, seed: int) -> None:
+    check_crash(ALL_ADAPTERS, tmp_path, seed, kills=3)
