@@ -660,7 +660,9 @@ def _check_recovered(adapter: EngineAdapter, workdir: Path, reference: _Referenc
         end = changelog.end_offset()
         _expect(offset is None or 0 <= offset <= end, adapter, name,
                 f"after SIGKILL local_offset() is {offset!r}, the changelog ends at {end}")
-        recover_store(engine, changelog, checkpoint["offset"], label=f"contract {adapter.name}")
+        recovery = recover_store(engine, changelog, checkpoint["offset"], label=f"contract {adapter.name}")
+        log.info("contract crash %s: %s %s: local offset %s, checkpoint %s, changelog end %s, %s", adapter.name,
+                 context, recovery.status, offset, checkpoint, end, "trimmed" if recovery.trimmed else "")
         if adapter.persistent:
             _expect(engine.local_offset() == changelog.end_offset(), adapter, name,
                     f"after recovery local_offset() is {engine.local_offset()!r}, changelog end "
@@ -692,7 +694,7 @@ def check_crash(adapters: EngineAdapter | Sequence[EngineAdapter], directory: Pa
             kill = None
             if attempt < kills:
                 kill = (rng.choice(["flushing", "flushing", "checkpointing"]), rng.randrange(len(adapters)),
-                        rng.randint(1, 2), rng.choice([0.0, 0.0, rng.uniform(0, 0.01)]))
+                        rng.randint(1, 2), rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.02)]))
             lines, killed = _run_child(adapters, root, seed, flush_every, total, kill)
             context = f"after SIGKILL {attempt + 1} ({kill})" if killed else "after a complete run"
             steps = [_check_recovered(adapter, root / str(i), references[i], lines, i, context)

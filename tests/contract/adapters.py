@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from localstate.core.contract import EngineAdapter
 from localstate.core.serdes import BytesSerde, JsonSerde, Serde, StringSerde
 
-__all__ = ["KvAdapter", "TopNAdapter", "ReorderAdapter", "SketchAdapter", "SearchAdapter", "ALL_ADAPTERS"]
+__all__ = ["KvAdapter", "TopNAdapter", "ReorderAdapter", "SketchAdapter", "SearchAdapter", "ALL_ADAPTERS",
+           "CRASH_ADAPTERS"]
 
 
 class KvAdapter(EngineAdapter):
@@ -22,19 +23,25 @@ class KvAdapter(EngineAdapter):
 
     KEYS = [f"k{i:02d}" for i in range(24)]
 
-    def __init__(self, backend: str, write_batch_size: int | None = None) -> None:
+    def __init__(self, backend: str, write_batch_size: int | None = None, bulk: int = 0) -> None:
         params: dict[str, Any] = {"backend": backend}
         if write_batch_size is not None:
             params["write_batch_size"] = write_batch_size
+        if bulk:
+            params["bulk"] = bulk
         super().__init__(**params)
         self.persistent = backend != "memory"
+        self.bulk = bulk
 
     def factory(self):
         from localstate.engines.kv import KeyValueEngineFactory
         return KeyValueEngineFactory()
 
     def options(self) -> dict[str, Any]:
-        return {**self.params, "cache_size": 4}
+        options = {k: v for k, v in self.params.items() if k != "bulk"}
+        if self.bulk:
+            options["write_batch_size"] = self.bulk + 1  # one big atomic write per flush, like a large commit
+        return {**options, "cache_size": 4}
 
     def key_serde(self) -> Serde:
         return StringSerde()
@@ -43,6 +50,11 @@ class KvAdapter(EngineAdapter):
         return JsonSerde()
 
     def random_op(self, rng: random.Random) -> Any:
+        if self.bulk and rng.random() < 0.5:
+            # Rewrite every bulk key with one value: a SIGKILL in the middle of writing them must
+            # leave all or none of them (never a mix of two flushes).
+            value = [rng.randrange(1000), "." * 200]
+            return ("put_all", [(f"bulk{i:05d}", value) for i in range(self.bulk)])
         roll = rng.random()
         if roll < 0.6:
             return ("put", rng.choice(self.KEYS), [rng.randrange(1000), "x" * rng.randrange(5)])
@@ -270,3 +282,6 @@ ALL_ADAPTERS: list[EngineAdapter] = [
     SketchAdapter("quantiles", backend="lmdb"),
     SearchAdapter(),
 ]
+
+#: The crash test adds kv stores whose flushes write thousands of keys (long flush windows to kill in).
+CRASH_ADAPTERS: list[EngineAdapter] = ALL_ADAPTERS + [KvAdapter("rocksdb", bulk=3000), KvAdapter("lmdb", bulk=3000)]
