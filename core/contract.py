@@ -386,6 +386,12 @@ def check_restore(adapter: EngineAdapter, directory: Path, seed: int = 0, ops: i
                 _expect(offset == end, adapter, name, f"local_offset() after restore+flush+reopen is {offset!r}, "
                                                       f"expected {end}")
                 _expect_state(adapter.state(engine), state, adapter, name, "restored state is not durable after flush")
+        # A restore interrupted by close() (no flush): what is local must still be a valid start.
+        with EngineHarness(adapter, dirs("interrupted"), harness.changelog) as interrupted:
+            engine = interrupted.open()
+            engine.restore(iter(records[:len(records) // 2]))
+            engine = interrupted.reopen(engine)
+            _recover_and_compare(adapter, engine, interrupted, dirs, name + " interrupted by close()", (end, state))
     keys = list(dict.fromkeys(record.key for record in records))
     empty = _empty_state(adapter, dirs("empty"))
     every = [ChangelogRecord(key, None, end + i) for i, key in enumerate(keys)]

@@ -23,10 +23,13 @@ class KvAdapter(EngineAdapter):
 
     KEYS = [f"k{i:02d}" for i in range(24)]
 
-    def __init__(self, backend: str, write_batch_size: int | None = None, bulk: int = 0) -> None:
+    def __init__(self, backend: str, write_batch_size: int | None = None, bulk: int = 0,
+                 restore_batch_size: int | None = None) -> None:
         params: dict[str, Any] = {"backend": backend}
         if write_batch_size is not None:
             params["write_batch_size"] = write_batch_size
+        if restore_batch_size is not None:
+            params["restore_batch_size"] = restore_batch_size
         if bulk:
             params["bulk"] = bulk
         super().__init__(**params)
@@ -90,8 +93,8 @@ class TopNAdapter(EngineAdapter):
 
     ITEMS = [f"item{i:02d}" for i in range(20)]
 
-    def __init__(self, backend: str, capacity: int | None = 8, order: str = "max") -> None:
-        super().__init__(backend=backend, capacity=capacity, order=order)
+    def __init__(self, backend: str, capacity: int | None = 8, order: str = "max", kv: dict | None = None) -> None:
+        super().__init__(backend=backend, capacity=capacity, order=order, kv=kv)
         self.persistent = backend != "memory"
 
     def factory(self):
@@ -158,7 +161,7 @@ class ReorderAdapter(EngineAdapter):
 
     def state(self, engine: Any) -> Any:
         return {"buffered": [tuple(event) for event in engine], "watermark": engine.watermark,
-                "max_timestamp": engine.max_timestamp}
+                "max_timestamp": engine.max_timestamp, "next_sequence": engine.next_sequence}
 
 
 class SketchAdapter(EngineAdapter):
@@ -266,11 +269,11 @@ class SearchAdapter(EngineAdapter):
 #: Every built-in engine configuration the suite runs over.
 ALL_ADAPTERS: list[EngineAdapter] = [
     KvAdapter("rocksdb"),
-    KvAdapter("lmdb"),
+    KvAdapter("lmdb", restore_batch_size=2),
     KvAdapter("memory"),
     KvAdapter("rocksdb", write_batch_size=3),
     TopNAdapter("rocksdb"),
-    TopNAdapter("lmdb", capacity=None, order="min"),
+    TopNAdapter("lmdb", capacity=None, order="min", kv={"restore_batch_size": 2}),
     TopNAdapter("memory"),
     ReorderAdapter("rocksdb"),
     ReorderAdapter("lmdb"),
