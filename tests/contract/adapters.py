@@ -17,7 +17,31 @@ __all__ = ["KvAdapter", "TopNAdapter", "ReorderAdapter", "SketchAdapter", "Searc
            "CRASH_ADAPTERS"]
 
 
-class KvAdapter(EngineAdapter):
+class _ApiAdapter(EngineAdapter):
+    """Ops are ``(method, *args)`` calls of the engine's own API; string keys, JSON values; local
+    state persists unless the backend is ``memory``."""
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        self.persistent = params.get("backend") != "memory"
+
+    def key_serde(self) -> Serde:
+        return StringSerde()
+
+    def value_serde(self) -> Serde:
+        return JsonSerde()
+
+    def apply(self, engine: Any, op: Any) -> None:
+        getattr(engine, op[0])(*op[1:])
+
+
+class _HeapAdapter(_ApiAdapter):
+    def factory(self):
+        from localstate.engines.heap import HeapEngineFactory
+        return HeapEngineFactory()
+
+
+class KvAdapter(_ApiAdapter):
     """``engine = "kv"``: puts, deletes and batches over 24 keys. ``write_batch_size`` small makes
     the engine spill (log and write) between flushes."""
 
@@ -33,7 +57,6 @@ class KvAdapter(EngineAdapter):
         if bulk:
             params["bulk"] = bulk
         super().__init__(**params)
-        self.persistent = backend != "memory"
         self.bulk = bulk
 
     def factory(self):
@@ -45,12 +68,6 @@ class KvAdapter(EngineAdapter):
         if self.bulk:
             options["write_batch_size"] = self.bulk + 1  # one big atomic write per flush, like a large commit
         return {**options, "cache_size": 4}
-
-    def key_serde(self) -> Serde:
-        return StringSerde()
-
-    def value_serde(self) -> Serde:
-        return JsonSerde()
 
     def random_op(self, rng: random.Random) -> Any:
         if self.bulk and rng.random() < 0.5:
@@ -66,9 +83,6 @@ class KvAdapter(EngineAdapter):
         if roll < 0.9:
             return ("put_all", [(k, rng.randrange(100)) for k in rng.sample(self.KEYS, 3)])
         return ("delete_all", rng.sample(self.KEYS, 2))
-
-    def apply(self, engine: Any, op: Any) -> None:
-        getattr(engine, op[0])(*op[1:])
 
     def state(self, engine: Any) -> Any:
         return list(engine.all())
@@ -88,27 +102,16 @@ class KvAdapter(EngineAdapter):
         return sorted(model.items())
 
 
-class TopNAdapter(EngineAdapter):
+class TopNAdapter(_HeapAdapter):
     """``engine = "heap"``, ``mode = "topn"`` with a capacity (evictions), payloads, removes, pops."""
 
     ITEMS = [f"item{i:02d}" for i in range(20)]
 
     def __init__(self, backend: str, capacity: int | None = 8, order: str = "max", kv: dict | None = None) -> None:
         super().__init__(backend=backend, capacity=capacity, order=order, kv=kv)
-        self.persistent = backend != "memory"
-
-    def factory(self):
-        from localstate.engines.heap import HeapEngineFactory
-        return HeapEngineFactory()
 
     def options(self) -> dict[str, Any]:
         return {"mode": "topn", **{k: v for k, v in self.params.items() if v is not None}}
-
-    def key_serde(self) -> Serde:
-        return StringSerde()
-
-    def value_serde(self) -> Serde:
-        return JsonSerde()
 
     def random_op(self, rng: random.Random) -> Any:
         roll = rng.random()
@@ -121,32 +124,18 @@ class TopNAdapter(EngineAdapter):
             return ("pop",)
         return ("pop_worst",)
 
-    def apply(self, engine: Any, op: Any) -> None:
-        getattr(engine, op[0])(*op[1:])
-
     def state(self, engine: Any) -> Any:
         return [tuple(entry) for entry in engine.top(1000)]
 
 
-class ReorderAdapter(EngineAdapter):
+class ReorderAdapter(_HeapAdapter):
     """``engine = "heap"``, ``mode = "reorder"``: out-of-order pushes (some late, dropped), drains."""
 
     def __init__(self, backend: str) -> None:
         super().__init__(backend=backend)
-        self.persistent = backend != "memory"
-
-    def factory(self):
-        from localstate.engines.heap import HeapEngineFactory
-        return HeapEngineFactory()
 
     def options(self) -> dict[str, Any]:
         return {"mode": "reorder", "max_lateness": 30, "late_policy": "drop", **self.params}
-
-    def key_serde(self) -> Serde:
-        return StringSerde()
-
-    def value_serde(self) -> Serde:
-        return JsonSerde()
 
     def random_op(self, rng: random.Random) -> Any:
         roll = rng.random()
@@ -156,15 +145,12 @@ class ReorderAdapter(EngineAdapter):
             return ("drain",)
         return ("drain_until", rng.randrange(200))
 
-    def apply(self, engine: Any, op: Any) -> None:
-        getattr(engine, op[0])(*op[1:])
-
     def state(self, engine: Any) -> Any:
         return {"buffered": [tuple(event) for event in engine], "watermark": engine.watermark,
                 "max_timestamp": engine.max_timestamp, "next_sequence": engine.next_sequence}
 
 
-class SketchAdapter(EngineAdapter):
+class SketchAdapter(_ApiAdapter):
     """``engine = "sketch"``: adds (single and many), merges and deletes over three named sketches;
     the state is every non-empty sketch's registers / words / serialised KLL sketch."""
 
@@ -174,7 +160,6 @@ class SketchAdapter(EngineAdapter):
 
     def __init__(self, kind: str, backend: str = "rocksdb") -> None:
         super().__init__(kind=kind, backend=backend)
-        self.persistent = backend != "memory"
 
     def factory(self):
         from localstate.engines.sketch import SketchEngineFactory
@@ -182,9 +167,6 @@ class SketchAdapter(EngineAdapter):
 
     def options(self) -> dict[str, Any]:
         return {**self.params, **self.KIND_OPTIONS[self.params["kind"]]}
-
-    def key_serde(self) -> Serde:
-        return StringSerde()
 
     def value_serde(self) -> Serde:
         return BytesSerde()
@@ -221,7 +203,7 @@ class SketchAdapter(EngineAdapter):
         return result
 
 
-class SearchAdapter(EngineAdapter):
+class SearchAdapter(_ApiAdapter):
     """``engine = "search"`` (tantivy): adds/replaces and deletes over 16 doc ids; the state is every
     document by id plus the matching ids and counts of a few fixed queries."""
 
@@ -245,9 +227,6 @@ class SearchAdapter(EngineAdapter):
     def options(self) -> dict[str, Any]:
         return {"fields": self.FIELDS, "writer_memory": "16MB"}
 
-    def key_serde(self) -> Serde:
-        return StringSerde()
-
     def random_op(self, rng: random.Random) -> Any:
         doc_id = rng.choice(self.IDS)
         if rng.random() < 0.25:
@@ -255,9 +234,6 @@ class SearchAdapter(EngineAdapter):
         doc = {"title": " ".join(rng.choices(self.WORDS, k=2)), "body": " ".join(rng.choices(self.WORDS, k=6)),
                "tag": rng.choice(["red", "green", "blue"]), "n": rng.randrange(100)}
         return ("add", doc_id, doc)
-
-    def apply(self, engine: Any, op: Any) -> None:
-        getattr(engine, op[0])(*op[1:])
 
     def state(self, engine: Any) -> Any:
         docs = {doc_id: engine.get(doc_id) for doc_id in self.IDS}
