@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -494,6 +495,7 @@ def check_local_offset(adapter: EngineAdapter, directory: Path, seed: int = 0, s
 # ---------------------------------------------------------------------------------------------- crash
 
 CHECKPOINT = "checkpoint.json"
+_CHILD_HANG_SECONDS = 600
 
 
 def adapter_spec(adapter: EngineAdapter) -> dict[str, Any]:
@@ -614,38 +616,46 @@ class _Reference:
 def _run_child(adapters: Sequence[EngineAdapter], root: Path, seed: int, flush_every: int, total: int,
                kill: tuple[str, int, int, float] | None) -> tuple[list[str], bool]:
     """Run the crash child; ``kill = (marker, store, nth, delay)``: SIGKILL it ``delay`` seconds after
-    the ``nth`` ``marker`` line of store ``store``. Returns its output lines and whether it was killed."""
+    the ``nth`` ``marker`` line of store ``store``. Returns its output lines and whether it was killed.
+    Its stderr goes to ``root/child.err`` (a pipe nobody reads could fill and block it)."""
     specs = json.dumps([adapter_spec(adapter) for adapter in adapters])
     command = [sys.executable, "-m", "localstate.core.contract", specs, str(root), str(seed), str(flush_every),
                str(total)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root.mkdir(parents=True, exist_ok=True)
+    err_path = root / "child.err"
     lines: list[str] = []
     killed = False
     seen = 0
-    try:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.strip())
-            words = line.split()
-            if kill is not None and words[0] == kill[0] and int(words[1]) == kill[1]:
-                seen += 1
-                if seen == kill[2]:
-                    if kill[3]:
-                        time.sleep(kill[3])
-                    os.kill(process.pid, signal.SIGKILL)
-                    killed = True
-                    break
-    finally:
-        if process.poll() is None and not killed:
-            process.kill()
-        process.wait()
-        err = process.stderr.read() if process.stderr else ""
-        for stream in (process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
+    with open(err_path, "ab") as err:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+        # A hang guard, not a timing assertion: a child stuck for this long is reported as failed.
+        guard = threading.Timer(_CHILD_HANG_SECONDS, process.kill)
+        guard.start()
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:
+                lines.append(line.strip())
+                words = line.split()
+                if kill is not None and words[:2] == [kill[0], str(kill[1])]:
+                    seen += 1
+                    if seen == kill[2]:
+                        if kill[3]:
+                            time.sleep(kill[3])
+                        os.kill(process.pid, signal.SIGKILL)
+                        killed = True
+                        break
+        finally:
+            guard.cancel()
+            if process.poll() is None and not killed:
+                process.kill()
+            process.wait()
+            if process.stdout is not None:
+                process.stdout.close()
     if not killed and process.returncode != 0:
         names = ", ".join(adapter.name for adapter in adapters)
-        raise AssertionError(f"crash child for {names} failed (exit {process.returncode}):\n{err[-3000:]}")
+        tail = err_path.read_text(errors="replace")[-3000:]
+        raise AssertionError(f"crash child for {names} failed (exit {process.returncode}); its stderr "
+                             f"({err_path}) ends with:\n{tail}")
     return lines, killed
 
 
@@ -683,12 +693,17 @@ def _check_recovered(adapter: EngineAdapter, workdir: Path, reference: _Referenc
 
 
 def check_crash(adapters: EngineAdapter | Sequence[EngineAdapter], directory: Path, seed: int = 0, kills: int = 3,
-                flush_every: int = 5, total: int = 60) -> None:
+                flush_every: int = 5, total: int = 60,
+                kill_points: Sequence[tuple[str, int, int, float]] | None = None) -> None:
     """(6) One child process runs all ``adapters`` side by side and is SIGKILLed ``kills`` times at
     random moments (right at or shortly after the start of one store's flush, or between its flush
     and its checkpoint); after each kill every store, reopened and recovered with recover_store to
     its checkpoint, must show the uninterrupted reference run's state at the checkpointed step.
-    The next child recovers from the same directories; a last child runs to the end."""
+    The next child recovers from the same directories; a last child runs to the end.
+
+    ``kill_points`` replaces the random kills: ``(marker, store, nth, delay)`` each, SIGKILL
+    ``delay`` seconds after the ``nth`` stdout line of the child that starts with ``marker`` and
+    names store ``store`` (an engine under test may print its own markers, e.g. inside flush)."""
     if isinstance(adapters, EngineAdapter):
         adapters = [adapters]
     dirs = _Dirs(directory)
@@ -696,9 +711,13 @@ def check_crash(adapters: EngineAdapter | Sequence[EngineAdapter], directory: Pa
     rng = random.Random(seed)
     references = [_Reference(adapter, dirs(f"reference-{i}"), seed) for i, adapter in enumerate(adapters)]
     try:
+        if kill_points is not None:
+            kills = len(kill_points)
         for attempt in range(kills + 1):
             kill = None
-            if attempt < kills:
+            if kill_points is not None and attempt < kills:
+                kill = tuple(kill_points[attempt])  # type: ignore[assignment]
+            elif attempt < kills:
                 kill = (rng.choice(["flushing", "flushing", "checkpointing"]), rng.randrange(len(adapters)),
                         rng.randint(1, 2), rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.02)]))
             lines, killed = _run_child(adapters, root, seed, flush_every, total, kill)
@@ -726,8 +745,8 @@ CHECKS: dict[str, Callable[..., None]] = {
 
 
 class ContractSuite:
-    """A pytest base class: subclass it as ``Test...`` and provide an ``adapter`` fixture (or class
-    attribute); every contract check becomes a test. ``seed`` is a class attribute."""
+    """A pytest base class: subclass it as ``Test...`` and provide an ``adapter`` fixture; every
+    contract check becomes a test. ``seed`` and ``crash_kills`` are class attributes."""
 
     seed: int = 0
     crash_kills: int = 3

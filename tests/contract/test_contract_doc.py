@@ -141,3 +141,59 @@ def test_correct_toy_engine_passes_in_process(toy: Any, tmp_path: Path) -> None:
     for i, check in enumerate([check_flush_reopen, check_compactable, check_restore, check_close_discards,
                                check_local_offset]):
         check(adapter, tmp_path / str(i), seed=5)
+
+
+AHEAD_OF_CHANGELOG = '''
+"""A toy engine that makes local state durable before its changelog records (a contract violation
+only a crash shows), and prints "early STORE" in that window."""
+import time
+
+from test_toy_contract import ToyAdapter
+from toy_engine import ToyDictEngine, ToyDictFactory
+
+
+class AheadEngine(ToyDictEngine):
+    def flush(self):
+        if not self.pending:
+            return super().flush()
+        changelog = self.context.changelog
+        changelog.append_many(self.pending.items())
+        self.pending.clear()
+        self.offset = changelog.end_offset()   # counts the records not flushed yet
+        self.dirty = True
+        saved, real_flush = changelog.flush, changelog.flush
+        changelog.flush = lambda: self.offset  # write local state "with" an offset not durable yet
+        try:
+            super().flush()
+        finally:
+            changelog.flush = saved
+        print("early 0", flush=True)
+        time.sleep(10)  # the parent kills the child in this window
+        real_flush()
+
+
+class AheadFactory(ToyDictFactory):
+    def create(self, context):
+        return AheadEngine(context)
+
+
+class AheadAdapter(ToyAdapter):
+    def factory(self):
+        return AheadFactory()
+'''
+
+
+@pytest.mark.slow
+def test_crash_check_catches_local_state_ahead_of_the_changelog(toy: Any, tmp_path: Path) -> None:
+    """Only a SIGKILL inside flush shows it: the kill point is the engine's own "early" line."""
+    directory = Path(toy[0].__file__).parent
+    (directory / "ahead_engine.py").write_text(AHEAD_OF_CHANGELOG)
+    from localstate.core.contract import check_crash, load_adapter
+    adapter = load_adapter({"module": "ahead_engine", "file": str(directory / "ahead_engine.py"),
+                            "class": "AheadAdapter", "params": {}})
+    try:
+        with pytest.raises(AssertionError, match=re.escape("contract violated (crash)")) as caught:
+            check_crash(adapter, tmp_path / "run", seed=0, kill_points=[("early", 0, 1, 0.0)])
+        assert "the changelog ends at 0" in str(caught.value)  # local offset past the durable changelog
+    finally:
+        sys.modules.pop("ahead_engine", None)
