@@ -111,6 +111,16 @@ def appending_items(self: Any) -> list:
     return sorted((k, v) for k, v in self.data.items())
 
 
+def unflushed_changelog(self: Any) -> None:
+    """Appends to the changelog but never flushes it (reports the end offset as if it had)."""
+    changelog = self.context.changelog
+    changelog.flush = changelog.end_offset  # shadows the method on this instance
+    try:
+        type(self).__mro__[1].flush(self)
+    finally:
+        del changelog.flush
+
+
 def no_tombstone_restore(self: Any, records: Any) -> None:
     for record in records:
         if record.value is not None:
@@ -126,8 +136,9 @@ def no_tombstone_restore(self: Any, records: Any) -> None:
     ({"put": appending_put, "restore": appending_restore, "items": appending_items}, check_compactable,
      "compactable changelog"),
     ({"restore": no_tombstone_restore}, check_restore, "restore"),
+    ({"flush": unflushed_changelog}, check_flush_reopen, "flush then reopen"),
 ], ids=["relogging-restore", "flushing-close", "offset-without-data", "offset-without-data-walk",
-        "not-compactable", "tombstones-ignored"])
+        "not-compactable", "tombstones-ignored", "changelog-not-flushed"])
 def test_checks_catch_violations(toy: Any, tmp_path: Path, overrides: dict, check: Any, violated: str) -> None:
     adapter = broken_adapter(toy, **overrides)
     if "put" in overrides:
