@@ -266,7 +266,7 @@ class _Run:
         self.flushed_state = adapter.state(self.engine)
         self.flushed_end = harness.end()
 
-    def ops_(self, count: int) -> None:
+    def apply_ops(self, count: int) -> None:
         for _ in range(count):
             op = self.adapter.random_op(op_rng(self.seed, self.step))
             self.adapter.apply(self.engine, op)
@@ -313,7 +313,7 @@ def check_flush_reopen(adapter: EngineAdapter, directory: Path, seed: int = 0, o
         _expect_state(run.flushed_state, _empty_state(adapter, dirs("empty")), adapter, name,
                       "a new engine in an empty directory is not empty")
         for _ in range(3):
-            run.ops_(ops // 3)
+            run.apply_ops(ops // 3)
             state = run.flush(name)
             end = harness.end()
             run.reopen()
@@ -337,7 +337,7 @@ def check_compactable(adapter: EngineAdapter, directory: Path, seed: int = 0, op
         run = _Run(adapter, harness, seed)
         rng = random.Random(seed)
         for _ in range(ops):
-            run.ops_(1)
+            run.apply_ops(1)
             if rng.random() < 0.15:
                 run.flush(name)
         state = run.flush(name)
@@ -370,7 +370,7 @@ def check_restore(adapter: EngineAdapter, directory: Path, seed: int = 0, ops: i
     with EngineHarness(adapter, dirs("store")) as harness:
         run = _Run(adapter, harness, seed)
         for _ in range(4):
-            run.ops_(ops // 4)
+            run.apply_ops(ops // 4)
             run.flush(name)
         state = run.flushed_state
         records = harness.records()
@@ -421,10 +421,10 @@ def check_close_discards(adapter: EngineAdapter, directory: Path, seed: int = 0,
     with EngineHarness(adapter, dirs("store")) as harness:
         run = _Run(adapter, harness, seed)
         for _ in range(rounds):
-            run.ops_(ops)
+            run.apply_ops(ops)
             state = run.flush(name)
             end = harness.end()
-            run.ops_(ops)
+            run.apply_ops(ops)
             before = harness.end()
             run.reopen()
             _expect(harness.end() <= before, adapter, name,
@@ -478,7 +478,7 @@ def check_local_offset(adapter: EngineAdapter, directory: Path, seed: int = 0, s
         for step in range(steps):
             roll = 1.0 if step == steps - 1 else rng.random()  # the last step always wipes
             if roll < 0.7:
-                run.ops_(1)
+                run.apply_ops(1)
             elif roll < 0.85:
                 run.flush(name)
             elif roll < 0.95:
