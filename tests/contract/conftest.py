@@ -1,4 +1,4 @@
-"""The contract suite over every built-in engine configuration (see adapters.py)."""
+"""The contract suite over every built-in engine configuration (see contract_adapters.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from adapters import ALL_ADAPTERS  # noqa: E402
+from contract_adapters import ALL_ADAPTERS  # noqa: E402
 
 from localstate.core.contract import EngineAdapter  # noqa: E402
 

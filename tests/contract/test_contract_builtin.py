@@ -1,12 +1,12 @@
 """Every check of the engine contract suite (localstate.core.contract) for every built-in engine
-configuration (adapters.py); the crash check runs them all in one child process."""
+configuration (contract_adapters.py); the crash check runs them all in one child process."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from adapters import CRASH_ADAPTERS
+from contract_adapters import CRASH_ADAPTERS
 
 from localstate.core.contract import ContractSuite, check_crash
 
