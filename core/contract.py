@@ -558,7 +558,7 @@ def crash_child(specs: Sequence[Mapping[str, Any]], root: Path, seed: int, flush
     """The shared crash child. Adapter ``i`` works in ``root/i`` (file changelog, store directory,
     checkpoint file): recover every store to its checkpoint, then apply the seeded ops from the
     checkpointed step to every store, and every ``flush_every`` steps flush and checkpoint each store
-    in turn. Prints ``flushing I N`` before store I's flush, ``checkpointing I N OFFSET`` between its
+    in turn. Prints ``recovering I`` before store I's recovery, ``flushing I N`` before store I's flush, ``checkpointing I N OFFSET`` between its
     flush and its checkpoint write, ``flushed I N OFFSET`` after that, and ``done`` at ``total``."""
     stores = []
     for i, spec in enumerate(specs):
@@ -568,6 +568,7 @@ def crash_child(specs: Sequence[Mapping[str, Any]], root: Path, seed: int, flush
         checkpoint = _read_checkpoint(workdir)
         changelog = _file_changelog(workdir, adapter)
         engine = EngineHarness(adapter, workdir / "store", changelog).open()
+        print(f"recovering {i}", flush=True)
         recover_store(engine, changelog, checkpoint["offset"], label=f"contract {adapter.name}")
         stores.append((adapter, workdir, changelog, engine, checkpoint["step"]))
         print(f"recovered {i} {checkpoint['step']} {checkpoint['offset']}", flush=True)
@@ -702,8 +703,8 @@ def check_crash(adapters: EngineAdapter | Sequence[EngineAdapter], directory: Pa
                 flush_every: int = 5, total: int = 60,
                 kill_points: Sequence[tuple[str, int, int, float]] | None = None) -> None:
     """(6) One child process runs all ``adapters`` side by side and is SIGKILLed ``kills`` times at
-    random moments (right at or shortly after the start of one store's flush, or between its flush
-    and its checkpoint); after each kill every store, reopened and recovered with recover_store to
+    random moments (right at or shortly after the start of one store's flush or recovery, or between
+    its flush and its checkpoint); after each kill every store, reopened and recovered with recover_store to
     its checkpoint, must show the uninterrupted reference run's state at the checkpointed step.
     The next child recovers from the same directories; a last child runs to the end.
 
@@ -724,8 +725,9 @@ def check_crash(adapters: EngineAdapter | Sequence[EngineAdapter], directory: Pa
             if kill_points is not None and attempt < kills:
                 kill = tuple(kill_points[attempt])  # type: ignore[assignment]
             elif attempt < kills:
-                kill = (rng.choice(["flushing", "flushing", "checkpointing"]), rng.randrange(len(adapters)),
-                        rng.randint(1, 2), rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.02)]))
+                marker = rng.choice(["flushing", "flushing", "checkpointing", "recovering"])
+                kill = (marker, rng.randrange(len(adapters)), 1 if marker == "recovering" else rng.randint(1, 2),
+                        rng.choice([0.0, rng.uniform(0, 0.002), rng.uniform(0, 0.02)]))
             lines, killed = _run_child(adapters, root, seed, flush_every, total, kill)
             context = f"after SIGKILL {attempt + 1} ({kill})" if killed else "after a complete run"
             steps = [_check_recovered(adapter, root / str(i), references[i], lines, i, context)
