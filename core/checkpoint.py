@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localstate.core.fsutil import write_atomic
+from localstate.core.fsutil import os_error, write_atomic
 from localstate.core.names import safe_join
-from localstate.errors import CheckpointError, FencedError
+from localstate.errors import CheckpointError, CheckpointIOError, FencedError
 
 __all__ = ["Checkpoint", "CheckpointStore"]
 
@@ -62,7 +62,10 @@ class CheckpointStore:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, "create the checkpoint directory", self.root, CheckpointIOError) from exc
         self._locks: dict[int, int] = {}
 
     def path(self, partition: int) -> Path:
@@ -72,7 +75,11 @@ class CheckpointStore:
         """Take the partition's instance lock: a second live instance of the partition is refused."""
         if partition in self._locks:
             return
-        fd = os.open(self.root / f"{int(partition)}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        lock_path = self.root / f"{int(partition)}.lock"
+        try:
+            fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as exc:
+            raise os_error(exc, "open the instance lock", lock_path, CheckpointIOError, partition=partition) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -113,7 +120,7 @@ class CheckpointStore:
                                   f"{current.generation}; this instance is generation {expect_generation}",
                                   partition=checkpoint.partition,
                                   hint="this instance is stale; stop it (its uncommitted work is discarded)")
-        write_atomic(path, checkpoint.to_json().encode("utf-8"))
+        write_atomic(path, checkpoint.to_json().encode("utf-8"), error=CheckpointIOError)
 
     def delete(self, partition: int) -> None:
         self.path(partition).unlink(missing_ok=True)

@@ -28,24 +28,80 @@ config path (``stores.counts.cache_size``). Example::
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from localstate.core.names import name_problem
-from localstate.core.options import did_you_mean, parse_duration
+from localstate.core.options import Option, did_you_mean, parse_duration, parse_path, validate_options
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry, registry_for
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "load_job_config", "parse_job_config"]
+__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "load_job_config", "parse_job_config", "SPARK_OPTIONS",
+           "LOG_LEVELS", "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
              "state_dir", "allow_pickle", "plugins", "log_level"}
 _STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
 _SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark"}
+
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+"""Accepted ``job.log_level`` values (case-insensitive): the :mod:`logging` levels."""
+
+
+def _positive_batch_size(value: Any) -> int:
+    if value < 1:
+        raise ValueError(f"must be >= 1 (records per partition per micro-batch), got {value!r}")
+    return value
+
+
+def _master(value: str) -> str:
+    if not value.strip() or any(ord(ch) < 0x20 for ch in value):
+        raise ValueError(f"must be a Spark master URL such as 'local[*]' or 'spark://host:7077', got {value!r}")
+    return value
+
+
+def _pythonpath(value: list[Any]) -> list[str]:
+    for index, entry in enumerate(value):
+        try:
+            parse_path(entry)
+        except ValueError as exc:
+            raise ValueError(f"entry {index}: {exc}") from None
+    return list(value)
+
+
+def _spark_conf(value: dict[str, Any]) -> dict[str, str | int | float | bool]:
+    """Flatten ``conf`` to ``{"spark.x.y": scalar}``: an unquoted dotted TOML key
+    (``spark.executor.memory = "2g"``) parses as nested tables, which mean the same dotted key."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, table: dict[str, Any]) -> None:
+        for key, item in table.items():
+            name = f"{prefix}{key}"
+            if isinstance(item, dict):
+                walk(name + ".", item)
+            elif isinstance(item, (str, int, float, bool)) and not (isinstance(item, float) and item != item):
+                flat[name] = item
+            else:
+                raise ValueError(f"{name!r} must be a string, number or boolean, got {type(item).__name__} {item!r}")
+    walk("", value)
+    return flat
+
+
+SPARK_OPTIONS = {
+    "master": Option(str, default=None, parse=_master, doc="Spark master URL (default local[*]; --master overrides)"),
+    "batch_size": Option(int, default=None, parse=_positive_batch_size,
+                         doc="records per partition per micro-batch (default: all; --batch-size overrides)"),
+    "keep_open": Option(bool, default=None, doc="keep each partition's stores open in its worker between batches"),
+    "pythonpath": Option(list, default=None, parse=_pythonpath, doc="extra folders for the task's imports"),
+    "conf": Option(dict, default=None, parse=_spark_conf, doc="Spark configuration, key -> string/number/bool"),
+}
+"""Every ``[spark]`` key; unknown keys are reported with a did-you-mean."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +147,8 @@ class JobConfig:
     spark: Mapping[str, Any] = field(default_factory=dict)
     policy: PluginPolicy = field(default_factory=PluginPolicy)
     source: str | None = None
+    log_level: str | None = None
+    """``job.log_level`` (upper case), applied to the ``localstate`` loggers by :func:`apply_log_level`."""
 
     @property
     def registry(self) -> Registry:
@@ -101,14 +159,37 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
                     registry: Registry | None = None) -> JobConfig:
     """Read and validate a job file. ``plugins`` overrides the policy file location."""
     path = Path(path)
+    data = _read_toml(path)
+    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """Parse the job file; every failure (missing, not a regular file, unreadable, bad TOML, nesting
+    too deep for the parser) is a ConfigError naming the file."""
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        if "\0" in str(path):
+            raise ValueError("the path contains a NUL character")
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError.at("", f"job config {path} is not a regular file", source=str(path),
+                                 hint="pass the path of a TOML file")
+        with open(path, "rb") as handle:  # a regular file: reading cannot block
+            text = handle.read().decode("utf-8")
     except FileNotFoundError as exc:
-        raise ConfigError.at("", f"job config {path} does not exist", hint="check the path") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError.at("", f"job config {path} does not exist", source=str(path),
+                             hint="check the path") from exc
+    except (OSError, ValueError) as exc:  # incl. UnicodeDecodeError
+        raise ConfigError.at("", f"cannot read job config {path}: {exc}", source=str(path),
+                             hint="check the file's path, permissions and encoding (UTF-8)") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
                              hint="fix the TOML syntax at the reported line") from exc
-    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
+    except (RecursionError, MemoryError, ValueError) as exc:
+        raise ConfigError.at("", f"cannot parse {path}: nesting too deep or document too large "
+                                 f"({type(exc).__name__})", source=str(path),
+                             hint="flatten the deeply nested arrays/tables; a job file needs only a few levels") from exc
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
@@ -124,6 +205,19 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     job = _table(data, "job", add)
     for key in sorted(set(job) - _JOB_KEYS):
         add(f"job.{key}", "unknown key" + did_you_mean(key, sorted(_JOB_KEYS)))
+
+    if "plugins" in job and not isinstance(job["plugins"], str):
+        add("job.plugins", f"must be the path of a plugin policy file (a string), got {job['plugins']!r}")
+    elif "plugins" in job:
+        _path_problem("job.plugins", job["plugins"], add)
+    log_level = job.get("log_level")
+    if log_level is not None:
+        if not isinstance(log_level, str) or log_level.upper() not in LOG_LEVELS:
+            add("job.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}"
+                + (did_you_mean(log_level.upper(), LOG_LEVELS) if isinstance(log_level, str) else ""))
+            log_level = None
+        else:
+            log_level = log_level.upper()
 
     # The policy decides which plugins the rest of validation may load.
     policy = PluginPolicy()
@@ -163,6 +257,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     if not isinstance(state_dir, str) or not state_dir:
         add("job.state_dir", "must be a directory path")
         state_dir = "state"
+    elif _path_problem("job.state_dir", state_dir, add):
+        state_dir = "state"
 
     changelog_system = job.get("changelog", "file")
     changelog_options: dict[str, dict[str, Any]] = {}
@@ -174,6 +270,9 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     for system in sorted(systems_used):
         raw = raw_changelogs.get(system, {})
         path = f"changelogs.{system}" if system in raw_changelogs else "job.changelog"
+        if not isinstance(raw, dict):
+            add(f"changelogs.{system}", f"must be a table of the changelog system's options, got {raw!r}")
+            continue
         try:
             changelog_options[system] = registry.changelog_system(system).validate(raw, f"changelogs.{system}")
         except ConfigError as exc:
@@ -189,7 +288,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
 
     inputs = _streams(data, "inputs", add)
     outputs = _streams(data, "outputs", add)
-    spark = _table(data, "spark", add)
+    spark = _spark(data, problems, add)
 
     if problems:
         raise ConfigError(problems, source=source)
@@ -197,7 +296,42 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(),
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, window_interval=window_interval, allow_pickle=allow_pickle, inputs=inputs,
-        outputs=outputs, stores=stores, spark=dict(spark), policy=policy, source=source)
+        outputs=outputs, stores=stores, spark=spark, policy=policy, source=source, log_level=log_level)
+
+
+def apply_log_level(job: JobConfig) -> None:
+    """Apply ``job.log_level`` to the ``localstate`` loggers (and give them a stderr handler when
+    nothing else configured logging), so the setting has an effect. No-op when unset."""
+    if job.log_level is None:
+        return
+    logger = logging.getLogger("localstate")
+    logger.setLevel(job.log_level)
+    if not logging.getLogger().handlers and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def _path_problem(key: str, value: str, add) -> bool:  # noqa: ANN001
+    """Report an unusable path (NUL, control characters, too long) at ``key``; True if reported."""
+    try:
+        parse_path(value)
+    except ValueError as exc:
+        add(key, str(exc))
+        return True
+    return False
+
+
+def _spark(data: Mapping[str, Any], problems: list[ConfigProblem], add) -> dict[str, Any]:  # noqa: ANN001
+    """The validated ``[spark]`` table, holding only the keys the file sets (the runner applies
+    its own defaults to absent ones)."""
+    raw = _table(data, "spark", add)
+    try:
+        checked = validate_options(SPARK_OPTIONS, raw, "spark")
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return {}
+    return {key: value for key, value in checked.items() if key in raw}
 
 
 def _table(data: Mapping[str, Any], key: str, add) -> dict[str, Any]:  # noqa: ANN001

@@ -14,7 +14,7 @@ from localstate.changelog.file.format import HEADER, HEADER_SIZE, list_segments,
 from localstate.changelog.file.partition import LOCK_FILE
 from localstate.core.fsutil import fsync_dir
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.options import Option
+from localstate.core.options import Option, parse_path
 from localstate.errors import SerdeError
 
 from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
@@ -22,7 +22,7 @@ from .base import InputRecord, InputStream, OutputStream, register_input, regist
 __all__ = ["FileLogInput", "FileLogOutput", "truncate_log"]
 
 _SERDE_OPTIONS: Mapping[str, Option] = {
-    "path": Option(str, doc="root directory of the file streams (relative to the job file)"),
+    "path": Option(str, parse=parse_path, doc="root directory of the file streams (relative to the job file)"),
     "stream": Option(str, default="", doc="stream name under path (default: the input/output name)"),
     "key_serde": Option(str, default="json", doc="serde of keys"),
     "value_serde": Option(str, default="json", doc="serde of values"),

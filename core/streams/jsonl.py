@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.options import Option
+from localstate.core.options import Option, parse_path
 from localstate.errors import InputError
 
 from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
@@ -77,7 +77,7 @@ def read_jsonl(directory: str | os.PathLike[str], partition: int) -> list[dict[s
 class JsonLinesInput(InputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
-        "path": Option(str, doc="directory holding <partition>.jsonl files (relative to the job file)"),
+        "path": Option(str, parse=parse_path, doc="directory holding <partition>.jsonl files (relative to the job file)"),
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
@@ -138,7 +138,7 @@ class JsonLinesInput(InputStream):
 class JsonLinesOutput(OutputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
-        "path": Option(str, doc="directory receiving <partition>.jsonl files (relative to the job file)"),
+        "path": Option(str, parse=parse_path, doc="directory receiving <partition>.jsonl files (relative to the job file)"),
         "fsync": Option(bool, default=True, doc="fsync at every commit (durable outputs)"),
     }
 

@@ -29,6 +29,10 @@ __all__ = [
     "TaskError",
     "InputError",
     "OutputError",
+    "ResourceError",
+    "CheckpointIOError",
+    "OutputIOError",
+    "StoreIOError",
 ]
 
 
@@ -185,3 +189,26 @@ class OutputError(LocalStateError):
 class ChangelogFencedError(ChangelogError, FencedError):
     """A newer writer of the same changelog partition (a newer instance of the task partition) has
     taken over; this one's changelog writes are refused by the broker and it must stop."""
+
+
+class ResourceError(LocalStateError):
+    """The operating system refused a file operation at an edge of localstate: permission denied,
+    disk full (ENOSPC), file too large (EFBIG), read-only file system (EROFS), a missing state
+    directory (ENOENT). ``errno`` is the OS error number; context names the file."""
+
+    def __init__(self, message: str, *, errno: int | None = None, hint: str | None = None,
+                 **context: Any) -> None:
+        self.errno = errno
+        super().__init__(message, hint=hint, **context)
+
+
+class CheckpointIOError(CheckpointError, ResourceError):
+    """A checkpoint or its lock could not be written or opened because of the file system."""
+
+
+class OutputIOError(OutputError, ResourceError):
+    """An output stream partition could not be written because of the file system."""
+
+
+class StoreIOError(StoreError, ResourceError):
+    """A store backend (RocksDB, LMDB, ...) could not open or write its files."""
