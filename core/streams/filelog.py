@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
@@ -15,9 +16,10 @@ from localstate.changelog.file.partition import LOCK_FILE
 from localstate.core.fsutil import fsync_dir
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_path
-from localstate.errors import SerdeError
+from localstate.errors import InputError, SerdeError
 
-from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
+from .base import (InputRecord, InputStream, OutputStream, check_regular_file, register_input, register_output,
+                   resolve_path)
 
 __all__ = ["FileLogInput", "FileLogOutput", "truncate_log"]
 
@@ -76,8 +78,28 @@ class FileLogInput(_FileLog, InputStream):
         super().__init__(job, config)
         self._setup(job, config.name)
 
+    def _check_partition(self, partition: int) -> bool:
+        """Whether the partition exists; its directory must be a directory and its segments regular
+        files (InputError naming the path otherwise: a FIFO would hang the reader, a device never ends)."""
+        directory = self.system.partition_dir(self.stream, partition)
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise InputError(f"cannot access input partition {directory}: {exc.strerror or exc}", stream=self.name,
+                             partition=partition, path=str(directory),
+                             hint="check the input path and the job user's permissions on it") from exc
+        if not stat.S_ISDIR(info.st_mode):
+            raise InputError(f"input partition {directory} is not a directory", stream=self.name,
+                             partition=partition, path=str(directory),
+                             hint="a file-log partition is a directory of .log segments; fix the input's path")
+        for base in list_segments(directory):
+            check_regular_file(directory / segment_name(base), stream=self.name, partition=partition)
+        return True
+
     def end_offset(self, partition: int) -> int:
-        if not self.system.partition_dir(self.stream, partition).exists():
+        if not self._check_partition(partition):
             return 0
         reader = self.system.reader(self.stream, partition)
         try:
@@ -88,6 +110,7 @@ class FileLogInput(_FileLog, InputStream):
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         if start >= end:
             return
+        self._check_partition(partition)
         reader = self.system.reader(self.stream, partition)
         key_de, value_de, ts_field = self.key_serde.deserialize, self.value_serde.deserialize, self.config["ts_field"]
         try:
