@@ -11,7 +11,7 @@ from typing import Any
 
 from localstate.errors import ResourceError
 
-__all__ = ["fsync_dir", "write_atomic", "os_error", "os_error_hint"]
+__all__ = ["fsync_dir", "write_atomic", "os_error", "os_error_hint", "errno_in_text"]
 
 _HINTS = {
     _errno.ENOSPC: "the disk is full: free space on that file system (or move state_dir / the output "
@@ -35,6 +35,16 @@ _HINTS = {
 def os_error_hint(code: int | None) -> str:
     """What an operator should do about OS error ``code``."""
     return _HINTS.get(code or 0, "check the file system (space, permissions, mount) at that path and run again")
+
+
+def errno_in_text(text: str) -> int | None:
+    """The OS error a backend's message reports (RocksDB raises a plain Exception such as
+    ``"IO error: No space left on device"``, LMDB an ``lmdb.Error`` with ``strerror`` text), or None
+    when the text names none of the resource errors in the hints table."""
+    for code in _HINTS:
+        if os.strerror(code) in text:
+            return code
+    return None
 
 
 def os_error(exc: OSError, action: str, path: str | os.PathLike[str] | None = None,

@@ -44,10 +44,24 @@ class LMDBBackend(KVBackend):
         self._open()
 
     def _open(self) -> None:
-        self._path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._open_db()
+            self._after_open()
+        except StoreError:
+            raise
+        except (lmdb.Error, OSError) as exc:
+            typed = self.io_error(exc, "open")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    def _open_db(self) -> None:
         try:
             self._env = self._connect()
         except lmdb.Error as exc:
+            if self.io_error(exc, "open", only_resources=True) is not None:
+                raise  # disk full, read-only, permissions: not corruption, so keep the local state
             if isinstance(exc, (lmdb.ReadersFullError, lmdb.LockError)):
                 raise StoreError(f"cannot open LMDB at {self._path}: {exc}", store=self._store,
                                  partition=self._partition, hint="check for other processes using this store") from exc
@@ -56,6 +70,8 @@ class LMDBBackend(KVBackend):
             shutil.rmtree(self._path, ignore_errors=True)
             self._path.mkdir(parents=True, exist_ok=True)
             self._env = self._connect()
+
+    def _after_open(self) -> None:
         self._data = self._env.open_db(b"data")
         self._meta = self._env.open_db(b"meta")
         self.max_key_size = self._env.max_key_size()
