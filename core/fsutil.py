@@ -28,7 +28,8 @@ _HINTS = {
     _errno.ENOTDIR: "a path component is not a directory: fix the configured path",
     _errno.EISDIR: "a directory is where a file is expected: remove or rename it",
     _errno.EMFILE: "too many open files: raise the open-files limit (ulimit -n)",
-    _errno.EIO: "the device reported an I/O error: check the disk (dmesg) before running again",
+    _errno.EIO: "the device reported an I/O error (LMDB also reports a full disk this way): check free space "
+                "and the disk (dmesg) before running again",
 }
 
 

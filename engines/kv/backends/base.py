@@ -98,7 +98,8 @@ class KVBackend(ABC):
         read-only file system, permissions, ...), else None (the caller re-raises). With
         ``only_resources``, errors that may mean damaged local state (a missing file, EIO) are not
         classified, so that opening can still discard and rebuild a corrupt store."""
-        code = exc.errno if isinstance(exc, OSError) else errno_in_text(str(exc))
+        # rocksdict raises OSError without errno ("Read-only file system (os error 30)"): read the text.
+        code = (exc.errno if isinstance(exc, OSError) else None) or errno_in_text(str(exc))
         if code is None or (only_resources and code not in RESOURCE_ERRNOS):
             return None
         path = getattr(self, "_path", None)
