@@ -22,11 +22,12 @@ from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
+from localstate.core.fsutil import os_error
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
-from localstate.errors import CheckpointError, LocalStateError, TaskError
+from localstate.errors import CheckpointError, LocalStateError, StoreIOError, TaskError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory",
            "checkpoint_store"]
@@ -157,7 +158,11 @@ class TaskInstance:
             self.changelogs.ensure_stream(config.changelog, self.job.partitions)
             changelog = self.changelogs.partition(config.changelog, self.partition)
         directory = store_directory(self.job, name, self.partition)
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise os_error(exc, "create the store directory", directory, StoreIOError, store=name,
+                           partition=self.partition) from exc
         context = StoreContext(
             job=self.job.name, store=name, partition=self.partition, directory=directory, options=config.options,
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
