@@ -156,7 +156,15 @@ class KVBackend(ABC):
             it.close()
         self._iterators = weakref.WeakSet()
         self.closed = True
-        self._close()
+        try:
+            self._close()
+        except StoreError:
+            raise
+        except Exception as exc:  # RocksDB flushes its memtable on close: a full disk fails it
+            typed = self.io_error(exc, "close")
+            if typed is None:
+                raise
+            raise typed from exc
 
     @abstractmethod
     def _close(self) -> None:

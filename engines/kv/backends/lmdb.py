@@ -7,6 +7,7 @@ growth); scans use a short read transaction per chunk (see ``base`` for snapshot
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
@@ -20,6 +21,10 @@ from localstate.errors import StoreError
 __all__ = ["LMDBBackend"]
 
 log = logging.getLogger(__name__)
+
+_LOCK_FILE_BYTES = 64 << 10
+"""Preallocated size of ``lock.mdb``: more than the ~8 KiB LMDB needs for its default 126 readers
+(a larger lock file only leaves room for more readers)."""
 
 
 class LMDBBackend(KVBackend):
@@ -76,7 +81,18 @@ class LMDBBackend(KVBackend):
         self._meta = self._env.open_db(b"meta")
         self.max_key_size = self._env.max_key_size()
 
+    def _reserve_lock_file(self) -> None:
+        """Allocate LMDB's lock file before LMDB maps it: LMDB extends it with ftruncate (a sparse
+        file) and writes through the mapping, so on a full disk the first write is a SIGBUS that
+        kills the process. Allocated here, a full disk is an ENOSPC instead (typed by the caller)."""
+        fd = os.open(self._path / "lock.mdb", os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            os.posix_fallocate(fd, 0, _LOCK_FILE_BYTES)
+        finally:
+            os.close(fd)
+
     def _connect(self) -> lmdb.Environment:
+        self._reserve_lock_file()
         # sync/metasync off trades machine-crash durability of the latest commits for speed; a killed
         # process loses nothing either way (the OS keeps the pages).
         return lmdb.open(str(self._path), map_size=self._map_size, max_dbs=2, sync=self._sync,

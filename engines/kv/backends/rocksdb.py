@@ -192,9 +192,9 @@ class RocksDBBackend(KVBackend):
     def _drop_handles(self) -> None:
         self._meta_handle = None
         self.__dict__.pop("get", None)  # the bound Rdict.get would keep the database alive
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()  # may raise (disk full); the handle is dropped either way
 
     def _close(self) -> None:
         self._drop_handles()
