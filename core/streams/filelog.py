@@ -16,7 +16,7 @@ from localstate.changelog.file.partition import LOCK_FILE
 from localstate.core.fsutil import fsync_dir
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_path
-from localstate.errors import InputError, SerdeError
+from localstate.errors import InputError, InvalidNameError, SerdeError
 
 from .base import (InputRecord, InputStream, OutputStream, check_regular_file, register_input, register_output,
                    resolve_path)
@@ -81,7 +81,14 @@ class FileLogInput(_FileLog, InputStream):
     def _check_partition(self, partition: int) -> bool:
         """Whether the partition exists; its directory must be a directory and its segments regular
         files (InputError naming the path otherwise: a FIFO would hang the reader, a device never ends)."""
-        directory = self.system.partition_dir(self.stream, partition)
+        try:
+            directory = self.system.partition_dir(self.stream, partition)
+        except InvalidNameError as exc:  # a symlink leading out of the input path (to /dev/zero, say)
+            path = self.root / self.stream / str(partition)
+            raise InputError(f"input partition {path} resolves outside the input path {self.root}",
+                             stream=self.name, partition=partition, path=str(path),
+                             hint="input partitions must be directories inside the input's path; replace "
+                                  "the symlink with the partition's directory") from exc
         try:
             info = os.stat(directory)
         except FileNotFoundError:

@@ -100,6 +100,8 @@ class KVBackend(ABC):
         classified, so that opening can still discard and rebuild a corrupt store."""
         # rocksdict raises OSError without errno ("Read-only file system (os error 30)"): read the text.
         code = (exc.errno if isinstance(exc, OSError) else None) or errno_in_text(str(exc))
+        if code is None and str(exc).startswith("IO error"):
+            code = errno.EIO  # a RocksDB I/O status without an OS reason ("Writer has previous error")
         if code is None or (only_resources and code not in RESOURCE_ERRNOS):
             return None
         path = getattr(self, "_path", None)
