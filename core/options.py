@@ -32,8 +32,10 @@ MAX_SIZE = 16 << 40
 """Largest byte size any option accepts (16 TiB): anything larger is a typo, and Python floats
 such as ``1e999`` would otherwise overflow when converted."""
 
-MAX_DURATION = 366 * 86400.0
-"""Longest duration any option accepts (a year and a day): a larger one is a typo or an overflow."""
+MAX_DURATION = 1e10
+"""Longest duration any option accepts, in seconds (about 317 years): ``10 ** 9`` is the customary
+"never" (``commit_interval`` in tests and :mod:`localstate.core.testing`); anything larger is a
+typo, and ``1e999`` would be infinite."""
 
 
 def _bounded(number: float, what: str, maximum: float, shown: Any) -> float:
