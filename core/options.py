@@ -101,6 +101,7 @@ def parse_duration(value: Any) -> float:
 
 
 _PATH_MAX, _NAME_MAX = 4096, 255
+_INT64 = 1 << 63
 
 
 def parse_path(value: Any) -> str:
@@ -156,6 +157,9 @@ class Option:
                 raise ValueError(f"expected {_type_names(types)}, got {type(value).__name__} {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"must be a finite number, got {value!r}")
+        if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+            # TOML integers are 64-bit; larger ones overflow the C libraries options are handed to.
+            raise ValueError(f"must fit in 64 bits, got {value!r}")
         if self.parse is not None:
             value = self.parse(value)
         if self.choices is not None and value not in self.choices:

@@ -310,3 +310,10 @@ def test_malformed_crash_spec_never_crashes(spec):
 def test_the_suite_sets_the_test_switch_for_child_processes():
     assert os.environ.get("LOCALSTATE_TESTING") == "1"
     assert math.isfinite(MAX_DURATION)
+
+
+@pytest.mark.parametrize("option", ["cache_size", "bloom_bits", "write_batch_size", "restore_batch_size"])
+@pytest.mark.parametrize("value", [1 << 64, -(1 << 70), float("nan")])
+def test_kv_integer_options_reject_out_of_range_values(option, value):
+    data = {**with_job(), "stores": {"s": {"engine": "kv", "backend": "rocksdb", option: value}}}
+    assert f"stores.s.{option}" in problems_of(data)
