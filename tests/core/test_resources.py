@@ -457,3 +457,25 @@ def test_no_sigkill_from_a_stray_crash_spec_in_a_task_instance(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != -signal.SIGKILL, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"done": True, "position": 200}
+
+
+def test_spark_partition_claim_on_read_only_state_dir_is_typed(small_fs):
+    from localstate.core.spark.instances import claim
+
+    claims = small_fs.root / "claims" / "run"
+    assert claim(claims, [0, 1], 0, None) == 0
+    small_fs.read_only()
+    assert claim(claims, [0, 1], 0, None) == 0  # a retried attempt finds its claim without writing
+    with pytest.raises(CheckpointIOError) as info:
+        claim(claims, [0, 1], 1, None)
+    assert info.value.errno == errno.EROFS
+    assert_names(info.value, claims)
+
+
+def test_resource_errors_keep_errno_and_context_across_pickling():
+    import pickle
+
+    error = CheckpointIOError("cannot write x", errno=errno.ENOSPC, hint="free space", path="/x", partition=2)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is CheckpointIOError and copy.errno == errno.ENOSPC
+    assert copy.context == {"path": "/x", "partition": 2} and str(copy) == str(error)
