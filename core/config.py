@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -40,6 +38,7 @@ from localstate.core.names import name_problem
 from localstate.core.options import Option, did_you_mean, parse_duration, parse_path, validate_options
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry, registry_for
+from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["StoreConfig", "StreamConfig", "JobConfig", "load_job_config", "parse_job_config", "SPARK_OPTIONS",
@@ -159,37 +158,8 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
                     registry: Registry | None = None) -> JobConfig:
     """Read and validate a job file. ``plugins`` overrides the policy file location."""
     path = Path(path)
-    data = _read_toml(path)
+    data = read_toml_file(path, "job config")
     return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry)
-
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    """Parse the job file; every failure (missing, not a regular file, unreadable, bad TOML, nesting
-    too deep for the parser) is a ConfigError naming the file."""
-    try:
-        if "\0" in str(path):
-            raise ValueError("the path contains a NUL character")
-        info = os.stat(path)
-        if not stat.S_ISREG(info.st_mode):
-            raise ConfigError.at("", f"job config {path} is not a regular file", source=str(path),
-                                 hint="pass the path of a TOML file")
-        with open(path, "rb") as handle:  # a regular file: reading cannot block
-            text = handle.read().decode("utf-8")
-    except FileNotFoundError as exc:
-        raise ConfigError.at("", f"job config {path} does not exist", source=str(path),
-                             hint="check the path") from exc
-    except (OSError, ValueError) as exc:  # incl. UnicodeDecodeError
-        raise ConfigError.at("", f"cannot read job config {path}: {exc}", source=str(path),
-                             hint="check the file's path, permissions and encoding (UTF-8)") from exc
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
-                             hint="fix the TOML syntax at the reported line") from exc
-    except (RecursionError, MemoryError, ValueError) as exc:
-        raise ConfigError.at("", f"cannot parse {path}: nesting too deep or document too large "
-                                 f"({type(exc).__name__})", source=str(path),
-                             hint="flatten the deeply nested arrays/tables; a job file needs only a few levels") from exc
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,

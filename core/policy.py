@@ -26,11 +26,11 @@ Example::
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem
 
 __all__ = ["GROUPS", "BUILTIN_DISTRIBUTION", "PluginPolicy", "find_policy_file", "ENV_VAR"]
@@ -86,10 +86,7 @@ class PluginPolicy:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "PluginPolicy":
         path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError.at("", f"cannot read plugin policy: {exc}", source=str(path)) from exc
+        data = read_toml_file(path, "plugin policy")
         return cls.from_dict(data, source=str(path), base=path.parent)
 
     @classmethod

@@ -317,3 +317,24 @@ def test_the_suite_sets_the_test_switch_for_child_processes():
 def test_kv_integer_options_reject_out_of_range_values(option, value):
     data = {**with_job(), "stores": {"s": {"engine": "kv", "backend": "rocksdb", option: value}}}
     assert f"stores.s.{option}" in problems_of(data)
+
+
+@pytest.mark.parametrize("content", ["x = " + "[" * 100_000 + "]" * 100_000, "[policy\n", "\0"])
+def test_unparsable_plugin_policy_is_a_config_error_naming_the_file(tmp_path, content):
+    from localstate.core.policy import PluginPolicy
+
+    path = tmp_path / "plugins.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match="plugins.toml"):
+        PluginPolicy.discover(path)
+
+
+def test_plugin_policy_that_is_a_fifo_is_refused(tmp_path):
+    from localstate.core.policy import PluginPolicy
+
+    path = tmp_path / "plugins.toml"
+    os.mkfifo(path)
+    with pytest.raises(ConfigError, match="plugins.toml"):
+        PluginPolicy.discover(path)  # must not block on the FIFO
+    with pytest.raises(ConfigError, match="not a regular file"):
+        PluginPolicy.load(path)
