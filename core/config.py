@@ -29,6 +29,7 @@ config path (``stores.counts.cache_size``). Example::
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +85,7 @@ def _spark_conf(value: dict[str, Any]) -> dict[str, str | int | float | bool]:
             name = f"{prefix}{key}"
             if isinstance(item, dict):
                 walk(name + ".", item)
-            elif isinstance(item, (str, int, float, bool)) and not (isinstance(item, float) and item != item):
+            elif isinstance(item, (str, int, bool)) or (isinstance(item, float) and math.isfinite(item)):
                 flat[name] = item
             else:
                 raise ValueError(f"{name!r} must be a string, number or boolean, got {type(item).__name__} {item!r}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from typing import Mapping
 
 __all__ = ["crash_point", "TESTING_SWITCH", "CRASH_SPEC", "parse_crash_spec"]
 
@@ -21,7 +22,7 @@ TESTING_SWITCH = "LOCALSTATE_TESTING"
 log = logging.getLogger(__name__)
 
 
-def parse_crash_spec(environ: "os._Environ[str] | dict[str, str]") -> dict[str, int]:
+def parse_crash_spec(environ: Mapping[str, str]) -> dict[str, int]:
     """The crash points armed by ``environ``: empty unless both the spec and the test switch are set
     and the spec is well formed (a malformed spec is ignored with a warning, never a crash)."""
     spec = environ.get(CRASH_SPEC, "")
