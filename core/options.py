@@ -83,8 +83,9 @@ def parse_duration(value: Any) -> float:
     result is finite, from 0 to :data:`MAX_DURATION`. Raises ValueError (never OverflowError)."""
     if isinstance(value, bool):
         raise ValueError("expected a duration, got a boolean")
-    if isinstance(value, int) and value > MAX_DURATION:
-        raise ValueError(f"duration must be at most {MAX_DURATION:g} seconds, got {value!r}")
+    if isinstance(value, int) and not -MAX_DURATION <= value <= MAX_DURATION:
+        # An int beyond float range would make float() raise OverflowError.
+        raise ValueError(f"duration must be from 0 to {MAX_DURATION:g} seconds, got {value!r}")
     if isinstance(value, (int, float)):
         return _bounded(float(value), "duration", MAX_DURATION, value)
     if isinstance(value, str):
@@ -150,6 +151,9 @@ class Option:
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         if isinstance(value, bool) and bool not in types:
             raise ValueError(f"expected {_type_names(types)}, got a boolean")
+        if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+            # TOML integers are 64-bit; larger ones overflow float() and the C libraries options reach.
+            raise ValueError(f"must fit in 64 bits, got {value!r}")
         if not isinstance(value, types):
             if float in types and isinstance(value, int):
                 value = float(value)
@@ -157,9 +161,6 @@ class Option:
                 raise ValueError(f"expected {_type_names(types)}, got {type(value).__name__} {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"must be a finite number, got {value!r}")
-        if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
-            # TOML integers are 64-bit; larger ones overflow the C libraries options are handed to.
-            raise ValueError(f"must fit in 64 bits, got {value!r}")
         if self.parse is not None:
             value = self.parse(value)
         if self.choices is not None and value not in self.choices:

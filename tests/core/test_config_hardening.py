@@ -13,7 +13,8 @@ import pytest
 
 from localstate.core.cli import main
 from localstate.core.config import SPARK_OPTIONS, apply_log_level, load_job_config, parse_job_config
-from localstate.core.options import MAX_DURATION, MAX_SIZE, Option, parse_duration, parse_path, parse_size
+from localstate.core.options import (MAX_DURATION, MAX_SIZE, Option, parse_duration, parse_path, parse_size,
+                                     validate_options)
 from localstate.errors import ConfigError
 
 BASE_JOB = {"name": "j", "partitions": 2, "task": "m:T"}
@@ -31,7 +32,7 @@ def with_job(**keys):
 
 # -- sizes and durations ---------------------------------------------------------------------------
 
-BAD_SIZES = ["1e999", "1e400GB", "1e308GB", "-1MB", "-1", -1, "nan", "inf", "-inf", "nanMB", "infGB", 1 << 80,
+BAD_SIZES = ["1e999", "1e400GB", -(1 << 2000), "-1e999", "1e-999e5", "1e308GB", "-1MB", "-1", -1, "nan", "inf", "-inf", "nanMB", "infGB", 1 << 80,
              str(MAX_SIZE * 2), "17TB", "", "MB", "1.2.3MB", "12 parsecs", True, 1.5, None, [1]]
 
 
@@ -48,7 +49,7 @@ def test_good_sizes(value, expected):
 
 
 BAD_DURATIONS = ["-5s", "-1", -1, -0.5, float("nan"), float("inf"), float("-inf"), "nan", "infs", "nans", "1e999s",
-                 "1e400h", 10 ** 400, "200000000d", MAX_DURATION + 1, "5 fortnights", "", "s", True]
+                 "1e400h", 10 ** 400, -(10 ** 400), "200000000d", MAX_DURATION + 1, "5 fortnights", "", "s", True]
 
 
 @pytest.mark.parametrize("value", BAD_DURATIONS)
@@ -338,3 +339,12 @@ def test_plugin_policy_that_is_a_fifo_is_refused(tmp_path):
         PluginPolicy.discover(path)  # must not block on the FIFO
     with pytest.raises(ConfigError, match="not a regular file"):
         PluginPolicy.load(path)
+
+
+@pytest.mark.parametrize("value", [10 ** 400, -(10 ** 400), 1 << 63])
+def test_huge_integers_for_float_options_are_value_errors(value):
+    with pytest.raises(ValueError, match="64 bits"):
+        Option(float).check(value)
+    with pytest.raises(ConfigError) as info:
+        validate_options({"t": Option((int, float, str), parse=parse_duration)}, {"t": value}, "x")
+    assert [p.path for p in info.value.problems] == ["x.t"]
