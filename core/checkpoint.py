@@ -123,7 +123,11 @@ class CheckpointStore:
         write_atomic(path, checkpoint.to_json().encode("utf-8"), error=CheckpointIOError)
 
     def delete(self, partition: int) -> None:
-        self.path(partition).unlink(missing_ok=True)
+        path = self.path(partition)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise os_error(exc, "delete checkpoint", path, CheckpointIOError, partition=partition) from exc
 
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.root)}

@@ -479,3 +479,13 @@ def test_resource_errors_keep_errno_and_context_across_pickling():
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is CheckpointIOError and copy.errno == errno.ENOSPC
     assert copy.context == {"path": "/x", "partition": 2} and str(copy) == str(error)
+
+
+def test_checkpoint_delete_on_read_only_fs_is_typed(small_fs):
+    store = CheckpointStore(small_fs.root / "checkpoints")
+    store.save(Checkpoint(0))
+    small_fs.read_only()
+    with pytest.raises(CheckpointIOError) as info:
+        store.delete(0)
+    assert info.value.errno == errno.EROFS
+    assert store.load(0) == Checkpoint(0)
