@@ -17,11 +17,11 @@ from typing import Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple
 
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, did_you_mean, validate_options
-from localstate.errors import ConfigError, InputError
+from localstate.errors import ConfigError, InputError, OutputError
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "ON_ERROR", "base_dir", "resolve_path",
            "register_input", "register_output", "open_input", "open_output", "INPUT_SYSTEMS", "OUTPUT_SYSTEMS",
-           "check_regular_file", "open_regular_file"]
+           "check_regular_file", "open_regular_file", "check_output_file"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -116,6 +116,23 @@ def open_regular_file(path: Path, *, stream: str, partition: int) -> BinaryIO | 
     except BaseException:
         os.close(fd)
         raise
+
+
+def check_output_file(path: Path, *, stream: str, partition: int) -> bool:
+    """Whether an output partition file exists; if it does, it must be a regular file (OutputError
+    naming the path otherwise): appending to a FIFO blocks, and counting the lines of a device such
+    as ``/dev/zero`` never ends."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # let the open report it, typed with its errno
+    if not stat.S_ISREG(info.st_mode):
+        raise OutputError(f"output partition {path} is {_kind(info.st_mode)}, not a regular file", stream=stream,
+                          partition=partition, path=str(path),
+                          hint="remove it (localstate creates the file) or point the output's path elsewhere")
+    return True
 
 
 class InputStream(ABC):

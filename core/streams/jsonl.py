@@ -18,8 +18,8 @@ from localstate.core.options import Option, parse_path
 from localstate.core.fsutil import os_error
 from localstate.errors import InputError, OutputIOError
 
-from .base import (InputRecord, InputStream, OutputStream, open_regular_file, register_input, register_output,
-                   resolve_path)
+from .base import (InputRecord, InputStream, OutputStream, check_output_file, open_regular_file, register_input,
+                   register_output, resolve_path)
 
 __all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl"]
 
@@ -157,6 +157,7 @@ class JsonLinesOutput(OutputStream):
 
     def end_offset(self, partition: int) -> int:
         path = _file(self.directory, partition)
+        check_output_file(path, stream=self.name, partition=partition)
         try:
             return _complete_lines(path)
         except OSError as exc:
@@ -164,6 +165,7 @@ class JsonLinesOutput(OutputStream):
 
     def truncate(self, partition: int, position: int) -> int:
         path = _file(self.directory, partition)
+        check_output_file(path, stream=self.name, partition=partition)
         try:
             return self._truncate(path, position)
         except OSError as exc:
@@ -190,6 +192,7 @@ class JsonLinesOutput(OutputStream):
 
     def append(self, partition: int, items: list[tuple[Any, Any]]) -> int:
         path = _file(self.directory, partition)
+        check_output_file(path, stream=self.name, partition=partition)
         try:
             if items:
                 self.directory.mkdir(parents=True, exist_ok=True)

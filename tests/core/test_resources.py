@@ -489,3 +489,18 @@ def test_checkpoint_delete_on_read_only_fs_is_typed(small_fs):
         store.delete(0)
     assert info.value.errno == errno.EROFS
     assert store.load(0) == Checkpoint(0)
+
+
+@pytest.mark.parametrize("make", [make_fifo, make_dev_zero_symlink, make_directory, make_socket],
+                         ids=lambda f: f.__name__)
+def test_jsonl_output_partition_that_is_not_a_regular_file_is_refused(tmp_path, make):
+    out = tmp_path / "out"
+    out.mkdir()
+    make(out / "0.jsonl")
+    output = open_output(jsonl_job(tmp_path, out), "out")
+    for call in (lambda: output.end_offset(0), lambda: output.append(0, [("k", 1)]), lambda: output.truncate(0, 0)):
+        with pytest.raises(OutputError) as info:
+            call()  # must neither block (FIFO) nor read forever (/dev/zero)
+        assert_names(info.value, out / "0.jsonl")
+        assert "regular file" in str(info.value)
+    assert output.append(1, [("k", 1)]) == 1  # other partitions are unaffected
