@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from localstate.core.fsutil import ensure_dir, open_nofollow, read_nofollow, write_atomic
+from localstate.core.fsutil import ensure_dir, open_nofollow, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
-from localstate.errors import CheckpointError, FencedError
+from localstate.errors import CheckpointError, CheckpointIOError, FencedError
 
 __all__ = ["Checkpoint", "CheckpointStore"]
 
@@ -94,7 +94,10 @@ class CheckpointStore:
         be a symlink; default ``root`` itself."""
         self.root = Path(root)
         self.anchor = Path(anchor) if anchor is not None else self.root
-        ensure_dir(self.anchor, self.root)
+        try:
+            ensure_dir(self.anchor, self.root)
+        except OSError as exc:
+            raise os_error(exc, "create the checkpoint directory", self.root, CheckpointIOError) from exc
         self._locks: dict[int, int] = {}
 
     def path(self, partition: int) -> Path:
@@ -104,8 +107,11 @@ class CheckpointStore:
         """Take the partition's instance lock: a second live instance of the partition is refused."""
         if partition in self._locks:
             return
-        fd = open_nofollow(safe_join(self.root, f"{int(partition)}.lock", anchor=self.anchor),
-                           os.O_CREAT | os.O_RDWR, 0o644)
+        lock_path = safe_join(self.root, f"{int(partition)}.lock", anchor=self.anchor)
+        try:
+            fd = open_nofollow(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as exc:
+            raise os_error(exc, "open the instance lock", lock_path, CheckpointIOError, partition=partition) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -147,10 +153,14 @@ class CheckpointStore:
                                   f"{current.generation}; this instance is generation {expect_generation}",
                                   partition=checkpoint.partition,
                                   hint="this instance is stale; stop it (its uncommitted work is discarded)")
-        write_atomic(path, checkpoint.to_json().encode("utf-8"))
+        write_atomic(path, checkpoint.to_json().encode("utf-8"), error=CheckpointIOError)
 
     def delete(self, partition: int) -> None:
-        self.path(partition).unlink(missing_ok=True)
+        path = self.path(partition)
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise os_error(exc, "delete checkpoint", path, CheckpointIOError, partition=partition) from exc
 
     def describe(self) -> dict[str, Any]:
         return {"path": str(self.root)}

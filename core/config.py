@@ -28,24 +28,80 @@ config path (``stores.counts.cache_size``). Example::
 
 from __future__ import annotations
 
+import logging
+import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from localstate.core.names import name_problem
-from localstate.core.options import did_you_mean, parse_duration
+from localstate.core.options import Option, did_you_mean, parse_duration, parse_path, validate_options
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry, registry_for
+from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_config", "parse_job_config"]
+__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_config", "parse_job_config",
+           "SPARK_OPTIONS", "LOG_LEVELS", "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
              "state_dir", "allow_pickle", "plugins", "log_level"}
 _STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
 _SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark"}
+
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+"""Accepted ``job.log_level`` values (case-insensitive): the :mod:`logging` levels."""
+
+
+def _positive_batch_size(value: Any) -> int:
+    if value < 1:
+        raise ValueError(f"must be >= 1 (records per partition per micro-batch), got {value!r}")
+    return value
+
+
+def _master(value: str) -> str:
+    if not value.strip() or any(ord(ch) < 0x20 for ch in value):
+        raise ValueError(f"must be a Spark master URL such as 'local[*]' or 'spark://host:7077', got {value!r}")
+    return value
+
+
+def _pythonpath(value: list[Any]) -> list[str]:
+    for index, entry in enumerate(value):
+        try:
+            parse_path(entry)
+        except ValueError as exc:
+            raise ValueError(f"entry {index}: {exc}") from None
+    return list(value)
+
+
+def _spark_conf(value: dict[str, Any]) -> dict[str, str | int | float | bool]:
+    """Flatten ``conf`` to ``{"spark.x.y": scalar}``: an unquoted dotted TOML key
+    (``spark.executor.memory = "2g"``) parses as nested tables, which mean the same dotted key."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, table: dict[str, Any]) -> None:
+        for key, item in table.items():
+            name = f"{prefix}{key}"
+            if isinstance(item, dict):
+                walk(name + ".", item)
+            elif isinstance(item, (str, int, bool)) or (isinstance(item, float) and math.isfinite(item)):
+                flat[name] = item
+            else:
+                raise ValueError(f"{name!r} must be a string, number or boolean, got {type(item).__name__} {item!r}")
+    walk("", value)
+    return flat
+
+
+SPARK_OPTIONS = {
+    "master": Option(str, default=None, parse=_master, doc="Spark master URL (default local[*]; --master overrides)"),
+    "batch_size": Option(int, default=None, parse=_positive_batch_size,
+                         doc="records per partition per micro-batch (default: all; --batch-size overrides)"),
+    "keep_open": Option(bool, default=None, doc="keep each partition's stores open in its worker between batches"),
+    "pythonpath": Option(list, default=None, parse=_pythonpath, doc="extra folders for the task's imports"),
+    "conf": Option(dict, default=None, parse=_spark_conf, doc="Spark configuration, key -> string/number/bool"),
+}
+"""Every ``[spark]`` key; unknown keys are reported with a did-you-mean."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +147,8 @@ class JobConfig:
     spark: Mapping[str, Any] = field(default_factory=dict)
     policy: PluginPolicy = field(default_factory=PluginPolicy)
     source: str | None = None
+    log_level: str | None = None
+    """``job.log_level`` (upper case), applied to the ``localstate`` loggers by :func:`apply_log_level`."""
 
     @property
     def registry(self) -> Registry:
@@ -102,13 +160,7 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
     """Read and validate a job file. ``plugins`` is the operator's policy file: it wins over the job's
     own. ``collect`` as in :func:`parse_job_config` (an unreadable file still raises)."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ConfigError.at("", f"job config {path} does not exist", hint="check the path") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
-                             hint="fix the TOML syntax at the reported line") from exc
+    data = read_toml_file(path, "job config")
     return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry,
                             collect=collect)
 
@@ -117,11 +169,7 @@ def job_policy(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] 
     """The plugin policy that governs the job file at ``path``, by the same precedence as
     :func:`load_job_config`, without validating (or loading plugins for) the rest of the job."""
     path = Path(path)
-    try:
-        job = tomllib.loads(path.read_text(encoding="utf-8")).get("job", {})
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError.at("", f"cannot parse {path}: {exc}", source=str(path),
-                             hint="fix the TOML syntax at the reported line") from exc
+    job = read_toml_file(path, "job config").get("job", {})
     job_plugins = job.get("plugins") if isinstance(job, dict) else None
     if job_plugins is not None and not isinstance(job_plugins, str):
         raise ConfigError.at("job.plugins", "must be the name of a policy file next to the job file",
@@ -149,13 +197,24 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     for key in sorted(set(job) - _JOB_KEYS):
         add(f"job.{key}", "unknown key" + did_you_mean(key, sorted(_JOB_KEYS)))
 
+    log_level = job.get("log_level")
+    if log_level is not None:
+        if not isinstance(log_level, str) or log_level.upper() not in LOG_LEVELS:
+            add("job.log_level", f"must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}"
+                + (did_you_mean(log_level.upper(), LOG_LEVELS) if isinstance(log_level, str) else ""))
+            log_level = None
+        else:
+            log_level = log_level.upper()
+
     # The policy decides which plugins the rest of validation may load. Precedence (core/policy.py):
     # operator (plugins= or a given registry, then $LOCALSTATE_PLUGINS) > job.plugins > plugins.toml
     # in the job's folder > default; a dict parsed without base_dir has no folder to look in.
     job_plugins = job.get("plugins")
     if job_plugins is not None and not isinstance(job_plugins, str):
-        add("job.plugins", "must be the name of a policy file next to the job file")
+        add("job.plugins", f"must be the path of a plugin policy file (a string), got {job_plugins!r}")
         job_plugins = None  # the problem above fails the config; nothing falls open
+    elif job_plugins is not None:
+        _path_problem("job.plugins", job_plugins, add)
     # Fail closed: until a policy is read, only the built-ins may load.
     policy = PluginPolicy(mode="allowlist")
     try:
@@ -198,6 +257,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     if not isinstance(state_dir, str) or not state_dir:
         add("job.state_dir", "must be a directory path")
         state_dir = "state"
+    elif _path_problem("job.state_dir", state_dir, add):
+        state_dir = "state"
 
     changelog_system = job.get("changelog", "file")
     changelog_options: dict[str, dict[str, Any]] = {}
@@ -209,6 +270,9 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     for system in sorted(systems_used):
         raw = raw_changelogs.get(system, {})
         path = f"changelogs.{system}" if system in raw_changelogs else "job.changelog"
+        if not isinstance(raw, dict):
+            add(f"changelogs.{system}", f"must be a table of the changelog system's options, got {raw!r}")
+            continue
         try:
             changelog_options[system] = registry.changelog_system(system).validate(raw, f"changelogs.{system}")
         except ConfigError as exc:
@@ -226,7 +290,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
 
     inputs = _streams(data, "inputs", add)
     outputs = _streams(data, "outputs", add)
-    spark = _table(data, "spark", add)
+    spark = _spark(data, problems, add)
 
     if problems and collect is None:
         raise ConfigError(problems, source=source)
@@ -238,7 +302,42 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(),
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, window_interval=window_interval, allow_pickle=allow_pickle, inputs=inputs,
-        outputs=outputs, stores=stores, spark=dict(spark), policy=policy, source=source)
+        outputs=outputs, stores=stores, spark=spark, policy=policy, source=source, log_level=log_level)
+
+
+def apply_log_level(job: JobConfig) -> None:
+    """Apply ``job.log_level`` to the ``localstate`` loggers (and give them a stderr handler when
+    nothing else configured logging), so the setting has an effect. No-op when unset."""
+    if job.log_level is None:
+        return
+    logger = logging.getLogger("localstate")
+    logger.setLevel(job.log_level)
+    if not logging.getLogger().handlers and not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def _path_problem(key: str, value: str, add) -> bool:  # noqa: ANN001
+    """Report an unusable path (NUL, control characters, too long) at ``key``; True if reported."""
+    try:
+        parse_path(value)
+    except ValueError as exc:
+        add(key, str(exc))
+        return True
+    return False
+
+
+def _spark(data: Mapping[str, Any], problems: list[ConfigProblem], add) -> dict[str, Any]:  # noqa: ANN001
+    """The validated ``[spark]`` table, holding only the keys the file sets (the runner applies
+    its own defaults to absent ones)."""
+    raw = _table(data, "spark", add)
+    try:
+        checked = validate_options(SPARK_OPTIONS, raw, "spark")
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return {}
+    return {key: value for key, value in checked.items() if key in raw}
 
 
 def _check_state_layout(name: Any, changelog_options: Mapping[str, Mapping[str, Any]], add) -> None:  # noqa: ANN001

@@ -1,4 +1,5 @@
-"""Durable, symlink-refusing file-system primitives shared by the changelog, checkpoints and engines.
+"""Durable, symlink-refusing file-system primitives shared by the changelog, checkpoints and engines,
+and the one place that turns an OS error at a file-system edge into a typed error with a hint.
 
 Policy: below a directory localstate owns (the state directory, a changelog root), nothing is
 followed through a symlink. Directories are checked component by component with ``lstat`` and
@@ -19,10 +20,11 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from localstate.errors import UnsafePathError
+from localstate.errors import ResourceError, UnsafePathError
 
 __all__ = ["MARKER", "fsync_dir", "write_atomic", "check_no_symlinks", "ensure_dir", "open_nofollow",
-           "read_nofollow", "make_owned_dir", "read_marker", "is_owned"]
+           "read_nofollow", "make_owned_dir", "read_marker", "is_owned", "os_error", "os_error_hint",
+           "errno_in_text"]
 
 MARKER = ".localstate-owned"
 """File in a directory localstate created: JSON naming what the directory is (``kind``) and for whom."""
@@ -110,28 +112,88 @@ def read_nofollow(path: Path) -> bytes:
         return handle.read()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free space on that file system (or move state_dir / the output "
+                   "path elsewhere) and run the job again; it resumes from its last checkpoint",
+    errno.EDQUOT: "the disk quota is exhausted: free space or raise the quota, then run the job again",
+    errno.EFBIG: "the file exceeds the process's file size limit (ulimit -f): raise the limit and run again",
+    errno.EROFS: "the file system is read-only: remount it read-write or point the job at a writable "
+                  "directory",
+    errno.EACCES: "permission denied: give the job's user write access to that directory (or run as its owner)",
+    errno.EPERM: "operation not permitted (immutable file or directory?): check `lsattr`, ownership and "
+                  "permissions",
+    errno.ENOENT: "the file or its directory does not exist (removed while the job ran?): recreate the "
+                   "directory or fix the configured path",
+    errno.ENOTDIR: "a path component is not a directory: fix the configured path",
+    errno.EISDIR: "a directory is where a file is expected: remove or rename it",
+    errno.EMFILE: "too many open files: raise the open-files limit (ulimit -n)",
+    errno.EIO: "the device reported an I/O error (LMDB also reports a full disk this way): check free space "
+                "and the disk (dmesg) before running again",
+}
+
+
+def os_error_hint(code: int | None) -> str:
+    """What an operator should do about OS error ``code``."""
+    return _HINTS.get(code or 0, "check the file system (space, permissions, mount) at that path and run again")
+
+
+def errno_in_text(text: str) -> int | None:
+    """The OS error a backend's message reports (RocksDB raises a plain Exception such as
+    ``"IO error: No space left on device"``, LMDB an ``lmdb.Error`` with ``strerror`` text), or None
+    when the text names none of the resource errors in the hints table."""
+    for code in _HINTS:
+        if os.strerror(code) in text:
+            return code
+    return None
+
+
+def os_error(exc: OSError, action: str, path: str | os.PathLike[str] | None = None,
+             cls: type[ResourceError] = ResourceError, **context: Any) -> ResourceError:
+    """Build a typed ``cls`` for ``exc`` raised while doing ``action`` (``"write checkpoint"``) on
+    ``path``: the message names the file and the OS reason, the hint says what to do. The caller
+    raises it ``from exc``."""
+    where = path if path is not None else exc.filename
+    reason = exc.strerror or str(exc)
+    return cls(f"cannot {action} {where}: {reason}", errno=exc.errno, hint=os_error_hint(exc.errno),
+               path=str(where) if where is not None else None, **context)
+
+
+def _discard(tmp: Path) -> None:
+    """Remove a temporary file if it is there; on a read-only or broken file system there is
+    nothing more to do than report the original error."""
+    try:
+        tmp.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def write_atomic(path: Path, data: bytes, *, error: type[ResourceError] = ResourceError) -> None:
     """Replace ``path`` with ``data`` durably (file and directory fsynced), so that readers see the
     old or the new file, never a mix.
 
     The temporary file name is unique per call, so concurrent writers (two Spark workers creating
     the same stream, say) never write into each other's temporary file; the last rename wins. The
     temporary file is created exclusively and never through a symlink; the rename replaces a
-    symlink at ``path`` itself rather than writing where it points.
+    symlink at ``path`` itself rather than writing where it points. An OS error (disk full,
+    read-only, permissions) leaves the old file in place, removes the temporary file and is raised
+    as ``error`` (a :class:`ResourceError`) naming ``path``.
     """
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+        try:
+            fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            _discard(tmp)
+            raise
+        fsync_dir(path.parent)
+    except OSError as exc:
+        raise os_error(exc, "write", path, error) from exc
 
 
 def read_marker(directory: Path) -> dict[str, Any] | None:

@@ -5,12 +5,15 @@ config path (for example ``stores.counts.cache_size``)."""
 from __future__ import annotations
 
 import difflib
+import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from localstate.errors import ConfigError, ConfigProblem
 
-__all__ = ["Option", "validate_options", "parse_size", "parse_duration", "did_you_mean"]
+__all__ = ["Option", "validate_options", "parse_size", "parse_duration", "did_you_mean", "parse_path",
+           "MAX_SIZE", "MAX_DURATION"]
 
 _MISSING = object()
 
@@ -22,23 +25,53 @@ def did_you_mean(name: str, choices: Sequence[str]) -> str:
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40,
+               "tib": 1 << 40}
+
+MAX_SIZE = 16 << 40
+"""Largest byte size any option accepts (16 TiB): anything larger is a typo, and Python floats
+such as ``1e999`` would otherwise overflow when converted."""
+
+MAX_DURATION = 1e10
+"""Longest duration any option accepts, in seconds (about 317 years): ``10 ** 9`` is the customary
+"never" (``commit_interval`` in tests and :mod:`localstate.core.testing`); anything larger is a
+typo, and ``1e999`` would be infinite."""
+
+
+def _bounded(number: float, what: str, maximum: float, shown: Any) -> float:
+    """``number`` if it is finite and within ``0..maximum``, else ValueError naming ``shown``."""
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{what} must be a finite number, got {shown!r}")
+    if number < 0:
+        raise ValueError(f"{what} must not be negative, got {shown!r}")
+    if number > maximum:
+        raise ValueError(f"{what} must be at most {maximum:g}{' bytes' if what == 'size' else ' seconds'}, "
+                         f"got {shown!r}")
+    return number
 
 
 def parse_size(value: Any) -> int:
-    """Parse a byte size: an int, or a string like '64MB' / '512 KiB'. Raises ValueError."""
+    """Parse a byte size: an int, or a string like '64MB' / '512 KiB' / '1.5GB'. The result is an
+    int from 0 to :data:`MAX_SIZE`. Raises ValueError (never OverflowError) on anything else."""
     if isinstance(value, bool):
         raise ValueError("expected a size, got a boolean")
     if isinstance(value, int):
         if value < 0:
-            raise ValueError("size must not be negative")
+            raise ValueError(f"size must not be negative, got {value!r}")
+        if value > MAX_SIZE:
+            raise ValueError(f"size must be at most {MAX_SIZE} bytes, got {value!r}")
         return value
     if isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
         unit = text[len(digits):]
         if digits and unit in _SIZE_UNITS:
-            return int(float(digits) * _SIZE_UNITS[unit])
+            try:
+                number = float(digits)
+            except ValueError:
+                number = None
+            if number is not None:
+                return int(_bounded(number * _SIZE_UNITS[unit], "size", MAX_SIZE, value))
     raise ValueError(f"expected a size such as 1048576 or '64MB', got {value!r}")
 
 
@@ -46,23 +79,50 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "
 
 
 def parse_duration(value: Any) -> float:
-    """Parse a duration in seconds: a number, or a string like '250ms', '10s', '5m', '1h'."""
+    """Parse a duration in seconds: a number, or a string like '250ms', '10s', '5m', '1h'. The
+    result is finite, from 0 to :data:`MAX_DURATION`. Raises ValueError (never OverflowError)."""
     if isinstance(value, bool):
         raise ValueError("expected a duration, got a boolean")
+    if isinstance(value, int) and not -MAX_DURATION <= value <= MAX_DURATION:
+        # An int beyond float range would make float() raise OverflowError.
+        raise ValueError(f"duration must be from 0 to {MAX_DURATION:g} seconds, got {value!r}")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ValueError("duration must not be negative")
-        return float(value)
+        return _bounded(float(value), "duration", MAX_DURATION, value)
     if isinstance(value, str):
         text = value.strip().lower()
         for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
             if text.endswith(unit):
                 number = text[: -len(unit)].strip()
                 try:
-                    return float(number) * _DURATION_UNITS[unit]
+                    seconds = float(number) * _DURATION_UNITS[unit]
                 except ValueError:
                     break
+                return _bounded(seconds, "duration", MAX_DURATION, value)
     raise ValueError(f"expected a duration such as 10, '250ms', '10s' or '5m', got {value!r}")
+
+
+_PATH_MAX, _NAME_MAX = 4096, 255
+_INT64 = 1 << 63
+
+
+def parse_path(value: Any) -> str:
+    """Check a configured file-system path: a non-empty string without NUL or other control
+    characters, encodable for the file system, within PATH_MAX/NAME_MAX. Returns it unchanged;
+    raises ValueError saying what is wrong (so the error lands at the config key, not in open())."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected a path (a string), got {type(value).__name__} {value!r}")
+    if not value.strip():
+        raise ValueError("must be a non-empty path")
+    bad = sorted({ch for ch in value if ord(ch) < 0x20 or ord(ch) == 0x7F})
+    if bad:
+        raise ValueError(f"path contains unusable control character(s) {', '.join(map(repr, bad))}: {value!r}")
+    try:
+        encoded = os.fsencode(value)
+    except UnicodeError as exc:
+        raise ValueError(f"path cannot be encoded for the file system ({exc.reason}): {value!r}") from None
+    if len(encoded) >= _PATH_MAX or any(len(part) > _NAME_MAX for part in encoded.split(b"/")):
+        raise ValueError(f"path is too long (max {_PATH_MAX} bytes, {_NAME_MAX} per component): {value[:80]!r}...")
+    return value
 
 
 @dataclass(frozen=True)
@@ -91,11 +151,16 @@ class Option:
         types = self.type if isinstance(self.type, tuple) else (self.type,)
         if isinstance(value, bool) and bool not in types:
             raise ValueError(f"expected {_type_names(types)}, got a boolean")
+        if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+            # TOML integers are 64-bit; larger ones overflow float() and the C libraries options reach.
+            raise ValueError(f"must fit in 64 bits, got {value!r}")
         if not isinstance(value, types):
             if float in types and isinstance(value, int):
                 value = float(value)
             else:
                 raise ValueError(f"expected {_type_names(types)}, got {type(value).__name__} {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value!r}")
         if self.parse is not None:
             value = self.parse(value)
         if self.choices is not None and value not in self.choices:

@@ -39,12 +39,11 @@ import importlib.metadata as metadata
 import logging
 import os
 import re
-import stat
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem
 
 __all__ = ["GROUPS", "BUILTIN_DISTRIBUTION", "LOCAL_DISTRIBUTION", "ENV_VAR", "POLICY_FILE", "PluginPolicy",
@@ -62,7 +61,6 @@ POLICY_FILE = "plugins.toml"
 _MODES = ("open", "allowlist")
 #: A policy is a few lines; the cap keeps a hostile file from stalling tomllib (dotted keys are quadratic).
 _MAX_POLICY_BYTES = 64 * 1024
-_MAX_KEY_DEPTH = 32
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _FIX_HINT = "fix the policy file (see docs/plugins.md) or remove it; a broken policy never falls back to the default"
 
@@ -152,51 +150,6 @@ def _inside_job_dir(job_dir: Path, value: str) -> Path:
     return _present(path, "job.plugins", "create the file next to the job file or drop job.plugins")
 
 
-def _too_deep(text: str) -> bool:
-    """True if a line's key (or table header) has more dotted parts than any policy needs. tomllib
-    takes time quadratic in that depth (minutes for one 64 KiB line), so this is checked first;
-    counting every dot before the first ``=`` can only overestimate, never let a deep key through."""
-    for line in text.splitlines():
-        stripped = line.lstrip()
-        if stripped and not stripped.startswith("#") and stripped.partition("=")[0].count(".") > _MAX_KEY_DEPTH:
-            return True
-    return False
-
-
-def _read_policy_text(path: Path) -> str:
-    """The file's text, or ConfigError for anything but a readable regular UTF-8 file of sane size."""
-    def fail(message: str, hint: str = _FIX_HINT) -> ConfigError:
-        return ConfigError.at("", f"plugin policy file {message}", source=str(path), hint=hint)
-
-    try:
-        # O_NONBLOCK: a FIFO planted under the policy's name must not hang the open.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise fail(f"is a dangling symlink (to {os.readlink(path)})") from None
-        raise fail("does not exist") from None
-    except PermissionError as exc:
-        raise fail(f"cannot be read: {exc.strerror}",
-                   "make it readable by the user running localstate, or remove it") from None
-    except OSError as exc:
-        raise fail(f"cannot be opened: {exc.strerror}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise fail("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file")
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            raw = handle.read(_MAX_POLICY_BYTES + 1)
-        except OSError as exc:
-            raise fail(f"cannot be read: {exc.strerror}") from None
-    if len(raw) > _MAX_POLICY_BYTES:
-        raise fail(f"is larger than {_MAX_POLICY_BYTES // 1024} KiB; a policy is a few lines")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise fail(f"is not valid UTF-8 (byte {exc.start})", "save it as UTF-8") from None
-
-
 # -- the policy ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PluginPolicy:
@@ -227,17 +180,7 @@ class PluginPolicy:
     def load(cls, path: str | os.PathLike[str], *, origin: str = "explicit") -> "PluginPolicy":
         """Read and validate one policy file; any defect is a ConfigError naming the file."""
         path = Path(path)
-        text = _read_policy_text(path)
-        try:
-            if _too_deep(text):
-                raise RecursionError
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError.at("", f"plugin policy file is not valid TOML: {exc}", source=str(path),
-                                 hint="fix the TOML syntax at the reported line, or remove the file") from None
-        except RecursionError:
-            raise ConfigError.at("", "plugin policy file is nested too deeply to parse", source=str(path),
-                                 hint=_FIX_HINT) from None
+        data = read_toml_file(path, "plugin policy file", max_bytes=_MAX_POLICY_BYTES, hint=_FIX_HINT)
         return cls.from_dict(data, source=str(path), base=path.parent, origin=origin)
 
     @classmethod

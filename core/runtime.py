@@ -23,13 +23,13 @@ from localstate.core.config import JobConfig
 from localstate.core.corruption import corrupt_reason
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
-from localstate.core.fsutil import ensure_dir, make_owned_dir
+from localstate.core.fsutil import ensure_dir, make_owned_dir, os_error
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
 from localstate.core.tracebacks import raise_task_error
-from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, TaskError
+from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, StoreIOError, TaskError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "job_directory",
            "checkpoint_store"]
@@ -186,7 +186,11 @@ class TaskInstance:
             self.changelogs.ensure_stream(config.changelog, self.job.partitions)
             changelog = self.changelogs.partition(config.changelog, self.partition)
         directory = store_directory(self.job, name, self.partition)
-        ensure_dir(self.job.state_dir, directory)
+        try:
+            ensure_dir(self.job.state_dir, directory)
+        except OSError as exc:
+            raise os_error(exc, "create the store directory", directory, StoreIOError, store=name,
+                           partition=self.partition) from exc
         context = StoreContext(
             job=self.job.name, store=name, partition=self.partition, directory=directory, options=config.options,
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),

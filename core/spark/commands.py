@@ -6,9 +6,29 @@ import argparse
 import sys
 
 from localstate.core.cli import command
-from localstate.core.config import load_job_config
+from localstate.core.config import apply_log_level, load_job_config
 
-__all__: list[str] = []
+__all__ = ["positive_int", "partition_count"]
+
+
+def positive_int(text: str) -> int:
+    """argparse type of counts that must be >= 1 (``--batches``, ``--batch-size``, ...): anything
+    else is a usage error (exit 2) naming the flag, never a silent no-op run."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def partition_count(text: str) -> int:
+    """argparse type of a job's partition count: 1 to 100000, as ``job.partitions``."""
+    value = positive_int(text)
+    if value > 100_000:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 100000, got {value}")
+    return value
 
 
 @command("run", "run a job on Spark in micro-batches until its inputs are consumed")
@@ -23,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     require_input_paths(job)
     for note in spark_notes(job):
         print(f"warning: {note}", file=sys.stderr)
+    if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
+        apply_log_level(job)
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)
     print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
           flush=True)
@@ -45,8 +67,8 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job config (TOML)")
     parser.add_argument("--master", default=None, help="Spark master (default: [spark] master, else local[*]; "
                         "local masters get 4 task attempts)")
-    parser.add_argument("--batches", type=int, default=None, help="stop after N micro-batches")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batches", type=positive_int, default=None, help="stop after N micro-batches (>= 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="records per partition per micro-batch (default: [spark] batch_size, else all)")
 
 
@@ -63,9 +85,10 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--events", type=int, default=200_000, help="events to generate (all streams)")
-    parser.add_argument("--partitions", type=int, default=2, help="job partitions (= Spark tasks per batch)")
-    parser.add_argument("--batch-size", type=int, default=None, help="records per partition per batch")
+    parser.add_argument("--events", type=positive_int, default=200_000, help="events to generate (all streams)")
+    parser.add_argument("--partitions", type=partition_count, default=2,
+                        help="job partitions (= Spark tasks per batch)")
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="records per partition per batch")
     parser.add_argument("--no-kill", action="store_true", help="do not kill a Python worker midway")
     parser.add_argument("--master", default="local[2]", help="Spark master")
     parser.add_argument("--dir", default=None, help="work directory (default: a fresh temp directory, removed)")

@@ -44,12 +44,12 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
-from localstate.core.fsutil import ensure_dir, open_nofollow
+from localstate.core.fsutil import ensure_dir, open_nofollow, os_error
 from localstate.core.recovery import StoreRecovery
 from localstate.core.runtime import TaskInstance, open_changelog_system
 from localstate.core.streams import StreamSink
 from localstate.core.task import OutgoingMessage
-from localstate.errors import FencedError, LocalStateError
+from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
 __all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim",
            "acquire_partition", "clear_requests", "release_partitions", "LOCK_TIMEOUT"]
@@ -292,6 +292,15 @@ def kept_partition(job: JobConfig, run_id: str) -> int | None:
 
 
 def claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None) -> int:
+    """:func:`_claim`, with a file-system failure (read-only or full state directory) as a typed
+    CheckpointIOError naming the claims directory."""
+    try:
+        return _claim(directory, partitions, slot, prefer)
+    except OSError as exc:
+        raise os_error(exc, "claim a partition in", directory, CheckpointIOError, slot=slot) from exc
+
+
+def _claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None) -> int:
     """Claim one of ``partitions`` for Spark task ``slot`` of a batch (``directory`` is the batch's,
     shared by its tasks): the one this slot claimed before (a retried attempt continues with it),
     else ``prefer`` (the partition this worker keeps open) if free, else the first free one.

@@ -10,16 +10,18 @@ input's ``on_error`` policy (``fail`` | ``skip`` | ``dead_letter``).
 from __future__ import annotations
 
 import os
+import stat
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
+from typing import Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple
 
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, did_you_mean, validate_options
-from localstate.errors import ConfigError, ConfigProblem
+from localstate.errors import ConfigError, ConfigProblem, InputError, OutputError
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "ON_ERROR", "base_dir", "resolve_path",
-           "overlap_problems", "register_input", "register_output", "open_input", "open_output", "INPUT_SYSTEMS", "OUTPUT_SYSTEMS"]
+           "overlap_problems", "register_input", "register_output", "open_input", "open_output", "INPUT_SYSTEMS",
+           "OUTPUT_SYSTEMS", "check_regular_file", "open_regular_file", "check_output_file"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -63,6 +65,82 @@ def base_dir(job: JobConfig) -> Path:
 def resolve_path(job: JobConfig, value: str) -> Path:
     path = Path(value)
     return path if path.is_absolute() else base_dir(job) / path
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _not_regular(path: Path, mode: int, stream: str, partition: int) -> InputError:
+    return InputError(f"input partition {path} is {_kind(mode)}, not a regular file", stream=stream,
+                      partition=partition, path=str(path),
+                      hint="input partitions must be regular files (a symlink to one is fine); replace it "
+                           "with a regular file or fix the input's path")
+
+
+def check_regular_file(path: Path, *, stream: str, partition: int) -> os.stat_result | None:
+    """``os.stat`` of an input partition file (symlinks followed), None when it does not exist.
+    Anything but a regular file (FIFO, device such as ``/dev/zero``, directory, socket) raises
+    InputError naming the path *before* it is opened: opening a FIFO blocks, reading a device never
+    ends, and opening some devices has side effects."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot access input partition {path}: {exc.strerror or exc}", stream=stream,
+                         partition=partition, path=str(path),
+                         hint="check the input path and the job user's permissions on it") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise _not_regular(path, info.st_mode, stream, partition)
+    return info
+
+
+def open_regular_file(path: Path, *, stream: str, partition: int) -> BinaryIO | None:
+    """Open an input partition file for binary reading, None when it does not exist. Checked with
+    :func:`check_regular_file` first, then opened non-blocking (a FIFO swapped in after the check
+    cannot hang the open) and checked again on the open descriptor."""
+    if check_regular_file(path, stream=stream, partition=partition) is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputError(f"cannot open input partition {path}: {exc.strerror or exc}", stream=stream,
+                         partition=partition, path=str(path),
+                         hint="check the input path and the job user's permissions on it") from exc
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode, stream, partition)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def check_output_file(path: Path, *, stream: str, partition: int) -> bool:
+    """Whether an output partition file exists; if it does, it must be a regular file (OutputError
+    naming the path otherwise): appending to a FIFO blocks, and counting the lines of a device such
+    as ``/dev/zero`` never ends."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # let the open report it, typed with its errno
+    if not stat.S_ISREG(info.st_mode):
+        raise OutputError(f"output partition {path} is {_kind(info.st_mode)}, not a regular file", stream=stream,
+                          partition=partition, path=str(path),
+                          hint="remove it (localstate creates the file) or point the output's path elsewhere")
+    return True
 
 
 class InputStream(ABC):

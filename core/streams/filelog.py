@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
@@ -15,10 +16,11 @@ from localstate.changelog.file.format import HEADER, HEADER_SIZE, find_valid_aft
 from localstate.changelog.file.partition import LOCK_FILE
 from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.options import Option
-from localstate.errors import ChangelogCorruptError, InputError, SerdeError
+from localstate.core.options import Option, parse_path
+from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, SerdeError, UnsafePathError
 
-from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
+from .base import (InputRecord, InputStream, OutputStream, check_regular_file, register_input, register_output,
+                   resolve_path)
 
 __all__ = ["FileLogInput", "FileLogOutput", "truncate_log"]
 
@@ -27,7 +29,7 @@ _DAMAGED_HINT = ("the input's segment file is damaged (disk error or manual edit
                  "records it held is unknown")
 
 _SERDE_OPTIONS: Mapping[str, Option] = {
-    "path": Option(str, doc="root directory of the file streams (relative to the job file)"),
+    "path": Option(str, parse=parse_path, doc="root directory of the file streams (relative to the job file)"),
     "stream": Option(str, default="", doc="stream name under path (default: the input/output name)"),
     "key_serde": Option(str, default="json", doc="serde of keys"),
     "value_serde": Option(str, default="json", doc="serde of values"),
@@ -86,13 +88,40 @@ class FileLogInput(_FileLog, InputStream):
         self._tails: dict[int, tuple[int, int, int, int]] = {}
         """partition -> (last segment base, inode, byte position and offset after its valid records)"""
 
+    def _check_partition(self, partition: int) -> bool:
+        """Whether the partition exists; its directory must be a directory and its segments regular
+        files (InputError naming the path otherwise: a FIFO would hang the reader, a device never ends)."""
+        try:
+            directory = self.system.partition_dir(self.stream, partition)
+        except (InvalidNameError, UnsafePathError) as exc:  # e.g. a symlink to /dev/zero
+            path = self.root / self.stream / str(partition)
+            raise InputError(f"input partition {path} resolves outside the input path {self.root}",
+                             stream=self.name, partition=partition, path=str(path),
+                             hint="input partitions must be directories inside the input's path; replace "
+                                  "the symlink with the partition's directory") from exc
+        try:
+            info = os.stat(directory)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise InputError(f"cannot access input partition {directory}: {exc.strerror or exc}", stream=self.name,
+                             partition=partition, path=str(directory),
+                             hint="check the input path and the job user's permissions on it") from exc
+        if not stat.S_ISDIR(info.st_mode):
+            raise InputError(f"input partition {directory} is not a directory", stream=self.name,
+                             partition=partition, path=str(directory),
+                             hint="a file-log partition is a directory of .log segments; fix the input's path")
+        for base in list_segments(directory):
+            check_regular_file(directory / segment_name(base), stream=self.name, partition=partition)
+        return True
+
     def end_offset(self, partition: int) -> int:
         """The offset after the last valid record of the last segment. A record that fails its check
         with valid records after it is damage, not the end of the data: an InputError (never a
         silent stop that would leave every later record unread, on every run)."""
-        directory = self.system.partition_dir(self.stream, partition)
-        if not directory.exists():
+        if not self._check_partition(partition):
             return 0
+        directory = self.system.partition_dir(self.stream, partition)
         while True:
             bases = list_segments(directory)
             if not bases:
@@ -133,6 +162,7 @@ class FileLogInput(_FileLog, InputStream):
                              hint=_DAMAGED_HINT) from exc
 
     def _read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        self._check_partition(partition)
         reader = self.system.reader(self.stream, partition)
         key_de, value_de, ts_field = self.key_serde.deserialize, self.value_serde.deserialize, self.config["ts_field"]
         try:

@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.fsutil import open_nofollow
-from localstate.core.options import Option
+from localstate.core.fsutil import open_nofollow, os_error
+from localstate.core.options import Option, parse_path
 from localstate.core.serdes import STRICT_JSON, json_problem
-from localstate.errors import InputError
+from localstate.errors import InputError, OutputIOError
 
-from .base import InputRecord, InputStream, OutputStream, register_input, register_output, resolve_path
+from .base import (InputRecord, InputStream, OutputStream, check_output_file, open_regular_file, register_input,
+                   register_output, resolve_path)
 
 __all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl"]
 
@@ -48,9 +49,17 @@ _LINES: dict[str, tuple[int, int, int]] = {}
 """file -> (inode, bytes counted, newlines in them): input files only grow, so count only new bytes."""
 
 
-def _complete_lines(path: Path, cache: bool = False) -> int:
+def _complete_lines(path: Path, cache: bool = False, stream: str | None = None, partition: int = 0) -> int:
+    """Complete lines in ``path`` (0 when absent). With ``stream`` (an input), the file must be a
+    regular file (InputError otherwise, see :func:`open_regular_file`)."""
     try:
-        with open(path, "rb") as handle:
+        if stream is not None:
+            opened = open_regular_file(path, stream=stream, partition=partition)
+            if opened is None:
+                return 0
+        else:
+            opened = open(path, "rb")
+        with opened as handle:
             stat = os.fstat(handle.fileno())
             seen = _LINES.get(str(path)) if cache else None
             if seen is not None and seen[0] == stat.st_ino and seen[1] <= stat.st_size:
@@ -86,7 +95,7 @@ def read_jsonl(directory: str | os.PathLike[str], partition: int) -> list[dict[s
 class JsonLinesInput(InputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
-        "path": Option(str, doc="directory holding <partition>.jsonl files (relative to the job file)"),
+        "path": Option(str, parse=parse_path, doc="directory holding <partition>.jsonl files (relative to the job file)"),
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
@@ -97,18 +106,17 @@ class JsonLinesInput(InputStream):
         return "path", str(self.directory.resolve())
 
     def end_offset(self, partition: int) -> int:
-        return _complete_lines(_file(self.directory, partition), cache=True)
+        return _complete_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition)
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         path = _file(self.directory, partition)
         if start >= end:
             return
-        try:
-            handle = open(path, "rb")
-        except FileNotFoundError as exc:
+        handle = open_regular_file(path, stream=self.name, partition=partition)
+        if handle is None:
             raise InputError(f"input file {path} is missing but offsets up to {end} were planned",
                              stream=self.name, partition=partition, offset=start, path=str(path),
-                             hint="input files must not be deleted while the job reads them") from exc
+                             hint="input files must not be deleted while the job reads them")
         loads, scan = _DECODER.decode, _SCAN
         with handle:
             # Resume at the byte where this worker's previous batch stopped instead of re-scanning
@@ -159,7 +167,7 @@ class JsonLinesInput(InputStream):
 class JsonLinesOutput(OutputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
-        "path": Option(str, doc="directory receiving <partition>.jsonl files (relative to the job file)"),
+        "path": Option(str, parse=parse_path, doc="directory receiving <partition>.jsonl files (relative to the job file)"),
         "fsync": Option(bool, default=True, doc="fsync at every commit (durable outputs)"),
     }
 
@@ -171,10 +179,24 @@ class JsonLinesOutput(OutputStream):
         return "path", str(self.directory.resolve())
 
     def end_offset(self, partition: int) -> int:
-        return _complete_lines(_file(self.directory, partition))
+        path = _file(self.directory, partition)
+        check_output_file(path, stream=self.name, partition=partition)
+        try:
+            return _complete_lines(path)
+        except OSError as exc:
+            raise os_error(exc, "read output", path, OutputIOError, stream=self.name, partition=partition) from exc
 
     def truncate(self, partition: int, position: int) -> int:
         path = _file(self.directory, partition)
+        check_output_file(path, stream=self.name, partition=partition)
+        try:
+            return self._truncate(path, position)
+        except OSError as exc:
+            raise os_error(exc, "roll back output", path, OutputIOError, stream=self.name,
+                           partition=partition) from exc
+
+    @staticmethod
+    def _truncate(path: Path, position: int) -> int:
         if not path.exists():
             return 0
         with os.fdopen(open_nofollow(path, os.O_RDWR), "r+b") as handle:
@@ -193,16 +215,22 @@ class JsonLinesOutput(OutputStream):
 
     def append(self, partition: int, items: list[tuple[Any, Any]]) -> int:
         path = _file(self.directory, partition)
-        if items:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            text = "".join(json.dumps({"key": k, "value": v}, separators=(",", ":"), sort_keys=True) + "\n"
-                           for k, v in items)
-            with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:
-                handle.write(text.encode("utf-8"))
-                handle.flush()
-                if self.config["fsync"]:
-                    os.fsync(handle.fileno())
-        return _complete_lines(path)
+        check_output_file(path, stream=self.name, partition=partition)
+        try:
+            if items:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                text = "".join(json.dumps({"key": k, "value": v}, separators=(",", ":"), sort_keys=True) + "\n"
+                               for k, v in items)
+                with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:
+                    handle.write(text.encode("utf-8"))
+                    handle.flush()
+                    if self.config["fsync"]:
+                        os.fsync(handle.fileno())
+            return _complete_lines(path)
+        except OSError as exc:
+            # A partial line may be left behind; the next run's rollback truncates to the checkpoint.
+            raise os_error(exc, "append to output", path, OutputIOError, stream=self.name,
+                           partition=partition) from exc
 
     def read(self, partition: int) -> Iterator[tuple[Any, Any]]:
         for record in read_jsonl(self.directory, partition):

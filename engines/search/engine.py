@@ -21,7 +21,7 @@ import tantivy
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
-from localstate.core.fsutil import write_atomic
+from localstate.core.fsutil import errno_in_text, os_error_hint, write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
 from localstate.engines.search.schema import (
     FieldSpec,
@@ -32,8 +32,8 @@ from localstate.engines.search.schema import (
     parse_fields,
     values_of,
 )
-from localstate.errors import ConfigError, ConfigProblem, InvalidValueError, LocalStateError, RestoreError, \
-    StoreClosedError, StoreError
+from localstate.errors import (ConfigError, ConfigProblem, InvalidValueError, LocalStateError, RestoreError,
+                               StoreClosedError, StoreError, StoreIOError)
 
 __all__ = ["SearchEngineFactory", "SearchEngine", "SearchHit", "InvalidQueryError"]
 
@@ -152,7 +152,14 @@ class SearchEngine(StorageEngine):
         self._dirty = False  # restored records not yet committed
         self._closed = False
         self._offset_path = Path(context.directory) / OFFSET_FILENAME
-        self._index, self._writer, self._offset = self._open()
+        try:
+            self._index, self._writer, self._offset = self._open()
+        except (OSError, ValueError) as exc:  # tantivy reports OS errors as ValueError text
+            code = (exc.errno if isinstance(exc, OSError) else None) or errno_in_text(str(exc))
+            if code is None:
+                raise
+            raise StoreIOError(f"cannot open the search index at {self._path}: {exc}", errno=code,
+                               hint=os_error_hint(code), path=str(self._path), **self.context.describe()) from exc
         self._opstamp: int = self._writer.commit_opstamp
         self._searcher = self._index.searcher()
 
@@ -507,9 +514,11 @@ class SearchEngine(StorageEngine):
                 raise
             # Pending stays: a retry logs the same records again (harmless) and re-applies them.
             writer.rollback()
-            raise StoreError(f"tantivy commit failed: {exc}", hint="check disk space and permissions of "
-                             f"{self._path}; the changelog already holds the changes", offset=end,
-                             **self.context.describe()) from exc
+            code = (exc.errno if isinstance(exc, OSError) else None) or errno_in_text(str(exc))
+            error = StoreIOError if code is not None else StoreError
+            raise error(f"tantivy commit failed: {exc}", hint="check disk space and permissions of "
+                        f"{self._path}; the changelog already holds the changes", offset=end,
+                        **self.context.describe(), **({"errno": code} if code is not None else {})) from exc
         if opstamp == self._opstamp:  # never seen; would only make a reopen replay a little more
             log.warning("search store %s: tantivy commit kept opstamp %d", self.context.store, opstamp)
         self._opstamp = opstamp

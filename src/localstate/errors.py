@@ -33,6 +33,10 @@ __all__ = [
     "InputError",
     "OutputError",
     "UnsafePathError",
+    "ResourceError",
+    "CheckpointIOError",
+    "OutputIOError",
+    "StoreIOError",
 ]
 
 
@@ -221,3 +225,26 @@ class StateNotFoundError(LocalStateError):
 class UnsafePathError(LocalStateError):
     """A path localstate would write, truncate or delete is a symlink, leaves its directory, or holds
     something localstate did not create. Nothing was touched."""
+
+
+class ResourceError(LocalStateError):
+    """The operating system refused a file operation at an edge of localstate: permission denied,
+    disk full (ENOSPC), file too large (EFBIG), read-only file system (EROFS), a missing state
+    directory (ENOENT). ``errno`` is the OS error number; context names the file."""
+
+    def __init__(self, message: str, *, errno: int | None = None, hint: str | None = None,
+                 **context: Any) -> None:
+        self.errno = errno
+        super().__init__(message, hint=hint, **context)
+
+
+class CheckpointIOError(CheckpointError, ResourceError):
+    """A checkpoint or its lock could not be written or opened because of the file system."""
+
+
+class OutputIOError(OutputError, ResourceError):
+    """An output stream partition could not be written because of the file system."""
+
+
+class StoreIOError(StoreError, ResourceError):
+    """A store backend (RocksDB, LMDB, ...) could not open or write its files."""

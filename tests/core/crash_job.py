@@ -4,7 +4,8 @@ every N records and resuming from its checkpoint. Usage:
     python crash_job.py STATE_DIR run  RECORDS COMMIT_EVERY   # process (the rest of) the input
     python crash_job.py STATE_DIR dump OUT.json               # open (recovering) and dump the stores
 
-Set LOCALSTATE_CRASH_AT=point:n to make it SIGKILL itself at a commit-protocol point.
+Set LOCALSTATE_CRASH_AT=point:n (with the test-only switch LOCALSTATE_TESTING=1, which tests/conftest.py
+sets for every test and its children) to make it SIGKILL itself at a commit-protocol point.
 """
 
 import json

@@ -11,15 +11,21 @@ abandoned iterator leaks nothing but a small Python object.
 
 from __future__ import annotations
 
+import errno
 import weakref
 from abc import ABC, abstractmethod
 from typing import Collection, Iterable, Iterator, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
-from localstate.errors import StoreClosedError, StoreCorruptError
+from localstate.core.fsutil import errno_in_text, os_error_hint
+from localstate.errors import StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
-__all__ = ["KVBackend", "BackendIterator", "Item"]
+__all__ = ["KVBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS"]
+
+RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                             errno.EMFILE})
+"""OS errors that say the machine, not the store's files, is at fault: rebuilding cannot help."""
 
 Item = tuple[bytes, bytes | None]
 """A change: ``(key, value)``; ``value is None`` deletes the key."""
@@ -77,7 +83,31 @@ class KVBackend(ABC):
             raise StoreClosedError(f"{self.name} backend is closed")
         if self._iterators and items:
             self._preserve(items)
-        self._write(items, meta or {}, deletes)
+        try:
+            self._write(items, meta or {}, deletes)
+        except StoreError:
+            raise
+        except Exception as exc:  # RocksDB raises plain Exception, LMDB lmdb.Error subclasses
+            typed = self.io_error(exc, "write to")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    def io_error(self, exc: BaseException, action: str, *, only_resources: bool = False) -> StoreIOError | None:
+        """A :class:`StoreIOError` naming this backend's files when ``exc`` is an OS error (disk full,
+        read-only file system, permissions, ...), else None (the caller re-raises). With
+        ``only_resources``, errors that may mean damaged local state (a missing file, EIO) are not
+        classified, so that opening can still discard and rebuild a corrupt store."""
+        # rocksdict raises OSError without errno ("Read-only file system (os error 30)"): read the text.
+        code = (exc.errno if isinstance(exc, OSError) else None) or errno_in_text(str(exc))
+        if code is None and str(exc).startswith("IO error"):
+            code = errno.EIO  # a RocksDB I/O status without an OS reason ("Writer has previous error")
+        if code is None or (only_resources and code not in RESOURCE_ERRNOS):
+            return None
+        path = getattr(self, "_path", None)
+        return StoreIOError(f"cannot {action} the {self.name} store files at {path}: {exc}", errno=code,
+                            hint=os_error_hint(code), store=getattr(self, "_store", None) or None,
+                            partition=getattr(self, "_partition", None), path=str(path) if path else None)
 
     @abstractmethod
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
@@ -137,7 +167,15 @@ class KVBackend(ABC):
             it.close()
         self._iterators = weakref.WeakSet()
         self.closed = True
-        self._close()
+        try:
+            self._close()
+        except StoreError:
+            raise
+        except Exception as exc:  # RocksDB flushes its memtable on close: a full disk fails it
+            typed = self.io_error(exc, "close")
+            if typed is None:
+                raise
+            raise typed from exc
 
     @abstractmethod
     def _close(self) -> None:

@@ -7,6 +7,7 @@ growth); scans use a short read transaction per chunk (see ``base`` for snapshot
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
@@ -25,6 +26,10 @@ log = logging.getLogger(__name__)
 #: lmdb errors that mean the files are damaged (LMDB keeps no checksums: these are structural).
 _DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.PanicError,
            lmdb.VersionMismatchError, lmdb.IncompatibleError)
+
+_LOCK_FILE_BYTES = 64 << 10
+"""Preallocated size of ``lock.mdb``: more than the ~8 KiB LMDB needs for its default 126 readers
+(a larger lock file only leaves room for more readers)."""
 
 
 class LMDBBackend(KVBackend):
@@ -54,7 +59,20 @@ class LMDBBackend(KVBackend):
             log.warning("store %s partition %s: discarding LMDB at %s, found damaged earlier (%s)",
                         self._store, self._partition, self._path, reason)
             shutil.rmtree(self._path, ignore_errors=True)
-        self._path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._open_db()
+        except StoreError:
+            raise
+        except (lmdb.Error, OSError) as exc:
+            typed = self.io_error(exc, "open")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    def _open_db(self) -> None:
+        """Open the environment and its sub-databases. Damage (not a resource problem such as a full
+        disk, which keeps the local state) discards the files: they are only a cache of the changelog."""
         try:
             self._env = self._connect()
             try:
@@ -63,6 +81,8 @@ class LMDBBackend(KVBackend):
                 self._env.close()
                 raise
         except lmdb.Error as exc:
+            if self.io_error(exc, "open", only_resources=True) is not None:
+                raise  # disk full, read-only, permissions: not corruption, so keep the local state
             if isinstance(exc, (lmdb.ReadersFullError, lmdb.LockError)):
                 raise StoreError(f"cannot open LMDB at {self._path}: {exc}", store=self._store,
                                  partition=self._partition, hint="check for other processes using this store") from exc
@@ -95,7 +115,18 @@ class LMDBBackend(KVBackend):
         shutil.rmtree(self._path, ignore_errors=True)
         self._open()
 
+    def _reserve_lock_file(self) -> None:
+        """Allocate LMDB's lock file before LMDB maps it: LMDB extends it with ftruncate (a sparse
+        file) and writes through the mapping, so on a full disk the first write is a SIGBUS that
+        kills the process. Allocated here, a full disk is an ENOSPC instead (typed by the caller)."""
+        fd = os.open(self._path / "lock.mdb", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, _LOCK_FILE_BYTES)
+        finally:
+            os.close(fd)
+
     def _connect(self) -> lmdb.Environment:
+        self._reserve_lock_file()
         # sync/metasync off trades machine-crash durability of the latest commits for speed; a killed
         # process loses nothing either way (the OS keeps the pages).
         return lmdb.open(str(self._path), map_size=self._map_size, max_dbs=2, sync=self._sync,

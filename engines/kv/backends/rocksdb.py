@@ -78,10 +78,24 @@ class RocksDBBackend(KVBackend):
                         self._store, self._partition, self._path, reason)
             rocksdict.Rdict.destroy(str(self._path))
             shutil.rmtree(self._path, ignore_errors=True)
-        self._path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._open_db()
+            self._after_open()
+        except StoreError:
+            raise
+        except Exception as exc:  # incl. OSError, lmdb.Error
+            typed = self.io_error(exc, "open")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    def _open_db(self) -> None:
         try:
             self._db = self._connect()
         except Exception as exc:  # rocksdict raises plain Exception
+            if self.io_error(exc, "open", only_resources=True) is not None:
+                raise  # disk full, read-only, permissions: not corruption, so keep the local state
             text = str(exc)
             if "lock" in text.lower():
                 raise StoreError(f"RocksDB at {self._path} is in use by another process or handle: {text}",
@@ -93,6 +107,8 @@ class RocksDBBackend(KVBackend):
             shutil.rmtree(self._path, ignore_errors=True)
             self._path.mkdir(parents=True, exist_ok=True)
             self._db = self._connect()
+
+    def _after_open(self) -> None:
         self._meta_handle = self._db.get_column_family_handle(META_CF)
         # Point reads go straight to rocksdict (no Python frame): the cache-miss path is hot in
         # large stores. Rdict.get returns None for a missing key, as KVBackend.get must.
@@ -207,9 +223,9 @@ class RocksDBBackend(KVBackend):
     def _drop_handles(self) -> None:
         self._meta_handle = None
         self.__dict__.pop("get", None)  # the bound Rdict.get would keep the database alive
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()  # may raise (disk full); the handle is dropped either way
 
     def _close(self) -> None:
         self._drop_handles()
