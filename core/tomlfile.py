@@ -51,7 +51,7 @@ def _read_text(path: Path, what: str, max_bytes: int | None, hint: str | None) -
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise fail("is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file",
+        raise fail("is a directory, not a regular file" if stat.S_ISDIR(mode) else "is not a regular file",
                    "pass the path of a TOML file")
     with os.fdopen(fd, "rb") as handle:
         try:
