@@ -118,7 +118,7 @@ def raw_rocksdict_batch(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str
     if p.get("kv_options"):
         # the same RocksDB tuning the kv engine uses by default (bloom filter, block cache, lz4)
         from localstate.engines.kv import KeyValueEngineFactory
-        from localstate.engines.kv.backends.rocksdb import build_options
+        from localstate.engines.backends.rocksdb import build_options
         options = build_options(KeyValueEngineFactory().validate_options("bench", {}))
     else:
         options = rocksdict.Options(raw_mode=True)   # as ../shared/peers/raw_limits.py

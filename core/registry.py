@@ -1,4 +1,4 @@
-"""Plugin registry: finds engines, changelog systems and serdes by name through entry points
+"""Plugin registry: finds engines, changelog systems, serdes and storage backends by name through entry points
 (and the policy's local plugins), lazily, and caches what it loaded for the life of the process.
 
 A plugin that fails to import is reported with its name, distribution, version and the import
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from localstate.core.backend import KVBackend
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogSystem
 from localstate.core.engine import StorageEngineFactory
 from localstate.core.options import did_you_mean
@@ -28,8 +29,10 @@ __all__ = ["PluginInfo", "Registry", "registry_for"]
 
 logger = logging.getLogger(__name__)
 
-_KINDS: dict[str, type] = {"engines": StorageEngineFactory, "changelogs": ChangelogSystem, "serdes": Serde}
-_KIND_NAMES = {"engines": "StorageEngineFactory", "changelogs": "ChangelogSystem", "serdes": "Serde"}
+_KINDS: dict[str, type] = {"engines": StorageEngineFactory, "changelogs": ChangelogSystem, "serdes": Serde,
+                           "backends": KVBackend}
+_KIND_NAMES = {"engines": "StorageEngineFactory", "changelogs": "ChangelogSystem", "serdes": "Serde",
+               "backends": "KVBackend"}
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,9 @@ class Registry:
 
     def changelog_system(self, name: str) -> type[ChangelogSystem]:
         return self.load("changelogs", name)
+
+    def backend(self, name: str) -> type[KVBackend]:
+        return self.load("backends", name)
 
     def serde(self, name: str, *, allow_pickle: bool = False) -> Serde:
         serde_class = self.load("serdes", name)

@@ -1,15 +1,12 @@
-"""What both heap engines share: local persistence on a key-value backend of the kv engine
-(RocksDB, LMDB or memory), the changelog protocol at flush, bulk restore, and error helpers.
+"""What both heap engines share: local persistence through the logged-store layer
+(:mod:`localstate.core.logged`) on a storage backend plugin (RocksDB, LMDB or memory), segments,
+bulk restore, and error helpers.
 
-The heap engines are their own logged store: the in-memory structure (a ``SortedList`` plus dicts) is
-the truth between two flushes, and :meth:`HeapEngineBase._commit` hands the changelog and the backend
-only the changes coalesced since the previous flush, with the kv engine's protocol:
-
-1. append one record per changed key to the changelog and flush it (end offset ``n``);
-2. write the same changes *and* ``n`` to the backend in one atomic write.
-
-So local state never runs ahead of the changelog, and ``local_offset()`` is the offset of the last
-completed flush: a reopen with current local state needs no replay.
+The in-memory structure (a ``SortedList`` plus dicts) is the truth between two flushes, and
+:meth:`HeapEngineBase._commit` hands the layer only the changes coalesced since the previous flush as
+changelog records, with one segment (below) as the local write: the layer logs them, flushes the
+changelog, and writes the segment *and* the end offset atomically, so ``local_offset()`` is the offset
+of the last completed flush and a reopen with current local state needs no replay.
 
 **Local layout.** The heap never reads single entries back (everything it needs is in memory), so
 local state is not one backend row per item: each flush writes its whole change set as *one* row, a
@@ -30,20 +27,19 @@ import marshal
 import struct
 from typing import Any, Callable, Iterable, NoReturn
 
+from localstate.core.backend import open_backend
 from localstate.core.changelog import ChangelogRecord
+from localstate.core.codecs import fast_codec
 from localstate.core.engine import StorageEngine, StoreContext
-from localstate.core.serdes import Serde, StringSerde
-from localstate.engines.kv.engine import META_OFFSET
-from localstate.errors import (InvalidValueError, LateEventError, LocalStateError, RestoreError, SerdeError,
-                               StoreClosedError)
+from localstate.core.logged import META_FORMAT, LoggedStore
+from localstate.errors import InvalidValueError, LateEventError, LocalStateError, RestoreError, SerdeError
 
 __all__ = ["HeapEngineBase", "LateEventError", "fast_codec", "SEGMENT_PREFIX", "LOCAL_FORMAT"]
 
 log = logging.getLogger(__name__)
 
-_U64 = struct.Struct(">Q")  # also the encoding of META_OFFSET's value, as the kv engine writes it
+_U64 = struct.Struct(">Q")
 SEGMENT_PREFIX = b"heap-seg:"
-META_FORMAT = b"heap_format"
 LOCAL_FORMAT = b"heap-segments/1 marshal/%d" % marshal.version
 """Local layout version; the meta value written with every flush is this plus the mode (``topn`` or
 ``reorder``). Local state with another value is discarded (rebuilt from the changelog)."""
@@ -51,17 +47,8 @@ _SNAPSHOT_CHUNK = 65_536  # pairs per snapshot segment (keeps single backend val
 _COMPACT_SLACK = 65_536
 
 
-def fast_codec(serde: Serde) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
-    """``(serialize, deserialize)`` for the hot path. For the built-in string serde these are
-    ``str.encode`` / ``bytes.decode`` (no Python frame); they raise TypeError or UnicodeError where the
-    serde raises SerdeError, so callers retry through the serde to get the proper error."""
-    if type(serde) is StringSerde:
-        return str.encode, bytes.decode
-    return serde.serialize, serde.deserialize
-
-
 class HeapEngineBase(StorageEngine):
-    """Opens the backend chosen by ``backend`` (options of the ``kv`` table apply to it) under the
+    """Opens the backend chosen by ``backend`` (with the store's backend options) under the
     store's directory, and implements local offsets, flush, restore and close around the subclass's
     in-memory structure. Subclasses load themselves from :meth:`_local_rows` and provide
     :meth:`_snapshot` (their live rows) for segment compaction."""
@@ -71,15 +58,13 @@ class HeapEngineBase(StorageEngine):
 
     def __init__(self, context: StoreContext) -> None:
         super().__init__(context)
-        from localstate.engines.heap.factory import inner_kv_options
-        from localstate.engines.kv.backends import open_backend  # lazy: kv is a sibling plugin
+        from localstate.engines.heap.factory import backend_options_of
 
-        options = inner_kv_options(context.store, context.options)
-        self._backend = open_backend(options["backend"], context.directory, options, store=context.store,
-                                     partition=context.partition)
-        self._persistent: bool = self._backend.persistent
+        options = backend_options_of(context.store, context.options)
+        backend = open_backend(options["backend"], context.directory, options, store=context.store,
+                               partition=context.partition)
+        self._persistent: bool = backend.persistent
         self._restore_batch = int(options.get("restore_batch_size") or 10_000)
-        self._changelog = context.changelog
         self._closed = False
         self._kser, self._kdes = fast_codec(context.key_serde)
         self._vser, self._vdes = fast_codec(context.value_serde)
@@ -87,26 +72,20 @@ class HeapEngineBase(StorageEngine):
         self._next_segment = 0
         self._segment_pairs = 0  # pairs stored in them (compaction trigger)
         self._format = LOCAL_FORMAT + b" " + self.mode.encode()
-        self._offset = self._read_offset()
-        if self._persistent:
-            fmt = self._backend.get_meta(META_FORMAT)
-            if fmt != self._format and (fmt is not None or self._offset is not None or self._has_rows()):
-                self._discard_local(f"local heap state has format {fmt!r}, this store reads {self._format!r}")
-            elif self._offset is None and self._has_rows():
-                # Rows without a recorded offset: unusable, the runtime rebuilds from offset 0.
-                self._discard_local("local heap data has no valid offset")
+        self._logged = LoggedStore(context, backend, local_format=self._format)
+        self._backend = backend
 
     # -- contract ------------------------------------------------------------------------------
     def local_offset(self) -> int | None:
         self._check_open()
-        return self._offset
+        return self._logged.local_offset()
 
     def close(self) -> None:
         """Release the backend and the in-memory structure. Unflushed changes are discarded. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._backend.close()
+        self._logged.close()
         self._drop_memory()
 
     def _drop_memory(self) -> None:
@@ -121,32 +100,15 @@ class HeapEngineBase(StorageEngine):
         raise NotImplementedError
 
     # -- local state -----------------------------------------------------------------------------
-    def _read_offset(self) -> int | None:
-        raw = self._backend.get_meta(META_OFFSET)
-        if raw is None:
-            return None
-        if len(raw) != _U64.size:
-            log.warning("store %s partition %d: unreadable local offset %r", self.context.store,
-                        self.context.partition, raw)
-            return None
-        return _U64.unpack(raw)[0]
-
-    def _has_rows(self) -> bool:
-        with self._backend.iterate(None, None) as rows:
-            return next(rows, None) is not None
-
     def _discard_local(self, reason: str) -> None:
-        log.warning("store %s partition %d: %s; discarding it (it is rebuilt from the changelog)",
-                    self.context.store, self.context.partition, reason)
-        self._backend.clear()
-        self._offset = None
+        self._logged.discard(reason)
         self._first_segment = self._next_segment = self._segment_pairs = 0
 
     def _local_rows(self) -> dict[bytes, bytes]:
         """Local state as ``key -> value``: the segments replayed in order, tombstones dropped.
         Undecodable local state is discarded (empty result, no local offset)."""
         rows: dict[bytes, bytes | None] = {}
-        if not self._persistent or self._offset is None:
+        if not self._persistent or self._logged.local_offset() is None:
             return {}
         first = None
         try:
@@ -190,16 +152,14 @@ class HeapEngineBase(StorageEngine):
     def _commit(self, items: list[tuple[bytes, bytes | None]]) -> None:
         """Log ``items`` (one record per changed key; None deletes), flush the changelog, then write
         them as one segment (or a compaction) and the new end offset to the backend atomically."""
-        if items:
-            self._changelog.append_many(items)
-        end = self._changelog.flush()
-        if self._persistent:
-            if self._segment_pairs + len(items) > 4 * self._live_count() + _COMPACT_SLACK:
-                writes = self._compaction()
-            else:
-                writes = [self._segment(items)] if items else []
-            self._backend.write(writes, {META_OFFSET: _U64.pack(end), META_FORMAT: self._format})
-        self._offset = end
+        writes: list[tuple[bytes, bytes | None]] = []
+        if not self._persistent:
+            pass  # a memory backend is never written: the in-memory structure is the whole state
+        elif self._segment_pairs + len(items) > 4 * self._live_count() + _COMPACT_SLACK:
+            writes = self._compaction()
+        elif items:
+            writes = [self._segment(items)]
+        self._logged.commit(items, writes)
 
     def _restore_records(self, records: Iterable[ChangelogRecord],
                          apply: Callable[[ChangelogRecord], None]) -> None:
@@ -214,10 +174,10 @@ class HeapEngineBase(StorageEngine):
                 if persistent:
                     pairs.append((record.key, record.value))
                     if len(pairs) >= size:
-                        self._backend.write([self._segment(pairs)], {META_FORMAT: self._format})
+                        self._backend.write([self._segment(pairs)], self._logged.local_meta)
                         pairs = []
             if pairs:
-                self._backend.write([self._segment(pairs)], {META_FORMAT: self._format})
+                self._backend.write([self._segment(pairs)], self._logged.local_meta)
         except LocalStateError:
             raise
         except Exception as exc:  # a backend failure mid-restore
@@ -228,10 +188,7 @@ class HeapEngineBase(StorageEngine):
 
     # -- helpers -------------------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"store {self.context.store!r} is closed", store=self.context.store,
-                                   partition=self.context.partition,
-                                   hint="open the store again; do not keep references to it after close()")
+        self._logged.check_open()
 
     def _serde_error(self, exc: SerdeError, what: str) -> SerdeError:
         return SerdeError(f"store {self.context.store!r}: cannot use this {what}: {exc.message}",

@@ -3,13 +3,15 @@ reorder buffer depending on ``mode``."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar, Mapping
 
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option, parse_duration, validate_options
+from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 from localstate.errors import ConfigError, ConfigProblem
 
-__all__ = ["HeapEngineFactory", "inner_kv_options", "max_lateness_of"]
+__all__ = ["HeapEngineFactory", "backend_options_of", "inner_kv_options", "max_lateness_of"]
 
 _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
@@ -34,24 +36,30 @@ def max_lateness_of(options: Mapping[str, Any]) -> float | None:
     return float(value)
 
 
-def inner_kv_options(store: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Validated kv-engine options for the heap's backend (``backend`` plus the ``kv`` table), so a
-    heap store accepts and checks exactly what a kv store would. The heap uses the backend options
-    (RocksDB/LMDB tuning, ``restore_batch_size``); it has no object cache and writes only at flush(),
-    so ``cache_size`` and ``write_batch_size`` are accepted but unused (defaults: 0 and unlimited)."""
-    from localstate.engines.kv import KeyValueEngineFactory
+#: Keys the deprecated ``kv = {...}`` table accepted for the kv engine that mean nothing to a heap.
+_LEGACY_KV_ONLY: dict[str, Option] = {
+    "cache_size": Option(int, 0, "unused by the heap (it has no object cache)", minimum=0),
+    "write_batch_size": Option(int, 1 << 30, "unused by the heap (it writes only at flush)", minimum=1),
+}
 
-    kv = KeyValueEngineFactory()
-    raw = {"backend": options.get("backend", "rocksdb"), "cache_size": 0, "write_batch_size": 1 << 30,
-           **dict(options.get("kv") or {})}
-    validated = validate_options(kv.options, raw, f"stores.{store}.kv")
-    try:
-        from localstate.engines.kv.options import check_kv_options
-    except ImportError:  # the kv plugin reorganised its modules: use its public check
-        kv.check_options(store, validated)
-    else:
-        check_kv_options(store, validated, prefix="kv.")
+
+def backend_options_of(store: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Validated backend options of a heap store: the store's top-level backend keys (``backend``,
+    ``block_cache_size``, ``rocksdb = {...}``, ``map_size``, ...), as for every engine kind. The
+    former nested ``kv = {...}`` table still works (its keys win) but is deprecated."""
+    raw = {name: options[name] for name in BACKEND_OPTIONS if options.get(name) is not None}
+    nested = dict(options.get("kv") or {})
+    if nested:
+        legacy = validate_options({**BACKEND_OPTIONS, **_LEGACY_KV_ONLY}, nested, f"stores.{store}.kv")
+        raw.update({name: legacy[name] for name in nested if name in BACKEND_OPTIONS})
+        check_backend_options(store, {"rocksdb": legacy["rocksdb"]}, prefix="kv.")
+    validated = validate_options(BACKEND_OPTIONS, raw, f"stores.{store}")
+    check_backend_options(store, validated)
     return validated
+
+
+inner_kv_options = backend_options_of
+"""Former name of :func:`backend_options_of`."""
 
 
 class HeapEngineFactory(StorageEngineFactory):
@@ -72,10 +80,9 @@ class HeapEngineFactory(StorageEngineFactory):
                                  choices=tuple(_UNITS)),
         "late_policy": Option(str, "error", "reorder: what to do with events older than the watermark",
                               choices=("error", "drop", "side_output")),
-        "backend": Option(str, "rocksdb", "local persistence: a kv engine backend (memory persists nothing)",
-                          choices=("rocksdb", "lmdb", "memory")),
-        "kv": Option(dict, None, "kv-engine options for the backend (block_cache_size, compression, "
-                                 "rocksdb = {...}, map_size, restore_batch_size, ...)"),
+        **BACKEND_OPTIONS,
+        "kv": Option(dict, None, "deprecated: backend options nested in a table; write them at the store's "
+                                 "top level instead (block_cache_size, rocksdb = {...}, map_size, ...)"),
     }
 
     def check_options(self, store: str, options: dict[str, Any]) -> None:
@@ -89,7 +96,10 @@ class HeapEngineFactory(StorageEngineFactory):
             problems.append(ConfigProblem(f"stores.{store}.max_lateness", "only applies to mode = \"reorder\""))
         if problems:
             raise ConfigError(problems)
-        inner_kv_options(store, options)
+        if options.get("kv"):
+            warnings.warn(f"stores.{store}.kv: the nested kv table is deprecated; write its keys at the "
+                          "store's top level (as for every engine kind)", DeprecationWarning, stacklevel=2)
+        options.update(backend_options_of(store, options))
 
     def create(self, context: StoreContext) -> StorageEngine:
         if context.options.get("mode", "topn") == "reorder":

@@ -22,13 +22,14 @@ from typing import Any, Iterable, Iterator, NamedTuple
 from sortedcontainers import SortedList
 
 from localstate.core.changelog import ChangelogRecord
+from localstate.core.codecs import FAST_ERRORS
 from localstate.core.engine import StoreContext
 from localstate.engines.heap.base import HeapEngineBase
 from localstate.engines.heap.codec import (EVENT_KEY_LEN, MAX_EXACT_INT, META_KEY, check_number,
                                            decode_event_stamps, decode_meta, decode_ts, encode_meta, encode_ts,
                                            event_key)
 from localstate.engines.heap.factory import max_lateness_of
-from localstate.errors import LateEventError, SerdeError, StoreError
+from localstate.errors import LateEventError, StoreError
 
 __all__ = ["BufferedEvent", "ReorderBufferEngine"]
 
@@ -146,7 +147,7 @@ class ReorderBufferEngine(HeapEngineBase):
             ts, kind = self._timestamp(timestamp)
         try:
             data = self._vser(event)
-        except (TypeError, UnicodeError, SerdeError):
+        except FAST_ERRORS:
             data = self._slow(self.context.value_serde.serialize, event, "event")
         if ts < self._watermark:
             return self._late_event(event, timestamp)
@@ -211,7 +212,7 @@ class ReorderBufferEngine(HeapEngineBase):
                 if new.pop(key, _ABSENT) is _ABSENT:  # in local state: needs a tombstone
                     gone[key] = None
                 out.append(_new_event(BufferedEvent, (int(ts) if value[0] == _INT_KIND else ts, vdes(value[1:]))))
-        except (TypeError, UnicodeError, SerdeError):
+        except FAST_ERRORS:
             self._slow(self.context.value_serde.deserialize, value[1:], "stored event")
             raise
         return out
@@ -353,6 +354,6 @@ class ReorderBufferEngine(HeapEngineBase):
         ts = decode_ts(key)
         try:
             event = self._vdes(value[1:])
-        except (TypeError, UnicodeError, SerdeError):
+        except FAST_ERRORS:
             event = self._slow(self.context.value_serde.deserialize, value[1:], "stored event")
         return BufferedEvent(int(ts) if value[:1] == _INT_TS else ts, event)

@@ -22,10 +22,11 @@ from typing import Any, Iterable, Iterator, NamedTuple
 from sortedcontainers import SortedList
 
 from localstate.core.changelog import ChangelogRecord
+from localstate.core.codecs import FAST_ERRORS
 from localstate.core.engine import StoreContext
 from localstate.engines.heap.base import HeapEngineBase
 from localstate.engines.heap.codec import SCORE_HEADER, check_number, decode_score_value
-from localstate.errors import SerdeError
+
 
 __all__ = ["Entry", "TopNEngine"]
 
@@ -143,12 +144,12 @@ class TopNEngine(HeapEngineBase):
             self._check_open()
         try:
             key = self._kser(item)
-        except (TypeError, UnicodeError, SerdeError):
+        except FAST_ERRORS:
             key = self._slow(self.context.key_serde.serialize, item, "item")
         if payload is not None:
             try:
                 data = self._vser(payload)
-            except (TypeError, UnicodeError, SerdeError):
+            except FAST_ERRORS:
                 data = self._slow(self.context.value_serde.serialize, payload, "payload")
         if type(score) is not float or score != score:
             score = self._score(score)
@@ -220,7 +221,7 @@ class TopNEngine(HeapEngineBase):
         if data is None:  # the common case, inlined: no payload to decode
             try:
                 return _new_entry(Entry, (self._kdes(key), score, None))
-            except (TypeError, UnicodeError, SerdeError):
+            except FAST_ERRORS:
                 pass  # _make reports it through the serde
         return self._make(key, score, data)
 
@@ -395,7 +396,7 @@ class TopNEngine(HeapEngineBase):
     def _key(self, item: Any) -> bytes:
         try:
             return self._kser(item)
-        except (TypeError, UnicodeError, SerdeError):
+        except FAST_ERRORS:
             return self._slow(self.context.key_serde.serialize, item, "item")
 
     def _score(self, score: Any) -> float:
@@ -412,7 +413,7 @@ class TopNEngine(HeapEngineBase):
         try:
             item = self._kdes(key)
             payload = None if data is None else self._vdes(data)
-        except (TypeError, UnicodeError, SerdeError):
+        except FAST_ERRORS:
             item = self._slow(self.context.key_serde.deserialize, key, "stored item")
             payload = None if data is None else self._slow(self.context.value_serde.deserialize, data,
                                                            "stored payload")

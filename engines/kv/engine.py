@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
-from localstate.engines.kv.backends import BackendIterator, KVBackend, open_backend
+from localstate.core.backend import BackendIterator, KVBackend, open_backend
 from localstate.engines.kv.codecs import FAST_ERRORS, fast_codec
 from localstate.engines.kv.options import KV_OPTIONS
 from localstate.errors import InvalidValueError, LocalStateError, RestoreError, SerdeError, StoreClosedError, \

@@ -16,7 +16,7 @@ from typing import Any, Collection, Mapping, Sequence
 import rocksdict
 
 from localstate.core.corruption import corrupt_reason, store_corrupt
-from localstate.engines.kv.backends.base import Item, KVBackend
+from localstate.core.backend import Item, KVBackend
 from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["RocksDBBackend", "META_CF", "build_options"]

@@ -4,11 +4,12 @@ local offset, so the runtime rebuilds it from the changelog (small, logged in-me
 from __future__ import annotations
 
 from itertools import islice
-from typing import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Collection, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
-from localstate.engines.kv.backends.base import Item, KVBackend
+from localstate.core.backend import Item, KVBackend
 
 __all__ = ["MemoryBackend"]
 
@@ -18,6 +19,12 @@ class MemoryBackend(KVBackend):
 
     name = "memory"
     persistent = False
+
+    @classmethod
+    def open(cls, directory: Path, options: Mapping[str, Any], *, store: str = "",
+             partition: int | None = None) -> "MemoryBackend":
+        """A fresh, empty map: nothing is read from or written to ``directory``."""
+        return cls()
 
     def __init__(self) -> None:
         super().__init__()

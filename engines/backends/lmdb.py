@@ -16,7 +16,7 @@ import lmdb
 
 from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.core.options import parse_size
-from localstate.engines.kv.backends.base import Item, KVBackend
+from localstate.core.backend import Item, KVBackend
 from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["LMDBBackend"]

@@ -1,0 +1,335 @@
+"""The backend contract every engine persists through: an ordered ``bytes -> bytes`` map with atomic
+batch writes, side metadata, and snapshot iteration.
+
+Backends are plugins (entry-point group ``localstate.backends``; the built-in ``rocksdb``, ``lmdb`` and
+``memory`` live in ``localstate.engines.backends`` and register exactly as a third party would), found
+by name through the registry under the same ``plugins.toml`` policy as engines: :func:`open_backend`
+is the one way to open one. Backends know nothing about serdes, caches or changelogs; the logged-store
+layer above them (``localstate.core.logged``) does. Snapshot iteration is implemented once, here: a backend only scans short chunks of its *live*
+data, and every write made while iterators are open first records, for each open iterator, the
+pre-image of the keys it changes. An iterator therefore sees the data as of its opening, holds no
+backend handle between chunks (no pinned RocksDB iterator, no open LMDB read transaction), and an
+abandoned iterator leaks nothing but a small Python object.
+"""
+
+from __future__ import annotations
+
+import errno
+import weakref
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar, Collection, Iterable, Iterator, Mapping, Sequence
+
+from sortedcontainers import SortedDict
+
+from localstate.core.changelog import PLUGIN_API_VERSION
+from localstate.core.fsutil import errno_in_text, os_error_hint
+from localstate.errors import StoreClosedError, StoreCorruptError, StoreError, StoreIOError
+
+__all__ = ["KVBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "backend_names"]
+
+RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                             errno.EMFILE})
+"""OS errors that say the machine, not the store's files, is at fault: rebuilding cannot help."""
+
+Item = tuple[bytes, bytes | None]
+"""A change: ``(key, value)``; ``value is None`` deletes the key."""
+
+_FIRST_CHUNK = 64
+_MAX_CHUNK = 4096
+
+
+class KVBackend(ABC):
+    """Ordered bytes->bytes storage for one store partition.
+
+    Guarantees: :meth:`write` applies all its puts/deletes *and* its metadata atomically (one RocksDB
+    WriteBatch, one LMDB transaction, one in-memory update); metadata never shows up in
+    :meth:`iterate`; iterators returned by :meth:`iterate` are snapshots and closable.
+    """
+
+    name: str = ""
+    #: True when the data survives close/reopen (False for the in-memory backend).
+    persistent: bool = True
+    plugin_api: ClassVar[int] = PLUGIN_API_VERSION
+
+    @classmethod
+    def open(cls, directory: Path, options: Mapping[str, Any], *, store: str = "",
+             partition: int | None = None) -> "KVBackend":
+        """Open this backend for one store partition under ``directory/<name>``: each backend owns its
+        own subdirectory, so switching backends never reads another format (the new one starts empty
+        and is restored). ``options`` are the store's validated backend options."""
+        return cls(Path(directory) / cls.name, options, store=store, partition=partition)  # type: ignore[call-arg]
+
+    def __init__(self) -> None:
+        self._iterators: "weakref.WeakSet[BackendIterator]" = weakref.WeakSet()
+        self.closed = False
+
+    # -- reads ---------------------------------------------------------------------------------
+    @abstractmethod
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key``, or None."""
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Values of ``keys`` in order (None where absent)."""
+        return [self.get(k) for k in keys]
+
+    @abstractmethod
+    def get_meta(self, key: bytes) -> bytes | None:
+        """A metadata value (stored apart from user data), or None."""
+
+    @abstractmethod
+    def approximate_count(self) -> int:
+        """Estimated number of user keys."""
+
+    @abstractmethod
+    def _scan(self, start: bytes | None, end: bytes | None, after: bytes | None, reverse: bool,
+              limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` live entries with ``start <= key < end`` (None = unbounded), strictly after
+        ``after`` in iteration order (``after`` None: from the first), ascending or descending."""
+
+    # -- writes --------------------------------------------------------------------------------
+    def write(self, items: Collection[Item], meta: Mapping[bytes, bytes] | None = None, *,
+              deletes: bool = True) -> None:
+        """Apply puts/deletes and metadata atomically. ``items`` may be any re-iterable collection
+        (a list, a dict's ``items()``); ``deletes=False`` promises that no value is None, which lets
+        a backend take a bulk-put path."""
+        if self.closed:
+            raise StoreClosedError(f"{self.name} backend is closed")
+        if self._iterators and items:
+            self._preserve(items)
+        try:
+            self._write(items, meta or {}, deletes)
+        except StoreError:
+            raise
+        except Exception as exc:  # RocksDB raises plain Exception, LMDB lmdb.Error subclasses
+            typed = self.io_error(exc, "write to")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    def io_error(self, exc: BaseException, action: str, *, only_resources: bool = False) -> StoreIOError | None:
+        """A :class:`StoreIOError` naming this backend's files when ``exc`` is an OS error (disk full,
+        read-only file system, permissions, ...), else None (the caller re-raises). With
+        ``only_resources``, errors that may mean damaged local state (a missing file, EIO) are not
+        classified, so that opening can still discard and rebuild a corrupt store."""
+        # rocksdict raises OSError without errno ("Read-only file system (os error 30)"): read the text.
+        code = (exc.errno if isinstance(exc, OSError) else None) or errno_in_text(str(exc))
+        if code is None and str(exc).startswith("IO error"):
+            code = errno.EIO  # a RocksDB I/O status without an OS reason ("Writer has previous error")
+        if code is None or (only_resources and code not in RESOURCE_ERRNOS):
+            return None
+        path = getattr(self, "_path", None)
+        return StoreIOError(f"cannot {action} the {self.name} store files at {path}: {exc}", errno=code,
+                            hint=os_error_hint(code), store=getattr(self, "_store", None) or None,
+                            partition=getattr(self, "_partition", None), path=str(path) if path else None)
+
+    @abstractmethod
+    def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
+        """Backend-specific atomic write (``deletes``: whether some value may be None)."""
+
+    def bulk_load(self, chunks: Iterable[Collection[Item]]) -> None:
+        """Restore path: each chunk is applied as one atomic batch (no metadata change)."""
+        for chunk in chunks:
+            self.write(chunk)
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Remove all data and metadata (used when local state is unusable)."""
+
+    def discard(self) -> None:
+        """Throw local state away, even when it is too damaged to :meth:`clear` in place."""
+        self.clear()
+
+    def corruption(self, exc: BaseException) -> StoreCorruptError | None:
+        """If ``exc`` (raised by the backend library) reports damaged local data: mark the backend's
+        directory corrupt (see :mod:`localstate.core.corruption`) and return the error to raise."""
+        return None
+
+    # -- iteration -----------------------------------------------------------------------------
+    def iterate(self, start: bytes | None, end: bytes | None, reverse: bool = False) -> "BackendIterator":
+        """A snapshot iterator over ``[start, end)`` yielding ``(key, value)``."""
+        if self.closed:
+            raise StoreClosedError(f"{self.name} backend is closed")
+        iterator = BackendIterator(self, start, end, reverse)
+        self._iterators.add(iterator)
+        return iterator
+
+    def _preserve(self, items: Collection[Item]) -> None:
+        """Before a write: give every open iterator the pre-image of keys it has not passed yet."""
+        live = [it for it in list(self._iterators) if not it.closed]
+        if not live:
+            return
+        keys = list({k for k, _ in items})
+        wanted: dict[bytes, list[BackendIterator]] = {}
+        for it in live:
+            for k in keys:
+                if it.wants(k):
+                    wanted.setdefault(k, []).append(it)
+        if not wanted:
+            return
+        order = list(wanted)
+        for k, old in zip(order, self.get_many(order)):
+            for it in wanted[k]:
+                it.overlay[k] = old
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close open iterators and release the backend. Idempotent."""
+        if self.closed:
+            return
+        for it in list(self._iterators):
+            it.close()
+        self._iterators = weakref.WeakSet()
+        self.closed = True
+        try:
+            self._close()
+        except StoreError:
+            raise
+        except Exception as exc:  # RocksDB flushes its memtable on close: a full disk fails it
+            typed = self.io_error(exc, "close")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release backend handles."""
+
+
+def backend_names(registry: Any = None) -> list[str]:
+    """Names of the backends ``registry`` (default: the default policy's) may load: the one list."""
+    return _registry(registry).names("backends")
+
+
+def open_backend(kind: str, directory: Path, options: Mapping[str, Any], *, store: str = "",
+                 partition: int | None = None, registry: Any = None) -> KVBackend:
+    """Open backend ``kind`` for one store partition, found by name in ``registry`` (the job's; default:
+    the registry of the default plugin policy). Unknown or refused names raise the registry's typed
+    errors, reported at ``stores.<store>.backend``."""
+    from localstate.errors import ConfigError, PluginNotFoundError
+
+    try:
+        backend_class = _registry(registry).load("backends", kind)
+    except PluginNotFoundError as exc:
+        raise ConfigError.at(f"stores.{store}.backend", exc.message, hint=exc.hint) from None
+    return backend_class.open(Path(directory), options, store=store, partition=partition)
+
+
+def _registry(registry: Any) -> Any:
+    if registry is not None:
+        return registry
+    from localstate.core.policy import PluginPolicy  # lazy: the registry imports every plugin kind
+    from localstate.core.registry import registry_for
+
+    return registry_for(PluginPolicy())
+
+
+class BackendIterator(Iterator[tuple[bytes, bytes]]):
+    """Snapshot iterator over a backend's ``[start, end)``: live chunks corrected by an overlay of
+    pre-images recorded when keys change after the iterator opened (None = key did not exist)."""
+
+    __slots__ = ("_backend", "_start", "_end", "_reverse", "_buf", "_i", "_fetched", "_pos", "_done",
+                 "_chunk", "overlay", "closed", "__weakref__")
+
+    def __init__(self, backend: KVBackend, start: bytes | None, end: bytes | None, reverse: bool) -> None:
+        self._backend = backend
+        self._start = start
+        self._end = end
+        self._reverse = reverse
+        self._buf: list[tuple[bytes, bytes]] = []
+        self._i = 0
+        self._fetched: bytes | None = None   # last live key fetched (resume point of the next chunk)
+        self._pos: bytes | None = None       # last key yielded
+        self._done = start is not None and end is not None and start >= end
+        self._chunk = _FIRST_CHUNK
+        self.overlay: SortedDict = SortedDict()
+        self.closed = False
+
+    def wants(self, key: bytes) -> bool:
+        """Whether a change to ``key`` must be preserved for this iterator."""
+        if key in self.overlay:
+            return False
+        if (self._start is not None and key < self._start) or (self._end is not None and key >= self._end):
+            return False
+        pos = self._pos
+        if pos is None:
+            return True
+        return key < pos if self._reverse else key > pos
+
+    def _refill(self) -> None:
+        if self._backend.closed:
+            raise StoreClosedError("the store was closed while an iterator was open",
+                                   hint="finish or close iterators before closing the store")
+        request = self._chunk
+        chunk = self._backend._scan(self._start, self._end, self._fetched, self._reverse, request)
+        # Small first chunks keep short scans cheap; big later ones keep long scans fast.
+        self._chunk = min(request * 2, _MAX_CHUNK)
+        self._buf = chunk
+        self._i = 0
+        if len(chunk) < request:
+            self._done = True  # a short chunk: the live range is exhausted
+        if chunk:
+            self._fetched = chunk[-1][0]
+
+    def _next_overlay(self) -> bytes | None:
+        overlay = self.overlay
+        if not overlay:
+            return None
+        pos = self._pos
+        if self._reverse:
+            keys = overlay.irange(maximum=pos, inclusive=(True, False), reverse=True) if pos is not None \
+                else overlay.irange(reverse=True)
+        else:
+            keys = overlay.irange(minimum=pos, inclusive=(False, True)) if pos is not None else overlay.irange()
+        return next(iter(keys), None)
+
+    def __iter__(self) -> "BackendIterator":
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        while True:
+            if self.closed:
+                raise StopIteration
+            if self._i >= len(self._buf) and not self._done:
+                self._refill()
+            live = self._buf[self._i] if self._i < len(self._buf) else None
+            if not self.overlay:
+                if live is None:
+                    self.close()
+                    raise StopIteration
+                self._i += 1
+                self._pos = live[0]
+                return live
+            ov = self._next_overlay()
+            if live is None and ov is None:
+                self.close()
+                raise StopIteration
+            if ov is not None and (live is None or ov == live[0] or ((ov > live[0]) if self._reverse else (ov < live[0]))):
+                if live is not None and ov == live[0]:
+                    self._i += 1
+                self._pos = ov
+                old = self.overlay[ov]
+                if old is None:
+                    continue  # created after the iterator opened
+                return ov, old
+            assert live is not None
+            self._i += 1
+            self._pos = live[0]
+            return live
+
+    def close(self) -> None:
+        """Release the iterator (idempotent). Holds no backend handle, so this only drops buffers."""
+        if not self.closed:
+            self.closed = True
+            self._buf = []
+            self.overlay = SortedDict()
+            try:
+                self._backend._iterators.discard(self)
+            except TypeError:  # interpreter shutdown
+                pass
+
+    def __enter__(self) -> "BackendIterator":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

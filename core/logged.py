@@ -1,0 +1,180 @@
+"""The logged-store layer every engine persists through (Samza's LoggedStore, Kafka Streams'
+ChangeLoggingKeyValueBytesStore): one store partition's backend and changelog, and the protocol that
+ties them together.
+
+Guarantees:
+
+* :meth:`LoggedStore.commit` appends the given records to the changelog, flushes it (end offset ``n``),
+  then makes the local writes *and* ``n`` (plus the engine's own metadata) one atomic backend write.
+  So local state never runs ahead of the changelog, and :meth:`LoggedStore.local_offset` is the offset
+  of the last completed commit: a reopen with current local state needs no replay.
+* :meth:`LoggedStore.spill` writes before a commit without moving the recorded offset (the records
+  are made durable first).
+* Opening discards, in this one place, local state that cannot be trusted: data without a recorded
+  offset, data in another engine layout (``local_format``), or data the backend reports damaged.
+
+Engines keep what is theirs: serdes and caches (kv), in-memory structures and segments (heap),
+sketch units (sketch). They hand the layer their records and their local writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Collection, Iterable, Mapping
+
+from localstate.core.backend import Item, KVBackend
+from localstate.core.changelog import ChangelogWriter
+from localstate.core.engine import StoreContext
+from localstate.errors import LocalStateError, StoreClosedError, StoreError
+
+__all__ = ["LoggedStore", "META_OFFSET", "META_FORMAT", "encode_offset", "decode_offset"]
+
+log = logging.getLogger(__name__)
+
+#: Metadata key under which a backend stores the changelog offset its data reflects.
+META_OFFSET = b"local_offset"
+#: Metadata key of an engine's local layout version (engines that have one: see ``local_format``).
+META_FORMAT = b"heap_format"
+_OFFSET = struct.Struct(">Q")
+
+
+def encode_offset(offset: int) -> bytes:
+    """The stored form of a local offset (8 bytes, big-endian)."""
+    return _OFFSET.pack(offset)
+
+
+def decode_offset(raw: bytes | None) -> int | None:
+    """The local offset stored as ``raw`` (None when absent or unreadable)."""
+    if raw is None or len(raw) != _OFFSET.size:
+        return None
+    return _OFFSET.unpack(raw)[0]
+
+
+class LoggedStore:
+    """A backend whose every committed change is in the changelog first; owns the local offset."""
+
+    def __init__(self, context: StoreContext, backend: KVBackend, *, local_format: bytes | None = None) -> None:
+        """Take ``backend`` (already open) for ``context``'s partition and read its local offset,
+        discarding local state that cannot be trusted (see the module docstring). ``local_format``:
+        the engine's layout version, stored with every commit; other layouts are discarded."""
+        self.backend = backend
+        self.changelog: ChangelogWriter = context.changelog
+        self.store = context.store
+        self.partition = context.partition
+        self.local_format = local_format
+        self._meta: dict[bytes, bytes] = {} if local_format is None else {META_FORMAT: local_format}
+        self.closed = False
+        try:
+            self._offset = self._usable_offset()
+        except Exception as exc:
+            if backend.corruption(exc) is None:
+                raise
+            # Damaged local state is only a cache of the changelog: start empty, the runtime rebuilds it.
+            log.warning("store %s partition %d: local %s state is damaged (%s); discarding it",
+                        self.store, self.partition, backend.name, exc)
+            backend.discard()
+            self._offset = None
+
+    # -- opening -------------------------------------------------------------------------------
+    def _read_offset(self) -> int | None:
+        raw = self.backend.get_meta(META_OFFSET)
+        offset = decode_offset(raw)
+        if raw is not None and offset is None:
+            log.warning("store %s partition %d: unreadable local offset %r", self.store, self.partition, raw)
+        return offset
+
+    def has_rows(self) -> bool:
+        """Whether the backend holds any data row."""
+        return bool(self.backend._scan(None, None, None, False, 1))
+
+    def _usable_offset(self) -> int | None:
+        offset = self._read_offset()
+        if not self.backend.persistent:
+            return offset
+        if self.local_format is not None:
+            found = self.backend.get_meta(META_FORMAT)
+            if found != self.local_format and (found is not None or offset is not None or self.has_rows()):
+                self.discard(f"local state has format {found!r}, this store reads {self.local_format!r}")
+                return None
+        if offset is None and self.has_rows():
+            # Data without a recorded offset (e.g. a spill before the first commit, or a damaged
+            # offset): unusable, because the runtime will rebuild from offset 0 on top of it.
+            self.discard("local data has no valid offset")
+        return offset
+
+    def discard(self, reason: str) -> None:
+        """Throw local state away (it is rebuilt from the changelog); the local offset becomes None."""
+        log.warning("store %s partition %d: %s; discarding it (it is rebuilt from the changelog)",
+                    self.store, self.partition, reason)
+        self.backend.clear()
+        self._offset = None
+
+    @property
+    def local_meta(self) -> dict[bytes, bytes] | None:
+        """Metadata every local write carries (the layout version), or None."""
+        return self._meta or None
+
+    # -- the commit protocol ---------------------------------------------------------------------
+    def local_offset(self) -> int | None:
+        """The changelog offset the backend's data reflects (None: no usable local state)."""
+        return self._offset
+
+    def commit(self, records: Collection[Item], writes: Collection[Item] | None = None, *,
+               deletes: bool = True) -> int:
+        """Log ``records`` (one per changed key; None deletes), flush the changelog, then write
+        ``writes`` (default: the records themselves) with the new end offset in one atomic backend
+        write. Returns the end offset."""
+        if records:
+            self.changelog.append_many(records)
+        end = self.changelog.flush()
+        meta = {META_OFFSET: _OFFSET.pack(end), **self._meta}
+        self.write(records if writes is None else writes, meta, deletes=deletes)
+        self._offset = end
+        return end
+
+    def spill(self, records: Collection[Item], *, deletes: bool = True) -> None:
+        """Write ``records`` locally before a commit: logged and flushed first, offset unchanged."""
+        self.changelog.append_many(records)
+        self.changelog.flush()
+        self.write(records, None, deletes=deletes)
+
+    def write(self, items: Collection[Item], meta: Mapping[bytes, bytes] | None = None, *,
+              deletes: bool = True) -> None:
+        """One atomic local write (not logged: restore and the commit steps above use it)."""
+        try:
+            self.backend.write(items, meta if meta is not None else self.local_meta, deletes=deletes)
+        except LocalStateError:
+            raise
+        except Exception as exc:
+            raise self.failed(exc) from exc
+
+    def restore_chunks(self, chunks: Iterable[Collection[Item]], *, deletes: bool = True) -> None:
+        """Write restored records, each chunk one atomic write (the offset moves at the next commit)."""
+        for chunk in chunks:
+            self.write(chunk, deletes=deletes)
+
+    def failed(self, exc: Exception) -> Exception:
+        """The error to raise for a failed backend read or write: StoreCorruptError when the backend
+        reports damage (never mistaken for a task bug), else a StoreError naming the store."""
+        if isinstance(exc, LocalStateError):
+            return exc
+        error = self.backend.corruption(exc)
+        if error is not None:
+            return error
+        return StoreError(f"{self.backend.name} backend failed in store {self.store!r}: {type(exc).__name__}: "
+                          f"{exc}", hint="check the disk and the store directory", store=self.store,
+                          partition=self.partition)
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def check_open(self) -> None:
+        """StoreClosedError once the store is closed."""
+        if self.closed:
+            raise StoreClosedError(f"store {self.store!r} is closed", store=self.store, partition=self.partition,
+                                   hint="open the store again; do not keep references to it after close()")
+
+    def close(self) -> None:
+        """Release the backend. Idempotent."""
+        if not self.closed:
+            self.closed = True
+            self.backend.close()
