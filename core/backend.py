@@ -26,7 +26,7 @@ from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.fsutil import errno_in_text, os_error_hint
 from localstate.errors import StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
-__all__ = ["KVBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "backend_names"]
+__all__ = ["KVBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "backend_names", "prefix_end"]
 
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
                              errno.EMFILE})
@@ -194,6 +194,15 @@ class KVBackend(ABC):
     @abstractmethod
     def _close(self) -> None:
         """Release backend handles."""
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest byte string greater than every string starting with ``prefix`` (None: no bound), the
+    exclusive end of a prefix scan."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
 def backend_names(registry: Any = None) -> list[str]:

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import Collection, Iterable, Mapping
+from operator import itemgetter
+from typing import Callable, Collection, Iterable, Mapping
 
 from localstate.core.backend import Item, KVBackend
-from localstate.core.changelog import ChangelogWriter
+from localstate.core.changelog import ChangelogRecord, ChangelogWriter
 from localstate.core.engine import StoreContext
 from localstate.errors import LocalStateError, StoreClosedError, StoreError
 
@@ -149,10 +150,28 @@ class LoggedStore:
         except Exception as exc:
             raise self.failed(exc) from exc
 
-    def restore_chunks(self, chunks: Iterable[Collection[Item]], *, deletes: bool = True) -> None:
-        """Write restored records, each chunk one atomic write (the offset moves at the next commit)."""
-        for chunk in chunks:
-            self.write(chunk, deletes=deletes)
+    def restore(self, records: Iterable[ChangelogRecord], batch_size: int,
+                prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None = None) -> None:
+        """Apply changelog records in order (last per key wins), ``batch_size`` keys per atomic write,
+        in key order (cheaper for RocksDB and LMDB). Not re-logged; the local offset moves at the next
+        commit. ``prepare`` may check or filter each chunk (and drop the engine's caches of its keys)."""
+        chunk: dict[bytes, bytes | None] = {}
+        deletes = False
+        for record in records:
+            value = chunk[record.key] = record.value
+            if value is None:
+                deletes = True
+            if len(chunk) >= batch_size:
+                self._restore_chunk(chunk, deletes, prepare)
+                chunk, deletes = {}, False
+        if chunk:
+            self._restore_chunk(chunk, deletes, prepare)
+
+    def _restore_chunk(self, chunk: dict[bytes, bytes | None], deletes: bool,
+                       prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None) -> None:
+        if prepare is not None:
+            chunk = prepare(chunk)
+        self.write(sorted(chunk.items(), key=itemgetter(0)), deletes=deletes)
 
     def failed(self, exc: Exception) -> Exception:
         """The error to raise for a failed backend read or write: StoreCorruptError when the backend

@@ -2,7 +2,8 @@
 
 Layers, top to bottom: serdes -> object cache (bounded LRU of deserialized values, read-your-writes)
 -> pending writes (the coalesced map of keys changed since the last spill/flush, serialized)
--> changelog (one record per changed key at each spill/flush) -> backend (atomic batch + offset).
+-> the logged-store layer (``localstate.core.logged``: changelog first, then one atomic backend
+write with the offset) -> a backend plugin (``localstate.core.backend``).
 
 Guarantees (see ``localstate.core.engine``):
 
@@ -20,8 +21,6 @@ pending changes once, as one key-sorted list (cheap RocksDB memtable inserts, LM
 
 from __future__ import annotations
 
-import logging
-import struct
 import weakref
 from collections import OrderedDict
 from operator import itemgetter
@@ -30,19 +29,15 @@ from typing import Any, Iterable, Iterator, Mapping
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
-from localstate.core.backend import BackendIterator, KVBackend, open_backend
-from localstate.engines.kv.codecs import FAST_ERRORS, fast_codec
+from localstate.core.backend import BackendIterator, KVBackend, open_backend, prefix_end
+from localstate.core.codecs import FAST_ERRORS, fast_codec
+from localstate.core.logged import META_OFFSET, LoggedStore
 from localstate.engines.kv.options import KV_OPTIONS
-from localstate.errors import InvalidValueError, LocalStateError, RestoreError, SerdeError, StoreClosedError, \
-    StoreError
+from localstate.errors import InvalidValueError, RestoreError, SerdeError, StoreClosedError
 
 __all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
 
-log = logging.getLogger(__name__)
 
-#: Metadata key under which a backend stores the changelog offset its data reflects.
-META_OFFSET = b"local_offset"
-_OFFSET = struct.Struct(">Q")
 _MISS = object()
 
 # Public methods replaced by a StoreClosedError raiser on close(), so the hot path needs no check.
@@ -66,14 +61,6 @@ def _checked_serialize(serde: Serde[Any], serialize: Any) -> Any:
     return checked
 
 
-def _successor(prefix: bytes) -> bytes | None:
-    """Smallest byte string greater than every string starting with ``prefix`` (None: no bound)."""
-    stripped = prefix.rstrip(b"\xff")
-    if not stripped:
-        return None
-    return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
 class KeyValueEngine(StorageEngine):
     """A key-value store partition: ``get/put/delete``, batch variants, ordered range scans."""
 
@@ -95,7 +82,6 @@ class KeyValueEngine(StorageEngine):
         vfast, self._vde_fast = fast_codec(vserde)
         self._kfast = _checked_serialize(kserde, kfast)
         self._vfast = _checked_serialize(vserde, vfast)
-        self._changelog = context.changelog
         self._cache: OrderedDict[bytes, Any] = OrderedDict()
         self._cache_size = int(opts["cache_size"])
         self._batch = int(opts["write_batch_size"])
@@ -107,49 +93,10 @@ class KeyValueEngine(StorageEngine):
         self._min_key = getattr(self._backend, "min_key_size", 0)
         self.spills = 0
         """Number of spills since open (statistics)."""
-        try:
-            self._offset = self._usable_offset()
-        except Exception as exc:
-            if self._backend.corruption(exc) is None:
-                raise
-            # Damaged local state is only a cache of the changelog: start empty, the runtime rebuilds it.
-            log.warning("store %s partition %d: local %s state is damaged (%s); discarding it",
-                        context.store, context.partition, self._backend.name, exc)
-            self._backend.discard()
-            self._offset = None
+        self._logged = LoggedStore(context, self._backend)
+        self._backend_failed = self._logged.failed
         self._closed = False
         self._bind_hot_path()
-
-    def _usable_offset(self) -> int | None:
-        """The local offset, after discarding data that has none."""
-        offset = self._read_offset()
-        if offset is None and self._backend.persistent and self._backend._scan(None, None, None, False, 1):
-            # Data without a recorded offset (e.g. a spill before the first commit, or a damaged
-            # offset): unusable, because the runtime will rebuild from offset 0 on top of it.
-            log.warning("store %s partition %d: local data has no valid offset; discarding it",
-                        self._store, self._partition)
-            self._backend.clear()
-        return offset
-
-    def _backend_failed(self, exc: Exception) -> Exception:
-        """The error to raise for a failed backend read or write: StoreCorruptError when the backend
-        reports damage (never mistaken for a task bug), else a StoreError naming the store."""
-        if isinstance(exc, LocalStateError):
-            return exc
-        error = self._backend.corruption(exc)
-        if error is not None:
-            return error
-        return StoreError(f"{self._backend.name} backend failed in store {self._store!r}: {type(exc).__name__}: "
-                          f"{exc}", hint="check the disk and the store directory", **self._ctx())
-
-    def _write_backend(self, items: list[tuple[bytes, bytes | None]], meta: Mapping[bytes, bytes] | None,
-                       deletes: bool) -> None:
-        try:
-            self._backend.write(items, meta, deletes=deletes)
-        except LocalStateError:
-            raise
-        except Exception as exc:
-            raise self._backend_failed(exc) from exc
 
     def _bind_hot_path(self) -> None:
         """Install per-instance ``get``/``put`` closures with every lookup pre-bound.
@@ -378,9 +325,7 @@ class KeyValueEngine(StorageEngine):
         """Write pending changes to the backend before a commit, obeying the contract: their
         changelog records are made durable first, and the recorded local offset does not move."""
         items = self._pending_items()
-        self._changelog.append_many(items)
-        self._changelog.flush()
-        self._write_backend(items, None, self._tombstones)
+        self._logged.spill(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
         self.spills += 1
@@ -404,7 +349,7 @@ class KeyValueEngine(StorageEngine):
     def prefix(self, prefix: Any, reverse: bool = False) -> "KVIterator":
         """Entries whose serialized key starts with the serialized ``prefix``."""
         pb = self._ser_key(prefix)
-        return self._iterate(pb or None, _successor(pb), reverse)
+        return self._iterate(pb or None, prefix_end(pb), reverse)
 
     def all(self, reverse: bool = False) -> "KVIterator":
         """Every entry, in key order."""
@@ -435,26 +380,15 @@ class KeyValueEngine(StorageEngine):
     # -- the engine contract -------------------------------------------------------------------
     def restore(self, records: Iterable[ChangelogRecord]) -> None:
         """Apply changelog records in order (last per key wins), in atomic chunks; not re-logged."""
-        chunk: dict[bytes, bytes | None] = {}
-        size = self._restore_batch
-        deletes = False
-        for record in records:
-            value = chunk[record.key] = record.value
-            if value is None:
-                deletes = True
-            if len(chunk) >= size:
-                self._restore_chunk(chunk, deletes)
-                chunk, deletes = {}, False
-        if chunk:
-            self._restore_chunk(chunk, deletes)
+        self._logged.restore(records, self._restore_batch, self._prepare_restored)
 
-    def _restore_chunk(self, chunk: dict[bytes, bytes | None], deletes: bool) -> None:
+    def _prepare_restored(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+        """A restore chunk checked against the backend's key sizes, with its keys' cached and pending
+        values dropped (the chunk supersedes them)."""
         if chunk and (self._min_key > 0 or self._max_key < 1 << 62):
             sizes = list(map(len, chunk))
             if min(sizes) < self._min_key or max(sizes) > self._max_key:
                 chunk = self._check_restored_keys(chunk)
-        # key order: a cheaper backend write (see _pending_items)
-        self._write_backend(sorted(chunk.items(), key=itemgetter(0)), None, deletes)
         cache, dirty = self._cache, self._dirty
         if cache:
             pop = cache.pop
@@ -464,6 +398,7 @@ class KeyValueEngine(StorageEngine):
             pop = dirty.pop
             for kb in chunk:
                 pop(kb, None)
+        return chunk
 
     def _check_restored_keys(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
         """``chunk`` without tombstones of keys this backend cannot hold (such keys cannot exist);
@@ -485,27 +420,13 @@ class KeyValueEngine(StorageEngine):
     def flush(self) -> None:
         """Log pending changes (one record per key), flush the changelog, then write the changes
         and the new end offset to the backend in one atomic write."""
-        items = self._pending_items()
-        if items:
-            self._changelog.append_many(items)
-        end = self._changelog.flush()
-        self._write_backend(items, {META_OFFSET: _OFFSET.pack(end)}, self._tombstones)
+        self._logged.commit(self._pending_items(), deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
-        self._offset = end
 
     def local_offset(self) -> int | None:
         """The changelog offset the backend's data reflects (None: no usable local state)."""
-        return self._offset
-
-    def _read_offset(self) -> int | None:
-        raw = self._backend.get_meta(META_OFFSET)
-        if raw is None:
-            return None
-        if len(raw) != _OFFSET.size:
-            log.warning("store %s partition %d: unreadable local offset %r", self._store, self._partition, raw)
-            return None
-        return _OFFSET.unpack(raw)[0]
+        return self._logged.local_offset()
 
     def close(self) -> None:
         """Close iterators and the backend. Unflushed changes are discarded. Idempotent."""
@@ -514,7 +435,7 @@ class KeyValueEngine(StorageEngine):
         self._closed = True
         for iterator in list(self._iterators):
             iterator.close()
-        self._backend.close()
+        self._logged.close()
         self._cache = OrderedDict()
         self._dirty = {}
         for name in _API:

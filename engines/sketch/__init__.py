@@ -14,12 +14,13 @@ flush), never inputs; see ``docs/sketch.md``.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, ClassVar, Mapping
 
+from localstate.core.backend import open_backend
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
-from localstate.core.serdes import BytesSerde
+from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 from localstate.engines.sketch.bloom import MAX_WORDS, BloomFilter, bloom_size
 from localstate.engines.sketch.engine import BloomFilterStore, HyperLogLogStore, QuantilesStore, SketchStore
 from localstate.engines.sketch.hashing import HASHES, encode_item, fast_hash32, fast_hash64
@@ -50,7 +51,6 @@ DEFAULTS: dict[str, Any] = {"precision": 12, "capacity": 1_000_000, "error_rate"
 #: Options that only make sense for one kind (None default = "not given"; filled in check_options).
 _KIND_OF = {"precision": "hll", "capacity": "bloom", "error_rate": "bloom", "k": "quantiles", "hash": ("hll", "bloom")}
 _DEFAULT_HASH = {"hll": "datasketch", "bloom": "fast"}
-_BACKENDS = ("rocksdb", "lmdb", "memory")
 
 
 def _error_rate(value: float) -> float:
@@ -75,8 +75,7 @@ class SketchEngineFactory(StorageEngineFactory):
                              parse=_error_rate),
         "k": Option(int, None, f"quantiles: KLL accuracy parameter ({MIN_K}..{MAX_K}, default 200: rank "
                     "error about 1.3%)", minimum=MIN_K, maximum=MAX_K),
-        "backend": Option(str, "rocksdb", "local structure of the inner key-value store: rocksdb, lmdb or memory",
-                          choices=_BACKENDS),
+        **BACKEND_OPTIONS,
     }
 
     def check_options(self, store: str, options: dict[str, Any]) -> None:
@@ -98,29 +97,29 @@ class SketchEngineFactory(StorageEngineFactory):
                                               f"needs {bits} bits, more than the maximum {MAX_WORDS * 64}"))
         if problems:
             raise ConfigError(problems, hint="remove the options that do not apply, or fix their values")
+        check_backend_options(store, options)
 
     def create(self, context: StoreContext) -> StorageEngine:
-        from localstate.engines.kv import KeyValueEngineFactory  # composed lazily: kv is heavier
-
         options = context.options
         if "hash" not in options or options.get("precision") is None:
             options = self.validate_options(context.store, dict(options))
-        kv = KeyValueEngineFactory()
-        # The inner store is written only at flush (all changed units at once) and never read hot:
-        # no object cache, and no spills in the middle of a flush.
-        kv_options = kv.validate_options(context.store, {"backend": options["backend"], "cache_size": 0,
-                                                         "write_batch_size": 1 << 22})
-        inner = kv.create(dataclasses.replace(context, options=kv_options, key_serde=BytesSerde(),
-                                              value_serde=BytesSerde()))
+        backend = open_backend(options["backend"], context.directory, options, store=context.store,
+                               partition=context.partition)
+        try:
+            logged = LoggedStore(context, backend)
+        except BaseException:
+            backend.close()
+            raise
+        store_options = {"restore_batch_size": int(options.get("restore_batch_size") or 10_000)}
         try:
             kind = options["kind"]
             if kind == "hll":
-                return HyperLogLogStore(context, inner, options["precision"], options["hash"])
+                return HyperLogLogStore(context, logged, options["precision"], options["hash"], **store_options)
             if kind == "bloom":
                 bits, hashes = bloom_size(options["capacity"], options["error_rate"])
-                return BloomFilterStore(context, inner, options["capacity"], options["error_rate"], bits, hashes,
-                                        options["hash"])
-            return QuantilesStore(context, inner, options["k"])
+                return BloomFilterStore(context, logged, options["capacity"], options["error_rate"], bits, hashes,
+                                        options["hash"], **store_options)
+            return QuantilesStore(context, logged, options["k"], **store_options)
         except BaseException:
-            inner.close()
+            logged.close()
             raise

@@ -1,13 +1,13 @@
 """The sketch engine: named HyperLogLog, Bloom filter or KLL quantile sketches in one store.
 
-Each sketch lives in memory (numpy arrays). Persistence and fault tolerance come from an inner
-key-value engine (``localstate.engines.kv``) over the same directory and changelog: at
-:meth:`SketchStore.flush` only the *changed units* are put into it (HLL: one record per changed
-register, Bloom: one per changed 64-bit word, quantiles: the serialised sketch), then the inner
-engine flushes, which coalesces, logs and commits atomically with its local offset. So the
-changelog logs deltas, never inputs, and compacts to at most one record per unit.
+Each sketch lives in memory (numpy arrays). Persistence and fault tolerance come from the
+logged-store layer (:mod:`localstate.core.logged`) over a backend plugin in the store's directory:
+at :meth:`SketchStore.flush` only the *changed units* are handed to it (HLL: one record per changed
+register, Bloom: one per changed 64-bit word, quantiles: the serialised sketch), which logs them and
+commits them atomically with its local offset. So the changelog logs deltas, never inputs, and
+compacts to at most one record per unit.
 
-Sketches are loaded lazily from the inner store (one prefix scan) on first use.
+Sketches are loaded lazily from the backend (one prefix scan) on first use.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ import hashlib
 import json
 import logging
 from abc import abstractmethod
+from operator import itemgetter
 from typing import Any, ClassVar, Generic, Iterable, Iterator, TypeVar
 
 import numpy as np
 
+from localstate.core.backend import BackendIterator, prefix_end
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StoreContext
+from localstate.core.logged import LoggedStore
 from localstate.core.serdes import BytesSerde
 from localstate.engines.sketch.bloom import BloomFilter
 from localstate.engines.sketch.hll import HyperLogLog, hash32_function
@@ -40,16 +43,19 @@ S = TypeVar("S")
 class SketchStore(StorageEngine, Generic[S]):
     """Base of the three sketch stores: naming, lazy loading, dirty tracking, flush and restore.
 
-    Guarantees: the changelog (through the inner kv engine) holds one record per changed unit per
-    flush; restore applies records last-wins to loaded sketches and leaves the others to be loaded
-    from the inner store, so restored sketches are bit-for-bit the logged ones.
+    Guarantees: the changelog holds one record per changed unit per flush; restore applies records
+    last-wins to loaded sketches and leaves the others to be loaded from the backend, so restored
+    sketches are bit-for-bit the logged ones.
     """
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, context: StoreContext, inner: Any, layout: dict[str, Any]) -> None:
+    def __init__(self, context: StoreContext, logged: LoggedStore, layout: dict[str, Any], *,
+                 restore_batch_size: int = 10_000) -> None:
         super().__init__(context)
-        self._inner = inner
+        self._logged = logged
+        self._backend = logged.backend
+        self._restore_batch = restore_batch_size
         self._layout = {"kind": self.kind, **layout}
         self._sketches: dict[bytes, S] = {}
         self._dirty: set[bytes] = set()
@@ -68,7 +74,7 @@ class SketchStore(StorageEngine, Generic[S]):
         """Names of the non-empty sketches (flushed or not), ordered by their serialised bytes."""
         self._check_open()
         found: set[bytes] = set()
-        with _closing(self._inner.all()) as entries:
+        with self._scan(None) as entries:
             for key, _ in entries:
                 parsed = split_key(key)
                 if parsed is not None:
@@ -99,7 +105,7 @@ class SketchStore(StorageEngine, Generic[S]):
         sketch = self._sketches.get(name)
         if sketch is None:
             prefix = name_prefix(name)
-            with _closing(self._inner.prefix(prefix)) as entries:
+            with self._scan(prefix) as entries:
                 records = list(entries)
             if records:
                 try:
@@ -115,6 +121,13 @@ class SketchStore(StorageEngine, Generic[S]):
             self._sketches[name] = sketch
         return sketch
 
+    def _scan(self, prefix: bytes | None) -> BackendIterator:
+        """A snapshot iterator over the local units (of the sketch whose keys start with ``prefix``)."""
+        try:
+            return self._backend.iterate(prefix, None if prefix is None else prefix_end(prefix))
+        except Exception as exc:
+            raise self._logged.failed(exc) from exc
+
     def _sketch_for_update(self, name: Any) -> S:
         key = self._name(name)
         sketch = self._get(key)
@@ -124,25 +137,37 @@ class SketchStore(StorageEngine, Generic[S]):
     # -- engine contract ---------------------------------------------------------------------
     def flush(self) -> None:
         self._check_open()
+        changes: dict[bytes, bytes | None] = {}
         if not self._meta_stored:
-            self._inner.put(META_KEY, json.dumps(self._layout, sort_keys=True).encode())
-            self._meta_stored = True
+            changes[META_KEY] = json.dumps(self._layout, sort_keys=True).encode()
         puts: list[tuple[bytes, bytes]] = []
         deletes: list[bytes] = []
         for name in sorted(self._dirty):
             self._changes(self._sketches[name], puts, deletes)
-        if puts:
-            self._inner.put_all(puts)
-        if deletes:
-            self._inner.delete_all(deletes)
+        changes.update(puts)
+        changes.update(dict.fromkeys(deletes))
+        self._check_key_sizes(changes)
+        self._logged.commit(sorted(changes.items(), key=itemgetter(0)), deletes=bool(deletes))
+        self._meta_stored = True
         self._dirty.clear()
-        self._inner.flush()
+
+    def _check_key_sizes(self, changes: dict[bytes, bytes | None]) -> None:
+        """InvalidValueError, before anything is logged, for a key the backend cannot hold (a
+        logged but unwritable record would break every restore)."""
+        lo = getattr(self._backend, "min_key_size", 0)
+        hi = getattr(self._backend, "max_key_size", 1 << 62)
+        for key in changes:
+            if not lo <= len(key) <= hi:
+                raise InvalidValueError(
+                    f"sketch key {key[:64]!r} is {len(key)} bytes; the {self._backend.name} backend accepts "
+                    f"{lo}..{hi} bytes", hint="use shorter sketch names or the rocksdb backend",
+                    **self.context.describe())
 
     def restore(self, records: Iterable[ChangelogRecord]) -> None:
         self._check_open()
         loaded = self._sketches
         if not loaded:
-            self._inner.restore(records)
+            self._logged.restore(records, self._restore_batch)
         else:
             updates: dict[bytes, dict[bytes, bytes | None]] = {}
 
@@ -153,7 +178,7 @@ class SketchStore(StorageEngine, Generic[S]):
                     if parsed is not None and parsed[0] in loaded:
                         updates.setdefault(parsed[0], {})[parsed[1]] = record.value
 
-            self._inner.restore(tap())
+            self._logged.restore(tap(), self._restore_batch)
             for name, changes in updates.items():
                 try:
                     self._apply(loaded[name], changes)
@@ -165,7 +190,7 @@ class SketchStore(StorageEngine, Generic[S]):
 
     def local_offset(self) -> int | None:
         self._check_open()
-        return self._inner.local_offset()
+        return self._logged.local_offset()
 
     def close(self) -> None:
         if self._closed:
@@ -173,7 +198,7 @@ class SketchStore(StorageEngine, Generic[S]):
         self._closed = True
         self._sketches.clear()
         self._dirty.clear()
-        self._inner.close()
+        self._logged.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -181,7 +206,10 @@ class SketchStore(StorageEngine, Generic[S]):
                                    **self.context.describe())
 
     def _check_meta(self, error: type[StoreError] | type[RestoreError]) -> bool:
-        raw = self._inner.get(META_KEY)
+        try:
+            raw = self._backend.get(META_KEY)
+        except Exception as exc:
+            raise self._logged.failed(exc) from exc
         if raw is None:
             return False
         try:
@@ -217,7 +245,7 @@ class SketchStore(StorageEngine, Generic[S]):
 
 @dataclasses.dataclass
 class _Units:
-    """A unit-array sketch plus the unit values the inner store holds (``base``)."""
+    """A unit-array sketch plus the unit values the backend holds (``base``)."""
 
     prefix: bytes
     sketch: Any
@@ -302,10 +330,11 @@ class HyperLogLogStore(_UnitStore):
     _dtype = "u1"
     _width = 1
 
-    def __init__(self, context: StoreContext, inner: Any, precision: int, hash: str) -> None:
+    def __init__(self, context: StoreContext, logged: LoggedStore, precision: int, hash: str,
+                 **store_options: Any) -> None:
         self.precision = precision
         self.hash = hash
-        super().__init__(context, inner, {"precision": precision, "hash": hash})
+        super().__init__(context, logged, {"precision": precision, "hash": hash}, **store_options)
 
     def _sketch(self, data: np.ndarray | None) -> HyperLogLog:
         return HyperLogLog(self.precision, self.hash, data)
@@ -382,14 +411,14 @@ class BloomFilterStore(_UnitStore):
     _dtype = "<u8"
     _width = 8
 
-    def __init__(self, context: StoreContext, inner: Any, capacity: int, error_rate: float, bits: int,
-                 hashes: int, hash: str) -> None:
+    def __init__(self, context: StoreContext, logged: LoggedStore, capacity: int, error_rate: float, bits: int,
+                 hashes: int, hash: str, **store_options: Any) -> None:
         self.capacity = capacity
         self.error_rate = error_rate
         self.bits = bits
         self.hashes = hashes
         self.hash = hash
-        super().__init__(context, inner, {"bits": bits, "hashes": hashes, "hash": hash})
+        super().__init__(context, logged, {"bits": bits, "hashes": hashes, "hash": hash}, **store_options)
 
     def _sketch(self, data: np.ndarray | None) -> BloomFilter:
         return BloomFilter(self.bits, self.hashes, self.hash, data)
@@ -448,9 +477,9 @@ class QuantilesStore(SketchStore[_Quantiles]):
 
     kind = "quantiles"
 
-    def __init__(self, context: StoreContext, inner: Any, k: int) -> None:
+    def __init__(self, context: StoreContext, logged: LoggedStore, k: int, **store_options: Any) -> None:
         self.k = k
-        super().__init__(context, inner, {"k": k})
+        super().__init__(context, logged, {"k": k}, **store_options)
 
     @property
     def rank_error(self) -> float:
@@ -554,18 +583,3 @@ class QuantilesStore(SketchStore[_Quantiles]):
         target = self._sketch_for_update(into).sketch
         for other in others:
             target.merge(other)
-
-
-class _closing:
-    """Context manager closing an iterator if it can be closed (kv iterators are closable)."""
-
-    def __init__(self, iterator: Any) -> None:
-        self._iterator = iterator
-
-    def __enter__(self) -> Any:
-        return self._iterator
-
-    def __exit__(self, *exc: object) -> None:
-        close = getattr(self._iterator, "close", None)
-        if close is not None:
-            close()
