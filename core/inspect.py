@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import struct
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -27,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
+from localstate.core.logged import META_OFFSET, decode_offset
 from localstate.core.names import safe_join
 from localstate.core.runtime import store_directory
 from localstate.core.serdes import Serde
@@ -39,8 +39,6 @@ __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry
 
 log = logging.getLogger(__name__)
 
-_OFFSET = struct.Struct(">Q")
-_META_OFFSET = b"local_offset"       # the kv engine's META_OFFSET (not imported: that pulls in the engine)
 _ROCKSDB_META_CF = "localstate_meta"
 
 
@@ -214,8 +212,7 @@ class _LocalReader:
     """Read-only access to a kv backend directory: the offset and the live entries in key order."""
 
     def offset(self) -> int | None:
-        raw = self.meta(_META_OFFSET)
-        return _OFFSET.unpack(raw)[0] if raw is not None and len(raw) == _OFFSET.size else None
+        return decode_offset(self.meta(META_OFFSET))
 
     def meta(self, key: bytes) -> bytes | None:
         raise NotImplementedError

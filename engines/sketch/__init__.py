@@ -22,7 +22,8 @@ from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 from localstate.engines.sketch.bloom import MAX_WORDS, BloomFilter, bloom_size
-from localstate.engines.sketch.engine import BloomFilterStore, HyperLogLogStore, QuantilesStore, SketchStore
+from localstate.engines.sketch.engine import (BloomFilterEngine, BloomFilterStore, HyperLogLogEngine, HyperLogLogStore,
+                                              QuantilesEngine, QuantilesStore, SketchEngine, SketchStore)
 from localstate.engines.sketch.hashing import HASHES, encode_item, fast_hash32, fast_hash64
 from localstate.engines.sketch.hll import MAX_PRECISION, MIN_PRECISION, HyperLogLog
 from localstate.engines.sketch.kll import MAX_K, MIN_K, KllSketch, rank_error
@@ -30,6 +31,10 @@ from localstate.errors import ConfigError, ConfigProblem
 
 __all__ = [
     "SketchEngineFactory",
+    "SketchEngine",
+    "HyperLogLogEngine",
+    "BloomFilterEngine",
+    "QuantilesEngine",
     "SketchStore",
     "HyperLogLogStore",
     "BloomFilterStore",
@@ -60,7 +65,7 @@ def _error_rate(value: float) -> float:
 
 
 class SketchEngineFactory(StorageEngineFactory):
-    """Creates a :class:`HyperLogLogStore`, :class:`BloomFilterStore` or :class:`QuantilesStore`."""
+    """Creates a :class:`HyperLogLogEngine`, :class:`BloomFilterEngine` or :class:`QuantilesEngine`."""
 
     description: ClassVar[str] = ("probabilistic sketches (HyperLogLog, Bloom filter, KLL quantiles) whose "
                                   "changelog logs changed registers/words, not inputs")
@@ -114,12 +119,12 @@ class SketchEngineFactory(StorageEngineFactory):
         try:
             kind = options["kind"]
             if kind == "hll":
-                return HyperLogLogStore(context, logged, options["precision"], options["hash"], **store_options)
+                return HyperLogLogEngine(context, logged, options["precision"], options["hash"], **store_options)
             if kind == "bloom":
                 bits, hashes = bloom_size(options["capacity"], options["error_rate"])
-                return BloomFilterStore(context, logged, options["capacity"], options["error_rate"], bits, hashes,
+                return BloomFilterEngine(context, logged, options["capacity"], options["error_rate"], bits, hashes,
                                         options["hash"], **store_options)
-            return QuantilesStore(context, logged, options["k"], **store_options)
+            return QuantilesEngine(context, logged, options["k"], **store_options)
         except BaseException:
             logged.close()
             raise

@@ -2,7 +2,7 @@
 
 Each sketch lives in memory (numpy arrays). Persistence and fault tolerance come from the
 logged-store layer (:mod:`localstate.core.logged`) over a backend plugin in the store's directory:
-at :meth:`SketchStore.flush` only the *changed units* are handed to it (HLL: one record per changed
+at :meth:`SketchEngine.flush` only the *changed units* are handed to it (HLL: one record per changed
 register, Bloom: one per changed 64-bit word, quantiles: the serialised sketch), which logs them and
 commits them atomically with its local offset. So the changelog logs deltas, never inputs, and
 compacts to at most one record per unit.
@@ -33,14 +33,15 @@ from localstate.engines.sketch.keys import META_KEY, name_prefix, split_key, uni
 from localstate.engines.sketch.kll import KllSketch, rank_error
 from localstate.errors import InvalidValueError, RestoreError, StoreClosedError, StoreError
 
-__all__ = ["SketchStore", "HyperLogLogStore", "BloomFilterStore", "QuantilesStore"]
+__all__ = ["SketchEngine", "HyperLogLogEngine", "BloomFilterEngine", "QuantilesEngine",
+           "SketchStore", "HyperLogLogStore", "BloomFilterStore", "QuantilesStore"]
 
 log = logging.getLogger(__name__)
 
 S = TypeVar("S")
 
 
-class SketchStore(StorageEngine, Generic[S]):
+class SketchEngine(StorageEngine, Generic[S]):
     """Base of the three sketch stores: naming, lazy loading, dirty tracking, flush and restore.
 
     Guarantees: the changelog holds one record per changed unit per flush; restore applies records
@@ -256,7 +257,7 @@ class _Units:
         return self.sketch.reg if isinstance(self.sketch, HyperLogLog) else self.sketch.words
 
 
-class _UnitStore(SketchStore[_Units]):
+class _UnitStore(SketchEngine[_Units]):
     """Sketches made of fixed-size units (HLL registers, Bloom words) keyed ``prefix + u32 index``."""
 
     _dtype: ClassVar[str]  # little-endian storage dtype of one unit
@@ -318,7 +319,7 @@ class _UnitStore(SketchStore[_Units]):
         units.data[:] = 0
 
 
-class HyperLogLogStore(_UnitStore):
+class HyperLogLogEngine(_UnitStore):
     """Named HyperLogLog sketches with datasketch-compatible registers.
 
     ``add(name, item)`` / ``add_many(name, items)`` / ``count(name)`` / ``merge(into, *sources)`` /
@@ -401,7 +402,7 @@ class HyperLogLogStore(_UnitStore):
         units.data[:] = np.asarray(hll.reg, dtype=np.int8)
 
 
-class BloomFilterStore(_UnitStore):
+class BloomFilterEngine(_UnitStore):
     """Named Bloom filters sized from ``capacity`` and ``error_rate``.
 
     ``add`` / ``add_many`` / ``contains`` / ``contains_many`` / ``merge``. Never a false negative.
@@ -467,7 +468,7 @@ class _Quantiles:
     deleted: bool = False
 
 
-class QuantilesStore(SketchStore[_Quantiles]):
+class QuantilesEngine(SketchEngine[_Quantiles]):
     """Named KLL quantile sketches of float values.
 
     ``add`` / ``add_many`` / ``quantile(name, q)`` / ``quantiles(name, qs)`` / ``rank(name, x)`` /
@@ -583,3 +584,10 @@ class QuantilesStore(SketchStore[_Quantiles]):
         target = self._sketch_for_update(into).sketch
         for other in others:
             target.merge(other)
+
+
+# Former names (every engine class is now named *Engine): kept for existing code.
+SketchStore = SketchEngine
+HyperLogLogStore = HyperLogLogEngine
+BloomFilterStore = BloomFilterEngine
+QuantilesStore = QuantilesEngine
