@@ -26,7 +26,8 @@ from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.fsutil import errno_in_text, os_error_hint
 from localstate.errors import StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
-__all__ = ["KVBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "backend_names", "prefix_end"]
+__all__ = ["KVBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
+           "prefix_end"]
 
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
                              errno.EMFILE})
@@ -222,6 +223,13 @@ def open_backend(kind: str, directory: Path, options: Mapping[str, Any], *, stor
     except PluginNotFoundError as exc:
         raise ConfigError.at(f"stores.{store}.backend", exc.message, hint=exc.hint) from None
     return backend_class.open(Path(directory), options, store=store, partition=partition)
+
+
+def open_store_backend(context: Any, options: Mapping[str, Any]) -> KVBackend:
+    """Open the backend a store partition's validated ``options`` name (``backend``, default rocksdb)
+    in its directory, through the job's registry when the runtime passed one (``context.extra``)."""
+    return open_backend(options.get("backend", "rocksdb"), context.directory, options, store=context.store,
+                        partition=context.partition, registry=context.extra.get("registry"))
 
 
 def _registry(registry: Any) -> Any:

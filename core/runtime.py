@@ -195,7 +195,8 @@ class TaskInstance:
             job=self.job.name, store=name, partition=self.partition, directory=directory, options=config.options,
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
-            changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None)
+            changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None,
+            extra={"registry": registry})  # backends are found through the job's plugin policy
         if changelog is not None:
             self._discard_if_marked(name, directory)
         had_files = any(directory.iterdir())

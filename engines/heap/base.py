@@ -27,7 +27,7 @@ import marshal
 import struct
 from typing import Any, Callable, Iterable, NoReturn
 
-from localstate.core.backend import open_backend
+from localstate.core.backend import open_store_backend
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.codecs import fast_codec
 from localstate.core.engine import StorageEngine, StoreContext
@@ -61,8 +61,7 @@ class HeapEngineBase(StorageEngine):
         from localstate.engines.heap.factory import backend_options_of
 
         options = backend_options_of(context.store, context.options)
-        backend = open_backend(options["backend"], context.directory, options, store=context.store,
-                               partition=context.partition)
+        backend = open_store_backend(context, options)
         self._persistent: bool = backend.persistent
         self._restore_batch = int(options.get("restore_batch_size") or 10_000)
         self._closed = False

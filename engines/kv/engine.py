@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
-from localstate.core.backend import BackendIterator, KVBackend, open_backend, prefix_end
+from localstate.core.backend import BackendIterator, KVBackend, open_store_backend, prefix_end
 from localstate.core.codecs import FAST_ERRORS, fast_codec
 from localstate.core.logged import META_OFFSET, LoggedStore
 from localstate.engines.kv.options import KV_OPTIONS
@@ -70,8 +70,7 @@ class KeyValueEngine(StorageEngine):
         opts.update(context.options)
         self._store = context.store
         self._partition = context.partition
-        self._backend: KVBackend = backend if backend is not None else open_backend(
-            opts["backend"], context.directory, opts, store=context.store, partition=context.partition)
+        self._backend: KVBackend = backend if backend is not None else open_store_backend(context, opts)
         kserde, vserde = context.key_serde, context.value_serde
         self._kser = _checked_serialize(kserde, kserde.serialize)
         self._kde = kserde.deserialize

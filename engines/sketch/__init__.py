@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from localstate.core.backend import open_backend
+from localstate.core.backend import open_store_backend
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
@@ -108,8 +108,7 @@ class SketchEngineFactory(StorageEngineFactory):
         options = context.options
         if "hash" not in options or options.get("precision") is None:
             options = self.validate_options(context.store, dict(options))
-        backend = open_backend(options["backend"], context.directory, options, store=context.store,
-                               partition=context.partition)
+        backend = open_store_backend(context, options)
         try:
             logged = LoggedStore(context, backend)
         except BaseException:
