@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from abc import ABC, abstractmethod
 from operator import itemgetter
 from typing import Callable, Collection, Iterable, Mapping
 
@@ -29,7 +30,7 @@ from localstate.core.changelog import ChangelogRecord, ChangelogWriter
 from localstate.core.engine import StoreContext
 from localstate.errors import LocalStateError, StoreClosedError, StoreError
 
-__all__ = ["LoggedStore", "META_OFFSET", "META_FORMAT", "encode_offset", "decode_offset"]
+__all__ = ["ChangelogCommit", "LoggedStore", "META_OFFSET", "META_FORMAT", "encode_offset", "decode_offset"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,34 @@ def decode_offset(raw: bytes | None) -> int | None:
     return _OFFSET.unpack(raw)[0]
 
 
-class LoggedStore:
+class ChangelogCommit(ABC):
+    """The commit template (Quix Streams' prepare/flush): records to the changelog, changelog flush,
+    then one atomic local write that includes the end offset. Subclasses provide the local write:
+    :class:`LoggedStore` (a backend write batch) or an engine with its own local structure (the
+    search engine: a tantivy commit with its opstamp marker). Needs ``changelog`` and ``_offset``."""
+
+    changelog: ChangelogWriter
+    _offset: int | None
+
+    def commit(self, records: Collection[Item], writes: Collection[Item] | None = None, *,
+               deletes: bool = True) -> int:
+        """Log ``records`` (one per changed key; None deletes), flush the changelog, then make
+        ``writes`` (default: the records themselves) local together with the new end offset.
+        Returns the end offset."""
+        if records:
+            self.changelog.append_many(records)
+        end = self.changelog.flush()
+        self._write_local(records if writes is None else writes, end, deletes)
+        self._offset = end
+        return end
+
+    @abstractmethod
+    def _write_local(self, writes: Collection[Item], end: int, deletes: bool) -> None:
+        """Make ``writes`` and the offset ``end`` local in one atomic step (raise on failure: the
+        offset then stays at the previous commit)."""
+
+
+class LoggedStore(ChangelogCommit):
     """A backend whose every committed change is in the changelog first; owns the local offset."""
 
     def __init__(self, context: StoreContext, backend: KVBackend, *, local_format: bytes | None = None) -> None:
@@ -121,18 +149,8 @@ class LoggedStore:
         """The changelog offset the backend's data reflects (None: no usable local state)."""
         return self._offset
 
-    def commit(self, records: Collection[Item], writes: Collection[Item] | None = None, *,
-               deletes: bool = True) -> int:
-        """Log ``records`` (one per changed key; None deletes), flush the changelog, then write
-        ``writes`` (default: the records themselves) with the new end offset in one atomic backend
-        write. Returns the end offset."""
-        if records:
-            self.changelog.append_many(records)
-        end = self.changelog.flush()
-        meta = {META_OFFSET: _OFFSET.pack(end), **self._meta}
-        self.write(records if writes is None else writes, meta, deletes=deletes)
-        self._offset = end
-        return end
+    def _write_local(self, writes: Collection[Item], end: int, deletes: bool) -> None:
+        self.write(writes, {META_OFFSET: _OFFSET.pack(end), **self._meta}, deletes=deletes)
 
     def spill(self, records: Collection[Item], *, deletes: bool = True) -> None:
         """Write ``records`` locally before a commit: logged and flushed first, offset unchanged."""

@@ -21,6 +21,7 @@ import tantivy
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.corruption import corrupt_reason, store_corrupt
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.logged import ChangelogCommit
 from localstate.core.fsutil import errno_in_text, os_error_hint, write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
 from localstate.engines.search.schema import (
@@ -118,7 +119,7 @@ def _drop_writer(writer: tantivy.IndexWriter) -> None:
         log.warning("closing a tantivy index writer failed: %s", exc)
 
 
-class SearchEngine(StorageEngine):
+class SearchEngine(ChangelogCommit, StorageEngine):
     """A tantivy index for one store partition.
 
     Visibility: ``add``/``delete`` are *pending* until :meth:`flush`. :meth:`get` sees pending
@@ -152,6 +153,7 @@ class SearchEngine(StorageEngine):
         self._dirty = False  # restored records not yet committed
         self._closed = False
         self._offset_path = Path(context.directory) / OFFSET_FILENAME
+        self.changelog = context.changelog
         try:
             self._index, self._writer, self._offset = self._open()
         except (OSError, ValueError) as exc:  # tantivy reports OS errors as ValueError text
@@ -493,11 +495,12 @@ class SearchEngine(StorageEngine):
         """Log pending changes (one record per doc id), flush the changelog, then commit the index
         together with the new offset (hidden offset document) and reload the searcher."""
         self._check_open()
+        self.commit([(key, None if entry is None else entry[0]) for key, entry in self._pending.items()])
+
+    def _write_local(self, writes: Any, end: int, deletes: bool) -> None:
+        """The tantivy commit of the pending documents with the offset marker (the commit template's
+        local write), then a searcher reload."""
         pending = self._pending
-        if pending:
-            self.context.changelog.append_many((key, None if entry is None else entry[0])
-                                               for key, entry in pending.items())
-        end = self.context.changelog.flush()
         if not pending and not self._dirty and end == self._offset:
             return
         writer = self._writer
@@ -524,7 +527,6 @@ class SearchEngine(StorageEngine):
         self._opstamp = opstamp
         self._pending = {}
         self._dirty = False
-        self._offset = end
         self._index.reload()
         self._searcher = self._index.searcher()
 
