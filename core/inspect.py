@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from localstate.core.changelog import LocalStreams
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.names import safe_join
-from localstate.core.runtime import store_directory
+from localstate.core.runtime import open_changelog_system, store_directory
 from localstate.core.serdes import Serde
 from localstate.errors import ChangelogError, CheckpointError, ConfigError, StateNotFoundError
 
@@ -316,20 +317,22 @@ def _open_local(directory: Path, backend: str | None) -> Iterator[_LocalReader |
 
 # -- changelogs ----------------------------------------------------------------------------------------
 
-def _file_system(job: JobConfig):  # noqa: ANN202 - FileChangelogSystem, imported lazily
-    from localstate.changelog.file import FileChangelogSystem
-
-    if job.changelog_system != "file":
+def _local_system(job: JobConfig) -> LocalStreams:
+    """The job's changelog system, which must keep its streams locally (readable without a lock)."""
+    system = open_changelog_system(job)
+    if not isinstance(system, LocalStreams):
+        system.close()
         raise ChangelogError(f"changelog system {job.changelog_system!r}: inspect reads file changelogs only",
                              hint="read the topics with the system's own tools (e.g. kafka-console-consumer); "
                                   "`inspect --store` still shows local rocksdb/lmdb stores")
-    return FileChangelogSystem(job.changelog_options.get("file", {}), job.state_dir)
+    return system
 
 
 def _changelog_end(job: JobConfig, stream: str, partition: int) -> int | None:
-    if job.changelog_system != "file":
+    system = open_changelog_system(job)
+    if not isinstance(system, LocalStreams):
+        system.close()
         return None
-    system = _file_system(job)
     if not system.partition_dir(stream, partition).is_dir():
         return None
     reader = system.reader(stream, partition)
@@ -371,9 +374,7 @@ def resolve_stream(job: JobConfig, name: str) -> tuple[str, StoreConfig | None]:
 def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
                          checkpoints: dict[int, Checkpoint | None],
                          partitions: list[int] | None = None) -> list[ChangelogPartitionInfo]:
-    from localstate.changelog.file.format import list_segments, segment_name
-
-    system = _file_system(job)
+    system = _local_system(job)
     infos = []
     for partition in partitions if partitions is not None else range(job.partitions):
         directory = system.partition_dir(stream, partition)
@@ -382,8 +383,7 @@ def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
         if not directory.is_dir():
             infos.append(ChangelogPartitionInfo(stream, partition, directory, False, None, 0, committed, []))
             continue
-        segments = [SegmentInfo(segment_name(base), (directory / segment_name(base)).stat().st_size)
-                    for base in list_segments(directory)]
+        segments = [SegmentInfo(name, size) for name, size in system.segments(stream, partition)]
         reader = system.reader(stream, partition)
         try:
             end = reader.end_offset()
@@ -397,8 +397,8 @@ def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
 
 def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 0,
                       end: int | None = None) -> Iterator[Any]:
-    """Raw records of one file changelog partition (nothing if it does not exist)."""
-    system = _file_system(job)
+    """Raw records of one local changelog partition (nothing if it does not exist)."""
+    system = _local_system(job)
     if not system.partition_dir(stream, partition).is_dir():
         return
     reader = system.reader(stream, partition)
