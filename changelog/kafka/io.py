@@ -16,7 +16,7 @@ from localstate.errors import InputError, LocalStateError, OutputError
 
 from .client import bootstrap_servers, kafka_error
 
-__all__ = ["TopicWriter", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "ensure_topic",
+__all__ = ["TopicWriter", "consumer_settings", "listed_ends", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "ensure_topic",
            "produce", "pooled_consumer", "release_consumer", "close_clients"]
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,15 @@ def _pool_key(settings: Mapping[str, Any], extra: Mapping[str, Any]) -> str:
     return repr(sorted({**settings, **extra}.items()))
 
 
+def consumer_settings(settings: Mapping[str, Any], **tuning: Any) -> dict[str, Any]:
+    """kafka-python consumer arguments of every localstate reader: no group, nothing committed to
+    Kafka (positions live in checkpoints), plus ``tuning``."""
+    # Out of range (records deleted by retention) must fail loudly, never silently jump.
+    return {**settings, "group_id": None, "enable_auto_commit": False, "auto_offset_reset": "none", **tuning}
+
+
 def _consumer_config(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {**settings, "group_id": None, "enable_auto_commit": False, "allow_auto_create_topics": False,
-            # Out of range (records deleted by retention) must fail loudly, not silently jump.
-            "auto_offset_reset": "none", "fetch_max_wait_ms": 100, "max_poll_records": 5000}
+    return consumer_settings(settings, allow_auto_create_topics=False, fetch_max_wait_ms=100, max_poll_records=5000)
 
 
 def pooled_consumer(settings: Mapping[str, Any]) -> Any:
@@ -129,12 +134,48 @@ def topic_partitions(consumer: Any, topic: str) -> int:
     return len(consumer.partitions_for_topic(topic) or ())
 
 
+# -- end offsets: Tansu's ListOffsets quirk, handled here once ----------------------------------------
+#
+# A broker's ListOffsets(latest) is meant to be the high watermark, but Tansu answers the base offset
+# of the last *batch* + 1 (after 1000 records produced in batches it said 886). So ListOffsets is only
+# ever used as a FLOOR: the true end comes from the high watermark a fetch response carries, read from
+# just below the floor. end_offsets() does it for stream positions (the high watermark), and
+# find_data_end() for changelogs (one past the last *data* record: transaction markers excluded).
+
+def listed_ends(consumer: Any, topic: str, partitions: Sequence[int], *,
+                timeout_ms: int | None = None) -> dict[int, int]:
+    """ListOffsets(latest) of each partition: a floor of its end, never above it (see above).
+    Raises kafka-python errors."""
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in partitions]
+    reported = consumer.end_offsets(tps) if timeout_ms is None else consumer.end_offsets(tps, timeout_ms=timeout_ms)
+    return {tp.partition: int(reported.get(tp) or 0) for tp in tps}
+
+
+def find_data_end(floor: int, read_from: Callable[[int], Iterable[list[Any]]]) -> int:
+    """One past the last data record of a partition whose ListOffsets floor is ``floor``:
+    ``read_from(start)`` yields lists of records from ``start`` up to the high watermark its fetches
+    report. Reads from just below the floor, stepping back (x16) while the tail holds no data record
+    (a transaction marker), down to 0 (an empty partition)."""
+    step = 2
+    while True:
+        start = max(0, floor - step)
+        last = None
+        for batch in read_from(start):
+            last = batch[-1].offset
+        if last is not None:
+            return last + 1
+        if start == 0:
+            return 0
+        step *= 16
+
+
 def end_offsets(consumer: Any, topic: str, partitions: Sequence[int], known: Mapping[int, int] | None = None,
                 *, timeout: float = 2.0) -> dict[int, int]:
     """The end (high watermark) of each partition: the offset after its last record.
 
-    ListOffsets(latest) is only a floor here: Tansu answers the base offset of the last batch + 1
-    instead of the high watermark. So each partition is fetched from one offset *below* the
+    ListOffsets is only a floor (see above). So each partition is fetched from one offset *below* the
     floor, where a record is known to exist (the floor is raised to the ``known`` ends, e.g. of a
     previous plan): the fetch is never empty, and its response carries the high watermark and any
     later records. A too-low answer can therefore only delay records to a later plan, and a run
@@ -146,8 +187,8 @@ def end_offsets(consumer: Any, topic: str, partitions: Sequence[int], known: Map
 
     known = known or {}
     tps = [TopicPartition(topic, p) for p in partitions]
-    reported = consumer.end_offsets(tps)
-    ends = {tp.partition: max(int(reported.get(tp) or 0), int(known.get(tp.partition, 0))) for tp in tps}
+    floors = listed_ends(consumer, topic, partitions)
+    ends = {tp.partition: max(floors[tp.partition], int(known.get(tp.partition, 0))) for tp in tps}
     probe = {tp: ends[tp.partition] - 1 for tp in tps if ends[tp.partition] > 0}
     if not probe:
         return ends

@@ -26,7 +26,7 @@ without a key to the Spark task's partition modulo the partition count. ``acks=a
 waits for every acknowledgement before it reports success. Records of tasks that succeeded stay
 in the topic when the write fails as a whole (at-least-once: Kafka has no rollback here).
 
-Reading and writing use the very functions of the job streams (:mod:`.kafka`): :func:`end_offsets`,
+Reading and writing use the very functions of the job streams (:mod:`.io`): :func:`end_offsets`,
 :func:`read_records` and :class:`TopicWriter`. Connection options are those of ``[inputs.X]``
 (``bootstrap_servers``, ``security_protocol``, ``sasl_*``, ``ssl_*`` with ``*_env`` secrets read on
 the executors, ``connect_timeout``, ``request_timeout``).
