@@ -81,14 +81,14 @@ class FileLogInput(_FileLog, InputStream):
         "ts_field": Option(str, default="ts", doc="value field holding the event time (when values are objects)"),
     }
 
-    def input_directory(self) -> Path:
-        return self.root / self.stream
-
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
         self._setup(job, config.name)
         self._tails: dict[int, tuple[int, int, int, int]] = {}
         """partition -> (last segment base, inode, byte position and offset after its valid records)"""
+
+    def input_directory(self) -> Path:
+        return self.root / self.stream
 
     def _check_partition(self, partition: int) -> bool:
         """Whether the partition exists; its directory must be a directory and its segments regular
