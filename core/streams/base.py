@@ -314,11 +314,17 @@ def _stream_class(job: JobConfig, kind: str, config: StreamConfig) -> type:
     stream_class = getattr(system, side, None)
     if stream_class is not None:
         return stream_class
-    known = sorted(name for name in registry.names("streams")
-                   if getattr(registry.load("streams", name), side, None) is not None)
+    known = sorted(name for name in registry.names("streams") if _offers(registry, name, side))
     raise ConfigError.at(f"{kind}.{config.name}.system",
                          f"unknown {side} system {config.system!r}" + did_you_mean(config.system, known),
                          hint=f"use one of: {', '.join(known)}")
+
+
+def _offers(registry: Any, name: str, side: str) -> bool:
+    try:
+        return getattr(registry.load("streams", name), side, None) is not None
+    except LocalStateError:
+        return False  # a broken plugin is reported by `localstate plugins`, not in this message
 
 
 def open_input(job: JobConfig, name: str) -> InputStream:

@@ -39,3 +39,32 @@ def test_builtin_stream_systems_are_plugins(name, has_input, has_output):
     system = Registry().load("streams", name)
     assert issubclass(system, StreamSystem)
     assert (system.input is not None, system.output is not None) == (has_input, has_output)
+
+
+def _job(tmp_path, system: str, policy: str = "[policy]\n"):
+    from localstate.core.config import parse_job_config
+
+    (tmp_path / "plugins.toml").write_text(policy)
+    data = {"job": {"name": "j", "task": "m:T", "state_dir": str(tmp_path / "state")},
+            "inputs": {"events": {"system": system}}}
+    return parse_job_config(data, plugins=tmp_path / "plugins.toml")
+
+
+def test_unknown_stream_system_is_a_did_you_mean_config_error(tmp_path):
+    from localstate.core.streams import open_input
+    from localstate.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        open_input(_job(tmp_path, "generater"), "events")
+    text = str(info.value)
+    assert "inputs.events.system" in text and "unknown input system 'generater'" in text
+    assert "generator" in text
+
+
+def test_plugin_policy_governs_stream_systems(tmp_path):
+    from localstate.core.streams import open_input
+    from localstate.errors import PluginRefusedError
+
+    job = _job(tmp_path, "generator", '[policy]\ndeny_plugins = ["streams.generator"]\n')
+    with pytest.raises(PluginRefusedError):
+        open_input(job, "events")
