@@ -185,6 +185,9 @@ class LocalStreams(Protocol):
     ownership marker): ``localstate reset`` deletes such directories itself, never through a
     symlink, and ``localstate inspect`` reads them without a lock, next to a live writer."""
 
+    root: Path
+    """The directory holding every stream of the system."""
+
     def stream_dir(self, stream: str) -> Path:
         """The stream's directory (raises UnsafePathError if it is a symlink or leaves its root)."""
 

@@ -31,7 +31,7 @@ from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.names import safe_join
 from localstate.core.runtime import open_changelog_system, store_directory
 from localstate.core.serdes import Serde
-from localstate.errors import ChangelogError, CheckpointError, ConfigError, StateNotFoundError
+from localstate.errors import ChangelogError, CheckpointError, ConfigError, LocalStateError, StateNotFoundError
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
            "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
@@ -53,27 +53,32 @@ def job_dir(job: JobConfig) -> Path:
 
 
 def stream_location(job: JobConfig, section: str, name: str) -> str:
-    """Where input/output ``name`` lives, for people: a directory, or a Kafka topic."""
-    from localstate.core.streams.base import resolve_path
+    """Where input/output ``name`` lives, for people: a directory, or a Kafka topic (its
+    ``location()``); ``(<system>)`` when it has no place or cannot be opened."""
+    from localstate.core.streams import open_input, open_output
 
     config = (job.inputs if section == "inputs" else job.outputs)[name]
-    options = config.options
-    if config.system == "kafka":
-        return f"kafka topic {options.get('topic') or name!r}"
-    if isinstance(options.get("path"), str):
-        path = resolve_path(job, options["path"])
-        if config.system == "file":
-            path = path / (options.get("stream") or name)
-        return str(path)
-    return f"({config.system})"
+    try:
+        stream = open_input(job, name) if section == "inputs" else open_output(job, name)
+        place = stream.location()
+    except LocalStateError:
+        place = None
+    if place is None:
+        return f"({config.system})"
+    kind, where = place
+    return where if kind == "path" else f"{kind} topic {where!r}"
 
 
 def changelog_root(job: JobConfig) -> Path | None:
-    """Directory of the job's file changelogs, or None when changelogs are not files."""
-    if job.changelog_system != "file":
+    """Directory of the job's changelog streams, or None when its system does not keep them locally."""
+    try:
+        system = open_changelog_system(job)
+    except LocalStateError:
         return None
-    root = Path(job.changelog_options.get("file", {}).get("path") or "changelogs")
-    return root if root.is_absolute() else job.state_dir / root
+    try:
+        return system.root if isinstance(system, LocalStreams) else None
+    finally:
+        system.close()
 
 
 def dir_size(path: Path) -> int:
