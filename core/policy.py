@@ -53,7 +53,8 @@ __all__ = ["GROUPS", "BUILTIN_DISTRIBUTION", "LOCAL_DISTRIBUTION", "ENV_VAR", "P
 logger = logging.getLogger(__name__)
 
 #: Short group name -> entry-point group.
-GROUPS = {"engines": "localstate.engines", "changelogs": "localstate.changelogs", "serdes": "localstate.serdes"}
+GROUPS = {"engines": "localstate.engines", "changelogs": "localstate.changelogs", "serdes": "localstate.serdes",
+          "streams": "localstate.streams"}
 BUILTIN_DISTRIBUTION = "localstate"
 LOCAL_DISTRIBUTION = "(local plugins.toml)"
 ENV_VAR = "LOCALSTATE_PLUGINS"

@@ -1,4 +1,4 @@
-"""Plugin registry: finds engines, changelog systems and serdes by name through entry points
+"""Plugin registry: finds engines, changelog systems, serdes and stream systems by name through entry points
 (and the policy's local plugins), lazily, and caches what it loaded for the life of the process.
 
 A plugin that fails to import is reported with its name, distribution, version and the import
@@ -29,7 +29,16 @@ __all__ = ["PluginInfo", "Registry", "registry_for"]
 logger = logging.getLogger(__name__)
 
 _KINDS: dict[str, type] = {"engines": StorageEngineFactory, "changelogs": ChangelogSystem, "serdes": Serde}
-_KIND_NAMES = {"engines": "StorageEngineFactory", "changelogs": "ChangelogSystem", "serdes": "Serde"}
+_KIND_NAMES = {"engines": "StorageEngineFactory", "changelogs": "ChangelogSystem", "serdes": "Serde",
+               "streams": "StreamSystem"}
+
+
+def _kind(group: str) -> type:
+    if group == "streams":  # imported late: the stream contract imports the job config, which imports us
+        from localstate.core.streams.base import StreamSystem
+
+        return StreamSystem
+    return _KINDS[group]
 
 
 @dataclass(frozen=True)
@@ -184,7 +193,7 @@ def _import_target(info: PluginInfo) -> Any:
 
 
 def _check_kind(group: str, info: PluginInfo, obj: Any) -> None:
-    kind = _KINDS[group]
+    kind = _kind(group)
     if not (isinstance(obj, type) and issubclass(obj, kind)):
         raise PluginRefusedError(
             f"{group[:-1]} plugin {info.name!r} ({info.target}) from {info.distribution} is not a "

@@ -44,6 +44,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.faults import crash_point
@@ -373,14 +374,12 @@ class BatchCompaction:
     segments are rewritten, under compact.lock) and never past the checkpoint (trimming after a crash
     needs the values before it). One round at a time; :meth:`close` waits for a running one."""
 
-    def __init__(self, job: JobConfig, system: Any, interval: float) -> None:
-        from localstate.changelog.file.compaction import BackgroundCompactor
-
+    def __init__(self, job: JobConfig, system: Compactable, interval: float) -> None:
         self.job = job
         self.system = system
         self.interval = interval
         self.checkpoints = checkpoint_store(job)
-        self.rounds = BackgroundCompactor(system, interval, self.targets)  # used for its run_once()
+        self.rounds = system.compaction_rounds(self.targets)  # run_once() from the batch loop
         self._last = float("-inf")  # the first batch of a run rolls: short runs compact too
         self._thread: threading.Thread | None = None
 
@@ -390,8 +389,8 @@ class BatchCompaction:
         if not any(store.changelog is not None for store in job.stores.values()):
             return None
         system = open_changelog_system(job)
-        interval = float(getattr(system, "compact_interval", 0.0) or 0.0)
-        if not callable(getattr(system, "compact", None)) or interval <= 0:
+        interval = float(system.compact_interval or 0.0) if isinstance(system, Compactable) else 0.0
+        if interval <= 0:
             system.close()
             return None
         return cls(job, system, interval)
