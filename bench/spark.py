@@ -66,7 +66,7 @@ def _job(root: Path, data: Path, partitions: int, backend: str) -> Path:
 [job]
 name = "bench-page-views"
 partitions = {partitions}
-task = "localstate.core.spark.demo:PageViewCounter"
+task = "localstate.demo:PageViewCounter"
 state_dir = "{root / 'state'}"
 
 [changelogs.file]

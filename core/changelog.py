@@ -7,9 +7,9 @@ An engine only ever sees a :class:`ChangelogWriter`. The runtime sees whole
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from localstate.core.options import Option, validate_options
 
@@ -20,6 +20,12 @@ __all__ = [
     "ChangelogSystem",
     "NullChangelogWriter",
     "PLUGIN_API_VERSION",
+    "CompactionStats",
+    "StreamLocations",
+    "LocalStreams",
+    "DeletableStreams",
+    "Compactable",
+    "CompactionRounds",
 ]
 
 #: Version of the plugin API that engines, changelog systems and serdes declare as ``plugin_api``.
@@ -134,3 +140,101 @@ class ChangelogSystem(ABC):
 
     def close(self) -> None:
         """Release shared resources (connections, producers)."""
+
+
+@dataclass
+class CompactionStats:
+    """What one compaction did. ``records_*``/``bytes_*`` count the whole partition (every segment,
+    the active one included) before and after; ``horizon`` is the partition's tombstone horizon after."""
+
+    records_before: int = 0
+    records_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    tombstones_dropped: int = 0
+    segments_rewritten: int = 0
+    segments_deleted: int = 0
+    seconds: float = 0.0
+    horizon: int = 0
+    partitions: dict[int, "CompactionStats"] = field(default_factory=dict)
+
+    def add(self, other: "CompactionStats") -> None:
+        for name in ("records_before", "records_after", "bytes_before", "bytes_after", "tombstones_dropped",
+                     "segments_rewritten", "segments_deleted", "seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Optional capabilities of a changelog system. The core asks for them with isinstance (the
+# Protocols are runtime_checkable) and never names a system: a system offers what it can do.
+
+@runtime_checkable
+class StreamLocations(Protocol):
+    """A system whose streams live in a known place, so an output can be kept from writing into one."""
+
+    def stream_location(self, stream: str) -> tuple[str, str]:
+        """Where ``stream`` lives: ``("path", <absolute directory>)`` or ``("kafka", <topic>)``, in the
+        form of ``InputStream.location``."""
+
+
+@runtime_checkable
+class LocalStreams(Protocol):
+    """A system keeping each stream in a local directory (created with the ``changelog-stream``
+    ownership marker): ``localstate reset`` deletes such directories itself, never through a
+    symlink, and ``localstate inspect`` reads them without a lock, next to a live writer."""
+
+    root: Path
+    """The directory holding every stream of the system."""
+
+    def stream_dir(self, stream: str) -> Path:
+        """The stream's directory (raises UnsafePathError if it is a symlink or leaves its root)."""
+
+    def partition_dir(self, stream: str, partition: int) -> Path:
+        """One partition's directory (same checks)."""
+
+    def reader(self, stream: str, partition: int) -> ChangelogPartition:
+        """A read-only partition, opened without the writer lock."""
+
+    def segments(self, stream: str, partition: int) -> list[tuple[str, int]]:
+        """``(file name, bytes)`` of the partition's files, oldest first."""
+
+    def close(self) -> None:
+        """Release shared resources."""
+
+
+@runtime_checkable
+class DeletableStreams(Protocol):
+    """A system that can delete a remote stream and every record in it (``localstate reset``)."""
+
+    def delete_stream(self, stream: str) -> bool:
+        """Delete ``stream``; False if it did not exist."""
+
+
+@runtime_checkable
+class CompactionRounds(Protocol):
+    """One compaction round over a set of partitions, run on demand (see :class:`Compactable`)."""
+
+    runs: int
+
+    def run_once(self) -> CompactionStats:
+        """Compact every target once; errors are logged and remembered, never raised."""
+
+
+@runtime_checkable
+class Compactable(Protocol):
+    """A system that compacts its streams on demand (last record per key below an offset). Systems
+    that compact on their own (Kafka's log cleaner) do not offer it.
+
+    Guarantee: only records below ``upto`` are rewritten, so a trim after a crash still finds the
+    values it needs."""
+
+    compact_interval: float
+    """Seconds between background compaction rounds while a job runs (0: none)."""
+
+    def compact_stream(self, stream: str, upto_by_partition: Mapping[int, int]) -> CompactionStats:
+        """Compact every listed partition below its ``upto`` offset; the totals."""
+
+    def compaction_rounds(self, targets: Callable[[], Mapping[tuple[str, int], int]]) -> CompactionRounds:
+        """Rounds over ``targets()`` (``{(stream, partition): upto}``), run by the caller."""

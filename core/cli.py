@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMAND_MODULES = ("localstate.core.commands", "localstate.core.spark.commands")
+_COMMAND_MODULES = ("localstate.core.commands", "localstate.core.spark.commands", "localstate.demo.commands")
 
 
 def _load_commands() -> None:

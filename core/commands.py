@@ -14,6 +14,7 @@ from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
 
 if TYPE_CHECKING:
+    from localstate.core.changelog import ChangelogSystem
     from localstate.core.config import JobConfig
 
 __all__: list[str] = []
@@ -75,45 +76,47 @@ validate.arguments = lambda parser: parser.add_argument("job", help="job config 
 @command("reset", "delete a job's checkpoints, local stores and changelogs, to start over from scratch")
 def reset(args: argparse.Namespace) -> int:
     """Delete only what localstate created for this job: directories carrying its ownership marker
-    (never through a symlink), and changelog topics that are not one of the job's inputs/outputs.
+    (never through a symlink), and changelog streams that are not one of the job's inputs/outputs.
     Anything else is listed as kept, with the reason."""
     import shutil
 
+    from localstate.core.runtime import open_changelog_system
+
     job = load_job_config(args.job, plugins=args.plugins)
-    targets, kept = _reset_local_targets(job)
-    remote, remote_streams = _reset_remote_streams(job, kept)
-    for path, why in kept:
-        print(f"keeping {path}: {why}")
-    if not targets and not remote_streams:
-        print("nothing to delete")
-        if remote is not None:
-            remote.close()
+    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
+    system = open_changelog_system(job) if streams else None
+    try:
+        targets, kept = _reset_local_targets(job, system, streams)
+        remote_streams = _reset_remote_streams(job, system, streams, kept)
+        for path, why in kept:
+            print(f"keeping {path}: {why}")
+        if not targets and not remote_streams:
+            print("nothing to delete")
+            return 0
+        for target in targets:
+            print(f"{'deleting' if args.yes else 'would delete'} {target}")
+        for stream in remote_streams:
+            print(f"{'deleting' if args.yes else 'would delete'} changelog {stream!r} on {job.changelog_system}")
+        if not args.yes:
+            print("re-run with --yes to delete; state is then rebuilt from the inputs")
+            return 0
+        for target in targets:
+            shutil.rmtree(target)  # rmtree removes symlinks inside, never what they point to
+        for stream in remote_streams:
+            system.delete_stream(stream)  # type: ignore[union-attr]
         return 0
-    for target in targets:
-        print(f"{'deleting' if args.yes else 'would delete'} {target}")
-    for stream in remote_streams:
-        print(f"{'deleting' if args.yes else 'would delete'} changelog {stream!r} on {job.changelog_system}")
-    if not args.yes:
-        print("re-run with --yes to delete; state is then rebuilt from the inputs")
-        if remote is not None:
-            remote.close()
-        return 0
-    for target in targets:
-        shutil.rmtree(target)  # rmtree removes symlinks inside, never what they point to
-    for stream in remote_streams:
-        remote.delete_stream(stream)  # type: ignore[union-attr]
-    if remote is not None:
-        remote.close()
-    return 0
+    finally:
+        if system is not None:
+            system.close()
 
 
-def _reset_local_targets(job: "JobConfig") -> tuple[list[Path], list[tuple[str, str]]]:
-    """Directories ``reset`` may delete (the job dir, file changelog streams), and those it keeps
-    with why: a symlink, no ownership marker, or a place the job reads or writes."""
-    from localstate.changelog.file import FileChangelogSystem
+def _reset_local_targets(job: "JobConfig", system: "ChangelogSystem | None",
+                         streams: list[str]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Directories ``reset`` may delete (the job dir, changelog streams kept in local directories),
+    and those it keeps with why: a symlink, no ownership marker, or a place the job reads or writes."""
+    from localstate.core.changelog import LocalStreams
     from localstate.core.fsutil import is_owned
     from localstate.core.names import safe_join
-    from localstate.core.runtime import open_changelog_system
     from localstate.errors import UnsafePathError
 
     targets: list[Path] = []
@@ -136,10 +139,7 @@ def _reset_local_targets(job: "JobConfig") -> tuple[list[Path], list[tuple[str, 
     job_dir = consider(lambda: safe_join(job.state_dir, job.name), "job", {"job": job.name})
     if job_dir is not None:
         targets.append(job_dir)
-    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
-    if job.changelog_system == "file" and streams:
-        system = open_changelog_system(job)
-        assert isinstance(system, FileChangelogSystem)
+    if isinstance(system, LocalStreams):
         places = _stream_places(job)
         for stream in streams:
             path = consider(lambda: system.stream_dir(stream), "changelog-stream", {"stream": stream})
@@ -149,34 +149,35 @@ def _reset_local_targets(job: "JobConfig") -> tuple[list[Path], list[tuple[str, 
                 kept.append((str(path), "it is also one of the job's inputs or outputs"))
             elif job_dir is None or job_dir not in path.parents:
                 targets.append(path)
-        system.close()
     return targets, kept
 
 
-def _reset_remote_streams(job: "JobConfig", kept: list[tuple[str, str]]) -> tuple[object | None, list[str]]:
-    """The changelog system (when not the file one) and the changelog streams ``reset`` may delete
-    there: never one whose topic is also an input or output of the job."""
-    from localstate.core.runtime import open_changelog_system
+def _reset_remote_streams(job: "JobConfig", system: "ChangelogSystem | None", streams: list[str],
+                          kept: list[tuple[str, str]]) -> list[str]:
+    """The remote changelog streams ``reset`` may delete: never one that is also an input or output
+    of the job. A system that can neither delete its streams nor keeps them locally is reported."""
+    from localstate.core.changelog import DeletableStreams, LocalStreams, StreamLocations
 
-    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
-    if job.changelog_system == "file" or not streams:
-        return None, []
-    remote = open_changelog_system(job)
-    if not hasattr(remote, "delete_stream"):
+    if system is None or isinstance(system, LocalStreams):
+        return []
+    if not isinstance(system, DeletableStreams):
         print(f"changelog system {job.changelog_system!r} cannot delete streams; "
               f"delete these by hand: {', '.join(streams)}")
-        remote.close()
-        return None, []
-    topics = {place for kind, place in _stream_places(job) if kind == "kafka"}
+        return []
+    places = set(_stream_places(job))
     allowed = []
     for stream in streams:
-        topic = remote.topic(stream) if hasattr(remote, "topic") else stream
-        if topic in topics:
-            kept.append((f"changelog {stream!r} (topic {topic!r})", "it is also an input or output topic of the "
-                         "job; rename the store's changelog"))
+        place = system.stream_location(stream) if isinstance(system, StreamLocations) else None
+        if place is not None and place in places:
+            kept.append((f"changelog {stream!r} ({_PLACE_WORDS.get(place[0], place[0])} {place[1]!r})",
+                         "it is also an input or output topic of the job; rename the store's changelog"))
         else:
             allowed.append(stream)
-    return remote, allowed
+    return allowed
+
+
+#: How a stream place kind reads in a message ("kafka" places are topics).
+_PLACE_WORDS = {"kafka": "topic", "path": "path"}
 
 
 def _stream_places(job: "JobConfig") -> list[tuple[str, str]]:
@@ -212,14 +213,15 @@ reset.arguments = _reset_arguments  # type: ignore[attr-defined]
 
 @command("compact", "compact a job's file changelogs up to the checkpointed offsets (last record per key)")
 def compact(args: argparse.Namespace) -> int:
-    from localstate.changelog.file import FileChangelogSystem, compact_stream
+    from localstate.core.changelog import Compactable
     from localstate.core.runtime import checkpoint_store, open_changelog_system
 
     job = load_job_config(args.job, plugins=args.plugins)
     system = open_changelog_system(job)
-    if not isinstance(system, FileChangelogSystem):
+    if not isinstance(system, Compactable):
         print(f"changelog system {job.changelog_system!r} compacts on its own (e.g. Kafka's log cleaner); "
               "nothing to do")
+        system.close()
         return 0
     checkpoints = checkpoint_store(job)
     # Only the committed prefix may be compacted: trimming after a crash needs the values before it.
@@ -230,7 +232,7 @@ def compact(args: argparse.Namespace) -> int:
             if store.changelog is None:
                 continue
             upto = {p: c.changelogs.get(name, 0) for p, c in committed.items() if c is not None}
-            stats = compact_stream(system, store.changelog, upto)
+            stats = system.compact_stream(store.changelog, upto)
             print(f"{store.changelog}: {stats.records_before:,} -> {stats.records_after:,} records, "
                   f"{_size(stats.bytes_before)} -> {_size(stats.bytes_after)}, "
                   f"{stats.tombstones_dropped:,} tombstone(s) dropped, in {stats.seconds:.2f}s")

@@ -48,7 +48,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.recovery import recover_store
 from localstate.core.serdes import BytesSerde, Serde
@@ -148,8 +148,7 @@ class EngineHarness:
 
     def __init__(self, adapter: EngineAdapter, directory: Path, changelog: ChangelogPartition | None = None) -> None:
         if changelog is None:
-            from localstate.changelog.memory import MemoryChangelogPartition
-            changelog = MemoryChangelogPartition(f"{adapter.store}-changelog", 0)
+            changelog = builtin_changelog("memory").partition(f"{adapter.store}-changelog", 0)
         self.adapter = adapter
         self.directory = Path(directory)
         self.changelog = changelog
@@ -230,8 +229,7 @@ class _Dirs:
 
 def _memory_log(adapter: EngineAdapter, records: Iterable[ChangelogRecord]) -> ChangelogPartition:
     """A memory changelog holding ``records`` (renumbered from 0, order kept)."""
-    from localstate.changelog.memory import MemoryChangelogPartition
-    changelog = MemoryChangelogPartition(f"{adapter.store}-changelog", 0)
+    changelog = builtin_changelog("memory").partition(f"{adapter.store}-changelog", 0)
     changelog.append_many((record.key, record.value) for record in records)
     changelog.flush()
     return changelog
@@ -550,8 +548,16 @@ def _write_checkpoint(workdir: Path, step: int, offset: int) -> None:
 
 
 def _file_changelog(workdir: Path, adapter: EngineAdapter) -> ChangelogPartition:
-    from localstate.changelog.file import FileChangelogPartition
-    return FileChangelogPartition(workdir / "changelog", f"{adapter.store}-changelog", 0)
+    return builtin_changelog("file", {"path": "changelog"}, workdir).partition(f"{adapter.store}-changelog", 0)
+
+
+def builtin_changelog(name: str, options: Mapping[str, Any] | None = None,
+                      state_dir: Path | None = None) -> ChangelogSystem:
+    """A changelog system found by name through the plugin registry (default policy: the built-ins),
+    so the suite runs on the very plugins a job gets and the core names none of them."""
+    from localstate.core.registry import Registry
+
+    return Registry().changelog_system(name)(dict(options or {}), state_dir or Path("."))
 
 
 def crash_child(specs: Sequence[Mapping[str, Any]], root: Path, seed: int, flush_every: int, total: int) -> None:

@@ -1,25 +1,79 @@
-"""Fault injection for crash tests: ``LOCALSTATE_CRASH_AT="point:n"`` makes the process SIGKILL
-itself the n-th time it reaches ``point`` (1-based). Points: ``process``, ``after_flush``
-(stores flushed, checkpoint not yet written), ``mid_flush`` (some stores flushed), ``after_checkpoint``.
+"""Fault injection for crash tests: the one mechanism is the *crash point*. Code that must survive a
+crash calls :func:`crash_point` at the moments a process could die: ``process`` (before each input
+record is fed, good or bad), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed,
+checkpoint not yet written), ``after_checkpoint``. An *armed* point SIGKILLs this process the n-th
+time it is reached (1-based).
 
-The hook is a test tool and must never kill a production run: it is honoured only when the
-test-only switch ``LOCALSTATE_TESTING=1`` is set as well (``tests/conftest.py`` sets it, and the
-tests' child processes inherit it). Without the switch a stray ``LOCALSTATE_CRASH_AT`` is ignored
-with a warning; :func:`crash_point` is then a dictionary lookup and a return."""
+Points are armed two ways, both as a :class:`CrashAt`:
+
+* by the environment, ``LOCALSTATE_CRASH_AT="point:n"``, honoured only when the test-only switch
+  ``LOCALSTATE_TESTING=1`` is set as well (``tests/conftest.py`` sets it, and the tests' child
+  processes inherit it): a stray ``LOCALSTATE_CRASH_AT`` never kills a production run, it is ignored
+  with a warning;
+* explicitly, for the extent of a ``with armed(CrashAt(...)):`` block: how the Spark runner kills one
+  worker in one batch (``SparkJobRunner(fault=...)``, the demo's ``--kill``). Such a point usually
+  carries a ``marker`` file: it fires only if the marker does not exist yet and creates it before
+  dying, so the retried attempt runs through ("kill once").
+
+Unarmed, :func:`crash_point` is a dictionary lookup and a return (it sits on the per-record path)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
-from typing import Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
 
-__all__ = ["crash_point", "TESTING_SWITCH", "CRASH_SPEC", "parse_crash_spec"]
+__all__ = ["crash_point", "CrashAt", "armed", "TESTING_SWITCH", "CRASH_SPEC", "parse_crash_spec"]
 
 CRASH_SPEC = "LOCALSTATE_CRASH_AT"
 TESTING_SWITCH = "LOCALSTATE_TESTING"
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CrashAt:
+    """Kill this process the ``count``-th time ``point`` is reached; with ``marker``, only if that
+    file does not exist yet (it is written just before the kill, naming the pid)."""
+
+    point: str
+    count: int = 1
+    marker: str | None = None
+
+    @classmethod
+    def after_records(cls, records: int, marker: str | None = None) -> "CrashAt":
+        """Die after ``records`` input records were fed (just before the next one)."""
+        return cls("process", records + 1, marker)
+
+    @classmethod
+    def from_plan_fault(cls, fault: Mapping[str, Any]) -> "CrashAt":
+        """The point a Spark plan's ``{"partition", "batch", "after", "marker"}`` fault arms."""
+        return cls.after_records(int(fault["after"]), fault.get("marker"))
+
+
+class _Armed:
+    """A point's remaining count and marker, while armed."""
+
+    __slots__ = ("remaining", "marker")
+
+    def __init__(self, spec: CrashAt) -> None:
+        self.remaining = spec.count
+        self.marker = spec.marker
+
+    def reached(self) -> None:
+        self.remaining -= 1
+        if self.remaining > 0:
+            return
+        if self.marker is not None:
+            marker = Path(self.marker)
+            if marker.exists():
+                return
+            marker.write_text(f"killed pid {os.getpid()}\n")
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def parse_crash_spec(environ: Mapping[str, str]) -> dict[str, int]:
@@ -41,12 +95,28 @@ def parse_crash_spec(environ: Mapping[str, str]) -> dict[str, int]:
     return {point: remaining} if point else {}
 
 
-_remaining = parse_crash_spec(os.environ)
+_armed: dict[str, _Armed] = {point: _Armed(CrashAt(point, n)) for point, n in parse_crash_spec(os.environ).items()}
 
 
 def crash_point(point: str) -> None:
-    """SIGKILL this process if the crash spec names ``point`` and its count is reached."""
-    if point in _remaining:
-        _remaining[point] -= 1
-        if _remaining[point] <= 0:
-            os.kill(os.getpid(), signal.SIGKILL)
+    """SIGKILL this process if ``point`` is armed and its count is reached."""
+    if point in _armed:
+        _armed[point].reached()
+
+
+@contextmanager
+def armed(spec: CrashAt | None) -> Iterator[None]:
+    """Arm ``spec`` for the extent of the block (``None``: arm nothing). What was armed at this point
+    before (by the environment) is restored afterwards: Spark reuses its Python workers."""
+    if spec is None:
+        yield
+        return
+    before = _armed.get(spec.point)
+    _armed[spec.point] = _Armed(spec)
+    try:
+        yield
+    finally:
+        if before is None:
+            _armed.pop(spec.point, None)
+        else:
+            _armed[spec.point] = before

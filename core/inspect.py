@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from localstate.core.changelog import LocalStreams
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
 from localstate.core.names import safe_join
-from localstate.core.runtime import store_directory
+from localstate.core.runtime import open_changelog_system, store_directory
 from localstate.core.serdes import Serde
-from localstate.errors import ChangelogError, CheckpointError, ConfigError, StateNotFoundError
+from localstate.errors import ChangelogError, CheckpointError, ConfigError, LocalStateError, StateNotFoundError
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
            "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
@@ -50,27 +51,32 @@ def job_dir(job: JobConfig) -> Path:
 
 
 def stream_location(job: JobConfig, section: str, name: str) -> str:
-    """Where input/output ``name`` lives, for people: a directory, or a Kafka topic."""
-    from localstate.core.streams.base import resolve_path
+    """Where input/output ``name`` lives, for people: a directory, or a Kafka topic (its
+    ``location()``); ``(<system>)`` when it has no place or cannot be opened."""
+    from localstate.core.streams import open_input, open_output
 
     config = (job.inputs if section == "inputs" else job.outputs)[name]
-    options = config.options
-    if config.system == "kafka":
-        return f"kafka topic {options.get('topic') or name!r}"
-    if isinstance(options.get("path"), str):
-        path = resolve_path(job, options["path"])
-        if config.system == "file":
-            path = path / (options.get("stream") or name)
-        return str(path)
-    return f"({config.system})"
+    try:
+        stream = open_input(job, name) if section == "inputs" else open_output(job, name)
+        place = stream.location()
+    except LocalStateError:
+        place = None
+    if place is None:
+        return f"({config.system})"
+    kind, where = place
+    return where if kind == "path" else f"{kind} topic {where!r}"
 
 
 def changelog_root(job: JobConfig) -> Path | None:
-    """Directory of the job's file changelogs, or None when changelogs are not files."""
-    if job.changelog_system != "file":
+    """Directory of the job's changelog streams, or None when its system does not keep them locally."""
+    try:
+        system = open_changelog_system(job)
+    except LocalStateError:
         return None
-    root = Path(job.changelog_options.get("file", {}).get("path") or "changelogs")
-    return root if root.is_absolute() else job.state_dir / root
+    try:
+        return system.root if isinstance(system, LocalStreams) else None
+    finally:
+        system.close()
 
 
 def dir_size(path: Path) -> int:
@@ -313,20 +319,22 @@ def _open_local(directory: Path, backend: str | None) -> Iterator[_LocalReader |
 
 # -- changelogs ----------------------------------------------------------------------------------------
 
-def _file_system(job: JobConfig):  # noqa: ANN202 - FileChangelogSystem, imported lazily
-    from localstate.changelog.file import FileChangelogSystem
-
-    if job.changelog_system != "file":
+def _local_system(job: JobConfig) -> LocalStreams:
+    """The job's changelog system, which must keep its streams locally (readable without a lock)."""
+    system = open_changelog_system(job)
+    if not isinstance(system, LocalStreams):
+        system.close()
         raise ChangelogError(f"changelog system {job.changelog_system!r}: inspect reads file changelogs only",
                              hint="read the topics with the system's own tools (e.g. kafka-console-consumer); "
                                   "`inspect --store` still shows local rocksdb/lmdb stores")
-    return FileChangelogSystem(job.changelog_options.get("file", {}), job.state_dir)
+    return system
 
 
 def _changelog_end(job: JobConfig, stream: str, partition: int) -> int | None:
-    if job.changelog_system != "file":
+    system = open_changelog_system(job)
+    if not isinstance(system, LocalStreams):
+        system.close()
         return None
-    system = _file_system(job)
     if not system.partition_dir(stream, partition).is_dir():
         return None
     reader = system.reader(stream, partition)
@@ -368,9 +376,7 @@ def resolve_stream(job: JobConfig, name: str) -> tuple[str, StoreConfig | None]:
 def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
                          checkpoints: dict[int, Checkpoint | None],
                          partitions: list[int] | None = None) -> list[ChangelogPartitionInfo]:
-    from localstate.changelog.file.format import list_segments, segment_name
-
-    system = _file_system(job)
+    system = _local_system(job)
     infos = []
     for partition in partitions if partitions is not None else range(job.partitions):
         directory = system.partition_dir(stream, partition)
@@ -379,8 +385,7 @@ def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
         if not directory.is_dir():
             infos.append(ChangelogPartitionInfo(stream, partition, directory, False, None, 0, committed, []))
             continue
-        segments = [SegmentInfo(segment_name(base), (directory / segment_name(base)).stat().st_size)
-                    for base in list_segments(directory)]
+        segments = [SegmentInfo(name, size) for name, size in system.segments(stream, partition)]
         reader = system.reader(stream, partition)
         try:
             end = reader.end_offset()
@@ -394,8 +399,8 @@ def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
 
 def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 0,
                       end: int | None = None) -> Iterator[Any]:
-    """Raw records of one file changelog partition (nothing if it does not exist)."""
-    system = _file_system(job)
+    """Raw records of one local changelog partition (nothing if it does not exist)."""
+    system = _local_system(job)
     if not system.partition_dir(stream, partition).is_dir():
         return
     reader = system.reader(stream, partition)

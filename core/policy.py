@@ -54,7 +54,7 @@ logger = logging.getLogger(__name__)
 
 #: Short group name -> entry-point group.
 GROUPS = {"engines": "localstate.engines", "changelogs": "localstate.changelogs", "serdes": "localstate.serdes",
-          "backends": "localstate.backends"}
+          "streams": "localstate.streams", "backends": "localstate.backends"}
 BUILTIN_DISTRIBUTION = "localstate"
 LOCAL_DISTRIBUTION = "(local plugins.toml)"
 ENV_VAR = "LOCALSTATE_PLUGINS"

@@ -1,5 +1,6 @@
-"""Plugin registry: finds engines, changelog systems, serdes and storage backends by name through entry points
-(and the policy's local plugins), lazily, and caches what it loaded for the life of the process.
+"""Plugin registry: finds engines, changelog systems, serdes, stream systems and storage backends by
+name through entry points (and the policy's local plugins), lazily, and caches what it loaded for
+the life of the process.
 
 A plugin that fails to import is reported with its name, distribution, version and the import
 error; it breaks only the stores that use it.
@@ -32,7 +33,15 @@ logger = logging.getLogger(__name__)
 _KINDS: dict[str, type] = {"engines": StorageEngineFactory, "changelogs": ChangelogSystem, "serdes": Serde,
                            "backends": KVBackend}
 _KIND_NAMES = {"engines": "StorageEngineFactory", "changelogs": "ChangelogSystem", "serdes": "Serde",
-               "backends": "KVBackend"}
+               "streams": "StreamSystem", "backends": "KVBackend"}
+
+
+def _kind(group: str) -> type:
+    if group == "streams":  # imported late: the stream contract imports the job config, which imports us
+        from localstate.core.streams.base import StreamSystem
+
+        return StreamSystem
+    return _KINDS[group]
 
 
 @dataclass(frozen=True)
@@ -190,7 +199,7 @@ def _import_target(info: PluginInfo) -> Any:
 
 
 def _check_kind(group: str, info: PluginInfo, obj: Any) -> None:
-    kind = _KINDS[group]
+    kind = _kind(group)
     if not (isinstance(obj, type) and issubclass(obj, kind)):
         raise PluginRefusedError(
             f"{group[:-1]} plugin {info.name!r} ({info.target}) from {info.distribution} is not a "

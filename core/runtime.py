@@ -14,8 +14,9 @@ import logging
 import shutil
 import time
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
@@ -23,6 +24,7 @@ from localstate.core.config import JobConfig
 from localstate.core.corruption import corrupt_reason
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
+from localstate.core.records import CHUNK, PROCESS_HINT, FeedStats, InputPolicy, apply_on_error, make_envelope
 from localstate.core.fsutil import ensure_dir, make_owned_dir, os_error
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
@@ -32,11 +34,12 @@ from localstate.core.tracebacks import raise_task_error
 from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, StoreIOError, TaskError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "job_directory",
-           "checkpoint_store"]
+           "checkpoint_store", "PROCESS_HINT"]
+
+if TYPE_CHECKING:
+    from localstate.core.streams.base import InputRecord
 
 log = logging.getLogger(__name__)
-
-PROCESS_HINT = "fix the task or the input; state is rolled back to the last commit on restart"
 
 
 class OutputSink(Protocol):
@@ -301,28 +304,73 @@ class TaskInstance:
         """The next offset to process from input ``stream`` (this partition)."""
         return self.positions.get(stream, 0)
 
+    def feed(self, records: Iterable[tuple[str, "InputRecord"]], policies: Mapping[str, InputPolicy] | None = None,
+             *, autocommit: bool = False) -> FeedStats:
+        """The one feed loop (see :mod:`localstate.core.records`): feed ``(input stream, record)``
+        pairs, in processing order, starting at the inputs' positions. Per record: the ``process``
+        crash point; ``task.process()`` (a failure becomes a TaskError naming the user's frame) or,
+        for a bad record, the input's ``on_error`` policy from ``policies`` (none: fail with an
+        InputError); the input's position advances past it. With ``autocommit`` the instance commits
+        between records as configured (``commit_every``/``commit_interval``, coordinator requests)
+        and stops when the task asks to shut down; without it (a Spark batch) nothing commits until
+        the caller does, and nothing runs between records but the loop itself."""
+        stats = FeedStats()
+        policies = policies or {}
+        items = iter(records)
+        partition = self.partition
+        process = self.task.process  # type: ignore[union-attr]
+        collector, coordinator, positions = self.collector, self.coordinator, self.positions
+        envelope, point, clock = make_envelope, crash_point, time.perf_counter
+        after_record = self._after_record if autocommit else None
+        reading = 0.0
+        n = 0
+        try:
+            while True:
+                # Records are pulled in chunks so that reading and processing are timed apart for free.
+                started = clock()
+                chunk = list(islice(items, CHUNK))
+                reading += clock() - started
+                if not chunk:
+                    break
+                for name, record in chunk:
+                    point("process")
+                    n += 1
+                    if record.error is None:
+                        try:
+                            process(envelope(name, partition, record.offset, record.key, record.value, record.ts),
+                                    collector, coordinator)
+                        except (Exception, SystemExit) as exc:
+                            raise_task_error(exc, "process()", stream=name, partition=partition,
+                                             offset=record.offset, hint=PROCESS_HINT)
+                    else:
+                        apply_on_error(policies.get(name), self, name, record, stats)
+                    positions[name] = record.offset + 1
+                    if after_record is not None and after_record():
+                        return stats
+        finally:
+            stats.records = n
+            stats.read_seconds = reading
+        return stats
+
     def process(self, envelope: Envelope) -> bool:
         """Process one record unless the checkpoint already covers it. May commit afterwards."""
-        if envelope.offset < self.positions.get(envelope.stream, 0):
-            return False
-        crash_point("process")
-        try:
-            self.task.process(envelope, self.collector, self.coordinator)  # type: ignore[union-attr]
-        except (Exception, SystemExit) as exc:
-            raise_task_error(exc, "process()", stream=envelope.stream, partition=envelope.partition,
-                             offset=envelope.offset, hint=PROCESS_HINT)
-        self.positions[envelope.stream] = envelope.offset + 1
+        return self.process_all((envelope,)) == 1
+
+    def process_all(self, envelopes: Iterable[Envelope], policies: Mapping[str, InputPolicy] | None = None) -> int:
+        """Process ``envelopes`` in order, skipping those the checkpoint already covers; commits as
+        configured and stops when the task asks to shut down. Returns how many were processed."""
+        from localstate.core.streams.base import InputRecord  # the stream contract; imported when used
+
+        # The feed loop builds each envelope again, from the record it carries.
+        records = ((e.stream, InputRecord(e.offset, e.key, e.value, e.timestamp)) for e in envelopes
+                   if e.offset >= self.positions.get(e.stream, 0))
+        return self.feed(records, policies, autocommit=True).records
+
+    def _after_record(self) -> bool:
+        """Between two records of an autocommitting feed: commit if due; True stops the feed."""
         self.processed_since_commit += 1
         self._after_call()
-        return True
-
-    def process_all(self, envelopes: Iterable[Envelope]) -> int:
-        processed = 0
-        for envelope in envelopes:
-            processed += self.process(envelope)
-            if self.coordinator.shutdown_requested:
-                break
-        return processed
+        return self.coordinator.shutdown_requested
 
     def maybe_window(self) -> None:
         """Call the task's window() if ``window_interval`` has passed."""

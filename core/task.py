@@ -18,15 +18,18 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar, overload, \
+    runtime_checkable
 
 from localstate.errors import ConfigError, ConfigProblem
 
 if TYPE_CHECKING:
     from localstate.core.config import JobConfig
 
-__all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "load_task_class",
-           "add_task_paths"]
+__all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "KeyValueStore",
+           "load_task_class", "add_task_paths"]
+
+StoreT = TypeVar("StoreT")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +94,59 @@ class TaskContext:
     config: Any = None
     metrics: dict[str, float] = field(default_factory=dict)
 
-    def store(self, name: str) -> Any:
-        """The store's typed API (a KeyValueEngine, a heap, a sketch store, a search index...)."""
+    @overload
+    def store(self, name: str) -> Any: ...
+
+    @overload
+    def store(self, name: str, kind: type[StoreT]) -> StoreT: ...
+
+    def store(self, name: str, kind: type[Any] | None = None) -> Any:
+        """The store's typed API (a KeyValueEngine, a heap, a sketch store, a search index...).
+        With ``kind`` (a class, or a runtime-checkable Protocol such as :class:`KeyValueStore`) the
+        store is checked to be one, so a job config declaring another engine fails at ``init``
+        with a ConfigError naming the store, rather than later with an AttributeError."""
         try:
-            return self.stores[name]
+            store = self.stores[name]
         except KeyError:
             raise ConfigError.at(f"stores.{name}", f"the task asked for store {name!r}, which the job does not "
                                  f"declare; declared: {', '.join(sorted(self.stores)) or '(none)'}",
                                  hint=f"add a [stores.{name}] table to the job config") from None
+        if kind is not None and not isinstance(store, kind):
+            raise ConfigError.at(f"stores.{name}.engine",
+                                 f"the task asked for store {name!r} as a {kind.__name__}, but the job's engine "
+                                 f"gives a {type(store).__name__}",
+                                 hint=f"declare the engine the task expects in [stores.{name}], or ask for the "
+                                      f"store as a {type(store).__name__}")
+        return store
+
+    def kv(self, name: str) -> "KeyValueStore":
+        """Store ``name`` as a key-value store (the ``kv`` engine, on any backend); a ConfigError if
+        the job declares another engine for it."""
+        return self.store(name, KeyValueStore)
+
+
+@runtime_checkable
+class KeyValueStore(Protocol):
+    """The key-value API tasks use (what the ``kv`` engine's KeyValueEngine offers). A Protocol, so
+    the task API names no engine: any store with these methods is one."""
+
+    def get(self, key: Any) -> Any: ...
+
+    def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]: ...
+
+    def put(self, key: Any, value: Any) -> None: ...
+
+    def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None: ...
+
+    def delete(self, key: Any) -> None: ...
+
+    def delete_all(self, keys: Iterable[Any]) -> None: ...
+
+    def range(self, start: Any = None, end: Any = None, reverse: bool = False) -> Iterator[tuple[Any, Any]]: ...
+
+    def prefix(self, prefix: Any, reverse: bool = False) -> Iterator[tuple[Any, Any]]: ...
+
+    def all(self, reverse: bool = False) -> Iterator[tuple[Any, Any]]: ...
 
 
 class StreamTask(ABC):

@@ -9,6 +9,14 @@
 
 Inputs are kept as a replayable log per stream partition, like Kafka: after ``restart()`` every
 record after the checkpointed position is delivered again.
+
+Bad records (undecodable, keyless) go through the input's ``on_error`` policy exactly as on Spark,
+through the same feed loop (:meth:`~localstate.core.runtime.TaskInstance.feed`):
+
+    driver = TaskTestDriver(Task, inputs={"clicks": {"on_error": "dead_letter", "dead_letter": "bad"}})
+    driver.send_bad("clicks", raw="{not json", error="invalid JSON")
+    driver.commit()
+    assert driver.outputs("bad")[0][1]["raw"] == "{not json"
 """
 
 from __future__ import annotations
@@ -16,12 +24,14 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.recovery import StoreRecovery
+from localstate.core.records import InputPolicy, OnError
 from localstate.core.runtime import MemorySink, TaskInstance, open_changelog_system
+from localstate.core.streams.base import InputRecord
 from localstate.core.task import Envelope, StreamTask
 
 __all__ = ["TaskTestDriver"]
@@ -29,14 +39,16 @@ __all__ = ["TaskTestDriver"]
 
 class TaskTestDriver:
     """Drives every partition of a job in this process. Commits only when asked (or when the task's
-    coordinator asks), unless ``commit_every`` is given."""
+    coordinator asks), unless ``commit_every`` is given. ``inputs`` declares inputs' bad-record
+    policies, ``{stream: {"on_error": "fail" | "skip" | "dead_letter", "dead_letter": output}}``
+    (undeclared inputs fail on a bad record, the default of ``[inputs.*]``)."""
 
     def __init__(self, task: type[StreamTask] | Callable[[], StreamTask] | str, *,
                  stores: Mapping[str, Mapping[str, Any]] | None = None, partitions: int = 1,
                  state_dir: str | Path | None = None, changelog: str = "file",
                  changelog_options: Mapping[str, Any] | None = None, commit_every: int | None = None,
                  window_interval: float | None = None, allow_pickle: bool = False, job_name: str = "test-job",
-                 job: JobConfig | None = None) -> None:
+                 job: JobConfig | None = None, inputs: Mapping[str, Mapping[str, str]] | None = None) -> None:
         self._tmp = None
         if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="localstate-test-")
@@ -57,7 +69,11 @@ class TaskTestDriver:
         self._task = task
         self.now = 0.0
         self.sink = MemorySink()
-        self.inputs: dict[tuple[str, int], list[Envelope]] = {}
+        self.inputs: dict[tuple[str, int], list[InputRecord]] = {}
+        """every record sent, per (stream, partition): the replayable input log"""
+        self.policies: dict[str, InputPolicy] = {}
+        for stream, options in (inputs or {}).items():
+            self.declare_input(stream, **options)
         self.changelogs = open_changelog_system(job)
         self.instances: dict[int, TaskInstance] = {}
         self.recoveries: list[StoreRecovery] = []
@@ -87,7 +103,8 @@ class TaskTestDriver:
         self._start()
         for (stream, partition), log in sorted(self.inputs.items()):
             instance = self.instances[partition]
-            instance.process_all(log[instance.position(stream):])
+            instance.feed(((stream, record) for record in log[instance.position(stream):]), self.policies,
+                          autocommit=True)
         return self.recoveries
 
     def close(self) -> None:
@@ -109,16 +126,37 @@ class TaskTestDriver:
             self._tmp.cleanup()
 
     # -- driving -------------------------------------------------------------------------------
+    def declare_input(self, stream: str, on_error: str = "fail", dead_letter: str = "") -> None:
+        """Set input ``stream``'s bad-record policy, as ``[inputs.<stream>]`` would on a job:
+        ``fail`` (an InputError), ``skip`` (logged), or ``dead_letter`` to output ``dead_letter``."""
+        self.policies[stream] = OnError(stream, on_error, dead_letter)
+
     def send(self, stream: str, key: Any, value: Any, *, partition: int | None = None,
              timestamp: float | None = None) -> Envelope:
         """Append a record to input ``stream`` (partitioned by key, like Kafka) and process it."""
         if partition is None:
             partition = partition_for(key, self.job.partitions)
+        record = self._append(stream, partition, InputRecord(0, key, value,
+                                                              time.time() if timestamp is None else timestamp))
+        return Envelope(stream, partition, record.offset, key, value, record.ts)
+
+    def send_bad(self, stream: str, raw: str, error: str = "could not decode the record", *, partition: int = 0,
+                 timestamp: float | None = None) -> InputRecord:
+        """Append a bad record (what an input yields for undecodable data) to ``stream`` and feed it:
+        the input's ``on_error`` policy applies (see :meth:`declare_input`)."""
+        return self._append(stream, partition, InputRecord(0, None, None, timestamp, error, raw))
+
+    def feed(self, stream: str, records: Iterable[InputRecord], *, partition: int = 0) -> list[InputRecord]:
+        """Append ``records`` (good ones and bad ones, ``error`` set) to ``stream``'s partition, in
+        order, and feed them; their offsets are the log's (the given ones are ignored)."""
+        return [self._append(stream, partition, record) for record in records]
+
+    def _append(self, stream: str, partition: int, record: InputRecord) -> InputRecord:
         log = self.inputs.setdefault((stream, partition), [])
-        envelope = Envelope(stream, partition, len(log), key, value, time.time() if timestamp is None else timestamp)
-        log.append(envelope)
-        self.instances[partition].process(envelope)
-        return envelope
+        record = record._replace(offset=len(log))
+        log.append(record)
+        self.instances[partition].feed(((stream, record),), self.policies, autocommit=True)
+        return record
 
     def commit(self, partition: int | None = None) -> None:
         for p, instance in self.instances.items():

@@ -81,14 +81,10 @@ def _missing_path(job: JobConfig, name: str, stream: object) -> list[ConfigProbl
 
 
 def _input_directory(stream: object) -> Path | None:
-    """The directory a file-based input reads: jsonl's ``<path>``, file's ``<path>/<stream>``."""
-    from localstate.core.streams import FileLogInput, JsonLinesInput
+    """The directory a file-based input reads (see ``DirectoryInput``), None for other inputs."""
+    from localstate.core.streams.base import DirectoryInput
 
-    if isinstance(stream, JsonLinesInput):
-        return stream.directory
-    if isinstance(stream, FileLogInput):
-        return stream.root / stream.stream
-    return None
+    return stream.input_directory() if isinstance(stream, DirectoryInput) else None
 
 
 def input_path_problems(job: JobConfig) -> list[ConfigProblem]:

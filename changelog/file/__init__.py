@@ -1,5 +1,5 @@
 """The file changelog: the embedded default changelog system, also the format of job input/output
-streams. See docs/changelog.md."""
+streams (``streams.py``: the ``file`` stream system). See docs/changelog.md."""
 
 from __future__ import annotations
 

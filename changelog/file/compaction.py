@@ -28,10 +28,11 @@ import os
 import threading
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
+from localstate.core.changelog import CompactionStats
 from localstate.errors import ChangelogCorruptError, ChangelogError, LocalStateError
 
 from .format import HEADER, HEADER_SIZE, list_segments, segment_name
@@ -148,31 +149,6 @@ def check_gap(directory: Path, base: int | None, position: int, target: int, *, 
         f"changelog segment {missing.name} is missing: records at offsets {first}..{target - 1} are gone "
         f"and compaction did not remove them", stream=stream, partition=partition, segment=str(missing),
         offset=first, path=str(directory), hint=_MISSING_HINT)
-
-
-@dataclass
-class CompactionStats:
-    """What one compaction did. ``records_*``/``bytes_*`` count the whole partition (every segment,
-    the active one included) before and after; ``horizon`` is the partition's tombstone horizon after."""
-
-    records_before: int = 0
-    records_after: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
-    tombstones_dropped: int = 0
-    segments_rewritten: int = 0
-    segments_deleted: int = 0
-    seconds: float = 0.0
-    horizon: int = 0
-    partitions: dict[int, "CompactionStats"] = field(default_factory=dict)
-
-    def add(self, other: "CompactionStats") -> None:
-        for name in ("records_before", "records_after", "bytes_before", "bytes_after", "tombstones_dropped",
-                     "segments_rewritten", "segments_deleted", "seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def compact_partition(directory: Path, upto: int, *, tombstone_retention: float = 86400.0,

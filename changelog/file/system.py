@@ -23,8 +23,8 @@ from localstate.core.names import check_name, safe_join
 from localstate.core.options import Option, parse_duration, parse_size
 from localstate.errors import ChangelogCorruptError, ChangelogError, ConfigError
 
-from .compaction import BackgroundCompactor, CompactionStats, compact_partition
-from .format import list_segments
+from .compaction import BackgroundCompactor, CompactionStats, compact_partition, compact_stream
+from .format import list_segments, segment_name
 from .partition import DEFAULT_SEGMENT_BYTES, LOCK_FILE, FileChangelogPartition
 from localstate.core.fsutil import make_owned_dir, read_nofollow, write_atomic
 
@@ -185,6 +185,26 @@ class FileChangelogSystem(ChangelogSystem):
             return False
         with writer:
             return writer.roll()
+
+    def segments(self, stream: str, partition: int) -> list[tuple[str, int]]:
+        """``(file name, bytes)`` of each segment of a partition, oldest first (``localstate inspect``)."""
+        directory = self.partition_dir(stream, partition)
+        return [(segment_name(base), (directory / segment_name(base)).stat().st_size)
+                for base in list_segments(directory)]
+
+    def stream_location(self, stream: str) -> tuple[str, str]:
+        """``("path", <absolute stream directory>)``: where outputs must never write."""
+        return "path", os.path.abspath(self.root / stream)
+
+    def compact_stream(self, stream: str, upto_by_partition: Mapping[int, int],
+                       now: float | None = None) -> CompactionStats:
+        """Compact every listed partition of ``stream`` (see compaction.compact_stream)."""
+        return compact_stream(self, stream, upto_by_partition, now=now)
+
+    def compaction_rounds(self, targets: Callable[[], Mapping[tuple[str, int], int]]) -> BackgroundCompactor:
+        """An unstarted compactor whose ``run_once()`` compacts ``targets()`` once, never sealing an
+        active segment (the caller's writers roll)."""
+        return BackgroundCompactor(self, self.compact_interval, targets)
 
     def start_compactor(self, targets: Callable[[], Mapping[tuple[str, int], int]]) -> BackgroundCompactor:
         """Start background compaction every ``compact_interval`` seconds; ``targets()`` returns

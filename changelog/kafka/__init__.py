@@ -1,8 +1,11 @@
 """Kafka changelog system (kafka-python): compacted topics, acks=all, transactional fencing.
 See docs/kafka.md.
 
-``client`` holds the connection options and client settings shared with the Kafka input/output
-streams; ``devbroker`` starts a throwaway Tansu broker for tests and trying jobs out.
+``client`` holds the connection options and client settings; ``io`` the Kafka I/O shared by the
+changelog, the ``kafka`` input/output streams (``streams``) and the PySpark Data Source
+(``spark_source``): client pools, end-offset probing around Tansu's ListOffsets quirk, exact range
+reads, an acknowledged writer. ``devbroker`` starts a throwaway Tansu broker for tests and trying
+jobs out.
 """
 
 from __future__ import annotations

@@ -6,12 +6,11 @@ records: one past the offset of the last data record (0 when there is none). ``f
 it from the offsets the broker acknowledged for the records sent (last offset + 1), and
 ``read(start, end)`` yields exactly the data records with ``start <= offset < end``.
 
-Why not ListOffsets. A broker's ListOffsets(latest) is meant to be the high watermark, but Tansu
-answers the base offset of the last *batch* + 1 (after 1000 records produced in batches it said
-886). A partition opened without having written therefore finds its end by asking ListOffsets
-for a starting point only, then reading forward until a fetch reaches the high watermark that
-the fetch responses carry, and taking the last data record seen; if the tail is a transaction
-marker it first steps back a little. Every read uses a consumer of its own: a reused consumer can
+Why not ListOffsets. Tansu's ListOffsets(latest) is only a floor of the end (see
+:mod:`localstate.changelog.kafka.io`, which handles that quirk for every Kafka reader). A partition
+opened without having written finds its end with ``io.find_data_end``: from just below that floor it
+reads forward until a fetch reaches the high watermark the fetch responses carry, and takes the last
+data record seen; if the tail is a transaction marker it first steps back a little. Every read uses a consumer of its own: a reused consumer can
 receive the answer to a fetch it sent before the latest flush, whose stale high watermark would end
 the read early. See docs/kafka.md.
 
@@ -38,6 +37,7 @@ from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.errors import ChangelogError, ChangelogFencedError
 
 from .client import kafka_error
+from .io import consumer_settings, find_data_end, listed_ends
 
 if TYPE_CHECKING:  # pragma: no cover
     from .system import KafkaChangelogSystem
@@ -245,24 +245,13 @@ class KafkaChangelogPartition(ChangelogPartition):
         """One past the last data record on the broker: start near what ListOffsets reports (which
         may be below the high watermark, never above it), read forward to the high watermark, and
         step back when the tail holds no data record (a transaction marker)."""
-        listed = self._listed_end()
-        step = 2
-        while True:
-            start = max(0, listed - step)
-            last = None
-            for batch in self._fetch(start, None):
-                last = batch[-1].offset
-            if last is not None:
-                return last + 1
-            if start == 0:
-                return 0
-            step *= 16
+        return find_data_end(self._listed_end(), lambda start: self._fetch(start, None))
 
     def _listed_end(self) -> int:
         consumer = self._new_consumer()
         try:
-            ends = consumer.end_offsets([self._tp], timeout_ms=int(self.system.config["request_timeout"] * 1000))
-            return int(ends[self._tp])
+            timeout_ms = int(self.system.config["request_timeout"] * 1000)
+            return listed_ends(consumer, self.topic, [self.partition], timeout_ms=timeout_ms)[self.partition]
         except KafkaError as exc:
             raise self._error(exc, "find the end of the changelog") from exc
         finally:
@@ -341,17 +330,14 @@ class KafkaChangelogPartition(ChangelogPartition):
     def _new_consumer(self) -> KafkaConsumer:
         config = self.system.config
         try:
-            return KafkaConsumer(
-                **self.system.client,
-                group_id=None,
-                enable_auto_commit=False,
+            return KafkaConsumer(**consumer_settings(
+                self.system.client,
                 isolation_level="read_uncommitted",
-                auto_offset_reset="none",          # a missing offset is an error, never a silent skip
                 fetch_max_wait_ms=20,
                 max_partition_fetch_bytes=config["fetch_bytes"],
                 fetch_max_bytes=max(config["fetch_bytes"], 52_428_800),
                 max_poll_records=10_000,
-            )
+            ))
         except KafkaError as exc:
             raise self._error(exc, "open a changelog reader") from exc
 

@@ -143,6 +143,10 @@ class KafkaChangelogSystem(ChangelogSystem):
         check_name(stream, "changelog stream", "changelog.stream")
         return f"{self.config['topic_prefix']}{stream}"
 
+    def stream_location(self, stream: str) -> tuple[str, str]:
+        """``("kafka", <topic>)``: where outputs must never write."""
+        return "kafka", self.topic(stream)
+
     # ---------------------------------------------------------------- topics
 
     def admin(self) -> KafkaAdminClient:

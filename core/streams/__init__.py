@@ -1,16 +1,14 @@
-"""Input and output stream systems for jobs: JSON-lines directories (``jsonl``), file-log streams in
-the file changelog format (``file``), Kafka topics (``kafka``), and a deterministic ``generator`` of demo
-events."""
+"""The stream contract for job inputs and outputs: :class:`InputStream`, :class:`OutputStream`,
+:class:`InputRecord`, :class:`StreamSystem` (the plugin a stream system registers under the
+``localstate.streams`` entry-point group), :func:`open_input` / :func:`open_output` (resolved through
+the job's plugin registry), ``on_error`` policies and the :class:`StreamSink` tasks write through.
 
-from .base import (INPUT_SYSTEMS, ON_ERROR, OUTPUT_SYSTEMS, InputRecord, InputStream, OutputStream, open_input,
-                   open_output, register_input, register_output)
-from .filelog import FileLogInput, FileLogOutput, truncate_log
-from .generator import GeneratorInput
-from .jsonl import JsonLinesInput, JsonLinesOutput, read_jsonl, write_jsonl
-from .kafka import KafkaInput, KafkaOutput
+The systems themselves live next to what they share code with: ``localstate.streams`` (``jsonl``,
+``generator``), ``localstate.changelog.file.streams`` (``file``), ``localstate.changelog.kafka.streams``
+(``kafka``)."""
+
+from .base import ON_ERROR, InputRecord, InputStream, OutputStream, StreamSystem, open_input, open_output
 from .sink import StreamSink
 
-__all__ = ["InputRecord", "InputStream", "OutputStream", "open_input", "open_output", "register_input",
-           "register_output", "INPUT_SYSTEMS", "OUTPUT_SYSTEMS", "ON_ERROR", "StreamSink", "JsonLinesInput",
-           "JsonLinesOutput", "FileLogInput", "FileLogOutput", "GeneratorInput", "KafkaInput", "KafkaOutput",
-           "truncate_log", "write_jsonl", "read_jsonl"]
+__all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "open_input", "open_output", "ON_ERROR",
+           "StreamSink"]

@@ -13,15 +13,18 @@ import os
 import stat
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple, Protocol, runtime_checkable
 
-from localstate.core.config import JobConfig, StreamConfig
+from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.options import Option, did_you_mean, validate_options
-from localstate.errors import ConfigError, ConfigProblem, InputError, OutputError
+from localstate.errors import ConfigError, ConfigProblem, InputError, LocalStateError, OutputError, PluginNotFoundError
 
-__all__ = ["InputRecord", "InputStream", "OutputStream", "ON_ERROR", "base_dir", "resolve_path",
-           "overlap_problems", "register_input", "register_output", "open_input", "open_output", "INPUT_SYSTEMS",
-           "OUTPUT_SYSTEMS", "check_regular_file", "open_regular_file", "check_output_file"]
+if TYPE_CHECKING:
+    from localstate.core.config import JobConfig, StreamConfig
+
+__all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
+           "overlap_problems", "open_input", "open_output", "check_regular_file", "open_regular_file",
+           "check_output_file"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -219,6 +222,15 @@ class OutputStream(ABC):
         """Release writers."""
 
 
+@runtime_checkable
+class DirectoryInput(Protocol):
+    """An input reading one local directory. The directory must exist before a job runs: a mistyped
+    path would otherwise run as an empty input and report success."""
+
+    def input_directory(self) -> Path:
+        """The directory the input reads (absolute, or relative to the working directory)."""
+
+
 def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
     if a[0] != b[0]:
         return False
@@ -229,16 +241,24 @@ def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
 
 
 def state_places(job: JobConfig) -> list[tuple[str, tuple[str, str]]]:
-    """What an output must never write into: the job's state directory and its stores' changelogs."""
+    """What an output must never write into: the job's state directory and its stores' changelogs
+    (where the changelog system says they live, see ``StreamLocations``)."""
+    from localstate.core.changelog import StreamLocations
+    from localstate.core.runtime import open_changelog_system
+
     places = [("the job's state directory", ("path", str(job.state_dir / job.name)))]
     streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
-    if job.changelog_system == "file":
-        root = Path(job.changelog_options.get("file", {}).get("path") or "changelogs")
-        root = root if root.is_absolute() else job.state_dir / root
-        places += [(f"changelog {s!r}", ("path", str(Path(os.path.abspath(root / s))))) for s in streams]
-    elif job.changelog_system == "kafka":
-        prefix = job.changelog_options.get("kafka", {}).get("topic_prefix") or ""
-        places += [(f"changelog {s!r}", ("kafka", f"{prefix}{s}")) for s in streams]
+    if not streams:
+        return places
+    try:
+        system = open_changelog_system(job)
+    except LocalStateError:
+        return places  # an unusable changelog system is reported by its own validation
+    try:
+        if isinstance(system, StreamLocations):
+            places += [(f"changelog {s!r}", system.stream_location(s)) for s in streams]
+    finally:
+        system.close()
     return places
 
 
@@ -269,36 +289,50 @@ def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, Ou
     return problems
 
 
-INPUT_SYSTEMS: dict[str, type[InputStream]] = {}
-OUTPUT_SYSTEMS: dict[str, type[OutputStream]] = {}
+class StreamSystem:
+    """A stream system plugin (entry-point group ``localstate.streams``): the input and/or output
+    stream classes of one system, e.g. ``jsonl`` or ``kafka``. Register the subclass itself."""
+
+    plugin_api: ClassVar[int] = PLUGIN_API_VERSION
+    description: ClassVar[str] = ""
+    input: ClassVar[type[InputStream] | None] = None
+    output: ClassVar[type[OutputStream] | None] = None
 
 
-def register_input(cls: type[InputStream]) -> type[InputStream]:
-    INPUT_SYSTEMS[cls.system] = cls
-    return cls
+_SIDES = {"inputs": "input", "outputs": "output"}
 
 
-def register_output(cls: type[OutputStream]) -> type[OutputStream]:
-    OUTPUT_SYSTEMS[cls.system] = cls
-    return cls
-
-
-def _lookup(systems: Mapping[str, type], kind: str, config: StreamConfig) -> type:
+def _stream_class(job: JobConfig, kind: str, config: StreamConfig) -> type:
+    """The input or output class of ``config.system``, loaded through the job's plugin registry
+    (so plugins.toml governs stream systems as it does every other plugin)."""
+    side = _SIDES[kind]
+    registry = job.registry
     try:
-        return systems[config.system]
-    except KeyError:
-        raise ConfigError.at(f"{kind}.{config.name}.system",
-                             f"unknown {kind[:-1]} system {config.system!r}"
-                             + did_you_mean(config.system, sorted(systems)),
-                             hint=f"use one of: {', '.join(sorted(systems))}") from None
+        system = registry.load("streams", config.system)
+    except PluginNotFoundError:
+        system = None
+    stream_class = getattr(system, side, None)
+    if stream_class is not None:
+        return stream_class
+    known = sorted(name for name in registry.names("streams") if _offers(registry, name, side))
+    raise ConfigError.at(f"{kind}.{config.name}.system",
+                         f"unknown {side} system {config.system!r}" + did_you_mean(config.system, known),
+                         hint=f"use one of: {', '.join(known)}")
+
+
+def _offers(registry: Any, name: str, side: str) -> bool:
+    try:
+        return getattr(registry.load("streams", name), side, None) is not None
+    except LocalStateError:
+        return False  # a broken plugin is reported by `localstate plugins`, not in this message
 
 
 def open_input(job: JobConfig, name: str) -> InputStream:
     """Instantiate input ``name`` of ``job`` (options validated, errors at ``inputs.<name>.<option>``)."""
     config = job.inputs[name]
-    return _lookup(INPUT_SYSTEMS, "inputs", config)(job, config)
+    return _stream_class(job, "inputs", config)(job, config)
 
 
 def open_output(job: JobConfig, name: str) -> OutputStream:
     config = job.outputs[name]
-    return _lookup(OUTPUT_SYSTEMS, "outputs", config)(job, config)
+    return _stream_class(job, "outputs", config)(job, config)

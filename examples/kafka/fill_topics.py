@@ -16,7 +16,7 @@ import sys
 
 from localstate.core.config import load_job_config
 from localstate.core.streams import open_input
-from localstate.core.streams.kafka import KafkaInput, copy_input_to_topic
+from localstate.changelog.kafka.streams import KafkaInput, copy_input_to_topic
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from localstate.core.partitioner import partition_for
-from localstate.core.streams import write_jsonl
+from localstate.streams.jsonl import write_jsonl
 
 HERE = Path(__file__).resolve().parent
 MESSAGES = [("ada", "the cat sat"), ("bob", "the dog ran"), ("ada", "the cat ran"), ("cy", "hello"),

@@ -3,7 +3,7 @@
 The public surface, in two parts:
 
 * for **task authors**: :class:`StreamTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
-  :class:`Coordinator`, :class:`TaskTestDriver`, and the errors in :mod:`localstate.errors`;
+  :class:`Coordinator`, :class:`KeyValueStore`, :class:`TaskTestDriver`, and the errors in :mod:`localstate.errors`;
 * for **plugin authors** (engines, changelog systems, serdes): :class:`StorageEngine`,
   :class:`StorageEngineFactory`, :class:`StoreContext`, :class:`Option`, :class:`Serde` and the
   changelog contract.
@@ -20,7 +20,7 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
-from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
+from localstate.core.task import Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
 from localstate.errors import LocalStateError
 
 try:
@@ -33,6 +33,7 @@ __all__ = [
     # task authors
     "StreamTask",
     "TaskContext",
+    "KeyValueStore",
     "Envelope",
     "Collector",
     "Coordinator",

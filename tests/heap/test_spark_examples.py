@@ -15,7 +15,8 @@ import pytest
 
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.spark.runner import SparkJobRunner
-from localstate.core.streams import open_output, read_jsonl
+from localstate.core.streams import open_output
+from localstate.streams.jsonl import read_jsonl
 from localstate.core.streams.base import resolve_path
 
 pytestmark = pytest.mark.spark

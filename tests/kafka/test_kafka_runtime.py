@@ -262,7 +262,7 @@ def test_reset_deletes_the_kafka_changelog_topics(tmp_path, kafka_broker, topic_
     job_file.write_text(f"""
 [job]
 name = "resetme"
-task = "localstate.core.spark.demo:PageViewCounter"
+task = "localstate.demo:PageViewCounter"
 state_dir = "{tmp_path / 'state'}"
 changelog = "kafka"
 [changelogs.kafka]

@@ -11,7 +11,7 @@ def test_reset_keeps_a_changelog_topic_that_is_the_input_topic(tmp_path, kafka_b
     job_file.write_text(f"""
 [job]
 name = "resetsafe"
-task = "localstate.core.spark.demo:PageViewCounter"
+task = "localstate.demo:PageViewCounter"
 state_dir = "{tmp_path / 'state'}"
 changelog = "kafka"
 [changelogs.kafka]

@@ -14,7 +14,7 @@ import pytest
 
 from localstate.core.corruption import CORRUPT_MARKER
 from localstate.core.runtime import checkpoint_store, store_directory
-from localstate.core.streams.filelog import truncate_log
+from localstate.changelog.file.streams import truncate_log
 from localstate.core.task import StreamTask
 from localstate.core.testing import TaskTestDriver
 from localstate.errors import RestoreError, StoreCorruptError, TaskError

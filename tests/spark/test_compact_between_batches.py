@@ -18,7 +18,7 @@ from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system, store_directory
 from localstate.core.spark import instances
 from localstate.core.spark.runner import BatchCompaction, SparkJobRunner, run_partition
-from localstate.core.streams import write_jsonl
+from localstate.streams.jsonl import write_jsonl
 
 HERE = Path(__file__).parent
 STREAM = "compacting-counts-changelog"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.cli import main
-from localstate.core.spark.demo import run_demo
+from localstate.demo import run_demo
 
 
 @pytest.mark.spark

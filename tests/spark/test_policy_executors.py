@@ -11,7 +11,8 @@ import pytest
 from localstate.core.config import load_job_config
 from localstate.core.policy import ENV_VAR
 from localstate.core.spark.runner import SparkJobRunner
-from localstate.core.streams import open_output, write_jsonl
+from localstate.core.streams import open_output
+from localstate.streams.jsonl import write_jsonl
 
 pytestmark = pytest.mark.spark
 

@@ -12,8 +12,9 @@ import pytest
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.spark.runner import SparkJobRunner, normalize_master
-from localstate.core.streams import open_output, write_jsonl
-from localstate.core.streams.generator import generate
+from localstate.core.streams import open_output
+from localstate.streams.jsonl import write_jsonl
+from localstate.streams.generator import generate
 from localstate.errors import InputError
 
 pytestmark = pytest.mark.spark
@@ -71,7 +72,7 @@ def test_windowed_counts_example_exact(tmp_path, spark_context):
 
 
 def test_demo_pipeline_with_worker_sigkill_is_exact(tmp_path, spark_context):
-    from localstate.core.spark.demo import run_demo
+    from localstate.demo import run_demo
 
     lines: list[str] = []
     assert run_demo(events=30_000, partitions=2, kill=True, directory=str(tmp_path), batch_size=4000,

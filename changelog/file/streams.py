@@ -10,19 +10,19 @@ import stat
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
-from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
-from localstate.changelog.file.format import HEADER, HEADER_SIZE, find_valid_after, list_segments, segment_name, \
-    walk
-from localstate.changelog.file.partition import LOCK_FILE
 from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_path
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, SerdeError, UnsafePathError
 
-from .base import (InputRecord, InputStream, OutputStream, check_regular_file, register_input, register_output,
-                   resolve_path)
+from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_regular_file,
+                                          resolve_path)
 
-__all__ = ["FileLogInput", "FileLogOutput", "truncate_log"]
+from .format import HEADER, HEADER_SIZE, find_valid_after, list_segments, segment_name, walk
+from .partition import LOCK_FILE, FileChangelogPartition
+from .system import FileChangelogSystem
+
+__all__ = ["FileLogStreams", "FileLogInput", "FileLogOutput", "truncate_log"]
 
 _DAMAGED_HINT = ("the input's segment file is damaged (disk error or manual edit): restore it from a backup or "
                  "from its producer; a damaged frame cannot be skipped or dead-lettered, because how many "
@@ -74,7 +74,6 @@ class _FileLog:
         return "path", str((self.root / self.stream).resolve())
 
 
-@register_input
 class FileLogInput(_FileLog, InputStream):
     system = "file"
     options: ClassVar[Mapping[str, Option]] = {
@@ -87,6 +86,9 @@ class FileLogInput(_FileLog, InputStream):
         self._setup(job, config.name)
         self._tails: dict[int, tuple[int, int, int, int]] = {}
         """partition -> (last segment base, inode, byte position and offset after its valid records)"""
+
+    def input_directory(self) -> Path:
+        return self.root / self.stream
 
     def _check_partition(self, partition: int) -> bool:
         """Whether the partition exists; its directory must be a directory and its segments regular
@@ -189,7 +191,6 @@ class FileLogInput(_FileLog, InputStream):
             reader.close()
 
 
-@register_output
 class FileLogOutput(_FileLog, OutputStream):
     system = "file"
     options = _SERDE_OPTIONS
@@ -250,3 +251,11 @@ class FileLogOutput(_FileLog, OutputStream):
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+
+
+class FileLogStreams(StreamSystem):
+    """``file``: streams in the file changelog format, with exactly-once (truncating) outputs."""
+
+    description = "streams in the file changelog format"
+    input = FileLogInput
+    output = FileLogOutput

@@ -24,7 +24,8 @@ from typing import Any
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, open_changelog_system, store_directory
-from localstate.core.streams import StreamSink, open_output, write_jsonl
+from localstate.core.streams import StreamSink, open_output
+from localstate.streams.jsonl import write_jsonl
 from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
 
 __all__ = ["DemoPipeline", "PageViewCounter", "generate_events", "expected_results", "actual_results", "run_demo", "demo_job_toml"]
@@ -186,7 +187,7 @@ def demo_job_toml(data: Path, state: Path, out: Path, partitions: int, backend: 
         changelog = '\nchangelog = "demo-users"' if name == "users" else ""
         stores += (f'[stores.{name}]\nengine = "kv"\nbackend = "{backend}"\nkey_serde = "{key_serde}"\n'
                    f'value_serde = "{value_serde}"{changelog}\n\n')
-    return (f'[job]\nname = "demo"\npartitions = {partitions}\ntask = "localstate.core.spark.demo:DemoPipeline"\n'
+    return (f'[job]\nname = "demo"\npartitions = {partitions}\ntask = "localstate.demo:DemoPipeline"\n'
             f'state_dir = "{state}"\n\n{inputs}{outputs}{stores}')
 
 

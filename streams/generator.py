@@ -19,7 +19,7 @@ from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option
 from localstate.core.partitioner import partition_for
 
-from .base import InputRecord, InputStream, register_input
+from localstate.core.streams.base import InputRecord, InputStream, StreamSystem
 
 __all__ = ["GeneratorInput", "KINDS", "generate", "users_of_partition"]
 
@@ -73,7 +73,6 @@ def generate(kind: str, seed: int, partitions: int, partition: int, users: int, 
         chunk += 1
 
 
-@register_input
 class GeneratorInput(InputStream):
     system = "generator"
     options: ClassVar[Mapping[str, Option]] = {
@@ -96,3 +95,10 @@ class GeneratorInput(InputStream):
         for offset, key, value in generate(c["kind"], c["seed"], self.job.partitions, partition, c["users"],
                                            float(c["rate"]), float(c["start_ts"]), start, min(end, c["events"])):
             yield InputRecord(offset, key, value, value["ts"])
+
+
+class GeneratorStreams(StreamSystem):
+    """``generator``: deterministic demo events (an input only)."""
+
+    description = "deterministic demo events (page views, profiles, settings, impressions, clicks)"
+    input = GeneratorInput

@@ -19,27 +19,27 @@ Every record carries the headers ``localstate-producer`` (``<job>/<task partitio
 a failure carries the same pair when the task is deterministic, so a consumer can drop duplicates.
 
 The same functions serve the PySpark Data Source ``localstate-kafka``
-(:mod:`localstate.core.streams.kafka_source`).
+(:mod:`localstate.changelog.kafka.spark_source`); the Kafka I/O itself is
+:mod:`localstate.changelog.kafka.io`, shared with the Kafka changelog.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
-import threading
-import time
-from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping
 
-from localstate.changelog.kafka.client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_duration
 from localstate.core.partitioner import partition_for
+from localstate.core.streams.base import InputRecord, InputStream, OutputStream, StreamSystem, open_input
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
 
-from .base import InputRecord, InputStream, OutputStream, register_input, register_output
+from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
+from .io import (TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce, read_range,
+                 read_records, release_consumer, remember_topic, topic_checked, topic_partitions)
 
-__all__ = ["KafkaInput", "KafkaOutput", "TopicWriter", "end_offsets", "read_range", "read_records",
+__all__ = ["KafkaStreams", "KafkaInput", "KafkaOutput", "TopicWriter", "end_offsets", "read_range", "read_records",
            "topic_partitions", "ensure_topic", "produce", "copy_input_to_topic", "pooled_consumer", "release_consumer",
            "close_clients", "PRODUCER_HEADER", "SEQ_HEADER"]
 
@@ -63,335 +63,6 @@ _SERDE_OPTIONS: dict[str, Option] = {
 }
 
 
-# -- clients (one pool per worker process: Python workers are reused across batches) -------------
-
-_LOCK = threading.Lock()
-_FREE_CONSUMERS: dict[str, list[Any]] = {}
-_PRODUCERS: dict[str, Any] = {}
-_ENSURED: set[tuple[str, str]] = set()
-
-
-def _pool_key(settings: Mapping[str, Any], extra: Mapping[str, Any]) -> str:
-    return repr(sorted({**settings, **extra}.items()))
-
-
-def _consumer_config(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {**settings, "group_id": None, "enable_auto_commit": False, "allow_auto_create_topics": False,
-            # Out of range (records deleted by retention) must fail loudly, not silently jump.
-            "auto_offset_reset": "none", "fetch_max_wait_ms": 100, "max_poll_records": 5000}
-
-
-def pooled_consumer(settings: Mapping[str, Any]) -> Any:
-    """A KafkaConsumer (no group, no auto-commit, nothing assigned) for ``settings``: from this
-    process's pool, or new. Give it back with :func:`release_consumer`. Raises kafka-python errors."""
-    from kafka import KafkaConsumer
-
-    key = _pool_key(settings, {})
-    with _LOCK:
-        free = _FREE_CONSUMERS.get(key)
-        if free:
-            return free.pop()
-    return KafkaConsumer(**_consumer_config(settings))
-
-
-def release_consumer(settings: Mapping[str, Any], consumer: Any, ok: bool = True) -> None:
-    """Return ``consumer`` to the pool, or close it when it failed (``ok`` false)."""
-    if not ok:
-        consumer.close()
-        return
-    try:
-        consumer.assign([])
-    except Exception:  # noqa: BLE001 - a consumer that cannot even unassign is not worth keeping
-        consumer.close()
-        return
-    with _LOCK:
-        _FREE_CONSUMERS.setdefault(_pool_key(settings, {}), []).append(consumer)
-
-
-def _producer(settings: Mapping[str, Any], tuning: Mapping[str, Any]) -> Any:
-    from kafka import KafkaProducer
-
-    key = _pool_key(settings, tuning)
-    with _LOCK:
-        producer = _PRODUCERS.get(key)
-    if producer is None:
-        producer = KafkaProducer(**settings, **tuning)
-        with _LOCK:
-            producer = _PRODUCERS.setdefault(key, producer)
-    return producer
-
-
-def _drop_producer(producer: Any) -> None:
-    """Forget and close a producer whose delivery failed: what it still buffers must not reach
-    Kafka after a retried attempt re-sent it."""
-    with _LOCK:
-        for key, value in list(_PRODUCERS.items()):
-            if value is producer:
-                del _PRODUCERS[key]
-    try:
-        producer.close(timeout=0)
-    except Exception:  # noqa: BLE001 - closing a broken producer may fail again; nothing to save
-        log.debug("closing a failed producer raised", exc_info=True)
-
-
-def close_clients() -> None:
-    """Close every pooled consumer and producer of this process."""
-    with _LOCK:
-        consumers = [c for free in _FREE_CONSUMERS.values() for c in free]
-        producers = list(_PRODUCERS.values())
-        _FREE_CONSUMERS.clear()
-        _PRODUCERS.clear()
-        _ENSURED.clear()
-    for client in consumers + producers:
-        try:
-            client.close(timeout=1) if client in producers else client.close()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            log.debug("closing a Kafka client raised", exc_info=True)
-
-
-atexit.register(close_clients)
-
-
-# -- shared reading/writing functions (job streams and the Data Source) ---------------------------
-
-def topic_partitions(consumer: Any, topic: str) -> int:
-    """Number of partitions of ``topic``; 0 when it does not exist."""
-    return len(consumer.partitions_for_topic(topic) or ())
-
-
-def end_offsets(consumer: Any, topic: str, partitions: Sequence[int], known: Mapping[int, int] | None = None,
-                *, timeout: float = 2.0) -> dict[int, int]:
-    """The end (high watermark) of each partition: the offset after its last record.
-
-    ListOffsets(latest) is only a floor here: Tansu answers the base offset of the last batch + 1
-    instead of the high watermark. So each partition is fetched from one offset *below* the
-    floor, where a record is known to exist (the floor is raised to the ``known`` ends, e.g. of a
-    previous plan): the fetch is never empty, and its response carries the high watermark and any
-    later records. A too-low answer can therefore only delay records to a later plan, and a run
-    that plans until nothing is left drains everything. Partitions that return nothing within
-    ``timeout`` (their last record compacted away or deleted) keep the floor. Uses ``consumer``
-    exclusively.
-    """
-    from kafka import TopicPartition
-
-    known = known or {}
-    tps = [TopicPartition(topic, p) for p in partitions]
-    reported = consumer.end_offsets(tps)
-    ends = {tp.partition: max(int(reported.get(tp) or 0), int(known.get(tp.partition, 0))) for tp in tps}
-    probe = {tp: ends[tp.partition] - 1 for tp in tps if ends[tp.partition] > 0}
-    if not probe:
-        return ends
-    consumer.assign([])  # a fresh assignment forgets high watermarks seen before
-    consumer.assign(list(probe))
-    for tp, offset in probe.items():
-        consumer.seek(tp, offset)
-    pending = set(probe)
-    deadline = time.monotonic() + timeout
-    try:
-        while pending and time.monotonic() < deadline:
-            for tp, records in consumer.poll(timeout_ms=50).items():
-                if records:
-                    ends[tp.partition] = max(ends[tp.partition], records[-1].offset + 1)
-            for tp in list(pending):
-                highwater = consumer.highwater(tp)
-                if highwater is not None:
-                    ends[tp.partition] = max(ends[tp.partition], int(highwater))
-                    pending.discard(tp)
-    finally:
-        consumer.assign([])
-    if pending:
-        log.debug("topic %s: no fetch answer for partitions %s within %.1fs; using ListOffsets", topic,
-                  sorted(tp.partition for tp in pending), timeout)
-    return ends
-
-
-def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, *, timeout: float,
-               on_stall: Callable[[int], LocalStateError]) -> Iterator[Any]:
-    """Yield the kafka-python records of ``topic[partition]`` with ``start <= offset < end``, in
-    order, using ``consumer`` exclusively. Gaps (compaction, transaction markers) are skipped.
-    When no progress is made for ``timeout`` seconds, raises ``on_stall(position)``."""
-    if start >= end:
-        return
-    from kafka import TopicPartition
-
-    tp = TopicPartition(topic, partition)
-    consumer.assign([tp])
-    consumer.seek(tp, start)
-    position = start
-    idle_since = time.monotonic()
-    while position < end:
-        records = consumer.poll(timeout_ms=200).get(tp)
-        if not records:
-            position = max(position, consumer.position(tp))
-            if position < end and time.monotonic() - idle_since > timeout:
-                raise on_stall(position)
-            continue
-        idle_since = time.monotonic()
-        for record in records:
-            if record.offset >= end:
-                return
-            if record.offset >= start:
-                yield record
-        position = records[-1].offset + 1
-
-
-def read_records(settings: Mapping[str, Any], topic: str, partition: int, start: int, end: int, *,
-                 error: type[LocalStateError] = InputError, **context: Any) -> Iterator[Any]:
-    """:func:`read_range` with a pooled consumer: the kafka-python records of ``topic[partition]``
-    with ``start <= offset < end``. Every failure (unreachable broker, no progress for
-    ``request_timeout``, records deleted by retention) is raised as ``error``, naming the servers,
-    topic, partition and offset, plus ``context``."""
-    if start >= end:
-        return
-    servers = bootstrap_servers(settings)
-    timeout = settings["request_timeout_ms"] / 1000
-    where = {"topic": topic, "partition": partition, **context}
-
-    def stalled(position: int) -> LocalStateError:
-        return error(f"Kafka topic {topic!r} partition {partition} returned nothing at offset {position} for "
-                     f"{timeout:.0f}s although records up to offset {end} were planned", offset=position,
-                     bootstrap_servers=servers, **where,
-                     hint="check the broker's health; if the records were deleted (retention, topic re-created), "
-                          "the positions that point at them cannot be read any more")
-
-    try:
-        consumer = pooled_consumer(settings)
-    except Exception as exc:  # noqa: BLE001 - kafka-python raises many kinds; all become typed
-        raise kafka_error(exc, f"connect to read Kafka topic {topic!r}", servers, error=error, **where) from exc
-    ok = False
-    try:
-        yield from read_range(consumer, topic, partition, start, end, timeout=timeout, on_stall=stalled)
-        ok = True
-    except GeneratorExit:
-        ok = True  # the caller stopped early (e.g. a batch limit): the consumer is fine
-        raise
-    except LocalStateError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise kafka_error(exc, f"read Kafka topic {topic!r}", servers, error=error, offset=start, **where) from exc
-    finally:
-        release_consumer(settings, consumer, ok)
-
-
-def ensure_topic(settings: Mapping[str, Any], topic: str, partitions: int, replication_factor: int,
-                 create: bool) -> int:
-    """The partition count of ``topic``, creating it with ``partitions`` partitions when missing
-    and ``create`` is true. Returns 0 when it is missing and may not be created. Raises
-    kafka-python errors."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
-    consumer = pooled_consumer(settings)
-    ok = False
-    try:
-        count = topic_partitions(consumer, topic)
-        if count == 0 and create:
-            admin = KafkaAdminClient(**settings)
-            try:
-                admin.create_topics([NewTopic(topic, partitions, replication_factor)])
-                log.info("created Kafka topic %s with %d partitions", topic, partitions)
-            except TopicAlreadyExistsError:
-                pass  # another task created it a moment ago
-            finally:
-                admin.close()
-            deadline = time.monotonic() + 10
-            while count == 0 and time.monotonic() < deadline:
-                count = topic_partitions(consumer, topic)  # an unknown topic makes it fetch fresh metadata
-                if count == 0:
-                    time.sleep(0.05)
-        ok = True
-        return count
-    finally:
-        release_consumer(settings, consumer, ok)
-
-
-class TopicWriter:
-    """Sends records to one topic with ``acks=all`` and waits, in :meth:`flush`, until every one
-    is acknowledged. Partitions are chosen by the caller (:func:`partition_for` of the key).
-    Errors are raised as ``error`` (a LocalStateError class) with ``context``."""
-
-    def __init__(self, settings: Mapping[str, Any], topic: str, *, linger: float = 0.005,
-                 compression: str | None = None, delivery_timeout: float = 30.0,
-                 error: type[LocalStateError] = OutputError, **context: Any) -> None:
-        self.settings = settings
-        self.topic = topic
-        self.servers = bootstrap_servers(settings)
-        self.delivery_timeout = delivery_timeout
-        self.error = error
-        self.context = {"topic": topic, **context}
-        request_ms = int(settings.get("request_timeout_ms", 30000))
-        self._tuning = {
-            "acks": "all", "linger_ms": int(linger * 1000), "compression_type": compression,
-            "batch_size": 256 * 1024, "max_block_ms": int(delivery_timeout * 1000),
-            "delivery_timeout_ms": max(int(delivery_timeout * 1000), request_ms + int(linger * 1000)),
-            "allow_auto_create_topics": False,
-        }
-        self._futures: list[Any] = []
-        self._producer: Any = None
-        self.producer  # connect now: an unreachable cluster fails here, naming it
-
-    @property
-    def producer(self) -> Any:
-        """This process's pooled producer for these settings (a new one after a failure)."""
-        if self._producer is None:
-            try:
-                self._producer = _producer(self.settings, self._tuning)
-            except Exception as exc:  # noqa: BLE001 - kafka-python raises many kinds; all become typed
-                raise self._error(exc, "connect to") from exc
-        return self._producer
-
-    def _error(self, exc: BaseException, action: str) -> LocalStateError:
-        return kafka_error(exc, f"{action} Kafka topic {self.topic}", self.servers, error=self.error,
-                           **self.context)
-
-    def _fail(self, exc: BaseException, action: str) -> LocalStateError:
-        """Discard the producer (nothing it still buffers may reach Kafka after a retry re-sent it)
-        and the pending records; return the typed error."""
-        if self._producer is not None:
-            _drop_producer(self._producer)
-            self._producer = None
-        self._futures = []
-        return self._error(exc, action)
-
-    def partitions(self) -> int:
-        try:
-            return len(self.producer.partitions_for(self.topic) or ())
-        except LocalStateError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise self._error(exc, "get the partitions of") from exc
-
-    def send(self, key: bytes | None, value: bytes | None, partition: int,
-             headers: list[tuple[str, bytes]] | None = None) -> None:
-        producer = self.producer
-        try:
-            self._futures.append(producer.send(self.topic, key=key, value=value, partition=partition,
-                                               headers=headers))
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(exc, "send to") from exc
-
-    def flush(self) -> int:
-        """Wait until every record sent so far is acknowledged by all in-sync replicas; return
-        how many were. On failure (``delivery_timeout``) raises, having discarded the producer."""
-        futures, self._futures = self._futures, []
-        if not futures:
-            return 0
-        try:
-            self.producer.flush(timeout=self.delivery_timeout)
-            for future in futures:
-                if not future.is_done:
-                    raise TimeoutError(f"{sum(not f.is_done for f in futures)} record(s) not acknowledged "
-                                       f"within {self.delivery_timeout:g}s")
-                if future.failed():
-                    raise future.exception
-        except LocalStateError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise self._fail(exc, "deliver records to") from exc
-        return len(futures)
-
-
 # -- job streams -----------------------------------------------------------------------------------
 
 def _connection(job: JobConfig, section: str, name: str, validated: Mapping[str, Any],
@@ -408,7 +79,6 @@ def _connection(job: JobConfig, section: str, name: str, validated: Mapping[str,
     return client_settings(options, path=f"{section}.{name}")
 
 
-@register_input
 class KafkaInput(InputStream):
     """``[inputs.<name>] system = "kafka"``: topic partition ``p`` feeds job partition ``p``."""
 
@@ -513,7 +183,6 @@ _DELIVERED: dict[tuple[str, str, str, int], int] = {}
 """(servers, topic, job, task partition) -> records this process delivered (for the rollback warning)."""
 
 
-@register_output
 class KafkaOutput(OutputStream):
     """``[outputs.<name>] system = "kafka"``: keyed records, partitioned by murmur2 of the key.
 
@@ -556,8 +225,7 @@ class KafkaOutput(OutputStream):
 
     def _topic_writer(self) -> tuple[TopicWriter, int]:
         if self._writer is None:
-            ensured = (self.servers, self.topic)
-            if ensured not in _ENSURED:
+            if not topic_checked(self.servers, self.topic):
                 try:
                     count = ensure_topic(self.settings, self.topic, self.config["partitions"] or self.job.partitions,
                                          self.config["replication_factor"], self.config["create"])
@@ -568,8 +236,7 @@ class KafkaOutput(OutputStream):
                     raise OutputError(f"output topic {self.topic!r} does not exist on {self.servers}",
                                       stream=self.name, topic=self.topic,
                                       hint=f"create it, or set [outputs.{self.name}] create = true")
-                with _LOCK:
-                    _ENSURED.add(ensured)
+                remember_topic(self.servers, self.topic)
             c = self.config
             self._writer = TopicWriter(self.settings, self.topic, linger=c["linger"], compression=c["compression"],
                                        delivery_timeout=c["delivery_timeout"], stream=self.name)
@@ -644,29 +311,12 @@ class KafkaOutput(OutputStream):
             release_consumer(self.settings, consumer)
 
 
-def produce(settings: Mapping[str, Any], topic: str, records: Iterable[tuple[bytes | None, bytes | None, int]],
-            **writer_options: Any) -> int:
-    """Send ``(key, value, partition)`` records to ``topic`` and wait for all acknowledgements
-    (test/demo helper for filling input topics). Returns the number sent."""
-    writer = TopicWriter(settings, topic, **writer_options)
-    sent = 0
-    for key, value, partition in records:
-        writer.send(key, value, partition)
-        sent += 1
-        if sent % 50_000 == 0:
-            writer.flush()  # bound the producer's buffer
-    writer.flush()
-    return sent
-
-
 def copy_input_to_topic(job: JobConfig, name: str, settings: Mapping[str, Any], topic: str, *,
                         key_serde: str = "string", value_serde: str = "json", replication_factor: int = -1) -> int:
     """Copy every record of input ``name`` of ``job`` (a generator, file or JSON-lines input) into
     ``topic``, partition ``p`` to topic partition ``p``, creating the topic with the job's partition
     count when missing. For demos and tests: it fills the topics of a job's Kafka variant with the
     very records of its original inputs. Returns the number of records copied."""
-    from .base import open_input
-
     source = open_input(job, name)
     registry = job.registry
     encode_key = registry.serde(key_serde, allow_pickle=job.allow_pickle).serialize
@@ -685,3 +335,10 @@ def copy_input_to_topic(job: JobConfig, name: str, settings: Mapping[str, Any], 
 
     return produce(settings, topic, records())
 
+
+class KafkaStreams(StreamSystem):
+    """``kafka``: topics read by offset range (partition ``p`` to job partition ``p``), acknowledged outputs."""
+
+    description = "Kafka topics (kafka-python)"
+    input = KafkaInput
+    output = KafkaOutput

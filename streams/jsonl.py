@@ -19,8 +19,8 @@ from localstate.core.options import Option, parse_path
 from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError, OutputIOError
 
-from .base import (InputRecord, InputStream, OutputStream, check_output_file, open_regular_file, register_input,
-                   register_output, resolve_path)
+from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_output_file,
+                                          open_regular_file, resolve_path)
 
 __all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl"]
 
@@ -91,7 +91,6 @@ def read_jsonl(directory: str | os.PathLike[str], partition: int) -> list[dict[s
         return [json.loads(line) for line in handle if line.endswith("\n")]
 
 
-@register_input
 class JsonLinesInput(InputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
@@ -104,6 +103,9 @@ class JsonLinesInput(InputStream):
 
     def location(self) -> tuple[str, str]:
         return "path", str(self.directory.resolve())
+
+    def input_directory(self) -> Path:
+        return self.directory
 
     def end_offset(self, partition: int) -> int:
         return _complete_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition)
@@ -163,7 +165,6 @@ class JsonLinesInput(InputStream):
             _POSITIONS[(str(path), offset)] = position
 
 
-@register_output
 class JsonLinesOutput(OutputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
@@ -235,3 +236,11 @@ class JsonLinesOutput(OutputStream):
     def read(self, partition: int) -> Iterator[tuple[Any, Any]]:
         for record in read_jsonl(self.directory, partition):
             yield record["key"], record["value"]
+
+
+class JsonLinesStreams(StreamSystem):
+    """``jsonl``: one JSON object per line, one file per partition."""
+
+    description = "JSON-lines directories, one file per partition"
+    input = JsonLinesInput
+    output = JsonLinesOutput

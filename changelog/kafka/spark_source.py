@@ -3,7 +3,7 @@ kafka-python through PySpark 4's Python Data Source API -- no JVM connector jar.
 
 ::
 
-    from localstate.core.streams.kafka_source import register
+    from localstate.changelog.kafka.spark_source import register
     register(spark)
     views = (spark.read.format("localstate-kafka").option("bootstrap_servers", "broker:9092")
              .option("topic", "page-views").load())            # also spark.readStream
@@ -26,7 +26,7 @@ without a key to the Spark task's partition modulo the partition count. ``acks=a
 waits for every acknowledgement before it reports success. Records of tasks that succeeded stay
 in the topic when the write fails as a whole (at-least-once: Kafka has no rollback here).
 
-Reading and writing use the very functions of the job streams (:mod:`.kafka`): :func:`end_offsets`,
+Reading and writing use the very functions of the job streams (:mod:`.io`): :func:`end_offsets`,
 :func:`read_records` and :class:`TopicWriter`. Connection options are those of ``[inputs.X]``
 (``bootstrap_servers``, ``security_protocol``, ``sasl_*``, ``ssl_*`` with ``*_env`` secrets read on
 the executors, ``connect_timeout``, ``request_timeout``).
@@ -49,7 +49,7 @@ from localstate.core.options import Option, parse_duration, validate_options
 from localstate.core.partitioner import partition_for
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError
 
-from .kafka import TopicWriter, end_offsets, ensure_topic, pooled_consumer, read_records, release_consumer, \
+from .io import TopicWriter, end_offsets, ensure_topic, pooled_consumer, read_records, release_consumer, \
     topic_partitions
 
 try:  # PySpark >= 4.2: lets trigger(availableNow=True) stop at the offsets current when it started

@@ -1,0 +1,66 @@
+"""The Spark context localstate runs on: quiet log4j settings, task retries on for local masters,
+and Python workers running this interpreter."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+__all__ = ["spark_context", "normalize_master"]
+
+_LOG4J = """\
+rootLogger.level = error
+rootLogger.appenderRef.stdout.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
+logger.spark.name = org.apache.spark
+logger.spark.level = error
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+# Failed task attempts are retried and, if they fail for good, reported by the driver with the
+# Python traceback: the executor's own copy of each stack trace is noise.
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = fatal
+logger.tsm.name = org.apache.spark.scheduler.TaskSetManager
+logger.tsm.level = fatal
+"""
+
+
+def normalize_master(master: str, max_failures: int = 4) -> str:
+    """``local`` / ``local[N]`` / ``local[*]`` never retry a failed task; give them ``max_failures``."""
+    if master == "local":
+        return f"local[1,{max_failures}]"
+    if master.startswith("local[") and master.endswith("]") and "," not in master:
+        return f"{master[:-1]},{max_failures}]"
+    return master
+
+
+def spark_context(master: str = "local[*]", app_name: str = "localstate",
+                  conf: Mapping[str, str] | None = None) -> Any:
+    """Get or create the SparkContext: quiet logs, retries on, workers run this interpreter."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
+    from pyspark import SparkConf, SparkContext
+
+    log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
+    if not log4j.exists() or log4j.read_text() != _LOG4J:
+        log4j.write_text(_LOG4J)
+    spark_conf = (SparkConf().setMaster(normalize_master(master)).setAppName(app_name)
+                  .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+                  .set("spark.python.worker.reuse", "true")
+                  .set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+                  .set("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"))
+    for key, value in (conf or {}).items():
+        spark_conf.set(key, str(value))
+    context = SparkContext.getOrCreate(spark_conf)
+    context.setLogLevel("ERROR")
+    return context

@@ -1,0 +1,274 @@
+"""The driver: plans each micro-batch from the saved checkpoints, runs one Spark job per batch
+(:mod:`.executor` on the executors), saves the returned checkpoints only when every partition
+succeeded, and compacts changelogs between batches (:class:`BatchCompaction`)."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from localstate.core.changelog import Compactable
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.config import JobConfig
+from localstate.core.runtime import checkpoint_store, open_changelog_system
+from localstate.core.spark.context import spark_context
+from localstate.core.spark.executor import run_partition, run_slot
+from localstate.core.spark.failures import spark_failure
+from localstate.core.spark.instances import clear_requests, release_partitions
+from localstate.core.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
+from localstate.core.streams import StreamSink, open_input
+from localstate.core.task import add_task_paths, load_task_class
+from localstate.errors import LocalStateError
+
+__all__ = ["SparkJobRunner", "BatchCompaction"]
+
+log = logging.getLogger(__name__)
+
+
+class BatchCompaction:
+    """Compaction while ``localstate run`` runs, so restore cost follows live state, not history.
+
+    At the first batch of a run and then every ``interval`` seconds (the file changelog's
+    ``compact_interval``, default 10 minutes) the driver marks a batch's plans ``roll_changelogs``:
+    each task seals its active changelog segments (task instances kept open in the workers hold the
+    writer locks, so only they can). Once that batch's checkpoints are saved,
+    one compaction round runs in a background thread of the driver over every store partition, up to
+    its checkpointed changelog offset: safe next to the live writers and readers (only sealed
+    segments are rewritten, under compact.lock) and never past the checkpoint (trimming after a crash
+    needs the values before it). One round at a time; :meth:`close` waits for a running one."""
+
+    def __init__(self, job: JobConfig, system: Compactable, interval: float) -> None:
+        self.job = job
+        self.system = system
+        self.interval = interval
+        self.checkpoints = checkpoint_store(job)
+        self.rounds = system.compaction_rounds(self.targets)  # run_once() from the batch loop
+        self._last = float("-inf")  # the first batch of a run rolls: short runs compact too
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_job(cls, job: JobConfig) -> "BatchCompaction | None":
+        """The job's compaction, or None if its changelog system cannot compact or it is disabled."""
+        if not any(store.changelog is not None for store in job.stores.values()):
+            return None
+        system = open_changelog_system(job)
+        interval = float(system.compact_interval or 0.0) if isinstance(system, Compactable) else 0.0
+        if interval <= 0:
+            system.close()
+            return None
+        return cls(job, system, interval)
+
+    def targets(self) -> dict[tuple[str, int], int]:
+        """``{(changelog stream, partition): checkpointed offset}`` of every logged store partition."""
+        out = {}
+        for partition in range(self.job.partitions):
+            checkpoint = self.checkpoints.load(partition)
+            if checkpoint is None:
+                continue
+            for name, store in self.job.stores.items():
+                if store.changelog is not None and checkpoint.changelogs.get(name, 0) > 0:
+                    out[(store.changelog, partition)] = checkpoint.changelogs[name]
+        return out
+
+    def due(self) -> bool:
+        """True if the next batch should roll (the interval passed and no round is running)."""
+        running = self._thread is not None and self._thread.is_alive()
+        return not running and time.monotonic() - self._last >= self.interval
+
+    def start_round(self) -> None:
+        """Compact up to the checkpoints just saved, in the background."""
+        self._last = time.monotonic()
+        self._thread = threading.Thread(target=self._round, name="localstate-compaction", daemon=True)
+        self._thread.start()
+
+    def _round(self) -> None:
+        stats = self.rounds.run_once()
+        log.info("compaction round: %d -> %d changelog records, %d -> %d bytes, %d tombstone(s) dropped in "
+                 "%.2fs", stats.records_before, stats.records_after, stats.bytes_before, stats.bytes_after,
+                 stats.tombstones_dropped, stats.seconds)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        self.system.close()
+
+
+class SparkJobRunner:
+    """Drives a job on Spark, batch by batch, committing on the driver."""
+
+    def __init__(self, job: JobConfig, *, context: Any = None, master: str | None = None,
+                 batch_size: int | None = None, fault: dict[str, Any] | None = None,
+                 progress: Callable[[str], None] | None = print, keep_open: bool | None = None) -> None:
+        self.job = job
+        self.master = master or str(job.spark.get("master", "local[*]"))
+        self._context = context
+        self.batch_size = batch_size if batch_size is not None else job.spark.get("batch_size")
+        self.fault = fault
+        self.progress = progress
+        self.keep_open = bool(job.spark.get("keep_open", True)) if keep_open is None else keep_open
+        self.run_id = uuid.uuid4().hex
+        self.checkpoints = checkpoint_store(job)
+        self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
+        self.sink_check = StreamSink(job)  # validates [outputs.*] on the driver, before any task runs
+        self.sink_check.close()
+        add_task_paths(job)
+        load_task_class(job.task)  # a task that cannot even be imported fails here, before Spark starts
+
+    @property
+    def _claims(self) -> Path:
+        """Where the tasks of this run's batches claim their partitions."""
+        return self.checkpoints.root / "claims" / self.run_id
+
+    @property
+    def context(self) -> Any:
+        if self._context is None:
+            conf = {k: v for k, v in self.job.spark.get("conf", {}).items()}
+            self._context = spark_context(self.master, f"localstate:{self.job.name}", conf)
+        return self._context
+
+    def _create_changelogs(self) -> None:
+        """Create the stores' changelog streams once, here, rather than in the first batch's tasks
+        all at the same time (creating a stream is idempotent, but concurrent creation is a race
+        that can fail a task attempt)."""
+        changelogs = open_changelog_system(self.job)
+        try:
+            for store in self.job.stores.values():
+                if store.changelog is not None:
+                    changelogs.ensure_stream(store.changelog, self.job.partitions)
+        finally:
+            changelogs.close()
+
+    def plan(self, batch: int) -> tuple[list[PartitionPlan], int]:
+        """Plans for the partitions with input to process, and the total lag before the batch."""
+        plans, lag = [], 0
+        for partition in range(self.job.partitions):
+            checkpoint = self.checkpoints.load(partition) or Checkpoint(partition)
+            ranges = {}
+            for name, source in self.inputs.items():
+                start, end = checkpoint.inputs.get(name, 0), source.end_offset(partition)
+                lag += max(0, end - start)
+                if self.batch_size is not None:
+                    # No input can give more than the limit; an exact range also lets a reader run
+                    # to its end (the jsonl reader then remembers where the next batch starts).
+                    end = min(end, start + int(self.batch_size))
+                ranges[name] = (start, max(start, end))
+            if any(end > start for start, end in ranges.values()):
+                plans.append(PartitionPlan(batch, partition, ranges, self.batch_size, self.fault, self.run_id,
+                                           self.keep_open))
+        return plans, lag
+
+    def run_batch(self, batch: int, plans: list[PartitionPlan]) -> BatchResult:
+        """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
+        job = self.job
+        started = time.perf_counter()
+        group = f"localstate-{self.run_id}-{batch}"
+        self.context.setJobGroup(group, f"localstate {job.name} batch {batch}")
+        rdd = self.context.parallelize(plans, len(plans))
+        if self.keep_open:
+            # Tasks are slots that claim a partition each, preferring the one their worker keeps.
+            # (Each slot holds one plan; it must be consumed, or PySpark does not reuse the worker.)
+            claims = self._claims / str(batch)
+            by_partition = {plan.partition: plan for plan in plans}
+            try:
+                results = rdd.mapPartitionsWithIndex(
+                    lambda slot, items: [run_slot(job, by_partition, claims, slot) for _ in items]).collect()
+            finally:
+                shutil.rmtree(claims, ignore_errors=True)
+        else:
+            results = rdd.mapPartitions(lambda items: [run_partition(job, plan) for plan in items]).collect()
+        collected = time.perf_counter()
+        errors = [r for r in results if "error" in r]
+        if errors:
+            raise pickle.loads(errors[0]["error"])
+        for result in results:
+            data = result["checkpoint"]
+            checkpoint = Checkpoint(**data)
+            # The checkpoint carries the generation its task instance took at open: a newer
+            # instance (a zombie attempt of a later run) makes this save fail, fenced.
+            self.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+        saved = time.perf_counter()
+        out = BatchResult(batch, seconds=saved - started, tasks=len(results),
+                          failed_attempts=self._failed_attempts(group))
+        for r in results:
+            out.records_in += r["in"]
+            out.records_out += r["out"]
+            out.skipped += r["skipped"]
+            out.dead_lettered += r["dead"]
+            out.restore_seconds += r["restore_seconds"]
+            out.replayed += r["replayed"]
+            out.trimmed += r["trimmed"]
+            out.reused += r["reused"]
+            for key, value in r["timings"].items():
+                out.task_seconds[key] = out.task_seconds.get(key, 0.0) + value
+            out.busiest_task = max(out.busiest_task, sum(r["timings"].values()))
+        out.driver_seconds = {"spark": max(0.0, collected - started - out.busiest_task),
+                              "checkpoint": saved - collected}
+        return out
+
+    def _failed_attempts(self, group: str) -> int:
+        """Task attempts of the batch's Spark job that failed and were retried (the executor logs
+        that would say so are silenced)."""
+        tracker = self.context.statusTracker()
+        failed = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job_id)
+            for stage_id in info.stageIds if info is not None else []:
+                stage = tracker.getStageInfo(stage_id)
+                failed += stage.numFailedTasks if stage is not None else 0
+        return failed
+
+    def run(self, batches: int | None = None) -> RunSummary:
+        """Run until every input is consumed (or ``batches`` batches ran)."""
+        summary = RunSummary()
+        self.context  # start Spark before timing anything
+        self.run_id = uuid.uuid4().hex
+        partitions = range(self.job.partitions)
+        clear_requests(self.checkpoints, partitions)
+        self._create_changelogs()
+        compaction = BatchCompaction.for_job(self.job)
+        started = time.perf_counter()
+        batch = 0
+        try:
+            while batches is None or batch < batches:
+                planning = time.perf_counter()
+                plans, lag = self.plan(batch)
+                planned = time.perf_counter()
+                if not plans:
+                    break
+                roll = compaction is not None and compaction.due()
+                if roll:
+                    plans = [replace(plan, roll_changelogs=True) for plan in plans]
+                try:
+                    result = self.run_batch(batch, plans)
+                except LocalStateError:
+                    raise
+                except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
+                    log.debug("Spark batch %d failed", batch, exc_info=True)
+                    raise spark_failure(exc, batch) from None
+                if roll:
+                    compaction.start_round()  # type: ignore[union-attr]
+                result.driver_seconds["plan"] = planned - planning
+                result.seconds += planned - planning
+                result.lag = lag - result.records_in
+                summary.batches.append(result)
+                if self.progress is not None:
+                    self.progress(progress_line(result, len(plans)))
+                batch += 1
+        finally:
+            if compaction is not None:
+                compaction.close()  # waits for a running round
+                summary.compaction_rounds = compaction.rounds.runs
+            if self.keep_open:
+                releasing = time.perf_counter()
+                release_partitions(self.checkpoints, partitions)
+                shutil.rmtree(self._claims, ignore_errors=True)
+                summary.release_seconds = time.perf_counter() - releasing
+        summary.seconds = time.perf_counter() - started
+        return summary

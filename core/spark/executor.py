@@ -1,0 +1,136 @@
+"""Executor side of a batch: one Spark task runs one partition's plan (:func:`run_partition`), or,
+with instances kept open, claims a partition first (:func:`run_slot`).
+
+The task checks out its partition's TaskInstance (:mod:`.instances`), reads its plan's input ranges
+merged in event-time order (:func:`plan_records`), feeds them through the runtime's one feed loop
+(:meth:`~localstate.core.runtime.TaskInstance.feed`), prepares the commit and returns the
+checkpoint, counts and :data:`~.plan.TASK_PHASES` timings to the driver, which saves it."""
+
+from __future__ import annotations
+
+import heapq
+import os
+import time
+from dataclasses import asdict
+from itertools import islice, repeat
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from localstate.core.config import JobConfig
+from localstate.core.faults import CrashAt, armed
+from localstate.core.spark.failures import executor_failure
+from localstate.core.spark.instances import BatchInstance, checkin, checkout, claim, kept_partition
+from localstate.core.spark.plan import PartitionPlan
+from localstate.core.streams import open_input
+from localstate.core.streams.base import InputRecord, InputStream
+from localstate.core.task import add_task_paths
+
+__all__ = ["run_partition", "run_slot", "plan_records", "plan_fault"]
+
+
+def _sort_key(ts: float | None, index: int, offset: int) -> tuple[float, int, int]:
+    return (float("-inf") if ts is None else ts, index, offset)
+
+
+def _keyed(records: Iterator[InputRecord], index: int, name: str) -> Iterator[tuple[Any, str, InputRecord]]:
+    for record in records:
+        yield _sort_key(record.ts, index, record.offset), name, record
+
+def plan_records(instance: BatchInstance, plan: PartitionPlan,
+                 inputs: Mapping[str, InputStream]) -> Iterator[tuple[str, InputRecord]]:
+    """The plan's input records from the instance's positions, as ``(input, record)`` in processing
+    order: one input as read; several merged by ``(ts, input, offset)``, a merge resumable at any cut
+    (the order does not depend on batch boundaries); at most ``plan.limit`` records."""
+    partition = plan.partition
+    names = sorted(plan.ranges)
+    streams = [inputs[name].read(partition, instance.position(name), plan.ranges[name][1]) for name in names]
+    if len(streams) == 1:  # the common case needs no merge (and no sort key per record)
+        items: Iterator[tuple[str, InputRecord]] = zip(repeat(names[0]), streams[0])
+    else:
+        merged = heapq.merge(*(_keyed(s, i, n) for i, (n, s) in enumerate(zip(names, streams))), key=itemgetter(0))
+        items = ((name, record) for _, name, record in merged)
+    planned = sum(max(0, end - instance.position(name)) for name, (_, end) in plan.ranges.items())
+    if plan.limit is not None and planned > plan.limit:
+        items = islice(items, plan.limit)
+    return items
+
+
+def plan_fault(plan: PartitionPlan) -> CrashAt | None:
+    """The crash point the plan's test/demo ``fault`` arms for this task, if it targets this
+    partition and batch."""
+    fault = plan.fault
+    if fault and fault.get("partition") == plan.partition and fault.get("batch") == plan.batch:
+        return CrashAt.from_plan_fault(fault)
+    return None
+
+
+def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
+    """Executor side of one batch for one partition. Returns the checkpoint (as a dict), counts and
+    :data:`TASK_PHASES` timings, or ``{"error": pickled LocalStateError}`` for deterministic failures
+    that a retry cannot fix (see :func:`~localstate.core.spark.failures.executor_failure`): the
+    driver raises that error, with its Python traceback, instead of Py4J's Java one. Failures a
+    retry may fix are raised, for Spark to retry the task."""
+    try:
+        return _run_partition(job, plan)
+    except (Exception, SystemExit) as exc:
+        return {"partition": plan.partition, "error": executor_failure(exc, plan.batch, plan.partition)}
+
+
+def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
+    add_task_paths(job)
+    started = time.perf_counter()
+    partition = plan.partition
+    lease = checkout(job, partition, plan.run_id)
+    instance, clock = lease.instance, lease.clock
+    changelog_start, outputs_start = clock["changelog"], clock["outputs"]
+    prepared = None
+    try:
+        if plan.roll_changelogs:
+            _roll_changelogs(instance)
+        opened = time.perf_counter()
+        inputs = {name: open_input(job, name) for name in sorted(plan.ranges)}
+        with armed(plan_fault(plan)):
+            fed = instance.feed(plan_records(instance, plan, inputs), inputs)  # no commit inside a batch
+        reading = fed.read_seconds
+        if job.window_interval is not None:
+            instance.maybe_window()
+        processed = time.perf_counter()
+        changelog_in_process = clock["changelog"] - changelog_start  # spills of large batches
+        before = lease.sink.written
+        prepared = instance.prepare_commit()
+        committed = time.perf_counter()
+    finally:
+        checkin(lease, prepared, keep=plan.keep_open)
+    changelog = clock["changelog"] - changelog_start
+    outputs = clock["outputs"] - outputs_start
+    timings = {
+        "wait": lease.waited, "open": opened - started - lease.waited, "read": reading,
+        "process": processed - opened - reading - changelog_in_process, "changelog": changelog,
+        "store_flush": committed - processed - (changelog - changelog_in_process) - outputs, "outputs": outputs,
+        "close": time.perf_counter() - committed,
+    }
+    return {
+        "partition": partition, "checkpoint": asdict(prepared), "in": fed.records,
+        "out": lease.sink.written - before, "skipped": fed.skipped, "dead": fed.dead_lettered,
+        "restore_seconds": sum(r.seconds for r in lease.recoveries),
+        "replayed": sum(r.replayed for r in lease.recoveries), "trimmed": sum(r.trimmed for r in lease.recoveries),
+        "reused": lease.reused, "pid": os.getpid(), "timings": timings,
+    }
+
+
+def _roll_changelogs(instance: BatchInstance) -> None:
+    """Seal each store's active changelog segment (changelog systems with a ``roll()`` capability).
+    The instance is at its committed checkpoint here, so everything sealed is at most that."""
+    for store in instance.stores.values():
+        roll = getattr(store.changelog, "roll", None) if store.changelog is not None else None
+        if callable(roll):
+            roll()
+
+
+def run_slot(job: JobConfig, plans: Mapping[int, PartitionPlan], claims: Path, slot: int) -> dict[str, Any]:
+    """Executor side of Spark task ``slot`` of a batch whose instances are kept open: claim one of
+    the batch's partitions, preferring the one this worker keeps open, and run it."""
+    any_plan = next(iter(plans.values()))
+    partition = claim(claims, sorted(plans), slot, kept_partition(job, any_plan.run_id))
+    return run_partition(job, plans[partition])

@@ -1,0 +1,108 @@
+"""What the driver sends each Spark task (:class:`PartitionPlan`) and what comes back, summed per
+batch and per run (:class:`BatchResult`, :class:`RunSummary`), with the phases time is measured in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "TASK_PHASES", "DRIVER_PHASES", "progress_line"]
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """What one Spark task does in one batch."""
+
+    batch: int
+    partition: int
+    ranges: dict[str, tuple[int, int]]
+    """input stream -> [start, end) offsets"""
+    limit: int | None
+    """at most this many records (all inputs together); None = the whole ranges"""
+    fault: dict[str, Any] | None = None
+    """test/demo only: ``{"partition", "batch", "after", "marker"}`` SIGKILLs the worker once"""
+    run_id: str = ""
+    """the driver's run: a kept instance is reused only within the run that opened it"""
+    keep_open: bool = False
+    """keep the task instance open in the worker for the partition's next batch (see ``instances``)"""
+    roll_changelogs: bool = False
+    """seal the active changelog segments before processing, so the driver's next compaction round
+    reaches the records in them (see :class:`BatchCompaction`)"""
+
+
+#: Phases of a Spark task, in seconds (``timings`` of :func:`run_partition`'s result): waiting for
+#: the partition lock, opening/recovering (or validating the kept instance), reading and decoding
+#: input, the task's ``process()`` (with its store reads and writes), changelog appends and fsyncs,
+#: the rest of the store flush (the local write), writing outputs, closing.
+TASK_PHASES = ("wait", "open", "read", "process", "changelog", "store_flush", "outputs", "close")
+#: Phases on the driver, per batch.
+DRIVER_PHASES = ("plan", "spark", "checkpoint")
+@dataclass
+class BatchResult:
+    batch: int
+    records_in: int = 0
+    records_out: int = 0
+    skipped: int = 0
+    dead_lettered: int = 0
+    lag: int = 0
+    seconds: float = 0.0
+    restore_seconds: float = 0.0
+    replayed: int = 0
+    trimmed: int = 0
+    tasks: int = 0
+    failed_attempts: int = 0
+    """task attempts that failed and were retried by Spark (a killed worker, an I/O error)"""
+    reused: int = 0
+    """tasks that found their partition's instance still open in their worker"""
+    task_seconds: dict[str, float] = field(default_factory=dict)
+    """:data:`TASK_PHASES` summed over the batch's tasks"""
+    busiest_task: float = 0.0
+    """seconds of the longest task (the batch's critical path inside Spark)"""
+    driver_seconds: dict[str, float] = field(default_factory=dict)
+    """:data:`DRIVER_PHASES`; ``spark`` is the Spark job's wall time minus the busiest task: scheduling,
+    Python worker hand-off, plan and result (de)serialization"""
+
+
+@dataclass
+class RunSummary:
+    batches: list[BatchResult] = field(default_factory=list)
+    seconds: float = 0.0
+    release_seconds: float = 0.0
+    """closing the instances kept open in the workers, at the end of the run"""
+    compaction_rounds: int = 0
+    """changelog compaction rounds completed while the job ran (:class:`BatchCompaction`)"""
+
+    @property
+    def records_in(self) -> int:
+        return sum(b.records_in for b in self.batches)
+
+    @property
+    def records_out(self) -> int:
+        return sum(b.records_out for b in self.batches)
+
+    @property
+    def lag(self) -> int:
+        return self.batches[-1].lag if self.batches else 0
+
+    def breakdown(self) -> dict[str, float]:
+        """Where the wall time went, in seconds that add up to about :attr:`seconds`: driver phases,
+        Spark overhead, and the task phases (summed over all tasks, then scaled to the batches'
+        critical paths, i.e. their busiest tasks: the tasks of one batch run in parallel)."""
+        out = {name: sum(b.driver_seconds.get(name, 0.0) for b in self.batches) for name in DRIVER_PHASES}
+        busy = sum(b.busiest_task for b in self.batches)
+        summed = {name: sum(b.task_seconds.get(name, 0.0) for b in self.batches) for name in TASK_PHASES}
+        total = sum(summed.values())
+        for name, value in summed.items():
+            out[name] = value / total * busy if total else 0.0
+        out["release"] = self.release_seconds
+        return out
+
+
+def progress_line(result: BatchResult, tasks: int) -> str:
+    rate = result.records_in / result.seconds if result.seconds else 0.0
+    extra = f" skipped {result.skipped:,}" if result.skipped else ""
+    extra += f" dead-lettered {result.dead_lettered:,}" if result.dead_lettered else ""
+    extra += f" restored {result.replayed:,} trimmed {result.trimmed:,}" if result.replayed or result.trimmed else ""
+    extra += f" ({result.failed_attempts} failed task attempt(s) retried)" if result.failed_attempts else ""
+    return (f"batch {result.batch}: {tasks} task(s), in {result.records_in:,} out {result.records_out:,} in "
+            f"{result.seconds:.2f}s ({rate:,.0f} rec/s), lag {result.lag:,}{extra}")
