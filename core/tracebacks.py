@@ -34,8 +34,9 @@ _MESSAGE_CHARS = 500
 @lru_cache(maxsize=1)
 def _library_roots() -> tuple[str, ...]:
     roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib")}
-    for package in ("localstate", "localstate.core", "localstate.engines", "localstate.changelog", "pyspark",
-                    "py4j"):
+    # Every folder the localstate distribution maps to a package (pyproject.toml's package-dir).
+    for package in ("localstate", "localstate.core", "localstate.engines", "localstate.changelog",
+                    "localstate.streams", "localstate.demo", "pyspark", "py4j"):
         try:
             spec = importlib.util.find_spec(package)
         except (ImportError, ValueError):
