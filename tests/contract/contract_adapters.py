@@ -107,8 +107,9 @@ class TopNAdapter(_HeapAdapter):
 
     ITEMS = [f"item{i:02d}" for i in range(20)]
 
-    def __init__(self, backend: str, capacity: int | None = 8, order: str = "max", kv: dict | None = None) -> None:
-        super().__init__(backend=backend, capacity=capacity, order=order, kv=kv)
+    def __init__(self, backend: str, capacity: int | None = 8, order: str = "max",
+                 restore_batch_size: int | None = None) -> None:
+        super().__init__(backend=backend, capacity=capacity, order=order, restore_batch_size=restore_batch_size)
 
     def options(self) -> dict[str, Any]:
         return {"mode": "topn", **{k: v for k, v in self.params.items() if v is not None}}
@@ -249,7 +250,7 @@ ALL_ADAPTERS: list[EngineAdapter] = [
     KvAdapter("memory"),
     KvAdapter("rocksdb", write_batch_size=3),
     TopNAdapter("rocksdb"),
-    TopNAdapter("lmdb", capacity=None, order="min", kv={"restore_batch_size": 2}),
+    TopNAdapter("lmdb", capacity=None, order="min", restore_batch_size=2),
     TopNAdapter("memory"),
     ReorderAdapter("rocksdb"),
     ReorderAdapter("lmdb"),
