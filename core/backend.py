@@ -23,10 +23,11 @@ from typing import Any, ClassVar, Collection, Iterable, Iterator, Mapping, Seque
 from sortedcontainers import SortedDict
 
 from localstate.core.changelog import PLUGIN_API_VERSION
+from localstate.core.corruption import corrupt_reason, wipe_local
 from localstate.core.fsutil import errno_in_text, os_error_hint
 from localstate.errors import StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
-__all__ = ["KVBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
+__all__ = ["KVBackend", "DirectoryBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
            "prefix_end"]
 
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
@@ -195,6 +196,93 @@ class KVBackend(ABC):
     @abstractmethod
     def _close(self) -> None:
         """Release backend handles."""
+
+
+class DirectoryBackend(KVBackend):
+    """A backend whose local state is a library's files in one directory (RocksDB, LMDB).
+
+    Opening is one template (:meth:`_open`): a directory marked corrupt (see
+    :mod:`localstate.core.corruption`) is wiped first; then :meth:`_connect` opens the library. If
+    that fails, a resource problem (disk full, read-only, permissions) raises :class:`StoreIOError`
+    and a lock held elsewhere (:meth:`_in_use_error`) raises :class:`StoreError`: both keep the local
+    state. Only damage (:meth:`_is_damage`) wipes the directory, with a warning, and opens it empty:
+    the runtime then rebuilds the store from the changelog. Subclasses implement only
+    :meth:`_connect`, :meth:`_release` and the two classification hooks.
+    """
+
+    #: The library's name in messages ("RocksDB").
+    label: ClassVar[str] = ""
+
+    def __init__(self, path: Path, *, store: str = "", partition: int | None = None) -> None:
+        super().__init__()
+        self._path = Path(path)
+        self._store = store
+        self._partition = partition
+
+    @abstractmethod
+    def _connect(self) -> None:
+        """Open the library on ``self._path`` (an existing, possibly empty directory) and set the
+        handles; on failure, leave no handle open."""
+
+    @abstractmethod
+    def _release(self) -> None:
+        """Drop the library's handles (before the files are wiped or on close)."""
+
+    def _is_damage(self, exc: BaseException) -> bool:
+        """Whether ``exc``, raised by :meth:`_connect` and neither a resource nor a lock problem,
+        means the files are damaged (wipe and start empty) rather than a bug to report."""
+        return True
+
+    def _in_use_error(self, exc: BaseException) -> StoreError | None:
+        """The error to raise when ``exc`` says another process or handle holds the files, else None."""
+        return None
+
+    def _open(self) -> None:
+        """Open the directory's files, wiping them first when marked corrupt or found damaged."""
+        reason = corrupt_reason(self._path)
+        if reason is not None:
+            self._wipe(f"found damaged earlier: {reason}")
+        try:
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._connect_or_wipe()
+        except StoreError:
+            raise
+        except Exception as exc:  # RocksDB raises plain Exception, LMDB lmdb.Error subclasses, OSError
+            typed = self.io_error(exc, "open")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    def _connect_or_wipe(self) -> None:
+        try:
+            self._connect()
+        except Exception as exc:
+            if self.io_error(exc, "open", only_resources=True) is not None:
+                raise  # disk full, read-only, permissions: not damage, so keep the local state
+            in_use = self._in_use_error(exc)
+            if in_use is not None:
+                raise in_use from exc
+            if not self._is_damage(exc):
+                raise
+            # Unreadable local state is only a cache of the changelog: start empty and be restored.
+            self._wipe(f"cannot open it: {str(exc)[:300]}")
+            self._connect()
+
+    def _wipe(self, reason: str | None) -> None:
+        """Remove the directory's files and leave it empty (handles must already be released)."""
+        wipe_local(self._path, self.label or self.name, reason, store=self._store, partition=self._partition)
+
+    def clear(self) -> None:
+        self.discard()
+
+    def discard(self) -> None:
+        """Release the handles, wipe the files (even when too damaged to clear in place) and reopen empty."""
+        self._release()
+        self._wipe(None)
+        self._open()
+
+    def _close(self) -> None:
+        self._release()
 
 
 def prefix_end(prefix: bytes) -> bytes | None:

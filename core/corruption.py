@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 from localstate.errors import StoreCorruptError
 
-__all__ = ["CORRUPT_MARKER", "mark_corrupt", "corrupt_reason", "store_corrupt"]
+__all__ = ["CORRUPT_MARKER", "mark_corrupt", "corrupt_reason", "store_corrupt", "wipe_local"]
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +63,20 @@ def store_corrupt(directory: Path, engine: str, detail: object, *, store: str = 
                              hint="nothing to fix by hand: local state is a cache of the changelog; the retried "
                                   "task (or the next run) discards it and rebuilds it from the changelog")
 
+
+
+def wipe_local(directory: Path, what: str, reason: str | None, *, store: str | None = "",
+               partition: int | None = None) -> None:
+    """Throw away the local state in ``directory`` (``what``: e.g. "RocksDB", "index") and leave it
+    empty, with one warning saying why (none when ``reason`` is None: the caller already said why).
+    Callers decide *whether* to wipe; this is *how*: local state is only a cache of the changelog, so
+    the store is rebuilt from it. ``rmtree`` removes symlinks inside the directory, never their targets."""
+    directory = Path(directory)
+    if reason is not None:
+            log.warning("store %s partition %s: discarding local %s at %s (%s); it will be rebuilt from the "
+                    "changelog", store, partition, what, directory, reason)
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ and inputs resume from the checkpointed positions; records below those positions
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from dataclasses import dataclass, field
 from itertools import islice
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
-from localstate.core.corruption import corrupt_reason
+from localstate.core.corruption import wipe_local
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
 from localstate.core.records import CHUNK, PROCESS_HINT, FeedStats, InputPolicy, apply_on_error, make_envelope
@@ -200,8 +199,6 @@ class TaskInstance:
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None,
             extra={"registry": registry})  # backends are found through the job's plugin policy
-        if changelog is not None:
-            self._discard_if_marked(name, directory)
         had_files = any(directory.iterdir())
         try:
             engine = factory.create(context)
@@ -232,19 +229,6 @@ class TaskInstance:
                         exc.message)
             return recover_store(discard(), store.changelog, offset, label=label, discard=discard)
 
-    def _discard_if_marked(self, name: str, directory: Path, force: bool = False) -> None:
-        """Empty a logged store's directory when an engine marked its local state corrupt (see
-        :mod:`localstate.core.corruption`): recovery then rebuilds it from the changelog."""
-        reason = corrupt_reason(directory) or next(
-            (r for child in directory.iterdir() if child.is_dir() and not child.is_symlink()
-             and (r := corrupt_reason(child)) is not None), None)
-        if reason is None and not force:
-            return
-        log.warning("store %s partition %d: local state was found damaged (%s); rebuilding it from the changelog",
-                    name, self.partition, reason or "at open")
-        shutil.rmtree(directory)
-        directory.mkdir(parents=True)
-
     def _discard_local(self, name: str) -> StorageEngine:
         """Close store ``name``, empty its directory and open it again, empty (recovery replays it)."""
         store = self.stores[name]
@@ -257,13 +241,9 @@ class TaskInstance:
         """The one way local state is thrown away: close ``engine``, empty the store's directory and
         open a fresh, empty engine there (recovery then rebuilds it from the changelog). Local state
         is only a cache of the changelog."""
-        if reason is not None:
-            log.warning("store %s partition %d: %s; rebuilding it from the changelog", context.store,
-                        context.partition, reason)
         if engine is not None:
             engine.close()
-        shutil.rmtree(context.directory)
-        context.directory.mkdir(parents=True)
+        wipe_local(context.directory, "state", reason, store=context.store, partition=context.partition)
         return factory.create(context)
 
     def _check_fresh(self) -> None:

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
 import lmdb
 
-from localstate.core.corruption import corrupt_reason, store_corrupt
+from localstate.core.backend import DirectoryBackend, Item
+from localstate.core.corruption import store_corrupt
 from localstate.core.options import parse_size
-from localstate.core.backend import Item, KVBackend
 from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["LMDBBackend"]
@@ -32,18 +31,16 @@ _LOCK_FILE_BYTES = 64 << 10
 (a larger lock file only leaves room for more readers)."""
 
 
-class LMDBBackend(KVBackend):
+class LMDBBackend(DirectoryBackend):
     """One LMDB environment per store partition (directory ``<store dir>/lmdb``)."""
 
     name = "lmdb"
+    label = "LMDB"
     min_key_size = 1  # LMDB rejects empty keys
 
     def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
                  partition: int | None = None) -> None:
-        super().__init__()
-        self._path = Path(path)
-        self._store = store
-        self._partition = partition
+        super().__init__(path, store=store, partition=partition)
         self._map_size = parse_size(options.get("map_size", "64MB"))
         self._sync = bool(options.get("lmdb_sync", True))
         self.grows = 0
@@ -53,45 +50,25 @@ class LMDBBackend(KVBackend):
         self._reader: lmdb.Transaction | None = None
         self._open()
 
-    def _open(self) -> None:
-        reason = corrupt_reason(self._path)
-        if reason is not None:
-            log.warning("store %s partition %s: discarding LMDB at %s, found damaged earlier (%s)",
-                        self._store, self._partition, self._path, reason)
-            shutil.rmtree(self._path, ignore_errors=True)
+    def _connect(self) -> None:
+        """Open the environment and its sub-databases."""
+        self._env = self._open_env()
         try:
-            self._path.mkdir(parents=True, exist_ok=True)
-            self._open_db()
-        except StoreError:
-            raise
-        except (lmdb.Error, OSError) as exc:
-            typed = self.io_error(exc, "open")
-            if typed is None:
-                raise
-            raise typed from exc
-
-    def _open_db(self) -> None:
-        """Open the environment and its sub-databases. Damage (not a resource problem such as a full
-        disk, which keeps the local state) discards the files: they are only a cache of the changelog."""
-        try:
-            self._env = self._connect()
-            try:
-                self._open_dbs()
-            except BaseException:
-                self._env.close()
-                raise
-        except lmdb.Error as exc:
-            if self.io_error(exc, "open", only_resources=True) is not None:
-                raise  # disk full, read-only, permissions: not corruption, so keep the local state
-            if isinstance(exc, (lmdb.ReadersFullError, lmdb.LockError)):
-                raise StoreError(f"cannot open LMDB at {self._path}: {exc}", store=self._store,
-                                 partition=self._partition, hint="check for other processes using this store") from exc
-            log.warning("store %s partition %s: cannot open LMDB at %s (%s); discarding local state",
-                        self._store, self._partition, self._path, exc)
-            shutil.rmtree(self._path, ignore_errors=True)
-            self._path.mkdir(parents=True, exist_ok=True)
-            self._env = self._connect()
             self._open_dbs()
+        except BaseException:
+            self._env.close()
+            raise
+
+    def _is_damage(self, exc: BaseException) -> bool:
+        # Only LMDB's own errors can mean damaged files; an OSError that is no resource problem
+        # (say EIO while reserving the lock file) is reported, typed, by the caller.
+        return isinstance(exc, lmdb.Error)
+
+    def _in_use_error(self, exc: BaseException) -> StoreError | None:
+        if not isinstance(exc, (lmdb.ReadersFullError, lmdb.LockError)):
+            return None
+        return StoreError(f"cannot open LMDB at {self._path}: {exc}", store=self._store, partition=self._partition,
+                          hint="check for other processes using this store")
 
     def _open_dbs(self) -> None:
         """Open the sub-databases and read the first meta entry (damage to the root pages shows here)."""
@@ -109,12 +86,6 @@ class LMDBBackend(KVBackend):
                                  partition=self._partition)
         return None
 
-    def discard(self) -> None:
-        self._end_reads()
-        self._env.close()
-        shutil.rmtree(self._path, ignore_errors=True)
-        self._open()
-
     def _reserve_lock_file(self) -> None:
         """Allocate LMDB's lock file before LMDB maps it: LMDB extends it with ftruncate (a sparse
         file) and writes through the mapping, so on a full disk the first write is a SIGBUS that
@@ -125,7 +96,7 @@ class LMDBBackend(KVBackend):
         finally:
             os.close(fd)
 
-    def _connect(self) -> lmdb.Environment:
+    def _open_env(self) -> lmdb.Environment:
         self._reserve_lock_file()
         # sync/metasync off trades machine-crash durability of the latest commits for speed; a killed
         # process loses nothing either way (the OS keeps the pages).
@@ -240,6 +211,6 @@ class LMDBBackend(KVBackend):
             txn.drop(self._data, delete=False)
             txn.drop(self._meta, delete=False)
 
-    def _close(self) -> None:
+    def _release(self) -> None:
         self._end_reads()
         self._env.close()

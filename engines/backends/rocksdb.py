@@ -7,7 +7,6 @@ always consistent after a crash. Scans use a short-lived iterator per chunk (see
 from __future__ import annotations
 
 import logging
-import shutil
 from collections import deque
 from itertools import starmap
 from pathlib import Path
@@ -15,8 +14,8 @@ from typing import Any, Collection, Mapping, Sequence
 
 import rocksdict
 
-from localstate.core.corruption import corrupt_reason, store_corrupt
-from localstate.core.backend import Item, KVBackend
+from localstate.core.backend import DirectoryBackend, Item
+from localstate.core.corruption import store_corrupt
 from localstate.errors import StoreCorruptError, StoreError
 
 __all__ = ["RocksDBBackend", "META_CF", "build_options"]
@@ -55,68 +54,39 @@ def build_options(options: Mapping[str, Any]) -> rocksdict.Options:
     return opts
 
 
-class RocksDBBackend(KVBackend):
+class RocksDBBackend(DirectoryBackend):
     """One RocksDB database per store partition (directory ``<store dir>/rocksdb``)."""
 
     name = "rocksdb"
+    label = "RocksDB"
 
     def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
                  partition: int | None = None) -> None:
-        super().__init__()
-        self._path = Path(path)
+        super().__init__(path, store=store, partition=partition)
         self._options = dict(options)
-        self._store = store
-        self._partition = partition
         self._db: rocksdict.Rdict | None = None
         self._meta_handle: Any = None
         self._open()
 
-    def _open(self) -> None:
-        reason = corrupt_reason(self._path)
-        if reason is not None:
-            log.warning("store %s partition %s: discarding RocksDB at %s, found damaged earlier (%s)",
-                        self._store, self._partition, self._path, reason)
-            rocksdict.Rdict.destroy(str(self._path))
-            shutil.rmtree(self._path, ignore_errors=True)
+    def _connect(self) -> None:
+        self._db = rocksdict.Rdict(str(self._path), options=build_options(self._options),
+                                   column_families={META_CF: rocksdict.Options(raw_mode=True)})
         try:
-            self._path.mkdir(parents=True, exist_ok=True)
-            self._open_db()
-            self._after_open()
-        except StoreError:
+            self._meta_handle = self._db.get_column_family_handle(META_CF)
+        except BaseException:
+            self._release()
             raise
-        except Exception as exc:  # incl. OSError, lmdb.Error
-            typed = self.io_error(exc, "open")
-            if typed is None:
-                raise
-            raise typed from exc
-
-    def _open_db(self) -> None:
-        try:
-            self._db = self._connect()
-        except Exception as exc:  # rocksdict raises plain Exception
-            if self.io_error(exc, "open", only_resources=True) is not None:
-                raise  # disk full, read-only, permissions: not corruption, so keep the local state
-            text = str(exc)
-            if "lock" in text.lower():
-                raise StoreError(f"RocksDB at {self._path} is in use by another process or handle: {text}",
-                                 store=self._store, partition=self._partition,
-                                 hint="make sure only one task instance opens this store partition") from exc
-            # Unreadable local state is only a cache of the changelog: start empty and be restored.
-            log.warning("store %s partition %s: cannot open RocksDB at %s (%s); discarding local state",
-                        self._store, self._partition, self._path, text)
-            shutil.rmtree(self._path, ignore_errors=True)
-            self._path.mkdir(parents=True, exist_ok=True)
-            self._db = self._connect()
-
-    def _after_open(self) -> None:
-        self._meta_handle = self._db.get_column_family_handle(META_CF)
         # Point reads go straight to rocksdict (no Python frame): the cache-miss path is hot in
         # large stores. Rdict.get returns None for a missing key, as KVBackend.get must.
         self.get = self._db.get  # type: ignore[method-assign]
 
-    def _connect(self) -> rocksdict.Rdict:
-        return rocksdict.Rdict(str(self._path), options=build_options(self._options),
-                               column_families={META_CF: rocksdict.Options(raw_mode=True)})
+    def _in_use_error(self, exc: BaseException) -> StoreError | None:
+        text = str(exc)
+        if "lock" not in text.lower():
+            return None
+        return StoreError(f"RocksDB at {self._path} is in use by another process or handle: {text}",
+                          store=self._store, partition=self._partition,
+                          hint="make sure only one task instance opens this store partition")
 
     def get(self, key: bytes) -> bytes | None:
         return self._db.get(key)  # type: ignore[union-attr]
@@ -214,18 +184,9 @@ class RocksDBBackend(KVBackend):
             batch.put(key, value, self._meta_handle)
         self._db.write(batch)  # type: ignore[union-attr]
 
-    def clear(self) -> None:
-        self._drop_handles()
-        rocksdict.Rdict.destroy(str(self._path))
-        shutil.rmtree(self._path, ignore_errors=True)
-        self._open()
-
-    def _drop_handles(self) -> None:
+    def _release(self) -> None:
         self._meta_handle = None
         self.__dict__.pop("get", None)  # the bound Rdict.get would keep the database alive
         db, self._db = self._db, None
         if db is not None:
             db.close()  # may raise (disk full); the handle is dropped either way
-
-    def _close(self) -> None:
-        self._drop_handles()

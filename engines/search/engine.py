@@ -8,7 +8,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import struct
 import zlib
 from contextlib import contextmanager
@@ -19,7 +18,7 @@ from typing import Any, ClassVar, Iterable, Iterator, Mapping, Sequence
 import tantivy
 
 from localstate.core.changelog import ChangelogRecord
-from localstate.core.corruption import corrupt_reason, store_corrupt
+from localstate.core.corruption import corrupt_reason, store_corrupt, wipe_local
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.logged import ChangelogCommit
 from localstate.core.fsutil import errno_in_text, os_error_hint, write_atomic
@@ -217,12 +216,10 @@ class SearchEngine(ChangelogCommit, StorageEngine):
             if problem is None:
                 return index, writer, offset
             _drop_writer(writer)
-        log.warning("search store %s partition %d: discarding local index %s (%s); it will be rebuilt "
-                    "from the changelog", self.context.store, self.context.partition, self._path, problem)
-        shutil.rmtree(self._path)
+        wipe_local(self._path, "index", problem, store=self.context.store, partition=self.context.partition)
+        # The offset marker and the verified-segments list live beside the index: stale without it.
         self._offset_path.unlink(missing_ok=True)
         self._verified_path.unlink(missing_ok=True)
-        self._path.mkdir(parents=True)
         index = tantivy.Index(schema, path=str(self._path), reuse=True)
         return index, self._new_writer(index), None
 
