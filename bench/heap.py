@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
             times.setdefault("rq", []).append(run_reorder(None, n, random.Random(args.seed), None))
             times.setdefault("rb", []).append(
                 durable("reorder", round_, lambda store: run_reorder(store, n, random.Random(args.seed), FLUSH_EVERY),
-                        IntSerde(), mode="reorder", max_lateness=100))
+                        IntSerde(), kind="reorder", max_lateness=100))
         best = {name: min(values) for name, values in times.items()}
         t_heapq, t_sorted, t_mem, t_durable = best["heapq"], best["sorted"], best["mem"], best["durable"]
         t_usl, t_ueng, t_rq, t_rb = best["usl"], best["ueng"], best["rq"], best["rb"]

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 _U64 = struct.Struct(">Q")
 SEGMENT_PREFIX = b"heap-seg:"
 LOCAL_FORMAT = b"heap-segments/1 marshal/%d" % marshal.version
-"""Local layout version; the meta value written with every flush is this plus the mode (``topn`` or
+"""Local layout version; the meta value written with every flush is this plus the kind (``topn`` or
 ``reorder``). Local state with another value is discarded (rebuilt from the changelog)."""
 _SNAPSHOT_CHUNK = 65_536  # pairs per snapshot segment (keeps single backend values moderate)
 _COMPACT_SLACK = 65_536
@@ -53,8 +53,9 @@ class HeapEngineBase(StorageEngine):
     in-memory structure. Subclasses load themselves from :meth:`_local_rows` and provide
     :meth:`_snapshot` (their live rows) for segment compaction."""
 
-    mode: str = ""
-    """``topn`` or ``reorder``: part of the local format, so a store whose mode changed is rebuilt."""
+    kind: str = ""
+    """``topn`` or ``reorder`` (the store's ``kind``): part of the local format, so a store whose kind
+    changed is rebuilt."""
 
     def __init__(self, context: StoreContext) -> None:
         super().__init__(context)
@@ -70,7 +71,7 @@ class HeapEngineBase(StorageEngine):
         self._first_segment = 0  # segments [first, next) hold local state
         self._next_segment = 0
         self._segment_pairs = 0  # pairs stored in them (compaction trigger)
-        self._format = LOCAL_FORMAT + b" " + self.mode.encode()
+        self._format = LOCAL_FORMAT + b" " + self.kind.encode()
         self._logged = LoggedStore(context, backend, local_format=self._format)
         self._backend = backend
 
@@ -208,8 +209,8 @@ class HeapEngineBase(StorageEngine):
             f"{'' if record is None else f' key={record.key[:32]!r}'}: {reason}",
             store=self.context.store, partition=self.context.partition,
             offset=None if record is None else record.offset,
-            hint="the changelog or local state was written by another engine or mode; check the store's "
-                 "engine/mode settings, or delete the local directory and the changelog to start over")
+            hint="the changelog or local state was written by another engine or kind; check the store's "
+                 "engine/kind settings, or delete the local directory and the changelog to start over")
 
     def _invalid(self, message: str, hint: str, **context: Any) -> InvalidValueError:
         return InvalidValueError(f"store {self.context.store!r}: {message}", hint=hint,

@@ -1,5 +1,5 @@
 """``engine = "heap"``: the factory that validates heap options and opens a top-N store or a
-reorder buffer depending on ``mode``."""
+reorder buffer depending on ``kind`` (formerly ``mode``, still accepted with a deprecation warning)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ from localstate.core.options import Option, parse_duration, validate_options
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 from localstate.errors import ConfigError, ConfigProblem
 
-__all__ = ["HeapEngineFactory", "backend_options_of", "inner_kv_options", "max_lateness_of"]
+__all__ = ["HEAP_KINDS", "HeapEngineFactory", "backend_options_of", "inner_kv_options", "kind_of",
+           "max_lateness_of"]
+
+HEAP_KINDS = ("topn", "reorder")
+"""Values of a heap store's ``kind``: the option that picks the variant, named as for sketch stores."""
 
 _UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
@@ -62,15 +66,34 @@ inner_kv_options = backend_options_of
 """Former name of :func:`backend_options_of`."""
 
 
+def kind_of(store: str, options: Mapping[str, Any]) -> str:
+    """The heap variant a store asks for: ``kind``, else the deprecated ``mode`` (with a
+    DeprecationWarning), else ``"topn"``. Both given with different values is a ConfigError at
+    ``stores.<store>.kind``: guessing would open the wrong variant and rebuild its local state."""
+    kind, legacy = options.get("kind"), options.get("mode")
+    if legacy is None:
+        return kind or "topn"
+    if kind is not None and kind != legacy:
+        raise ConfigError([ConfigProblem(f"stores.{store}.kind",
+                                         f"kind = {kind!r} conflicts with mode = {legacy!r} (the former name "
+                                         "of kind)")],
+                          hint="remove mode and keep only kind")
+    warnings.warn(f"stores.{store}.mode: mode is deprecated; write kind = {legacy!r} instead (the same "
+                  "option name as for sketch stores)", DeprecationWarning, stacklevel=4)
+    return legacy
+
+
 class HeapEngineFactory(StorageEngineFactory):
-    """Opens :class:`~localstate.engines.heap.TopNEngine` (``mode = "topn"``) or
-    :class:`~localstate.engines.heap.ReorderBufferEngine` (``mode = "reorder"``)."""
+    """Opens :class:`~localstate.engines.heap.TopNEngine` (``kind = "topn"``) or
+    :class:`~localstate.engines.heap.ReorderBufferEngine` (``kind = "reorder"``). Validated options
+    carry the resolved ``kind``; the deprecated ``mode`` is dropped from them."""
 
     description: ClassVar[str] = ("running top-N (ranked items with scores, optional capacity) and bounded "
                                   "sort (reorder buffer released by watermark), persisted on a kv backend")
     options: ClassVar[Mapping[str, Option]] = {
-        "mode": Option(str, "topn", "topn: ranked items; reorder: bounded sort by timestamp",
-                       choices=("topn", "reorder")),
+        "kind": Option(str, None, "which heap: topn (ranked items, the default) or reorder (bounded sort "
+                                  "by timestamp)", choices=HEAP_KINDS),
+        "mode": Option(str, None, "deprecated: former name of kind", choices=HEAP_KINDS),
         "order": Option(str, "max", "topn: which end is the top", choices=("max", "min")),
         "capacity": Option(int, None, "topn: keep at most this many items, evicting the worst", minimum=1),
         "max_lateness": Option((int, float, str), None,
@@ -86,14 +109,16 @@ class HeapEngineFactory(StorageEngineFactory):
     }
 
     def check_options(self, store: str, options: dict[str, Any]) -> None:
+        options["kind"] = kind_of(store, options)
+        options.pop("mode", None)
         problems = []
-        if options["mode"] == "reorder":
+        if options["kind"] == "reorder":
             if options["capacity"] is not None:
                 problems.append(ConfigProblem(f"stores.{store}.capacity",
-                                              "only applies to mode = \"topn\"; a reorder buffer must not "
+                                              "only applies to kind = \"topn\"; a reorder buffer must not "
                                               "lose events"))
         elif options["max_lateness"] is not None:
-            problems.append(ConfigProblem(f"stores.{store}.max_lateness", "only applies to mode = \"reorder\""))
+            problems.append(ConfigProblem(f"stores.{store}.max_lateness", "only applies to kind = \"reorder\""))
         if problems:
             raise ConfigError(problems)
         if options.get("kv"):
@@ -102,7 +127,7 @@ class HeapEngineFactory(StorageEngineFactory):
         options.update(backend_options_of(store, options))
 
     def create(self, context: StoreContext) -> StorageEngine:
-        if context.options.get("mode", "topn") == "reorder":
+        if kind_of(context.store, context.options) == "reorder":
             from localstate.engines.heap.reorder import ReorderBufferEngine
             return ReorderBufferEngine(context)
         from localstate.engines.heap.topn import TopNEngine

@@ -51,7 +51,7 @@ class BufferedEvent(NamedTuple):
 
 
 class ReorderBufferEngine(HeapEngineBase):
-    """Reorder buffer (``engine = "heap"``, ``mode = "reorder"``).
+    """Reorder buffer (``engine = "heap"``, ``kind = "reorder"``).
 
     In memory: ``SortedList`` of 16-byte event keys (their byte order is timestamp then arrival
     order), the keys pushed since the order was last read (placed in one bulk update by the next
@@ -60,7 +60,7 @@ class ReorderBufferEngine(HeapEngineBase):
     logged at all.
     """
 
-    mode = "reorder"
+    kind = "reorder"
 
     def __init__(self, context: StoreContext) -> None:
         super().__init__(context)

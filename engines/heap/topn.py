@@ -45,7 +45,7 @@ class Entry(NamedTuple):
 
 
 class TopNEngine(HeapEngineBase):
-    """A ranked set of items (``engine = "heap"``, ``mode = "topn"``).
+    """A ranked set of items (``engine = "heap"``, ``kind = "topn"``).
 
     In memory: dicts ``item_bytes -> score`` and ``item_bytes -> payload_bytes``, a ``SortedList`` of
     ``(sort_score, item_bytes)`` where ``sort_score`` is ``-score`` for ``order = "max"`` (so the best
@@ -55,7 +55,7 @@ class TopNEngine(HeapEngineBase):
     changelog and the local backend at :meth:`flush` only (see :mod:`localstate.engines.heap.base`).
     """
 
-    mode = "topn"
+    kind = "topn"
 
     def __init__(self, context: StoreContext) -> None:
         super().__init__(context)

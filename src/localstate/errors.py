@@ -159,7 +159,7 @@ class InvalidValueError(StoreError):
 
 
 class LateEventError(InvalidValueError):
-    """A reorder buffer (heap engine, ``mode = "reorder"``, ``late_policy = "error"``) received an event
+    """A reorder buffer (heap engine, ``kind = "reorder"``, ``late_policy = "error"``) received an event
     older than its watermark: releasing it would break the total order of the output.
 
     ``timestamp``, ``watermark`` and ``max_lateness`` (None when unset) are attributes and context."""

@@ -103,7 +103,7 @@ class KvAdapter(_ApiAdapter):
 
 
 class TopNAdapter(_HeapAdapter):
-    """``engine = "heap"``, ``mode = "topn"`` with a capacity (evictions), payloads, removes, pops."""
+    """``engine = "heap"``, ``kind = "topn"`` with a capacity (evictions), payloads, removes, pops."""
 
     ITEMS = [f"item{i:02d}" for i in range(20)]
 
@@ -112,7 +112,7 @@ class TopNAdapter(_HeapAdapter):
         super().__init__(backend=backend, capacity=capacity, order=order, restore_batch_size=restore_batch_size)
 
     def options(self) -> dict[str, Any]:
-        return {"mode": "topn", **{k: v for k, v in self.params.items() if v is not None}}
+        return {"kind": "topn", **{k: v for k, v in self.params.items() if v is not None}}
 
     def random_op(self, rng: random.Random) -> Any:
         roll = rng.random()
@@ -130,13 +130,13 @@ class TopNAdapter(_HeapAdapter):
 
 
 class ReorderAdapter(_HeapAdapter):
-    """``engine = "heap"``, ``mode = "reorder"``: out-of-order pushes (some late, dropped), drains."""
+    """``engine = "heap"``, ``kind = "reorder"``: out-of-order pushes (some late, dropped), drains."""
 
     def __init__(self, backend: str) -> None:
         super().__init__(backend=backend)
 
     def options(self) -> dict[str, Any]:
-        return {"mode": "reorder", "max_lateness": 30, "late_policy": "drop", **self.params}
+        return {"kind": "reorder", "max_lateness": 30, "late_policy": "drop", **self.params}
 
     def random_op(self, rng: random.Random) -> Any:
         roll = rng.random()

@@ -5,12 +5,14 @@ the store; a rejected call leaves the store unchanged."""
 from __future__ import annotations
 
 import math
+import warnings
 from decimal import Decimal
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
+from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.serdes import IntSerde
 from localstate.engines.heap import HeapEngineFactory, LateEventError
@@ -193,3 +195,40 @@ def test_failed_restore_leaves_a_consistent_order(heap_dirs, opener, changelog) 
     assert [e.item for e in heap][:2] == ["i07", "i49"]  # what was applied is in order, nothing stale
     assert len(list(heap)) == len(heap) == 50
     heap.close()
+
+
+def test_kind_picks_the_heap_variant_and_mode_is_a_deprecated_alias() -> None:
+    factory = HeapEngineFactory()
+    assert factory.validate_options("s", {})["kind"] == "topn"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # kind never warns
+        ok = factory.validate_options("s", {"kind": "reorder", "max_lateness": 5})
+    assert ok["kind"] == "reorder" and "mode" not in ok
+    with pytest.warns(DeprecationWarning, match=r"stores\.s\.mode: mode is deprecated; write kind = 'reorder'"):
+        legacy = factory.validate_options("s", {"mode": "reorder", "max_lateness": 5})
+    assert legacy == ok  # the alias resolves to the same validated options (same store, no rebuild)
+    with pytest.warns(DeprecationWarning):
+        assert factory.validate_options("s", {"mode": "topn", "kind": "topn"})["kind"] == "topn"
+    with pytest.raises(ConfigError) as info:
+        factory.validate_options("s", {"kind": "heap"})
+    assert [p.path for p in info.value.problems] == ["stores.s.kind"]
+    with pytest.raises(ConfigError) as info:
+        factory.validate_options("s", {"kind": "topn", "max_lateness": 5})
+    assert info.value.problems[0].path == "stores.s.max_lateness"
+    assert 'kind = "reorder"' in info.value.problems[0].message
+
+
+def test_kind_and_mode_with_different_values_are_refused_at_kind() -> None:
+    with pytest.raises(ConfigError) as info:
+        HeapEngineFactory().validate_options("s", {"kind": "topn", "mode": "reorder"})
+    assert [p.path for p in info.value.problems] == ["stores.s.kind"]
+    assert "conflicts with mode = 'reorder'" in str(info.value) and "remove mode" in (info.value.hint or "")
+
+
+def test_kind_opens_the_matching_engine(heap_dirs, opener, changelog) -> None:
+    buf = opener(heap_dirs(), changelog, kind="reorder", backend="memory")
+    assert type(buf).__name__ == "ReorderBufferEngine" and buf.kind == "reorder"
+    buf.close()
+    top = opener(heap_dirs(), MemoryChangelogPartition("other", 0), kind="topn", backend="memory")
+    assert type(top).__name__ == "TopNEngine"
+    top.close()

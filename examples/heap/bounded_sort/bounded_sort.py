@@ -3,7 +3,7 @@ partition.
 
 Lines arrive in collection order, up to a few seconds late relative to one another (shipping
 delays differ per machine). Each line goes into a reorder buffer (``engine = "heap"``,
-``mode = "reorder"``) under its own timestamp ``at``; ``drain()`` releases every buffered line at or
+``kind = "reorder"``) under its own timestamp ``at``; ``drain()`` releases every buffered line at or
 below the watermark (newest ``at`` seen minus ``max_lateness``) in timestamp order. A line older than
 the watermark can no longer be placed in order: ``late_policy = "side_output"`` hands it to
 ``take_late()`` and it is written to the ``late-lines`` output instead.

@@ -1,5 +1,5 @@
 """Merge out-of-order logs into one totally ordered log with a changelog-backed reorder buffer
-(``engine = "heap"``, ``mode = "reorder"``), driven directly (no runtime, no Spark).
+(``engine = "heap"``, ``kind = "reorder"``), driven directly (no runtime, no Spark).
 
     python examples/heap/direct/merge_logs.py [STATE_DIR]
 
@@ -38,7 +38,7 @@ def shipped_lines(seed: int = 11) -> list[dict]:
 def main(argv: list[str]) -> int:
     state = Path(argv[0]) if argv else Path(tempfile.mkdtemp(prefix="merge-logs-"))
     factory = HeapEngineFactory()
-    options = factory.validate_options("merged", {"mode": "reorder", "max_lateness": "2s",
+    options = factory.validate_options("merged", {"kind": "reorder", "max_lateness": "2s",
                                                   "timestamp_unit": "ms", "late_policy": "side_output"})
     changelog = FileChangelogPartition(state / "changelog", "merged-changelog", 0)
     (state / "store").mkdir(parents=True, exist_ok=True)
