@@ -52,6 +52,9 @@ class KVBackend(ABC):
     name: str = ""
     #: True when the data survives close/reopen (False for the in-memory backend).
     persistent: bool = True
+    #: True when point reads (:meth:`get`, :meth:`get_many`) may run while another thread is in
+    #: :meth:`write` (write-behind, ``localstate.core.logged``); otherwise readers wait for the write.
+    concurrent_reads: ClassVar[bool] = False
     plugin_api: ClassVar[int] = PLUGIN_API_VERSION
 
     @classmethod

@@ -59,6 +59,7 @@ class RocksDBBackend(DirectoryBackend):
 
     name = "rocksdb"
     label = "RocksDB"
+    concurrent_reads = True  # RocksDB reads and writes are thread-safe (and rocksdict holds the GIL)
 
     def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
                  partition: int | None = None) -> None:
