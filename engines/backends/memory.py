@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from itertools import islice
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from sortedcontainers import SortedDict
 
@@ -19,6 +19,7 @@ class MemoryBackend(KVBackend):
 
     name = "memory"
     persistent = False
+    sorted_writes = False  # the sorted dict orders (and bulk-sorts) what it is given
 
     @classmethod
     def open(cls, directory: Path, options: Mapping[str, Any], *, store: str = "",
@@ -54,6 +55,15 @@ class MemoryBackend(KVBackend):
             lo, lo_inc = (after, False) if after is not None and (start is None or after >= start) else (start, True)
             keys = data.irange(lo, end, inclusive=(lo_inc, False))
         return [(k, data[k]) for k in islice(keys, limit)]
+
+    def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
+        """Chunks merged into runs (:meth:`_runs`): a run of at least a tenth of the store's size is
+        merged by one sort in C (``SortedDict.update``) instead of one bisect insert per key."""
+        for run in self._runs(chunks):
+            if None in run.values():
+                self._write(run.items(), {}, True)
+            else:
+                self._data.update(run)
 
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
         data = self._data
