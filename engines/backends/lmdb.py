@@ -187,7 +187,17 @@ class LMDBBackend(DirectoryBackend):
         for run in self._runs(chunks):
             items = sorted(run.items(), key=itemgetter(0))
             deletes = None in run.values()
+            self._reserve(sum(map(len, run)) + sum(map(len, filter(None, run.values()))))
             self._write(items, {}, deletes, append=not deletes and self.approximate_count() == 0)
+
+    def _reserve(self, nbytes: int) -> None:
+        """Grow the map ahead of a big transaction (room for twice ``nbytes`` beyond the pages in
+        use: B-tree overhead), so that it is not aborted and retried whole for every doubling."""
+        self._end_reads()
+        info, page = self._env.info(), self._env.stat()["psize"]
+        while info["map_size"] < (info["last_pgno"] + 1) * page + 2 * nbytes:
+            self._grow()
+            info = self._env.info()
 
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool, *,
                append: bool = False) -> None:
