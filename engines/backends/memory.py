@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from localstate.core.backend import Item, KVBackend
 
@@ -25,6 +25,7 @@ class MemoryBackend(KVBackend):
 
     name = "memory"
     persistent = False
+    sorted_writes = False  # the sorted dict orders (and bulk-sorts) what it is given
 
     @classmethod
     def open(cls, directory: Path, options: Mapping[str, Any], *, store: str = "",
@@ -89,6 +90,15 @@ class MemoryBackend(KVBackend):
             keys = index[lo:min(hi, lo + limit)]
         data = self._data
         return [(k, data[k]) for k in keys]
+
+    def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
+        """Chunks merged into runs (:meth:`_runs`): a run of at least a tenth of the store's size is
+        merged by one sort in C (``SortedDict.update``) instead of one bisect insert per key."""
+        for run in self._runs(chunks):
+            if None in run.values():
+                self._write(run.items(), {}, True)
+            else:
+                self._data.update(run)
 
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
         data = self._data

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, Mapping
 
-from localstate.core.changelog import ChangelogRecord
+from localstate.core.changelog import ChangelogRecord, RecordColumns
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
 from localstate.core.backend import BackendIterator, KVBackend, open_store_backend, prefix_end
@@ -414,6 +414,10 @@ class KeyValueEngine(StorageEngine):
         """Apply changelog records in order (last per key wins), in atomic chunks; not re-logged."""
         self._settle()
         self._logged.restore(records, self._restore_batch, self._prepare_restored)
+
+    def restore_columns(self, columns: Iterable[RecordColumns]) -> None:
+        """:meth:`restore` from column runs (``core.engine.ColumnRestore``: recovery's bulk path)."""
+        self._logged.restore_columns(columns, self._restore_batch, self._prepare_restored)
 
     def _prepare_restored(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
         """A restore chunk checked against the backend's key sizes, with its keys' cached and pending
