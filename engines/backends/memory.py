@@ -25,7 +25,7 @@ class MemoryBackend(KVBackend):
 
     name = "memory"
     persistent = False
-    sorted_writes = False  # the sorted dict orders (and bulk-sorts) what it is given
+    sorted_writes = False  # a dict: key order buys nothing (the scan index sorts lazily)
 
     @classmethod
     def open(cls, directory: Path, options: Mapping[str, Any], *, store: str = "",
@@ -92,13 +92,10 @@ class MemoryBackend(KVBackend):
         return [(k, data[k]) for k in keys]
 
     def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
-        """Chunks merged into runs (:meth:`_runs`): a run of at least a tenth of the store's size is
-        merged by one sort in C (``SortedDict.update``) instead of one bisect insert per key."""
+        """Chunks merged into runs (:meth:`_runs`), each applied as one write: a dict update while no
+        key index exists (restore, before any scan), else through the index bookkeeping."""
         for run in self._runs(chunks):
-            if None in run.values():
-                self._write(run.items(), {}, True)
-            else:
-                self._data.update(run)
+            self._write(run.items(), {}, None in run.values())
 
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
         data = self._data
