@@ -79,3 +79,20 @@ def test_open_iterator_keeps_its_snapshot_across_writes(initial: list, writes: l
     assert got == expected
     assert list(backend.iterate(None, None, reverse)) == model_scan(model, None, None, reverse)
     backend.close()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(KEYS, VALUES), max_size=20), st.lists(WRITE, min_size=1, max_size=5), st.booleans())
+def test_bulk_load_after_a_scan_keeps_the_index_exact(initial: list, chunks: list, scan_first: bool) -> None:
+    """Restore (bulk_load) may run after a scan built the key index: restored keys must be scanned."""
+    backend = MemoryBackend()
+    backend.write(initial, {}, deletes=False)
+    model = dict(initial)
+    if scan_first:
+        assert list(backend.iterate(None, None)) == model_scan(model, None, None, False)
+    backend.bulk_load([dict(chunk) for chunk in chunks])
+    for chunk in chunks:
+        apply(model, list(dict(chunk).items()))
+    assert list(backend.iterate(None, None)) == model_scan(model, None, None, False)
+    assert list(backend.iterate(None, None, True)) == model_scan(model, None, None, True)
+    backend.close()
