@@ -96,9 +96,10 @@ def dir_size(path: Path) -> int:
 
 # -- checkpoints -------------------------------------------------------------------------------------
 
-def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
-    """Each partition's checkpoint (None where there is none), read without creating anything."""
-    root = job_dir(job) / "checkpoints"
+def load_checkpoints(job: JobConfig, directory: Path | None = None) -> dict[int, Checkpoint | None]:
+    """Each partition's checkpoint (None where there is none), read without creating anything, from
+    the job's checkpoint directory or ``directory`` (e.g. a copy of it)."""
+    root = directory if directory is not None else job_dir(job) / "checkpoints"
     found: dict[int, Checkpoint | None] = {}
     for partition in range(job.partitions):
         path = root / f"{partition}.json"
@@ -110,7 +111,12 @@ def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
         except (OSError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"cannot read checkpoint {path}: {exc}", partition=partition, path=str(path),
                                   hint="check the file's permissions and disk") from exc
-        found[partition] = Checkpoint.from_json(text, str(path))
+        checkpoint = Checkpoint.from_json(text, str(path))
+        if checkpoint.partition != partition:
+            raise CheckpointError(f"checkpoint {path} belongs to partition {checkpoint.partition}",
+                                  partition=partition, path=str(path), field="partition",
+                                  hint="put the file back where it came from")
+        found[partition] = checkpoint
     return found
 
 
