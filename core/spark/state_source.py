@@ -286,30 +286,27 @@ class _Decoding:
         self.store = config.name
         self.key_type, self.value_type = column_types(config)
         key_serde, value_serde = store_serdes(resolved.job, config)
-        self.key = self._decode(key_serde, self.key_type)
-        self.value = self._decode(value_serde, self.value_type)
+        native = config.engine == "kv"
+        self.key = self._decode(key_serde, config.key_serde if native else None)
+        self.value = self._decode(value_serde, config.value_serde if native else None)
 
-    def _decode(self, serde: Serde | None, column: str):  # noqa: ANN202
-        if column == "string" and (serde is None or not _native_string(serde)):
+    def _decode(self, serde: Serde | None, native: str | None):  # noqa: ANN202
+        """``native``: the serde's name when its column has a native type."""
+        if serde is None or native not in _NATIVE_TYPES:
             lenient = decoder(serde)
             return lambda data, where: json.dumps(to_jsonable(lenient(data)), sort_keys=True)
-        if column == "binary" or serde is None:
+        if native == "bytes":
             return lambda data, where: bytes(data)
 
         def strict(data: bytes, where: dict[str, Any]) -> Any:
             try:
                 return serde.deserialize(data)
             except Exception as exc:  # noqa: BLE001 - any serde failure is reported the same way
-                raise SerdeError(f"store {self.store!r}: {serde.name if hasattr(serde, 'name') else 'serde'} cannot "
-                                 f"decode {bytes(data)[:40]!r}: {exc}", store=self.store, **where,
-                                 hint='read it with .option("raw", "true") to see the bytes') from exc
+                problem = exc.message if isinstance(exc, SerdeError) else f"{type(exc).__name__}: {exc}"
+                raise SerdeError(f"store {self.store!r}: {problem}", store=self.store, **where,
+                                 hint="check that the store's serde matches what was written; "
+                                      '.option("raw", "true") reads the bytes') from exc
         return strict
-
-
-def _native_string(serde: Serde) -> bool:
-    from localstate.core.serdes import StringSerde
-
-    return isinstance(serde, StringSerde)
 
 
 class StateView(View):
