@@ -5,14 +5,12 @@ partition; its checkpoints, changelog and change-feed views; typed errors; and i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,37 +27,18 @@ from localstate.streams.jsonl import write_jsonl
 pytestmark = pytest.mark.spark
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "core"))
+import crash_job  # noqa: E402 - tests/core: the kill -9 child job and its plain-Python expectation
+from count_and_remember import CountAndRemember  # noqa: E402 - the job's task
+from fs_snapshot import snapshot  # noqa: E402
 PARTITIONS = 3
 USERS = [f"user-{i:02d}" for i in range(11)]
-
-TASK = '''
-from localstate.core.task import StreamTask
-
-
-class CountAndRemember(StreamTask):
-    """counts: user -> views; last: user -> {"page": ...}; top: users by views (heap). The value
-    "forget" deletes the user from counts and last (tombstones in their changelogs)."""
-
-    def init(self, context):
-        self.counts, self.last, self.top = context.store("counts"), context.store("last"), context.store("top")
-
-    def process(self, envelope, collector, coordinator):
-        user, value = envelope.key, envelope.value
-        if value == "forget":
-            self.counts.delete(user)
-            self.last.delete(user)
-            return
-        count = (self.counts.get(user) or 0) + 1
-        self.counts.put(user, count)
-        self.last.put(user, {"page": value})
-        self.top.push(user, count)
-'''
 
 JOB = """
 [job]
 name = "reader"
 partitions = 3
-task = "reader_task:CountAndRemember"
+task = "count_and_remember:CountAndRemember"
 state_dir = "state"
 
 [inputs.views]
@@ -77,6 +56,12 @@ engine = "kv"
 backend = "lmdb"
 key_serde = "string"
 value_serde = "json"
+
+[stores.cache]
+engine = "kv"
+backend = "memory"
+key_serde = "string"
+value_serde = "int"
 
 [stores.top]
 engine = "heap"
@@ -114,25 +99,8 @@ def expected(rows: list[tuple[str, str]]) -> dict[str, dict]:
 def make_job(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "job.toml").write_text(JOB)
-    (root / "reader_task.py").write_text(TASK)
+    shutil.copy(HERE.parent / "core" / "count_and_remember.py", root)
     return root / "job.toml"
-
-
-def snapshot(directory: Path) -> dict[str, tuple]:
-    """Every entry under ``directory``: type, size, mtime and content hash (files), link target."""
-    entries = {}
-    for folder, dirs, files in os.walk(directory):
-        for name in dirs + files:
-            path = Path(folder) / name
-            stat = os.lstat(path)
-            if path.is_symlink():
-                entries[str(path)] = ("link", os.readlink(path))
-            elif path.is_dir():
-                entries[str(path)] = ("dir", stat.st_mtime_ns)
-            else:
-                entries[str(path)] = ("file", stat.st_size, stat.st_mtime_ns,
-                                      hashlib.sha256(path.read_bytes()).hexdigest())
-    return entries
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +124,6 @@ def spark_run(tmp_path_factory, spark_context):
     job = load_job_config(job_file)
     summary = SparkJobRunner(job, context=spark_context, batch_size=35, progress=None).run()
     assert summary.records_in == 60 * PARTITIONS and len(summary.batches) == 2
-    sys.path.insert(0, str(root))
-    try:
-        from reader_task import CountAndRemember
-    finally:
-        sys.path.remove(str(root))
     system = open_changelog_system(job)
     for p in range(PARTITIONS):
         instance = TaskInstance(job, p, system, task_factory=CountAndRemember)
@@ -248,7 +211,7 @@ def test_changelog_view_and_change_feed(spark, spark_run):
     job_file, committed, uncommitted = spark_run
     job = load_job_config(job_file)
     rows = read(spark, job_file, view="changelog").collect()
-    assert sorted({r["store"] for r in rows}) == ["counts", "last", "top"]  # scratch is not logged
+    assert sorted({r["store"] for r in rows}) == ["cache", "counts", "last", "top"]  # scratch is not logged
     counts = {r["partition"]: r for r in rows if r["store"] == "counts"}
     for p, row in counts.items():
         saved = json.loads((job.state_dir / "reader" / "checkpoints" / f"{p}.json").read_text())
@@ -338,11 +301,6 @@ def test_at_an_older_checkpoint_copy(spark, tmp_path):
     """checkpointDir: a copy of the checkpoints taken after an earlier commit reads the state then."""
     job_file = make_job(tmp_path / "job")
     job = load_job_config(job_file)
-    sys.path.insert(0, str(job_file.parent))
-    try:
-        from reader_task import CountAndRemember
-    finally:
-        sys.path.remove(str(job_file.parent))
     system = open_changelog_system(job)
     instances = [TaskInstance(job, p, system, task_factory=CountAndRemember) for p in range(PARTITIONS)]
     for p, instance in enumerate(instances):
@@ -388,11 +346,6 @@ value_serde = "int"
 def test_sigkill_between_changelog_flush_and_checkpoint(spark, tmp_path):
     """A real kill -9 at the crash point after the stores and changelogs are flushed and before the
     checkpoint is written (tests/core/crash_job.py): the reader shows the previous commit."""
-    sys.path.insert(0, str(HERE.parent / "core"))
-    try:
-        import crash_job
-    finally:
-        sys.path.remove(str(HERE.parent / "core"))
     state = tmp_path / "state"
     env = dict(os.environ, LOCALSTATE_CRASH_AT="after_flush:3", LOCALSTATE_TESTING="1")
     proc = subprocess.run([sys.executable, str(HERE.parent / "core" / "crash_job.py"), str(state), "run", "2000",
@@ -403,16 +356,7 @@ def test_sigkill_between_changelog_flush_and_checkpoint(spark, tmp_path):
     checkpoint = json.loads((state / "crash" / "checkpoints" / "0.json").read_text())
     position = checkpoint["inputs"]["input"]
     assert position == 600  # two commits of 300; the third was flushed, then the process died
-    per_key: dict = {}
-    per_bucket: dict = {}
-    for i in range(position):
-        key, value = crash_job.input_record(i)
-        per_key[key] = per_key.get(key, 0) + value
-        per_bucket[len(key) % 7] = per_bucket.get(len(key) % 7, 0) + 1
-        if i % 13 == 0:
-            per_key.pop(f"gone-{i % 5}", None)
-        elif i % 13 == 1:
-            per_key[f"gone-{i % 5}"] = i
+    per_key, per_bucket = crash_job.expected_state(position)
     log = read(spark, job_file, view="changelog").collect()
     assert all(r["end_offset"] > r["committed_offset"] for r in log)  # the uncommitted tail is there
     got = {r["key"]: r["value"] for r in read(spark, job_file, store="per_key").collect()}
