@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
@@ -115,9 +115,17 @@ class ReadOptions:
         if not self.read_change_feed and (self.start_offset or self.end_offset is not None):
             raise ConfigError.at("option 'startOffset'/'endOffset'", "offsets select change feed records",
                                  hint='add .option("view", "changelog").option("readChangeFeed", "true")')
-        if self.raw and self.view == "checkpoints":
-            raise ConfigError.at("option 'raw'", "the checkpoints view has no keys or values",
-                                 hint="drop .option(\"raw\", ...)")
+        if self.raw and not (self.view == "state" or self.read_change_feed):
+            raise ConfigError.at("option 'raw'", f"the {self.view} view has no keys or values",
+                                 hint='raw applies to the state view and the change feed')
+
+    def absolute(self) -> "ReadOptions":
+        """These options with their paths made absolute (against this process's working directory):
+        Spark reads them in its Python workers, whose working directory may differ."""
+        def resolve(path: str | None) -> str | None:
+            return None if path is None else str(Path(path).expanduser().resolve())
+        return replace(self, job=resolve(self.job) or self.job, checkpoint_dir=resolve(self.checkpoint_dir),
+                       plugins=resolve(self.plugins))
 
     def as_options(self) -> dict[str, str]:
         """These options as Spark's ``.options(**...)`` takes them."""

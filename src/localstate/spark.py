@@ -32,12 +32,13 @@ def read_state(spark: Any, job: str, store: str | None = None, **options: Any) -
     names: ``view``, ``raw``, ``readChangeFeed``, ``startOffset``, ``endOffset``, ``checkpointDir``,
     ``batchId``, ``plugins``), registering the source first.
 
-    The options, the job, the store and its checkpoints are checked here first, so a mistake raises
+    Relative paths (``job``, ``checkpointDir``, ``plugins``) are resolved here, against this
+    process's working directory. The options, the job, the store and its checkpoints are checked here first, so a mistake raises
     localstate's typed error (ConfigError, StateNotFoundError, ...) with its hint, not a Spark
     AnalysisException wrapping it."""
     given = {"job": str(job), **({"store": store} if store is not None else {}),
              **{name: _option_text(value) for name, value in options.items()}}
-    parsed = ReadOptions.parse(given)
+    parsed = ReadOptions.parse(given).absolute()
     load_view(parsed)
     register(spark)
     try:

@@ -364,3 +364,11 @@ def test_sigkill_between_changelog_flush_and_checkpoint(spark, tmp_path):
     buckets = read(spark, job_file, store="per_bucket")
     assert buckets.schema.simpleString() == "struct<partition:int,key:bigint,value:bigint>"
     assert {r["key"]: r["value"] for r in buckets.collect()} == per_bucket
+
+
+def test_read_state_resolves_relative_paths_on_the_driver(spark, spark_run, monkeypatch, tmp_path):
+    job_file, committed, _ = spark_run
+    monkeypatch.chdir(job_file.parent)
+    counts = localstate.spark.read_state(spark, "job.toml", store="counts")
+    monkeypatch.chdir(tmp_path)  # the DataFrame keeps reading the same job from anywhere
+    assert by_partition(counts.collect()) == {p: committed[p]["counts"] for p in committed}
