@@ -133,19 +133,36 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
     return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts)
 
 
-def routes(spark: Any, partitions: int) -> list[int]:
-    """For each job partition ``p``, a value that Spark's hash partitioning into ``partitions``
-    (``pmod(hash(value), partitions)``, what ``repartition(n, column)`` uses) sends to partition ``p``."""
-    from pyspark.sql import functions as F
+def _spark_hash_long(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of a bigint (Murmur3_x86_32.hashLong, seed 42), as a signed 32-bit int."""
+    mask = 0xFFFFFFFF
 
+    def mix(h1: int, k1: int) -> int:
+        k1 = (k1 * 0xCC9E2D51) & mask
+        k1 = ((k1 << 15) | (k1 >> 17)) & mask
+        k1 = (k1 * 0x1B873593) & mask
+        h1 ^= k1
+        h1 = ((h1 << 13) | (h1 >> 19)) & mask
+        return (h1 * 5 + 0xE6546B64) & mask
+
+    h1 = mix(mix(seed & mask, value & mask), (value >> 32) & mask) ^ 8
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & mask
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & mask
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def routes(partitions: int) -> list[int]:
+    """For each job partition ``p``, the smallest value that Spark's hash partitioning into
+    ``partitions`` (``pmod(hash(value), partitions)``, what ``repartition(n, column)`` does) sends
+    to Spark partition ``p``: rows carrying it land in the task of their own job partition."""
     found: dict[int, int] = {}
-    span = 64 * partitions
-    start = 0
+    value = 0
     while len(found) < partitions:
-        rows = spark.range(start, start + span).select("id", F.expr(f"pmod(hash(id), {partitions})")).collect()
-        for value, target in rows:
-            found.setdefault(int(target), int(value))
-        start += span
+        found.setdefault(_spark_hash_long(value) % partitions, value)  # Python's % is pmod
+        value += 1
     return [found[p] for p in range(partitions)]
 
 
@@ -409,7 +426,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
 
     with_route = StructType([*df.schema.fields, StructField(_ROUTE, LongType(), False),
                              StructField(_PARTITION, IntegerType(), False), StructField(_SEQ, LongType(), False)])
-    prepared = df.mapInArrow(_assign(spec, routes(spark, job.partitions)), with_route)
+    prepared = df.mapInArrow(_assign(spec, routes(job.partitions)), with_route)
     shuffled = prepared.repartition(job.partitions, _ROUTE)
     try:
         results = shuffled.mapInArrow(_apply(spec, batch_id, fault), _RESULT_SCHEMA).collect()

@@ -136,3 +136,16 @@ def test_checkpoint_batch_field():
     for bad in (-1, "7", 1.5, True):
         with pytest.raises(CheckpointError, match="batch"):
             Checkpoint.from_json(json.dumps({**json.loads(old), "batch": bad}), "bad")
+
+
+def test_routes_land_in_their_own_spark_partition(spark):
+    """routes() reproduces Spark's hash partitioning: job partition p is Spark partition p."""
+    from pyspark.sql import functions as F
+
+    from localstate.core.spark.dataframe import routes
+
+    for partitions in (1, 2, 3, 7, 16):
+        values = routes(partitions)
+        df = spark.createDataFrame([(v, p) for p, v in enumerate(values)], "route long, p int")
+        placed = df.repartition(partitions, "route").select("p", F.spark_partition_id().alias("spark")).collect()
+        assert sorted((row.p, row.spark) for row in placed) == [(p, p) for p in range(partitions)]
