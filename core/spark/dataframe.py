@@ -40,7 +40,7 @@ import json
 import os
 import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import count, repeat
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -57,8 +57,8 @@ from localstate.core.streams.base import InputRecord
 from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, LocalStateError, OutputIOError, SchemaError
 
-__all__ = ["run_batch", "foreach_batch", "dataframe_spec", "DataFrameSpec", "BatchOutputs", "OUTPUT_SCHEMA",
-           "routes"]
+__all__ = ["run_batch", "foreach_batch", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
+           "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes"]
 
 OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key STRING, value STRING"
 """The rows :func:`run_batch` returns, one per message the task sent: the job partition that sent it,
@@ -67,7 +67,31 @@ value as JSON text (bytes as hex, other non-JSON values as ``str()``)."""
 
 _ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
-                 "seconds DOUBLE, error BINARY"
+                 "open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
+#: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): opening and
+#: recovering the partition, converting its Arrow rows into records, the task's ``process()`` (the one
+#: feed loop, store reads and writes included), preparing the commit (store flush, changelog fsync,
+#: the outputs file) and closing.
+TASK_PHASES = ("open", "convert", "process", "commit")
+
+
+@dataclass
+class DataFrameBatch:
+    """What :func:`run_batch` did, for progress reports and benchmarks."""
+
+    batch_id: int
+    records: int = 0
+    """input rows applied (0 for partitions that had applied the batch before)"""
+    outputs: int = 0
+    applied: list[int] = field(default_factory=list)
+    """the job partitions that applied the batch in this call"""
+    replayed: list[int] = field(default_factory=list)
+    """the job partitions that had applied it before: their outputs were served from the kept file"""
+    seconds: float = 0.0
+    """wall time of the Spark job and the checkpoint saves"""
+    task_seconds: dict[str, float] = field(default_factory=dict)
+    """:data:`TASK_PHASES` summed over the partitions"""
+    busiest_task: float = 0.0
 _KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BinaryType")
 _ROW_BITS = 40  # sequence = (input partition << 40) + row index: 2**40 rows per input partition
 
@@ -308,8 +332,8 @@ def _result_schema() -> Any:
     import pyarrow as pa
 
     return pa.schema([("partition", pa.int32()), ("applied", pa.bool_()), ("checkpoint", pa.string()),
-                      ("records", pa.int64()), ("outputs", pa.int64()), ("seconds", pa.float64()),
-                      ("error", pa.binary())])
+                      ("records", pa.int64()), ("outputs", pa.int64()),
+                      *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary())])
 
 
 def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, InputRecord]]:
@@ -336,9 +360,10 @@ def _run_partition(spec: DataFrameSpec, partition: int, rows: Any, batch: int,
                    fault: Mapping[str, Any] | None) -> dict[str, Any]:
     """Apply ``batch`` to one job partition, unless its checkpoint already holds it; returns the
     prepared checkpoint (the driver saves it) or a deterministic error, pickled."""
-    started = time.perf_counter()
+    clock = time.perf_counter
+    started = clock()
     result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
-                              "outputs": 0, "seconds": 0.0, "error": None}
+                              "outputs": 0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
     try:
         job = spec.job
         add_task_paths(job)
@@ -354,15 +379,21 @@ def _run_partition(spec: DataFrameSpec, partition: int, rows: Any, batch: int,
                 instance.close(commit=False)
                 return result
             outputs.keep_only(instance.batch)
+            opened = clock()
+            records = _records(spec, rows, instance.position(spec.stream))
+            converted = clock()
             spec_fault = fault if fault and fault.get("partition") == partition and fault.get("batch") == batch \
                 else None
             with armed(CrashAt.from_plan_fault(spec_fault) if spec_fault else None):
-                fed = instance.feed(_records(spec, rows, instance.position(spec.stream)))
+                fed = instance.feed(records)
             if job.window_interval is not None:
                 instance.maybe_window()
+            processed = clock()
             instance.batch = batch
             prepared = instance.prepare_commit()
             instance.close(commit=False)
+            result.update({"open": opened - started, "convert": converted - opened, "process": processed - converted,
+                           "commit": clock() - processed})
         except BaseException:
             instance.abandon()
             raise
@@ -371,7 +402,6 @@ def _run_partition(spec: DataFrameSpec, partition: int, rows: Any, batch: int,
         result.update(applied=True, checkpoint=prepared.to_json(), records=fed.records, outputs=outputs.written)
     except (Exception, SystemExit) as exc:
         result["error"] = executor_failure(exc, batch, partition)  # re-raises what Spark should retry
-    result["seconds"] = time.perf_counter() - started
     return result
 
 
@@ -393,13 +423,14 @@ def _create_changelogs(job: JobConfig) -> None:
 
 def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, batch_id: int | None = None,
               order_by: str | None = None, value: str | None = None, stream: str = "dataframe",
-              fault: Mapping[str, Any] | None = None) -> Any:
+              fault: Mapping[str, Any] | None = None,
+              progress: Callable[[DataFrameBatch], None] | None = None) -> Any:
     """Apply the batch ``df`` to the job's state, exactly once per ``batch_id``, and return the task's
     outputs as a DataFrame (:data:`OUTPUT_SCHEMA`), read from files kept until the next batch.
 
     ``batch_id``: the micro-batch id (foreachBatch's); None: the batch after the last one applied (a
     batch DataFrame). An id the job already applied is not applied again: its outputs are returned as
-    they were. ``fault`` (tests and demos only): ``{"partition", "batch", "after", "marker"}`` SIGKILLs
+    they were. ``progress`` is called with the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch", "after", "marker"}`` SIGKILLs
     the Python worker feeding that partition after ``after`` records, once (see :mod:`~localstate.core.faults`)."""
     job = _job(job)
     spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream)
@@ -428,6 +459,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
                              StructField(_PARTITION, IntegerType(), False), StructField(_SEQ, LongType(), False)])
     prepared = df.mapInArrow(_assign(spec, routes(job.partitions)), with_route)
     shuffled = prepared.repartition(job.partitions, _ROUTE)
+    started = time.perf_counter()
     try:
         results = shuffled.mapInArrow(_apply(spec, batch_id, fault), _RESULT_SCHEMA).collect()
     except LocalStateError:
@@ -437,10 +469,23 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     errors = [r["error"] for r in results if r["error"] is not None]
     if errors:
         raise pickle.loads(errors[0])
+    report = DataFrameBatch(batch_id)
     for row in results:
         if row["applied"]:
             checkpoint = Checkpoint.from_json(row["checkpoint"], f"batch {batch_id} partition {row['partition']}")
+            # Fenced by the generation the task's instance took at open, like every commit.
             checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+            report.applied.append(row["partition"])
+            report.records += row["records"]
+            report.outputs += row["outputs"]
+        else:
+            report.replayed.append(row["partition"])
+        for phase in TASK_PHASES:
+            report.task_seconds[phase] = report.task_seconds.get(phase, 0.0) + row[phase]
+        report.busiest_task = max(report.busiest_task, sum(row[phase] for phase in TASK_PHASES))
+    report.seconds = time.perf_counter() - started
+    if progress is not None:
+        progress(report)
     return batch_outputs(spark, job, batch_id)
 
 

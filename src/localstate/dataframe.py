@@ -2,6 +2,6 @@
 a micro-batch with its id), :func:`foreach_batch` for ``writeStream.foreachBatch``. See
 docs/spark-users.md and :mod:`localstate.core.spark.dataframe`."""
 
-from localstate.core.spark.dataframe import OUTPUT_SCHEMA, foreach_batch, run_batch
+from localstate.core.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, run_batch
 
-__all__ = ["run_batch", "foreach_batch", "OUTPUT_SCHEMA"]
+__all__ = ["run_batch", "foreach_batch", "DataFrameBatch", "OUTPUT_SCHEMA"]

@@ -54,8 +54,11 @@ def test_batches_exact_and_rerun_is_not_applied_twice(spark, tmp_path):
         outputs.append(sorted(out.collect()))
         if batch_id == 1:
             # Spark executes batch 1 again (a failed sink write, a restarted query): same rows, not re-applied.
-            again = run_batch(df, job, key="user", order_by="ts", batch_id=1)
+            reports = []
+            again = run_batch(df, job, key="user", order_by="ts", batch_id=1, progress=reports.append)
             assert sorted(again.collect()) == outputs[1]
+            assert reports[0].records == 0 and reports[0].applied == []
+            assert sorted(reports[0].replayed) == sorted({row.partition for row in outputs[1]})
     counts, expected_rows = expected_outputs(batches)
     assert sorted(r for out in outputs for r in _rows(spark.createDataFrame(out, OUTPUT_SCHEMA))) == \
         sorted(expected_rows)
