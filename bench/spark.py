@@ -193,29 +193,6 @@ def _write_parquet_batches(directory: Path, events: int, users: int, seed: int, 
         os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # the file source takes them by age
 
 
-def _dataframe_job(root: Path, partitions: int, backend: str) -> Path:
-    path = root / "job.toml"
-    path.write_text(f"""
-[job]
-name = "bench-page-views-df"
-partitions = {partitions}
-task = "localstate.demo:PageViewCounter"
-state_dir = "{root / 'state'}"
-
-[changelogs.file]
-segment_bytes = "1MB"
-
-[stores.counts]
-engine = "kv"
-backend = "{backend}"
-key_serde = "string"
-value_serde = "int"
-cache_size = 100000
-write_batch_size = 100000
-""")
-    return path
-
-
 def _dataframe_query(spark, job, source: Path, checkpoint: Path, reports: list[DataFrameBatch]) -> None:
     """The DataFrame path: a file streaming query (one Parquet file per micro-batch), each micro-batch
     through foreach_batch; outputs consumed by a noop sink (as the peer's)."""
@@ -238,14 +215,14 @@ def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: st
     from pyspark.sql import SparkSession
 
     root.mkdir()
-    job = load_job_config(_dataframe_job(root, partitions, backend))
+    job = load_job_config(_job(root, source, partitions, backend))  # its [inputs] are not used
     context = spark_context("local[2]", "bench-localstate-dataframe")
     try:
         spark = SparkSession(context)
         warm = root / "warm"
         warm.mkdir()
         _write_parquet_batches(warm / "data", 2000, 100, 1, 2)
-        _dataframe_query(spark, load_job_config(_dataframe_job(warm, partitions, backend)), warm / "data",
+        _dataframe_query(spark, load_job_config(_job(warm, warm / "data", partitions, backend)), warm / "data",
                          warm / "query", [])
         reports: list[DataFrameBatch] = []
         started = time.perf_counter()

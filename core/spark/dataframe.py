@@ -269,6 +269,34 @@ def _encoder() -> Callable[[Any], str]:
 
 
 # -- executors ----------------------------------------------------------------------------------------
+_PARTITION_CACHE: dict[tuple[int, Any], int] = {}
+"""``(partitions, key) -> partition`` in this Python worker: Spark reuses its workers across batches,
+and a key's partition never changes (kept bounded by :data:`_CACHE_LIMIT`)."""
+_CACHE_LIMIT = 2_000_000
+
+
+def _partitions_of(keys: Any, partitions: int, column: str) -> Any:
+    """The job partition of each key of the Arrow array ``keys``: computed once per distinct key of
+    the batch (``dictionary_encode``), by :func:`partition_for`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if keys.null_count:
+        raise SchemaError(f"key column {column!r} holds a null key", column=column,
+                          hint="filter out rows without a key, or fill them in")
+    encoded = pc.dictionary_encode(keys)
+    cache = _PARTITION_CACHE
+    if len(cache) > _CACHE_LIMIT:
+        cache.clear()
+    parts = []
+    for key in encoded.dictionary.to_pylist():
+        part = cache.get((partitions, key))
+        if part is None:
+            part = cache[(partitions, key)] = partition_for(key, partitions)
+        parts.append(part)
+    return pa.array(parts, pa.int32()).take(encoded.indices)
+
+
 def _assign(spec: DataFrameSpec, route_values: list[int]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """mapInArrow before the shuffle: add the job partition, its route value and the sequence number."""
     partitions = spec.job.partitions
@@ -279,24 +307,13 @@ def _assign(spec: DataFrameSpec, route_values: list[int]) -> Callable[[Iterator[
         from pyspark import TaskContext
 
         base = TaskContext.get().partitionId() << _ROW_BITS
-        cache: dict[Any, int] = {}
+        route_of = pa.array(route_values, pa.int64())
         index = 0
         for batch in batches:
-            parts = []
-            for value in batch.column(key).to_pylist():
-                p = cache.get(value)
-                if p is None:
-                    if value is None:
-                        raise SchemaError(f"key column {key!r} holds a null key", column=key,
-                                          hint="filter out rows without a key, or fill them in")
-                    if len(cache) > 1_000_000:
-                        cache.clear()
-                    p = cache[value] = partition_for(value, partitions)
-                parts.append(p)
+            parts = _partitions_of(batch.column(key), partitions, key)
             n = batch.num_rows
             yield pa.RecordBatch.from_arrays(
-                [*batch.columns, pa.array([route_values[p] for p in parts], pa.int64()), pa.array(parts, pa.int32()),
-                 pa.array(range(base + index, base + index + n), pa.int64())],
+                [*batch.columns, route_of.take(parts), parts, pa.array(range(base + index, base + index + n), pa.int64())],
                 names=[*batch.schema.names, _ROUTE, _PARTITION, _SEQ])
             index += n
 
@@ -490,19 +507,25 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
 
 
 def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
-    """The outputs of ``batch_id`` from every partition whose checkpoint holds it, as a DataFrame."""
+    """The outputs of ``batch_id`` from every partition whose checkpoint holds it, as a DataFrame
+    (files without rows are left out: a batch that sent nothing costs the sink no Spark job's input)."""
+    import pyarrow.parquet as pq
+
     checkpoints = checkpoint_store(job)
     files = []
     for partition in range(job.partitions):
         checkpoint = checkpoints.load(partition)
         if checkpoint is not None and checkpoint.batch == batch_id:
             path = BatchOutputs.path(job, partition, batch_id)
-            if not path.is_file():
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except FileNotFoundError:
                 raise BatchOrderError(f"the outputs of batch {batch_id} of partition {partition} are missing",
                                       batch=batch_id, partition=partition, path=str(path),
                                       hint="the state directory was changed by hand; restore it, or start the "
-                                           "job over with `localstate reset`")
-            files.append(str(path))
+                                           "job over with `localstate reset`") from None
+            if rows:
+                files.append(str(path))
     if not files:
         return spark.createDataFrame([], OUTPUT_SCHEMA)
     return spark.read.schema(OUTPUT_SCHEMA).parquet(*files)
