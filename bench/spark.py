@@ -2,7 +2,7 @@
 (native groupBy().count(), transformWithStateInPandas, applyInPandasWithState; measured by
 ../shared/peers/spark_peer.py in a subprocess of the same run, on the same workload shape).
 
-    python -m bench spark [--json] [--quick] [--events N] [--users K] [--no-peer]
+    python -m bench spark [--json] [--quick] [--events N] [--users K] [--no-peer] [--no-dataframe] [--peer PATH]
 
 Workload: N events, user ``user-%08d`` uniform over K users (numpy default_rng(seed), as the
 peer), written untimed as pre-partitioned JSON lines; one micro-batch per N/10 events. Timed: the
@@ -10,6 +10,11 @@ run from the first batch to the last commit, closing the instances kept open inc
 start and a warm-up excluded, as the peer does). localstate runs twice, before and after Spark's
 native aggregation (the machine is shared: the ratios use both runs). Correctness: every user's
 count read back from the stores equals numpy.bincount.
+
+The DataFrame entry point (``localstate.dataframe.foreach_batch``) runs the same job on the same
+events, read by a Parquet file streaming source with one file per micro-batch (ten, as the peer
+reads them), outputs to a ``noop`` sink; timed from ``start()`` to the query's end, after an untimed
+warm-up query. Rows ``dataframe time: <phase>`` say where its time goes.
 
 Where the time goes: rows ``time: <phase>`` split the timed run's wall clock into driver phases
 (planning, checkpoint saves), Spark's own overhead (job wall time minus the busiest task: scheduling,
@@ -130,9 +135,9 @@ def _breakdown(report: Report, summaries: list[RunSummary]) -> None:
     report.add("time: other (driver loop, progress)", phase_s=other, share_pct=100.0 * other / seconds)
 
 
-def _peer(events: int, users: int, seed: int, budget: float, total: float, variants: str = "a,b,c",
+def _peer(script: Path, events: int, users: int, seed: int, budget: float, total: float, variants: str = "a,b,c",
           files: int = 10) -> tuple[dict[str, float], str]:
-    command = [sys.executable, str(PEER), "--events", str(events), "--users", str(users), "--seed", str(seed),
+    command = [sys.executable, str(script), "--events", str(events), "--users", str(users), "--seed", str(seed),
                "--variants", variants, "--variant-budget", str(budget), "--total-budget", str(total),
                "--driver-memory", "2g", "--files", str(files)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=total + 240)
@@ -272,10 +277,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--no-peer", action="store_true", help="skip Spark's own stateful streaming")
     parser.add_argument("--no-dataframe", action="store_true", help="skip the DataFrame entry point")
+    parser.add_argument("--peer", type=Path, default=PEER, help="the peer script (default: ../shared/peers)")
     args = parser.parse_args(argv)
     events = args.events or (200_000 if args.quick else 1_000_000)
     partitions = 2
-    peer = not args.no_peer and PEER.exists()
+    peer = not args.no_peer and args.peer.exists()
     report = Report("spark", {"events": events, "users": args.users, "master": "local[2]", "partitions": partitions,
                               "backend": args.backend})
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
@@ -289,7 +295,7 @@ def main(argv: list[str]) -> int:
             # The machine is shared: measure localstate before and after Spark's native aggregation
             # and compare with the mean, so that a change of background load between the two
             # measurements shows (both rows) instead of skewing the ratio.
-            rates, failure = _peer(events, args.users, args.seed, budget, budget + 60, "a", 10)
+            rates, failure = _peer(args.peer, events, args.users, args.seed, budget, budget + 60, "a", 10)
             runs.append(_localstate(root / "run2", data, partitions, args.backend, events, expected, args.users))
         correct = all(ok for _, _, ok in runs)
         for index, (seconds, summary, ok) in enumerate(runs, 1):
@@ -314,7 +320,7 @@ def main(argv: list[str]) -> int:
         if peer:
             # The pandas variants (~2k events/s) run on 100 smaller micro-batches so that several
             # complete within their time budget (their rate is then measured on those batches).
-            slow, failure_b = _peer(events, args.users, args.seed, budget, 2 * budget + 90, "b,c", 100)
+            slow, failure_b = _peer(args.peer, events, args.users, args.seed, budget, 2 * budget + 90, "b,c", 100)
             rates.update(slow)
             failure = failure or failure_b
             names = {"a_sql_count": "Spark native groupBy().count()",

@@ -527,7 +527,10 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
             if rows:
                 files.append(str(path))
     if not files:
-        return spark.createDataFrame([], OUTPUT_SCHEMA)
+        # An empty relation the optimizer sees is empty (createDataFrame([]) would run a Python RDD).
+        columns = [f"CAST(NULL AS {kind}) AS {name}" for name, kind in
+                   (column.split() for column in OUTPUT_SCHEMA.split(", "))]
+        return spark.range(0).selectExpr(*columns)
     return spark.read.schema(OUTPUT_SCHEMA).parquet(*files)
 
 
