@@ -13,6 +13,16 @@ from localstate.core.serdes import IntSerde, StringSerde
 from localstate.engines.kv import KeyValueEngineFactory
 
 workdir, backend, n_keys = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+_print_lock = threading.Lock()
+
+
+def say(line: str) -> None:
+    """One whole line per write: the main and the background thread both report."""
+    with _print_lock:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 system = FileChangelogSystem({"path": str(workdir / "changelog"), "fsync": True}, workdir)
 system.ensure_stream("wb", 1)
 changelog = system.partition("wb", 0)
@@ -23,14 +33,14 @@ kv = factory.create(StoreContext("job", "wb", 0, workdir / "store", options, Str
 kv.put_all((f"key-{i:05d}", 1) for i in range(n_keys))
 kv.flush()
 kv._logged.settle()  # round 1 is in the backend too
-print(f"committed {changelog.end_offset()}", flush=True)
+say(f"committed {changelog.end_offset()}")
 
 real_write = kv.backend._write
 never = threading.Event()
 
 
 def hang(*args, **kwargs):
-    print("blocked", flush=True)
+    say("blocked")
     never.wait()
 
 
@@ -41,5 +51,5 @@ for i in range(n_keys):
     else:
         kv.delete(f"key-{i:05d}")
 kv.flush()
-print(f"committed {changelog.end_offset()}", flush=True)
+say(f"committed {changelog.end_offset()}")
 never.wait()
