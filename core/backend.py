@@ -58,6 +58,9 @@ class KVBackend(ABC):
     name: str = ""
     #: True when the data survives close/reopen (False for the in-memory backend).
     persistent: bool = True
+    #: True when point reads (:meth:`get`, :meth:`get_many`) may run while another thread is in
+    #: :meth:`write` (write-behind, ``localstate.core.logged``); otherwise readers wait for the write.
+    concurrent_reads: ClassVar[bool] = False
     #: True when a big write is cheaper in key order (a B-tree: LMDB), so restore sorts its chunks;
     #: False when the backend orders writes itself (RocksDB's memtable, the in-memory sorted dict).
     sorted_writes: ClassVar[bool] = True

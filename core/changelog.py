@@ -24,6 +24,7 @@ __all__ = [
     "CompactionStats",
     "StreamLocations",
     "LocalStreams",
+    "ReadOnlyPartitions",
     "DeletableStreams",
     "Compactable",
     "CompactionRounds",
@@ -229,6 +230,15 @@ class LocalStreams(Protocol):
 
     def close(self) -> None:
         """Release shared resources."""
+
+
+@runtime_checkable
+class ReadOnlyPartitions(Protocol):
+    """A system that opens a partition for reading only: no writer lock or producer taken, nothing
+    created, truncated or fenced (``localstate inspect``, the Spark state reader)."""
+
+    def reader(self, stream: str, partition: int) -> ChangelogPartition:
+        """A read-only partition (its ``append``/``flush`` are refused)."""
 
 
 @runtime_checkable

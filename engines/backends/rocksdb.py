@@ -61,6 +61,7 @@ class RocksDBBackend(DirectoryBackend):
 
     name = "rocksdb"
     label = "RocksDB"
+    concurrent_reads = True  # RocksDB reads and writes are thread-safe (and rocksdict holds the GIL)
     sorted_writes = False  # the memtable orders writes itself: sorting in Python only costs
 
     def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
