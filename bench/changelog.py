@@ -13,7 +13,8 @@ Definitions used by the ratios:
 - *read()*: ``FileChangelogPartition.read()`` consumed to the end (decode, crc check, one
   ``ChangelogRecord`` per record). *read_batches()*: the same records in lists.
 - *restore into KV*: ``core.recovery.recover_store`` of a fresh RocksDB-backed KV engine up to the end
-  of the changelog: read() + progress counting + ``engine.restore()`` + ``engine.flush()``.
+  of the changelog: read_columns() + progress counting + ``engine.restore_columns()`` (the backend's
+  bulk load) + ``engine.flush()``. ``python -m bench restore`` compares it with plain decoding.
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ def main(argv: list[str]) -> int:
                             "every segment file; warm = page cache hot, cold = pages evicted with "
                             "posix_fadvise(DONTNEED) before the run (a VM disk may still be cached by its host)")
         report.notes.append("restore into KV = core.recovery.recover_store into a fresh RocksDB KV engine "
-                            "(read + progress + engine.restore + flush)")
+                            "(read_columns + progress + engine.restore_columns + flush)")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report.emit(args.json)

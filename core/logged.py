@@ -248,6 +248,7 @@ class LoggedStore(ChangelogCommit):
             if chunk:
                 yield chunk if prepare is None else prepare(chunk)
 
+        self.settle()  # a background (write-behind) commit write lands before the bulk load
         try:
             self.backend.bulk_load(chunks())
         except LocalStateError:

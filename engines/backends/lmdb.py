@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from operator import itemgetter
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import lmdb
@@ -185,7 +184,8 @@ class LMDBBackend(DirectoryBackend):
         so a B-tree page is written once per run, not once per chunk. Into an empty database with no
         delete, the sorted run is appended (``putmulti(append=True)``: no searches, full pages)."""
         for run in self._runs(chunks):
-            items = sorted(run.items(), key=itemgetter(0))
+            keys = sorted(run)  # sorting the keys alone compares bytes directly: no key function
+            items = list(zip(keys, map(run.__getitem__, keys)))
             deletes = None in run.values()
             self._reserve(sum(map(len, run)) + sum(map(len, filter(None, run.values()))))
             self._write(items, {}, deletes, append=not deletes and self.approximate_count() == 0)

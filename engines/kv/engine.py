@@ -417,6 +417,7 @@ class KeyValueEngine(StorageEngine):
 
     def restore_columns(self, columns: Iterable[RecordColumns]) -> None:
         """:meth:`restore` from column runs (``core.engine.ColumnRestore``: recovery's bulk path)."""
+        self._settle()
         self._logged.restore_columns(columns, self._restore_batch, self._prepare_restored)
 
     def _prepare_restored(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:

@@ -176,3 +176,27 @@ def test_bulk_load_leaves_no_file_behind(tmp_path: Path, small_runs: None) -> No
     engine.close()
     assert not list((tmp_path / "store").rglob("bulk-load.sst.tmp"))
     changelog.close()
+
+
+def test_restore_columns_after_write_behind_commit(tmp_path: Path, backend: str) -> None:
+    """With write_behind, a commit's backend write may still run when a restore starts: the bulk
+    load waits for it, and the restored values win over the committed (in-flight) ones."""
+    system = FileChangelogSystem({"fsync": False}, tmp_path / "log")
+    changelog = system.partition("c", 0)
+    engine = _engine(tmp_path / "store", backend, changelog, write_behind=True)
+    for i in range(200):
+        engine.put(b"k%03d" % i, b"committed")
+    engine.flush()  # the backend write may run in the background now
+    other = system.reader("c", 0)
+    start = changelog.flushed_end()
+    changelog.append_many([(b"k%03d" % i, None if i % 2 else b"restored") for i in range(100)])
+    changelog.flush()
+    engine.restore_columns(other.read_columns(start))
+    engine.flush()
+    state = _state(engine)
+    assert all(state[b"k%03d" % i] == b"restored" for i in range(0, 100, 2))
+    assert all(b"k%03d" % i not in state for i in range(1, 100, 2))
+    assert all(state[b"k%03d" % i] == b"committed" for i in range(100, 200))
+    engine.close()
+    other.close()
+    changelog.close()
