@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,13 +78,16 @@ def main(argv: list[str]) -> int:
                                            "commit_every": args.commit_every, "storage": where})
         # (a) moving a partition
         prefix = f"move-{uuid.uuid4().hex[:8]}"
+        manifests = str(work / "manifests.json")
         written = _case("history", {"changelog": "objectstore", "options": options(prefix) | {"snapshot_every": 10},
-                                    "keys": keys, "updates": args.updates, "commits": commits})
+                                    "keys": keys, "updates": args.updates, "commits": commits,
+                                    "manifests": manifests})
         report.add("history written", seconds=round(written["seconds"], 3), records=written["records"],
                    snapshot_records=written["snapshot_records"], tail_records=written["tail_records"])
         timings = {}
-        for label, manifest in (("snapshot + tail", written["committed"]), ("full replay", written["full"])):
-            result = _case("ready", {"changelog": "objectstore", "options": options(prefix), "manifest": manifest})
+        for label, manifest in (("snapshot + tail", "committed"), ("full replay", "full replay")):
+            result = _case("ready", {"changelog": "objectstore", "options": options(prefix), "manifests": manifests,
+                                     "manifest": manifest})
             if result["keys"] != keys:
                 raise RuntimeError(f"{label}: restored {result['keys']} keys, expected {keys}")
             timings[label] = result["seconds"]
@@ -113,6 +117,7 @@ def main(argv: list[str]) -> int:
     finally:
         if server is not None:
             server.stop()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -298,7 +298,7 @@ def test_compact_objects_keeps_last_value_per_key_in_offset_order():
 def test_gc_deletes_only_unreferenced_objects_of_its_own_naming(objectstore_options, tmp_path):
     from localstate.changelog.objectstore.system import ObjectCheckpoints
 
-    system = os_system(objectstore_options, tmp_path, snapshot_every=2, gc_keep=1, gc_grace=0)
+    system = os_system(objectstore_options, tmp_path, snapshot_every=2, gc_keep=1)
     system.ensure_stream("s", 1)
     checkpoints = system.checkpoint_objects("job")
     assert isinstance(checkpoints, ObjectCheckpoints)
@@ -322,9 +322,9 @@ def test_gc_deletes_only_unreferenced_objects_of_its_own_naming(objectstore_opti
     named = {item["object"] for item in committed["deltas"]} | {committed["snapshot"]["object"]}
     before = {info.key.split("/", 3)[3] for info in system.objects("s", 0)}
     assert named < before and len(before) > len(named) + 1
-    young = os_system(objectstore_options, tmp_path, gc_keep=1, gc_grace=3600)
-    assert young.collect_garbage("s").segments_deleted == 0  # everything is within the grace period
-    stats = system.collect_garbage("s")
+    assert system.collect_garbage("s").segments_deleted == 0  # everything is within the grace period
+    collector = os_system(objectstore_options, tmp_path, gc_keep=1, gc_grace=0)
+    stats = collector.collect_garbage("s")
     after = {info.key.split("/", 3)[3] for info in system.objects("s", 0)}
     assert after == named and stats.segments_deleted == len(before) - len(named)
     assert system.store.get(foreign) == b"not ours"
@@ -353,3 +353,17 @@ def test_delete_stream_removes_its_objects_only(objectstore_options, tmp_path):
     assert system.objects("s", 0) == []
     assert system.store.get("changelogs/s/README") == b"operator's"
     assert system.delete_stream("s") is False
+
+
+def test_a_snapshot_not_named_in_time_is_dropped(objectstore_options, tmp_path):
+    """Garbage collection may delete an unnamed object once it is gc_grace old, so a snapshot that
+    waited more than half of that for a commit is never named."""
+    system = os_system(objectstore_options, tmp_path, snapshot_every=1, gc_grace=0)
+    system.ensure_stream("s", 1)
+    log = system.partition("s", 0)
+    log.append(b"k", b"v")
+    log.flush()
+    log.wait_for_snapshot()
+    manifest = log.manifest()
+    assert manifest["snapshot"] is None and len(manifest["deltas"]) == 1
+    assert log.snapshots_written == 0
