@@ -151,10 +151,18 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._bodies[name] = body
         self._since_snapshot += 1
         if self._since_snapshot >= self.snapshot_every:
+            if self._since_snapshot >= 2 * self.snapshot_every and self._snapshotter is not None:
+                # Snapshots fall behind the writer: wait for the running one rather than let the tail
+                # (hence a move's restore time) grow without bound.
+                self._snapshotter.join()
+                self._install_snapshot()
             self._start_snapshot()
         return end
 
     def _start_snapshot(self) -> None:
+        """Compact the current chain into a snapshot in the background, unless one is running or
+        waiting to be named. The tail a restore reads is thus at most about ``2 * snapshot_every``
+        flushes: :meth:`flush` waits for a snapshot that falls further behind."""
         if self._snapshotter is not None and self._snapshotter.is_alive():
             return
         if self._ready is not None or not self._chain.deltas:

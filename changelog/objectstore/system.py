@@ -210,7 +210,9 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
             if wanted is not None and partition not in wanted:
                 continue
             stats.bytes_before += info.size
-            if parts[1] in referenced.get(partition, set()) or now - info.mtime < self.gc_grace:
+            # An object of unknown age may be a live attempt's fresh write: never deleted.
+            if (parts[1] in referenced.get(partition, set()) or info.mtime is None
+                    or now - info.mtime < self.gc_grace):
                 stats.bytes_after += info.size
                 continue
             self.store.delete(info.key)
