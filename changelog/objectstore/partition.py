@@ -62,7 +62,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     neither publish nor destroy anything the committed chain names."""
 
     def __init__(self, store: ObjectStore, stream: str, partition: int, *, snapshot_every: int = 10,
-                 snapshot_min_records: int = 0, gc_grace: float = 600.0) -> None:
+                 snapshot_min_records: int = 0, gc_grace: float = 600.0, writable: bool = True) -> None:
         self.store = store
         self.stream = stream
         self.partition = partition
@@ -71,6 +71,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self.snapshot_every = snapshot_every
         self.snapshot_min_records = snapshot_min_records
         self.gc_grace = gc_grace
+        self.writable = writable
         self._lock = threading.Lock()
         self._chain = Chain(stream, partition)
         self._buf = bytearray()
@@ -120,10 +121,17 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     def append(self, key: bytes, value: bytes | None) -> None:
         self.append_many(((key, value),))
 
-    def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+    def _check_writable(self) -> None:
         if self._closed:
             raise ChangelogError("changelog partition is closed", stream=self.stream, partition=self.partition,
                                  hint="open the partition again")
+        if not self.writable:
+            raise ChangelogError("changelog partition was opened read-only", stream=self.stream,
+                                 partition=self.partition, hint="use ObjectStoreChangelogSystem.partition() to write")
+
+    def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        if self._closed or not self.writable:
+            self._check_writable()
         buf = self._buf
         try:
             self._next = encode_into(buf, records, self._next, int(time.time() * 1000))
@@ -139,6 +147,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def flush(self) -> int:
         """Write the buffered records as one new delta object (nothing if none are buffered)."""
+        if self._closed or not self.writable:
+            self._check_writable()
         if not self._buf:
             return self._next
         start, end = self._chain.end, self._next

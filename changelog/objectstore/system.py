@@ -126,8 +126,9 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                                              snapshot_min_records=self.snapshot_min_records, gc_grace=self.gc_grace)
 
     def reader(self, stream: str, partition: int) -> ObjectStoreChangelogPartition:
-        """A partition for reading (``localstate inspect``): adopt a manifest, then read; nothing is locked."""
-        return self.partition(stream, partition)
+        """A read-only partition (``localstate inspect``, the state reader): adopt a manifest, then read."""
+        self._check(stream, partition)
+        return ObjectStoreChangelogPartition(self.store, stream, partition, writable=False)
 
     def manifest_objects(self, manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
         """``(url, bytes)`` of the snapshot and deltas ``manifest`` names, oldest first."""
