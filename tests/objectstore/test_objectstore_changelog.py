@@ -19,7 +19,7 @@ from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.changelog.objectstore.partition import compact_objects
 from localstate.core.changelog import Compactable, DeletableStreams, ManifestedChangelog, StreamLocations
 from localstate.core.checkpoint import Checkpoint
-from localstate.errors import ChangelogCorruptError, ChangelogError, ConfigError
+from localstate.errors import ChangelogCorruptError, ChangelogError, CheckpointError, ConfigError
 
 
 # ---------------------------------------------------------------- the changelog contract, every system
@@ -205,6 +205,11 @@ def test_old_checkpoints_without_manifests_still_load():
     assert Checkpoint.from_json(text, "old.json").manifests == {}
     checkpoint = Checkpoint(2, manifests={"c": {"format": 1}})
     assert Checkpoint.from_json(checkpoint.to_json(), "new.json") == checkpoint
+    import json
+
+    assert "manifests" not in json.loads(Checkpoint(2).to_json())  # other systems' checkpoints unchanged
+    with pytest.raises(CheckpointError, match="manifests"):
+        Checkpoint.from_json(text[:-1] + ', "manifests": {"c": 7}}', "bad.json")
 
 
 # ---------------------------------------------------------------- snapshots and tail
