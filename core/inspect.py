@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from localstate.core.changelog import ChangelogPartition, ChangelogSystem, LocalStreams, ReadOnlyPartitions
+from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
+    ManifestedStreams, ReadOnlyPartitions
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
@@ -37,7 +38,8 @@ from localstate.errors import ChangelogError, CheckpointError, ConfigError, Loca
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
            "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
            "resolve_stream", "changelog_partitions", "changelog_records", "open_changelog_reader",
-           "checkpoint_manifest", "committed_contents", "stream_location", "dir_size", "decoder",
+           "checkpoint_manifest", "checkpoint_location", "committed_contents", "stream_location", "dir_size",
+           "decoder",
            "raw_value", "to_jsonable", "run_inspect"]
 
 log = logging.getLogger(__name__)
@@ -98,7 +100,10 @@ def dir_size(path: Path) -> int:
 
 def load_checkpoints(job: JobConfig, directory: Path | None = None) -> dict[int, Checkpoint | None]:
     """Each partition's checkpoint (None where there is none), read without creating anything, from
-    the job's checkpoint directory or ``directory`` (e.g. a copy of it)."""
+    the job's checkpoint directory or ``directory`` (e.g. a copy of it) — or from shared storage when
+    the job's changelog system keeps its checkpoints there (and no ``directory`` is given)."""
+    if directory is None and _durable_checkpoints(job):
+        return _load_durable_checkpoints(job)
     root = directory if directory is not None else job_dir(job) / "checkpoints"
     found: dict[int, Checkpoint | None] = {}
     for partition in range(job.partitions):
@@ -120,12 +125,43 @@ def load_checkpoints(job: JobConfig, directory: Path | None = None) -> dict[int,
     return found
 
 
+def _durable_checkpoints(job: JobConfig) -> bool:
+    return issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints)
+
+
+def _load_durable_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
+    system = open_changelog_system(job)
+    try:
+        objects = system.checkpoint_objects(job.name)  # type: ignore[attr-defined]
+        found: dict[int, Checkpoint | None] = {}
+        for partition in range(job.partitions):
+            latest = objects.latest(partition)
+            found[partition] = None if latest is None else \
+                Checkpoint.from_json(latest[1].decode("utf-8", "replace"), latest[0])
+        return found
+    finally:
+        system.close()
+
+
+def checkpoint_location(job: JobConfig) -> str | None:
+    """Where the job's checkpoints live when its changelog system keeps them in shared storage (a
+    URL), else None (the job's directory)."""
+    if not _durable_checkpoints(job):
+        return None
+    system = open_changelog_system(job)
+    try:
+        return system.checkpoint_objects(job.name).describe()  # type: ignore[attr-defined]
+    finally:
+        system.close()
+
+
 def require_state(job: JobConfig) -> dict[int, Checkpoint | None]:
     """The checkpoints, or StateNotFoundError when the job has no state at all (never run here)."""
     checkpoints = load_checkpoints(job)
     root = changelog_root(job)
     logged = [s.changelog for s in job.stores.values() if s.changelog]
     has_changelogs = root is not None and any((root / stream).is_dir() for stream in logged)
+    has_changelogs = has_changelogs or any(c is not None for c in checkpoints.values())
     if not job_dir(job).exists() and not has_changelogs:
         raise StateNotFoundError(f"job {job.name!r} has no state in {job.state_dir}: it has not run with this "
                                  "state directory", path=str(job_dir(job)),
@@ -398,7 +434,12 @@ def _changelog_partition(system: ChangelogSystem, stream: str, store: StoreConfi
         first = next(iter(reader.read(0, end)), None)
     finally:
         reader.close()
-    segments = [SegmentInfo(name, size) for name, size in system.segments(stream, partition)] if local else []
+    if local:
+        segments = [SegmentInfo(name, size) for name, size in system.segments(stream, partition)]
+    elif isinstance(system, ManifestedStreams) and manifest is not None:
+        segments = [SegmentInfo(name, size) for name, size in system.manifest_objects(manifest)]
+    else:
+        segments = []
     return ChangelogPartitionInfo(stream, partition, directory, True, first.offset if first is not None else None,
                                   end, committed, segments)
 
@@ -702,7 +743,8 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
             "job": job.name, "partitions": job.partitions, "state_dir": str(job_dir(job)),
             "changelogs": str(changelogs) if changelogs else job.changelog_system,
             "checkpoints": {str(p): (None if c is None else {"generation": c.generation, "inputs": c.inputs,
-                                                              "changelogs": c.changelogs, "outputs": c.outputs})
+                                                              "changelogs": c.changelogs, "outputs": c.outputs,
+                                                              "manifests": c.manifests})
                             for p, c in checkpoints.items() if partitions is None or p in partitions},
             "stores": [{"store": i.store, "partition": i.partition, "engine": i.engine, "backend": i.backend,
                         "directory": str(i.directory), "exists": i.exists, "bytes": i.bytes,
@@ -714,6 +756,9 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
         return 0
     print(f"job {job.name!r}: {job.partitions} partition(s), state in {job_dir(job)}")
     print(f"changelogs: {changelogs if changelogs else job.changelog_system}")
+    durable = checkpoint_location(job)
+    if durable is not None:
+        print(f"checkpoints and changelogs in shared storage: {durable}")
     print("checkpoints:")
     for partition, checkpoint in checkpoints.items():
         if partitions is not None and partition not in partitions:
@@ -723,6 +768,12 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
             continue
         print(f"  partition {partition}: generation {checkpoint.generation}, inputs {checkpoint.inputs}, "
               f"changelogs {checkpoint.changelogs}, outputs {checkpoint.outputs}")
+        for store, manifest in sorted(checkpoint.manifests.items()):
+            snapshot = manifest.get("snapshot")
+            deltas = manifest.get("deltas") or []
+            print(f"    {store}: " + (f"snapshot up to {snapshot.get('end')} ({snapshot.get('records')} records)"
+                                      if isinstance(snapshot, dict) else "no snapshot")
+                  + f" + {len(deltas)} delta object(s) up to {manifest.get('end')}")
     print("stores:")
     rows = [("STORE", "PART", "ENGINE", "BACKEND", "LOCAL", "CHECKPOINT", "CHANGELOG_END", "KEYS", "BYTES")]
     dash = lambda value: "-" if value is None else str(value)  # noqa: E731
