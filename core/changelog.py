@@ -26,6 +26,8 @@ __all__ = [
     "DeletableStreams",
     "Compactable",
     "CompactionRounds",
+    "ManifestedChangelog",
+    "DurableCheckpoints",
 ]
 
 #: Version of the plugin API that engines, changelog systems and serdes declare as ``plugin_api``.
@@ -238,3 +240,32 @@ class Compactable(Protocol):
 
     def compaction_rounds(self, targets: Callable[[], Mapping[tuple[str, int], int]]) -> CompactionRounds:
         """Rounds over ``targets()`` (``{(stream, partition): upto}``), run by the caller."""
+
+
+@runtime_checkable
+class ManifestedChangelog(Protocol):
+    """A partition whose committed content is named by the checkpoint, not by what its storage holds
+    (immutable objects on shared storage, Delta/Spark-changelog-checkpointing style).
+
+    The runtime calls :meth:`adopt` with the manifest of the task partition's checkpoint (None: no
+    checkpoint yet) right after opening the partition, before any read or append, and records
+    :meth:`manifest` in every checkpoint it prepares. Whatever else the storage holds (a crashed or
+    zombie attempt's objects) is invisible by construction: nothing is ever listed to decide it."""
+
+    def manifest(self) -> dict[str, Any]:
+        """A JSON-able description of the partition's chain up to :meth:`ChangelogPartition.end_offset`
+        (every record flushed): the objects a restore reads, and nothing else."""
+
+    def adopt(self, manifest: dict[str, Any] | None) -> None:
+        """Make the chain ``manifest`` names (None: empty) this partition's content; records appended
+        before are discarded. Raises ChangelogError if the manifest is malformed."""
+
+
+@runtime_checkable
+class DurableCheckpoints(Protocol):
+    """A system that keeps the job's checkpoints next to its changelogs on durable shared storage
+    (so a driver restarted on another host continues). Systems without it leave checkpoints in the
+    driver's state directory."""
+
+    def checkpoint_objects(self, job: str) -> Any:
+        """The :class:`~localstate.core.checkpoint.CheckpointObjects` where ``job`` keeps its checkpoints."""

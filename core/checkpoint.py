@@ -4,6 +4,11 @@ A checkpoint records, consistently with each other, the next input offset of eve
 partition, the changelog end offset of every logged store, the output positions, and a generation
 number that fences stale instances. It is written atomically (temp file, fsync, rename, fsync dir),
 so a reader sees either the previous or the new checkpoint, never a mix.
+
+Where checkpoints live: by default ``<state_dir>/<job>/checkpoints/<partition>.json`` on the driver's
+file system. A changelog system offering durable checkpoints (the ``objectstore`` system) keeps them as
+immutable objects in shared storage instead (:class:`CheckpointObjects`, latest wins), so a driver
+restarted on another host continues; instance locks stay in the local directory either way.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +25,7 @@ from localstate.core.fsutil import ensure_dir, open_nofollow, os_error, read_nof
 from localstate.core.names import safe_join
 from localstate.errors import CheckpointError, CheckpointIOError, FencedError
 
-__all__ = ["Checkpoint", "CheckpointStore"]
+__all__ = ["Checkpoint", "CheckpointStore", "CheckpointObjects"]
 
 _FORMAT = 1
 _LIMIT = 1 << 63  # offsets are 64-bit in every changelog and stream
@@ -37,6 +43,9 @@ class Checkpoint:
     """store -> changelog end offset"""
     outputs: dict[str, int] = field(default_factory=dict)
     """output stream -> end offset after this commit's outputs"""
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """store -> the changelog partition's manifest (:class:`~localstate.core.changelog.ManifestedChangelog`):
+    the objects that hold its committed records. Empty for systems without manifests."""
 
     def to_json(self) -> str:
         return json.dumps({"format": _FORMAT, **asdict(self)}, sort_keys=True)
@@ -60,7 +69,8 @@ class Checkpoint:
                    generation=_offset(data.get("generation", 0), where, "generation"),
                    inputs=_offsets(data["inputs"], where, "inputs"),
                    changelogs=_offsets(data["changelogs"], where, "changelogs"),
-                   outputs=_offsets(data.get("outputs", {}), where, "outputs"))
+                   outputs=_offsets(data.get("outputs", {}), where, "outputs"),
+                   manifests=_manifests(data.get("manifests", {}), where))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
@@ -85,13 +95,46 @@ def _offsets(value: Any, where: str, field_name: str) -> dict[str, int]:
     return {name: _offset(offset, where, f"{field_name}.{name}") for name, offset in value.items()}
 
 
-class CheckpointStore:
-    """Checkpoints of one job on the local (or a shared) file system:
-    ``<root>/<partition>.json``, with an exclusive lock per partition held by the live instance."""
+def _manifests(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    """store -> manifest object; what a manifest holds is checked by its changelog when it adopts it."""
+    if not isinstance(value, dict):
+        raise _corrupt(where, "manifests", f"expected an object of store -> manifest, got {type(value).__name__}")
+    for name, manifest in value.items():
+        if not isinstance(manifest, dict):
+            raise _corrupt(where, f"manifests.{name}", f"expected an object, got {type(manifest).__name__}")
+    return value
 
-    def __init__(self, root: Path, anchor: Path | None = None) -> None:
+
+class CheckpointObjects(ABC):
+    """Checkpoints kept as immutable objects in durable storage: every save writes a new object and
+    the latest one wins; old ones are garbage-collected by the implementation."""
+
+    @abstractmethod
+    def latest(self, partition: int) -> tuple[str, bytes] | None:
+        """``(where, bytes)`` of the partition's latest checkpoint object, None if it has none."""
+
+    @abstractmethod
+    def put(self, partition: int, data: bytes) -> str:
+        """Write ``data`` as the partition's new latest checkpoint; returns where it went."""
+
+    @abstractmethod
+    def delete_partition(self, partition: int) -> None:
+        """Delete every checkpoint object of the partition."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the checkpoints live (a URL), for messages and ``localstate inspect``."""
+
+
+class CheckpointStore:
+    """Checkpoints of one job: ``<root>/<partition>.json`` on the local (or a shared) file system, or
+    in ``objects`` (durable storage) when given; either way an exclusive lock per partition, held by
+    the live instance, in ``root``."""
+
+    def __init__(self, root: Path, anchor: Path | None = None, objects: CheckpointObjects | None = None) -> None:
         """``anchor``: the directory (the state directory) below which no component of ``root`` may
         be a symlink; default ``root`` itself."""
+        self.objects = objects
         self.root = Path(root)
         self.anchor = Path(anchor) if anchor is not None else self.root
         try:
@@ -127,25 +170,34 @@ class CheckpointStore:
             os.close(fd)  # closing releases the flock
 
     def load(self, partition: int) -> Checkpoint | None:
-        path = self.path(partition)
+        if self.objects is not None:
+            found = self.objects.latest(partition)
+            if found is None:
+                return None
+            path, data = found
+        else:
+            path = str(self.path(partition))
+            try:
+                data = read_nofollow(Path(path))
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise CheckpointError(f"cannot read checkpoint {path}: {exc}", partition=partition, path=path,
+                                      hint="check the file's permissions and disk") from exc
         try:
-            text = read_nofollow(path).decode("utf-8")
-        except FileNotFoundError:
-            return None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise CheckpointError(f"cannot read checkpoint {path}: {exc}", partition=partition, path=str(path),
-                                  hint="check the file's permissions and disk") from exc
-        checkpoint = Checkpoint.from_json(text, str(path))
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise _corrupt(path, "", f"not UTF-8: {exc}") from exc
+        checkpoint = Checkpoint.from_json(text, path)
         if checkpoint.partition != partition:
             raise CheckpointError(f"checkpoint {path} belongs to partition {checkpoint.partition}",
-                                  partition=partition, path=str(path), field="partition",
+                                  partition=partition, path=path, field="partition",
                                   hint="put the file back where it came from")
         return checkpoint
 
     def save(self, checkpoint: Checkpoint, *, expect_generation: int | None = None) -> None:
         """Write atomically. With ``expect_generation``, refuse (FencedError) if a newer generation
         has been written meanwhile by another instance."""
-        path = self.path(checkpoint.partition)
         if expect_generation is not None:
             current = self.load(checkpoint.partition)
             if current is not None and current.generation > expect_generation:
@@ -153,9 +205,14 @@ class CheckpointStore:
                                   f"{current.generation}; this instance is generation {expect_generation}",
                                   partition=checkpoint.partition,
                                   hint="this instance is stale; stop it (its uncommitted work is discarded)")
-        write_atomic(path, checkpoint.to_json().encode("utf-8"), error=CheckpointIOError)
+        if self.objects is not None:
+            self.objects.put(checkpoint.partition, checkpoint.to_json().encode("utf-8"))
+            return
+        write_atomic(self.path(checkpoint.partition), checkpoint.to_json().encode("utf-8"), error=CheckpointIOError)
 
     def delete(self, partition: int) -> None:
+        if self.objects is not None:
+            self.objects.delete_partition(partition)
         path = self.path(partition)
         try:
             path.unlink(missing_ok=True)
@@ -163,4 +220,6 @@ class CheckpointStore:
             raise os_error(exc, "delete checkpoint", path, CheckpointIOError, partition=partition) from exc
 
     def describe(self) -> dict[str, Any]:
+        if self.objects is not None:
+            return {"path": self.objects.describe(), "locks": str(self.root)}
         return {"path": str(self.root)}

@@ -18,7 +18,8 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
-from localstate.core.changelog import ChangelogPartition, ChangelogSystem, NullChangelogWriter
+from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, ManifestedChangelog, \
+    NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.corruption import wipe_local
@@ -102,8 +103,14 @@ def job_directory(job: JobConfig) -> Path:
 
 
 def checkpoint_store(job: JobConfig) -> CheckpointStore:
+    """The job's checkpoints: in durable storage when its changelog system keeps them there
+    (:class:`DurableCheckpoints`), else in ``<state_dir>/<job>/checkpoints``. Instance locks are
+    always local files in that directory."""
     job_directory(job)
-    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"), anchor=job.state_dir)
+    objects = None
+    if issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints):
+        objects = open_changelog_system(job).checkpoint_objects(job.name)  # type: ignore[attr-defined]
+    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"), anchor=job.state_dir, objects=objects)
 
 
 @dataclass
@@ -159,8 +166,9 @@ class TaskInstance:
 
     def _open_locked(self) -> list[StoreRecovery]:
         checkpoint = self.checkpoints.load(self.partition)
+        manifests = checkpoint.manifests if checkpoint is not None else {}
         for name, store in self.job.stores.items():
-            self.stores[name] = self._open_store(name, store)
+            self.stores[name] = self._open_store(name, store, manifests.get(name))
         if checkpoint is None:
             self._check_fresh()
             checkpoint = Checkpoint(self.partition)
@@ -199,13 +207,16 @@ class TaskInstance:
                              hint="fix the task's __init__ (or factory); no input was processed and the state "
                                   "is unchanged")
 
-    def _open_store(self, name: str, config: Any) -> _Store:
+    def _open_store(self, name: str, config: Any, manifest: dict[str, Any] | None = None) -> _Store:
         registry = self.job.registry
         factory = registry.engine_factory(config.engine)
         changelog = None
         if config.changelog is not None:
             self.changelogs.ensure_stream(config.changelog, self.job.partitions)
             changelog = self.changelogs.partition(config.changelog, self.partition)
+            if isinstance(changelog, ManifestedChangelog):
+                # The checkpoint, not the storage, says which objects hold committed records.
+                changelog.adopt(manifest)
         directory = store_directory(self.job, name, self.partition, self.local_root)
         try:
             ensure_dir(self.local_root, directory)
@@ -424,5 +435,7 @@ class TaskInstance:
         return Checkpoint(
             partition=self.partition, generation=self.generation, inputs=dict(self.positions),
             changelogs={name: s.changelog.end_offset() for name, s in self.stores.items() if s.changelog is not None},
-            outputs=dict(outputs))
+            outputs=dict(outputs),
+            manifests={name: s.changelog.manifest() for name, s in self.stores.items()
+                       if isinstance(s.changelog, ManifestedChangelog)})
 

@@ -21,6 +21,7 @@ import re
 import struct
 import zlib
 from pathlib import Path
+from typing import Iterable
 
 __all__ = [
     "HEADER",
@@ -35,6 +36,7 @@ __all__ = [
     "valid_record_at",
     "walk",
     "find_valid_after",
+    "encode_into",
 ]
 
 HEADER = struct.Struct("<IQqIi")
@@ -128,3 +130,27 @@ def find_valid_after(buf: bytes, bad_pos: int, expected: int) -> int | None:
                 return hit - 4
             hit = buf.find(pattern, hit + 1)
     return None
+
+
+def encode_into(buf: bytearray, records: Iterable[tuple[bytes, bytes | None]], offset: int, ts_ms: int) -> int:
+    """Append ``records`` to ``buf`` in this format, numbered from ``offset``; returns the next offset.
+
+    Raises TypeError/struct.error/OverflowError on a record that is not bytes or too long; the records
+    before it stay in ``buf``, whole."""
+    pack_rest = REST.pack
+    pack_crc = CRC.pack
+    crc32 = zlib.crc32
+    for key, value in records:
+        if value is None:
+            rest = pack_rest(offset, ts_ms, len(key), TOMBSTONE)
+            buf += pack_crc(crc32(key, crc32(rest)))
+            buf += rest
+            buf += key
+        else:
+            rest = pack_rest(offset, ts_ms, len(key), len(value))
+            buf += pack_crc(crc32(value, crc32(key, crc32(rest))))
+            buf += rest
+            buf += key
+            buf += value
+        offset += 1
+    return offset

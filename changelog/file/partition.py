@@ -46,7 +46,7 @@ from .format import (
     walk,
 )
 
-__all__ = ["FileChangelogPartition", "DEFAULT_SEGMENT_BYTES", "LOCK_FILE"]
+__all__ = ["FileChangelogPartition", "DEFAULT_SEGMENT_BYTES", "LOCK_FILE", "decode_records"]
 
 log = logging.getLogger(__name__)
 
@@ -594,3 +594,8 @@ def _split_point(buf: bytearray, pos: int, room: int) -> tuple[int, int]:
         if pos - start >= room or pos >= n:
             return pos, off + 1
 
+
+
+#: The record decoder of the file format, for other systems that store the same framing (the
+#: ``objectstore`` changelog's delta and snapshot objects).
+decode_records = _decode

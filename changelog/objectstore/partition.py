@@ -1,0 +1,261 @@
+"""One partition of an ``objectstore`` changelog: immutable delta objects, background snapshots, and
+a chain adopted from (and reported to) the checkpoint. See :mod:`.chain` for the object layout."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Iterable, Iterator
+
+from localstate.changelog.file.format import HEADER, HEADER_SIZE, TOMBSTONE, encode_into
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.errors import ChangelogError, LocalStateError
+
+from .chain import DELTA, OBJECT_HEADER, SNAPSHOT, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, \
+    partition_prefix, snapshot_name
+from .storage import ObjectStore
+
+__all__ = ["ObjectStoreChangelogPartition", "compact_objects"]
+
+log = logging.getLogger(__name__)
+
+
+def compact_objects(parts: Iterable[bytes]) -> tuple[bytes, int]:
+    """Last record per key over ``parts`` (object bodies in the file framing, oldest first), tombstones
+    dropped: ``(body, records)``. Records are copied verbatim (offset and crc kept) in offset order.
+
+    A dict keeps insertion order, and a key re-inserted on each update moves to the end, so iterating
+    it yields the surviving records by increasing offset with no sort."""
+    latest: dict[bytes, memoryview] = {}
+    unpack = HEADER.unpack_from
+    pop = latest.pop
+    for body in parts:
+        view = memoryview(body)
+        position, size = 0, len(body)
+        while position < size:
+            _crc, _offset, _ts, klen, vlen = unpack(body, position)
+            key_end = position + HEADER_SIZE + klen
+            end = key_end + vlen if vlen > 0 else key_end
+            key = body[position + HEADER_SIZE:key_end]
+            pop(key, None)
+            if vlen != TOMBSTONE:
+                latest[key] = view[position:end]
+            position = end
+    return b"".join(latest.values()), len(latest)
+
+
+class ObjectStoreChangelogPartition(ChangelogPartition):
+    """Appends buffer in memory; each :meth:`flush` writes them as ONE new delta object. The chain
+    (snapshot + deltas) is what the checkpoint's manifest says (:meth:`adopt`), extended by this
+    writer's flushes; every ``snapshot_every`` flushes a compacted snapshot of the chain is built and
+    written in a background thread from the bytes this writer keeps (no reads from storage unless the
+    chain was adopted from another host), and the next :meth:`manifest` names it instead of the
+    deltas it covers. Objects are never deleted here: only garbage collection against committed
+    checkpoints deletes (:meth:`ObjectStoreChangelogSystem.compact_stream`), so a zombie writer can
+    neither publish nor destroy anything the committed chain names."""
+
+    def __init__(self, store: ObjectStore, stream: str, partition: int, *, snapshot_every: int = 10,
+                 snapshot_min_records: int = 0) -> None:
+        self.store = store
+        self.stream = stream
+        self.partition = partition
+        self.prefix = partition_prefix(stream, partition)
+        self.writer = uuid.uuid4().hex
+        self.snapshot_every = snapshot_every
+        self.snapshot_min_records = snapshot_min_records
+        self._lock = threading.Lock()
+        self._chain = Chain(stream, partition)
+        self._buf = bytearray()
+        self._next = 0
+        self._bodies: dict[str, bytes] = {}  # object name -> record body this writer holds (no re-read)
+        self._since_snapshot = 0
+        self._snapshotter: threading.Thread | None = None
+        self._ready: tuple[ChainObject, bytes] | None = None
+        self._epoch = 0  # bumped by adopt(): a snapshot built for an older chain is dropped
+        self.snapshots_written = 0
+        self.snapshot_seconds = 0.0
+        self._closed = False
+
+    # ---------------------------------------------------------------- the chain
+
+    def adopt(self, manifest: dict[str, Any] | None) -> None:
+        chain = Chain(self.stream, self.partition) if manifest is None else \
+            Chain.from_manifest(manifest, self.stream, self.partition)
+        with self._lock:
+            self._epoch += 1
+            self._chain = chain
+            self._buf = bytearray()
+            self._next = chain.end
+            self._bodies = {}
+            self._ready = None
+            self._since_snapshot = 0
+
+    def manifest(self) -> dict[str, Any]:
+        self._install_snapshot()
+        if self._buf:
+            raise ChangelogError("manifest() with unflushed records", stream=self.stream, partition=self.partition,
+                                 hint="flush the changelog before preparing a checkpoint (the runtime does)")
+        return self._chain.to_manifest()
+
+    def chain(self) -> Chain:
+        """The current chain (what :meth:`manifest` describes)."""
+        return self._chain
+
+    def compaction_horizon(self) -> int:
+        """Reading below the snapshot's end misses the deletes the snapshot dropped: local state older
+        than it is rebuilt (see :mod:`localstate.core.recovery`)."""
+        snapshot = self._chain.snapshot
+        return snapshot.end if snapshot is not None else 0
+
+    # ---------------------------------------------------------------- writing
+
+    def append(self, key: bytes, value: bytes | None) -> None:
+        self.append_many(((key, value),))
+
+    def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        if self._closed:
+            raise ChangelogError("changelog partition is closed", stream=self.stream, partition=self.partition,
+                                 hint="open the partition again")
+        buf = self._buf
+        try:
+            self._next = encode_into(buf, records, self._next, int(time.time() * 1000))
+        except Exception as exc:  # struct.error, TypeError, OverflowError: a record that is not bytes / too long
+            # A bad record fails before any byte of it is buffered: the records before it stay, whole.
+            self._next = self._chain.end + _count(buf)
+            raise ChangelogError(f"cannot append record: {exc}", stream=self.stream, partition=self.partition,
+                                 offset=self._next, hint="keys and values must be bytes; keys < 4 GiB, "
+                                 "values < 2 GiB") from exc
+
+    def end_offset(self) -> int:
+        return self._next
+
+    def flush(self) -> int:
+        """Write the buffered records as one new delta object (nothing if none are buffered)."""
+        if not self._buf:
+            return self._next
+        start, end = self._chain.end, self._next
+        name = delta_name(start, end, self.writer)
+        body = bytes(self._buf)
+        data = object_header(DELTA, self.writer, start, end, end - start) + body
+        self.store.put(f"{self.prefix}/{name}", data)
+        self._buf = bytearray()
+        self._chain.deltas.append(ChainObject(name, DELTA, start, end, end - start, len(data), self.writer))
+        self._bodies[name] = body
+        self._since_snapshot += 1
+        if self._since_snapshot >= self.snapshot_every:
+            self._start_snapshot()
+        return end
+
+    def _start_snapshot(self) -> None:
+        if self._snapshotter is not None and self._snapshotter.is_alive():
+            return
+        if self._ready is not None or not self._chain.deltas:
+            return
+        if sum(delta.records for delta in self._chain.deltas) < self.snapshot_min_records:
+            return
+        self._since_snapshot = 0
+        objects = self._chain.objects()
+        bodies = {item.name: self._bodies.get(item.name) for item in objects}
+        epoch = self._epoch
+        self._snapshotter = threading.Thread(target=self._snapshot, args=(objects, bodies, epoch),
+                                             name=f"localstate-snapshot-{self.stream}-{self.partition}", daemon=True)
+        self._snapshotter.start()
+
+    def _snapshot(self, objects: list[ChainObject], bodies: dict[str, bytes | None], epoch: int) -> None:
+        """Background: compact ``objects`` into one snapshot object and write it."""
+        started = time.perf_counter()
+        try:
+            parts = [bodies[item.name] if bodies[item.name] is not None else self._fetch_body(item)
+                     for item in objects]
+            end = objects[-1].end
+            body, count = compact_objects(parts)
+            name = snapshot_name(end, self.writer)
+            data = object_header(SNAPSHOT, self.writer, 0, end, count) + body
+            self.store.put(f"{self.prefix}/{name}", data)
+        except LocalStateError as exc:
+            log.warning("changelog %s partition %d: background snapshot failed (%s); the deltas stay in the chain "
+                        "and a later snapshot retries", self.stream, self.partition, exc.message)
+            return
+        with self._lock:
+            if epoch == self._epoch:
+                self._ready = (ChainObject(name, SNAPSHOT, 0, end, count, len(data), self.writer), body)
+        self.snapshot_seconds += time.perf_counter() - started
+
+    def _install_snapshot(self) -> None:
+        """Put a completed snapshot in the chain in place of the objects it covers."""
+        with self._lock:
+            ready, self._ready = self._ready, None
+        if ready is None:
+            return
+        snapshot, body = ready
+        chain = self._chain
+        chain.snapshot = snapshot
+        chain.deltas = [delta for delta in chain.deltas if delta.start >= snapshot.end]
+        kept = {delta.name for delta in chain.deltas}
+        self._bodies = {name: b for name, b in self._bodies.items() if name in kept}
+        self._bodies[snapshot.name] = body
+        self.snapshots_written += 1
+
+    def wait_for_snapshot(self) -> None:
+        """Block until a running background snapshot is done (tests, benchmarks, shutdown)."""
+        thread = self._snapshotter
+        if thread is not None:
+            thread.join()
+
+    # ---------------------------------------------------------------- reading
+
+    def _fetch_body(self, item: ChainObject) -> bytes:
+        """The verified record body of one chain object, read from storage."""
+        key = f"{self.prefix}/{item.name}"
+        try:
+            data = self.store.get(key)
+        except FileNotFoundError:
+            raise missing_object(self.store.where(key), item, stream=self.stream, partition=self.partition) from None
+        decode_object(data, item, stream=self.stream, partition=self.partition, where=self.store.where(key))
+        return data[OBJECT_HEADER.size:]
+
+    def _records(self, item: ChainObject) -> list[ChangelogRecord]:
+        body = self._bodies.get(item.name)
+        key = f"{self.prefix}/{item.name}"
+        if body is not None:
+            data = object_header(item.kind, item.writer, item.start, item.end, item.records) + body
+        else:
+            try:
+                data = self.store.get(key)
+            except FileNotFoundError:
+                raise missing_object(self.store.where(key), item, stream=self.stream,
+                                     partition=self.partition) from None
+        return decode_object(data, item, stream=self.stream, partition=self.partition, where=self.store.where(key))
+
+    def read(self, start: int = 0, end: int | None = None) -> Iterator[ChangelogRecord]:
+        for batch in self.read_batches(start, end):
+            yield from batch
+
+    def read_batches(self, start: int = 0, end: int | None = None) -> Iterator[list[ChangelogRecord]]:
+        """One verified list per chain object overlapping ``[start, end)``."""
+        stop = self._chain.end if end is None else min(end, self._chain.end)
+        for item in self._chain.objects():
+            if item.end <= start or item.start >= stop or (item.kind == SNAPSHOT and item.end <= start):
+                continue
+            records = self._records(item)
+            if records and (records[0].offset < start or records[-1].offset >= stop):
+                records = [r for r in records if start <= r.offset < stop]
+            if records:
+                yield records
+
+    def close(self) -> None:
+        self._closed = True
+        self._buf = bytearray()
+        self._bodies = {}
+
+
+def _count(buf: bytes | bytearray) -> int:
+    """Records in a buffer of whole framed records."""
+    position, count, size = 0, 0, len(buf)
+    while position < size:
+        _crc, _offset, _ts, klen, vlen = HEADER.unpack_from(buf, position)
+        position += HEADER_SIZE + klen + (vlen if vlen > 0 else 0)
+        count += 1
+    return count
