@@ -28,6 +28,7 @@ __all__ = [
     "CompactionRounds",
     "ManifestedChangelog",
     "DurableCheckpoints",
+    "ManifestedStreams",
 ]
 
 #: Version of the plugin API that engines, changelog systems and serdes declare as ``plugin_api``.
@@ -269,3 +270,15 @@ class DurableCheckpoints(Protocol):
 
     def checkpoint_objects(self, job: str) -> Any:
         """The :class:`~localstate.core.checkpoint.CheckpointObjects` where ``job`` keeps its checkpoints."""
+
+
+@runtime_checkable
+class ManifestedStreams(Protocol):
+    """A system whose partitions are :class:`ManifestedChangelog`: ``localstate inspect`` reads a
+    partition's committed records by adopting the checkpoint's manifest into a reader."""
+
+    def reader(self, stream: str, partition: int) -> ChangelogPartition:
+        """A partition to :meth:`~ManifestedChangelog.adopt` a manifest into and read; it takes no lock."""
+
+    def manifest_objects(self, manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
+        """``(where, bytes)`` of every object ``manifest`` names, oldest first."""

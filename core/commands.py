@@ -80,19 +80,26 @@ def reset(args: argparse.Namespace) -> int:
     Anything else is listed as kept, with the reason."""
     import shutil
 
+    from localstate.core.changelog import DurableCheckpoints
     from localstate.core.runtime import open_changelog_system
 
     job = load_job_config(args.job, plugins=args.plugins)
     streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
-    system = open_changelog_system(job) if streams else None
+    durable = issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints)
+    system = open_changelog_system(job) if streams or durable else None
     try:
         targets, kept = _reset_local_targets(job, system, streams)
         remote_streams = _reset_remote_streams(job, system, streams, kept)
+        # Checkpoints kept in shared storage by the changelog system (the objectstore system).
+        checkpoints = system.checkpoint_objects(job.name) if isinstance(system, DurableCheckpoints) else None
+        committed = [p for p in range(job.partitions) if checkpoints is not None and checkpoints.latest(p)]
         for path, why in kept:
             print(f"keeping {path}: {why}")
-        if not targets and not remote_streams:
+        if not targets and not remote_streams and not committed:
             print("nothing to delete")
             return 0
+        if committed:
+            print(f"{'deleting' if args.yes else 'would delete'} the checkpoints in {checkpoints.describe()}")
         for target in targets:
             print(f"{'deleting' if args.yes else 'would delete'} {target}")
         for stream in remote_streams:
@@ -100,6 +107,11 @@ def reset(args: argparse.Namespace) -> int:
         if not args.yes:
             print("re-run with --yes to delete; state is then rebuilt from the inputs")
             return 0
+        # Checkpoints first: interrupted after them, the job starts afresh (left-over objects are
+        # named by no checkpoint, hence invisible and garbage-collected); the other way round it
+        # would find checkpoints naming deleted objects.
+        for partition in committed:
+            checkpoints.delete_partition(partition)  # type: ignore[union-attr]
         for target in targets:
             shutil.rmtree(target)  # rmtree removes symlinks inside, never what they point to
         for stream in remote_streams:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from localstate.core.changelog import LocalStreams
+from localstate.core.changelog import ChangelogPartition, DurableCheckpoints, LocalStreams, ManifestedChangelog, \
+    ManifestedStreams
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
@@ -95,7 +96,20 @@ def dir_size(path: Path) -> int:
 # -- checkpoints -------------------------------------------------------------------------------------
 
 def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
-    """Each partition's checkpoint (None where there is none), read without creating anything."""
+    """Each partition's checkpoint (None where there is none), read without creating anything: from
+    durable storage when the changelog system keeps checkpoints there, else the job's directory."""
+    if issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints):
+        system = open_changelog_system(job)
+        try:
+            objects = system.checkpoint_objects(job.name)  # type: ignore[attr-defined]
+            found_durable: dict[int, Checkpoint | None] = {}
+            for partition in range(job.partitions):
+                latest = objects.latest(partition)
+                found_durable[partition] = None if latest is None else \
+                    Checkpoint.from_json(latest[1].decode("utf-8", "replace"), latest[0])
+            return found_durable
+        finally:
+            system.close()
     root = job_dir(job) / "checkpoints"
     found: dict[int, Checkpoint | None] = {}
     for partition in range(job.partitions):
@@ -112,12 +126,24 @@ def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
     return found
 
 
+def _checkpoint_location(job: JobConfig) -> str | None:
+    """Where durable checkpoints live (None: in the job's directory)."""
+    if not issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints):
+        return None
+    system = open_changelog_system(job)
+    try:
+        return system.checkpoint_objects(job.name).describe()  # type: ignore[attr-defined]
+    finally:
+        system.close()
+
+
 def require_state(job: JobConfig) -> dict[int, Checkpoint | None]:
     """The checkpoints, or StateNotFoundError when the job has no state at all (never run here)."""
     checkpoints = load_checkpoints(job)
     root = changelog_root(job)
     logged = [s.changelog for s in job.stores.values() if s.changelog]
     has_changelogs = root is not None and any((root / stream).is_dir() for stream in logged)
+    has_changelogs = has_changelogs or any(c is not None for c in checkpoints.values())
     if not job_dir(job).exists() and not has_changelogs:
         raise StateNotFoundError(f"job {job.name!r} has no state in {job.state_dir}: it has not run with this "
                                  "state directory", path=str(job_dir(job)),
@@ -174,7 +200,7 @@ def store_partitions(job: JobConfig, store: str, checkpoints: dict[int, Checkpoi
             store, partition, config.engine, backend, directory, directory.is_dir(),
             dir_size(directory) if directory.is_dir() else 0, None, None,
             checkpoint.changelogs.get(store, 0) if checkpoint is not None and config.changelog else None,
-            _changelog_end(job, config.changelog, partition) if config.changelog else None)
+            _changelog_end(job, config.changelog, partition, checkpoint) if config.changelog else None)
         if info.exists:
             try:
                 with _open_local(directory, backend) as local:
@@ -330,8 +356,32 @@ def _local_system(job: JobConfig) -> LocalStreams:
     return system
 
 
-def _changelog_end(job: JobConfig, stream: str, partition: int) -> int | None:
+def _manifest(checkpoint: Checkpoint | None, stream: str, partition: int) -> dict[str, Any] | None:
+    """The manifest of ``stream``'s partition in ``checkpoint`` (None: none)."""
+    if checkpoint is None:
+        return None
+    for manifest in checkpoint.manifests.values():
+        if manifest.get("stream") == stream and manifest.get("partition") == partition:
+            return manifest
+    return None
+
+
+def _manifested_reader(system: ManifestedStreams, stream: str, partition: int,
+                       manifest: dict[str, Any] | None) -> ChangelogPartition:
+    reader = system.reader(stream, partition)
+    if isinstance(reader, ManifestedChangelog):
+        reader.adopt(manifest)
+    return reader
+
+
+def _changelog_end(job: JobConfig, stream: str, partition: int,
+                   checkpoint: Checkpoint | None = None) -> int | None:
     system = open_changelog_system(job)
+    if isinstance(system, ManifestedStreams):
+        # What is committed is what the checkpoint's manifest names, whatever else storage holds.
+        manifest = _manifest(checkpoint, stream, partition)
+        system.close()
+        return int(manifest["end"]) if manifest is not None else 0
     if not isinstance(system, LocalStreams):
         system.close()
         return None
@@ -354,7 +404,8 @@ class SegmentInfo:
 class ChangelogPartitionInfo:
     stream: str
     partition: int
-    directory: Path
+    directory: Path | str
+    """the partition's directory, or its URL in shared storage"""
     exists: bool
     start: int | None
     end: int
@@ -373,9 +424,42 @@ def resolve_stream(job: JobConfig, name: str) -> tuple[str, StoreConfig | None]:
                                   "(a store name works too)")
 
 
+def _manifested_partitions(job: JobConfig, system: ManifestedStreams, stream: str, store: StoreConfig | None,
+                           checkpoints: dict[int, Checkpoint | None],
+                           partitions: list[int] | None) -> list[ChangelogPartitionInfo]:
+    """Partitions of a system whose committed objects the checkpoints' manifests name: the objects of
+    each committed chain (snapshot, then deltas) are its segments."""
+    infos = []
+    for partition in partitions if partitions is not None else range(job.partitions):
+        checkpoint = checkpoints.get(partition)
+        committed = checkpoint.changelogs.get(store.name, 0) if checkpoint is not None and store else None
+        manifest = _manifest(checkpoint, stream, partition)
+        where = system.stream_location(stream)[1] + f"/{partition}" if hasattr(system, "stream_location") else stream
+        if manifest is None:
+            infos.append(ChangelogPartitionInfo(stream, partition, where, False, None, 0, committed, []))
+            continue
+        segments = [SegmentInfo(name, size) for name, size in system.manifest_objects(manifest)]
+        reader = _manifested_reader(system, stream, partition, manifest)
+        try:
+            end = reader.end_offset()
+            first = next(iter(reader.read(0, end)), None)
+        finally:
+            reader.close()
+        infos.append(ChangelogPartitionInfo(stream, partition, where, True,
+                                            first.offset if first is not None else None, end, committed, segments))
+    return infos
+
+
 def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
                          checkpoints: dict[int, Checkpoint | None],
                          partitions: list[int] | None = None) -> list[ChangelogPartitionInfo]:
+    manifested = open_changelog_system(job)
+    if isinstance(manifested, ManifestedStreams):
+        try:
+            return _manifested_partitions(job, manifested, stream, store, checkpoints, partitions)
+        finally:
+            manifested.close()
+    manifested.close()
     system = _local_system(job)
     infos = []
     for partition in partitions if partitions is not None else range(job.partitions):
@@ -398,8 +482,21 @@ def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
 
 
 def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 0,
-                      end: int | None = None) -> Iterator[Any]:
-    """Raw records of one local changelog partition (nothing if it does not exist)."""
+                      end: int | None = None, checkpoint: Checkpoint | None = None) -> Iterator[Any]:
+    """Raw records of one changelog partition (nothing if it does not exist): a local one, or the
+    committed chain ``checkpoint``'s manifest names."""
+    manifested = open_changelog_system(job)
+    if isinstance(manifested, ManifestedStreams):
+        try:
+            reader = _manifested_reader(manifested, stream, partition, _manifest(checkpoint, stream, partition))
+            try:
+                yield from reader.read(start, end if end is not None else reader.end_offset())
+            finally:
+                reader.close()
+        finally:
+            manifested.close()
+        return
+    manifested.close()
     system = _local_system(job)
     if not system.partition_dir(stream, partition).is_dir():
         return
@@ -499,7 +596,7 @@ def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint 
         checkpoint = checkpoints.get(partition)
         upto = checkpoint.changelogs.get(store, 0) if checkpoint is not None else 0
         latest: dict[bytes, bytes | None] = {}
-        for record in changelog_records(job, config.changelog, partition, 0, upto):
+        for record in changelog_records(job, config.changelog, partition, 0, upto, checkpoint):
             latest[record.key] = record.value
         for kb in sorted(latest):
             vb = latest[kb]
@@ -567,7 +664,8 @@ def _print_changelog(job: JobConfig, args: argparse.Namespace, partitions: list[
     key_serde, value_serde = store_serdes(job, store) if store else (None, None)
     decode_key, decode_value = decoder(key_serde), decoder(value_serde)
     for info in changelog_partitions(job, stream, store, checkpoints, partitions):
-        records = list(islice(changelog_records(job, stream, info.partition, 0, info.end), max(args.records, 0)))
+        records = list(islice(changelog_records(job, stream, info.partition, 0, info.end,
+                                                checkpoints.get(info.partition)), max(args.records, 0)))
         decoded = [{"offset": r.offset, "key": to_jsonable(decode_key(r.key)),
                     "value": None if r.value is None else to_jsonable(decode_value(r.value))} for r in records]
         if args.json:
@@ -627,7 +725,8 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
             "job": job.name, "partitions": job.partitions, "state_dir": str(job_dir(job)),
             "changelogs": str(changelogs) if changelogs else job.changelog_system,
             "checkpoints": {str(p): (None if c is None else {"generation": c.generation, "inputs": c.inputs,
-                                                              "changelogs": c.changelogs, "outputs": c.outputs})
+                                                              "changelogs": c.changelogs, "outputs": c.outputs,
+                                                              "manifests": c.manifests})
                             for p, c in checkpoints.items() if partitions is None or p in partitions},
             "stores": [{"store": i.store, "partition": i.partition, "engine": i.engine, "backend": i.backend,
                         "directory": str(i.directory), "exists": i.exists, "bytes": i.bytes,
@@ -639,6 +738,9 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
         return 0
     print(f"job {job.name!r}: {job.partitions} partition(s), state in {job_dir(job)}")
     print(f"changelogs: {changelogs if changelogs else job.changelog_system}")
+    durable = _checkpoint_location(job)
+    if durable is not None:
+        print(f"checkpoints and changelogs in shared storage: {durable}")
     print("checkpoints:")
     for partition, checkpoint in checkpoints.items():
         if partitions is not None and partition not in partitions:
@@ -648,6 +750,12 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
             continue
         print(f"  partition {partition}: generation {checkpoint.generation}, inputs {checkpoint.inputs}, "
               f"changelogs {checkpoint.changelogs}, outputs {checkpoint.outputs}")
+        for store, manifest in sorted(checkpoint.manifests.items()):
+            snapshot = manifest.get("snapshot")
+            deltas = manifest.get("deltas") or []
+            print(f"    {store}: " + (f"snapshot up to {snapshot.get('end')} ({snapshot.get('records')} records)"
+                                      if isinstance(snapshot, dict) else "no snapshot")
+                  + f" + {len(deltas)} delta object(s) up to {manifest.get('end')}")
     print("stores:")
     rows = [("STORE", "PART", "ENGINE", "BACKEND", "LOCAL", "CHECKPOINT", "CHANGELOG_END", "KEYS", "BYTES")]
     dash = lambda value: "-" if value is None else str(value)  # noqa: E731

@@ -124,6 +124,16 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         return ObjectStoreChangelogPartition(self.store, stream, partition, snapshot_every=self.snapshot_every,
                                              snapshot_min_records=self.snapshot_min_records)
 
+    def reader(self, stream: str, partition: int) -> ObjectStoreChangelogPartition:
+        """A partition for reading (``localstate inspect``): adopt a manifest, then read; nothing is locked."""
+        return self.partition(stream, partition)
+
+    def manifest_objects(self, manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
+        """``(url, bytes)`` of the snapshot and deltas ``manifest`` names, oldest first."""
+        chain = Chain.from_manifest(manifest, manifest.get("stream"), manifest.get("partition"))
+        prefix = partition_prefix(chain.stream, chain.partition)
+        return [(self.store.where(f"{prefix}/{item.name}"), item.size) for item in chain.objects()]
+
     def stream_location(self, stream: str) -> tuple[str, str]:
         """``("path", dir)`` on a local/shared directory (outputs must never write there), else
         ``("url", url)``."""

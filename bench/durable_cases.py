@@ -1,0 +1,140 @@
+"""Worker of ``bench/durable.py``: ONE measurement in a fresh process, printed as one JSON object.
+Usage (normally called by bench/durable.py): ``python -m bench.durable_cases CASE '{...}'``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.kv_cases import _Clock, _workload
+from bench.report import peak_rss_mb
+
+__all__ = ["main", "CASES"]
+
+
+def _system(tmp: Path, p: dict[str, Any]) -> Any:
+    if p["changelog"] == "file":
+        from localstate.changelog.file import FileChangelogSystem
+        return FileChangelogSystem({"path": str(tmp / "changelog"), "fsync": True}, tmp)
+    from localstate.changelog.objectstore import ObjectStoreChangelogSystem
+    return ObjectStoreChangelogSystem(p["options"], tmp)
+
+
+def _kv(directory: Path, changelog: Any, p: dict[str, Any]) -> Any:
+    """A kv RocksDB store with the engine's default options (hot set in its cache) logging to ``changelog``."""
+    from localstate.core.engine import StoreContext
+    from localstate.core.serdes import IntSerde, StringSerde
+    from localstate.engines.kv import KeyValueEngineFactory
+    factory = KeyValueEngineFactory()
+    options = factory.validate_options("bench", {"backend": "rocksdb", "cache_size": p.get("cache_size", 100_000)})
+    directory.mkdir(parents=True)
+    return factory.create(StoreContext("bench", "bench", 0, directory, options, StringSerde(), IntSerde(), changelog))
+
+
+def counting(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """The shared counting workload, get + put per event; a commit every ``commit_every`` events is
+    what the runtime's prepare_commit does: flush the store (changelog durable), then take the
+    manifest for the checkpoint when the changelog has one."""
+    from localstate.core.changelog import ManifestedChangelog
+    ks = _workload().keys(p["events"], p["keys"])
+    system = _system(tmp, p)
+    system.ensure_stream("bench", 1)
+    changelog = system.partition("bench", 0)
+    if isinstance(changelog, ManifestedChangelog):
+        changelog.adopt(None)
+    manifested = isinstance(changelog, ManifestedChangelog)
+    kv = _kv(tmp / "store", changelog, p)
+    get, put, flush = kv.get, kv.put, kv.flush
+    every = p["commit_every"]
+    with _Clock() as clock:
+        for i, k in enumerate(ks, 1):
+            put(k, (get(k) or 0) + 1)
+            if i % every == 0:
+                flush()
+                if manifested:
+                    changelog.manifest()
+        flush()
+    kv.close()
+    result = {**clock.figures(), "events": len(ks), "ops_per_s": len(ks) / clock.seconds,
+              "cpu_ops_per_s": len(ks) / max(clock.cpu_seconds, 1e-9)}
+    if manifested:
+        result["snapshots"] = changelog.snapshots_written
+        result["snapshot_seconds"] = changelog.snapshot_seconds
+    changelog.close()
+    system.close()
+    return result
+
+
+def history(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """Write a partition's history (``keys`` keys, each updated ``updates`` times, ``commits`` flushes,
+    snapshots in the background as a running job takes them), then print the committed manifest and
+    the manifest of the same history without snapshots (the full replay)."""
+    system = _system(tmp, p)
+    system.ensure_stream("bench", 1)
+    log = system.partition("bench", 0)
+    log.adopt(None)
+    keys, updates, commits = p["keys"], p["updates"], p["commits"]
+    total = keys * updates
+    per_commit = total // commits
+    names = [b"user-%08d" % i for i in range(keys)]
+    full: list[dict[str, Any]] = []
+    written = 0
+    with _Clock() as clock:
+        for commit in range(commits):
+            batch = range(written, written + per_commit)
+            log.append_many((names[i % keys], (i // keys + 1).to_bytes(8, "big")) for i in batch)
+            written += per_commit
+            log.flush()
+            full.append(log.chain().deltas[-1].to_json())
+            manifest = log.manifest()
+            if commit == commits - 2:
+                log.wait_for_snapshot()  # a long-running job: the last snapshot is done before the last commit
+    manifest = log.manifest()
+    chain = log.chain()
+    replay = {**manifest, "snapshot": None, "deltas": full}
+    log.close()
+    return {**clock.figures(), "records": written, "committed": manifest, "full": replay,
+            "snapshot_records": chain.snapshot.records if chain.snapshot else 0,
+            "tail_records": sum(d.records for d in chain.deltas)}
+
+
+def ready(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """A host with no local state: adopt ``manifest`` and restore an empty kv RocksDB store to its end
+    (the runtime's recovery: ``engine.restore`` over the chain's records, then ``flush``)."""
+    from localstate.core.recovery import recover_store
+    system = _system(tmp, p)
+    log = system.partition("bench", 0)
+    with _Clock() as clock:
+        log.adopt(p["manifest"])
+        kv = _kv(tmp / "store", log, p)
+        recovery = recover_store(kv, log, log.end_offset(), label="bench")
+    count = sum(1 for _ in kv.all())
+    kv.close()
+    return {**clock.figures(), "replayed": recovery.replayed, "keys": count}
+
+
+CASES: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "counting": counting,
+    "history": history,
+    "ready": ready,
+}
+
+
+def main(argv: list[str]) -> int:
+    case, params = argv[0], json.loads(argv[1])
+    tmp = Path(tempfile.mkdtemp(prefix="bench-durable-"))
+    try:
+        result = CASES[case](tmp, params)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["peak_rss_mb"] = peak_rss_mb()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
