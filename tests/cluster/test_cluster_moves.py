@@ -1,7 +1,8 @@
 """Real two-worker standalone cluster (loopback), the driver in a process of its own.
 
 - a whole worker (JVMs and Python workers) is killed mid-batch: its partitions move to the other
-  worker and are rebuilt there; the worker comes back (same directories) and takes partitions
+  worker and are rebuilt there (from the file changelog on a shared directory, or from the
+  objectstore changelog on SeaweedFS: snapshot plus tail); the worker comes back (same directories) and takes partitions
   again, validating its old local state against the committed checkpoint; outputs and state exact;
 - a healthy run keeps each partition on the executor holding its warm local state (warm hit rate);
 - a zombie: a host paused mid-task (SIGSTOP) is declared lost, its partition commits elsewhere,
@@ -10,8 +11,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -44,10 +47,27 @@ def _check_exact(job_file: Path, verify_root: Path) -> None:
     assert restored_state(job, verify_root) == expected_state()
 
 
-def test_worker_killed_mid_batch_moves_partitions_then_returns(tmp_path, spark_cluster, start_driver):
-    shared = tmp_path / "shared"  # the one shared directory: file changelogs and the driver's checkpoints
-    job_file = write_job(tmp_path / "job", spark_cluster.url, state_dir=shared / "state",
-                         local_dir="${LOCALSTATE_TEST_HOST_DIR}")
+def _durable(request, tmp_path: Path) -> tuple[str, str]:
+    """``(changelog system, its [changelogs.*] section)`` of the test's ``durable`` parameter: the
+    file changelog on the shared directory, or the objectstore changelog on SeaweedFS (S3), with a
+    snapshot every 2 commits so that a moved partition loads a snapshot and replays the tail."""
+    if request.param == "file":
+        return "file", "[changelogs.file]\nfsync = false"
+    options = request.getfixturevalue("seaweed").options(f"cluster-{uuid.uuid4().hex[:10]}", snapshot_every=2)
+    body = "\n".join(f"{key} = {json.dumps(value)}" for key, value in options.items())
+    return "objectstore", f"[changelogs.objectstore]\n{body}"
+
+
+@pytest.fixture(params=["file", "seaweedfs"])
+def durable(request, tmp_path):
+    return _durable(request, tmp_path)
+
+
+def test_worker_killed_mid_batch_moves_partitions_then_returns(tmp_path, spark_cluster, start_driver, durable):
+    shared = tmp_path / "shared"  # shared directory: file changelogs (file), outputs, checkpoints (file)
+    changelog, section = durable
+    job_file = write_job(tmp_path / "job", spark_cluster.url, state_dir=shared / "state", changelog=changelog,
+                         local_dir="${LOCALSTATE_TEST_HOST_DIR}", extra=section)
     gate = job_file.parent / "gate"
     driver = start_driver(job_file, BATCH)
 
