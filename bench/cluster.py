@@ -35,12 +35,13 @@ HERE = Path(__file__).resolve().parent
 CONF = {"spark.executor.memory": "1g"}
 
 
-def _job_file(directory: Path, master: str, changelog: str, section: str, partitions: int, events: int) -> Path:
+def _job_file(directory: Path, master: str, changelog: str, section: str, partitions: int, events: int,
+              name: str = "bench-cluster") -> Path:
     directory.mkdir(parents=True)
     conf = "\n".join(f'"{key}" = "{value}"' for key, value in CONF.items())
     (directory / "job.toml").write_text(f"""
 [job]
-name = "bench-cluster"
+name = "{name}"
 partitions = {partitions}
 task = "cluster_cases:CountByKey"
 state_dir = "{directory / 'shared'}"
@@ -130,11 +131,12 @@ def main(argv: list[str]) -> int:
             runs.append(("objectstore, SeaweedFS S3", "objectstore", "[changelogs.objectstore]\n" + "\n".join(
                 f"{key} = {json.dumps(value)}" for key, value in options.items())))
         # Warm-up (not reported): the executors' Python workers start and import localstate once.
-        _run(_job_file(work / "warmup", cluster.url, "file", "", args.partitions, args.batch_size), context,
-             args.batch_size)
+        _run(_job_file(work / "warmup", cluster.url, "file", "", args.partitions, args.batch_size,
+                       name="bench-cluster-warmup"), context, args.batch_size)
         figures = {}
         for index, (label, changelog, section) in enumerate(runs):
-            job_file = _job_file(work / f"job{index}", cluster.url, changelog, section, args.partitions, args.events)
+            job_file = _job_file(work / f"job{index}", cluster.url, changelog, section, args.partitions, args.events,
+                                 name=f"bench-cluster-{changelog}")
             figures[label] = _run(job_file, context, args.batch_size)
             report.add(label, **figures[label])
         for label, result in figures.items():
