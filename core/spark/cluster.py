@@ -164,8 +164,15 @@ class Placement:
         return out
 
     def locations(self, plans: Sequence[Any]) -> list[list[str]]:
-        """Per plan: the preferred location ``executor_<host>_<id>`` of :meth:`assign`, if any."""
-        chosen = self.assign([plan.partition for plan in plans])
+        """Per plan: the preferred location ``executor_<host>_<id>`` of :meth:`assign`, if any
+        (none if Spark's status store cannot be read: affinity saves restores, it is not needed
+        for correctness)."""
+        try:
+            chosen = self.assign([plan.partition for plan in plans])
+        except Exception:  # noqa: BLE001 - Py4J errors of a Spark version without these internals
+            log.warning("cannot read Spark's executors; the batch's tasks run without preferred locations",
+                        exc_info=True)
+            chosen = {}
         return [[f"executor_{chosen[plan.partition][1]}_{chosen[plan.partition][0]}"]
                 if plan.partition in chosen else [] for plan in plans]
 
@@ -184,7 +191,15 @@ class Placement:
 
     def record(self, group: str, plans: Sequence[Any]) -> dict[int, tuple[str, str]]:
         """After a batch's Spark job (group ``group``) succeeded: where each plan's successful attempt
-        ran, from Spark's status store; these executors become the partitions' homes."""
+        ran, from Spark's status store; these executors become the partitions' homes. Affinity is an
+        optimization: if the status store cannot be read, the homes stay as they were."""
+        try:
+            return self._record(group, plans)
+        except Exception:  # noqa: BLE001 - Py4J errors (a timeout of the listener bus, changed internals)
+            log.warning("cannot read where the batch's tasks ran; partition homes unchanged", exc_info=True)
+            return {}
+
+    def _record(self, group: str, plans: Sequence[Any]) -> dict[int, tuple[str, str]]:
         sc = self.context._jsc.sc()
         sc.listenerBus().waitUntilEmpty(10_000)  # the status store is fed by the listener bus
         tracker = self.context.statusTracker()
