@@ -10,6 +10,7 @@ config path (``stores.counts.cache_size``). Example::
     commit_interval = "5s"
     changelog = "file"                    # default changelog system for every store
     state_dir = "state"                   # relative to this file
+    # local_dir = "/mnt/ssd/localstate"   # per-host directory for local stores (default: see docs/cluster.md)
 
     [changelogs.file]                     # options of a changelog system
     segment_bytes = "64MB"
@@ -46,7 +47,7 @@ __all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_c
            "SPARK_OPTIONS", "LOG_LEVELS", "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
-             "state_dir", "allow_pickle", "plugins", "log_level"}
+             "state_dir", "local_dir", "allow_pickle", "plugins", "log_level"}
 _STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
 _SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark"}
 
@@ -135,6 +136,9 @@ class JobConfig:
     partitions: int
     task: str
     state_dir: Path
+    local_dir: str | None = None
+    """per-host directory for the local stores, as written (``$VARS`` are expanded on each host); None:
+    ``<state_dir>/<job>/stores`` on a local master, under Spark's local directory on a cluster"""
     changelog_system: str = "file"
     changelog_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     commit_interval: float = 5.0
@@ -259,6 +263,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         state_dir = "state"
     elif _path_problem("job.state_dir", state_dir, add):
         state_dir = "state"
+    local_dir = _local_dir(job.get("local_dir"), add)
 
     changelog_system = job.get("changelog", "file")
     changelog_options: dict[str, dict[str, Any]] = {}
@@ -299,7 +304,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         task = task if isinstance(task, str) else ""
         changelog_system = changelog_system if isinstance(changelog_system, str) else "file"
     return JobConfig(
-        name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(),
+        name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(), local_dir=local_dir,
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, window_interval=window_interval, allow_pickle=allow_pickle, inputs=inputs,
         outputs=outputs, stores=stores, spark=spark, policy=policy, source=source, log_level=log_level)
@@ -316,6 +321,22 @@ def apply_log_level(job: JobConfig) -> None:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
+
+
+def _local_dir(value: Any, add) -> str | None:  # noqa: ANN001
+    """``job.local_dir``: an absolute path, possibly starting with an environment variable that each
+    host expands (``${SPARK_LOCAL_DIRS}``-style, e.g. set per host in spark-env.sh); None if unset."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        add("job.local_dir", "must be a directory path on each executor host")
+        return None
+    if _path_problem("job.local_dir", value, add):
+        return None
+    if not (os.path.isabs(value) or value.startswith("$")):
+        add("job.local_dir", f"must be an absolute path (it is resolved on every executor host), got {value!r}")
+        return None
+    return value
 
 
 def _path_problem(key: str, value: str, add) -> bool:  # noqa: ANN001

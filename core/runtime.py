@@ -11,6 +11,7 @@ and inputs resume from the checkpointed positions; records below those positions
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from itertools import islice
@@ -33,7 +34,8 @@ from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessa
 from localstate.core.tracebacks import raise_task_error
 from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, StoreIOError, TaskError
 
-__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "job_directory",
+__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "store_root",
+           "job_directory",
            "checkpoint_store", "PROCESS_HINT"]
 
 if TYPE_CHECKING:
@@ -79,9 +81,18 @@ def open_changelog_system(job: JobConfig, name: str | None = None) -> ChangelogS
     return system_class(job.changelog_options.get(name, {}), job.state_dir)
 
 
-def store_directory(job: JobConfig, store: str, partition: int) -> Path:
-    """``<state_dir>/<job>/stores/<store>/<partition>``, checked to stay inside the state directory."""
-    return safe_join(job.state_dir, job.name, "stores", store, str(partition))
+def store_root(job: JobConfig) -> Path:
+    """Where the job's local stores live on this host when nothing else is said: ``job.local_dir``
+    (environment variables expanded here, on this host) if set, else the state directory."""
+    if job.local_dir is None:
+        return job.state_dir
+    return Path(os.path.abspath(os.path.expandvars(job.local_dir)))
+
+
+def store_directory(job: JobConfig, store: str, partition: int, root: Path | None = None) -> Path:
+    """``<root>/<job>/stores/<store>/<partition>`` (``root``: :func:`store_root` unless given),
+    checked to stay inside ``root``."""
+    return safe_join(store_root(job) if root is None else root, job.name, "stores", store, str(partition))
 
 
 def job_directory(job: JobConfig) -> Path:
@@ -119,10 +130,18 @@ class TaskInstance:
     sink: OutputSink = field(default_factory=MemorySink)
     task_factory: Callable[[], StreamTask] | str | None = None
     clock: Callable[[], float] = time.monotonic
+    checkpoints: CheckpointStore | None = None
+    """where checkpoints are read and written: the job's :class:`CheckpointStore` unless given (on a
+    cluster, the driver's checkpoint as the plan carries it, see :mod:`localstate.core.spark.cluster`)"""
+    local_root: Path | None = None
+    """the directory the local stores live under: :func:`store_root` unless given"""
 
     def __post_init__(self) -> None:
         self.task_factory = load_task_class(self.task_factory or self.job.task)
-        self.checkpoints = checkpoint_store(self.job)
+        if self.checkpoints is None:
+            self.checkpoints = checkpoint_store(self.job)
+        if self.local_root is None:
+            self.local_root = store_root(self.job)
         self.stores: dict[str, _Store] = {}
         self.positions: dict[str, int] = {}
         self.generation = 0
@@ -201,9 +220,9 @@ class TaskInstance:
             if isinstance(changelog, ManifestedChangelog):
                 # The checkpoint, not the storage, says which objects hold committed records.
                 changelog.adopt(manifest)
-        directory = store_directory(self.job, name, self.partition)
+        directory = store_directory(self.job, name, self.partition, self.local_root)
         try:
-            ensure_dir(self.job.state_dir, directory)
+            ensure_dir(self.local_root, directory)
         except OSError as exc:
             raise os_error(exc, "create the store directory", directory, StoreIOError, store=name,
                            partition=self.partition) from exc

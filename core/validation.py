@@ -106,12 +106,20 @@ def require_input_paths(job: JobConfig) -> None:
                           hint="fix the path, or create the input first (e.g. the example's make_input.py)")
 
 
-def spark_notes(job: JobConfig) -> list[str]:
-    """Settings the Spark runner does not use, said out loud rather than silently ignored."""
+def spark_notes(job: JobConfig, master: str | None = None) -> list[str]:
+    """Settings the Spark runner does not use, said out loud rather than silently ignored; on a
+    cluster ``master``, what needs a shared file system (the file changelog)."""
     raw = _raw_job_table(job.source)
-    return [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
-            "it applies to the in-process runtime and the TaskTestDriver"
-            for key in ("commit_interval", "commit_every") if key in raw]
+    notes = [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
+             "it applies to the in-process runtime and the TaskTestDriver"
+             for key in ("commit_interval", "commit_every") if key in raw]
+    cluster = master is not None and not (master == "local" or master.startswith("local["))
+    if cluster and job.changelog_system == "file" and any(s.changelog is not None for s in job.stores.values()):
+        notes.append(f"job.changelog: the file changelog on a cluster ({master}) needs state_dir ({job.state_dir}) "
+                     "on a file system every executor and the driver see at the same path, with working flock; "
+                     "use changelog = \"objectstore\" (S3, HDFS, a shared directory) or \"kafka\" to need none "
+                     "(see docs/cluster.md)")
+    return notes
 
 
 def _raw_job_table(source: str | None) -> dict:

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     job = load_job_config(args.job, plugins=args.plugins)
     # A mistyped input path would otherwise run as an empty input and exit 0.
     require_input_paths(job)
-    for note in spark_notes(job):
+    master = args.master or str(job.spark.get("master", "local[*]"))
+    for note in spark_notes(job, master):
         print(f"warning: {note}", file=sys.stderr)
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     rate = summary.records_in / summary.seconds if summary.seconds else 0.0
     print(f"done: {len(summary.batches)} batch(es), {summary.records_in:,} records in, {summary.records_out:,} out, "
           f"{summary.seconds:.1f}s ({rate:,.0f} rec/s), lag {summary.lag:,}", flush=True)
+    if runner.cluster and summary.warm_fraction is not None:
+        print(f"warm local state: {summary.warm_fraction:.0%} of the tasks with state found it on their executor")
     for name in job.outputs:
         print(f"output {name}: {stream_location(job, 'outputs', name)}")
     logged = sorted(store.changelog for store in job.stores.values() if store.changelog)

@@ -10,7 +10,7 @@ import shutil
 import threading
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +18,7 @@ from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.runtime import checkpoint_store, open_changelog_system
+from localstate.core.spark.cluster import Placement, has_state, is_cluster_master
 from localstate.core.spark.context import spark_context
 from localstate.core.spark.executor import run_partition, run_slot
 from localstate.core.spark.failures import spark_failure
@@ -25,7 +26,7 @@ from localstate.core.spark.instances import clear_requests, release_partitions
 from localstate.core.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import StreamSink, open_input
 from localstate.core.task import add_task_paths, load_task_class
-from localstate.errors import LocalStateError
+from localstate.errors import CheckpointError, FencedError, LocalStateError
 
 __all__ = ["SparkJobRunner", "BatchCompaction"]
 
@@ -112,7 +113,13 @@ class SparkJobRunner:
         self.batch_size = batch_size if batch_size is not None else job.spark.get("batch_size")
         self.fault = fault
         self.progress = progress
-        self.keep_open = bool(job.spark.get("keep_open", True)) if keep_open is None else keep_open
+        self.cluster = is_cluster_master(self.master)
+        # On a cluster, kept instances would need the claim and give-back files on a shared file
+        # system; the warm local stores on each host give the affinity instead (see .cluster).
+        self.keep_open = (not self.cluster and bool(job.spark.get("keep_open", True))) if keep_open is None \
+            else keep_open and not self.cluster
+        self.placement: Placement | None = None
+        self._committed: dict[int, Checkpoint | None] = {}
         self.run_id = uuid.uuid4().hex
         self.checkpoints = checkpoint_store(job)
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
@@ -149,7 +156,8 @@ class SparkJobRunner:
         """Plans for the partitions with input to process, and the total lag before the batch."""
         plans, lag = [], 0
         for partition in range(self.job.partitions):
-            checkpoint = self.checkpoints.load(partition) or Checkpoint(partition)
+            loaded = self.checkpoints.load(partition)
+            checkpoint = loaded or Checkpoint(partition)
             ranges = {}
             for name, source in self.inputs.items():
                 start, end = checkpoint.inputs.get(name, 0), source.end_offset(partition)
@@ -160,8 +168,11 @@ class SparkJobRunner:
                     end = min(end, start + int(self.batch_size))
                 ranges[name] = (start, max(start, end))
             if any(end > start for start, end in ranges.values()):
-                plans.append(PartitionPlan(batch, partition, ranges, self.batch_size, self.fault, self.run_id,
-                                           self.keep_open))
+                self._committed[partition] = loaded
+                plans.append(PartitionPlan(
+                    batch, partition, ranges, self.batch_size, self.fault, self.run_id, self.keep_open,
+                    cluster=self.cluster, committed=asdict(loaded) if self.cluster and loaded is not None else None,
+                    checkpoint_where=str(self.checkpoints.path(partition)) if self.cluster else ""))
         return plans, lag
 
     def run_batch(self, batch: int, plans: list[PartitionPlan]) -> BatchResult:
@@ -170,8 +181,13 @@ class SparkJobRunner:
         started = time.perf_counter()
         group = f"localstate-{self.run_id}-{batch}"
         self.context.setJobGroup(group, f"localstate {job.name} batch {batch}")
-        rdd = self.context.parallelize(plans, len(plans))
-        if self.keep_open:
+        if self.cluster:
+            # One task per plan, preferring the executor that holds its partition's warm state.
+            placement = self._placement()
+            results = placement.rdd(plans).mapPartitions(
+                lambda items: [run_partition(job, plan) for plan in items]).collect()
+        elif self.keep_open:
+            rdd = self.context.parallelize(plans, len(plans))
             # Tasks are slots that claim a partition each, preferring the one their worker keeps.
             # (Each slot holds one plan; it must be consumed, or PySpark does not reuse the worker.)
             claims = self._claims / str(batch)
@@ -182,6 +198,7 @@ class SparkJobRunner:
             finally:
                 shutil.rmtree(claims, ignore_errors=True)
         else:
+            rdd = self.context.parallelize(plans, len(plans))
             results = rdd.mapPartitions(lambda items: [run_partition(job, plan) for plan in items]).collect()
         collected = time.perf_counter()
         errors = [r for r in results if "error" in r]
@@ -190,9 +207,13 @@ class SparkJobRunner:
         for result in results:
             data = result["checkpoint"]
             checkpoint = Checkpoint(**data)
+            if self.cluster:
+                self._check_attempt(checkpoint)
             # The checkpoint carries the generation its task instance took at open: a newer
             # instance (a zombie attempt of a later run) makes this save fail, fenced.
             self.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+        if self.cluster:
+            self._placement().record(group, plans)
         saved = time.perf_counter()
         out = BatchResult(batch, seconds=saved - started, tasks=len(results),
                           failed_attempts=self._failed_attempts(group))
@@ -205,12 +226,65 @@ class SparkJobRunner:
             out.replayed += r["replayed"]
             out.trimmed += r["trimmed"]
             out.reused += r["reused"]
+            if has_state(self._committed.get(r["partition"])):
+                out.stateful += 1
+                out.warm += bool(r["warm"])
             for key, value in r["timings"].items():
                 out.task_seconds[key] = out.task_seconds.get(key, 0.0) + value
             out.busiest_task = max(out.busiest_task, sum(r["timings"].values()))
         out.driver_seconds = {"spark": max(0.0, collected - started - out.busiest_task),
                               "checkpoint": saved - collected}
         return out
+
+    def _placement(self) -> Placement:
+        if self.placement is None:
+            self.placement = Placement(self.context)
+        return self.placement
+
+    def _check_attempt(self, checkpoint: Checkpoint) -> None:
+        """Cluster mode: the accepted attempt must have started from the checkpoint the driver planned
+        (the generation after it); anything else is not this batch's attempt and is refused."""
+        planned = self._committed.get(checkpoint.partition)
+        expected = (planned.generation if planned is not None else 0) + 1
+        if checkpoint.generation != expected:
+            raise FencedError(f"task partition {checkpoint.partition} returned generation {checkpoint.generation}, "
+                              f"but the batch was planned from generation {expected - 1}",
+                              partition=checkpoint.partition, path=str(self.checkpoints.path(checkpoint.partition)),
+                              hint="another driver may be running this job: stop it; the checkpoint is unchanged")
+
+    def _initial_checkpoints(self) -> None:
+        """Cluster mode: give every partition without a checkpoint its first one, here on the driver
+        (locally, the task instance writes it at open). It names every output at its current end
+        (refusing outputs that hold data no checkpoint covers), so a first attempt that fails after
+        writing outputs is truncated by its retry; and a changelog with records but no checkpoint
+        means the checkpoint is missing (CheckpointError), as on open."""
+        missing = [p for p in range(self.job.partitions) if self.checkpoints.load(p) is None]
+        if not missing:
+            return
+        sink = StreamSink(self.job)
+        changelogs = open_changelog_system(self.job)
+        try:
+            for partition in missing:
+                for name, store in self.job.stores.items():
+                    if store.changelog is None:
+                        continue
+                    held = changelogs.partition(store.changelog, partition)
+                    try:
+                        end = held.end_offset()
+                    finally:
+                        held.close()
+                    if end > 0:
+                        raise CheckpointError(
+                            f"no checkpoint for partition {partition}, but the changelog of store {name!r} holds "
+                            f"{end} record(s): the checkpoint is missing", store=name, partition=partition,
+                            path=str(self.checkpoints.path(partition)),
+                            hint="restore the checkpoint file, or run `localstate reset` to discard this job's "
+                                 "state and start over")
+                outputs = sink.rollback(partition, {})
+                self.checkpoints.save(Checkpoint(partition, outputs=dict(outputs)), expect_generation=0)
+        finally:
+            changelogs.close()
+            sink.close()
 
     def _failed_attempts(self, group: str) -> int:
         """Task attempts of the batch's Spark job that failed and were retried (the executor logs
@@ -232,6 +306,8 @@ class SparkJobRunner:
         partitions = range(self.job.partitions)
         clear_requests(self.checkpoints, partitions)
         self._create_changelogs()
+        if self.cluster:
+            self._initial_checkpoints()
         compaction = BatchCompaction.for_job(self.job)
         started = time.perf_counter()
         batch = 0

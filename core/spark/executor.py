@@ -20,7 +20,8 @@ from typing import Any, Iterator, Mapping
 from localstate.core.config import JobConfig
 from localstate.core.faults import CrashAt, armed
 from localstate.core.spark.failures import executor_failure
-from localstate.core.spark.instances import BatchInstance, checkin, checkout, claim, kept_partition
+from localstate.core.spark.cluster import is_warm
+from localstate.core.spark.instances import BatchInstance, checkin, checkout, claim, kept_partition, open_planned
 from localstate.core.spark.plan import PartitionPlan
 from localstate.core.streams import open_input
 from localstate.core.streams.base import InputRecord, InputStream
@@ -81,7 +82,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     add_task_paths(job)
     started = time.perf_counter()
     partition = plan.partition
-    lease = checkout(job, partition, plan.run_id)
+    lease = open_planned(job, plan) if plan.cluster else checkout(job, partition, plan.run_id)
     instance, clock = lease.instance, lease.clock
     changelog_start, outputs_start = clock["changelog"], clock["outputs"]
     prepared = None
@@ -116,6 +117,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "restore_seconds": sum(r.seconds for r in lease.recoveries),
         "replayed": sum(r.replayed for r in lease.recoveries), "trimmed": sum(r.trimmed for r in lease.recoveries),
         "reused": lease.reused, "pid": os.getpid(), "timings": timings,
+        "warm": lease.reused or is_warm(lease.recoveries),
     }
 
 

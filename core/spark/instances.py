@@ -47,12 +47,14 @@ from localstate.core.config import JobConfig
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error
 from localstate.core.recovery import StoreRecovery
 from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.spark.cluster import PlannedCheckpoints, executor_local_root
+from localstate.core.spark.plan import PartitionPlan
 from localstate.core.streams import StreamSink
 from localstate.core.task import OutgoingMessage
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
 __all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim",
-           "acquire_partition", "clear_requests", "release_partitions", "LOCK_TIMEOUT"]
+           "open_planned", "acquire_partition", "clear_requests", "release_partitions", "LOCK_TIMEOUT"]
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +363,29 @@ def checkout(job: JobConfig, partition: int, run_id: str) -> Lease:
         instance.checkpoints.unlock(partition)
         raise
     return Lease(key, instance, changelogs, sink, clock, list(recoveries), False, waited)
+
+
+def open_planned(job: JobConfig, plan: PartitionPlan) -> Lease:
+    """Cluster mode: open ``plan``'s partition against the committed checkpoint the plan carries
+    (:class:`~.cluster.PlannedCheckpoints`), with its stores under this host's local directory
+    (:func:`~.cluster.executor_local_root`). No lock, no checkpoint file: the driver fences. Local
+    state is validated against the checkpoint by recovery: reused if at its offset, rolled forward
+    if behind, discarded and rebuilt if ahead, stale or damaged."""
+    committed = Checkpoint(**plan.committed) if plan.committed is not None else None
+    checkpoints = PlannedCheckpoints(plan.partition, committed, plan.checkpoint_where)
+    clock = {"changelog": 0.0, "outputs": 0.0}
+    changelogs = _TimedChangelogs(open_changelog_system(job), clock)
+    sink = _TimedSink(StreamSink(job), clock)
+    instance = BatchInstance(job, plan.partition, changelogs, sink, checkpoints=checkpoints,  # type: ignore[arg-type]
+                             local_root=executor_local_root(job))
+    try:
+        recoveries = instance.open()
+    except BaseException:
+        sink.close()
+        changelogs.close()
+        raise
+    return Lease((plan.run_id, "cluster", job.name, plan.partition), instance, changelogs, sink, clock,
+                 list(recoveries), False, 0.0)
 
 
 def checkin(lease: Lease, prepared: Checkpoint | None, keep: bool) -> None:

@@ -28,6 +28,13 @@ class PartitionPlan:
     roll_changelogs: bool = False
     """seal the active changelog segments before processing, so the driver's next compaction round
     reaches the records in them (see :class:`BatchCompaction`)"""
+    cluster: bool = False
+    """cluster mode (:mod:`.cluster`): stores under the executor's local directory, the checkpoint
+    from the plan (``committed``), nothing read from or locked on a shared file system"""
+    committed: dict[str, Any] | None = None
+    """cluster mode: the partition's committed checkpoint (as a dict), None if it has none yet"""
+    checkpoint_where: str = ""
+    """cluster mode: where the driver keeps the checkpoint (for error messages)"""
 
 
 #: Phases of a Spark task, in seconds (``timings`` of :func:`run_partition`'s result): waiting for
@@ -54,6 +61,10 @@ class BatchResult:
     """task attempts that failed and were retried by Spark (a killed worker, an I/O error)"""
     reused: int = 0
     """tasks that found their partition's instance still open in their worker"""
+    stateful: int = 0
+    """tasks whose partition had committed state to find (a changelog offset > 0)"""
+    warm: int = 0
+    """of those, tasks that found it warm: their local stores exactly at the committed offsets"""
     task_seconds: dict[str, float] = field(default_factory=dict)
     """:data:`TASK_PHASES` summed over the batch's tasks"""
     busiest_task: float = 0.0
@@ -71,6 +82,13 @@ class RunSummary:
     """closing the instances kept open in the workers, at the end of the run"""
     compaction_rounds: int = 0
     """changelog compaction rounds completed while the job ran (:class:`BatchCompaction`)"""
+
+    @property
+    def warm_fraction(self) -> float | None:
+        """Fraction of the tasks with committed state that found it warm in their local stores (no
+        replay, no rebuild); None if no task had state to find."""
+        stateful = sum(b.stateful for b in self.batches)
+        return sum(b.warm for b in self.batches) / stateful if stateful else None
 
     @property
     def records_in(self) -> int:
@@ -103,6 +121,7 @@ def progress_line(result: BatchResult, tasks: int) -> str:
     extra = f" skipped {result.skipped:,}" if result.skipped else ""
     extra += f" dead-lettered {result.dead_lettered:,}" if result.dead_lettered else ""
     extra += f" restored {result.replayed:,} trimmed {result.trimmed:,}" if result.replayed or result.trimmed else ""
+    extra += f" warm {result.warm}/{result.stateful}" if result.stateful else ""
     extra += f" ({result.failed_attempts} failed task attempt(s) retried)" if result.failed_attempts else ""
     return (f"batch {result.batch}: {tasks} task(s), in {result.records_in:,} out {result.records_out:,} in "
             f"{result.seconds:.2f}s ({rate:,.0f} rec/s), lag {result.lag:,}{extra}")

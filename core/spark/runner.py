@@ -31,6 +31,9 @@ This module is the runner's public face; the parts live by responsibility:
 * :mod:`.executor`: the executor entry points (:func:`run_partition`, :func:`run_slot`), which feed
   the task through the runtime's one feed loop (:meth:`localstate.core.runtime.TaskInstance.feed`);
 * :mod:`.instances`: task instances kept open in the Python workers between batches;
+* :mod:`.cluster`: cluster mode (non-local masters): per-host local stores, checkpoints carried by the
+  plans and committed by the driver only, tasks placed on the executor holding their warm state;
+* :mod:`.devcluster`: a standalone cluster on loopback for tests and benchmarks;
 * :mod:`.driver`: :class:`SparkJobRunner` and :class:`BatchCompaction`.
 """
 

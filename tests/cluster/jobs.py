@@ -1,0 +1,108 @@
+"""The counting job of the cluster tests and its plain-Python answer.
+
+Input: the deterministic ``generator`` source (page views keyed by user; no files, so every
+executor reads the same records). Task: :class:`gated_task.GatedCount`. The expected outputs and
+state are computed here, from the generator, without localstate's runtime."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from localstate.core.config import JobConfig
+from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.streams import open_output
+from localstate.streams.generator import generate
+
+HERE = Path(__file__).resolve().parent
+PARTITIONS = 4
+EVENTS = 2400
+USERS = 300
+SPARK_CONF = {
+    "spark.executor.memory": "512m",
+    # A paused or lost executor is noticed within seconds, not the default two minutes.
+    "spark.executor.heartbeatInterval": "1s",
+    "spark.network.timeout": "8s",
+    "spark.network.timeoutInterval": "1s",
+    "spark.task.maxFailures": "8",
+}
+
+
+def write_job(directory: Path, master: str, *, state_dir: Path, changelog: str = "file",
+              output: str = "file", local_dir: str | None = None, extra: str = "") -> Path:
+    """``directory/job.toml`` (and its ``gate`` directory) for the counting job."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "gate").mkdir(exist_ok=True)
+    conf = "\n".join(f'"{key}" = "{value}"' for key, value in SPARK_CONF.items())
+    local = f'local_dir = "{local_dir}"' if local_dir is not None else ""
+    outputs = (f'[outputs.counts-out]\nsystem = "file"\npath = "{directory / "out"}"' if output == "file" else output)
+    (directory / "job.toml").write_text(f"""
+[job]
+name = "cluster-counts"
+partitions = {PARTITIONS}
+task = "gated_task:GatedCount"
+state_dir = "{state_dir}"
+changelog = "{changelog}"
+{local}
+
+[inputs.events]
+system = "generator"
+kind = "page_views"
+events = {EVENTS}
+users = {USERS}
+
+{outputs}
+
+[stores.counts]
+engine = "kv"
+key_serde = "string"
+value_serde = "int"
+
+{extra}
+
+[spark]
+master = "{master}"
+pythonpath = ["{HERE}"]
+
+[spark.conf]
+{conf}
+""")
+    return directory / "job.toml"
+
+
+def expected_outputs(partition: int) -> list[tuple[str, int]]:
+    """The running count per key, in input order: what the job must emit for ``partition``."""
+    counts: Counter[str] = Counter()
+    out = []
+    for _, key, _ in generate("page_views", 7, PARTITIONS, partition, USERS, 100.0, 1_700_000_000.0, 0, EVENTS):
+        counts[key] += 1
+        out.append((key, counts[key]))
+    return out
+
+
+def expected_state() -> dict[str, int]:
+    return dict(Counter(key for p in range(PARTITIONS) for _, key, _ in
+                        generate("page_views", 7, PARTITIONS, p, USERS, 100.0, 1_700_000_000.0, 0, EVENTS)))
+
+
+def actual_outputs(job: JobConfig, partition: int) -> list[tuple[Any, Any]]:
+    output = open_output(job, "counts-out")
+    try:
+        return [(key, value) for key, value in output.read(partition)]
+    finally:
+        output.close()
+
+
+def restored_state(job: JobConfig, local_root: Path) -> dict[str, int]:
+    """The committed state, restored from the durable changelogs into fresh local stores under
+    ``local_root`` (what any new host would get)."""
+    state: dict[str, int] = {}
+    for partition in range(PARTITIONS):
+        instance = TaskInstance(job, partition, open_changelog_system(job), local_root=local_root)
+        instance.open()
+        try:
+            state.update(instance.stores["counts"].engine.all())
+        finally:
+            instance.close(commit=False)
+    return state
