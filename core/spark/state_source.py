@@ -106,6 +106,9 @@ class ReadOptions:
             raise ConfigError.at("option 'store'", "the state view reads one store",
                                  hint='.option("store", "<name>"); .option("view", "checkpoints") or "changelog" '
                                       "needs none")
+        if self.view == "checkpoints" and self.store is not None:
+            raise ConfigError.at("option 'store'", "the checkpoints view covers every store",
+                                 hint="drop .option(\"store\", ...); the changelogs column maps store -> offset")
         if self.read_change_feed and self.view != "changelog":
             raise ConfigError.at("option 'readChangeFeed'", "the change feed is part of the changelog view",
                                  hint='.option("view", "changelog").option("readChangeFeed", "true")')
@@ -200,7 +203,7 @@ def load_view(options: ReadOptions) -> tuple["View", Resolved]:
     job = load_job_config(options.job, plugins=options.plugins)
     if options.store is not None:
         config = store_config(job, options.store)
-        if options.view == "state" and config.changelog is None:
+        if config.changelog is None:
             raise StateNotFoundError(f"store {options.store!r} is not logged (changelog = false): it has no "
                                      "committed durable state to read", store=options.store,
                                      hint="set changelog = true on the store; local-only stores are seen with "
