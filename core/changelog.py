@@ -15,6 +15,7 @@ from localstate.core.options import Option, validate_options
 
 __all__ = [
     "ChangelogRecord",
+    "RecordColumns",
     "ChangelogWriter",
     "ChangelogPartition",
     "ChangelogSystem",
@@ -40,6 +41,22 @@ class ChangelogRecord:
     key: bytes
     value: bytes | None
     offset: int
+
+
+@dataclass(slots=True)
+class RecordColumns:
+    """A run of consecutive changelog records in columns: record ``i`` is ``keys[i]`` ->
+    ``values[i]`` (None: tombstone), in offset order; ``end`` is the offset after the last one
+    (offsets inside may have gaps after compaction). ``nbytes``: the bytes the run took on disk
+    (for progress reports). The bulk restore path: no object per record."""
+
+    keys: list[bytes]
+    values: list[bytes | None]
+    end: int
+    nbytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 class ChangelogWriter(ABC):
@@ -107,6 +124,16 @@ class ChangelogPartition(ChangelogWriter):
                 batch = []
         if batch:
             yield batch
+
+    def read_columns(self, start: int = 0, end: int | None = None) -> Iterator[RecordColumns]:
+        """The records of :meth:`read` as :class:`RecordColumns` runs (each new, owned by the caller).
+
+        The restore path of engines that take columns (``core.engine.ColumnRestore``); systems may
+        override it to decode straight into columns. This default converts :meth:`read_batches`."""
+        for batch in self.read_batches(start, end):
+            if batch:
+                yield RecordColumns([r.key for r in batch], [r.value for r in batch], batch[-1].offset + 1,
+                                    sum(len(r.key) + len(r.value or b"") for r in batch))
 
     def close(self) -> None:
         """Release resources. Unflushed records may be lost."""

@@ -37,9 +37,15 @@ class Checkpoint:
     """store -> changelog end offset"""
     outputs: dict[str, int] = field(default_factory=dict)
     """output stream -> end offset after this commit's outputs"""
+    batch: int | None = None
+    """the id of the last Spark micro-batch this partition applied through the DataFrame entry point
+    (:mod:`localstate.core.spark.dataframe`), None if none: a re-executed batch is recognised by it"""
 
     def to_json(self) -> str:
-        return json.dumps({"format": _FORMAT, **asdict(self)}, sort_keys=True)
+        data = asdict(self)
+        if data["batch"] is None:
+            del data["batch"]  # checkpoints of jobs that never ran a DataFrame batch stay as they were
+        return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Checkpoint":
@@ -60,7 +66,8 @@ class Checkpoint:
                    generation=_offset(data.get("generation", 0), where, "generation"),
                    inputs=_offsets(data["inputs"], where, "inputs"),
                    changelogs=_offsets(data["changelogs"], where, "changelogs"),
-                   outputs=_offsets(data.get("outputs", {}), where, "outputs"))
+                   outputs=_offsets(data.get("outputs", {}), where, "outputs"),
+                   batch=None if data.get("batch") is None else _offset(data["batch"], where, "batch"))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
