@@ -106,6 +106,9 @@ class ReadOptions:
             raise ConfigError.at("option 'store'", "the state view reads one store",
                                  hint='.option("store", "<name>"); .option("view", "checkpoints") or "changelog" '
                                       "needs none")
+        if self.view == "checkpoints" and self.store is not None:
+            raise ConfigError.at("option 'store'", "the checkpoints view covers every store",
+                                 hint="drop .option(\"store\", ...); the changelogs column maps store -> offset")
         if self.read_change_feed and self.view != "changelog":
             raise ConfigError.at("option 'readChangeFeed'", "the change feed is part of the changelog view",
                                  hint='.option("view", "changelog").option("readChangeFeed", "true")')
@@ -200,7 +203,7 @@ def load_view(options: ReadOptions) -> tuple["View", Resolved]:
     job = load_job_config(options.job, plugins=options.plugins)
     if options.store is not None:
         config = store_config(job, options.store)
-        if options.view == "state" and config.changelog is None:
+        if config.changelog is None:
             raise StateNotFoundError(f"store {options.store!r} is not logged (changelog = false): it has no "
                                      "committed durable state to read", store=options.store,
                                      hint="set changelog = true on the store; local-only stores are seen with "
@@ -234,17 +237,17 @@ def _checkpoints_in(job: JobConfig, directory: Path) -> dict[int, Checkpoint | N
 
 
 def _check_batch(checkpoints: Mapping[int, Checkpoint | None], options: ReadOptions) -> None:
-    """``batchId``: every committed partition's checkpoint must be the one of that Spark batch."""
-    found = {p: getattr(c, "batch", None) for p, c in checkpoints.items() if c is not None}
-    wrong = {p: b for p, b in found.items() if b != options.batch_id}
-    if wrong:
-        where = f"in {options.checkpoint_dir}" if options.checkpoint_dir else "the job's last checkpoints"
-        raise StateNotFoundError(f"batch {options.batch_id} is not the checkpoint {where}: partition(s) "
-                                 f"{', '.join(f'{p} at batch {b}' for p, b in sorted(wrong.items()))}",
+    """``batchId``: the checkpoints read must be the state as of that Spark micro-batch, i.e. the last
+    batch any partition applied is that one (a partition at an older batch got no rows since)."""
+    applied = [b for c in checkpoints.values() if (b := getattr(c, "batch", None)) is not None]
+    last = max(applied, default=None)
+    if last != options.batch_id:
+        where = f"the checkpoints in {options.checkpoint_dir}" if options.checkpoint_dir else "the job's checkpoints"
+        state = "no DataFrame batch" if last is None else f"batch {last}"
+        raise StateNotFoundError(f"{where} hold the state after {state}, not after batch {options.batch_id}",
                                  batch=options.batch_id,
                                  hint="localstate keeps the last checkpoint of each partition; to read an older "
-                                      "one, copy the checkpoints directory after that batch and pass it as "
-                                      "checkpointDir")
+                                      "batch, copy the checkpoints directory after it and pass it as checkpointDir")
 
 
 # -- views -------------------------------------------------------------------------------------------

@@ -260,7 +260,7 @@ def test_errors_are_typed_with_hints(spark, spark_run, tmp_path):
                                     startOffset=-1)
     with pytest.raises(StateNotFoundError, match="not logged"):
         localstate.spark.read_state(spark, job_file, store="scratch")
-    with pytest.raises(StateNotFoundError, match="batch 7 is not the checkpoint"):
+    with pytest.raises(StateNotFoundError, match="state after no DataFrame batch, not after batch 7"):
         localstate.spark.read_state(spark, job_file, store="counts", batchId=7)
     with pytest.raises(ConfigError):
         localstate.spark.read_state(spark, tmp_path / "missing.toml", store="counts")
