@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
-    ManifestedStreams, ReadOnlyPartitions
+    ManifestedChangelog, ManifestedStreams, ReadOnlyPartitions
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
@@ -455,10 +455,9 @@ def open_changelog_reader(system: ChangelogSystem, stream: str, partition: int,
         return None
     opener = system.reader if isinstance(system, ReadOnlyPartitions) else system.partition
     opened = opener(stream, partition)
-    adopt = getattr(opened, "adopt", None)  # the ManifestedChangelog capability
-    if adopt is not None:
+    if isinstance(opened, ManifestedChangelog):
         try:
-            adopt(manifest)
+            opened.adopt(manifest)
         except BaseException:
             opened.close()
             raise
@@ -467,8 +466,7 @@ def open_changelog_reader(system: ChangelogSystem, stream: str, partition: int,
 
 def checkpoint_manifest(checkpoint: Checkpoint | None, store: str) -> dict[str, Any] | None:
     """The changelog manifest ``checkpoint`` records for ``store`` (None: none, or a system without them)."""
-    manifests = getattr(checkpoint, "manifests", None) or {}
-    return manifests.get(store)
+    return None if checkpoint is None else checkpoint.manifests.get(store)
 
 
 def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 0,

@@ -239,7 +239,7 @@ def _checkpoints_in(job: JobConfig, directory: Path) -> dict[int, Checkpoint | N
 def _check_batch(checkpoints: Mapping[int, Checkpoint | None], options: ReadOptions) -> None:
     """``batchId``: the checkpoints read must be the state as of that Spark micro-batch, i.e. the last
     batch any partition applied is that one (a partition at an older batch got no rows since)."""
-    applied = [b for c in checkpoints.values() if (b := getattr(c, "batch", None)) is not None]
+    applied = [b for c in checkpoints.values() if (b := c.batch) is not None]
     last = max(applied, default=None)
     if last != options.batch_id:
         where = f"the checkpoints in {options.checkpoint_dir}" if options.checkpoint_dir else "the job's checkpoints"
@@ -388,7 +388,7 @@ class CheckpointsView(View):
         if c is None:
             yield piece.partition, False, None, None, None, None, None
             return
-        yield (piece.partition, True, c.generation, getattr(c, "batch", None), dict(c.inputs), dict(c.changelogs),
+        yield (piece.partition, True, c.generation, c.batch, dict(c.inputs), dict(c.changelogs),
                dict(c.outputs))
 
 
