@@ -17,6 +17,11 @@ Guarantees (see ``localstate.core.engine``):
 Performance: ``get``/``put`` are per-instance closures (see ``_bind_hot_path``) using builtin-speed
 codecs for the built-in serdes (``codecs.py``); a flush hands the changelog and the backend the
 pending changes once, as one key-sorted list (cheap RocksDB memtable inserts, LMDB bulk put).
+
+Write-behind (option ``write_behind``): the flush's backend write runs on the logged store's
+background thread once the changelog is flushed; until it lands, ``get`` serves its keys from
+``_inflight`` (between the pending map and the backend), and everything else that reads or writes
+the backend settles first (``_settle``).
 """
 
 from __future__ import annotations
