@@ -24,12 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.kv_cases import PEERS
 from bench.report import Report
 
 __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = ROOT.parent / "shared" / "peers"
 
 
 def _case(case: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ different systems do not mix) and prints one JSON object. Usage (normally called
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -16,7 +17,20 @@ from bench.report import peak_rss_mb
 
 __all__ = ["main", "CASES"]
 
-PEERS = Path(__file__).resolve().parents[1].parent / "shared" / "peers"
+def _find_peers() -> Path:
+    """The shared peers directory: ``$LOCALSTATE_PEERS``, else the first ``shared/peers`` above the
+    repository (``../shared/peers`` from the main checkout, ``../../shared/peers`` from a worktree)."""
+    override = os.environ.get("LOCALSTATE_PEERS")
+    if override:
+        return Path(override)
+    root = Path(__file__).resolve().parents[1]
+    for parent in root.parents:
+        if (parent / "shared" / "peers").is_dir():
+            return parent / "shared" / "peers"
+    return root.parent / "shared" / "peers"
+
+
+PEERS = _find_peers()
 
 
 def _workload() -> Any:
@@ -111,6 +125,37 @@ def engine_counts(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]
     return result
 
 
+def engine_sliced(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
+    """get + put per event and one flush per ``commit_every`` events, with exactly the loop of
+    ../shared/peers/ideal_limit.py (a slice of events, then the commit), so its ideal rows and these
+    kv rows differ only in what happens inside get/put/flush. Options: as ``engine``."""
+    kv, changelog, kind = _engine(tmp, p)
+    get, put, flush = kv.get, kv.put, kv.flush
+    every = p["commit_every"]
+    with _Clock() as clock:
+        for start in range(0, len(ks), every):
+            for k in ks[start:start + every]:
+                put(k, (get(k) or 0) + 1)
+            flush()
+    kv._cache.clear()
+    total = sum(v for _, v in kv.all())
+    assert total == len(ks), (total, len(ks))
+    result = {**clock.figures(), "changelog": kind, "records": kv.local_offset(), "spills": kv.spills}
+    kv.close()
+    changelog.close()
+    return result
+
+
+def ideal_limit(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
+    """../shared/peers/ideal_limit.py's plain-Python durable limit (``p["backend"]``: rocksdb,
+    rocksdb_tuned or lmdb), run in this process on the same key list."""
+    _workload()  # puts the peers directory on sys.path
+    import ideal_limit as peer
+    result = peer.ideal(ks, p["commit_every"], p["backend"], str(tmp))
+    return {k: v for k, v in result.items() if k in ("seconds", "cpu_seconds", "fsync_seconds", "db_write_seconds",
+                                                     "records")}
+
+
 def raw_rocksdict_batch(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     """Raw rocksdict in raw mode: get per event, puts collected in a WriteBatch written every
     ``commit_every`` events (the physical limit of the rocksdb backend, without changelog)."""
@@ -185,6 +230,8 @@ def restore(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
 CASES: dict[str, Callable[[Path, dict[str, Any], list[str]], dict[str, Any]]] = {
     "dict": hot_dict,
     "engine": engine_counts,
+    "engine_sliced": engine_sliced,
+    "ideal": ideal_limit,
     "rocksdict_batch": raw_rocksdict_batch,
     "lmdb_raw": raw_lmdb,
     "restore": restore,
@@ -194,7 +241,9 @@ CASES: dict[str, Callable[[Path, dict[str, Any], list[str]], dict[str, Any]]] = 
 def main(argv: list[str]) -> int:
     case, params = argv[0], json.loads(argv[1])
     workload = _workload()
-    if params.get("passes"):
+    if params.get("dist") == "zipf":
+        ks = workload.zipf_keys(params["events"], params["keys"], params.get("zipf_s", 1.1), params.get("seed", 42))
+    elif params.get("passes"):
         # cold set: every key once per pass, in the shared scattered order (bounded key list)
         ks = workload.keys(params["keys"], params["keys"]) * params["passes"]
     else:

@@ -2,7 +2,7 @@
 (native groupBy().count(), transformWithStateInPandas, applyInPandasWithState; measured by
 ../shared/peers/spark_peer.py in a subprocess of the same run, on the same workload shape).
 
-    python -m bench spark [--json] [--quick] [--events N] [--users K] [--no-peer]
+    python -m bench spark [--json] [--quick] [--events N] [--users K] [--no-peer] [--no-dataframe] [--peer PATH]
 
 Workload: N events, user ``user-%08d`` uniform over K users (numpy default_rng(seed), as the
 peer), written untimed as pre-partitioned JSON lines; one micro-batch per N/10 events. Timed: the
@@ -10,6 +10,11 @@ run from the first batch to the last commit, closing the instances kept open inc
 start and a warm-up excluded, as the peer does). localstate runs twice, before and after Spark's
 native aggregation (the machine is shared: the ratios use both runs). Correctness: every user's
 count read back from the stores equals numpy.bincount.
+
+The DataFrame entry point (``localstate.dataframe.foreach_batch``) runs the same job on the same
+events, read by a Parquet file streaming source with one file per micro-batch (ten, as the peer
+reads them), outputs to a ``noop`` sink; timed from ``start()`` to the query's end, after an untimed
+warm-up query. Rows ``dataframe time: <phase>`` say where its time goes.
 
 Where the time goes: rows ``time: <phase>`` split the timed run's wall clock into driver phases
 (planning, checkpoint saves), Spark's own overhead (job wall time minus the busiest task: scheduling,
@@ -40,6 +45,8 @@ from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, open_changelog_system
 from localstate.core.spark.runner import RunSummary, SparkJobRunner, spark_context
+from localstate.core.spark.dataframe import TASK_PHASES as DATAFRAME_PHASES
+from localstate.core.spark.dataframe import DataFrameBatch, foreach_batch
 from localstate.core.streams import StreamSink
 
 PEER = Path(__file__).resolve().parents[2] / "shared" / "peers" / "spark_peer.py"  # ../shared beside the repo
@@ -128,9 +135,9 @@ def _breakdown(report: Report, summaries: list[RunSummary]) -> None:
     report.add("time: other (driver loop, progress)", phase_s=other, share_pct=100.0 * other / seconds)
 
 
-def _peer(events: int, users: int, seed: int, budget: float, total: float, variants: str = "a,b,c",
+def _peer(script: Path, events: int, users: int, seed: int, budget: float, total: float, variants: str = "a,b,c",
           files: int = 10) -> tuple[dict[str, float], str]:
-    command = [sys.executable, str(PEER), "--events", str(events), "--users", str(users), "--seed", str(seed),
+    command = [sys.executable, str(script), "--events", str(events), "--users", str(users), "--seed", str(seed),
                "--variants", variants, "--variant-budget", str(budget), "--total-budget", str(total),
                "--driver-memory", "2g", "--files", str(files)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=total + 240)
@@ -168,6 +175,98 @@ def _localstate(root: Path, data: Path, partitions: int, backend: str, events: i
     return seconds, summary, correct
 
 
+def _write_parquet_batches(directory: Path, events: int, users: int, seed: int, files: int) -> None:
+    """The same events as :func:`_write_events` (same generator, same order), as ``files`` Parquet
+    files of rows ``(user_id, page, ts)`` for a file streaming source, one micro-batch per file (as the
+    peer reads them)."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    uid = rng.integers(0, users, events, dtype=np.int64)
+    pid = rng.integers(0, 1000, events, dtype=np.int64)
+    directory.mkdir()
+    bounds = np.linspace(0, events, files + 1).astype(int)
+    for index, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        table = pa.table({"user_id": [f"user-{u:08d}" for u in uid[start:end].tolist()],
+                          "page": [f"/page/{p:04d}" for p in pid[start:end].tolist()],
+                          "ts": np.arange(start, end, dtype=np.int64) + 1_700_000_000})
+        path = directory / f"part-{index:04d}.parquet"
+        pq.write_table(table, path)
+        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))  # the file source takes them by age
+
+
+def _dataframe_query(spark, job, source: Path, checkpoint: Path, reports: list[DataFrameBatch]) -> None:
+    """The DataFrame path: a file streaming query (one Parquet file per micro-batch), each micro-batch
+    through foreach_batch; outputs consumed by a noop sink (as the peer's)."""
+    events = spark.readStream.schema("user_id string, page string, ts long").option("maxFilesPerTrigger", 1) \
+        .parquet(str(source))
+
+    def sink(outputs, batch_id: int) -> None:
+        outputs.write.format("noop").mode("overwrite").save()
+
+    handler = foreach_batch(job, key="user_id", order_by="ts", sink=sink, progress=reports.append)
+    query = events.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint)) \
+        .trigger(availableNow=True).start()
+    query.awaitTermination()
+
+
+def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: str, events: int,
+                          expected: np.ndarray, users: int) -> tuple[float, list[DataFrameBatch], bool]:
+    """One timed run of the DataFrame path on a fresh local[2] SparkContext (started and warmed up
+    untimed): seconds, the batches' reports, and whether every count read back equals ``expected``."""
+    from pyspark.sql import SparkSession
+
+    root.mkdir()
+    job = load_job_config(_job(root, source, partitions, backend))  # its [inputs] are not used
+    context = spark_context("local[2]", "bench-localstate-dataframe")
+    try:
+        spark = SparkSession(context)
+        warm = root / "warm"
+        warm.mkdir()
+        _write_parquet_batches(warm / "data", 2000, 100, 1, 2)
+        _dataframe_query(spark, load_job_config(_job(warm, warm / "data", partitions, backend)), warm / "data",
+                         warm / "query", [])
+        reports: list[DataFrameBatch] = []
+        started = time.perf_counter()
+        _dataframe_query(spark, job, source, root / "query", reports)
+        seconds = time.perf_counter() - started
+    finally:
+        context.stop()
+    records = sum(report.records for report in reports)
+    correct = bool(np.array_equal(_read_counts(job, users), expected)) and records == events
+    return seconds, reports, correct
+
+
+_DATAFRAME_PHASES = {
+    "open": "task: open + recover the partition",
+    "convert": "task: Arrow rows -> records (to_pylist)",
+    "process": "task: process() incl. store get/put (the one feed loop)",
+    "commit": "task: store flush, changelog fsync, outputs file, close",
+}
+
+
+def _dataframe_breakdown(report: Report, seconds: float, reports: list[DataFrameBatch]) -> None:
+    """Rows ``dataframe time: <phase>``: the timed DataFrame run's wall clock split into the task
+    phases (on each batch's critical path), the rest of each batch's Spark job (reading Parquet,
+    routing rows to their partition, the shuffle, Arrow transfer to Python, checkpoint saves) and
+    the streaming query around it (planning micro-batches, the query's own checkpoint, the sink)."""
+    busy = sum(r.busiest_task for r in reports)
+    summed = {phase: sum(r.task_seconds.get(phase, 0.0) for r in reports) for phase in DATAFRAME_PHASES}
+    total = sum(summed.values())
+    for phase, label in _DATAFRAME_PHASES.items():
+        value = summed[phase] / total * busy if total else 0.0
+        report.add(f"dataframe time: {label}", phase_s=value, share_pct=100.0 * value / seconds)
+    spark_job = sum(r.seconds for r in reports) - busy
+    report.add("dataframe time: Spark job (read, route, shuffle, Arrow to Python, checkpoint saves)",
+               phase_s=spark_job, share_pct=100.0 * spark_job / seconds)
+    query = seconds - sum(r.seconds for r in reports)
+    report.add("dataframe time: streaming query (micro-batch planning, query checkpoint, sink)", phase_s=query,
+               share_pct=100.0 * query / seconds)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench spark")
     parser.add_argument("--json", action="store_true")
@@ -177,10 +276,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--no-peer", action="store_true", help="skip Spark's own stateful streaming")
+    parser.add_argument("--no-dataframe", action="store_true", help="skip the DataFrame entry point")
+    parser.add_argument("--peer", type=Path, default=PEER, help="the peer script (default: ../shared/peers)")
     args = parser.parse_args(argv)
     events = args.events or (200_000 if args.quick else 1_000_000)
     partitions = 2
-    peer = not args.no_peer and PEER.exists()
+    peer = not args.no_peer and args.peer.exists()
     report = Report("spark", {"events": events, "users": args.users, "master": "local[2]", "partitions": partitions,
                               "backend": args.backend})
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
@@ -194,7 +295,7 @@ def main(argv: list[str]) -> int:
             # The machine is shared: measure localstate before and after Spark's native aggregation
             # and compare with the mean, so that a change of background load between the two
             # measurements shows (both rows) instead of skewing the ratio.
-            rates, failure = _peer(events, args.users, args.seed, budget, budget + 60, "a", 10)
+            rates, failure = _peer(args.peer, events, args.users, args.seed, budget, budget + 60, "a", 10)
             runs.append(_localstate(root / "run2", data, partitions, args.backend, events, expected, args.users))
         correct = all(ok for _, _, ok in runs)
         for index, (seconds, summary, ok) in enumerate(runs, 1):
@@ -206,10 +307,20 @@ def main(argv: list[str]) -> int:
         if len(runs) > 1:
             report.add(f"localstate on Spark (kv/{args.backend}), both runs", events_per_s=rate)
         _breakdown(report, [summary for _, summary, _ in runs])
+        if not args.no_dataframe:
+            _write_parquet_batches(root / "parquet", events, args.users, args.seed, 10)
+            df_seconds, df_reports, df_ok = _localstate_dataframe(root / "dataframe", root / "parquet", partitions,
+                                                                  args.backend, events, expected, args.users)
+            correct = correct and df_ok
+            df_rate = events / df_seconds
+            report.add(f"localstate DataFrame entry point (foreachBatch, kv/{args.backend})",
+                       events_per_s=df_rate, seconds=df_seconds, batches=len(df_reports), correct=df_ok)
+            report.ratio("DataFrame path / native input path", df_rate / rate, ">= 0.5")
+            _dataframe_breakdown(report, df_seconds, df_reports)
         if peer:
             # The pandas variants (~2k events/s) run on 100 smaller micro-batches so that several
             # complete within their time budget (their rate is then measured on those batches).
-            slow, failure_b = _peer(events, args.users, args.seed, budget, 2 * budget + 90, "b,c", 100)
+            slow, failure_b = _peer(args.peer, events, args.users, args.seed, budget, 2 * budget + 90, "b,c", 100)
             rates.update(slow)
             failure = failure or failure_b
             names = {"a_sql_count": "Spark native groupBy().count()",
@@ -220,6 +331,9 @@ def main(argv: list[str]) -> int:
                     report.add(label, events_per_s=rates[key])
             if "b_tws_pandas" in rates:
                 report.ratio("localstate / transformWithStateInPandas", rate / rates["b_tws_pandas"], ">= 30")
+                if not args.no_dataframe:
+                    report.ratio("localstate DataFrame path / transformWithStateInPandas",
+                                 df_rate / rates["b_tws_pandas"], ">= 20")
             if "c_apply_pandas" in rates:
                 report.ratio("localstate / applyInPandasWithState", rate / rates["c_apply_pandas"])
             if "a_sql_count" in rates:

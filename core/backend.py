@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import weakref
 from abc import ABC, abstractmethod
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar, Collection, Iterable, Iterator, Mapping, Sequence
 
@@ -25,7 +26,7 @@ from sortedcontainers import SortedDict
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.corruption import corrupt_reason, wipe_local
 from localstate.core.fsutil import errno_in_text, os_error_hint
-from localstate.errors import StoreClosedError, StoreCorruptError, StoreError, StoreIOError
+from localstate.errors import LocalStateError, StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
 __all__ = ["KVBackend", "DirectoryBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
            "prefix_end"]
@@ -41,6 +42,11 @@ _FIRST_CHUNK = 64
 _MAX_CHUNK = 4096
 
 
+#: Keys per run a backend's bulk load merges restore chunks into (:meth:`KVBackend._runs`): big
+#: enough that a sorted bulk write pays off, small enough to bound a restore's memory.
+BULK_RUN_KEYS = 1 << 20
+
+
 class KVBackend(ABC):
     """Ordered bytes->bytes storage for one store partition.
 
@@ -52,6 +58,12 @@ class KVBackend(ABC):
     name: str = ""
     #: True when the data survives close/reopen (False for the in-memory backend).
     persistent: bool = True
+    #: True when point reads (:meth:`get`, :meth:`get_many`) may run while another thread is in
+    #: :meth:`write` (write-behind, ``localstate.core.logged``); otherwise readers wait for the write.
+    concurrent_reads: ClassVar[bool] = False
+    #: True when a big write is cheaper in key order (a B-tree: LMDB), so restore sorts its chunks;
+    #: False when the backend orders writes itself (RocksDB's memtable, the in-memory sorted dict).
+    sorted_writes: ClassVar[bool] = True
     plugin_api: ClassVar[int] = PLUGIN_API_VERSION
 
     @classmethod
@@ -129,10 +141,47 @@ class KVBackend(ABC):
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
         """Backend-specific atomic write (``deletes``: whether some value may be None)."""
 
-    def bulk_load(self, chunks: Iterable[Collection[Item]]) -> None:
-        """Restore path: each chunk is applied as one atomic batch (no metadata change)."""
+    def bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
+        """Restore path: apply ``chunks`` (key -> value, None deletes) in order, each atomically, with
+        no metadata change. Backends may skip per-chunk durability (the changelog holds the records),
+        but everything loaded is durable when this returns. Errors are typed as for :meth:`write`;
+        errors raised by ``chunks`` itself (a damaged changelog) pass through unchanged."""
+        if self.closed:
+            raise StoreClosedError(f"{self.name} backend is closed")
+        try:
+            self._bulk_load(chunks)
+        except LocalStateError:
+            raise
+        except Exception as exc:
+            typed = self.io_error(exc, "write to")
+            if typed is None:
+                raise
+            raise typed from exc
+
+    def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
+        """One :meth:`_write` per chunk, in key order when the backend asks for it (``sorted_writes``)."""
         for chunk in chunks:
-            self.write(chunk)
+            items: Collection[Item] = sorted(chunk.items(), key=itemgetter(0)) if self.sorted_writes \
+                else chunk.items()
+            if self._iterators and items:
+                self._preserve(items)
+            self._write(items, {}, None in chunk.values())
+
+    def _runs(self, chunks: Iterable[Mapping[bytes, bytes | None]],
+              limit: int = BULK_RUN_KEYS) -> Iterator[dict[bytes, bytes | None]]:
+        """Consecutive ``chunks`` merged (later values win) into runs of at least ``limit`` keys (the
+        last one may be smaller): for backends whose bulk write costs per call, not per key. Open
+        iterators get the pre-images first, as for :meth:`write`."""
+        run: dict[bytes, bytes | None] = {}
+        for chunk in chunks:
+            if self._iterators and chunk:
+                self._preserve(chunk.items())
+            run.update(chunk)
+            if len(run) >= limit:
+                yield run
+                run = {}
+        if run:
+            yield run
 
     @abstractmethod
     def clear(self) -> None:

@@ -15,6 +15,7 @@ from localstate.core.options import Option, validate_options
 
 __all__ = [
     "ChangelogRecord",
+    "RecordColumns",
     "ChangelogWriter",
     "ChangelogPartition",
     "ChangelogSystem",
@@ -23,6 +24,7 @@ __all__ = [
     "CompactionStats",
     "StreamLocations",
     "LocalStreams",
+    "ReadOnlyPartitions",
     "DeletableStreams",
     "Compactable",
     "CompactionRounds",
@@ -42,6 +44,22 @@ class ChangelogRecord:
     key: bytes
     value: bytes | None
     offset: int
+
+
+@dataclass(slots=True)
+class RecordColumns:
+    """A run of consecutive changelog records in columns: record ``i`` is ``keys[i]`` ->
+    ``values[i]`` (None: tombstone), in offset order; ``end`` is the offset after the last one
+    (offsets inside may have gaps after compaction). ``nbytes``: the bytes the run took on disk
+    (for progress reports). The bulk restore path: no object per record."""
+
+    keys: list[bytes]
+    values: list[bytes | None]
+    end: int
+    nbytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 class ChangelogWriter(ABC):
@@ -109,6 +127,16 @@ class ChangelogPartition(ChangelogWriter):
                 batch = []
         if batch:
             yield batch
+
+    def read_columns(self, start: int = 0, end: int | None = None) -> Iterator[RecordColumns]:
+        """The records of :meth:`read` as :class:`RecordColumns` runs (each new, owned by the caller).
+
+        The restore path of engines that take columns (``core.engine.ColumnRestore``); systems may
+        override it to decode straight into columns. This default converts :meth:`read_batches`."""
+        for batch in self.read_batches(start, end):
+            if batch:
+                yield RecordColumns([r.key for r in batch], [r.value for r in batch], batch[-1].offset + 1,
+                                    sum(len(r.key) + len(r.value or b"") for r in batch))
 
     def close(self) -> None:
         """Release resources. Unflushed records may be lost."""
@@ -208,6 +236,15 @@ class LocalStreams(Protocol):
 
 
 @runtime_checkable
+class ReadOnlyPartitions(Protocol):
+    """A system that opens a partition for reading only: no writer lock or producer taken, nothing
+    created, truncated or fenced (``localstate inspect``, the Spark state reader)."""
+
+    def reader(self, stream: str, partition: int) -> ChangelogPartition:
+        """A read-only partition (its ``append``/``flush`` are refused)."""
+
+
+@runtime_checkable
 class DeletableStreams(Protocol):
     """A system that can delete a remote stream and every record in it (``localstate reset``)."""
 
@@ -274,11 +311,8 @@ class DurableCheckpoints(Protocol):
 
 @runtime_checkable
 class ManifestedStreams(Protocol):
-    """A system whose partitions are :class:`ManifestedChangelog`: ``localstate inspect`` reads a
-    partition's committed records by adopting the checkpoint's manifest into a reader."""
-
-    def reader(self, stream: str, partition: int) -> ChangelogPartition:
-        """A partition to :meth:`~ManifestedChangelog.adopt` a manifest into and read; it takes no lock."""
+    """A system whose partitions are :class:`ManifestedChangelog`: ``localstate inspect`` lists the
+    objects a checkpoint's manifest names (the reader itself comes from :class:`ReadOnlyPartitions`)."""
 
     def manifest_objects(self, manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
         """``(where, bytes)`` of every object ``manifest`` names, oldest first."""

@@ -43,12 +43,20 @@ class Checkpoint:
     """store -> changelog end offset"""
     outputs: dict[str, int] = field(default_factory=dict)
     """output stream -> end offset after this commit's outputs"""
+    batch: int | None = None
+    """the id of the last Spark micro-batch this partition applied through the DataFrame entry point
+    (:mod:`localstate.core.spark.dataframe`), None if none: a re-executed batch is recognised by it"""
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     """store -> the changelog partition's manifest (:class:`~localstate.core.changelog.ManifestedChangelog`):
     the objects that hold its committed records. Empty for systems without manifests."""
 
     def to_json(self) -> str:
-        return json.dumps({"format": _FORMAT, **asdict(self)}, sort_keys=True)
+        data = asdict(self)
+        if data["batch"] is None:
+            del data["batch"]  # checkpoints of jobs that never ran a DataFrame batch stay as they were
+        if not data["manifests"]:
+            del data["manifests"]  # nor do those of changelog systems without manifests
+        return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> "Checkpoint":
@@ -70,6 +78,7 @@ class Checkpoint:
                    inputs=_offsets(data["inputs"], where, "inputs"),
                    changelogs=_offsets(data["changelogs"], where, "changelogs"),
                    outputs=_offsets(data.get("outputs", {}), where, "outputs"),
+                   batch=None if data.get("batch") is None else _offset(data["batch"], where, "batch"),
                    manifests=_manifests(data.get("manifests", {}), where))
 
 

@@ -16,13 +16,25 @@ from typing import Any, Callable
 from localstate.core.serdes import IntSerde, Serde, StringSerde
 from localstate.errors import SerdeError
 
-__all__ = ["fast_codec", "FAST_ERRORS"]
+__all__ = ["fast_codec", "FAST_ERRORS", "INT_PACK", "INT_BIAS", "inline_int_class"]
 
 #: What a fast function raises instead of SerdeError (SerdeError included for custom serdes).
 FAST_ERRORS = (SerdeError, TypeError, ValueError, UnicodeError, struct.error)
 
 _Q = struct.Struct(">Q")
 _SIGN = 1 << 63
+
+
+#: The built-in int serde's encoding, for callers that inline it (no function frame per value):
+#: ``INT_PACK(obj + INT_BIAS)`` is IntSerde's bytes for an exact ``int`` obj; struct.error out of range.
+INT_PACK: Callable[[int], bytes] = _Q.pack
+INT_BIAS = _SIGN
+
+
+def inline_int_class(serde: Serde) -> type | None:
+    """``int`` when ``serde`` is exactly the built-in int serde (values of class ``int`` may then be
+    encoded inline with :data:`INT_PACK`/:data:`INT_BIAS`), else None."""
+    return int if type(serde) is IntSerde else None
 
 
 def _int_serialize(obj: Any, pack: Callable[[int], bytes] = _Q.pack, sign: int = _SIGN) -> bytes:

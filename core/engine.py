@@ -12,13 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping, Protocol, runtime_checkable
 
-from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter
+from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter, RecordColumns
 from localstate.core.options import Option, validate_options
 from localstate.core.serdes import Serde
 
-__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory"]
+__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,15 @@ class StoreContext:
     def describe(self) -> dict[str, Any]:
         """Context for error messages."""
         return {"store": self.store, "partition": self.partition}
+
+
+@runtime_checkable
+class ColumnRestore(Protocol):
+    """Optional engine capability: restore from :class:`RecordColumns` runs (the bulk path: no
+    object per record). Same guarantee as :meth:`StorageEngine.restore`: records applied in order,
+    last record per key wins, tombstones delete, nothing re-logged. Recovery uses it when offered."""
+
+    def restore_columns(self, columns: Iterable[RecordColumns]) -> None: ...
 
 
 class StorageEngine(ABC):

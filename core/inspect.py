@@ -3,7 +3,8 @@ contents, changelog streams.
 
 Guarantee: nothing here writes, creates, locks, truncates or deletes anything. Checkpoints are read
 as files (not through :class:`CheckpointStore`, which creates its directory); file changelogs through
-:meth:`FileChangelogSystem.reader` (no writer lock, a torn tail is skipped, not truncated); LMDB is
+the system's read-only ``reader()`` (:class:`ReadOnlyPartitions`: file, no writer lock, a torn tail is
+skipped, not truncated; kafka, no producer); LMDB is
 opened ``readonly=True, lock=False``; RocksDB is opened read-only on a private snapshot in a temporary
 directory (SST files hard-linked, the small files copied), because rocksdict rewrites its
 ``rocksdict-config.json`` even when opening read-only. It may run next to a live job: what it shows
@@ -24,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from localstate.core.changelog import ChangelogPartition, DurableCheckpoints, LocalStreams, ManifestedChangelog, \
-    ManifestedStreams
+from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
+    ManifestedStreams, ReadOnlyPartitions
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
@@ -36,7 +37,9 @@ from localstate.errors import ChangelogError, CheckpointError, ConfigError, Loca
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
            "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
-           "resolve_stream", "changelog_partitions", "changelog_records", "stream_location", "dir_size", "decoder",
+           "resolve_stream", "changelog_partitions", "changelog_records", "open_changelog_reader",
+           "checkpoint_manifest", "checkpoint_location", "committed_contents", "stream_location", "dir_size",
+           "decoder",
            "raw_value", "to_jsonable", "run_inspect"]
 
 log = logging.getLogger(__name__)
@@ -95,22 +98,13 @@ def dir_size(path: Path) -> int:
 
 # -- checkpoints -------------------------------------------------------------------------------------
 
-def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
-    """Each partition's checkpoint (None where there is none), read without creating anything: from
-    durable storage when the changelog system keeps checkpoints there, else the job's directory."""
-    if issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints):
-        system = open_changelog_system(job)
-        try:
-            objects = system.checkpoint_objects(job.name)  # type: ignore[attr-defined]
-            found_durable: dict[int, Checkpoint | None] = {}
-            for partition in range(job.partitions):
-                latest = objects.latest(partition)
-                found_durable[partition] = None if latest is None else \
-                    Checkpoint.from_json(latest[1].decode("utf-8", "replace"), latest[0])
-            return found_durable
-        finally:
-            system.close()
-    root = job_dir(job) / "checkpoints"
+def load_checkpoints(job: JobConfig, directory: Path | None = None) -> dict[int, Checkpoint | None]:
+    """Each partition's checkpoint (None where there is none), read without creating anything, from
+    the job's checkpoint directory or ``directory`` (e.g. a copy of it) — or from shared storage when
+    the job's changelog system keeps its checkpoints there (and no ``directory`` is given)."""
+    if directory is None and _durable_checkpoints(job):
+        return _load_durable_checkpoints(job)
+    root = directory if directory is not None else job_dir(job) / "checkpoints"
     found: dict[int, Checkpoint | None] = {}
     for partition in range(job.partitions):
         path = root / f"{partition}.json"
@@ -122,13 +116,37 @@ def load_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
         except (OSError, UnicodeDecodeError) as exc:
             raise CheckpointError(f"cannot read checkpoint {path}: {exc}", partition=partition, path=str(path),
                                   hint="check the file's permissions and disk") from exc
-        found[partition] = Checkpoint.from_json(text, str(path))
+        checkpoint = Checkpoint.from_json(text, str(path))
+        if checkpoint.partition != partition:
+            raise CheckpointError(f"checkpoint {path} belongs to partition {checkpoint.partition}",
+                                  partition=partition, path=str(path), field="partition",
+                                  hint="put the file back where it came from")
+        found[partition] = checkpoint
     return found
 
 
-def _checkpoint_location(job: JobConfig) -> str | None:
-    """Where durable checkpoints live (None: in the job's directory)."""
-    if not issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints):
+def _durable_checkpoints(job: JobConfig) -> bool:
+    return issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints)
+
+
+def _load_durable_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
+    system = open_changelog_system(job)
+    try:
+        objects = system.checkpoint_objects(job.name)  # type: ignore[attr-defined]
+        found: dict[int, Checkpoint | None] = {}
+        for partition in range(job.partitions):
+            latest = objects.latest(partition)
+            found[partition] = None if latest is None else \
+                Checkpoint.from_json(latest[1].decode("utf-8", "replace"), latest[0])
+        return found
+    finally:
+        system.close()
+
+
+def checkpoint_location(job: JobConfig) -> str | None:
+    """Where the job's checkpoints live when its changelog system keeps them in shared storage (a
+    URL), else None (the job's directory)."""
+    if not _durable_checkpoints(job):
         return None
     system = open_changelog_system(job)
     try:
@@ -200,7 +218,7 @@ def store_partitions(job: JobConfig, store: str, checkpoints: dict[int, Checkpoi
             store, partition, config.engine, backend, directory, directory.is_dir(),
             dir_size(directory) if directory.is_dir() else 0, None, None,
             checkpoint.changelogs.get(store, 0) if checkpoint is not None and config.changelog else None,
-            _changelog_end(job, config.changelog, partition, checkpoint) if config.changelog else None)
+            _changelog_end(job, config.changelog, partition) if config.changelog else None)
         if info.exists:
             try:
                 with _open_local(directory, backend) as local:
@@ -345,43 +363,8 @@ def _open_local(directory: Path, backend: str | None) -> Iterator[_LocalReader |
 
 # -- changelogs ----------------------------------------------------------------------------------------
 
-def _local_system(job: JobConfig) -> LocalStreams:
-    """The job's changelog system, which must keep its streams locally (readable without a lock)."""
+def _changelog_end(job: JobConfig, stream: str, partition: int) -> int | None:
     system = open_changelog_system(job)
-    if not isinstance(system, LocalStreams):
-        system.close()
-        raise ChangelogError(f"changelog system {job.changelog_system!r}: inspect reads file changelogs only",
-                             hint="read the topics with the system's own tools (e.g. kafka-console-consumer); "
-                                  "`inspect --store` still shows local rocksdb/lmdb stores")
-    return system
-
-
-def _manifest(checkpoint: Checkpoint | None, stream: str, partition: int) -> dict[str, Any] | None:
-    """The manifest of ``stream``'s partition in ``checkpoint`` (None: none)."""
-    if checkpoint is None:
-        return None
-    for manifest in checkpoint.manifests.values():
-        if manifest.get("stream") == stream and manifest.get("partition") == partition:
-            return manifest
-    return None
-
-
-def _manifested_reader(system: ManifestedStreams, stream: str, partition: int,
-                       manifest: dict[str, Any] | None) -> ChangelogPartition:
-    reader = system.reader(stream, partition)
-    if isinstance(reader, ManifestedChangelog):
-        reader.adopt(manifest)
-    return reader
-
-
-def _changelog_end(job: JobConfig, stream: str, partition: int,
-                   checkpoint: Checkpoint | None = None) -> int | None:
-    system = open_changelog_system(job)
-    if isinstance(system, ManifestedStreams):
-        # What is committed is what the checkpoint's manifest names, whatever else storage holds.
-        manifest = _manifest(checkpoint, stream, partition)
-        system.close()
-        return int(manifest["end"]) if manifest is not None else 0
     if not isinstance(system, LocalStreams):
         system.close()
         return None
@@ -404,8 +387,8 @@ class SegmentInfo:
 class ChangelogPartitionInfo:
     stream: str
     partition: int
-    directory: Path | str
-    """the partition's directory, or its URL in shared storage"""
+    directory: Path | None
+    """None for a system that does not keep its streams locally"""
     exists: bool
     start: int | None
     end: int
@@ -424,87 +407,130 @@ def resolve_stream(job: JobConfig, name: str) -> tuple[str, StoreConfig | None]:
                                   "(a store name works too)")
 
 
-def _manifested_partitions(job: JobConfig, system: ManifestedStreams, stream: str, store: StoreConfig | None,
-                           checkpoints: dict[int, Checkpoint | None],
-                           partitions: list[int] | None) -> list[ChangelogPartitionInfo]:
-    """Partitions of a system whose committed objects the checkpoints' manifests name: the objects of
-    each committed chain (snapshot, then deltas) are its segments."""
-    infos = []
-    for partition in partitions if partitions is not None else range(job.partitions):
-        checkpoint = checkpoints.get(partition)
-        committed = checkpoint.changelogs.get(store.name, 0) if checkpoint is not None and store else None
-        manifest = _manifest(checkpoint, stream, partition)
-        where = system.stream_location(stream)[1] + f"/{partition}" if hasattr(system, "stream_location") else stream
-        if manifest is None:
-            infos.append(ChangelogPartitionInfo(stream, partition, where, False, None, 0, committed, []))
-            continue
-        segments = [SegmentInfo(name, size) for name, size in system.manifest_objects(manifest)]
-        reader = _manifested_reader(system, stream, partition, manifest)
-        try:
-            end = reader.end_offset()
-            first = next(iter(reader.read(0, end)), None)
-        finally:
-            reader.close()
-        infos.append(ChangelogPartitionInfo(stream, partition, where, True,
-                                            first.offset if first is not None else None, end, committed, segments))
-    return infos
-
-
 def changelog_partitions(job: JobConfig, stream: str, store: StoreConfig | None,
                          checkpoints: dict[int, Checkpoint | None],
                          partitions: list[int] | None = None) -> list[ChangelogPartitionInfo]:
-    manifested = open_changelog_system(job)
-    if isinstance(manifested, ManifestedStreams):
-        try:
-            return _manifested_partitions(job, manifested, stream, store, checkpoints, partitions)
-        finally:
-            manifested.close()
-    manifested.close()
-    system = _local_system(job)
-    infos = []
-    for partition in partitions if partitions is not None else range(job.partitions):
-        directory = system.partition_dir(stream, partition)
-        checkpoint = checkpoints.get(partition)
-        committed = checkpoint.changelogs.get(store.name, 0) if checkpoint is not None and store else None
-        if not directory.is_dir():
-            infos.append(ChangelogPartitionInfo(stream, partition, directory, False, None, 0, committed, []))
-            continue
+    """Each partition of changelog ``stream``: first and end offsets, the checkpointed offset and, for
+    a system keeping streams locally, its directory and segment files. Read-only."""
+    system = open_changelog_system(job)
+    try:
+        return [_changelog_partition(system, stream, store, partition, checkpoints.get(partition))
+                for partition in (partitions if partitions is not None else range(job.partitions))]
+    finally:
+        system.close()
+
+
+def _changelog_partition(system: ChangelogSystem, stream: str, store: StoreConfig | None, partition: int,
+                         checkpoint: Checkpoint | None) -> ChangelogPartitionInfo:
+    local = isinstance(system, LocalStreams)
+    directory = system.partition_dir(stream, partition) if local else None
+    committed = checkpoint.changelogs.get(store.name, 0) if checkpoint is not None and store else None
+    manifest = checkpoint_manifest(checkpoint, store.name) if store else None
+    reader = open_changelog_reader(system, stream, partition, manifest)
+    if reader is None:
+        return ChangelogPartitionInfo(stream, partition, directory, False, None, 0, committed, [])
+    try:
+        end = reader.end_offset()
+        first = next(iter(reader.read(0, end)), None)
+    finally:
+        reader.close()
+    if local:
         segments = [SegmentInfo(name, size) for name, size in system.segments(stream, partition)]
-        reader = system.reader(stream, partition)
+    elif isinstance(system, ManifestedStreams) and manifest is not None:
+        segments = [SegmentInfo(name, size) for name, size in system.manifest_objects(manifest)]
+    else:
+        segments = []
+    return ChangelogPartitionInfo(stream, partition, directory, True, first.offset if first is not None else None,
+                                  end, committed, segments)
+
+
+def open_changelog_reader(system: ChangelogSystem, stream: str, partition: int,
+                          manifest: dict[str, Any] | None = None) -> ChangelogPartition | None:
+    """One changelog partition opened for reading only, or None when a local stream has no such
+    partition. Opened with the system's read-only ``reader()`` where it has one (file: no writer lock,
+    nothing truncated; kafka: no producer, nobody fenced), else through ``partition()``. A partition
+    whose committed content is named by its checkpoint (``adopt(manifest)``, e.g. on object storage)
+    is given ``manifest`` first, so it shows exactly the committed chain."""
+    if isinstance(system, LocalStreams) and not system.partition_dir(stream, partition).is_dir():
+        return None
+    opener = system.reader if isinstance(system, ReadOnlyPartitions) else system.partition
+    opened = opener(stream, partition)
+    adopt = getattr(opened, "adopt", None)  # the ManifestedChangelog capability
+    if adopt is not None:
         try:
-            end = reader.end_offset()
-            first = next(iter(reader.read(0, end)), None)
-        finally:
-            reader.close()
-        infos.append(ChangelogPartitionInfo(stream, partition, directory, True,
-                                            first.offset if first is not None else None, end, committed, segments))
-    return infos
+            adopt(manifest)
+        except BaseException:
+            opened.close()
+            raise
+    return opened
+
+
+def checkpoint_manifest(checkpoint: Checkpoint | None, store: str) -> dict[str, Any] | None:
+    """The changelog manifest ``checkpoint`` records for ``store`` (None: none, or a system without them)."""
+    manifests = getattr(checkpoint, "manifests", None) or {}
+    return manifests.get(store)
 
 
 def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 0,
-                      end: int | None = None, checkpoint: Checkpoint | None = None) -> Iterator[Any]:
-    """Raw records of one changelog partition (nothing if it does not exist): a local one, or the
-    committed chain ``checkpoint``'s manifest names."""
-    manifested = open_changelog_system(job)
-    if isinstance(manifested, ManifestedStreams):
-        try:
-            reader = _manifested_reader(manifested, stream, partition, _manifest(checkpoint, stream, partition))
-            try:
-                yield from reader.read(start, end if end is not None else reader.end_offset())
-            finally:
-                reader.close()
-        finally:
-            manifested.close()
-        return
-    manifested.close()
-    system = _local_system(job)
-    if not system.partition_dir(stream, partition).is_dir():
-        return
-    reader = system.reader(stream, partition)
+                      end: int | None = None, manifest: dict[str, Any] | None = None) -> Iterator[Any]:
+    """Raw records of one changelog partition, ``start <= offset < end`` (``end`` None: its flushed
+    end); nothing if it does not exist."""
+    system = open_changelog_system(job)
     try:
-        yield from reader.read(start, end if end is not None else reader.end_offset())
+        reader = open_changelog_reader(system, stream, partition, manifest)
+        if reader is None:
+            return
+        try:
+            yield from reader.read(start, end if end is not None else reader.end_offset())
+        finally:
+            reader.close()
     finally:
-        reader.close()
+        system.close()
+
+
+def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
+                       checkpoint: Checkpoint | None) -> list[tuple[bytes, bytes]]:
+    """A store partition's committed durable state: its changelog replayed up to the offset
+    ``checkpoint`` records (0 without one), last record per key, tombstones dropped, in key (byte)
+    order. Records after that offset (flushed before a crash, never committed) are not read.
+
+    Raises ChangelogError when the changelog ends before the checkpointed offset (committed records
+    are missing), StateNotFoundError for a store without a changelog."""
+    if config.changelog is None:
+        raise StateNotFoundError(f"store {config.name!r} has no changelog (changelog = false): it keeps no "
+                                 "durable state", store=config.name, partition=partition,
+                                 hint="only logged stores can be read from their committed state; "
+                                      "set changelog = true on the store to make it durable")
+    upto = checkpoint.changelogs.get(config.name, 0) if checkpoint is not None else 0
+    if upto == 0:
+        return []
+    system = open_changelog_system(job)
+    try:
+        reader = open_changelog_reader(system, config.changelog, partition,
+                                       checkpoint_manifest(checkpoint, config.name))
+        if reader is None:
+            raise _missing_records(config, partition, upto, 0)
+        try:
+            end = reader.end_offset()
+            if end < upto:
+                raise _missing_records(config, partition, upto, end)
+            latest: dict[bytes, bytes | None] = {}
+            for batch in reader.read_batches(0, upto):
+                for record in batch:
+                    latest[record.key] = record.value
+        finally:
+            reader.close()
+    finally:
+        system.close()
+    return [(key, latest[key]) for key in sorted(latest) if latest[key] is not None]  # type: ignore[misc]
+
+
+def _missing_records(config: StoreConfig, partition: int, upto: int, end: int) -> ChangelogError:
+    return ChangelogError(f"store {config.name!r} partition {partition}: the checkpoint says changelog offset "
+                          f"{upto} but the changelog ends at {end}: committed records are missing",
+                          store=config.name, stream=config.changelog, partition=partition, offset=upto,
+                          hint="restore the changelog (or point the job at the right changelog system); "
+                               "`localstate reset` starts the job over")
 
 
 # -- store contents ----------------------------------------------------------------------------------
@@ -593,15 +619,7 @@ def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint 
             raise StateNotFoundError(f"store {store!r} partition {partition} has no local store on disk and no "
                                      "changelog (changelog = false)", store=store, partition=partition,
                                      path=str(directory), hint="nothing persistent to show for this store")
-        checkpoint = checkpoints.get(partition)
-        upto = checkpoint.changelogs.get(store, 0) if checkpoint is not None else 0
-        latest: dict[bytes, bytes | None] = {}
-        for record in changelog_records(job, config.changelog, partition, 0, upto, checkpoint):
-            latest[record.key] = record.value
-        for kb in sorted(latest):
-            vb = latest[kb]
-            if vb is None:
-                continue
+        for kb, vb in committed_contents(job, config, partition, checkpoints.get(partition)):
             key = decode_key(kb)
             if key_filter is None or key_filter(key):
                 yield Entry(partition, key, decode_value(vb), "changelog")
@@ -664,19 +682,19 @@ def _print_changelog(job: JobConfig, args: argparse.Namespace, partitions: list[
     key_serde, value_serde = store_serdes(job, store) if store else (None, None)
     decode_key, decode_value = decoder(key_serde), decoder(value_serde)
     for info in changelog_partitions(job, stream, store, checkpoints, partitions):
-        records = list(islice(changelog_records(job, stream, info.partition, 0, info.end,
-                                                checkpoints.get(info.partition)), max(args.records, 0)))
+        records = list(islice(changelog_records(job, stream, info.partition, 0, info.end), max(args.records, 0)))
         decoded = [{"offset": r.offset, "key": to_jsonable(decode_key(r.key)),
                     "value": None if r.value is None else to_jsonable(decode_value(r.value))} for r in records]
         if args.json:
-            print(json.dumps({"stream": stream, "partition": info.partition, "directory": str(info.directory),
+            print(json.dumps({"stream": stream, "partition": info.partition, "directory": None if info.directory is None else str(info.directory),
                               "exists": info.exists, "start": info.start, "end": info.end,
                               "checkpoint": info.checkpoint_offset,
                               "segments": [{"name": s.name, "bytes": s.bytes} for s in info.segments],
                               "records": decoded}, sort_keys=True))
             continue
         dash = lambda value: "-" if value is None else str(value)  # noqa: E731
-        print(f"{stream} partition {info.partition}: {info.directory}" + ("" if info.exists else " (does not exist)"))
+        where = info.directory if info.directory is not None else f"({job.changelog_system})"
+        print(f"{stream} partition {info.partition}: {where}" + ("" if info.exists else " (does not exist)"))
         print(f"  offsets {dash(info.start)}..{info.end} (end {info.end}), checkpointed {dash(info.checkpoint_offset)}")
         for segment in info.segments:
             print(f"  segment {segment.name}  {segment.bytes:,} bytes")
@@ -738,7 +756,7 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
         return 0
     print(f"job {job.name!r}: {job.partitions} partition(s), state in {job_dir(job)}")
     print(f"changelogs: {changelogs if changelogs else job.changelog_system}")
-    durable = _checkpoint_location(job)
+    durable = checkpoint_location(job)
     if durable is not None:
         print(f"checkpoints and changelogs in shared storage: {durable}")
     print("checkpoints:")

@@ -10,6 +10,12 @@ Guarantees:
   of the last completed commit: a reopen with current local state needs no replay.
 * :meth:`LoggedStore.spill` writes before a commit without moving the recorded offset (the records
   are made durable first).
+* With ``write_behind``, the local write of a commit runs on a background thread after the changelog
+  flush: the commit is durable once the changelog is flushed (the changelog is the source of truth),
+  and the backend may lag by that one write. At most one write is in flight; :meth:`LoggedStore.settle`
+  waits for it (every other local write, and :meth:`close`, settle first). A crash before it lands
+  leaves the backend at the previous offset, and recovery replays the tail from the changelog. A failed
+  background write is raised, typed, by the next settle and by every later one.
 * Opening discards, in this one place, local state that cannot be trusted: data without a recorded
   offset, data in another engine layout (``local_format``), or data the backend reports damaged.
 
@@ -22,11 +28,12 @@ from __future__ import annotations
 import logging
 import struct
 from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
 from operator import itemgetter
-from typing import Callable, Collection, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Iterator, Mapping
 
 from localstate.core.backend import Item, KVBackend
-from localstate.core.changelog import ChangelogRecord, ChangelogWriter
+from localstate.core.changelog import ChangelogRecord, ChangelogWriter, RecordColumns
 from localstate.core.engine import StoreContext
 from localstate.errors import LocalStateError, StoreClosedError, StoreError
 
@@ -83,11 +90,19 @@ class ChangelogCommit(ABC):
 class LoggedStore(ChangelogCommit):
     """A backend whose every committed change is in the changelog first; owns the local offset."""
 
-    def __init__(self, context: StoreContext, backend: KVBackend, *, local_format: bytes | None = None) -> None:
+    def __init__(self, context: StoreContext, backend: KVBackend, *, local_format: bytes | None = None,
+                 write_behind: bool = False) -> None:
         """Take ``backend`` (already open) for ``context``'s partition and read its local offset,
         discarding local state that cannot be trusted (see the module docstring). ``local_format``:
-        the engine's layout version, stored with every commit; other layouts are discarded."""
+        the engine's layout version, stored with every commit; other layouts are discarded.
+        ``write_behind``: apply each commit's local write on a background thread (see the module
+        docstring); the caller must not read the backend while :attr:`writing` unless the backend
+        has ``concurrent_reads``."""
         self.backend = backend
+        self._executor = (ThreadPoolExecutor(1, thread_name_prefix=f"localstate-{context.store}-{context.partition}")
+                          if write_behind else None)
+        self._in_flight: Future | None = None
+        self._behind_error: BaseException | None = None
         self.changelog: ChangelogWriter = context.changelog
         self.store = context.store
         self.partition = context.partition
@@ -150,7 +165,34 @@ class LoggedStore(ChangelogCommit):
         return self._offset
 
     def _write_local(self, writes: Collection[Item], end: int, deletes: bool) -> None:
-        self.write(writes, {META_OFFSET: _OFFSET.pack(end), **self._meta}, deletes=deletes)
+        meta = {META_OFFSET: _OFFSET.pack(end), **self._meta}
+        if self._executor is None:
+            self.write(writes, meta, deletes=deletes)
+            return
+        self.settle()
+        self._in_flight = self._executor.submit(self._apply, writes, meta, deletes)
+
+    @property
+    def background(self) -> bool:
+        """Whether commits write the backend in the background (write-behind)."""
+        return self._executor is not None
+
+    @property
+    def writing(self) -> bool:
+        """Whether a background local write may still be running (write-behind only)."""
+        return self._in_flight is not None
+
+    def settle(self) -> None:
+        """Wait for the background local write, if any; raise the error of a failed one (then and at
+        every later call: the backend missed a commit, so this store must be reopened and recovered)."""
+        future, self._in_flight = self._in_flight, None
+        if future is not None:
+            try:
+                future.result()
+            except BaseException as exc:  # noqa: BLE001 - kept and re-raised below, typed by _apply
+                self._behind_error = exc
+        if self._behind_error is not None:
+            raise self._behind_error
 
     def spill(self, records: Collection[Item], *, deletes: bool = True) -> None:
         """Write ``records`` locally before a commit: logged and flushed first, offset unchanged."""
@@ -160,9 +202,14 @@ class LoggedStore(ChangelogCommit):
 
     def write(self, items: Collection[Item], meta: Mapping[bytes, bytes] | None = None, *,
               deletes: bool = True) -> None:
-        """One atomic local write (not logged: restore and the commit steps above use it)."""
+        """One atomic local write (not logged: restore and the commit steps above use it), after any
+        background write."""
+        self.settle()
+        self._apply(items, meta if meta is not None else self.local_meta, deletes)
+
+    def _apply(self, items: Collection[Item], meta: Mapping[bytes, bytes] | None, deletes: bool) -> None:
         try:
-            self.backend.write(items, meta if meta is not None else self.local_meta, deletes=deletes)
+            self.backend.write(items, meta, deletes=deletes)
         except LocalStateError:
             raise
         except Exception as exc:
@@ -184,6 +231,29 @@ class LoggedStore(ChangelogCommit):
                 chunk, deletes = {}, False
         if chunk:
             self._restore_chunk(chunk, deletes, prepare)
+
+    def restore_columns(self, columns: Iterable[RecordColumns], batch_size: int,
+                        prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None = None
+                        ) -> None:
+        """:meth:`restore` from :class:`RecordColumns` runs through the backend's bulk load (see
+        ``KVBackend.bulk_load``: each chunk atomic, all durable at the end). Each run is coalesced
+        into the chunk in C (``dict.update(zip(...))``, last per key wins): no Python step per record."""
+        def chunks() -> Iterator[dict[bytes, bytes | None]]:
+            chunk: dict[bytes, bytes | None] = {}
+            for run in columns:
+                chunk.update(zip(run.keys, run.values))
+                if len(chunk) >= batch_size:
+                    yield chunk if prepare is None else prepare(chunk)
+                    chunk = {}
+            if chunk:
+                yield chunk if prepare is None else prepare(chunk)
+
+        try:
+            self.backend.bulk_load(chunks())
+        except LocalStateError:
+            raise
+        except Exception as exc:
+            raise self.failed(exc) from exc
 
     def _restore_chunk(self, chunk: dict[bytes, bytes | None], deletes: bool,
                        prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None) -> None:
@@ -211,7 +281,16 @@ class LoggedStore(ChangelogCommit):
                                    hint="open the store again; do not keep references to it after close()")
 
     def close(self) -> None:
-        """Release the backend. Idempotent."""
+        """Wait for a background write, then release the backend. Idempotent. A failed background
+        write is only logged here: its commit is in the changelog, and the next open replays it."""
         if not self.closed:
             self.closed = True
-            self.backend.close()
+            try:
+                self.settle()
+            except Exception as exc:  # noqa: BLE001 - reported, not lost: see the docstring
+                log.warning("store %s partition %d: a background local write failed (%s); the next open "
+                            "replays it from the changelog", self.store, self.partition, exc)
+            finally:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                self.backend.close()

@@ -7,9 +7,9 @@ import sys
 import time
 from typing import Iterable, Iterator
 
-from localstate.core.changelog import ChangelogRecord
+from localstate.core.changelog import ChangelogRecord, RecordColumns
 
-__all__ = ["RestoreProgress", "restore_progress"]
+__all__ = ["RestoreProgress", "restore_progress", "columns_progress"]
 
 log = logging.getLogger("localstate.restore")
 
@@ -69,3 +69,10 @@ def restore_progress(records: Iterable[ChangelogRecord], progress: RestoreProgre
             count = nbytes = 0
         yield record
     progress.update(count, nbytes)
+
+
+def columns_progress(columns: Iterable[RecordColumns], progress: RestoreProgress) -> Iterator[RecordColumns]:
+    """Yield ``columns`` while counting each run's records and bytes into ``progress``."""
+    for run in columns:
+        progress.update(len(run.keys), run.nbytes)
+        yield run

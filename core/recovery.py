@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
-from localstate.core.engine import StorageEngine
-from localstate.core.progress import RestoreProgress, restore_progress
+from localstate.core.engine import ColumnRestore, StorageEngine
+from localstate.core.progress import RestoreProgress, columns_progress, restore_progress
 from localstate.errors import CheckpointError, RestoreError
 
 __all__ = ["StoreRecovery", "recover_store", "values_at", "compaction_horizon", "is_stale"]
@@ -61,9 +61,10 @@ class StoreRecovery:
 def values_at(changelog: ChangelogPartition, keys: Iterable[bytes], offset: int) -> dict[bytes, bytes | None]:
     """The value of each key as of ``offset``: its last record before ``offset``, else None."""
     values: dict[bytes, bytes | None] = dict.fromkeys(keys)
-    for record in changelog.read(0, offset):
-        if record.key in values:
-            values[record.key] = record.value
+    for run in changelog.read_columns(0, offset):
+        for key, value in zip(run.keys, run.values):
+            if key in values:
+                values[key] = value
     return values
 
 
@@ -123,7 +124,10 @@ def recover_store(engine: StorageEngine, changelog: ChangelogPartition, checkpoi
                  "keep tombstone_retention longer than a store may stay offline")
     start = 0 if local is None else min(local, checkpoint_offset)
     progress = RestoreProgress(label, checkpoint_offset - start)
-    engine.restore(restore_progress(changelog.read(start, checkpoint_offset), progress))
+    if isinstance(engine, ColumnRestore):  # the bulk path: records decoded straight into columns
+        engine.restore_columns(columns_progress(changelog.read_columns(start, checkpoint_offset), progress))
+    else:
+        engine.restore(restore_progress(changelog.read(start, checkpoint_offset), progress))
     seconds = progress.close()
     if is_stale(local, changelog):
         # A compaction that ran during the replay dropped a tombstone the replay may have missed.

@@ -145,6 +145,8 @@ class TaskInstance:
         self.stores: dict[str, _Store] = {}
         self.positions: dict[str, int] = {}
         self.generation = 0
+        self.batch: int | None = None
+        """the last DataFrame micro-batch applied (:attr:`Checkpoint.batch`), carried into every checkpoint"""
         self.collector = Collector()
         self.coordinator = Coordinator()
         self.recoveries: list[StoreRecovery] = []
@@ -182,6 +184,7 @@ class TaskInstance:
         # the outputs: a restart then truncates what this instance wrote instead of refusing it.
         outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
         self.positions = dict(checkpoint.inputs)
+        self.batch = checkpoint.batch
         self.generation = checkpoint.generation + 1
         # Taking a new generation fences any stale instance still writing with the old one.
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
@@ -435,7 +438,7 @@ class TaskInstance:
         return Checkpoint(
             partition=self.partition, generation=self.generation, inputs=dict(self.positions),
             changelogs={name: s.changelog.end_offset() for name, s in self.stores.items() if s.changelog is not None},
-            outputs=dict(outputs),
+            outputs=dict(outputs), batch=self.batch,
             manifests={name: s.changelog.manifest() for name, s in self.stores.items()
                        if isinstance(s.changelog, ManifestedChangelog)})
 

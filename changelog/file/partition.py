@@ -27,9 +27,9 @@ import time
 import zlib
 from itertools import chain
 from pathlib import Path
-from typing import Callable, Generator, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator, TypeVar
 
-from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord, RecordColumns
 from localstate.core.fsutil import fsync_dir, open_nofollow, read_nofollow
 from localstate.errors import ChangelogCorruptError, ChangelogError
 
@@ -56,6 +56,9 @@ _CHUNK = 8 << 20          # bytes per read() of a segment file
 _BATCH_BYTES = 64 << 10   # bytes decoded into one batch (small batches: records die young, less GC work)
 _MARK_BYTES = 1 << 20     # spacing of remembered record positions (fast seeks for followers)
 _NO_STOP = 1 << 64
+Batch = TypeVar("Batch", list[ChangelogRecord], RecordColumns)
+#: A batch decoder: ``(buf, pos, limit, expected, stop) -> (batch, pos after it, next expected offset)``.
+Decoder = Callable[[bytes, int, int, int, int], tuple[Batch, int, int]]
 _CORRUPT_HINT = ("the changelog segment is damaged (disk error or manual edit); restore this partition "
                  "directory from a backup, or if the job's local state is intact, stop the job and "
                  "re-create the changelog from it; do not delete records by hand")
@@ -184,17 +187,14 @@ class FileChangelogPartition(ChangelogPartition):
         now = int(time.time() * 1000)
         try:
             for key, value in records:
+                # One concatenation and one crc32 call per record: the commit's framing pass is on
+                # the critical path of every flush (cheaper than chaining crc32 over three parts).
                 if value is None:
-                    rest = pack_rest(offset, now, len(key), -1)
-                    buf += pack_crc(crc32(key, crc32(rest)))
-                    buf += rest
-                    buf += key
+                    record = pack_rest(offset, now, len(key), -1) + key
                 else:
-                    rest = pack_rest(offset, now, len(key), len(value))
-                    buf += pack_crc(crc32(value, crc32(key, crc32(rest))))
-                    buf += rest
-                    buf += key
-                    buf += value
+                    record = pack_rest(offset, now, len(key), len(value)) + key + value
+                buf += pack_crc(crc32(record))
+                buf += record
                 offset += 1
         except Exception as exc:
             # Records appended before the bad one stay buffered (append semantics, in order).
@@ -202,8 +202,8 @@ class FileChangelogPartition(ChangelogPartition):
                                  offset=offset, hint="keys and values must be bytes; keys < 4 GiB, "
                                  "values < 2 GiB") from exc
         finally:
-            # A bad record fails in len()/crc32()/pack() before anything of it is buffered, so the
-            # buffer holds whole records only and ``offset`` counts them.
+            # A bad record fails in len()/pack()/concatenation before anything of it is buffered, so
+            # the buffer holds whole records only and ``offset`` counts them.
             self._next = offset
 
     def end_offset(self) -> int:
@@ -364,14 +364,24 @@ class FileChangelogPartition(ChangelogPartition):
     def read_batches(self, start: int = 0, end: int | None = None) -> Iterator[list[ChangelogRecord]]:
         """The records of :meth:`read` in lists, one per block of about 64 KiB decoded at once
         (the bulk path: no generator step per record). Each list is new and belongs to the caller."""
+        return self._batches(*self._range(start, end), _decode)
+
+    def read_columns(self, start: int = 0, end: int | None = None) -> Iterator[RecordColumns]:
+        """The records of :meth:`read` as :class:`RecordColumns` runs, decoded straight into key and
+        value lists (no object per record): the restore path. Same checks and errors as :meth:`read`."""
+        return self._batches(*self._range(start, end), _decode_columns)
+
+    def _range(self, start: int, end: int | None) -> tuple[int, int | None]:
+        """``(start, stop)`` of a read, checked: a closed partition refuses; a writer reads up to its
+        flushed end."""
         if self._closed:
             raise ChangelogError("changelog partition is closed", stream=self.stream, partition=self.partition,
                                  hint="open the partition again")
         if self.writable:
             end = self._flushed_end if end is None else min(end, self._flushed_end)
-        return self._batches(max(0, start), end)
+        return max(0, start), end
 
-    def _batches(self, start: int, stop: int | None) -> Iterator[list[ChangelogRecord]]:
+    def _batches(self, start: int, stop: int | None, decode: "Decoder[Batch]") -> Iterator[Batch]:
         nxt = start
         bases = list_segments(self.directory)
         if len(self._marks) > len(bases):  # forget the positions of segments compaction deleted
@@ -398,7 +408,7 @@ class FileChangelogPartition(ChangelogPartition):
                 continue
             with f:
                 nxt, finished = yield from self._segment_batches(f, path, base, nxt, stop,
-                                                                 index < len(bases) - 1)
+                                                                 index < len(bases) - 1, decode)
             if finished:
                 return
             # The segment was read to its end and a newer one exists (the segment was sealed).
@@ -418,8 +428,9 @@ class FileChangelogPartition(ChangelogPartition):
                       stream=self.stream, partition=self.partition)
 
     def _segment_batches(self, f, path: Path, base: int, nxt: int, stop: int | None,  # noqa: ANN001
-                         sealed: bool) -> Generator[list[ChangelogRecord], None, tuple[int, bool]]:
-        """Yield the records of one segment file with ``nxt <= offset < stop``, in batches.
+                         sealed: bool, decode: "Decoder[Batch]") -> Generator[Batch, None, tuple[int, bool]]:
+        """Yield the records of one segment file with ``nxt <= offset < stop``, in batches made by
+        ``decode`` (record lists or columns; an empty batch is falsy).
 
         ``sealed``: a newer segment is known to exist, so this file is complete. Returns
         ``(next offset, finished)``; ``finished`` is False only when the whole segment was read and the
@@ -453,10 +464,10 @@ class FileChangelogPartition(ChangelogPartition):
             bad = False
             while True:
                 first = i
-                records, i, expected = _decode(buf, i, min(i + _BATCH_BYTES, last), expected, stop_)
+                records, i, expected = decode(buf, i, min(i + _BATCH_BYTES, last), expected, stop_)
                 if records:
                     if buf_pos + first >= next_mark and (not marks or marks[-1][1] < buf_pos + first):
-                        marks.append((records[0].offset, buf_pos + first))
+                        marks.append((unpack(buf, first)[1], buf_pos + first))
                         next_mark = buf_pos + first + _MARK_BYTES
                     nxt = expected
                     yield records
@@ -568,6 +579,32 @@ def _decode(buf: bytes, i: int, limit: int, expected: int,
             expected = off + 1
             i = end
     return records, i, expected
+
+
+def _decode_columns(buf: bytes, i: int, limit: int, expected: int,
+                    stop: int) -> tuple[RecordColumns, int, int]:
+    """:func:`_decode` into a :class:`RecordColumns` run: the same checks, the same stopping rule,
+    keys and values appended to two lists instead of building a record object each."""
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    hs = HEADER_SIZE
+    n = len(buf)
+    start = i
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    add_key, add_value = keys.append, values.append
+    with memoryview(buf) as view:
+        while i < limit:
+            crc, off, _ts, klen, vlen = unpack(buf, i)
+            kend = i + hs + klen
+            end = kend + vlen if vlen > 0 else kend
+            if end > n or crc32(view[i + 4:end]) != crc or not expected <= off < stop:
+                break
+            add_key(buf[kend - klen:kend])
+            add_value(buf[kend:end] if vlen >= 0 else None)
+            expected = off + 1
+            i = end
+    return RecordColumns(keys, values, expected, i - start), i, expected
 
 
 def _setter(name: str) -> Callable[[ChangelogRecord, object], None]:

@@ -95,7 +95,7 @@ class SeaweedS3:
         log = open(self.directory / "weed.log", "wb")  # noqa: SIM115 - the child keeps writing to it
         command = [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
                    f"-master.port={free_port()}", f"-volume.port={free_port()}", f"-filer.port={free_port()}",
-                   "-master.volumeSizeLimitMB=64", "-s3", f"-s3.port={self.port}", f"-s3.config={identities}",
+                   "-master.volumeSizeLimitMB=256", "-volume.max=0", "-s3", f"-s3.port={self.port}", f"-s3.config={identities}",
                    # the Iceberg and Lance catalogs listen on fixed ports by default: off, so servers can coexist
                    "-s3.port.iceberg=0", "-s3.port.lance=0"]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=self.directory,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 import time
 import uuid
 from typing import Any, Iterable, Iterator
@@ -20,6 +22,9 @@ from .storage import ObjectStore
 __all__ = ["ObjectStoreChangelogPartition", "compact_objects"]
 
 log = logging.getLogger(__name__)
+
+#: Objects fetched ahead of the one being decoded when a chain is read.
+PREFETCH = 4
 
 
 def compact_objects(parts: Iterable[bytes]) -> tuple[bytes, int]:
@@ -57,7 +62,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     neither publish nor destroy anything the committed chain names."""
 
     def __init__(self, store: ObjectStore, stream: str, partition: int, *, snapshot_every: int = 10,
-                 snapshot_min_records: int = 0) -> None:
+                 snapshot_min_records: int = 0, gc_grace: float = 600.0, writable: bool = True) -> None:
         self.store = store
         self.stream = stream
         self.partition = partition
@@ -65,6 +70,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self.writer = uuid.uuid4().hex
         self.snapshot_every = snapshot_every
         self.snapshot_min_records = snapshot_min_records
+        self.gc_grace = gc_grace
+        self.writable = writable
         self._lock = threading.Lock()
         self._chain = Chain(stream, partition)
         self._buf = bytearray()
@@ -72,7 +79,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._bodies: dict[str, bytes] = {}  # object name -> record body this writer holds (no re-read)
         self._since_snapshot = 0
         self._snapshotter: threading.Thread | None = None
-        self._ready: tuple[ChainObject, bytes] | None = None
+        self._ready: tuple[ChainObject, bytes, float] | None = None  # snapshot, body, monotonic time written
         self._epoch = 0  # bumped by adopt(): a snapshot built for an older chain is dropped
         self.snapshots_written = 0
         self.snapshot_seconds = 0.0
@@ -114,10 +121,17 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     def append(self, key: bytes, value: bytes | None) -> None:
         self.append_many(((key, value),))
 
-    def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+    def _check_writable(self) -> None:
         if self._closed:
             raise ChangelogError("changelog partition is closed", stream=self.stream, partition=self.partition,
                                  hint="open the partition again")
+        if not self.writable:
+            raise ChangelogError("changelog partition was opened read-only", stream=self.stream,
+                                 partition=self.partition, hint="use ObjectStoreChangelogSystem.partition() to write")
+
+    def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+        if self._closed or not self.writable:
+            self._check_writable()
         buf = self._buf
         try:
             self._next = encode_into(buf, records, self._next, int(time.time() * 1000))
@@ -133,6 +147,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def flush(self) -> int:
         """Write the buffered records as one new delta object (nothing if none are buffered)."""
+        if self._closed or not self.writable:
+            self._check_writable()
         if not self._buf:
             return self._next
         start, end = self._chain.end, self._next
@@ -145,10 +161,18 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._bodies[name] = body
         self._since_snapshot += 1
         if self._since_snapshot >= self.snapshot_every:
+            if self._since_snapshot >= 2 * self.snapshot_every and self._snapshotter is not None:
+                # Snapshots fall behind the writer: wait for the running one rather than let the tail
+                # (hence a move's restore time) grow without bound.
+                self._snapshotter.join()
+                self._install_snapshot()
             self._start_snapshot()
         return end
 
     def _start_snapshot(self) -> None:
+        """Compact the current chain into a snapshot in the background, unless one is running or
+        waiting to be named. The tail a restore reads is thus at most about ``2 * snapshot_every``
+        flushes: :meth:`flush` waits for a snapshot that falls further behind."""
         if self._snapshotter is not None and self._snapshotter.is_alive():
             return
         if self._ready is not None or not self._chain.deltas:
@@ -180,7 +204,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             return
         with self._lock:
             if epoch == self._epoch:
-                self._ready = (ChainObject(name, SNAPSHOT, 0, end, count, len(data), self.writer), body)
+                self._ready = (ChainObject(name, SNAPSHOT, 0, end, count, len(data), self.writer), body,
+                               time.monotonic())
         self.snapshot_seconds += time.perf_counter() - started
 
     def _install_snapshot(self) -> None:
@@ -189,7 +214,13 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             ready, self._ready = self._ready, None
         if ready is None:
             return
-        snapshot, body = ready
+        snapshot, body, written = ready
+        if time.monotonic() - written > self.gc_grace / 2:
+            # Named by no checkpoint yet, garbage collection may delete it once it is gc_grace old:
+            # too late to name it safely. A later snapshot takes its place.
+            log.info("changelog %s partition %d: snapshot %s waited too long for a commit; not used",
+                     self.stream, self.partition, snapshot.name)
+            return
         chain = self._chain
         chain.snapshot = snapshot
         chain.deltas = [delta for delta in chain.deltas if delta.start >= snapshot.end]
@@ -208,42 +239,53 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def _fetch_body(self, item: ChainObject) -> bytes:
         """The verified record body of one chain object, read from storage."""
-        key = f"{self.prefix}/{item.name}"
-        try:
-            data = self.store.get(key)
-        except FileNotFoundError:
-            raise missing_object(self.store.where(key), item, stream=self.stream, partition=self.partition) from None
-        decode_object(data, item, stream=self.stream, partition=self.partition, where=self.store.where(key))
+        data = self._object(item)
+        where = self.store.where(f"{self.prefix}/{item.name}")
+        decode_object(data, item, stream=self.stream, partition=self.partition, where=where)
         return data[OBJECT_HEADER.size:]
 
-    def _records(self, item: ChainObject) -> list[ChangelogRecord]:
+    def _object(self, item: ChainObject) -> bytes:
+        """The whole object (header + records): from this writer's memory, else from storage."""
         body = self._bodies.get(item.name)
-        key = f"{self.prefix}/{item.name}"
         if body is not None:
-            data = object_header(item.kind, item.writer, item.start, item.end, item.records) + body
-        else:
-            try:
-                data = self.store.get(key)
-            except FileNotFoundError:
-                raise missing_object(self.store.where(key), item, stream=self.stream,
-                                     partition=self.partition) from None
-        return decode_object(data, item, stream=self.stream, partition=self.partition, where=self.store.where(key))
+            return object_header(item.kind, item.writer, item.start, item.end, item.records) + body
+        key = f"{self.prefix}/{item.name}"
+        try:
+            return self.store.get(key)
+        except FileNotFoundError:
+            raise missing_object(self.store.where(key), item, stream=self.stream, partition=self.partition) from None
 
     def read(self, start: int = 0, end: int | None = None) -> Iterator[ChangelogRecord]:
         for batch in self.read_batches(start, end):
             yield from batch
 
     def read_batches(self, start: int = 0, end: int | None = None) -> Iterator[list[ChangelogRecord]]:
-        """One verified list per chain object overlapping ``[start, end)``."""
+        """One verified list per chain object overlapping ``[start, end)``. Up to ``PREFETCH`` objects
+        are fetched ahead, in parallel: a restore waits for storage latency once, not per object."""
         stop = self._chain.end if end is None else min(end, self._chain.end)
-        for item in self._chain.objects():
-            if item.end <= start or item.start >= stop or (item.kind == SNAPSHOT and item.end <= start):
-                continue
-            records = self._records(item)
-            if records and (records[0].offset < start or records[-1].offset >= stop):
-                records = [r for r in records if start <= r.offset < stop]
-            if records:
-                yield records
+        items = [item for item in self._chain.objects() if item.end > start and item.start < stop]
+        if not items:
+            return
+        pool = ThreadPoolExecutor(max_workers=min(PREFETCH, len(items)),
+                                  thread_name_prefix=f"localstate-fetch-{self.stream}-{self.partition}")
+        try:
+            pending: deque[Future[bytes]] = deque()
+            upcoming = iter(items)
+            for item in items:
+                while len(pending) < PREFETCH:
+                    following = next(upcoming, None)
+                    if following is None:
+                        break
+                    pending.append(pool.submit(self._object, following))
+                data = pending.popleft().result()
+                where = self.store.where(f"{self.prefix}/{item.name}")
+                records = decode_object(data, item, stream=self.stream, partition=self.partition, where=where)
+                if records and (records[0].offset < start or records[-1].offset >= stop):
+                    records = [r for r in records if start <= r.offset < stop]
+                if records:
+                    yield records
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         self._closed = True

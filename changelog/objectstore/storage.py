@@ -41,11 +41,12 @@ def check_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One stored object: its key below the base, size in bytes, modification time (epoch seconds)."""
+    """One stored object: its key below the base, size in bytes, modification time (epoch seconds;
+    None when the file system does not say)."""
 
     key: str
     size: int
-    mtime: float
+    mtime: float | None
 
 
 class ObjectStore:
@@ -111,7 +112,7 @@ class ObjectStore:
             if info.type != pafs.FileType.File:
                 continue
             key = info.path[len(self.base) + 1:] if info.path.startswith(self.base + "/") else info.path
-            mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+            mtime = info.mtime.timestamp() if info.mtime is not None else None
             out.append(ObjectInfo(key, int(info.size or 0), mtime))
         out.sort(key=lambda item: item.key)
         return out

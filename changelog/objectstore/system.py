@@ -61,7 +61,8 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         "gc_keep": Option(int, default=3, minimum=1,
                           doc="garbage collection keeps every object named by the last N checkpoints"),
         "gc_grace": Option((int, float, str), default=600.0, parse=parse_duration,
-                           doc="...and every object younger than this ('10m'): in-flight writes"),
+                           doc="...and every object younger than this ('10m'): in-flight writes; must exceed the "
+                               "longest time from a flush to its checkpoint (a batch)"),
         "compact_interval": Option((int, float, str), default=600.0, parse=parse_duration,
                                    doc="period of garbage collection while a job runs ('10m'); 0 disables it"),
     }
@@ -122,11 +123,12 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                                  stream=stream, partition=partition,
                                  hint="use a partition number below the stream's partition count")
         return ObjectStoreChangelogPartition(self.store, stream, partition, snapshot_every=self.snapshot_every,
-                                             snapshot_min_records=self.snapshot_min_records)
+                                             snapshot_min_records=self.snapshot_min_records, gc_grace=self.gc_grace)
 
     def reader(self, stream: str, partition: int) -> ObjectStoreChangelogPartition:
-        """A partition for reading (``localstate inspect``): adopt a manifest, then read; nothing is locked."""
-        return self.partition(stream, partition)
+        """A read-only partition (``localstate inspect``, the state reader): adopt a manifest, then read."""
+        self._check(stream, partition)
+        return ObjectStoreChangelogPartition(self.store, stream, partition, writable=False)
 
     def manifest_objects(self, manifest: Mapping[str, Any]) -> list[tuple[str, int]]:
         """``(url, bytes)`` of the snapshot and deltas ``manifest`` names, oldest first."""
@@ -209,7 +211,9 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
             if wanted is not None and partition not in wanted:
                 continue
             stats.bytes_before += info.size
-            if parts[1] in referenced.get(partition, set()) or now - info.mtime < self.gc_grace:
+            # An object of unknown age may be a live attempt's fresh write: never deleted.
+            if (parts[1] in referenced.get(partition, set()) or info.mtime is None
+                    or now - info.mtime < self.gc_grace):
                 stats.bytes_after += info.size
                 continue
             self.store.delete(info.key)

@@ -24,7 +24,7 @@ from localstate.errors import (ChangelogError, CheckpointError, ConfigError, Exe
                                LocalStateError, OutputError, PluginError, RestoreError, SerdeError, StoreError,
                                TaskError)
 
-__all__ = ["executor_failure", "spark_failure", "python_traceback", "RETRYABLE"]
+__all__ = ["executor_failure", "spark_failure", "python_error", "python_traceback", "RETRYABLE"]
 
 RETRYABLE: tuple[type[BaseException], ...] = (OSError, MemoryError, FencedError, ChangelogError, CheckpointError,
                                              RestoreError, OutputError)
@@ -141,10 +141,31 @@ def spark_failure(exc: BaseException, batch: int) -> LocalStateError:
     else:
         # A localstate error re-raised for Spark to retry: keep its type (callers catch e.g. FencedError);
         # its text already holds its context and hint.
-        error = cls.__new__(cls)
-        LocalStateError.__init__(error, f"Spark batch {batch} failed{tried}: {message}")
-        error.context = {}
+        error = _rebuilt(cls, f"Spark batch {batch} failed{tried}: {message}")
     return attach(error, trace)
+
+
+def python_error(exc: BaseException) -> LocalStateError | None:
+    """The localstate error whose Python traceback a Spark error's text holds (e.g. raised by a Python
+    data source while Spark planned a query), rebuilt with its type and message; None if the text
+    holds no localstate error."""
+    python = python_traceback(str(exc))
+    if python is None:
+        return None
+    frames, type_name, message = _parse(python)
+    cls = _typed(type_name)
+    if cls is ExecutorError:
+        return None
+    trace = describe_frames(frames, type_name.rpartition(".")[2] or type_name, message, python)
+    return attach(_rebuilt(cls, message), trace)
+
+
+def _rebuilt(cls: type[LocalStateError], text: str) -> LocalStateError:
+    """An error of ``cls`` whose text (context and hint already rendered in) is ``text``."""
+    error = cls.__new__(cls)
+    LocalStateError.__init__(error, text)
+    error.context = {}
+    return error
 
 
 def _java_reason(text: str) -> str | None:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem, RecordColumns
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error
@@ -106,6 +106,9 @@ class _TimedChangelog(ChangelogPartition):
 
     def read_batches(self, start: int = 0, end: int | None = None) -> Iterator[list[ChangelogRecord]]:
         return self._inner.read_batches(start, end)
+
+    def read_columns(self, start: int = 0, end: int | None = None) -> Iterator[RecordColumns]:
+        return self._inner.read_columns(start, end)
 
     def close(self) -> None:
         self._inner.close()

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from operator import itemgetter
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import lmdb
 
@@ -179,7 +180,27 @@ class LMDBBackend(DirectoryBackend):
                     ok = cur.next()
         return out
 
-    def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
+    def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
+        """Chunks merged into runs (:meth:`_runs`), each one transaction (one sync) in key order,
+        so a B-tree page is written once per run, not once per chunk. Into an empty database with no
+        delete, the sorted run is appended (``putmulti(append=True)``: no searches, full pages)."""
+        for run in self._runs(chunks):
+            items = sorted(run.items(), key=itemgetter(0))
+            deletes = None in run.values()
+            self._reserve(sum(map(len, run)) + sum(map(len, filter(None, run.values()))))
+            self._write(items, {}, deletes, append=not deletes and self.approximate_count() == 0)
+
+    def _reserve(self, nbytes: int) -> None:
+        """Grow the map ahead of a big transaction (room for twice ``nbytes`` beyond the pages in
+        use: B-tree overhead), so that it is not aborted and retried whole for every doubling."""
+        self._end_reads()
+        info, page = self._env.info(), self._env.stat()["psize"]
+        while info["map_size"] < (info["last_pgno"] + 1) * page + 2 * nbytes:
+            self._grow()
+            info = self._env.info()
+
+    def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool, *,
+               append: bool = False) -> None:
         self._end_reads()
         while True:
             try:
@@ -192,7 +213,7 @@ class LMDBBackend(DirectoryBackend):
                             else:
                                 put(key, value)
                     elif items:
-                        txn.cursor().putmulti(items)  # the loop runs in C
+                        txn.cursor().putmulti(items, append=append)  # the loop runs in C
                     for key, value in meta.items():
                         txn.put(key, value, db=self._meta)
                 return

@@ -10,7 +10,7 @@ import logging
 from collections import deque
 from itertools import starmap
 from pathlib import Path
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import rocksdict
 
@@ -23,6 +23,8 @@ __all__ = ["RocksDBBackend", "META_CF", "build_options"]
 log = logging.getLogger(__name__)
 
 META_CF = "localstate_meta"
+#: The SST file a bulk load writes in the store directory before ingesting it.
+_BULK_FILE = "bulk-load.sst.tmp"
 
 
 def build_options(options: Mapping[str, Any]) -> rocksdict.Options:
@@ -59,6 +61,8 @@ class RocksDBBackend(DirectoryBackend):
 
     name = "rocksdb"
     label = "RocksDB"
+    concurrent_reads = True  # RocksDB reads and writes are thread-safe (and rocksdict holds the GIL)
+    sorted_writes = False  # the memtable orders writes itself: sorting in Python only costs
 
     def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
                  partition: int | None = None) -> None:
@@ -183,6 +187,42 @@ class RocksDBBackend(DirectoryBackend):
         for key, value in meta.items():
             batch.put(key, value, self._meta_handle)
         self._db.write(batch)  # type: ignore[union-attr]
+
+    def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
+        """Bulk ingestion: chunks merged into runs (:meth:`_runs`), each written in key order to an
+        SST file with ``SstFileWriter`` and ingested (moved into the database, atomically, durable on
+        return). No memtable, no write-ahead log: about twice as fast as write batches, sort
+        included. Ingested files take sequence numbers above everything in the database, so they
+        override older values."""
+        for run in self._runs(chunks):
+            self._ingest(run)
+
+    def _ingest(self, run: Mapping[bytes, bytes | None]) -> None:
+        """Write ``run`` (key -> value, None deletes) to one SST file in the store directory and
+        ingest it; the file is moved into the database (or removed on failure)."""
+        db = self._db
+        assert db is not None
+        path = self._path / _BULK_FILE
+        path.unlink(missing_ok=True)  # a leftover of a crash, or anything planted there: never followed
+        writer = rocksdict.SstFileWriter(options=build_options(self._options))
+        try:
+            writer.open(str(path))
+            keys = sorted(run)
+            if None in run.values():
+                for key in keys:
+                    value = run[key]
+                    if value is None:
+                        del writer[key]  # a tombstone: deletes the key's older versions
+                    else:
+                        writer[key] = value
+            else:
+                deque(map(writer.__setitem__, keys, map(run.__getitem__, keys)), maxlen=0)
+            writer.finish()
+            options = rocksdict.IngestExternalFileOptions()
+            options.set_move_files(True)
+            db.ingest_external_file([str(path)], options)
+        finally:
+            path.unlink(missing_ok=True)  # moved into the database on success
 
     def _release(self) -> None:
         self._meta_handle = None

@@ -26,11 +26,11 @@ from collections import OrderedDict
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, Mapping
 
-from localstate.core.changelog import ChangelogRecord
+from localstate.core.changelog import ChangelogRecord, RecordColumns
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
 from localstate.core.backend import BackendIterator, KVBackend, open_store_backend, prefix_end
-from localstate.core.codecs import FAST_ERRORS, fast_codec
+from localstate.core.codecs import FAST_ERRORS, INT_BIAS, INT_PACK, fast_codec, inline_int_class
 from localstate.core.logged import META_OFFSET, LoggedStore
 from localstate.engines.kv.options import KV_OPTIONS
 from localstate.errors import InvalidValueError, RestoreError, SerdeError, StoreClosedError
@@ -39,6 +39,10 @@ __all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
 
 
 _MISS = object()
+
+
+class _NoClass:
+    """A class no value has (disables a class-keyed fast path)."""
 
 # Public methods replaced by a StoreClosedError raiser on close(), so the hot path needs no check.
 _API = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "prefix", "all",
@@ -72,6 +76,8 @@ class KeyValueEngine(StorageEngine):
         self._partition = context.partition
         self._backend: KVBackend = backend if backend is not None else open_store_backend(context, opts)
         kserde, vserde = context.key_serde, context.value_serde
+        # int when values are exact ints under the int serde: put() then encodes them inline
+        self._int_values = inline_int_class(vserde) or _NoClass
         self._kser = _checked_serialize(kserde, kserde.serialize)
         self._kde = kserde.deserialize
         self._vser = _checked_serialize(vserde, vserde.serialize)
@@ -92,7 +98,10 @@ class KeyValueEngine(StorageEngine):
         self._min_key = getattr(self._backend, "min_key_size", 0)
         self.spills = 0
         """Number of spills since open (statistics)."""
-        self._logged = LoggedStore(context, self._backend)
+        # write-behind: the keys of the commit whose backend write may still be running, readable
+        # until the next settle (see _settle); empty without write-behind
+        self._inflight: dict[bytes, bytes | None] = {}
+        self._logged = LoggedStore(context, self._backend, write_behind=bool(opts["write_behind"]))
         self._backend_failed = self._logged.failed
         self._closed = False
         self._bind_hot_path()
@@ -111,6 +120,9 @@ class KeyValueEngine(StorageEngine):
         size, batch, lo, hi = self._cache_size, self._batch, self._min_key, self._max_key
         spill, slow_key, slow_value, decode_value = self._spill, self._slow_key, self._slow_value, self._decode_value
         backend_failed = self._backend_failed
+        inflight = self._inflight
+        inflight_get, settle = inflight.get, self._settle
+        reads_wait = not self._backend.concurrent_reads
         none_value, bad_key_size = self._none_value, self._bad_key_size
         miss = _MISS
 
@@ -124,6 +136,10 @@ class KeyValueEngine(StorageEngine):
                 move(kb)
                 return value
             vb = dirty_get(kb, miss)
+            if vb is miss and inflight:
+                vb = inflight_get(kb, miss)
+                if vb is miss and reads_wait:
+                    settle()
             if vb is miss:
                 try:
                     vb = backend.get(kb)
@@ -142,6 +158,9 @@ class KeyValueEngine(StorageEngine):
                     popitem(False)
             return value
 
+        # exact ints under the int serde are encoded inline (no codec frame), other values by the codec
+        int_class, pack, bias = self._int_values, INT_PACK, INT_BIAS
+
         def put(key: Any, value: Any) -> None:
             if value is None:
                 raise none_value(key)
@@ -151,10 +170,16 @@ class KeyValueEngine(StorageEngine):
                 kb = slow_key(key)
             if not lo <= len(kb) <= hi:
                 raise bad_key_size(key, kb)
-            try:
-                vb = vser(value)
-            except errors:
-                vb = slow_value(key, value)
+            if value.__class__ is int_class:
+                try:
+                    vb = pack(value + bias)
+                except errors:
+                    vb = slow_value(key, value)
+            else:
+                try:
+                    vb = vser(value)
+                except errors:
+                    vb = slow_value(key, value)
             if size:
                 cache[kb] = value
                 move(kb)
@@ -228,6 +253,10 @@ class KeyValueEngine(StorageEngine):
             cache.move_to_end(kb)
             return value
         vb = self._dirty.get(kb, _MISS)
+        if vb is _MISS and self._inflight:
+            vb = self._inflight.get(kb, _MISS)
+            if vb is _MISS and not self._backend.concurrent_reads:
+                self._settle()
         if vb is _MISS:
             try:
                 vb = self._backend.get(kb)
@@ -265,6 +294,7 @@ class KeyValueEngine(StorageEngine):
             if value is not None:
                 result[key] = value
         if misses:
+            self._settle()
             try:
                 found = self._backend.get_many([kb for _, kb in misses])
             except Exception as exc:
@@ -324,6 +354,7 @@ class KeyValueEngine(StorageEngine):
         """Write pending changes to the backend before a commit, obeying the contract: their
         changelog records are made durable first, and the recorded local offset does not move."""
         items = self._pending_items()
+        self._settle()
         self._logged.spill(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
@@ -361,6 +392,7 @@ class KeyValueEngine(StorageEngine):
             raise self._key_error(exc, key) from None
 
     def _iterate(self, start: bytes | None, end: bytes | None, reverse: bool) -> "KVIterator":
+        self._settle()  # the backend iterator must see every commit
         if start is not None and end is not None and start >= end:
             pending: list[tuple[bytes, bytes | None]] = []
         else:
@@ -374,12 +406,18 @@ class KeyValueEngine(StorageEngine):
     def approximate_count(self) -> int:
         """Estimated number of keys (backend estimate adjusted by pending puts and deletes)."""
         pending = sum(1 if v is not None else -1 for v in self._dirty.values())
+        self._settle()
         return max(0, self._backend.approximate_count() + pending)
 
     # -- the engine contract -------------------------------------------------------------------
     def restore(self, records: Iterable[ChangelogRecord]) -> None:
         """Apply changelog records in order (last per key wins), in atomic chunks; not re-logged."""
+        self._settle()
         self._logged.restore(records, self._restore_batch, self._prepare_restored)
+
+    def restore_columns(self, columns: Iterable[RecordColumns]) -> None:
+        """:meth:`restore` from column runs (``core.engine.ColumnRestore``: recovery's bulk path)."""
+        self._logged.restore_columns(columns, self._restore_batch, self._prepare_restored)
 
     def _prepare_restored(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
         """A restore chunk checked against the backend's key sizes, with its keys' cached and pending
@@ -418,10 +456,25 @@ class KeyValueEngine(StorageEngine):
 
     def flush(self) -> None:
         """Log pending changes (one record per key), flush the changelog, then write the changes
-        and the new end offset to the backend in one atomic write."""
-        self._logged.commit(self._pending_items(), deletes=self._tombstones)
+        and the new end offset to the backend in one atomic write (with ``write_behind``: on a
+        background thread, readable through the in-flight map until it lands)."""
+        items = self._pending_items()
+        if self._logged.writing or self._inflight:
+            self._settle()
+        behind = self._logged.background
+        if behind:
+            self._inflight.update(self._dirty)
+        self._logged.commit(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
+        if behind and any(not it.closed for it in self._iterators):
+            self._settle()  # open iterators take pre-images in write(): not while they advance
+
+    def _settle(self) -> None:
+        """Wait for the background backend write (write-behind), after which the backend holds every
+        committed change, and forget the in-flight keys."""
+        self._logged.settle()
+        self._inflight.clear()
 
     def local_offset(self) -> int | None:
         """The changelog offset the backend's data reflects (None: no usable local state)."""

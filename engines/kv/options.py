@@ -18,6 +18,10 @@ KV_OPTIONS: dict[str, Option] = {
     "write_batch_size": Option(int, 10_000, "pending changed keys that trigger a spill (changelog flush, "
                                "then backend write) before the next commit; each spill costs a changelog "
                                "fsync; a pending key holds its serialized key and value (+ ~150 bytes)", minimum=1),
+    "write_behind": Option(bool, False, "apply each commit's backend write on a background thread once the "
+                           "changelog is flushed (the commit is durable then); overlaps LMDB's commit fsync "
+                           "with the next batch's processing; a crash before the write lands is replayed from "
+                           "the changelog at the next open"),
     **{name: option for name, option in BACKEND_OPTIONS.items() if name != "backend"},
 }
 

@@ -31,6 +31,8 @@ __all__ = [
     "StateNotFoundError",
     "ExecutorError",
     "InputError",
+    "SchemaError",
+    "BatchOrderError",
     "OutputError",
     "UnsafePathError",
     "ResourceError",
@@ -206,6 +208,17 @@ class ExecutorError(LocalStateError):
 
 class InputError(LocalStateError):
     """An input record could not be decoded or routed."""
+
+
+class SchemaError(InputError):
+    """A DataFrame handed to a localstate task does not fit it: a named column is missing (the
+    columns are listed), or a column's type cannot be converted into the records the task gets."""
+
+
+class BatchOrderError(CheckpointError):
+    """A Spark micro-batch id went backwards past what a job's DataFrame state has kept: the batch
+    was applied long ago and its outputs are gone (a query checkpoint reset or reused for another
+    query). Carries ``batch`` and the ``committed`` batch."""
 
 
 class OutputError(LocalStateError):

@@ -36,6 +36,21 @@ def input_record(i: int) -> tuple[str, int]:
     return f"user-{(i * 7919) % 97}", 1 + i % 3
 
 
+def expected_state(records: int) -> tuple[dict[str, int], dict[int, int]]:
+    """Plain Python: per_key and per_bucket after the first ``records`` input records."""
+    per_key: dict[str, int] = {}
+    per_bucket: dict[int, int] = {}
+    for i in range(records):
+        key, value = input_record(i)
+        per_key[key] = per_key.get(key, 0) + value
+        per_bucket[len(key) % 7] = per_bucket.get(len(key) % 7, 0) + 1
+        if i % 13 == 0:
+            per_key.pop(f"gone-{i % 5}", None)
+        elif i % 13 == 1:
+            per_key[f"gone-{i % 5}"] = i
+    return per_key, per_bucket
+
+
 def job(state_dir: str, commit_every: int = 1000):
     return parse_job_config({
         "job": {"name": "crash", "task": "crash_job:CountingTask", "commit_every": commit_every,

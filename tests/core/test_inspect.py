@@ -4,7 +4,6 @@ changelogs replayed to the checkpoint; and it changes nothing in the state direc
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,31 +17,14 @@ import pytest
 from localstate.core.cli import main
 from localstate.core.config import load_job_config
 from localstate.core.runtime import TaskInstance, open_changelog_system
-from localstate.core.task import Envelope, StreamTask
+from localstate.core.task import Envelope
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from count_and_remember import CountAndRemember  # noqa: E402
+from fs_snapshot import snapshot as _snapshot  # noqa: E402
 
 PARTITIONS = 2
 USERS = [f"user-{i:02d}" for i in range(7)]
-
-
-class CountAndRemember(StreamTask):
-    """counts: user -> views (rocksdb); last: user -> {"page"} (lmdb); cache: user -> views (memory);
-    top: users by views (heap). A "forget" value deletes the user from counts and last."""
-
-    def init(self, context):
-        self.counts, self.last = context.store("counts"), context.store("last")
-        self.cache, self.top = context.store("cache"), context.store("top")
-
-    def process(self, envelope, collector, coordinator):
-        user, value = envelope.key, envelope.value
-        if value == "forget":
-            self.counts.delete(user)
-            self.last.delete(user)
-            return
-        count = (self.counts.get(user) or 0) + 1
-        self.counts.put(user, count)
-        self.cache.put(user, count)
-        self.last.put(user, {"page": value})
-        self.top.push(user, count)
 
 
 JOB = """
@@ -145,22 +127,6 @@ def _dump(capsys, job_file: Path, store: str, *extra: str) -> dict[int, dict]:
         assert row["key"] not in found[row["partition"]]
         found[row["partition"]][row["key"]] = row["value"]
     return found
-
-
-def _snapshot(directory: Path) -> dict[str, tuple]:
-    """Every entry under ``directory``: type, size, mtime and content hash (files), link target."""
-    entries = {}
-    for folder, dirs, files in os.walk(directory):
-        for name in dirs + files:
-            path = Path(folder) / name
-            stat = os.lstat(path)
-            if path.is_symlink():
-                entries[str(path)] = ("link", os.readlink(path))
-            elif path.is_dir():
-                entries[str(path)] = ("dir", stat.st_mtime_ns)
-            else:
-                entries[str(path)] = ("file", stat.st_size, stat.st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest())
-    return entries
 
 
 def test_local_stores_show_the_flushed_state(run, capsys):

@@ -189,15 +189,7 @@ def expected_state():
     sys.path.insert(0, str(HERE))
     import crash_job
 
-    per_key, per_bucket = {}, {}
-    for i in range(RECORDS):
-        key, value = crash_job.input_record(i)
-        per_key[key] = per_key.get(key, 0) + value
-        per_bucket[len(key) % 7] = per_bucket.get(len(key) % 7, 0) + 1
-        if i % 13 == 0:
-            per_key.pop(f"gone-{i % 5}", None)
-        elif i % 13 == 1:
-            per_key[f"gone-{i % 5}"] = i
+    per_key, per_bucket = crash_job.expected_state(RECORDS)
     return {"per_key": sorted(map(list, per_key.items())), "per_bucket": sorted(map(list, per_bucket.items()))}
 
 

@@ -25,7 +25,7 @@ from localstate.core.serdes import JsonSerde, StringSerde
 from localstate.engines.heap import HeapEngineFactory
 
 TOPN_OPTIONS = {"order": "max", "capacity": 300, "backend": "rocksdb"}
-REORDER_OPTIONS = {"mode": "reorder", "max_lateness": 40, "late_policy": "drop", "backend": "rocksdb"}
+REORDER_OPTIONS = {"kind": "reorder", "max_lateness": 40, "late_policy": "drop", "backend": "rocksdb"}
 
 
 def workload(mode: str, seed: int, ops: int) -> list[tuple]:

@@ -63,7 +63,7 @@ def test_wrong_serde_types_raise_serde_error_naming_store(heap) -> None:
 
 
 def test_reorder_bad_timestamps(heap_dirs, opener, changelog) -> None:
-    buf = opener(heap_dirs(), changelog, mode="reorder", store="logs", backend="memory")
+    buf = opener(heap_dirs(), changelog, kind="reorder", store="logs", backend="memory")
     for ts in ["1", None, float("nan"), math.inf, -math.inf, 2 ** 60, True]:
         with pytest.raises(InvalidValueError) as info:
             buf.push("e", ts)
@@ -83,7 +83,7 @@ def test_reorder_bad_timestamps(heap_dirs, opener, changelog) -> None:
 
 @pytest.mark.parametrize("policy", ["error", "drop", "side_output"])
 def test_late_policies(heap_dirs, opener, changelog, policy) -> None:
-    buf = opener(heap_dirs(), changelog, mode="reorder", late_policy=policy, backend="memory")
+    buf = opener(heap_dirs(), changelog, kind="reorder", late_policy=policy, backend="memory")
     buf.push("a", 5)
     buf.push("b", 1)
     assert [e.event for e in buf.drain_until(5)] == ["b", "a"]
@@ -109,7 +109,7 @@ def test_late_event_error_carries_lateness_and_survives_pickling(heap_dirs, open
 
     from localstate import errors
 
-    buf = opener(heap_dirs(), changelog, mode="reorder", store="logs", backend="memory", max_lateness="2s",
+    buf = opener(heap_dirs(), changelog, kind="reorder", store="logs", backend="memory", max_lateness="2s",
                  timestamp_unit="ms")
     buf.push("new", 10_000)
     with pytest.raises(errors.LateEventError) as info:
@@ -131,9 +131,9 @@ def test_options_are_validated_at_their_config_path() -> None:
     cases = {
         "stores.s.order": {"order": "middle"},
         "stores.s.capacity": {"capacity": 0},
-        "stores.s.mode": {"mode": "heap"},
-        "stores.s.max_lateness": {"mode": "reorder", "max_lateness": "soon"},
-        "stores.s.late_policy": {"mode": "reorder", "late_policy": "ignore"},
+        "stores.s.kind": {"kind": "heap"},
+        "stores.s.max_lateness": {"kind": "reorder", "max_lateness": "soon"},
+        "stores.s.late_policy": {"kind": "reorder", "late_policy": "ignore"},
         "stores.s.kv.cache_sise": {"kv": {"cache_sise": 3}},
         "stores.s.backend": {"backend": "leveldb"},
         "stores.s.kv.rocksdb.max_open_filez": {"kv": {"rocksdb": {"max_open_filez": 3}}},
@@ -143,12 +143,12 @@ def test_options_are_validated_at_their_config_path() -> None:
             factory.validate_options("s", raw)
         assert [p.path for p in info.value.problems] == [path], (raw, info.value)
     with pytest.raises(ConfigError) as info:
-        factory.validate_options("s", {"mode": "reorder", "capacity": 5})
+        factory.validate_options("s", {"kind": "reorder", "capacity": 5})
     assert info.value.problems[0].path == "stores.s.capacity"
     with pytest.raises(ConfigError) as info:
         factory.validate_options("s", {"max_lateness": 5})
     assert info.value.problems[0].path == "stores.s.max_lateness"
-    ok = factory.validate_options("s", {"mode": "reorder", "max_lateness": "250ms", "kv": {"cache_size": 5}})
+    ok = factory.validate_options("s", {"kind": "reorder", "max_lateness": "250ms", "kv": {"cache_size": 5}})
     assert ok["max_lateness"] == "250ms" and ok["kv"] == {"cache_size": 5}
 
 
@@ -158,7 +158,7 @@ def test_corrupt_records_raise_restore_error_with_offset(heap_dirs, opener, chan
         heap.restore([ChangelogRecord(b"a", b"\x00" * 9, 0), ChangelogRecord(b"b", b"\x01", 1)])
     assert info.value.context == {"store": "ranks", "partition": 0, "offset": 1}
     heap.close()
-    buf = opener(heap_dirs(), changelog, mode="reorder", store="logs", backend="memory")
+    buf = opener(heap_dirs(), changelog, kind="reorder", store="logs", backend="memory")
     with pytest.raises(RestoreError) as info:
         buf.restore([ChangelogRecord(b"short", b"x", 7)])
     assert info.value.context["offset"] == 7

@@ -29,7 +29,7 @@ def test_compaction_bounds_segments_and_reopen_is_exact(heap_dirs, opener, monke
     monkeypatch.setattr(heap_base, "_COMPACT_SLACK", 8)  # compact after 4 x live + 8 stored pairs
     changelog = MemoryChangelogPartition()
     directory = heap_dirs()
-    options: dict[str, Any] = {"mode": mode, "backend": "rocksdb"}
+    options: dict[str, Any] = {"kind": mode, "backend": "rocksdb"}
     store = opener(directory, changelog, **options)
     most = 0
     for step in range(60):
@@ -88,7 +88,7 @@ def test_local_state_of_another_mode_is_discarded(heap_dirs, opener) -> None:
     store.push("a", 1.0)
     store.flush()
     store.close()
-    buffer = opener(directory, MemoryChangelogPartition(), backend="lmdb", mode="reorder")
+    buffer = opener(directory, MemoryChangelogPartition(), backend="lmdb", kind="reorder")
     assert buffer.local_offset() is None and len(buffer) == 0
     buffer.close()
 

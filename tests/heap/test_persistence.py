@@ -48,7 +48,7 @@ def test_reopen_reuses_local_state_and_drops_unflushed(heap_dirs, opener, backen
 def test_stale_local_copy_replays_tail_and_uncommitted_records_are_trimmed(heap_dirs, opener, mode) -> None:
     changelog = MemoryChangelogPartition()
     directory, stale = heap_dirs(), heap_dirs()
-    options: dict[str, Any] = {"mode": mode, "backend": "rocksdb"}
+    options: dict[str, Any] = {"kind": mode, "backend": "rocksdb"}
     store = opener(directory, changelog, **options)
 
     def work(start: int, stop: int) -> None:
@@ -103,7 +103,7 @@ class TrendingTask(StreamTask):
 
 STORES = {
     "top": {"engine": "heap", "key_serde": "string", "value_serde": "json", "capacity": 3},
-    "buffer": {"engine": "heap", "key_serde": "string", "value_serde": "string", "mode": "reorder",
+    "buffer": {"engine": "heap", "key_serde": "string", "value_serde": "string", "kind": "reorder",
                "max_lateness": 5},
 }
 

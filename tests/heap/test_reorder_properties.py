@@ -74,7 +74,7 @@ def pairs(events: Any) -> list[tuple[Any, Any]]:
        policy=st.sampled_from(["drop", "side_output"]), split=st.floats(0, 1))
 def test_reorder_matches_model_and_restores(heap_dirs, opener, compact, ops, max_lateness, policy, split) -> None:
     changelog = MemoryChangelogPartition()
-    options: dict[str, Any] = {"mode": "reorder", "late_policy": policy, "backend": "memory"}
+    options: dict[str, Any] = {"kind": "reorder", "late_policy": policy, "backend": "memory"}
     if max_lateness is not None:
         options["max_lateness"] = max_lateness
     buf = opener(heap_dirs(), changelog, **options)
@@ -129,7 +129,7 @@ def test_reorder_matches_model_and_restores(heap_dirs, opener, compact, ops, max
 
 
 def test_events_drained_before_flush_are_never_logged(heap_dirs, opener, changelog) -> None:
-    buf = opener(heap_dirs(), changelog, mode="reorder", backend="memory")
+    buf = opener(heap_dirs(), changelog, kind="reorder", backend="memory")
     for i in range(100):
         buf.push(i, i)
     assert [e.event for e in buf.drain_until(99)] == list(range(100))
@@ -140,7 +140,7 @@ def test_events_drained_before_flush_are_never_logged(heap_dirs, opener, changel
 
 
 def test_late_event_error_names_store_partition_timestamp_watermark(heap_dirs, opener, changelog) -> None:
-    buf = opener(heap_dirs(), changelog, mode="reorder", backend="memory", store="reorder-logs")
+    buf = opener(heap_dirs(), changelog, kind="reorder", backend="memory", store="reorder-logs")
     buf.push("a", 10)
     buf.drain_until(10)
     with pytest.raises(LateEventError) as info:
@@ -154,7 +154,7 @@ def test_late_event_error_names_store_partition_timestamp_watermark(heap_dirs, o
 
 
 def test_max_lateness_duration_string_uses_timestamp_unit(heap_dirs, opener, changelog) -> None:
-    buf = opener(heap_dirs(), changelog, mode="reorder", backend="memory", max_lateness="2s",
+    buf = opener(heap_dirs(), changelog, kind="reorder", backend="memory", max_lateness="2s",
                  timestamp_unit="ms", late_policy="drop")
     assert buf.max_lateness == 2000.0
     buf.push("x", 10_000)

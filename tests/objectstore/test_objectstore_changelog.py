@@ -19,7 +19,7 @@ from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.changelog.objectstore.partition import compact_objects
 from localstate.core.changelog import Compactable, DeletableStreams, ManifestedChangelog, StreamLocations
 from localstate.core.checkpoint import Checkpoint
-from localstate.errors import ChangelogCorruptError, ChangelogError, ConfigError
+from localstate.errors import ChangelogCorruptError, ChangelogError, CheckpointError, ConfigError
 
 
 # ---------------------------------------------------------------- the changelog contract, every system
@@ -205,6 +205,11 @@ def test_old_checkpoints_without_manifests_still_load():
     assert Checkpoint.from_json(text, "old.json").manifests == {}
     checkpoint = Checkpoint(2, manifests={"c": {"format": 1}})
     assert Checkpoint.from_json(checkpoint.to_json(), "new.json") == checkpoint
+    import json
+
+    assert "manifests" not in json.loads(Checkpoint(2).to_json())  # other systems' checkpoints unchanged
+    with pytest.raises(CheckpointError, match="manifests"):
+        Checkpoint.from_json(text[:-1] + ', "manifests": {"c": 7}}', "bad.json")
 
 
 # ---------------------------------------------------------------- snapshots and tail
@@ -298,7 +303,7 @@ def test_compact_objects_keeps_last_value_per_key_in_offset_order():
 def test_gc_deletes_only_unreferenced_objects_of_its_own_naming(objectstore_options, tmp_path):
     from localstate.changelog.objectstore.system import ObjectCheckpoints
 
-    system = os_system(objectstore_options, tmp_path, snapshot_every=2, gc_keep=1, gc_grace=0)
+    system = os_system(objectstore_options, tmp_path, snapshot_every=2, gc_keep=1)
     system.ensure_stream("s", 1)
     checkpoints = system.checkpoint_objects("job")
     assert isinstance(checkpoints, ObjectCheckpoints)
@@ -322,9 +327,9 @@ def test_gc_deletes_only_unreferenced_objects_of_its_own_naming(objectstore_opti
     named = {item["object"] for item in committed["deltas"]} | {committed["snapshot"]["object"]}
     before = {info.key.split("/", 3)[3] for info in system.objects("s", 0)}
     assert named < before and len(before) > len(named) + 1
-    young = os_system(objectstore_options, tmp_path, gc_keep=1, gc_grace=3600)
-    assert young.collect_garbage("s").segments_deleted == 0  # everything is within the grace period
-    stats = system.collect_garbage("s")
+    assert system.collect_garbage("s").segments_deleted == 0  # everything is within the grace period
+    collector = os_system(objectstore_options, tmp_path, gc_keep=1, gc_grace=0)
+    stats = collector.collect_garbage("s")
     after = {info.key.split("/", 3)[3] for info in system.objects("s", 0)}
     assert after == named and stats.segments_deleted == len(before) - len(named)
     assert system.store.get(foreign) == b"not ours"
@@ -353,3 +358,38 @@ def test_delete_stream_removes_its_objects_only(objectstore_options, tmp_path):
     assert system.objects("s", 0) == []
     assert system.store.get("changelogs/s/README") == b"operator's"
     assert system.delete_stream("s") is False
+
+
+def test_a_snapshot_not_named_in_time_is_dropped(objectstore_options, tmp_path):
+    """Garbage collection may delete an unnamed object once it is gc_grace old, so a snapshot that
+    waited more than half of that for a commit is never named."""
+    system = os_system(objectstore_options, tmp_path, snapshot_every=1, gc_grace=0)
+    system.ensure_stream("s", 1)
+    log = system.partition("s", 0)
+    log.append(b"k", b"v")
+    log.flush()
+    log.wait_for_snapshot()
+    manifest = log.manifest()
+    assert manifest["snapshot"] is None and len(manifest["deltas"]) == 1
+    assert log.snapshots_written == 0
+
+
+def test_any_fsspec_file_system_works(tmp_path):
+    pytest.importorskip("fsspec")
+    import uuid
+
+    system = ObjectStoreChangelogSystem({"url": f"memory://localstate-{uuid.uuid4().hex}/x"}, tmp_path)
+    system.ensure_stream("s", 1)
+    log = system.partition("s", 0)
+    log.append_many([(b"a", b"1"), (b"b", None)])
+    log.flush()
+    reader = system.partition("s", 0)
+    reader.adopt(log.manifest())
+    assert [(r.key, r.value) for r in reader.read()] == [(b"a", b"1"), (b"b", None)]
+    # The memory file system records no modification times: garbage collection keeps what it cannot date.
+    orphan = system.partition("s", 0)
+    orphan.append(b"z", b"9")
+    orphan.flush()
+    assert ObjectStoreChangelogSystem({"url": system.config["url"], "gc_grace": 0}, tmp_path).collect_garbage(
+        "s").segments_deleted == 0
+    assert len(system.objects("s", 0)) == 2

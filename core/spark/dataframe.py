@@ -1,0 +1,548 @@
+"""The DataFrame entry point: run a localstate task over a Spark DataFrame, one micro-batch at a time,
+exactly once under Spark's retries and restarts.
+
+    out = run_batch(df, job, key="user", batch_id=7, order_by="ts")   # a DataFrame of the task's outputs
+    query = events.writeStream.foreachBatch(foreach_batch(job, key="user", sink=write)).start()
+
+One batch (:func:`run_batch`, on the driver):
+
+1. The DataFrame's schema is checked (:func:`dataframe_spec`): the key column exists and is a string,
+   integer or binary column; every column converts to Arrow (SchemaError naming the column otherwise).
+2. ``mapInArrow`` gives each row its job partition (:func:`~localstate.core.partitioner.partition_for`
+   of the key, Kafka-compatible, like every localstate input) and a sequence number
+   ``(input partition << 40) + row index`` assigned *before* the shuffle, so the order is the same
+   each time Spark executes the batch again. ``repartition`` on a route value chosen per partition
+   (:func:`routes`) puts job partition ``p`` into Spark partition ``p``.
+3. A second ``mapInArrow`` sorts each job partition's rows by ``(order_by, sequence)`` and feeds them
+   through the runtime's one feed loop (:meth:`TaskInstance.feed`): the partition is opened and
+   recovered to its checkpoint, fed, and its commit prepared (changelogs and local state flushed, the
+   batch's outputs written to ``<state_dir>/<job>/dataframe-outputs/<p>/<batch>.parquet``). The
+   checkpoint, which records the batch id (:attr:`Checkpoint.batch`), goes back to the driver.
+4. When every task succeeded, the driver saves the checkpoints; the result is a DataFrame read from
+   the batch's output files (:data:`OUTPUT_SCHEMA`).
+
+Why exactly once. The batch id is committed in each partition's checkpoint, atomically with its state
+(the same file names the changelog offsets). A partition whose checkpoint already holds batch ``B``
+does not apply ``B`` again when Spark re-executes it (a retried task, a driver restarted from the
+query's checkpointLocation, a failed sink write): its outputs are served from the file the committed
+attempt wrote, so the re-run returns the same rows. A partition whose commit was lost (the driver
+died between saving two partitions' checkpoints) is rolled back to its checkpoint at open and applies
+the batch again: local state and changelog are trimmed to the checkpoint, as in every localstate
+restart. Each partition keeps the outputs of its last applied batch only: Spark re-executes only the
+last batch of a query (it starts batch ``B + 1`` only after ``B``'s foreachBatch returned), so an
+older id means the query's checkpoint was reset or belongs to another query: BatchOrderError.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import time
+from dataclasses import dataclass, field
+from itertools import count, repeat
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.config import JobConfig, load_job_config
+from localstate.core.faults import CrashAt, armed
+from localstate.core.fsutil import ensure_dir, os_error, write_atomic
+from localstate.core.names import safe_join
+from localstate.core.partitioner import partition_for
+from localstate.core.runtime import TaskInstance, checkpoint_store, job_directory, open_changelog_system
+from localstate.core.spark.failures import executor_failure, spark_failure
+from localstate.core.streams.base import InputRecord
+from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
+from localstate.errors import BatchOrderError, LocalStateError, OutputIOError, SchemaError
+
+__all__ = ["run_batch", "foreach_batch", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
+           "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes"]
+
+OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key STRING, value STRING"
+"""The rows :func:`run_batch` returns, one per message the task sent: the job partition that sent it,
+the batch, its position among the partition's messages of the batch, the output stream, and key and
+value as JSON text (bytes as hex, other non-JSON values as ``str()``)."""
+
+_ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
+_RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
+                 "open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
+#: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): opening and
+#: recovering the partition, converting its Arrow rows into records, the task's ``process()`` (the one
+#: feed loop, store reads and writes included), preparing the commit (store flush, changelog fsync,
+#: the outputs file) and closing.
+TASK_PHASES = ("open", "convert", "process", "commit")
+
+
+@dataclass
+class DataFrameBatch:
+    """What :func:`run_batch` did, for progress reports and benchmarks."""
+
+    batch_id: int
+    records: int = 0
+    """input rows applied (0 for partitions that had applied the batch before)"""
+    outputs: int = 0
+    applied: list[int] = field(default_factory=list)
+    """the job partitions that applied the batch in this call"""
+    replayed: list[int] = field(default_factory=list)
+    """the job partitions that had applied it before: their outputs were served from the kept file"""
+    seconds: float = 0.0
+    """wall time of the Spark job and the checkpoint saves"""
+    task_seconds: dict[str, float] = field(default_factory=dict)
+    """:data:`TASK_PHASES` summed over the partitions"""
+    busiest_task: float = 0.0
+_KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BinaryType")
+_ROW_BITS = 40  # sequence = (input partition << 40) + row index: 2**40 rows per input partition
+
+
+@dataclass(frozen=True)
+class DataFrameSpec:
+    """What the executors need to turn a DataFrame's rows into the task's input records."""
+
+    job: JobConfig
+    key: str
+    """the key column: partitions the rows and is the records' key"""
+    stream: str = "dataframe"
+    """the input stream name the task sees (``envelope.stream``) and the checkpoint's input position"""
+    order_by: str | None = None
+    """rows of a partition are fed by ``(order_by, sequence)``; None: by sequence (the input order)"""
+    value: str | None = None
+    """the column that is the records' value; None: the whole row as a dict of the input columns"""
+    columns: tuple[str, ...] = ()
+    """the input columns"""
+    ts: str | None = None
+    """``number`` / ``timestamp``: the order column is also the records' timestamp (seconds)"""
+
+
+def _column_list(schema: Any) -> str:
+    return ", ".join(f"{field.name} {field.dataType.simpleString()}" for field in schema.fields)
+
+
+def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = None, value: str | None = None,
+                   stream: str = "dataframe") -> DataFrameSpec:
+    """Check ``df``'s schema against what the task gets (SchemaError naming the column and listing
+    the DataFrame's columns otherwise)."""
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import DateType, NumericType, TimestampNTZType, TimestampType
+
+    schema = df.schema
+    fields = {field.name: field for field in schema.fields}
+    for role, name in (("key", key), ("order_by", order_by), ("value", value)):
+        if name is not None and name not in fields:
+            raise SchemaError(f"{role} column {name!r} is not in the DataFrame", column=name,
+                              hint=f"name one of its columns: {_column_list(schema)}")
+    for name, field in fields.items():
+        if name.startswith("__localstate_"):
+            raise SchemaError(f"column {name!r} uses the prefix localstate reserves for its own columns",
+                              column=name, hint="rename the column")
+        try:
+            to_arrow_type(field.dataType)
+        except Exception as exc:  # pyspark raises PySparkTypeError / TypeError for unsupported types
+            raise SchemaError(f"column {name!r} of type {field.dataType.simpleString()} cannot be converted "
+                              f"into the records the task gets ({exc})", column=name,
+                              hint="cast or drop the column before handing the DataFrame to localstate") from None
+    key_type = type(fields[key].dataType).__name__
+    if key_type not in _KEY_TYPES:
+        raise SchemaError(f"key column {key!r} has type {fields[key].dataType.simpleString()}; a key must be a "
+                          "string, integer or binary column (it is partitioned like a Kafka key)", column=key,
+                          hint=f"cast it, e.g. df.withColumn({key!r}, col({key!r}).cast('string'))")
+    ts = None
+    if order_by is not None:
+        order_type = fields[order_by].dataType
+        if isinstance(order_type, NumericType):
+            ts = "number"
+        elif isinstance(order_type, (TimestampType, TimestampNTZType, DateType)):
+            ts = "timestamp"
+    return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts)
+
+
+def _spark_hash_long(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of a bigint (Murmur3_x86_32.hashLong, seed 42), as a signed 32-bit int."""
+    mask = 0xFFFFFFFF
+
+    def mix(h1: int, k1: int) -> int:
+        k1 = (k1 * 0xCC9E2D51) & mask
+        k1 = ((k1 << 15) | (k1 >> 17)) & mask
+        k1 = (k1 * 0x1B873593) & mask
+        h1 ^= k1
+        h1 = ((h1 << 13) | (h1 >> 19)) & mask
+        return (h1 * 5 + 0xE6546B64) & mask
+
+    h1 = mix(mix(seed & mask, value & mask), (value >> 32) & mask) ^ 8
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & mask
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & mask
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def routes(partitions: int) -> list[int]:
+    """For each job partition ``p``, the smallest value that Spark's hash partitioning into
+    ``partitions`` (``pmod(hash(value), partitions)``, what ``repartition(n, column)`` does) sends
+    to Spark partition ``p``: rows carrying it land in the task of their own job partition."""
+    found: dict[int, int] = {}
+    value = 0
+    while len(found) < partitions:
+        found.setdefault(_spark_hash_long(value) % partitions, value)  # Python's % is pmod
+        value += 1
+    return [found[p] for p in range(partitions)]
+
+
+class BatchOutputs:
+    """The output sink of a DataFrame batch: the messages a partition sent in batch ``batch``, as one
+    Parquet file ``<state_dir>/<job>/dataframe-outputs/<partition>/<batch>.parquet`` written
+    atomically (durable before the checkpoint names the batch). Only the last applied batch's file is
+    kept (:meth:`keep_only`): it is what a re-executed batch is answered with."""
+
+    def __init__(self, job: JobConfig, partition: int, batch: int) -> None:
+        self.job = job
+        self.partition = partition
+        self.batch = batch
+        self.written = 0
+
+    @staticmethod
+    def directory(job: JobConfig, partition: int) -> Path:
+        job_directory(job)
+        return safe_join(job.state_dir, job.name, "dataframe-outputs", str(partition))
+
+    @classmethod
+    def path(cls, job: JobConfig, partition: int, batch: int) -> Path:
+        return safe_join(cls.directory(job, partition), f"{int(batch)}.parquet")
+
+    def write(self, partition: int, messages: list[OutgoingMessage]) -> dict[str, int]:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        encode = _encoder()
+        n = len(messages)
+        table = pa.table({
+            "partition": pa.array([partition] * n, pa.int32()),
+            "batch_id": pa.array([self.batch] * n, pa.int64()),
+            "seq": pa.array(range(n), pa.int64()),
+            "stream": pa.array([m.stream for m in messages], pa.string()),
+            "key": pa.array([encode(m.key) for m in messages], pa.string()),
+            "value": pa.array([encode(m.value) for m in messages], pa.string()),
+        })
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        path = self.path(self.job, partition, self.batch)
+        try:
+            ensure_dir(self.job.state_dir, path.parent)
+        except OSError as exc:
+            raise os_error(exc, "create the DataFrame outputs directory", path.parent, OutputIOError,
+                           partition=partition) from exc
+        write_atomic(path, buffer.getvalue(), error=OutputIOError)
+        self.written += n
+        return {}
+
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
+        """Nothing to do at open: :meth:`keep_only` drops what the checkpoint does not name."""
+
+    def keep_only(self, batch: int | None) -> None:
+        """Delete this partition's output files except the one of ``batch`` (the committed batch):
+        files of attempts that never committed, and of batches before it."""
+        directory = self.directory(self.job, self.partition)
+        if not directory.is_dir():
+            return
+        keep = f"{batch}.parquet" if batch is not None else None
+        for entry in os.listdir(directory):
+            if entry.endswith(".parquet") and entry != keep and entry[:-8].isdigit():
+                path = safe_join(directory, entry)
+                try:
+                    path.unlink()
+                except OSError as exc:
+                    raise os_error(exc, "delete an old DataFrame output file", path, OutputIOError,
+                                   partition=self.partition) from exc
+
+
+def _encoder() -> Callable[[Any], str]:
+    def fallback(value: Any) -> Any:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value).hex()
+        if hasattr(value, "isoformat"):
+            return value.isoformat()
+        return str(value)
+
+    return json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=fallback).encode
+
+
+# -- executors ----------------------------------------------------------------------------------------
+_PARTITION_CACHE: dict[tuple[int, Any], int] = {}
+"""``(partitions, key) -> partition`` in this Python worker: Spark reuses its workers across batches,
+and a key's partition never changes (kept bounded by :data:`_CACHE_LIMIT`)."""
+_CACHE_LIMIT = 2_000_000
+
+
+def _partitions_of(keys: Any, partitions: int, column: str) -> Any:
+    """The job partition of each key of the Arrow array ``keys``: computed once per distinct key of
+    the batch (``dictionary_encode``), by :func:`partition_for`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if keys.null_count:
+        raise SchemaError(f"key column {column!r} holds a null key", column=column,
+                          hint="filter out rows without a key, or fill them in")
+    encoded = pc.dictionary_encode(keys)
+    cache = _PARTITION_CACHE
+    if len(cache) > _CACHE_LIMIT:
+        cache.clear()
+    parts = []
+    for key in encoded.dictionary.to_pylist():
+        part = cache.get((partitions, key))
+        if part is None:
+            part = cache[(partitions, key)] = partition_for(key, partitions)
+        parts.append(part)
+    return pa.array(parts, pa.int32()).take(encoded.indices)
+
+
+def _assign(spec: DataFrameSpec, route_values: list[int]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """mapInArrow before the shuffle: add the job partition, its route value and the sequence number."""
+    partitions = spec.job.partitions
+    key = spec.key
+
+    def assign(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        base = TaskContext.get().partitionId() << _ROW_BITS
+        route_of = pa.array(route_values, pa.int64())
+        index = 0
+        for batch in batches:
+            parts = _partitions_of(batch.column(key), partitions, key)
+            n = batch.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, route_of.take(parts), parts, pa.array(range(base + index, base + index + n), pa.int64())],
+                names=[*batch.schema.names, _ROUTE, _PARTITION, _SEQ])
+            index += n
+
+    return assign
+
+
+def _apply(spec: DataFrameSpec, batch: int, fault: Mapping[str, Any] | None) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """mapInArrow after the shuffle: feed each job partition found in this Spark partition."""
+
+    def apply(batches: Iterator[Any]) -> Iterator[Any]:
+        import numpy as np
+        import pyarrow as pa
+
+        collected = list(batches)
+        if not collected:
+            return
+        table = pa.Table.from_batches(collected)
+        order = [(_PARTITION, "ascending")] + ([(spec.order_by, "ascending")] if spec.order_by else []) \
+            + [(_SEQ, "ascending")]
+        table = table.sort_by(order)
+        parts = table.column(_PARTITION).to_numpy()
+        starts = np.flatnonzero(np.r_[True, parts[1:] != parts[:-1]])
+        ends = np.r_[starts[1:], len(parts)]
+        for start, end in zip(starts.tolist(), ends.tolist()):
+            partition = int(parts[start])
+            result = _run_partition(spec, partition, table.slice(start, end - start), batch, fault)
+            yield pa.RecordBatch.from_pylist([result], schema=_result_schema())
+
+    return apply
+
+
+def _result_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema([("partition", pa.int32()), ("applied", pa.bool_()), ("checkpoint", pa.string()),
+                      ("records", pa.int64()), ("outputs", pa.int64()),
+                      *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary())])
+
+
+def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, InputRecord]]:
+    """The rows as ``(stream, InputRecord)``, offsets counting on from the partition's position."""
+    import pyarrow.compute as pc
+
+    keys = rows.column(spec.key).to_pylist()
+    if spec.value is not None:
+        values: list[Any] = rows.column(spec.value).to_pylist()
+    else:
+        values = rows.select(list(spec.columns)).to_pylist()
+    if spec.ts == "number":
+        times: Iterable[Any] = rows.column(spec.order_by).to_pylist()
+    elif spec.ts == "timestamp":
+        column = rows.column(spec.order_by)
+        micros = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()
+        times = [None if t is None else t / 1e6 for t in micros]
+    else:
+        times = repeat(None)
+    return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, times))
+
+
+def _run_partition(spec: DataFrameSpec, partition: int, rows: Any, batch: int,
+                   fault: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Apply ``batch`` to one job partition, unless its checkpoint already holds it; returns the
+    prepared checkpoint (the driver saves it) or a deterministic error, pickled."""
+    clock = time.perf_counter
+    started = clock()
+    result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
+                              "outputs": 0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
+    try:
+        job = spec.job
+        add_task_paths(job)
+        committed = checkpoint_store(job).load(partition)
+        if committed is not None and committed.batch is not None and committed.batch >= batch:
+            return result  # applied before: the driver serves the outputs it stored
+        outputs = BatchOutputs(job, partition, batch)
+        changelogs = open_changelog_system(job)
+        instance = TaskInstance(job, partition, changelogs, sink=outputs)
+        try:
+            instance.open()
+            if instance.batch is not None and instance.batch >= batch:
+                instance.close(commit=False)
+                return result
+            outputs.keep_only(instance.batch)
+            opened = clock()
+            records = _records(spec, rows, instance.position(spec.stream))
+            converted = clock()
+            spec_fault = fault if fault and fault.get("partition") == partition and fault.get("batch") == batch \
+                else None
+            with armed(CrashAt.from_plan_fault(spec_fault) if spec_fault else None):
+                fed = instance.feed(records)
+            if job.window_interval is not None:
+                instance.maybe_window()
+            processed = clock()
+            instance.batch = batch
+            prepared = instance.prepare_commit()
+            instance.close(commit=False)
+            result.update({"open": opened - started, "convert": converted - opened, "process": processed - converted,
+                           "commit": clock() - processed})
+        except BaseException:
+            instance.abandon()
+            raise
+        finally:
+            changelogs.close()
+        result.update(applied=True, checkpoint=prepared.to_json(), records=fed.records, outputs=outputs.written)
+    except (Exception, SystemExit) as exc:
+        result["error"] = executor_failure(exc, batch, partition)  # re-raises what Spark should retry
+    return result
+
+
+# -- driver -------------------------------------------------------------------------------------------
+def _job(job: JobConfig | str | os.PathLike[str]) -> JobConfig:
+    return job if isinstance(job, JobConfig) else load_job_config(job)
+
+
+def _create_changelogs(job: JobConfig) -> None:
+    """Create the stores' changelog streams here, once, not in every task at the same time."""
+    changelogs = open_changelog_system(job)
+    try:
+        for store in job.stores.values():
+            if store.changelog is not None:
+                changelogs.ensure_stream(store.changelog, job.partitions)
+    finally:
+        changelogs.close()
+
+
+def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, batch_id: int | None = None,
+              order_by: str | None = None, value: str | None = None, stream: str = "dataframe",
+              fault: Mapping[str, Any] | None = None,
+              progress: Callable[[DataFrameBatch], None] | None = None) -> Any:
+    """Apply the batch ``df`` to the job's state, exactly once per ``batch_id``, and return the task's
+    outputs as a DataFrame (:data:`OUTPUT_SCHEMA`), read from files kept until the next batch.
+
+    ``batch_id``: the micro-batch id (foreachBatch's); None: the batch after the last one applied (a
+    batch DataFrame). An id the job already applied is not applied again: its outputs are returned as
+    they were. ``progress`` is called with the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch", "after", "marker"}`` SIGKILLs
+    the Python worker feeding that partition after ``after`` records, once (see :mod:`~localstate.core.faults`)."""
+    job = _job(job)
+    spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream)
+    add_task_paths(job)
+    load_task_class(job.task)  # a task that cannot be imported fails here, before Spark runs anything
+    checkpoints = checkpoint_store(job)
+    committed = {p: checkpoints.load(p) for p in range(job.partitions)}
+    applied = [c.batch for c in committed.values() if c is not None and c.batch is not None]
+    last = max(applied, default=None)
+    if batch_id is None:
+        batch_id = 0 if last is None else last + 1
+    if type(batch_id) is not int or batch_id < 0:
+        raise BatchOrderError(f"batch id must be a non-negative integer, got {batch_id!r}", batch=batch_id)
+    if last is not None and batch_id < last:
+        raise BatchOrderError(
+            f"batch {batch_id} goes backwards: job {job.name!r} has applied batch {last}, and only the outputs of "
+            "each partition's last batch are kept", batch=batch_id, committed=last, job=job.name,
+            path=str(checkpoints.root),
+            hint="a query's checkpointLocation must stay with the job's state: restore it, or start the job "
+                 "over with `localstate reset`")
+    _create_changelogs(job)
+    spark = df.sparkSession
+    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+
+    with_route = StructType([*df.schema.fields, StructField(_ROUTE, LongType(), False),
+                             StructField(_PARTITION, IntegerType(), False), StructField(_SEQ, LongType(), False)])
+    prepared = df.mapInArrow(_assign(spec, routes(job.partitions)), with_route)
+    shuffled = prepared.repartition(job.partitions, _ROUTE)
+    started = time.perf_counter()
+    try:
+        results = shuffled.mapInArrow(_apply(spec, batch_id, fault), _RESULT_SCHEMA).collect()
+    except LocalStateError:
+        raise
+    except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
+        raise spark_failure(exc, batch_id) from None
+    errors = [r["error"] for r in results if r["error"] is not None]
+    if errors:
+        raise pickle.loads(errors[0])
+    report = DataFrameBatch(batch_id)
+    for row in results:
+        if row["applied"]:
+            checkpoint = Checkpoint.from_json(row["checkpoint"], f"batch {batch_id} partition {row['partition']}")
+            # Fenced by the generation the task's instance took at open, like every commit.
+            checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+            report.applied.append(row["partition"])
+            report.records += row["records"]
+            report.outputs += row["outputs"]
+        else:
+            report.replayed.append(row["partition"])
+        for phase in TASK_PHASES:
+            report.task_seconds[phase] = report.task_seconds.get(phase, 0.0) + row[phase]
+        report.busiest_task = max(report.busiest_task, sum(row[phase] for phase in TASK_PHASES))
+    report.seconds = time.perf_counter() - started
+    if progress is not None:
+        progress(report)
+    return batch_outputs(spark, job, batch_id)
+
+
+def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
+    """The outputs of ``batch_id`` from every partition whose checkpoint holds it, as a DataFrame
+    (files without rows are left out: a batch that sent nothing costs the sink no Spark job's input)."""
+    import pyarrow.parquet as pq
+
+    checkpoints = checkpoint_store(job)
+    files = []
+    for partition in range(job.partitions):
+        checkpoint = checkpoints.load(partition)
+        if checkpoint is not None and checkpoint.batch == batch_id:
+            path = BatchOutputs.path(job, partition, batch_id)
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except FileNotFoundError:
+                raise BatchOrderError(f"the outputs of batch {batch_id} of partition {partition} are missing",
+                                      batch=batch_id, partition=partition, path=str(path),
+                                      hint="the state directory was changed by hand; restore it, or start the "
+                                           "job over with `localstate reset`") from None
+            if rows:
+                files.append(str(path))
+    if not files:
+        # An empty relation the optimizer sees is empty (createDataFrame([]) would run a Python RDD).
+        columns = [f"CAST(NULL AS {kind}) AS {name}" for name, kind in
+                   (column.split() for column in OUTPUT_SCHEMA.split(", "))]
+        return spark.range(0).selectExpr(*columns)
+    return spark.read.schema(OUTPUT_SCHEMA).parquet(*files)
+
+
+def foreach_batch(job: JobConfig | str | os.PathLike[str], *, key: str, sink: Callable[[Any, int], None],
+                  **options: Any) -> Callable[[Any, int], None]:
+    """A ``writeStream.foreachBatch`` function: each micro-batch goes through :func:`run_batch` (with
+    foreachBatch's batch id) and its outputs to ``sink(outputs, batch_id)``. Make the sink idempotent
+    per batch id (overwrite a per-batch location, Delta's ``txnAppId``/``txnVersion``): after a failure
+    Spark calls it again for the same batch, with the same rows."""
+    job = _job(job)
+
+    def handle(df: Any, batch_id: int) -> None:
+        sink(run_batch(df, job, key=key, batch_id=int(batch_id), **options), int(batch_id))
+
+    return handle

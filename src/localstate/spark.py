@@ -1,0 +1,58 @@
+"""localstate for Spark users: read a job's committed state, checkpoints and changelogs as DataFrames.
+
+    import localstate.spark
+    localstate.spark.register(spark)                       # once per SparkSession
+    counts = (spark.read.format("localstate")
+              .option("job", "/abs/path/job.toml").option("store", "counts").load())
+
+or, with localstate's typed errors raised before Spark plans anything::
+
+    counts = localstate.spark.read_state(spark, "/abs/path/job.toml", store="counts")
+
+Options, views and the column types: docs/state-reader.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from localstate.core.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
+from localstate.errors import LocalStateError
+
+__all__ = ["register", "read_state", "SOURCE_NAME"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``localstate`` data source with ``spark`` (a SparkSession); idempotent."""
+    spark.dataSource.register(StateDataSource)
+
+
+def read_state(spark: Any, job: str, store: str | None = None, **options: Any) -> Any:
+    """``spark.read.format("localstate")`` with ``job``, ``store`` and ``options`` (Spark's option
+    names: ``view``, ``raw``, ``readChangeFeed``, ``startOffset``, ``endOffset``, ``checkpointDir``,
+    ``batchId``, ``plugins``), registering the source first.
+
+    Relative paths (``job``, ``checkpointDir``, ``plugins``) are resolved here, against this
+    process's working directory. The options, the job, the store and its checkpoints are checked here first, so a mistake raises
+    localstate's typed error (ConfigError, StateNotFoundError, ...) with its hint, not a Spark
+    AnalysisException wrapping it."""
+    given = {"job": str(job), **({"store": store} if store is not None else {}),
+             **{name: _option_text(value) for name, value in options.items()}}
+    parsed = ReadOptions.parse(given).absolute()
+    load_view(parsed)
+    register(spark)
+    try:
+        return spark.read.format(SOURCE_NAME).options(**parsed.as_options()).load()
+    except Exception as exc:  # noqa: BLE001 - Spark wraps the Python error: raise the typed one
+        raise _typed(exc) from None
+
+
+def _option_text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _typed(exc: Exception) -> Exception:
+    from localstate.core.spark.failures import python_error
+
+    error = python_error(exc)
+    return error if isinstance(error, LocalStateError) else exc

@@ -1,0 +1,154 @@
+"""The DataFrame entry point on batch DataFrames: results exact against plain Python with a kv and a
+heap store, a re-executed batch id is not applied twice and gets the same rows, and bad input gets
+typed errors naming the column or batch."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tasks module, as the Python workers import it
+from dataframe_tasks import expected_outputs, job_config, read_state
+from localstate.core.checkpoint import Checkpoint, CheckpointStore
+from localstate.dataframe import OUTPUT_SCHEMA, run_batch
+from localstate.errors import BatchOrderError, CheckpointError, SchemaError
+
+SCHEMA = "user string, page string, ts long"
+
+
+@pytest.fixture(scope="module")
+def spark(spark_context):
+    from pyspark.sql import SparkSession
+
+    return SparkSession(spark_context)
+
+
+def _batches(seed: int, sizes: list[int], users: int = 40) -> list[list[dict]]:
+    rng = random.Random(seed)
+    ts = iter(rng.sample(range(10**6), sum(sizes)))  # unique, shuffled: the order column is not the input order
+    return [[{"user": f"user-{rng.randrange(users)}", "page": f"/p/{rng.randrange(9)}", "ts": next(ts)}
+             for _ in range(size)] for size in sizes]
+
+
+def _rows(out) -> list[tuple[int, str, int, str]]:
+    rows = []
+    for row in out.collect():
+        count, page, _ = json.loads(row.value)
+        assert row.stream == "counts"
+        rows.append((row.batch_id, json.loads(row.key), count, page))
+    return rows
+
+
+def test_batches_exact_and_rerun_is_not_applied_twice(spark, tmp_path):
+    job = job_config(tmp_path / "state", partitions=3)
+    batches = _batches(1, [300, 200, 250])
+    outputs = []
+    for batch_id, batch in enumerate(batches):
+        df = spark.createDataFrame(batch, SCHEMA).repartition(4)
+        out = run_batch(df, job, key="user", order_by="ts", batch_id=batch_id)
+        assert out.schema.simpleString() == spark.createDataFrame([], OUTPUT_SCHEMA).schema.simpleString()
+        outputs.append(sorted(out.collect()))
+        if batch_id == 1:
+            # Spark executes batch 1 again (a failed sink write, a restarted query): same rows, not re-applied.
+            reports = []
+            again = run_batch(df, job, key="user", order_by="ts", batch_id=1, progress=reports.append)
+            assert sorted(again.collect()) == outputs[1]
+            assert reports[0].records == 0 and reports[0].applied == []
+            assert sorted(reports[0].replayed) == sorted({row.partition for row in outputs[1]})
+    counts, expected_rows = expected_outputs(batches)
+    assert sorted(r for out in outputs for r in _rows(spark.createDataFrame(out, OUTPUT_SCHEMA))) == \
+        sorted(expected_rows)
+    state_counts, scores = read_state(job)
+    assert state_counts == counts
+    assert scores == {user: float(count) for user, count in counts.items()}
+    # Within a partition, outputs follow the order column: seq and ts agree.
+    for out in outputs:
+        by_partition: dict[int, list] = {}
+        for row in sorted(out, key=lambda r: (r.partition, r.seq)):
+            by_partition.setdefault(row.partition, []).append(json.loads(row.value)[2])
+        assert all(ts == sorted(ts) for ts in by_partition.values())
+
+
+def test_batch_id_none_applies_the_next_batch(spark, tmp_path):
+    job = job_config(tmp_path / "state")
+    batches = _batches(2, [50, 60])
+    for batch in batches:
+        run_batch(spark.createDataFrame(batch, SCHEMA), job, key="user", order_by="ts")
+    checkpoints = CheckpointStore(tmp_path / "state" / job.name / "checkpoints")
+    assert {checkpoints.load(p).batch for p in range(job.partitions)} == {1}
+    assert read_state(job)[0] == expected_outputs(batches)[0]
+
+
+def test_input_order_without_order_column(spark, tmp_path):
+    """Without order_by, each partition is fed in the input order, the same on every execution."""
+    job = job_config(tmp_path / "state")
+    rows = [{"user": "user-1", "page": f"/p/{i}", "ts": 0} for i in range(200)]
+    df = spark.createDataFrame(rows, SCHEMA).coalesce(1)
+    out = _rows(run_batch(df, job, key="user", batch_id=0))
+    assert sorted(out, key=lambda r: r[2]) == [(0, "user-1", i + 1, f"/p/{i}") for i in range(200)]
+
+
+def test_missing_key_column_lists_the_columns(spark, tmp_path):
+    df = spark.createDataFrame([("a", "/p", 1)], SCHEMA)
+    with pytest.raises(SchemaError) as info:
+        run_batch(df, job_config(tmp_path / "state"), key="usr")
+    assert info.value.context["column"] == "usr"
+    assert "user string, page string, ts bigint" in str(info.value)
+    with pytest.raises(SchemaError, match="order_by column 'time'"):
+        run_batch(df, job_config(tmp_path / "state"), key="user", order_by="time")
+
+
+def test_column_types_the_task_cannot_get(spark, tmp_path):
+    job = job_config(tmp_path / "state")
+    df = spark.createDataFrame([("a", "/p", 1)], SCHEMA)
+    with pytest.raises(SchemaError) as info:
+        run_batch(df.selectExpr("user", "page", "ts", "make_interval(1, 2) AS span"), job, key="user")
+    assert info.value.context["column"] == "span" and "interval" in str(info.value)
+    with pytest.raises(SchemaError) as info:
+        run_batch(df.selectExpr("CAST(ts AS DOUBLE) AS score", "page"), job, key="score")
+    assert info.value.context["column"] == "score" and "double" in str(info.value)
+    with pytest.raises(SchemaError, match="null key"):
+        run_batch(spark.createDataFrame([(None, "/p", 1)], SCHEMA), job, key="user")
+    assert not (tmp_path / "state" / job.name / "checkpoints" / "0.json").exists() or \
+        CheckpointStore(tmp_path / "state" / job.name / "checkpoints").load(0).batch is None
+
+
+def test_batch_id_going_backwards(spark, tmp_path):
+    job = job_config(tmp_path / "state")
+    batches = _batches(3, [40, 40, 40])
+    for batch_id in (0, 1, 2):
+        run_batch(spark.createDataFrame(batches[batch_id], SCHEMA), job, key="user", order_by="ts", batch_id=batch_id)
+    with pytest.raises(BatchOrderError) as info:
+        run_batch(spark.createDataFrame(batches[0], SCHEMA), job, key="user", order_by="ts", batch_id=1)
+    assert info.value.context["batch"] == 1 and info.value.context["committed"] == 2
+    with pytest.raises(BatchOrderError):
+        run_batch(spark.createDataFrame(batches[0], SCHEMA), job, key="user", batch_id=-1)
+    assert read_state(job)[0] == expected_outputs(batches)[0]
+
+
+def test_checkpoint_batch_field():
+    """Old checkpoints (no batch) load with batch None and are written as before; a bad value is refused."""
+    old = json.dumps({"format": 1, "partition": 0, "generation": 3, "inputs": {}, "changelogs": {}, "outputs": {}})
+    assert Checkpoint.from_json(old, "old").batch is None
+    assert "batch" not in json.loads(Checkpoint(0).to_json())
+    assert Checkpoint.from_json(Checkpoint(0, batch=7).to_json(), "new").batch == 7
+    for bad in (-1, "7", 1.5, True):
+        with pytest.raises(CheckpointError, match="batch"):
+            Checkpoint.from_json(json.dumps({**json.loads(old), "batch": bad}), "bad")
+
+
+def test_routes_land_in_their_own_spark_partition(spark):
+    """routes() reproduces Spark's hash partitioning: job partition p is Spark partition p."""
+    from pyspark.sql import functions as F
+
+    from localstate.core.spark.dataframe import routes
+
+    for partitions in (1, 2, 3, 7, 16):
+        values = routes(partitions)
+        df = spark.createDataFrame([(v, p) for p, v in enumerate(values)], "route long, p int")
+        placed = df.repartition(partitions, "route").select("p", F.spark_partition_id().alias("spark")).collect()
+        assert sorted((row.p, row.spark) for row in placed) == [(p, p) for p in range(partitions)]
