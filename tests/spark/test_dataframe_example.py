@@ -23,8 +23,8 @@ def test_rate_counts_example(tmp_path):
     example = tmp_path / "dataframe"
     shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("state", "out", "checkpoint", "__pycache__"))
     for _ in range(2):  # the second run continues from the query checkpoint and the job's state
-        done = subprocess.run([sys.executable, str(example / "rate_counts.py"), "--batches", "2", "--seconds", "240",
-                               "--rows-per-second", "40"], capture_output=True, text=True, timeout=400,
+        done = subprocess.run([sys.executable, str(example / "rate_counts.py"), "--batches", "2", "--seconds", "300",
+                               "--rows-per-second", "40"], capture_output=True, text=True, timeout=600,
                               env={**os.environ})
         assert done.returncode == 0, done.stderr[-3000:]
         assert "output row(s)" in done.stdout
