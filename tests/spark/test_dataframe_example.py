@@ -14,6 +14,7 @@ import pytest
 
 from localstate.core.config import load_job_config
 from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.task import add_task_paths
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dataframe"
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -45,6 +46,7 @@ def test_rate_counts_example(tmp_path):
         assert [count for _, count in sorted(pairs)] == list(range(1, len(pairs) + 1))  # counted in value order
 
     job = load_job_config(example / "job.toml")
+    add_task_paths(job)  # counting.py, next to job.toml
     changelogs = open_changelog_system(job)
     state: dict[str, int] = {}
     for partition in range(job.partitions):
