@@ -32,7 +32,9 @@ def test_rate_counts_example(tmp_path):
 
     values: dict[str, list[tuple[int, int]]] = {}
     batches = sorted((example / "out").glob("batch=*"))
-    assert len(batches) >= 4
+    # Two runs of two batches each; a batch whose commit the stop cut off is executed again by the
+    # second run (its outputs served from what localstate kept), so three or four batch folders.
+    assert len(batches) >= 3
     for batch in batches:
         for part in batch.glob("part-*.json"):
             for line in part.read_text().splitlines():
