@@ -137,7 +137,7 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
             raise SchemaError(f"column {name!r} uses the prefix localstate reserves for its own columns",
                               column=name, hint="rename the column")
         try:
-            to_arrow_type(field.dataType)
+            to_arrow_type(field.dataType, timezone="UTC")  # any zone: only whether a conversion exists matters
         except Exception as exc:  # pyspark raises PySparkTypeError / TypeError for unsupported types
             raise SchemaError(f"column {name!r} of type {field.dataType.simpleString()} cannot be converted "
                               f"into the records the task gets ({exc})", column=name,

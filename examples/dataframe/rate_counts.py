@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 from pathlib import Path
 
 from localstate.core.spark.context import spark_context
@@ -56,9 +57,14 @@ def main() -> None:
              .start())
     # Stop right after a batch's sink returned: the next trigger is up to 2 s away. (A stop in the
     # middle of a batch loses nothing either: the next run executes that batch again.)
-    enough.wait(args.seconds)
+    deadline = time.monotonic() + args.seconds
+    while not enough.wait(0.5) and query.isActive and time.monotonic() < deadline:
+        pass
+    failure = query.exception()
     query.stop()
     spark.stop()
+    if failure is not None:
+        raise SystemExit(f"the query failed: {failure}")
 
 
 if __name__ == "__main__":

@@ -111,10 +111,11 @@ def test_column_types_the_task_cannot_get(spark, tmp_path):
     with pytest.raises(SchemaError) as info:
         run_batch(df.selectExpr("CAST(ts AS DOUBLE) AS score", "page"), job, key="score")
     assert info.value.context["column"] == "score" and "double" in str(info.value)
+    stamped = run_batch(df.selectExpr("user", "page", "CAST(ts AS TIMESTAMP) AS at"), job, key="user", order_by="at")
+    assert json.loads(stamped.collect()[0].value)[2] == 1.0  # a timestamp column is the envelope's timestamp
     with pytest.raises(SchemaError, match="null key"):
         run_batch(spark.createDataFrame([(None, "/p", 1)], SCHEMA), job, key="user")
-    assert not (tmp_path / "state" / job.name / "checkpoints" / "0.json").exists() or \
-        CheckpointStore(tmp_path / "state" / job.name / "checkpoints").load(0).batch is None
+    assert read_state(job)[0] == {"a": 1}  # only the timestamped batch was applied
 
 
 def test_batch_id_going_backwards(spark, tmp_path):
