@@ -46,6 +46,10 @@ class Checkpoint:
     batch: int | None = None
     """the id of the last Spark micro-batch this partition applied through the DataFrame entry point
     (:mod:`localstate.core.spark.dataframe`), None if none: a re-executed batch is recognised by it"""
+    attempt: str | None = None
+    """cluster mode: the id of the task attempt that prepared this checkpoint. A host reuses its local
+    state only if the committed checkpoint names the attempt that last wrote it (same offsets from two
+    attempts of one batch are not the same state)"""
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     """store -> the changelog partition's manifest (:class:`~localstate.core.changelog.ManifestedChangelog`):
     the objects that hold its committed records. Empty for systems without manifests."""
@@ -54,6 +58,8 @@ class Checkpoint:
         data = asdict(self)
         if data["batch"] is None:
             del data["batch"]  # checkpoints of jobs that never ran a DataFrame batch stay as they were
+        if data["attempt"] is None:
+            del data["attempt"]  # only cluster-mode checkpoints name their attempt
         if not data["manifests"]:
             del data["manifests"]  # nor do those of changelog systems without manifests
         return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
@@ -79,6 +85,7 @@ class Checkpoint:
                    changelogs=_offsets(data["changelogs"], where, "changelogs"),
                    outputs=_offsets(data.get("outputs", {}), where, "outputs"),
                    batch=None if data.get("batch") is None else _offset(data["batch"], where, "batch"),
+                   attempt=_attempt(data.get("attempt"), where),
                    manifests=_manifests(data.get("manifests", {}), where))
 
 
@@ -102,6 +109,15 @@ def _offsets(value: Any, where: str, field_name: str) -> dict[str, int]:
     if not isinstance(value, dict):
         raise _corrupt(where, field_name, f"expected an object of name -> offset, got {type(value).__name__}")
     return {name: _offset(offset, where, f"{field_name}.{name}") for name, offset in value.items()}
+
+
+def _attempt(value: Any, where: str) -> str | None:
+    """None, or an attempt id: 1 to 64 lowercase hex digits."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= 64 or value.strip("0123456789abcdef"):
+        raise _corrupt(where, "attempt", f"expected an attempt id (hex digits), got {value!r:.40}")
+    return value
 
 
 def _manifests(value: Any, where: str) -> dict[str, dict[str, Any]]:

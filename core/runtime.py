@@ -26,7 +26,7 @@ from localstate.core.corruption import wipe_local
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.faults import crash_point
 from localstate.core.records import CHUNK, PROCESS_HINT, FeedStats, InputPolicy, apply_on_error, make_envelope
-from localstate.core.fsutil import ensure_dir, make_owned_dir, os_error
+from localstate.core.fsutil import ensure_dir, make_owned_dir, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
@@ -135,6 +135,11 @@ class TaskInstance:
     cluster, the driver's checkpoint as the plan carries it, see :mod:`localstate.core.spark.cluster`)"""
     local_root: Path | None = None
     """the directory the local stores live under: :func:`store_root` unless given"""
+    attempt: str | None = None
+    """cluster mode: this attempt's unique id. It is recorded next to each local store when the store
+    has been recovered, and in every checkpoint this instance prepares; at the next open on this host
+    local state is kept only if the committed checkpoint names the attempt that last wrote it, else it
+    is discarded and rebuilt (it may hold an uncommitted attempt's writes at the committed offsets)"""
 
     def __post_init__(self) -> None:
         self.task_factory = load_task_class(self.task_factory or self.job.task)
@@ -169,8 +174,9 @@ class TaskInstance:
     def _open_locked(self) -> list[StoreRecovery]:
         checkpoint = self.checkpoints.load(self.partition)
         manifests = checkpoint.manifests if checkpoint is not None else {}
+        committed_attempt = checkpoint.attempt if checkpoint is not None else None
         for name, store in self.job.stores.items():
-            self.stores[name] = self._open_store(name, store, manifests.get(name))
+            self.stores[name] = self._open_store(name, store, manifests.get(name), committed_attempt)
         if checkpoint is None:
             self._check_fresh()
             checkpoint = Checkpoint(self.partition)
@@ -180,6 +186,15 @@ class TaskInstance:
                 self.recoveries.append(self._recover(name, store, offset))
             else:
                 store.engine.flush()
+        if self.attempt is not None:
+            for name in self.stores:  # from here on, this attempt writes the local state
+                marker = self._attempt_marker(name)
+                try:
+                    ensure_dir(self.local_root, marker.parent)
+                except OSError as exc:
+                    raise os_error(exc, "create the directory", marker.parent, StoreIOError, store=name,
+                                   partition=self.partition) from exc
+                write_atomic(marker, self.attempt.encode(), error=StoreIOError)
         # The sink returns every output's position (StreamSink), so even this first checkpoint covers
         # the outputs: a restart then truncates what this instance wrote instead of refusing it.
         outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
@@ -210,7 +225,22 @@ class TaskInstance:
                              hint="fix the task's __init__ (or factory); no input was processed and the state "
                                   "is unchanged")
 
-    def _open_store(self, name: str, config: Any, manifest: dict[str, Any] | None = None) -> _Store:
+    def _attempt_marker(self, store: str) -> Path:
+        """``<root>/<job>/attempts/<store>/<partition>``: the attempt that last wrote this host's local
+        state of the store partition (cluster mode), kept beside the stores, not inside them."""
+        return safe_join(self.local_root, self.job.name, "attempts", store, str(self.partition))
+
+    def _last_attempt(self, store: str) -> str | None:
+        try:
+            return read_nofollow(self._attempt_marker(store)).decode("ascii", "replace")
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise os_error(exc, "read the attempt marker of", self._attempt_marker(store), StoreIOError,
+                           store=store, partition=self.partition) from exc
+
+    def _open_store(self, name: str, config: Any, manifest: dict[str, Any] | None = None,
+                    committed_attempt: str | None = None) -> _Store:
         registry = self.job.registry
         factory = registry.engine_factory(config.engine)
         changelog = None
@@ -233,6 +263,13 @@ class TaskInstance:
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None,
             extra={"registry": registry})  # backends are found through the job's plugin policy
         had_files = any(directory.iterdir())
+        if had_files and changelog is not None and self.attempt is not None \
+                and self._last_attempt(name) != committed_attempt:
+            # Written by an attempt the driver did not commit (or not last): its offsets may match the
+            # checkpoint's while its content does not. Local state is a cache: rebuild it.
+            wipe_local(directory, "store", "it was last written by a task attempt that is not the committed one",
+                       store=name, partition=self.partition)
+            had_files = False
         try:
             engine = factory.create(context)
         except StoreCorruptError as exc:
@@ -438,7 +475,7 @@ class TaskInstance:
         return Checkpoint(
             partition=self.partition, generation=self.generation, inputs=dict(self.positions),
             changelogs={name: s.changelog.end_offset() for name, s in self.stores.items() if s.changelog is not None},
-            outputs=dict(outputs), batch=self.batch,
+            outputs=dict(outputs), batch=self.batch, attempt=self.attempt,
             manifests={name: s.changelog.manifest() for name, s in self.stores.items()
                        if isinstance(s.changelog, ManifestedChangelog)})
 

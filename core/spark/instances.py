@@ -37,6 +37,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -377,7 +378,7 @@ def open_planned(job: JobConfig, plan: PartitionPlan) -> Lease:
     changelogs = _TimedChangelogs(open_changelog_system(job), clock)
     sink = _TimedSink(StreamSink(job), clock)
     instance = BatchInstance(job, plan.partition, changelogs, sink, checkpoints=checkpoints,  # type: ignore[arg-type]
-                             local_root=executor_local_root(job))
+                             local_root=executor_local_root(job), attempt=uuid.uuid4().hex)
     try:
         recoveries = instance.open()
     except BaseException:

@@ -142,3 +142,34 @@ def test_fresh_partition_with_changelog_records_but_no_checkpoint_is_refused(clu
     with pytest.raises(Exception) as info:
         runner._initial_checkpoints()
     assert type(info.value).__name__ == "CheckpointError" and "checkpoint is missing" in str(info.value)
+
+
+def test_local_state_of_an_attempt_that_was_not_committed_is_rebuilt(cluster_job, tmp_path, monkeypatch):
+    """Host A runs batch 1 but its attempt is not the one committed (host B's attempt of the same batch
+    is): when the partitions come back to A, A's local state is not trusted, whatever its offsets, and
+    is rebuilt from the changelog; the result is exact."""
+    job, runner = cluster_job
+    _commit(runner, _run_batch(job, runner, 0))
+    plans, _ = runner.plan(1)
+    on_a = [run_partition(job, plan) for plan in plans]  # host A: written locally, never committed
+    assert all("error" not in r for r in on_a)
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "host-b"))
+    on_b = [run_partition(job, plan) for plan in plans]
+    _commit(runner, on_b)
+    committed = {p: runner.checkpoints.load(p) for p in range(PARTITIONS)}
+    assert all(c.attempt and c.attempt != Checkpoint(**a["checkpoint"]).attempt
+               for c, a in zip(committed.values(), on_a))
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-local"))  # back on host A
+    back = _run_batch(job, runner, 2)
+    for result, partition in zip(back, range(PARTITIONS)):
+        assert not result["warm"]
+        # Rebuilt from offset 0: every committed changelog record replayed, not only the tail after A's offset.
+        assert result["replayed"] == sum(committed[partition].changelogs.values()), result
+    _commit(runner, back)
+    batch = 3
+    while (plans := runner.plan(batch)[0]):
+        _commit(runner, [run_partition(job, plan) for plan in plans])
+        batch += 1
+    for partition in range(PARTITIONS):
+        assert actual_outputs(job, partition) == expected_outputs(partition)
+    assert restored_state(job, tmp_path / "verify") == expected_state()
