@@ -11,7 +11,7 @@ start and a warm-up excluded, as the peer does). localstate runs twice, before a
 native aggregation (the machine is shared: the ratios use both runs). Correctness: every user's
 count read back from the stores equals numpy.bincount.
 
-The DataFrame entry point (``localstate.dataframe.foreach_batch``) runs the same job on the same
+The DataFrame entry point (``localstate.spark.foreach_batch``) runs the same job on the same
 events, read by a Parquet file streaming source with one file per micro-batch (ten, as the peer
 reads them), outputs to a ``noop`` sink; timed from ``start()`` to the query's end, after an untimed
 warm-up query. Rows ``dataframe time: <phase>`` say where its time goes.

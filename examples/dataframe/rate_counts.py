@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from localstate.core.spark.context import spark_context
-from localstate.dataframe import foreach_batch
+from localstate.spark import foreach_batch
 
 HERE = Path(__file__).resolve().parent
 

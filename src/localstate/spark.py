@@ -1,4 +1,9 @@
-"""localstate for Spark users: read a job's committed state, checkpoints and changelogs as DataFrames.
+"""localstate for Spark users, in one module: run a localstate task over a DataFrame (:func:`run_batch`,
+:func:`foreach_batch` for ``writeStream.foreachBatch``; docs/spark-users.md), and read a job's committed
+state, checkpoints and changelogs as DataFrames (:func:`register`, :func:`read_state`).
+
+    from localstate.spark import foreach_batch
+    query = stream.writeStream.foreachBatch(foreach_batch("job.toml", key="user", sink=write)).start()
 
     import localstate.spark
     localstate.spark.register(spark)                       # once per SparkSession
@@ -16,10 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from localstate.core.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, run_batch
 from localstate.core.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
 from localstate.errors import LocalStateError
 
-__all__ = ["register", "read_state", "SOURCE_NAME"]
+__all__ = ["run_batch", "foreach_batch", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state", "SOURCE_NAME"]
 
 
 def register(spark: Any) -> None:

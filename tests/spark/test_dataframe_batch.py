@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tasks module, as the Python workers import it
 from dataframe_tasks import expected_outputs, job_config, read_state
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
-from localstate.dataframe import OUTPUT_SCHEMA, run_batch
+from localstate.spark import OUTPUT_SCHEMA, run_batch
 from localstate.errors import BatchOrderError, CheckpointError, SchemaError
 
 SCHEMA = "user string, page string, ts long"

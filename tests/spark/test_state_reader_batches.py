@@ -12,7 +12,7 @@ import pytest
 
 import localstate.spark
 from localstate.core.config import load_job_config
-from localstate.dataframe import run_batch
+from localstate.spark import run_batch
 from localstate.errors import StateNotFoundError
 
 pytestmark = pytest.mark.spark
