@@ -5,35 +5,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from localstate.core.config import load_job_config
+from localstate.core.spark.devcluster import free_port, wait_for_port
 
 from .test_spark_runtime import EXAMPLES, actual_hourly, expected_hourly
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port}")
 
 
 def test_run_on_standalone_cluster(tmp_path):
@@ -43,7 +26,7 @@ def test_run_on_standalone_cluster(tmp_path):
     spark_class = spark_home / "bin" / "spark-class"
     if not spark_class.exists():
         pytest.skip("this pyspark distribution ships no bin/spark-class")
-    port, web = _free_port(), _free_port()
+    port, web = free_port(), free_port()
     env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
            "PYSPARK_PYTHON": sys.executable, "SPARK_WORKER_DIR": str(tmp_path / "work")}
     master = subprocess.Popen([str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
@@ -51,9 +34,9 @@ def test_run_on_standalone_cluster(tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     worker = None
     try:
-        _wait_for_port(port, 60)
+        wait_for_port(port, 60)
         worker = subprocess.Popen([str(spark_class), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                   "--cores", "2", "--memory", "1g", "--webui-port", str(_free_port()),
+                                   "--cores", "2", "--memory", "1g", "--webui-port", str(free_port()),
                                    f"spark://127.0.0.1:{port}"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         shutil.copytree(EXAMPLES / "windowed_counts", tmp_path / "job")
