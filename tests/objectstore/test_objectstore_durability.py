@@ -34,6 +34,7 @@ from localstate.errors import ChangelogError
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the runtime tests' Host (tests/ itself is on the path: conftest)
 from s3_server import SeaweedS3, weed_binary  # noqa: E402
+from test_objectstore_changelog import chain_state  # noqa: E402
 from test_objectstore_runtime import Host, expected, inputs  # noqa: E402
 
 STREAM = "counting-counts-changelog"
@@ -275,12 +276,6 @@ def test_snapshot_plus_tail_equals_a_full_replay(location, tmp_path_factory, flu
     for manifest in (committed, replay):
         reader = system.reader("s", 0)
         reader.adopt(manifest)
-        state: dict[bytes, bytes] = {}
-        for record in reader.read():
-            if record.value is None:
-                state.pop(record.key, None)
-            else:
-                state[record.key] = record.value
-        assert state == {key: value for _offset, key, value in model(ops)}
+        assert chain_state(reader) == {key: value for _offset, key, value in model(ops)}
         assert reader.end_offset() == len(ops)
     system.close()
