@@ -8,11 +8,16 @@ host, or after a failed snapshot)."""
 
 from __future__ import annotations
 
+import struct
 from typing import Iterable
 
 from localstate.changelog.file.format import HEADER, HEADER_SIZE, TOMBSTONE
 
 __all__ = ["LatestRecords", "compact_objects"]
+
+#: The key and value lengths at the end of a record's header (``klen u32, vlen i32``): all a merge reads.
+_LENGTHS = struct.Struct("<Ii")
+_LENGTHS_AT = HEADER.size - _LENGTHS.size
 
 
 class LatestRecords:
@@ -32,17 +37,19 @@ class LatestRecords:
         all at or after :attr:`end`); afterwards the state covers the records below ``end``."""
         latest = self.latest
         pop = latest.pop
-        unpack = HEADER.unpack_from
+        unpack = _LENGTHS.unpack_from
         position, size = 0, len(body)
         while position < size:
-            _crc, _offset, _ts, klen, vlen = unpack(body, position)
-            key_end = position + HEADER_SIZE + klen
-            record_end = key_end + vlen if vlen > 0 else key_end
-            key = body[position + HEADER_SIZE:key_end]
-            pop(key, None)
-            if vlen != TOMBSTONE:
-                latest[key] = body[position:record_end]
-            position = record_end
+            start = position
+            klen, vlen = unpack(body, start + _LENGTHS_AT)
+            key_end = start + HEADER_SIZE + klen
+            key = body[start + HEADER_SIZE:key_end]
+            pop(key, None)  # re-inserted below: the key moves to the end (offset order)
+            if vlen == TOMBSTONE:
+                position = key_end
+            else:
+                position = key_end + vlen
+                latest[key] = body[start:position]
         self.end = end
 
     def body(self) -> tuple[bytes, int]:
