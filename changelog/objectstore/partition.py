@@ -18,10 +18,10 @@ from localstate.errors import ChangelogError, LocalStateError
 
 from .chain import DELTA, OBJECT_HEADER, SNAPSHOT, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, \
     partition_prefix, snapshot_name
-from .compaction import LatestRecords, compact_objects
+from .compaction import LatestRecords
 from .storage import ObjectStore
 
-__all__ = ["ObjectStoreChangelogPartition", "compact_objects"]
+__all__ = ["ObjectStoreChangelogPartition"]
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,10 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     def adopt(self, manifest: dict[str, Any] | None) -> None:
         chain = Chain(self.stream, self.partition) if manifest is None else \
             Chain.from_manifest(manifest, self.stream, self.partition)
-        self._wait_for_put()
+        self._wait_for_put()  # a PUT of the chain being replaced: its outcome no longer matters
         with self._lock:
             self._epoch += 1
+            self._pending = None
             self._failed = None
             self._latest = None
             self._chain = chain
@@ -333,7 +334,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _wait_for_put(self) -> None:
-        """Let the PUT in flight finish (its error stays for :meth:`settle` to raise)."""
+        """Let the PUT in flight finish, without raising its error."""
         pending = self._pending
         if pending is not None:
             concurrent.futures.wait([pending])

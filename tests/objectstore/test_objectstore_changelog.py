@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.memory import MemoryChangelogSystem
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
-from localstate.changelog.objectstore.partition import compact_objects
+from localstate.changelog.objectstore.compaction import compact_objects
 from localstate.core.changelog import Compactable, DeletableStreams, ManifestedChangelog, StreamLocations
 from localstate.core.checkpoint import Checkpoint
 from localstate.errors import ChangelogCorruptError, ChangelogError, CheckpointError, ConfigError

@@ -134,6 +134,29 @@ def test_a_failed_put_fails_the_commit_and_local_state_ahead_is_rolled_back(outa
     assert Host(tmp_path / "b", outage.options).state() == expected(first + second)  # a host with nothing local
 
 
+def test_adopting_the_committed_chain_after_a_failed_put_makes_the_partition_usable_again(outage, tmp_path):
+    system = ObjectStoreChangelogSystem(outage.options, tmp_path)
+    system.ensure_stream("s", 1)
+    log = system.partition("s", 0)
+    log.adopt(None)
+    log.append(b"a", b"1")
+    log.flush()
+    committed = log.manifest()
+    outage.stop()
+    log.append(b"a", b"2")
+    log.flush()
+    with pytest.raises(ChangelogError, match="could not be written"):
+        log.manifest()
+    outage.start()
+    log.adopt(committed)  # what the runtime does when it retries the batch
+    log.append(b"b", b"1")
+    log.flush()
+    reader = system.reader("s", 0)
+    reader.adopt(log.manifest())
+    assert chain_state(reader) == {b"a": b"1", b"b": b"1"}
+    log.close()
+
+
 CHILD = """
 import json, os, signal, sys
 sys.path[:0] = [{tests!r}, {here!r}]
