@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -42,14 +43,18 @@ STREAM = "counting-counts-changelog"
 
 # ---------------------------------------------------------------- storage that goes away
 
-class Outage:
+class Outage(ABC):
     """Shared storage that can be taken away and brought back mid-run."""
 
     options: dict[str, Any]
 
-    def stop(self) -> None: ...
+    @abstractmethod
+    def stop(self) -> None:
+        """Take the storage away: every write to it fails."""
 
-    def start(self) -> None: ...
+    @abstractmethod
+    def start(self) -> None:
+        """Bring it back with what it held."""
 
 
 class DirectoryOutage(Outage):
