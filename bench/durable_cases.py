@@ -116,7 +116,26 @@ def ready(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     return {**clock.figures(), "replayed": recovery.replayed, "keys": count}
 
 
+def puts(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
+    """Latency of one whole-object write (``ObjectStore.put``, what a flush's PUT does) of ``bytes``
+    bytes, ``count`` times in a row: median and 90th percentile in milliseconds."""
+    import os
+    import statistics
+    import time
+    system = _system(tmp, p)
+    data = os.urandom(p["bytes"])
+    seconds = []
+    for i in range(p["count"]):
+        started = time.perf_counter()
+        system.store.put(f"bench-puts/{p['bytes']}-{i}", data)
+        seconds.append(time.perf_counter() - started)
+    seconds.sort()
+    return {"bytes": p["bytes"], "puts": len(seconds), "median_ms": statistics.median(seconds) * 1000,
+            "p90_ms": seconds[int(len(seconds) * 0.9)] * 1000}
+
+
 CASES: dict[str, Callable[[Path, dict[str, Any]], dict[str, Any]]] = {
+    "puts": puts,
     "counting": counting,
     "history": history,
     "ready": ready,

@@ -292,7 +292,9 @@ class ManifestedChangelog(Protocol):
 
     def manifest(self) -> dict[str, Any]:
         """A JSON-able description of the partition's chain up to :meth:`ChangelogPartition.end_offset`
-        (every record flushed): the objects a restore reads, and nothing else."""
+        (every record flushed): the objects a restore reads, and nothing else. Every object it names
+        is durably written when it returns (a partition may write what ``flush`` sealed in the
+        background, and waits for it here); a failed write raises ChangelogError."""
 
     def adopt(self, manifest: dict[str, Any] | None) -> None:
         """Make the chain ``manifest`` names (None: empty) this partition's content; records appended

@@ -6,6 +6,9 @@ clusters); see docs/durable.md.
     server = SeaweedS3(tmp_dir).start()      # blocks until S3 answers and the bucket exists
     server.options("prefix")                 # [changelogs.objectstore] options for a job
     server.stop()                            # SIGKILL: a graceful stop takes ~10 s
+
+The bucket is configured so that the volume server fsyncs each object before answering its PUT
+(``fsync=False`` to measure without): SeaweedFS's default acknowledges writes from the page cache.
 """
 
 from __future__ import annotations
@@ -61,9 +64,15 @@ class SeaweedS3:
     bucket = "localstate"
     region = "us-east-1"
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, fsync: bool = True) -> None:
+        """``fsync``: the volume server fsyncs every object of the bucket before the PUT is answered
+        (SeaweedFS's per-path ``fs.configure -fsync``; by default it answers from the page cache), so
+        a PUT is as durable as the file changelog's fsynced flush."""
         self.directory = Path(directory)
         self.port = free_port()
+        self.fsync = fsync
+        self.master_port = free_port()
+        self.filer_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -94,7 +103,7 @@ class SeaweedS3:
             "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
         log = open(self.directory / "weed.log", "wb")  # noqa: SIM115 - the child keeps writing to it
         command = [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
-                   f"-master.port={free_port()}", f"-volume.port={free_port()}", f"-filer.port={free_port()}",
+                   f"-master.port={self.master_port}", f"-volume.port={free_port()}", f"-filer.port={self.filer_port}",
                    "-master.volumeSizeLimitMB=256", "-volume.max=0", "-s3", f"-s3.port={self.port}", f"-s3.config={identities}",
                    # the Iceberg and Lance catalogs listen on fixed ports by default: off, so servers can coexist
                    "-s3.port.iceberg=0", "-s3.port.lance=0"]
@@ -118,12 +127,31 @@ class SeaweedS3:
         while True:  # the filer may need a moment more before buckets can be created
             try:
                 self.filesystem(allow_bucket_creation=True).create_dir(self.bucket)
-                return self
+                break
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
                     raise
                 time.sleep(0.2)
+        if self.fsync:
+            self._configure_fsync(max(1.0, deadline - time.monotonic()))
+        return self
+
+    def _configure_fsync(self, timeout: float) -> None:
+        """Make the volume server fsync every write below the bucket (a filer path rule)."""
+        command = [weed_binary() or "weed", "shell", f"-master=127.0.0.1:{self.master_port}",
+                   f"-filer=127.0.0.1:{self.filer_port}"]
+        rule = f"fs.configure -locationPrefix=/buckets/{self.bucket}/ -fsync -apply\n"
+        try:
+            out = subprocess.run(command, input=rule, capture_output=True, text=True, timeout=timeout, check=False,
+                                 cwd=self.directory)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        if out.returncode != 0 or '"fsync":  true' not in out.stdout:
+            self.stop()
+            raise RuntimeError(f"could not make SeaweedFS fsync the bucket's writes: {out.stdout[-500:]}"
+                               f"{out.stderr[-500:]}")
 
     def stop(self) -> None:
         """SIGKILL the server's process group (ours alone: it was started in its own session)."""

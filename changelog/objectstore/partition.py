@@ -3,6 +3,7 @@ a chain adopted from (and reported to) the checkpoint. See :mod:`.chain` for the
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections import deque
@@ -11,44 +12,21 @@ import time
 import uuid
 from typing import Any, Iterable, Iterator
 
-from localstate.changelog.file.format import HEADER, HEADER_SIZE, TOMBSTONE, encode_into
+from localstate.changelog.file.format import HEADER, HEADER_SIZE, encode_into
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.errors import ChangelogError, LocalStateError
 
 from .chain import DELTA, OBJECT_HEADER, SNAPSHOT, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, \
     partition_prefix, snapshot_name
+from .compaction import LatestRecords
 from .storage import ObjectStore
 
-__all__ = ["ObjectStoreChangelogPartition", "compact_objects"]
+__all__ = ["ObjectStoreChangelogPartition"]
 
 log = logging.getLogger(__name__)
 
 #: Objects fetched ahead of the one being decoded when a chain is read.
 PREFETCH = 4
-
-
-def compact_objects(parts: Iterable[bytes]) -> tuple[bytes, int]:
-    """Last record per key over ``parts`` (object bodies in the file framing, oldest first), tombstones
-    dropped: ``(body, records)``. Records are copied verbatim (offset and crc kept) in offset order.
-
-    A dict keeps insertion order, and a key re-inserted on each update moves to the end, so iterating
-    it yields the surviving records by increasing offset with no sort."""
-    latest: dict[bytes, memoryview] = {}
-    unpack = HEADER.unpack_from
-    pop = latest.pop
-    for body in parts:
-        view = memoryview(body)
-        position, size = 0, len(body)
-        while position < size:
-            _crc, _offset, _ts, klen, vlen = unpack(body, position)
-            key_end = position + HEADER_SIZE + klen
-            end = key_end + vlen if vlen > 0 else key_end
-            key = body[position + HEADER_SIZE:key_end]
-            pop(key, None)
-            if vlen != TOMBSTONE:
-                latest[key] = view[position:end]
-            position = end
-    return b"".join(latest.values()), len(latest)
 
 
 class ObjectStoreChangelogPartition(ChangelogPartition):
@@ -80,9 +58,13 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._since_snapshot = 0
         self._snapshotter: threading.Thread | None = None
         self._ready: tuple[ChainObject, bytes, float] | None = None  # snapshot, body, monotonic time written
+        self._latest: LatestRecords | None = None  # last record per key at the last snapshot (snapshot thread)
         self._epoch = 0  # bumped by adopt(): a snapshot built for an older chain is dropped
         self.snapshots_written = 0
         self.snapshot_seconds = 0.0
+        self._puts: ThreadPoolExecutor | None = None  # the delta PUT in flight (see flush)
+        self._pending: Future[None] | None = None
+        self._failed: LocalStateError | None = None  # a failed delta PUT: the chain has a gap until adopt()
         self._closed = False
 
     # ---------------------------------------------------------------- the chain
@@ -90,8 +72,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     def adopt(self, manifest: dict[str, Any] | None) -> None:
         chain = Chain(self.stream, self.partition) if manifest is None else \
             Chain.from_manifest(manifest, self.stream, self.partition)
+        self._wait_for_put()  # a PUT of the chain being replaced: its outcome no longer matters
         with self._lock:
             self._epoch += 1
+            self._pending = None
+            self._failed = None
+            self._latest = None
             self._chain = chain
             self._buf = bytearray()
             self._next = chain.end
@@ -100,6 +86,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self._since_snapshot = 0
 
     def manifest(self) -> dict[str, Any]:
+        """The chain up to the flushed end, every object of it durably written (waits for the delta
+        PUT in flight; raises ChangelogError if it failed)."""
+        self.settle()
         self._install_snapshot()
         if self._buf:
             raise ChangelogError("manifest() with unflushed records", stream=self.stream, partition=self.partition,
@@ -146,17 +135,27 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         return self._next
 
     def flush(self) -> int:
-        """Write the buffered records as one new delta object (nothing if none are buffered)."""
+        """Seal the buffered records as one new delta object and start writing it in the background
+        (nothing if none are buffered). The caller's local write (the store's backend batch), the
+        other stores' PUTs and the output delivery overlap with it; :meth:`manifest` waits for it, so
+        a checkpoint never names an object that is not written. At most one PUT is in flight per
+        partition: a flush first waits for the previous one.
+
+        A failed PUT fails this partition (this and every later flush and manifest raise
+        ChangelogError) until :meth:`adopt` sets a committed chain again: the chain would have a gap.
+        Local state that moved past the last checkpoint meanwhile is rolled back by recovery (it is
+        ahead of the checkpoint's offset, so it is rebuilt from the committed chain)."""
         if self._closed or not self.writable:
             self._check_writable()
+        self.settle()
         if not self._buf:
             return self._next
         start, end = self._chain.end, self._next
         name = delta_name(start, end, self.writer)
         body = bytes(self._buf)
         data = object_header(DELTA, self.writer, start, end, end - start) + body
-        self.store.put(f"{self.prefix}/{name}", data)
         self._buf = bytearray()
+        self._pending = self._put_pool().submit(self.store.put, f"{self.prefix}/{name}", data)
         self._chain.deltas.append(ChainObject(name, DELTA, start, end, end - start, len(data), self.writer))
         self._bodies[name] = body
         self._since_snapshot += 1
@@ -168,6 +167,33 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 self._install_snapshot()
             self._start_snapshot()
         return end
+
+    def _put_pool(self) -> ThreadPoolExecutor:
+        if self._puts is None:
+            self._puts = ThreadPoolExecutor(1, thread_name_prefix=f"localstate-put-{self.stream}-{self.partition}")
+        return self._puts
+
+    def settle(self) -> None:
+        """Wait for the delta PUT in flight, if any: once this returns, every flushed record is durably
+        written. Raises the ChangelogError of a failed PUT (then, and at every later call, until
+        :meth:`adopt`)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            try:
+                pending.result()
+            except LocalStateError as exc:
+                self._failed = exc
+            except Exception as exc:  # noqa: BLE001 - anything else from the storage client: typed here
+                self._failed = ChangelogError(f"writing a delta object failed: {type(exc).__name__}: {exc}",
+                                              stream=self.stream, partition=self.partition,
+                                              hint="check that the storage is reachable; the commit failed and "
+                                                   "is retried from the last checkpoint")
+        if self._failed is not None:
+            raise ChangelogError(f"a delta object of this partition could not be written ({self._failed.message}); "
+                                 "nothing after the last checkpoint can be committed", stream=self.stream,
+                                 partition=self.partition, path=self._failed.context.get("path"),
+                                 hint="the commit failed: reopen the partition from the last checkpoint (the runtime "
+                                      "retries the batch) once the storage is reachable") from self._failed
 
     def _start_snapshot(self) -> None:
         """Compact the current chain into a snapshot in the background, unless one is running or
@@ -188,15 +214,25 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._snapshotter.start()
 
     def _snapshot(self, objects: list[ChainObject], bodies: dict[str, bytes | None], epoch: int) -> None:
-        """Background: compact ``objects`` into one snapshot object and write it."""
+        """Background: compact ``objects`` into one snapshot object and write it. The last-record-per-key
+        state of the previous snapshot is kept (:class:`LatestRecords`), so only the deltas since it
+        are merged; a chain this writer did not build (adopted) is compacted once from its objects."""
         started = time.perf_counter()
         try:
-            parts = [bodies[item.name] if bodies[item.name] is not None else self._fetch_body(item)
-                     for item in objects]
+            state = self._latest_for(objects, epoch)  # taken: a failure below leaves none (start over)
+            if state is None:
+                state = LatestRecords(tag=epoch)
+                pending = objects
+            else:
+                pending = [item for item in objects if item.kind == DELTA and item.start >= state.end]
+            for item in pending:
+                body = bodies[item.name]
+                state.merge(body if body is not None else self._fetch_body(item), item.end)
             end = objects[-1].end
-            body, count = compact_objects(parts)
+            body, count = state.body()
             name = snapshot_name(end, self.writer)
             data = object_header(SNAPSHOT, self.writer, 0, end, count) + body
+            self._latest = state
             self.store.put(f"{self.prefix}/{name}", data)
         except LocalStateError as exc:
             log.warning("changelog %s partition %d: background snapshot failed (%s); the deltas stay in the chain "
@@ -207,6 +243,16 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 self._ready = (ChainObject(name, SNAPSHOT, 0, end, count, len(data), self.writer), body,
                                time.monotonic())
         self.snapshot_seconds += time.perf_counter() - started
+
+    def _latest_for(self, objects: list[ChainObject], epoch: int) -> LatestRecords | None:
+        """The kept state if it belongs to this chain (same adopt epoch) and ends where one of
+        ``objects``' deltas starts (or at the chain's end), else None (compact from scratch)."""
+        state, self._latest = self._latest, None
+        if state is None or state.tag != epoch:
+            return None
+        if state.end == objects[-1].end or any(item.kind == DELTA and item.start == state.end for item in objects):
+            return state
+        return None
 
     def _install_snapshot(self) -> None:
         """Put a completed snapshot in the chain in place of the objects it covers."""
@@ -287,8 +333,23 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
+    def _wait_for_put(self) -> None:
+        """Let the PUT in flight finish, without raising its error."""
+        pending = self._pending
+        if pending is not None:
+            concurrent.futures.wait([pending])
+
     def close(self) -> None:
+        """Wait for the delta PUT in flight (a failure is only logged: nothing names the object
+        before a manifest), then drop the buffers."""
         self._closed = True
+        try:
+            self.settle()
+        except ChangelogError as exc:
+            log.warning("changelog %s partition %d: %s", self.stream, self.partition, exc.message)
+        if self._puts is not None:
+            self._puts.shutdown(wait=True)
+            self._puts = None
         self._buf = bytearray()
         self._bodies = {}
 

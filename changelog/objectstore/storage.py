@@ -158,7 +158,10 @@ def open_object_store(options: Mapping[str, Any], state_dir: Path) -> ObjectStor
             raise ConfigError.at("changelogs.objectstore.url", f"{url!r} names no bucket (s3://bucket/prefix)")
         # allow_delayed_open: a PUT without the HEAD requests that look for the "parent directory"
         # first (object stores have none; it halves the latency of a small PUT).
-        kwargs: dict[str, Any] = {"region": options.get("region") or "us-east-1", "allow_delayed_open": True}
+        # background_writes=False: a PUT is already off the hot path (ObjectStoreChangelogPartition.flush
+        # runs it on its own thread); pyarrow's extra hop to its I/O pool only adds latency.
+        kwargs: dict[str, Any] = {"region": options.get("region") or "us-east-1", "allow_delayed_open": True,
+                                  "background_writes": False}
         endpoint = options.get("endpoint")
         if endpoint:
             target = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")

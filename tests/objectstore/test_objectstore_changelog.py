@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.memory import MemoryChangelogSystem
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
-from localstate.changelog.objectstore.partition import compact_objects
+from localstate.changelog.objectstore.compaction import compact_objects
 from localstate.core.changelog import Compactable, DeletableStreams, ManifestedChangelog, StreamLocations
 from localstate.core.checkpoint import Checkpoint
 from localstate.errors import ChangelogCorruptError, ChangelogError, CheckpointError, ConfigError
@@ -112,6 +112,7 @@ def test_each_flush_is_one_new_object_and_nothing_is_overwritten(objectstore_opt
     for round_ in range(4):
         log.append_many((f"k{i}".encode(), f"{round_}".encode()) for i in range(10))
         log.flush()
+        log.settle()  # flush starts the PUT; settle (or manifest) waits for it
         for info in system.objects("s", 0):
             assert seen.setdefault(info.key, info.size) == info.size  # never rewritten
     names = sorted(info.key.rsplit("/", 1)[1] for info in system.objects("s", 0))
@@ -130,6 +131,7 @@ def test_a_reader_sees_only_what_the_manifest_names(objectstore_options, tmp_pat
     committed = writer.manifest()
     writer.append(b"a", b"orphan")  # flushed but never named by a checkpoint (a crash before it)
     writer.flush()
+    writer.settle()
     reader = system.partition("s", 0)
     reader.adopt(committed)
     assert [(r.key, r.value) for r in reader.read()] == [(b"a", b"committed")]
@@ -321,6 +323,7 @@ def test_gc_deletes_only_unreferenced_objects_of_its_own_naming(objectstore_opti
     orphan.adopt(log.manifest())
     orphan.append(b"zombie", b"x")
     orphan.flush()
+    orphan.settle()
     foreign = "changelogs/s/0/deltas/notes.txt"
     system.store.put(foreign, b"not ours")
     committed = log.manifest()
