@@ -81,9 +81,11 @@ def expected_outputs(partition: int) -> list[tuple[str, int]]:
     return out
 
 
-def expected_state() -> dict[str, int]:
+def expected_state(events: int = EVENTS) -> dict[str, int]:
+    """The final counts; with ``events``, the counts after the first ``events`` records of every
+    partition (the committed state after ``events / batch size`` batches)."""
     return dict(Counter(key for p in range(PARTITIONS) for _, key, _ in
-                        generate("page_views", 7, PARTITIONS, p, USERS, 100.0, 1_700_000_000.0, 0, EVENTS)))
+                        generate("page_views", 7, PARTITIONS, p, USERS, 100.0, 1_700_000_000.0, 0, events)))
 
 
 def actual_outputs(job: JobConfig, partition: int) -> list[tuple[Any, Any]]:
