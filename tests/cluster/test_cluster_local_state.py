@@ -110,3 +110,36 @@ def test_a_host_returning_to_a_partition_it_left_rebuilds_it(tmp_path, monkeypat
     for partition in range(PARTITIONS):
         assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
     assert restored_state(job, tmp_path / "verify") == expected_state()
+
+
+def test_local_mode_with_a_shared_local_dir_rebuilds_another_jobs_state(tmp_path):
+    """The same trap on one machine: ``[job] local_dir`` (stores outside the state directory) shared
+    by two jobs of the same name. Local mode needs no attempt ids for it: its one host opens every
+    partition in the new job's first batch against an empty changelog, so the other job's stores are
+    "ahead of the changelog" there and rebuilt, before any offset could line up."""
+    def local_runner(directory: Path, batch: int) -> tuple[object, SparkJobRunner]:
+        job = load_job_config(write_job(directory, "local[1]", state_dir=directory / "state",
+                                        local_dir=str(tmp_path / "host")))
+        return job, SparkJobRunner(job, context=object(), batch_size=batch, progress=None, keep_open=False)
+
+    def local_batch(job, runner: SparkJobRunner, batch: int) -> list[dict]:
+        plans, _ = runner.plan(batch)
+        results = [run_partition(job, plan) for plan in plans]
+        for result in results:
+            assert "error" not in result, result
+            checkpoint = Checkpoint(**result["checkpoint"])
+            runner.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+        return results
+
+    earlier, earlier_runner = local_runner(tmp_path / "earlier", 2400)
+    local_batch(earlier, earlier_runner, 0)  # the whole input: its stores stay in the shared local_dir
+    job, runner = local_runner(tmp_path / "job", 300)
+    batch = 0
+    while runner.plan(batch)[0]:
+        results = local_batch(job, runner, batch)
+        if batch == 0:  # the earlier job's stores were found and thrown away, not reused
+            assert all(not r["warm"] for r in results)
+        batch += 1
+    for partition in range(PARTITIONS):
+        assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
+    assert restored_state(job, tmp_path / "verify") == expected_state()
