@@ -143,3 +143,33 @@ def test_local_mode_with_a_shared_local_dir_rebuilds_another_jobs_state(tmp_path
     for partition in range(PARTITIONS):
         assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
     assert restored_state(job, tmp_path / "verify") == expected_state()
+
+
+def test_a_local_mode_run_in_between_invalidates_the_cluster_jobs_local_state(tmp_path):
+    """A cluster job's stores sit on a host, named by its committed checkpoint; then a local-mode job
+    of the same name, with the same ``local_dir``, rewrites those store directories (it names no
+    attempts). When the cluster job goes on there, its state must not be taken as warm: an instance
+    without an attempt id removes the attempt markers of the stores it opens."""
+    def runner_for(directory: Path, master: str, batch: int) -> tuple[object, SparkJobRunner]:
+        job = load_job_config(write_job(directory, master, state_dir=directory / "state",
+                                        local_dir=str(tmp_path / "host")))
+        runner = SparkJobRunner(job, context=object(), batch_size=batch, progress=None, keep_open=False)
+        if runner.cluster:
+            runner._initial_checkpoints()
+        return job, runner
+
+    job, runner = runner_for(tmp_path / "job", "spark://127.0.0.1:7077", 600)
+    _batch(job, runner, 0)
+    other, other_runner = runner_for(tmp_path / "other", "local[1]", 300)
+    plans, _ = other_runner.plan(0)
+    for result in [run_partition(other, plan) for plan in plans]:
+        assert "error" not in result, result
+        other_runner.checkpoints.save(Checkpoint(**result["checkpoint"]))
+    back = _batch(job, runner, 1)
+    assert all(not r["warm"] for r in back), back
+    _batch(job, runner, 2)
+    _batch(job, runner, 3)
+    assert runner.plan(4)[0] == []
+    for partition in range(PARTITIONS):
+        assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
+    assert restored_state(job, tmp_path / "verify") == expected_state()
