@@ -43,13 +43,14 @@ def _runner(directory: Path, batch: int = BATCH) -> tuple[object, SparkJobRunner
 
 
 def _batch(job, runner: SparkJobRunner, batch: int) -> list[dict]:
-    """Run ``batch`` on this "host" and commit it as the driver does."""
+    """Run ``batch`` on this "host" (this process) and commit it as the driver does."""
     plans, _ = runner.plan(batch)
     results = [run_partition(job, plan) for plan in plans]
     for result in results:
         assert "error" not in result, result
         checkpoint = Checkpoint(**result["checkpoint"])
-        runner._check_attempt(checkpoint)
+        if runner.cluster:
+            runner._check_attempt(checkpoint)
         runner.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
     return results
 
@@ -122,21 +123,12 @@ def test_local_mode_with_a_shared_local_dir_rebuilds_another_jobs_state(tmp_path
                                         local_dir=str(tmp_path / "host")))
         return job, SparkJobRunner(job, context=object(), batch_size=batch, progress=None, keep_open=False)
 
-    def local_batch(job, runner: SparkJobRunner, batch: int) -> list[dict]:
-        plans, _ = runner.plan(batch)
-        results = [run_partition(job, plan) for plan in plans]
-        for result in results:
-            assert "error" not in result, result
-            checkpoint = Checkpoint(**result["checkpoint"])
-            runner.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
-        return results
-
     earlier, earlier_runner = local_runner(tmp_path / "earlier", 2400)
-    local_batch(earlier, earlier_runner, 0)  # the whole input: its stores stay in the shared local_dir
+    _batch(earlier, earlier_runner, 0)  # the whole input: its stores stay in the shared local_dir
     job, runner = local_runner(tmp_path / "job", 300)
     batch = 0
     while runner.plan(batch)[0]:
-        results = local_batch(job, runner, batch)
+        results = _batch(job, runner, batch)
         if batch == 0:  # the earlier job's stores were found and thrown away, not reused
             assert all(not r["warm"] for r in results)
         batch += 1
@@ -161,10 +153,7 @@ def test_a_local_mode_run_in_between_invalidates_the_cluster_jobs_local_state(tm
     job, runner = runner_for(tmp_path / "job", "spark://127.0.0.1:7077", 600)
     _batch(job, runner, 0)
     other, other_runner = runner_for(tmp_path / "other", "local[1]", 300)
-    plans, _ = other_runner.plan(0)
-    for result in [run_partition(other, plan) for plan in plans]:
-        assert "error" not in result, result
-        other_runner.checkpoints.save(Checkpoint(**result["checkpoint"]))
+    _batch(other, other_runner, 0)
     back = _batch(job, runner, 1)
     assert all(not r["warm"] for r in back), back
     _batch(job, runner, 2)

@@ -26,8 +26,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import EVENTS, PARTITIONS, actual_outputs, expected_outputs, expected_state, restored_state, \
-    write_job  # noqa: E402
+from jobs import EVENTS, PARTITIONS, actual_outputs, check_exact, wait_for, write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.core.runtime import checkpoint_store, open_changelog_system  # noqa: E402
@@ -35,16 +34,6 @@ from localstate.core.runtime import checkpoint_store, open_changelog_system  # n
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 
 BATCH = 600  # records per partition and batch: 4 batches
-
-
-def _wait_for(pattern: str, directory: Path, timeout: float = 120.0) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(directory.glob(pattern))
-        if found:
-            return found[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no {pattern} in {directory} after {timeout:.0f}s")
 
 
 def _pid_of(gate_file: Path) -> int:
@@ -63,13 +52,6 @@ def _named(manifest: dict, keys: set[str]) -> set[str]:
     return {key for key in keys if key.rsplit("/", 1)[-1] in text}
 
 
-def _check_exact(job_file: Path, verify_root: Path) -> None:
-    job = load_job_config(job_file)
-    for partition in range(PARTITIONS):
-        assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
-    assert restored_state(job, verify_root) == expected_state()
-
-
 def _file_job(tmp_path: Path, master: str) -> Path:
     return write_job(tmp_path / "job", master, state_dir=tmp_path / "shared" / "state",
                      local_dir="${LOCALSTATE_TEST_HOST_DIR}", extra="[changelogs.file]\nfsync = false")
@@ -86,7 +68,7 @@ def test_worker_killed_after_its_task_wrote_the_batch(tmp_path, spark_cluster, s
     committed = checkpoint_store(job).load(victim)
     (gate / f"hold-close-{victim}").touch()
     driver.send({"run": 1})
-    closing = _wait_for(f"closing-{victim}-*", gate)  # the batch is written, the result not returned
+    closing = wait_for(f"closing-{victim}-*", gate)  # the batch is written, the result not returned
     worker = spark_cluster.worker_of(closing.read_text())
     stream = job.stores["counts"].changelog
     changelog = open_changelog_system(job).reader(stream, victim)
@@ -106,7 +88,7 @@ def test_worker_killed_after_its_task_wrote_the_batch(tmp_path, spark_cluster, s
     rest = driver.ask({"run": 100})
     assert rest.get("lag") == 0 and rest.get("batches") == 2, rest
     assert len({home[0] for home in rest["homes"].values()}) == 2
-    _check_exact(job_file, tmp_path / "verify")
+    check_exact(job_file, tmp_path / "verify")
 
 
 def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_path, spark_cluster, start_driver,
@@ -127,7 +109,7 @@ def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_p
     victim = 2
     (gate / f"hold-{victim}").touch()
     driver.send({"run": 1})
-    reached = _wait_for(f"reached-{victim}-*", gate)
+    reached = wait_for(f"reached-{victim}-*", gate)
     host = spark_cluster.worker_of(reached.read_text())
     python_groups = host.python_groups()
     jvm_groups = host.groups() - python_groups
@@ -145,7 +127,7 @@ def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_p
     # deltas to the object store and writes its outputs, then stops in close(), its result unreturned.
     (gate / f"hold-close-{victim}").touch()
     host.signal(signal.SIGCONT, python_groups)
-    zombie = _wait_for(f"closing-{victim}-{_pid_of(reached)}", gate, timeout=60)
+    zombie = wait_for(f"closing-{victim}-{_pid_of(reached)}", gate, timeout=60)
     written = {info.key for info in system.objects(stream, victim)} - objects_before
     assert written, "the zombie wrote no delta object"
     assert checkpoints.load(victim) == committed  # the driver did not take its result
@@ -153,7 +135,7 @@ def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_p
     # open of the partition truncates them.
     assert len(actual_outputs(job, victim)) == committed.outputs["counts-out"] + BATCH
     (gate / f"hold-close-{victim}").unlink()
-    _wait_for(f"closed-{victim}-{_pid_of(zombie)}", gate, timeout=60)
+    wait_for(f"closed-{victim}-{_pid_of(zombie)}", gate, timeout=60)
     host.signal(signal.SIGCONT, jvm_groups)
 
     rest = driver.ask({"run": 100})
@@ -164,7 +146,7 @@ def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_p
     assert _named(final, {info.key for info in system.objects(stream, victim)})
     assert not _named(final, written)
     system.close()
-    _check_exact(job_file, tmp_path / "verify")
+    check_exact(job_file, tmp_path / "verify")
 
 
 def test_driver_killed_mid_batch_a_new_driver_resumes(tmp_path, spark_cluster, start_driver):
@@ -178,7 +160,7 @@ def test_driver_killed_mid_batch_a_new_driver_resumes(tmp_path, spark_cluster, s
     victim = 3
     (gate / f"hold-{victim}").touch()
     driver.send({"run": 1})
-    reached = _wait_for(f"reached-{victim}-*", gate)
+    reached = wait_for(f"reached-{victim}-*", gate)
     os.killpg(driver.process.pid, signal.SIGKILL)  # the driver and its JVM, mid-batch
     driver.process.wait()
     (gate / f"hold-{victim}").unlink()  # the orphaned task may run on until its executor goes
@@ -191,4 +173,4 @@ def test_driver_killed_mid_batch_a_new_driver_resumes(tmp_path, spark_cluster, s
     assert rest.get("lag") == 0 and rest.get("batches") == 2, rest
     # It resumed from the committed checkpoints: exactly the two batches not committed were read.
     assert rest["records_in"] == PARTITIONS * (EVENTS - 2 * BATCH), rest
-    _check_exact(job_file, tmp_path / "verify")
+    check_exact(job_file, tmp_path / "verify")
