@@ -1,13 +1,15 @@
 """Cluster mode, executor side, without Spark: local state another job left on a host.
 
-The flaky failure of ``test_worker_killed_mid_batch_moves_partitions_then_returns[file]`` (issue 17:
-one partition's running counts too low, in a full-suite run only) came from here: every cluster
-test runs a job named ``cluster-counts`` with ``local_dir`` on the session's per-host directories,
-so a host holds the stores an *earlier test's job* left there. When a partition moved to such a host,
-recovery saw a local offset at or below the new job's checkpoint and replayed only the tail after it,
-on top of the other job's state (at the same offset of a different changelog). Local state is now
-trusted only if the committed checkpoint names the attempt that last wrote it (``Checkpoint.attempt``
-and the ``attempts/`` markers): a store another job, or an uncommitted attempt, wrote is rebuilt.
+The likely cause of the flaky failure of ``test_worker_killed_mid_batch_moves_partitions_then_returns
+[file]`` (issue 17: one partition's running counts too low, in a full-suite run only): every cluster
+test runs a job named ``cluster-counts`` with ``local_dir`` on the session's per-host directories, so
+a host holds the stores an *earlier test's job* left there. When a partition moves to such a host,
+recovery by offsets alone sees a local offset at or below the new job's checkpoint and replays only
+the tail after it, on top of the other job's state (at an offset of a different changelog). Local
+state is trusted only if the committed checkpoint names the attempt that last wrote it
+(``Checkpoint.attempt`` and the ``attempts/`` markers): a store another job, or an uncommitted
+attempt, wrote is rebuilt. The first test here fails without that check (a running count of the
+other job), as the flaky test did.
 
 Each test runs the executor's code (``run_partition``) in this process; ``SPARK_LOCAL_DIRS`` says
 which "host" it runs on, as Spark sets it for a Python worker.
