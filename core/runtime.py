@@ -230,6 +230,14 @@ class TaskInstance:
         state of the store partition (cluster mode), kept beside the stores, not inside them."""
         return safe_join(self.local_root, self.job.name, "attempts", store, str(self.partition))
 
+    def _forget_attempt(self, store: str) -> None:
+        marker = self._attempt_marker(store)
+        try:
+            marker.unlink(missing_ok=True)  # a symlink is removed itself, never followed
+        except OSError as exc:
+            raise os_error(exc, "remove the attempt marker", marker, StoreIOError, store=store,
+                           partition=self.partition) from exc
+
     def _last_attempt(self, store: str) -> str | None:
         try:
             return read_nofollow(self._attempt_marker(store)).decode("ascii", "replace")
@@ -263,6 +271,10 @@ class TaskInstance:
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None,
             extra={"registry": registry})  # backends are found through the job's plugin policy
         had_files = any(directory.iterdir())
+        if self.attempt is None:
+            # This instance writes the store without an attempt id (local mode): no attempt may later
+            # take what it leaves as its own (a local-mode job sharing a cluster job's local_dir).
+            self._forget_attempt(name)
         if had_files and changelog is not None and self.attempt is not None \
                 and self._last_attempt(name) != committed_attempt:
             # Written by an attempt the driver did not commit (or not last): its offsets may match the

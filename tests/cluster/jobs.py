@@ -6,11 +6,12 @@ state are computed here, from the generator, without localstate's runtime."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from localstate.core.config import JobConfig
+from localstate.core.config import JobConfig, load_job_config
 from localstate.core.runtime import TaskInstance, open_changelog_system
 from localstate.core.streams import open_output
 from localstate.streams.generator import generate
@@ -81,9 +82,11 @@ def expected_outputs(partition: int) -> list[tuple[str, int]]:
     return out
 
 
-def expected_state() -> dict[str, int]:
+def expected_state(events: int = EVENTS) -> dict[str, int]:
+    """The final counts; with ``events``, the counts after the first ``events`` records of every
+    partition (the committed state after ``events / batch size`` batches)."""
     return dict(Counter(key for p in range(PARTITIONS) for _, key, _ in
-                        generate("page_views", 7, PARTITIONS, p, USERS, 100.0, 1_700_000_000.0, 0, EVENTS)))
+                        generate("page_views", 7, PARTITIONS, p, USERS, 100.0, 1_700_000_000.0, 0, events)))
 
 
 def actual_outputs(job: JobConfig, partition: int) -> list[tuple[Any, Any]]:
@@ -106,3 +109,22 @@ def restored_state(job: JobConfig, local_root: Path) -> dict[str, int]:
         finally:
             instance.close(commit=False)
     return state
+
+
+def wait_for(pattern: str, directory: Path, timeout: float = 120.0) -> Path:
+    """The first file matching ``pattern`` in ``directory`` (a gate file), waiting up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = sorted(directory.glob(pattern))
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no {pattern} in {directory} after {timeout:.0f}s")
+
+
+def check_exact(job_file: Path, verify_root: Path) -> None:
+    """Every partition's outputs and the committed state equal the plain-Python answer."""
+    job = load_job_config(job_file)
+    for partition in range(PARTITIONS):
+        assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
+    assert restored_state(job, verify_root) == expected_state()

@@ -21,7 +21,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, restored_state, write_job  # noqa: E402
+from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, restored_state, wait_for, \
+    write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.core.runtime import open_changelog_system  # noqa: E402
@@ -40,16 +41,6 @@ def _kafka_section(broker, prefix: str) -> str:
 def _kafka_output(broker, prefix: str) -> str:
     return (f'[outputs.counts-out]\nsystem = "kafka"\ntopic = "{prefix}counts-out"\n'
             f'bootstrap_servers = "{broker.bootstrap_servers}"')
-
-
-def _wait_for(pattern: str, directory: Path, timeout: float = 120.0) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(directory.glob(pattern))
-        if found:
-            return found[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no {pattern} in {directory} after {timeout:.0f}s")
 
 
 def test_kafka_changelog_without_any_shared_file_system(tmp_path, spark_cluster, start_driver, kafka_broker):
@@ -88,7 +79,7 @@ def test_zombie_attempt_cannot_make_its_writes_visible(tmp_path, spark_cluster, 
     victim = 2
     (gate / f"hold-{victim}").touch()
     driver.send({"run": 1})
-    reached = _wait_for(f"reached-{victim}-*", gate)
+    reached = wait_for(f"reached-{victim}-*", gate)
     host = spark_cluster.worker_of(reached.read_text())
     python_groups = host.python_groups()
     jvm_groups = host.groups() - python_groups
@@ -104,7 +95,7 @@ def test_zombie_attempt_cannot_make_its_writes_visible(tmp_path, spark_cluster, 
     # The zombie's Python worker wakes first (its executor still frozen, so nobody tells it to
     # stop): it leaves the gate, processes the rest of its range and tries to commit.
     host.signal(signal.SIGCONT, python_groups)
-    _wait_for(f"passed-{victim}-{reached.name.rsplit('-', 1)[1]}", gate, timeout=60)
+    wait_for(f"passed-{victim}-{reached.name.rsplit('-', 1)[1]}", gate, timeout=60)
     time.sleep(5)  # ample time for its flush, which the broker refuses (fenced producer)
     assert changelog.end_offset() == committed_end
     assert len(actual_outputs(job, victim)) == committed_outputs

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -21,30 +20,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, restored_state, write_job  # noqa: E402
-
-from localstate.core.config import load_job_config  # noqa: E402
+from jobs import PARTITIONS, check_exact, wait_for, write_job  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 
 BATCH = 300  # records per partition and batch: 8 batches
-
-
-def _wait_for(pattern: str, directory: Path, timeout: float = 120.0) -> Path:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(directory.glob(pattern))
-        if found:
-            return found[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no {pattern} in {directory} after {timeout:.0f}s")
-
-
-def _check_exact(job_file: Path, verify_root: Path) -> None:
-    job = load_job_config(job_file)
-    for partition in range(PARTITIONS):
-        assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
-    assert restored_state(job, verify_root) == expected_state()
 
 
 def _durable(request, tmp_path: Path) -> tuple[str, str]:
@@ -78,7 +58,7 @@ def test_worker_killed_mid_batch_moves_partitions_then_returns(tmp_path, spark_c
     victim = 1
     (gate / f"hold-{victim}").touch()
     driver.send({"run": 1})
-    reached = _wait_for(f"reached-{victim}-*", gate)
+    reached = wait_for(f"reached-{victim}-*", gate)
     worker = spark_cluster.worker_of(reached.read_text())
     worker_home = healthy["homes"][str(victim)][0]
     worker.kill()  # the whole host, mid-batch: its task of partition 1 dies half-way
@@ -100,7 +80,7 @@ def test_worker_killed_mid_batch_moves_partitions_then_returns(tmp_path, spark_c
     homes = {home[0] for home in rest["homes"].values()}
     assert len(homes) == 2 and survivor in homes  # the returning host took its share again
     assert rest["replayed"] > 0  # and brought the local state it kept up to date (or rebuilt it)
-    _check_exact(job_file, tmp_path / "verify")
+    check_exact(job_file, tmp_path / "verify")
     # The returning host's stores live in its own directory, not in the shared one.
     assert list((worker.root / "host").glob("cluster-counts/stores/counts/*"))
     assert not (shared / "state" / "cluster-counts" / "stores").exists()
@@ -116,4 +96,4 @@ def test_healthy_run_keeps_partitions_warm(tmp_path, spark_cluster, start_driver
     assert summary["stateful"] == 7 * PARTITIONS
     assert summary["warm_fraction"] >= 0.95, summary
     assert summary["replayed"] == 0
-    _check_exact(job_file, tmp_path / "verify")
+    check_exact(job_file, tmp_path / "verify")
