@@ -92,10 +92,17 @@ class MemoryBackend(KVBackend):
         return [(k, data[k]) for k in keys]
 
     def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
-        """Chunks merged into runs (:meth:`_runs`), each applied as one write: a dict update while no
-        key index exists (restore, before any scan), else through the index bookkeeping."""
+        """Chunks merged into runs (:meth:`_runs`), each applied as one write. Into an empty map with
+        no key index (a rebuild) the first run *becomes* the map: no per-key work at all beyond
+        dropping its tombstones."""
         for run in self._runs(chunks):
-            self._write(run.items(), {}, None in run.values())
+            if not self._data and self._index is None:
+                self._data = run
+                if None in run.values():
+                    for key in [k for k, v in run.items() if v is None]:
+                        del run[key]
+            else:
+                self._write(run.items(), {}, None in run.values())
 
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
         data = self._data
