@@ -238,9 +238,9 @@ class LoggedStore(ChangelogCommit):
         """:meth:`restore` from :class:`RecordColumns` runs through the backend's bulk load (see
         ``KVBackend.bulk_load``: each chunk atomic, all durable at the end). The runs are coalesced in
         C (``dict.update(zip(...))``, last per key wins: no Python step per record) into chunks of the
-        backend's bulk run size (``bulk_run_keys``, at least ``batch_size``), so that each key is
-        hashed once and the backend writes each chunk as it comes, with no second merge."""
-        limit = max(batch_size, self.backend.bulk_run_keys)
+        backend's bulk run size (``bulk_run_keys``; ``batch_size`` is the record path's), so that each
+        key is hashed once and the backend writes each chunk as it comes, with no second merge."""
+        limit = self.backend.bulk_run_keys
 
         def chunks() -> Iterator[dict[bytes, bytes | None]]:
             chunk: dict[bytes, bytes | None] = {}
