@@ -185,13 +185,13 @@ class SketchEngine(StorageEngine, Generic[S]):
         self._check_open()
         updates: dict[bytes, dict[bytes, bytes | None]] = {}
         if self._sketches:
-            def tap() -> Iterator[RecordColumns]:
-                for run in columns:
+            def tap(runs: Iterable[RecordColumns]) -> Iterator[RecordColumns]:
+                for run in runs:
                     yield run
                     for key, value in zip(run.keys, run.values):
                         self._note_update(updates, key, value)
 
-            columns = tap()
+            columns = tap(columns)
         self._logged.restore_columns(columns, self._restore_batch)
         self._finish_restore(updates)
 
