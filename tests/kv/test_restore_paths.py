@@ -21,22 +21,11 @@ from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.file import partition as file_partition
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core import backend as backend_module
-from localstate.core.engine import StoreContext
 from localstate.core.recovery import recover_store
-from localstate.core.serdes import BytesSerde
-from localstate.engines.kv import KeyValueEngineFactory
 from localstate.errors import ChangelogCorruptError, RestoreError
+from tests.kv.test_bulk_restore import _engine
 
 BACKENDS = ["rocksdb", "lmdb", "memory"]
-
-
-def _engine(directory: Path, backend: str, changelog, **options):  # noqa: ANN001, ANN202
-    directory.mkdir(parents=True, exist_ok=True)
-    factory = KeyValueEngineFactory()
-    validated = factory.validate_options("s", {"backend": backend, **options})
-    context = StoreContext(job="j", store="s", partition=0, directory=directory, options=validated,
-                           key_serde=BytesSerde(), value_serde=BytesSerde(), changelog=changelog)
-    return factory.create(context)
 
 
 class _RecordPath:
