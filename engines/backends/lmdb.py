@@ -185,8 +185,8 @@ class LMDBBackend(DirectoryBackend):
         so a B-tree page is written once per run, not once per chunk. Into an empty database with no
         delete, the sorted run is appended (``putmulti(append=True)``: no searches, full pages)."""
         for run in self._runs(chunks):
-            # Sorting the items by their key (a key function: the sort compares the keys alone and
-            # moves the values along) beats sorting the keys and looking each value up again.
+            # The items sorted by key (a key function: the sort compares the keys alone and moves the
+            # values along): cheaper than sorting the keys, then building the (key, value) list.
             items = sorted(run.items(), key=itemgetter(0))
             deletes = None in run.values()
             self._reserve(sum(map(len, run)) + sum(map(len, filter(None, run.values()))))

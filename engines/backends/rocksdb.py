@@ -208,8 +208,8 @@ class RocksDBBackend(DirectoryBackend):
         writer = rocksdict.SstFileWriter(options=build_options(self._options))
         try:
             writer.open(str(path))
-            # Sorting the items by their key (a key function: the sort compares the keys alone and
-            # moves the values along) beats sorting the keys and looking each value up again.
+            # The items sorted by key (a key function: the sort compares the keys alone and moves the
+            # values along); as fast as sorting the keys and looking each value up while writing.
             items = sorted(run.items(), key=itemgetter(0))
             if None in run.values():
                 for key, value in items:
