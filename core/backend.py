@@ -64,6 +64,8 @@ class KVBackend(ABC):
     #: True when a big write is cheaper in key order (a B-tree: LMDB), so restore sorts its chunks;
     #: False when the backend orders writes itself (RocksDB's memtable, the in-memory sorted dict).
     sorted_writes: ClassVar[bool] = True
+    #: Keys per run of :meth:`bulk_load` (see :meth:`_runs`); the restore path hands chunks this big.
+    bulk_run_keys: ClassVar[int] = BULK_RUN_KEYS
     plugin_api: ClassVar[int] = PLUGIN_API_VERSION
 
     @classmethod
@@ -144,8 +146,10 @@ class KVBackend(ABC):
     def bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
         """Restore path: apply ``chunks`` (key -> value, None deletes) in order, each atomically, with
         no metadata change. Backends may skip per-chunk durability (the changelog holds the records),
-        but everything loaded is durable when this returns. Errors are typed as for :meth:`write`;
-        errors raised by ``chunks`` itself (a damaged changelog) pass through unchanged."""
+        but everything loaded is durable when this returns. The chunks are handed over: a backend
+        may keep or change a chunk dict (the caller builds a new one for each). Errors are typed as
+        for :meth:`write`; errors raised by ``chunks`` itself (a damaged changelog) pass through
+        unchanged."""
         if self.closed:
             raise StoreClosedError(f"{self.name} backend is closed")
         try:
@@ -167,15 +171,19 @@ class KVBackend(ABC):
                 self._preserve(items)
             self._write(items, {}, None in chunk.values())
 
-    def _runs(self, chunks: Iterable[Mapping[bytes, bytes | None]],
-              limit: int = BULK_RUN_KEYS) -> Iterator[dict[bytes, bytes | None]]:
-        """Consecutive ``chunks`` merged (later values win) into runs of at least ``limit`` keys (the
-        last one may be smaller): for backends whose bulk write costs per call, not per key. Open
-        iterators get the pre-images first, as for :meth:`write`."""
+    def _runs(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> Iterator[dict[bytes, bytes | None]]:
+        """Consecutive ``chunks`` merged (later values win) into runs of at least :attr:`bulk_run_keys`
+        keys (the last one may be smaller): for backends whose bulk write costs per call, not per key.
+        A chunk that is a run by itself (the restore path's) is passed on as it is, not copied: the
+        run belongs to the backend. Open iterators get the pre-images first, as for :meth:`write`."""
+        limit = self.bulk_run_keys
         run: dict[bytes, bytes | None] = {}
         for chunk in chunks:
             if self._iterators and chunk:
                 self._preserve(chunk.items())
+            if not run and len(chunk) >= limit and type(chunk) is dict:
+                yield chunk
+                continue
             run.update(chunk)
             if len(run) >= limit:
                 yield run

@@ -236,13 +236,17 @@ class LoggedStore(ChangelogCommit):
                         prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None = None
                         ) -> None:
         """:meth:`restore` from :class:`RecordColumns` runs through the backend's bulk load (see
-        ``KVBackend.bulk_load``: each chunk atomic, all durable at the end). Each run is coalesced
-        into the chunk in C (``dict.update(zip(...))``, last per key wins): no Python step per record."""
+        ``KVBackend.bulk_load``: each chunk atomic, all durable at the end). The runs are coalesced in
+        C (``dict.update(zip(...))``, last per key wins: no Python step per record) into chunks of the
+        backend's bulk run size (``bulk_run_keys``; ``batch_size`` is the record path's), so that each
+        key is hashed once and the backend writes each chunk as it comes, with no second merge."""
+        limit = self.backend.bulk_run_keys
+
         def chunks() -> Iterator[dict[bytes, bytes | None]]:
             chunk: dict[bytes, bytes | None] = {}
             for run in columns:
                 chunk.update(zip(run.keys, run.values))
-                if len(chunk) >= batch_size:
+                if len(chunk) >= limit:
                     yield chunk if prepare is None else prepare(chunk)
                     chunk = {}
             if chunk:

@@ -92,10 +92,21 @@ class MemoryBackend(KVBackend):
         return [(k, data[k]) for k in keys]
 
     def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
-        """Chunks merged into runs (:meth:`_runs`), each applied as one write: a dict update while no
-        key index exists (restore, before any scan), else through the index bookkeeping."""
+        """Chunks merged into runs (:meth:`_runs`), each applied as one write. While no key index
+        exists (a rebuild, before any scan) the first run into an empty map *becomes* the map and
+        later runs are merged dict to dict: no per-key work in Python beyond dropping tombstones."""
         for run in self._runs(chunks):
-            self._write(run.items(), {}, None in run.values())
+            if self._index is not None:
+                self._write(run.items(), {}, None in run.values())
+                continue
+            if self._data:
+                self._data.update(run)  # dict to dict: no item tuples
+            else:
+                self._data = run
+            if None in run.values():  # the run's tombstones are its keys' final state: drop them
+                data = self._data
+                for key in [k for k, v in run.items() if v is None]:
+                    del data[key]
 
     def _write(self, items: Collection[Item], meta: Mapping[bytes, bytes], deletes: bool) -> None:
         data = self._data

@@ -34,7 +34,8 @@ def _backend_name(value: str) -> str:
 BACKEND_OPTIONS: dict[str, Option] = {
     "backend": Option(str, DEFAULT_BACKEND, "local structure: a storage backend plugin (built in: rocksdb "
                       "(default), lmdb, or memory, which persists nothing)", parse=_backend_name),
-    "restore_batch_size": Option(int, 10_000, "records per atomic batch when restoring", minimum=1),
+    "restore_batch_size": Option(int, 10_000, "keys per atomic batch when restoring record by record "
+                                 "(the bulk path writes runs of the backend's bulk_run_keys)", minimum=1),
     # RocksDB
     "block_cache_size": Option((int, str), "64MB", "RocksDB block cache (e.g. '64MB')", parse=_size),
     "write_buffer_size": Option((int, str), "16MB", "RocksDB memtable size (e.g. '16MB'); larger memtables "

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Generic, Iterable, Iterator, TypeVar
 import numpy as np
 
 from localstate.core.backend import BackendIterator, prefix_end
-from localstate.core.changelog import ChangelogRecord
+from localstate.core.changelog import ChangelogRecord, RecordColumns
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.logged import LoggedStore
 from localstate.core.serdes import BytesSerde
@@ -167,26 +167,50 @@ class SketchEngine(StorageEngine, Generic[S]):
     def restore(self, records: Iterable[ChangelogRecord]) -> None:
         self._check_open()
         loaded = self._sketches
+        updates: dict[bytes, dict[bytes, bytes | None]] = {}
         if not loaded:
             self._logged.restore(records, self._restore_batch)
         else:
-            updates: dict[bytes, dict[bytes, bytes | None]] = {}
-
             def tap() -> Iterator[ChangelogRecord]:
                 for record in records:
                     yield record
-                    parsed = split_key(record.key)
-                    if parsed is not None and parsed[0] in loaded:
-                        updates.setdefault(parsed[0], {})[parsed[1]] = record.value
+                    self._note_update(updates, record.key, record.value)
 
             self._logged.restore(tap(), self._restore_batch)
-            for name, changes in updates.items():
-                try:
-                    self._apply(loaded[name], changes)
-                except (ValueError, IndexError) as exc:
-                    raise RestoreError(f"changelog records of sketch {name!r:.80} do not fit this store: {exc}",
-                                       hint="check that the store's kind and parameters match the changelog",
-                                       **self.context.describe()) from exc
+        self._finish_restore(updates)
+
+    def restore_columns(self, columns: Iterable[RecordColumns]) -> None:
+        """:meth:`restore` from column runs (``core.engine.ColumnRestore``): the units go to the
+        backend's bulk load; only records of sketches loaded in memory are looked at one by one."""
+        self._check_open()
+        updates: dict[bytes, dict[bytes, bytes | None]] = {}
+        if self._sketches:
+            def tap(runs: Iterable[RecordColumns]) -> Iterator[RecordColumns]:
+                for run in runs:
+                    yield run
+                    for key, value in zip(run.keys, run.values):
+                        self._note_update(updates, key, value)
+
+            columns = tap(columns)
+        self._logged.restore_columns(columns, self._restore_batch)
+        self._finish_restore(updates)
+
+    def _note_update(self, updates: dict[bytes, dict[bytes, bytes | None]], key: bytes, value: bytes | None) -> None:
+        """Remember a restored unit of a sketch loaded in memory (applied by :meth:`_finish_restore`)."""
+        parsed = split_key(key)
+        if parsed is not None and parsed[0] in self._sketches:
+            updates.setdefault(parsed[0], {})[parsed[1]] = value
+
+    def _finish_restore(self, updates: dict[bytes, dict[bytes, bytes | None]]) -> None:
+        """Apply the restored units to the loaded sketches (last per unit wins) and re-check the meta."""
+        loaded = self._sketches
+        for name, changes in updates.items():
+            try:
+                self._apply(loaded[name], changes)
+            except (ValueError, IndexError) as exc:
+                raise RestoreError(f"changelog records of sketch {name!r:.80} do not fit this store: {exc}",
+                                   hint="check that the store's kind and parameters match the changelog",
+                                   **self.context.describe()) from exc
         self._meta_stored = self._check_meta(RestoreError)
 
     def local_offset(self) -> int | None:

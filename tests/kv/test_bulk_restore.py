@@ -57,7 +57,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def small_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bulk runs of 16 keys: a restore spans many SST ingests / LMDB transactions / sorted merges."""
-    monkeypatch.setattr(backend_module.KVBackend._runs, "__defaults__", (16,))
+    monkeypatch.setattr(backend_module.KVBackend, "bulk_run_keys", 16)
 
 
 def test_kv_engine_offers_the_column_path(tmp_path: Path, backend: str) -> None:
@@ -73,7 +73,7 @@ def test_kv_engine_offers_the_column_path(tmp_path: Path, backend: str) -> None:
 def test_restore_exact_after_compaction(tmp_path: Path, backend: str, runs: str,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     if runs == "many runs":
-        monkeypatch.setattr(backend_module.KVBackend._runs, "__defaults__", (16,))
+        monkeypatch.setattr(backend_module.KVBackend, "bulk_run_keys", 16)
     rng = random.Random(19)
     system = FileChangelogSystem({"fsync": False, "segment_bytes": 512, "tombstone_retention": 0}, tmp_path / "log")
     changelog = system.partition("c", 0)
