@@ -8,16 +8,21 @@ One batch (:func:`run_batch`, on the driver):
 
 1. The DataFrame's schema is checked (:func:`dataframe_spec`): the key column exists and is a string,
    integer or binary column; every column converts to Arrow (SchemaError naming the column otherwise).
-2. ``mapInArrow`` gives each row its job partition (:func:`~localstate.core.partitioner.partition_for`
-   of the key, Kafka-compatible, like every localstate input) and a sequence number
-   ``(input partition << 40) + row index`` assigned *before* the shuffle, so the order is the same
-   each time Spark executes the batch again. ``repartition`` on a route value chosen per partition
-   (:func:`routes`) puts job partition ``p`` into Spark partition ``p``.
-3. A second ``mapInArrow`` sorts each job partition's rows by ``(order_by, sequence)`` and feeds them
-   through the runtime's one feed loop (:meth:`TaskInstance.feed`): the partition is opened and
-   recovered to its checkpoint, fed, and its commit prepared (changelogs and local state flushed, the
-   batch's outputs written to ``<state_dir>/<job>/dataframe-outputs/<p>/<batch>.parquet``). The
-   checkpoint, which records the batch id (:attr:`Checkpoint.batch`), goes back to the driver.
+2. An Arrow UDF of the key column alone gives each row its job partition
+   (:func:`~localstate.core.partitioner.partition_for` of the key, Kafka-compatible, like every
+   localstate input); ``monotonically_increasing_id()`` its sequence number, assigned *before* the
+   shuffle (input partition and row index), so the order is the same each time Spark executes the
+   batch again. ``repartition`` on a route value chosen per partition (:func:`routes`) puts job
+   partition ``p`` into Spark partition ``p``.
+3. ``mapInArrow`` sorts each job partition's rows by ``(order_by, sequence)``, checks Spark's
+   ``streaming.sql.batchId`` against the batch id, checks the partition's instance out of its Python
+   worker (:func:`~.instances.checkout`: the one kept open since the partition's last batch if the
+   committed checkpoint is exactly what that batch prepared, else one opened and recovered to the
+   checkpoint) and feeds the rows through the runtime's one feed loop (:meth:`TaskInstance.feed`),
+   then prepares the commit (changelogs and local state flushed, the batch's outputs, if any, written
+   to ``<state_dir>/<job>/dataframe-outputs/<p>/<batch>.parquet``). The checkpoint, which records the
+   batch id (:attr:`Checkpoint.batch`) and the outputs' row count, goes back to the driver; with
+   ``keep_open`` the worker keeps the instance open for the partition's next batch.
 4. When every task succeeded, the driver saves the checkpoints; the result is a DataFrame read from
    the batch's output files (:data:`OUTPUT_SCHEMA`).
 
@@ -66,6 +71,9 @@ OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key 
 the batch, its position among the partition's messages of the batch, the output stream, and key and
 value as JSON text (bytes as hex, other non-JSON values as ``str()``)."""
 
+OUTPUT_ROWS = "dataframe-outputs"
+"""The key of a partition's checkpoint ``outputs`` that holds how many rows its batch's outputs file has."""
+
 _ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
                  "reused BOOLEAN, query_batch BIGINT, pid BIGINT, " \
@@ -102,7 +110,6 @@ class DataFrameBatch:
     workers: dict[int, int] = field(default_factory=dict)
     """the process id of the Python worker that ran each job partition"""
 _KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BinaryType")
-_ROW_BITS = 40  # sequence = (input partition << 40) + row index: 2**40 rows per input partition
 
 
 @dataclass(frozen=True)
@@ -227,11 +234,17 @@ class BatchOutputs:
         return safe_join(cls.directory(job, partition), f"{int(batch)}.parquet")
 
     def write(self, partition: int, messages: list[OutgoingMessage]) -> dict[str, int]:
+        """Write the batch's messages; returns ``{OUTPUT_ROWS: n}``, which the checkpoint records (a
+        batch without messages writes no file: its checkpoint says there is none to read)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        encode = _encoder()
+        if self.batch is None:
+            raise OutputIOError("DataFrame outputs written before the batch began", partition=partition)
         n = len(messages)
+        if not n:
+            return {OUTPUT_ROWS: 0}
+        encode = _encoder()
         table = pa.table({
             "partition": pa.array([partition] * n, pa.int32()),
             "batch_id": pa.array([self.batch] * n, pa.int64()),
@@ -240,8 +253,6 @@ class BatchOutputs:
             "key": pa.array([encode(m.key) for m in messages], pa.string()),
             "value": pa.array([encode(m.value) for m in messages], pa.string()),
         })
-        if self.batch is None:
-            raise OutputIOError("DataFrame outputs written before the batch began", partition=partition)
         buffer = io.BytesIO()
         pq.write_table(table, buffer)
         path = self.path(self.job, partition, self.batch)
@@ -252,7 +263,7 @@ class BatchOutputs:
                            partition=partition) from exc
         write_atomic(path, buffer.getvalue(), error=OutputIOError)
         self.written += n
-        return {}
+        return {OUTPUT_ROWS: n}
 
     def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
         """Nothing to do at open: :meth:`keep_only` drops what the checkpoint does not name."""
@@ -600,17 +611,22 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
     files = []
     for partition in range(job.partitions):
         checkpoint = checkpoints.load(partition)
-        if checkpoint is not None and checkpoint.batch == batch_id:
-            path = BatchOutputs.path(job, partition, batch_id)
-            try:
+        if checkpoint is None or checkpoint.batch != batch_id:
+            continue
+        path = BatchOutputs.path(job, partition, batch_id)
+        rows = checkpoint.outputs.get(OUTPUT_ROWS)
+        try:
+            if rows is None:  # a checkpoint written before OUTPUT_ROWS: every batch has a file
                 rows = pq.read_metadata(path).num_rows
-            except FileNotFoundError:
-                raise BatchOrderError(f"the outputs of batch {batch_id} of partition {partition} are missing",
-                                      batch=batch_id, partition=partition, path=str(path),
-                                      hint="the state directory was changed by hand; restore it, or start the "
-                                           "job over with `localstate reset`") from None
-            if rows:
-                files.append(str(path))
+            elif rows and not path.is_file():
+                raise FileNotFoundError(path)
+        except FileNotFoundError:
+            raise BatchOrderError(f"the outputs of batch {batch_id} of partition {partition} are missing",
+                                  batch=batch_id, partition=partition, path=str(path),
+                                  hint="the state directory was changed by hand; restore it, or start the "
+                                       "job over with `localstate reset`") from None
+        if rows:
+            files.append(str(path))
     if not files:
         # An empty relation the optimizer sees is empty (createDataFrame([]) would run a Python RDD).
         columns = [f"CAST(NULL AS {kind}) AS {name}" for name, kind in

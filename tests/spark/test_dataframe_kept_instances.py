@@ -77,7 +77,8 @@ def _bump_generations(job) -> None:
               "store = CheckpointStore(pathlib.Path(sys.argv[1]))\n"
               "for p in range(int(sys.argv[2])):\n"
               "    c = store.load(p)\n"
-              "    store.save(dataclasses.replace(c, generation=c.generation + 1))\n")
+              "    if c is not None:\n"
+              "        store.save(dataclasses.replace(c, generation=c.generation + 1))\n")
     root = checkpoint_store(job).root
     subprocess.run([sys.executable, "-c", script, str(root), str(job.partitions)], check=True, timeout=120)
 
@@ -175,3 +176,53 @@ def test_batch_id_other_than_sparks_micro_batch_is_refused(spark, tmp_path):
     message = str(seen[0])
     assert "batch id 5" in message and "streaming.sql.batchId=0" in message
     assert read_state(job)[0] == {}  # nothing applied
+
+
+def _partition_rows(keys: list[str], start: int):
+    """A job partition's rows as the apply stage gets them (input columns, partition, sequence)."""
+    import pyarrow as pa
+
+    from localstate.core.spark.dataframe import _PARTITION, _SEQ
+
+    n = len(keys)
+    return pa.table({"user": keys, "page": ["/p"] * n, "ts": list(range(start, start + n)),
+                     _PARTITION: pa.array([0] * n, pa.int32()), _SEQ: list(range(start, start + n))})
+
+
+def test_kept_instance_is_reused_only_while_the_checkpoint_is_the_one_it_prepared(tmp_path):
+    """This process plays both roles (the apply task of partition 0, keeping its instance, and the
+    driver saving checkpoints): no Spark, so every step is deterministic."""
+    from localstate.core.checkpoint import Checkpoint
+    from localstate.core.partitioner import partition_for
+    from localstate.core.spark.dataframe import DataFrameSpec, _BatchTask, _run_partition
+
+    job = job_config(tmp_path / "state", name="df-kept-unit")
+    spec = DataFrameSpec(job, "user", "dataframe", "ts", None, ("user", "page", "ts"), "number")
+    keys = [key for key in (f"user-{i}" for i in range(40)) if partition_for(key, job.partitions) == 0][:4]
+    checkpoints = checkpoint_store(job)
+    expected: dict[str, int] = {}
+
+    def run(batch: int, commit: bool = True) -> dict:
+        rows = keys * 3
+        result = _run_partition(_BatchTask(spec, batch, "run-1", keep_open=True), 0, _partition_rows(rows, batch * 100))
+        assert result["error"] is None and result["applied"] and result["query_batch"] is None
+        if commit:  # the driver's part: save what the task prepared
+            checkpoint = Checkpoint.from_json(result["checkpoint"], "test")
+            checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+            for key in rows:
+                expected[key] = expected.get(key, 0) + 1
+        return result
+
+    try:
+        assert not run(0)["reused"]  # nothing kept yet: opened
+        assert run(1)["reused"]  # its last batch was committed: the same instance, not reopened
+        assert run(2)["reused"]
+        _bump_generations(job)  # another process changed the committed checkpoint
+        assert not run(3)["reused"]  # reopened, recovered to that checkpoint; its commit is not fenced
+        assert run(4, commit=False)["reused"]  # the driver dies before saving batch 4's checkpoint
+        assert not run(4)["reused"]  # not what the driver committed: rolled back, reopened, applied once
+        assert run(5)["reused"]
+    finally:
+        release(job)
+    assert checkpoints.load(0).batch == 5
+    assert read_state(job)[0] == expected
