@@ -8,16 +8,21 @@ One batch (:func:`run_batch`, on the driver):
 
 1. The DataFrame's schema is checked (:func:`dataframe_spec`): the key column exists and is a string,
    integer or binary column; every column converts to Arrow (SchemaError naming the column otherwise).
-2. ``mapInArrow`` gives each row its job partition (:func:`~localstate.core.partitioner.partition_for`
-   of the key, Kafka-compatible, like every localstate input) and a sequence number
-   ``(input partition << 40) + row index`` assigned *before* the shuffle, so the order is the same
-   each time Spark executes the batch again. ``repartition`` on a route value chosen per partition
-   (:func:`routes`) puts job partition ``p`` into Spark partition ``p``.
-3. A second ``mapInArrow`` sorts each job partition's rows by ``(order_by, sequence)`` and feeds them
-   through the runtime's one feed loop (:meth:`TaskInstance.feed`): the partition is opened and
-   recovered to its checkpoint, fed, and its commit prepared (changelogs and local state flushed, the
-   batch's outputs written to ``<state_dir>/<job>/dataframe-outputs/<p>/<batch>.parquet``). The
-   checkpoint, which records the batch id (:attr:`Checkpoint.batch`), goes back to the driver.
+2. An Arrow UDF of the key column alone gives each row its job partition
+   (:func:`~localstate.core.partitioner.partition_for` of the key, Kafka-compatible, like every
+   localstate input); ``monotonically_increasing_id()`` its sequence number, assigned *before* the
+   shuffle (input partition and row index), so the order is the same each time Spark executes the
+   batch again. ``repartition`` on a route value chosen per partition (:func:`routes`) puts job
+   partition ``p`` into Spark partition ``p``.
+3. ``mapInArrow`` sorts each job partition's rows by ``(order_by, sequence)``, checks Spark's
+   ``streaming.sql.batchId`` against the batch id, checks the partition's instance out of its Python
+   worker (:func:`~.instances.checkout`: the one kept open since the partition's last batch if the
+   committed checkpoint is exactly what that batch prepared, else one opened and recovered to the
+   checkpoint) and feeds the rows through the runtime's one feed loop (:meth:`TaskInstance.feed`),
+   then prepares the commit (changelogs and local state flushed, the batch's outputs, if any, written
+   to ``<state_dir>/<job>/dataframe-outputs/<p>/<batch>.parquet``). The checkpoint, which records the
+   batch id (:attr:`Checkpoint.batch`) and the outputs' row count, goes back to the driver; with
+   ``keep_open`` the worker keeps the instance open for the partition's next batch.
 4. When every task succeeded, the driver saves the checkpoints; the result is a DataFrame read from
    the batch's output files (:data:`OUTPUT_SCHEMA`).
 
@@ -43,7 +48,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import count, repeat
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, load_job_config
@@ -53,11 +58,12 @@ from localstate.core.names import safe_join
 from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, checkpoint_store, job_directory, open_changelog_system
 from localstate.core.spark.failures import executor_failure, spark_failure
+from localstate.core.spark.instances import checkin, checkout, release_partitions
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, LocalStateError, OutputIOError, SchemaError
 
-__all__ = ["run_batch", "foreach_batch", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
+__all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
            "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes"]
 
 OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key STRING, value STRING"
@@ -65,8 +71,12 @@ OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key 
 the batch, its position among the partition's messages of the batch, the output stream, and key and
 value as JSON text (bytes as hex, other non-JSON values as ``str()``)."""
 
+OUTPUT_ROWS = "dataframe-outputs"
+"""The key of a partition's checkpoint ``outputs`` that holds how many rows its batch's outputs file has."""
+
 _ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
+                 "reused BOOLEAN, query_batch BIGINT, pid BIGINT, " \
                  "open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
 #: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): opening and
 #: recovering the partition, converting its Arrow rows into records, the task's ``process()`` (the one
@@ -92,8 +102,14 @@ class DataFrameBatch:
     task_seconds: dict[str, float] = field(default_factory=dict)
     """:data:`TASK_PHASES` summed over the partitions"""
     busiest_task: float = 0.0
+    reused: list[int] = field(default_factory=list)
+    """the job partitions whose instance was still open in their Python worker (not reopened)"""
+    query_batch: int | None = None
+    """the micro-batch id Spark set on the tasks (``streaming.sql.batchId``; checked against
+    ``batch_id``); None outside a streaming query"""
+    workers: dict[int, int] = field(default_factory=dict)
+    """the process id of the Python worker that ran each job partition"""
 _KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BinaryType")
-_ROW_BITS = 40  # sequence = (input partition << 40) + row index: 2**40 rows per input partition
 
 
 @dataclass(frozen=True)
@@ -196,11 +212,17 @@ class BatchOutputs:
     atomically (durable before the checkpoint names the batch). Only the last applied batch's file is
     kept (:meth:`keep_only`): it is what a re-executed batch is answered with."""
 
-    def __init__(self, job: JobConfig, partition: int, batch: int) -> None:
+    def __init__(self, job: JobConfig, partition: int) -> None:
         self.job = job
         self.partition = partition
-        self.batch = batch
+        self.batch: int | None = None
         self.written = 0
+
+    def begin(self, batch: int, committed: int | None) -> None:
+        """The messages written from now on are batch ``batch``'s; ``committed`` is the partition's
+        committed batch (its file is kept, every other one deleted: :meth:`keep_only`)."""
+        self.batch = batch
+        self.keep_only(committed)
 
     @staticmethod
     def directory(job: JobConfig, partition: int) -> Path:
@@ -212,11 +234,17 @@ class BatchOutputs:
         return safe_join(cls.directory(job, partition), f"{int(batch)}.parquet")
 
     def write(self, partition: int, messages: list[OutgoingMessage]) -> dict[str, int]:
+        """Write the batch's messages; returns ``{OUTPUT_ROWS: n}``, which the checkpoint records (a
+        batch without messages writes no file: its checkpoint says there is none to read)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        encode = _encoder()
+        if self.batch is None:
+            raise OutputIOError("DataFrame outputs written before the batch began", partition=partition)
         n = len(messages)
+        if not n:
+            return {OUTPUT_ROWS: 0}
+        encode = _encoder()
         table = pa.table({
             "partition": pa.array([partition] * n, pa.int32()),
             "batch_id": pa.array([self.batch] * n, pa.int64()),
@@ -235,10 +263,13 @@ class BatchOutputs:
                            partition=partition) from exc
         write_atomic(path, buffer.getvalue(), error=OutputIOError)
         self.written += n
-        return {}
+        return {OUTPUT_ROWS: n}
 
     def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
         """Nothing to do at open: :meth:`keep_only` drops what the checkpoint does not name."""
+
+    def close(self) -> None:
+        """Nothing to close: each batch's file is written whole by :meth:`write`."""
 
     def keep_only(self, batch: int | None) -> None:
         """Delete this partition's output files except the one of ``batch`` (the committed batch):
@@ -273,6 +304,9 @@ _PARTITION_CACHE: dict[tuple[int, Any], int] = {}
 """``(partitions, key) -> partition`` in this Python worker: Spark reuses its workers across batches,
 and a key's partition never changes (kept bounded by :data:`_CACHE_LIMIT`)."""
 _CACHE_LIMIT = 2_000_000
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The local property Spark sets on the tasks of a streaming query's micro-batch (also on the jobs
+its foreachBatch function runs): the executors check it against the batch id the driver passed."""
 
 
 def _partitions_of(keys: Any, partitions: int, column: str) -> Any:
@@ -297,30 +331,35 @@ def _partitions_of(keys: Any, partitions: int, column: str) -> Any:
     return pa.array(parts, pa.int32()).take(encoded.indices)
 
 
-def _assign(spec: DataFrameSpec, route_values: list[int]) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """mapInArrow before the shuffle: add the job partition, its route value and the sequence number."""
-    partitions = spec.job.partitions
-    key = spec.key
+def _partition_udf(spec: DataFrameSpec) -> Any:
+    """An Arrow UDF of the key column: each row's job partition. Only the key column travels to
+    Python and back (the other columns stay in the JVM until the task that applies them)."""
+    import pyarrow as pa
+    from pyspark.sql.functions import arrow_udf
+    from pyspark.sql.types import IntegerType
 
-    def assign(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        from pyspark import TaskContext
+    partitions, column = spec.job.partitions, spec.key
 
-        base = TaskContext.get().partitionId() << _ROW_BITS
-        route_of = pa.array(route_values, pa.int64())
-        index = 0
-        for batch in batches:
-            parts = _partitions_of(batch.column(key), partitions, key)
-            n = batch.num_rows
-            yield pa.RecordBatch.from_arrays(
-                [*batch.columns, route_of.take(parts), parts, pa.array(range(base + index, base + index + n), pa.int64())],
-                names=[*batch.schema.names, _ROUTE, _PARTITION, _SEQ])
-            index += n
+    def partition_of(keys: pa.Array) -> pa.Array:
+        return _partitions_of(keys, partitions, column)
 
-    return assign
+    partition_of.__annotations__ = {"keys": pa.Array, "return": pa.Array}  # the hints arrow_udf reads
+    return arrow_udf(partition_of, IntegerType())
 
 
-def _apply(spec: DataFrameSpec, batch: int, fault: Mapping[str, Any] | None) -> Callable[[Iterator[Any]], Iterator[Any]]:
+@dataclass(frozen=True)
+class _BatchTask:
+    """What every task of one batch's apply stage gets from the driver."""
+
+    spec: DataFrameSpec
+    batch: int
+    run_id: str
+    """the Spark application: an instance kept open by one driver is never reused by another"""
+    keep_open: bool
+    fault: Mapping[str, Any] | None = None
+
+
+def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """mapInArrow after the shuffle: feed each job partition found in this Spark partition."""
 
     def apply(batches: Iterator[Any]) -> Iterator[Any]:
@@ -331,6 +370,7 @@ def _apply(spec: DataFrameSpec, batch: int, fault: Mapping[str, Any] | None) -> 
         if not collected:
             return
         table = pa.Table.from_batches(collected)
+        spec = task.spec
         order = [(_PARTITION, "ascending")] + ([(spec.order_by, "ascending")] if spec.order_by else []) \
             + [(_SEQ, "ascending")]
         table = table.sort_by(order)
@@ -339,7 +379,7 @@ def _apply(spec: DataFrameSpec, batch: int, fault: Mapping[str, Any] | None) -> 
         ends = np.r_[starts[1:], len(parts)]
         for start, end in zip(starts.tolist(), ends.tolist()):
             partition = int(parts[start])
-            result = _run_partition(spec, partition, table.slice(start, end - start), batch, fault)
+            result = _run_partition(task, partition, table.slice(start, end - start))
             yield pa.RecordBatch.from_pylist([result], schema=_result_schema())
 
     return apply
@@ -349,8 +389,17 @@ def _result_schema() -> Any:
     import pyarrow as pa
 
     return pa.schema([("partition", pa.int32()), ("applied", pa.bool_()), ("checkpoint", pa.string()),
-                      ("records", pa.int64()), ("outputs", pa.int64()),
+                      ("records", pa.int64()), ("outputs", pa.int64()), ("reused", pa.bool_()),
+                      ("query_batch", pa.int64()), ("pid", pa.int64()),
                       *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary())])
+
+
+def _row_values(rows: Any, names: Iterable[str]) -> list[dict[str, Any]]:
+    """The rows as dicts of ``names``: one ``to_pylist`` per column, then one dict per row built
+    from the columns' lists (Arrow's own Table.to_pylist builds each row key by key, slower)."""
+    names = list(names)
+    columns = [rows.column(name).to_pylist() for name in names]
+    return list(map(dict, map(zip, repeat(names), zip(*columns))))
 
 
 def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, InputRecord]]:
@@ -361,7 +410,7 @@ def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, 
     if spec.value is not None:
         values: list[Any] = rows.column(spec.value).to_pylist()
     else:
-        values = rows.select(list(spec.columns)).to_pylist()
+        values = _row_values(rows, spec.columns)
     if spec.ts == "number":
         times: Iterable[Any] = rows.column(spec.order_by).to_pylist()
     elif spec.ts == "timestamp":
@@ -373,50 +422,73 @@ def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, 
     return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, times))
 
 
-def _run_partition(spec: DataFrameSpec, partition: int, rows: Any, batch: int,
-                   fault: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Apply ``batch`` to one job partition, unless its checkpoint already holds it; returns the
-    prepared checkpoint (the driver saves it) or a deterministic error, pickled."""
+def _query_batch(batch: int) -> int | None:
+    """The micro-batch id Spark gave this task (:data:`BATCH_ID_PROPERTY`), None outside a streaming
+    query; BatchOrderError naming both ids if it is not ``batch`` (the driver passed another query's
+    id, or the wrong one)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    value = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
+    if value is None:
+        return None
+    if int(value) != batch:
+        raise BatchOrderError(
+            f"batch id {batch} passed to localstate does not match the micro-batch Spark runs ({BATCH_ID_PROPERTY}="
+            f"{value})", batch=batch, query_batch=int(value),
+            hint="pass foreachBatch's own batch id to run_batch (or use foreach_batch)")
+    return int(value)
+
+
+def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any]:
+    """Apply the batch to one job partition, unless its checkpoint already holds it; returns the
+    prepared checkpoint (the driver saves it) or a deterministic error, pickled.
+
+    The partition's instance is checked out of this Python worker (:func:`~.instances.checkout`):
+    the one kept open since the partition's last batch if the committed checkpoint is exactly what
+    that batch prepared, else a fresh one recovered to the checkpoint. With ``keep_open`` it is kept
+    open afterwards for the partition's next batch."""
     clock = time.perf_counter
     started = clock()
+    spec, batch = task.spec, task.batch
     result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
-                              "outputs": 0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
+                              "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(),
+                              "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
     try:
+        result["query_batch"] = _query_batch(batch)
         job = spec.job
         add_task_paths(job)
         committed = checkpoint_store(job).load(partition)
         if committed is not None and committed.batch is not None and committed.batch >= batch:
             return result  # applied before: the driver serves the outputs it stored
-        outputs = BatchOutputs(job, partition, batch)
-        changelogs = open_changelog_system(job)
-        instance = TaskInstance(job, partition, changelogs, sink=outputs)
+        lease = checkout(job, partition, task.run_id, lambda: BatchOutputs(job, partition))
+        prepared = None
         try:
-            instance.open()
+            instance = lease.instance
             if instance.batch is not None and instance.batch >= batch:
-                instance.close(commit=False)
                 return result
-            outputs.keep_only(instance.batch)
+            outputs = cast(BatchOutputs, lease.sink.inner)  # run ids of this path are its own: see run_batch
+            outputs.begin(batch, instance.batch)
             opened = clock()
             records = _records(spec, rows, instance.position(spec.stream))
             converted = clock()
-            spec_fault = fault if fault and fault.get("partition") == partition and fault.get("batch") == batch \
-                else None
-            with armed(CrashAt.from_plan_fault(spec_fault) if spec_fault else None):
+            fault = task.fault
+            crash = CrashAt.from_plan_fault(fault) if fault and fault.get("partition") == partition \
+                and fault.get("batch") == batch else None
+            with armed(crash):
                 fed = instance.feed(records)
             if job.window_interval is not None:
                 instance.maybe_window()
             processed = clock()
             instance.batch = batch
+            written = lease.sink.written
             prepared = instance.prepare_commit()
-            instance.close(commit=False)
-            result.update({"open": opened - started, "convert": converted - opened, "process": processed - converted,
-                           "commit": clock() - processed})
-        except BaseException:
-            instance.abandon()
-            raise
+            result.update(applied=True, checkpoint=prepared.to_json(), records=fed.records,
+                          outputs=lease.sink.written - written, reused=lease.reused)
         finally:
-            changelogs.close()
-        result.update(applied=True, checkpoint=prepared.to_json(), records=fed.records, outputs=outputs.written)
+            checkin(lease, prepared, keep=task.keep_open)
+        result.update({"open": opened - started, "convert": converted - opened, "process": processed - converted,
+                       "commit": clock() - processed})
     except (Exception, SystemExit) as exc:
         result["error"] = executor_failure(exc, batch, partition)  # re-raises what Spark should retry
     return result
@@ -440,15 +512,18 @@ def _create_changelogs(job: JobConfig) -> None:
 
 def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, batch_id: int | None = None,
               order_by: str | None = None, value: str | None = None, stream: str = "dataframe",
-              fault: Mapping[str, Any] | None = None,
+              keep_open: bool = False, fault: Mapping[str, Any] | None = None,
               progress: Callable[[DataFrameBatch], None] | None = None) -> Any:
     """Apply the batch ``df`` to the job's state, exactly once per ``batch_id``, and return the task's
     outputs as a DataFrame (:data:`OUTPUT_SCHEMA`), read from files kept until the next batch.
 
     ``batch_id``: the micro-batch id (foreachBatch's); None: the batch after the last one applied (a
     batch DataFrame). An id the job already applied is not applied again: its outputs are returned as
-    they were. ``progress`` is called with the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch", "after", "marker"}`` SIGKILLs
-    the Python worker feeding that partition after ``after`` records, once (see :mod:`~localstate.core.faults`)."""
+    they were. ``keep_open``: the Python workers keep their partition's instance open for the next
+    batch (what :func:`foreach_batch` does; :func:`release` closes them). ``progress`` is called with
+    the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch",
+    "after", "marker"}`` SIGKILLs the Python worker feeding that partition after ``after`` records,
+    once (see :mod:`~localstate.core.faults`)."""
     job = _job(job)
     spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream)
     add_task_paths(job)
@@ -468,17 +543,24 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
             path=str(checkpoints.root),
             hint="a query's checkpointLocation must stay with the job's state: restore it, or start the job "
                  "over with `localstate reset`")
-    _create_changelogs(job)
+    if any(checkpoint is None for checkpoint in committed.values()):
+        _create_changelogs(job)  # a partition commits its first batch only after its streams exist
     spark = df.sparkSession
-    from pyspark.sql.types import IntegerType, LongType, StructField, StructType
+    from pyspark.sql import functions as F
 
-    with_route = StructType([*df.schema.fields, StructField(_ROUTE, LongType(), False),
-                             StructField(_PARTITION, IntegerType(), False), StructField(_SEQ, LongType(), False)])
-    prepared = df.mapInArrow(_assign(spec, routes(job.partitions)), with_route)
-    shuffled = prepared.repartition(job.partitions, _ROUTE)
+    # Route in the JVM but for the key's partition (an Arrow UDF of the key column only): the
+    # sequence number is fixed before the shuffle (input partition and row position, the same each
+    # time Spark executes the batch again), then job partition p goes to Spark partition p.
+    route_of = F.array(*(F.lit(value) for value in routes(job.partitions)))
+    prepared = df.withColumn(_PARTITION, _partition_udf(spec)(F.col(key))) \
+        .withColumn(_SEQ, F.monotonically_increasing_id()) \
+        .withColumn(_ROUTE, F.element_at(route_of, F.col(_PARTITION) + 1))
+    shuffled = prepared.repartition(job.partitions, _ROUTE).drop(_ROUTE)
+    # "dataframe:" keeps these run ids apart from `localstate run`'s (their instances have other sinks).
+    task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault)
     started = time.perf_counter()
     try:
-        results = shuffled.mapInArrow(_apply(spec, batch_id, fault), _RESULT_SCHEMA).collect()
+        results = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA).collect()
     except LocalStateError:
         raise
     except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
@@ -495,8 +577,12 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
             report.applied.append(row["partition"])
             report.records += row["records"]
             report.outputs += row["outputs"]
+            if row["reused"]:
+                report.reused.append(row["partition"])
         else:
             report.replayed.append(row["partition"])
+        report.query_batch = row["query_batch"] if row["query_batch"] is not None else report.query_batch
+        report.workers[row["partition"]] = row["pid"]
         for phase in TASK_PHASES:
             report.task_seconds[phase] = report.task_seconds.get(phase, 0.0) + row[phase]
         report.busiest_task = max(report.busiest_task, sum(row[phase] for phase in TASK_PHASES))
@@ -504,6 +590,16 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     if progress is not None:
         progress(report)
     return batch_outputs(spark, job, batch_id)
+
+
+def release(job: JobConfig | str | os.PathLike[str]) -> None:
+    """Make the Python workers close the instances of ``job`` they keep open (:func:`foreach_batch`,
+    ``keep_open``), waiting until each partition is free: call it after stopping a query, before
+    opening the job's state from this process (``localstate run``, a TaskInstance). Idle Python
+    workers also give a partition back on demand to any localstate task that asks for it, and they
+    close with the SparkContext."""
+    job = _job(job)
+    release_partitions(checkpoint_store(job), range(job.partitions))
 
 
 def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
@@ -515,17 +611,22 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
     files = []
     for partition in range(job.partitions):
         checkpoint = checkpoints.load(partition)
-        if checkpoint is not None and checkpoint.batch == batch_id:
-            path = BatchOutputs.path(job, partition, batch_id)
-            try:
+        if checkpoint is None or checkpoint.batch != batch_id:
+            continue
+        path = BatchOutputs.path(job, partition, batch_id)
+        rows = checkpoint.outputs.get(OUTPUT_ROWS)
+        try:
+            if rows is None:  # a checkpoint written before OUTPUT_ROWS: every batch has a file
                 rows = pq.read_metadata(path).num_rows
-            except FileNotFoundError:
-                raise BatchOrderError(f"the outputs of batch {batch_id} of partition {partition} are missing",
-                                      batch=batch_id, partition=partition, path=str(path),
-                                      hint="the state directory was changed by hand; restore it, or start the "
-                                           "job over with `localstate reset`") from None
-            if rows:
-                files.append(str(path))
+            elif rows and not path.is_file():
+                raise FileNotFoundError(path)
+        except FileNotFoundError:
+            raise BatchOrderError(f"the outputs of batch {batch_id} of partition {partition} are missing",
+                                  batch=batch_id, partition=partition, path=str(path),
+                                  hint="the state directory was changed by hand; restore it, or start the "
+                                       "job over with `localstate reset`") from None
+        if rows:
+            files.append(str(path))
     if not files:
         # An empty relation the optimizer sees is empty (createDataFrame([]) would run a Python RDD).
         columns = [f"CAST(NULL AS {kind}) AS {name}" for name, kind in
@@ -539,8 +640,11 @@ def foreach_batch(job: JobConfig | str | os.PathLike[str], *, key: str, sink: Ca
     """A ``writeStream.foreachBatch`` function: each micro-batch goes through :func:`run_batch` (with
     foreachBatch's batch id) and its outputs to ``sink(outputs, batch_id)``. Make the sink idempotent
     per batch id (overwrite a per-batch location, Delta's ``txnAppId``/``txnVersion``): after a failure
-    Spark calls it again for the same batch, with the same rows."""
+    Spark calls it again for the same batch, with the same rows. The Python workers keep their
+    partitions' instances open between micro-batches (``keep_open=False`` to not): after the query
+    stops, :func:`release` closes them."""
     job = _job(job)
+    options.setdefault("keep_open", True)
 
     def handle(df: Any, batch_id: int) -> None:
         sink(run_batch(df, job, key=key, batch_id=int(batch_id), **options), int(batch_id))

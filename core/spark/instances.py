@@ -40,7 +40,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem, RecordColumns
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
@@ -125,6 +125,11 @@ class _TimedSink:
     def __init__(self, inner: StreamSink, clock: dict[str, float]) -> None:
         self._inner = inner
         self._clock = clock
+
+    @property
+    def inner(self) -> StreamSink:
+        """The sink this one times (the one given to :func:`checkout`)."""
+        return self._inner
 
     @property
     def written(self) -> int:
@@ -339,9 +344,11 @@ def _claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | 
                       path=str(directory), hint="a batch's tasks and partitions no longer match: run the job again")
 
 
-def checkout(job: JobConfig, partition: int, run_id: str) -> Lease:
+def checkout(job: JobConfig, partition: int, run_id: str,
+             make_sink: Callable[[], StreamSink] | None = None) -> Lease:
     """The open instance of ``partition`` for this task: the one this worker kept, if the driver
-    committed its last batch, else a freshly opened (recovered) one."""
+    committed its last batch, else a freshly opened (recovered) one, whose outputs go to
+    ``make_sink()`` (default: the job's :class:`StreamSink`; a reused instance keeps its sink)."""
     global _kept
     key = (run_id, str(job.state_dir), job.name, partition)
     with _mutex:
@@ -353,7 +360,7 @@ def checkout(job: JobConfig, partition: int, run_id: str) -> Lease:
         lease.close()  # another partition, or not committed: give it back / roll it back
     clock = {"changelog": 0.0, "outputs": 0.0}
     changelogs = _TimedChangelogs(open_changelog_system(job), clock)
-    sink = _TimedSink(StreamSink(job), clock)
+    sink = _TimedSink(make_sink() if make_sink is not None else StreamSink(job), clock)
     instance = BatchInstance(job, partition, changelogs, sink)
     try:
         waited = acquire_partition(instance.checkpoints, partition)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from localstate.core.spark.context import spark_context
-from localstate.spark import foreach_batch
+from localstate.spark import foreach_batch, release
 
 HERE = Path(__file__).resolve().parent
 
@@ -62,6 +62,7 @@ def main() -> None:
         pass
     failure = query.exception()
     query.stop()
+    release(HERE / "job.toml")  # the Python workers close the partitions they kept open between batches
     spark.stop()
     if failure is not None:
         raise SystemExit(f"the query failed: {failure}")

@@ -4,6 +4,8 @@ state, checkpoints and changelogs as DataFrames (:func:`register`, :func:`read_s
 
     from localstate.spark import foreach_batch
     query = stream.writeStream.foreachBatch(foreach_batch("job.toml", key="user", sink=write)).start()
+    ...
+    query.stop(); release("job.toml")   # the Python workers close the instances they kept open
 
     import localstate.spark
     localstate.spark.register(spark)                       # once per SparkSession
@@ -21,11 +23,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from localstate.core.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, run_batch
+from localstate.core.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, release, run_batch
 from localstate.core.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
 from localstate.errors import LocalStateError
 
-__all__ = ["run_batch", "foreach_batch", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state", "SOURCE_NAME"]
+__all__ = ["run_batch", "foreach_batch", "release", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state", "SOURCE_NAME"]
 
 
 def register(spark: Any) -> None:
