@@ -20,7 +20,6 @@ import os
 import re
 import struct
 import zlib
-from itertools import chain, repeat
 from pathlib import Path
 from typing import Iterable
 
@@ -138,30 +137,10 @@ def encode_into(buf: bytearray, records: Iterable[tuple[bytes, bytes | None]], o
     """Append ``records`` to ``buf`` in this format, numbered from ``offset``; returns the next offset.
 
     The one framing pass of every writer (the file changelog's ``append``/``append_many``, the object
-    store's deltas). A batch without tombstones is framed column-wise with C-level ``map``s (headers,
-    record bodies, crc32s, one join): no Python step per record, which keeps a commit's framing off
-    the critical path. Raises TypeError/struct.error/OverflowError on a record that is not bytes or
-    too long; the records before it stay in ``buf``, whole (see :func:`count_records`)."""
-    if not isinstance(records, (list, tuple)):
-        records = list(records)
-    n = len(records)
-    if not n:
-        return offset
-    try:
-        keys, values = zip(*records)
-        if None not in values:
-            bodies = list(map(b"".join, zip(map(REST.pack, range(offset, offset + n), repeat(ts_ms, n),
-                                                map(len, keys), map(len, values)), keys, values)))
-            buf += b"".join(chain.from_iterable(zip(map(CRC.pack, map(zlib.crc32, bodies)), bodies)))
-            return offset + n
-    except Exception:  # noqa: BLE001 - a bad record: framed one by one below, which raises at it
-        pass
-    return _encode_each(buf, records, offset, ts_ms)
-
-
-def _encode_each(buf: bytearray, records: Iterable[tuple[bytes, bytes | None]], offset: int, ts_ms: int) -> int:
-    """:func:`encode_into` one record at a time (tombstones, or a bad record: raises at it with the
-    records before it appended whole)."""
+    store's deltas): one concatenation and one crc32 call per record (cheaper than chaining crc32 over
+    three parts, and measured faster than framing column-wise with ``map``s: the per-record crc32
+    dominates either way). Raises TypeError/struct.error/OverflowError on a record that is not bytes
+    or too long; the records before it stay in ``buf``, whole (see :func:`count_records`)."""
     pack_rest = REST.pack
     pack_crc = CRC.pack
     crc32 = zlib.crc32
