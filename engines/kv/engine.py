@@ -171,28 +171,69 @@ class KeyValueEngine(StorageEngine):
         values it checks class and range instead of packing. Anything else takes the reference path.
         """
         cache = self._cache
-        young, dirty = cache.young, self._dirty
-        young_get, dirty_len = young.get, dirty.__len__
-        key_class, batch, spill, miss = self._key_class, self._batch, self._spill, _MISS
-        get_missed, put_slow = self._get_missed, KeyValueEngine.put.__get__(self)
+        young, old, dirty = cache.young, cache.old, self._dirty
+        young_get, old_pop, dirty_get, dirty_len = young.get, old.pop, dirty.get, dirty.__len__
+        key_class, batch, spill, miss, errors = self._key_class, self._batch, self._spill, _MISS, FAST_ERRORS
+        put_slow = KeyValueEngine.put.__get__(self)
         reference_get = KeyValueEngine.get.__get__(self)
+        kser, slow_key, lo, hi = self._kfast, self._slow_key, self._min_key, self._max_key
+        vde, decode_value = self._vde_fast, self._decode_value
+        inflight, settle = self._inflight, self._settle
+        inflight_get, reads_wait = inflight.get, not self._backend.concurrent_reads
+        backend_get, backend_failed = self._backend.get, self._backend_failed
+        size, rotate = cache.size, cache.rotate
 
         def get(key: Any) -> Any:
-            if key.__class__ is key_class:
-                value = young_get(key, miss)
-                if value is not miss:
-                    return value
-                return get_missed(key)
-            return reference_get(key)
+            # _get_missed inlined: a miss costs no extra Python frame
+            if key.__class__ is not key_class:
+                return reference_get(key)
+            value = young_get(key, miss)
+            if value is not miss:
+                return value
+            value = old_pop(key, miss)
+            if value is not miss:
+                young[key] = value
+                return value
+            value = dirty_get(key, miss)
+            if value is miss:
+                try:
+                    kb = kser(key)
+                except errors:
+                    kb = slow_key(key)
+                if not lo <= len(kb) <= hi:
+                    return None
+                vb = miss
+                if inflight:
+                    vb = inflight_get(key, miss)
+                    if vb is miss and reads_wait:
+                        settle()
+                if vb is miss:
+                    try:
+                        vb = backend_get(kb)
+                    except Exception as exc:
+                        raise backend_failed(exc) from exc
+                if vb is None:
+                    value = None
+                else:
+                    try:
+                        value = vde(vb)
+                    except errors:
+                        value = decode_value(kb, vb)
+            if size:
+                if len(young) + len(old) >= size:
+                    rotate()
+                young[key] = value
+            return value
 
         # A key in the young generation was checked when it entered the cache (see _get_missed), so
         # a put of it only checks the value: for int values class and range, for bytes values the
         # class, for other serdes the fast encoder (its bytes are dropped: the flush encodes).
         if self._int_values:
-            lo, hi = INT_MIN, INT_MAX
+            int_min, int_max = INT_MIN, INT_MAX
 
             def put(key: Any, value: Any) -> None:
-                if key.__class__ is key_class and value.__class__ is int and lo <= value <= hi and key in young:
+                if key.__class__ is key_class and value.__class__ is int and int_min <= value <= int_max \
+                        and key in young:
                     young[key] = value
                     dirty[key] = value
                     if dirty_len() > batch:

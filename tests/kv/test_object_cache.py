@@ -76,7 +76,7 @@ SERDES: dict[str, tuple[Serde, Serde, list[Any], st.SearchStrategy]] = {
     "int/json": (IntSerde(), JsonSerde(), INT_KEYS, st.one_of(st.integers(-5, 5), st.lists(st.integers(0, 3),
                                                                                              max_size=2))),
     "bytes/bytes": (BytesSerde(), BytesSerde(), BYTES_KEYS, st.binary(max_size=4)),
-    "json/int": (JsonSerde(), IntSerde(), ["a", 1, 1.5, True, None], st.integers(-5, 5)),
+    "json/int": (JsonSerde(), IntSerde(), ["a", "1", 1, 1.5, True], st.integers(-5, 5)),
 }
 
 
@@ -105,7 +105,7 @@ def test_matches_a_dict_model(backend: str, serdes: str) -> None:
     if backend == "lmdb" and b"" in [kserde.serialize(k) for k in keys]:
         pytest.skip("lmdb holds no empty keys")
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(_ops(keys, values))
     def run(ops: list[tuple]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
