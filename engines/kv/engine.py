@@ -1,22 +1,36 @@
-"""The key-value engine: Samza's CachedStore + LoggedStore over a pluggable ordered backend.
+"""The key-value engine: Samza's CachedStore + SerializedStore + LoggedStore over a pluggable
+ordered backend.
 
-Layers, top to bottom: serdes -> object cache (bounded LRU of deserialized values, read-your-writes)
--> pending writes (the coalesced map of keys changed since the last spill/flush, serialized)
--> the logged-store layer (``localstate.core.logged``: changelog first, then one atomic backend
-write with the offset) -> a backend plugin (``localstate.core.backend``).
+Layers, top to bottom: object cache (``cache.GenerationalCache``: bounded, read-your-writes) and
+pending changes (the coalesced map of keys changed since the last spill/flush, holding the value
+*objects*) -> serdes, applied once per changed key at the spill/flush -> the logged-store layer
+(``localstate.core.logged``: changelog first, then one atomic backend write with the offset) -> a
+backend plugin (``localstate.core.backend``).
+
+Cache keys: for the built-in ``string``/``int``/``bytes`` key serdes, the key object itself when it
+is of exactly the serde's class (``str``/``int``/``bytes``: equal such keys always encode equally,
+and their order is their encodings' order), else the object of that class the key encodes to; for
+any other serde the serialized key. So ``1``, ``1.0`` and ``True`` never alias: under the int serde
+only ``1`` is a key, under json they are three keys.
 
 Guarantees (see ``localstate.core.engine``):
 
-* ``flush()`` appends one record per key changed since the previous flush, flushes the changelog
-  (end offset ``n``), then writes the changes *and* ``n`` in one atomic backend write.
+* ``put`` raises the typed error for a key or value the serdes refuse, or a key of a size the
+  backend cannot hold, before anything is logged (values are checked at put and encoded at flush).
+* ``flush()`` appends one record per key changed since the previous flush, holding the value's
+  state at that flush (a value mutated after its put is committed as mutated: what ``get``
+  returned), flushes the changelog (end offset ``n``), then writes the changes *and* ``n`` in one
+  atomic backend write.
 * A spill (``write_batch_size`` pending keys before a commit) first appends and flushes the
   changelog, then writes the backend *without* touching the recorded offset, so local state never
   runs ahead of the changelog and ``local_offset()`` stays at the last commit.
 * Iterators are snapshots of the merged view (pending writes + backend) at the moment they open.
 
-Performance: ``get``/``put`` are per-instance closures (see ``_bind_hot_path``) using builtin-speed
-codecs for the built-in serdes (``codecs.py``); a flush hands the changelog and the backend the
-pending changes once, as one key-sorted list (cheap RocksDB memtable inserts, LMDB bulk put).
+Performance: ``get``/``put`` are per-instance closures (see ``_bind_hot_path``): a cache hit is one
+dict lookup, a put of a cached key two dict stores (and a class/range check of an int value); no key
+or value is encoded until the flush, which sorts the changed keys once and encodes them with one
+C-level ``map`` per column (``core/codecs.py``), then hands the changelog and the backend one
+key-sorted list (cheap RocksDB memtable inserts, LMDB bulk put).
 
 Write-behind (option ``write_behind``): the flush's backend write runs on the logged store's
 background thread once the changelog is flushed; until it lands, ``get`` serves its keys from
