@@ -240,8 +240,9 @@ class KeyValueEngine(StorageEngine):
             return value
 
         # A key in the young generation was checked when it entered the cache (see _get_missed), so
-        # a put of it only checks the value: for int values class and range, for bytes values the
-        # class, for other serdes the fast encoder (its bytes are dropped: the flush encodes).
+        # a put of it only checks the value: an int value by class and range (cheaper than packing
+        # it), any other by the fast encoder, whose bytes are kept only for the bytes serde (the
+        # flush encodes the others).
         if self._int_values:
             int_min, int_max = INT_MIN, INT_MAX
 
@@ -254,27 +255,17 @@ class KeyValueEngine(StorageEngine):
                         spill()
                 else:
                     put_slow(key, value)
-        elif self._hold_encoded:
-
-            def put(key: Any, value: Any) -> None:
-                if key.__class__ is key_class and value.__class__ is bytes and key in young:
-                    young[key] = value
-                    dirty[key] = value
-                    if dirty_len() > batch:
-                        spill()
-                else:
-                    put_slow(key, value)
         else:
-            vfast, slow_value, errors = self._vfast, self._slow_value, FAST_ERRORS
+            vfast, slow_value, hold_encoded = self._vfast, self._slow_value, self._hold_encoded
 
             def put(key: Any, value: Any) -> None:
                 if key.__class__ is key_class and value is not None and key in young:
                     try:
-                        vfast(value)
+                        vb = vfast(value)
                     except errors:
-                        slow_value(key, value)
+                        vb = slow_value(key, value)
                     young[key] = value
-                    dirty[key] = value
+                    dirty[key] = vb if hold_encoded else value
                     if dirty_len() > batch:
                         spill()
                 else:
