@@ -13,10 +13,11 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable
 
-from localstate.core.serdes import IntSerde, Serde, StringSerde
+from localstate.core.serdes import BytesSerde, IntSerde, Serde, StringSerde, ensure_bytes
 from localstate.errors import SerdeError
 
-__all__ = ["fast_codec", "FAST_ERRORS", "INT_PACK", "INT_BIAS", "inline_int_class"]
+__all__ = ["fast_codec", "FAST_ERRORS", "INT_PACK", "INT_BIAS", "INT_MIN", "INT_MAX", "inline_int_class",
+           "native_class", "many_encoder"]
 
 #: What a fast function raises instead of SerdeError (SerdeError included for custom serdes).
 FAST_ERRORS = (SerdeError, TypeError, ValueError, UnicodeError, struct.error)
@@ -29,6 +30,8 @@ _SIGN = 1 << 63
 #: ``INT_PACK(obj + INT_BIAS)`` is IntSerde's bytes for an exact ``int`` obj; struct.error out of range.
 INT_PACK: Callable[[int], bytes] = _Q.pack
 INT_BIAS = _SIGN
+#: The range of the built-in int serde (signed 64-bit): a range check is cheaper than packing.
+INT_MIN, INT_MAX = -_SIGN, _SIGN - 1
 
 
 def inline_int_class(serde: Serde) -> type | None:
@@ -59,3 +62,36 @@ def fast_codec(serde: Serde) -> tuple[Callable[[Any], bytes], Callable[[bytes], 
     if kind is IntSerde:
         return _int_serialize, _int_deserialize
     return serde.serialize, serde.deserialize
+
+
+def native_class(serde: Serde) -> type | None:
+    """The class whose exact instances ``serde`` encodes such that equal objects always give equal
+    bytes and vice versa (``str`` for the built-in string serde, ``int`` for int, ``bytes`` for bytes),
+    or None for any other serde (json: ``1 == 1.0 == True`` encode differently; custom serdes: unknown).
+    Objects of that exact class may stand for their encoding, e.g. as cache keys, and their natural
+    order is the order of their encodings (UTF-8 byte order is code-point order; the int serde is
+    order-preserving)."""
+    kind = type(serde)
+    if kind is StringSerde:
+        return str
+    if kind is IntSerde:
+        return int
+    if kind is BytesSerde:
+        return bytes
+    return None
+
+
+def many_encoder(serde: Serde) -> Callable[[list[Any]], list[bytes]]:
+    """A function encoding a list of objects in one call: a C-level ``map`` for the built-in string,
+    int and bytes serdes (for objects their serialize accepts: the caller checked them), else the
+    serde's ``serialize`` per object (raising SerdeError for an object it refuses, e.g. a json value
+    mutated after it was put)."""
+    kind = type(serde)
+    if kind is StringSerde:
+        return lambda objs: list(map(str.encode, objs))
+    if kind is IntSerde:
+        return lambda objs: list(map(INT_PACK, map(INT_BIAS.__add__, objs)))
+    if kind is BytesSerde:
+        return list
+    serialize = serde.serialize
+    return lambda objs: [ensure_bytes(serialize(obj), serde) for obj in objs]

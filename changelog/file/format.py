@@ -37,6 +37,7 @@ __all__ = [
     "walk",
     "find_valid_after",
     "encode_into",
+    "count_records",
 ]
 
 HEADER = struct.Struct("<IQqIi")
@@ -135,22 +136,33 @@ def find_valid_after(buf: bytes, bad_pos: int, expected: int) -> int | None:
 def encode_into(buf: bytearray, records: Iterable[tuple[bytes, bytes | None]], offset: int, ts_ms: int) -> int:
     """Append ``records`` to ``buf`` in this format, numbered from ``offset``; returns the next offset.
 
-    Raises TypeError/struct.error/OverflowError on a record that is not bytes or too long; the records
-    before it stay in ``buf``, whole."""
+    The one framing pass of every writer (the file changelog's ``append``/``append_many``, the object
+    store's deltas): one concatenation and one crc32 call per record (cheaper than chaining crc32 over
+    three parts, and measured faster than framing column-wise with ``map``s: the per-record crc32
+    dominates either way). Raises TypeError/struct.error/OverflowError on a record that is not bytes
+    or too long; the records before it stay in ``buf``, whole (see :func:`count_records`)."""
     pack_rest = REST.pack
     pack_crc = CRC.pack
     crc32 = zlib.crc32
     for key, value in records:
+        # a bad record fails in len()/pack()/concatenation, before any byte of it is appended
         if value is None:
-            rest = pack_rest(offset, ts_ms, len(key), TOMBSTONE)
-            buf += pack_crc(crc32(key, crc32(rest)))
-            buf += rest
-            buf += key
+            record = pack_rest(offset, ts_ms, len(key), TOMBSTONE) + key
         else:
-            rest = pack_rest(offset, ts_ms, len(key), len(value))
-            buf += pack_crc(crc32(value, crc32(key, crc32(rest))))
-            buf += rest
-            buf += key
-            buf += value
+            record = pack_rest(offset, ts_ms, len(key), len(value)) + key + value
+        buf += pack_crc(crc32(record))
+        buf += record
         offset += 1
     return offset
+
+
+def count_records(buf: bytes | bytearray, start: int = 0) -> int:
+    """How many whole records ``buf`` holds from byte ``start`` (records framed by :func:`encode_into`,
+    not checked)."""
+    count, pos, n = 0, start, len(buf)
+    unpack = HEADER.unpack_from
+    while pos + HEADER_SIZE <= n:
+        _crc, _off, _ts, klen, vlen = unpack(buf, pos)
+        pos += HEADER_SIZE + klen + (vlen if vlen > 0 else 0)
+        count += 1
+    return count

@@ -35,10 +35,10 @@ from localstate.errors import ChangelogCorruptError, ChangelogError
 
 from .compaction import CompactionManifest, check_gap, check_last_segment
 from .format import (
-    CRC,
     HEADER,
     HEADER_SIZE,
-    REST,
+    count_records,
+    encode_into,
     find_valid_after,
     list_segments,
     segment_name,
@@ -153,58 +153,21 @@ class FileChangelogPartition(ChangelogPartition):
                                  partition=self.partition, hint="use FileChangelogSystem.partition() to write")
 
     def append(self, key: bytes, value: bytes | None) -> None:
-        if not self.writable or self._closed:
-            self._check_writable()
-        offset = self._next
-        try:
-            klen = len(key)
-            if value is None:
-                rest = REST.pack(offset, int(time.time() * 1000), klen, -1)
-                crc = zlib.crc32(key, zlib.crc32(rest))
-                value = b""
-            else:
-                rest = REST.pack(offset, int(time.time() * 1000), klen, len(value))
-                crc = zlib.crc32(value, zlib.crc32(key, zlib.crc32(rest)))
-        except Exception as exc:  # struct.error, TypeError: not bytes / too long
-            raise ChangelogError(f"cannot append record: {exc}", stream=self.stream, partition=self.partition,
-                                 offset=offset, hint="keys and values must be bytes; keys < 4 GiB, "
-                                 "values < 2 GiB") from exc
-        buf = self._buf
-        buf += CRC.pack(crc)
-        buf += rest
-        buf += key
-        buf += value
-        self._next = offset + 1
+        self.append_many(((key, value),))
 
     def append_many(self, records: Iterable[tuple[bytes, bytes | None]]) -> None:
         if not self.writable or self._closed:
             self._check_writable()
         buf = self._buf
-        pack_rest = REST.pack
-        pack_crc = CRC.pack
-        crc32 = zlib.crc32
-        offset = self._next
-        now = int(time.time() * 1000)
+        start = len(buf)
         try:
-            for key, value in records:
-                # One concatenation and one crc32 call per record: the commit's framing pass is on
-                # the critical path of every flush (cheaper than chaining crc32 over three parts).
-                if value is None:
-                    record = pack_rest(offset, now, len(key), -1) + key
-                else:
-                    record = pack_rest(offset, now, len(key), len(value)) + key + value
-                buf += pack_crc(crc32(record))
-                buf += record
-                offset += 1
-        except Exception as exc:
-            # Records appended before the bad one stay buffered (append semantics, in order).
+            self._next = encode_into(buf, records, self._next, int(time.time() * 1000))
+        except Exception as exc:  # struct.error, TypeError, OverflowError: not bytes / too long
+            # Records appended before the bad one stay buffered, whole (append semantics, in order).
+            self._next += count_records(buf, start)
             raise ChangelogError(f"cannot append record: {exc}", stream=self.stream, partition=self.partition,
-                                 offset=offset, hint="keys and values must be bytes; keys < 4 GiB, "
+                                 offset=self._next, hint="keys and values must be bytes; keys < 4 GiB, "
                                  "values < 2 GiB") from exc
-        finally:
-            # A bad record fails in len()/pack()/concatenation before anything of it is buffered, so
-            # the buffer holds whole records only and ``offset`` counts them.
-            self._next = offset
 
     def end_offset(self) -> int:
         if self.writable:

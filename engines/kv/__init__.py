@@ -1,5 +1,5 @@
 """The key-value engine (``engine = "kv"``): a typed key-value store over RocksDB, LMDB or memory,
-with an LRU object cache, write batching and per-key coalescing of changelog records.
+with a bounded object cache, write batching and per-key coalescing of changelog records.
 
 ``KeyValueEngineFactory().create(context)`` opens one store partition as a :class:`KeyValueEngine`.
 See docs/kv.md.
@@ -21,7 +21,7 @@ class KeyValueEngineFactory(StorageEngineFactory):
     """Factory of :class:`KeyValueEngine` (entry point ``kv`` in ``localstate.engines``)."""
 
     options: ClassVar[Mapping[str, Option]] = KV_OPTIONS
-    description: ClassVar[str] = ("key-value store over rocksdb, lmdb or memory, with an LRU object cache, "
+    description: ClassVar[str] = ("key-value store over rocksdb, lmdb or memory, with a bounded object cache, "
                                   "write batching and coalesced changelog records")
 
     def check_options(self, store: str, options: dict[str, Any]) -> None:

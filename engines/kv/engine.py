@@ -1,22 +1,36 @@
-"""The key-value engine: Samza's CachedStore + LoggedStore over a pluggable ordered backend.
+"""The key-value engine: Samza's CachedStore + SerializedStore + LoggedStore over a pluggable
+ordered backend.
 
-Layers, top to bottom: serdes -> object cache (bounded LRU of deserialized values, read-your-writes)
--> pending writes (the coalesced map of keys changed since the last spill/flush, serialized)
--> the logged-store layer (``localstate.core.logged``: changelog first, then one atomic backend
-write with the offset) -> a backend plugin (``localstate.core.backend``).
+Layers, top to bottom: object cache (``cache.GenerationalCache``: bounded, read-your-writes) and
+pending changes (the coalesced map of keys changed since the last spill/flush, holding the value
+*objects*) -> serdes, applied once per changed key at the spill/flush -> the logged-store layer
+(``localstate.core.logged``: changelog first, then one atomic backend write with the offset) -> a
+backend plugin (``localstate.core.backend``).
+
+Cache keys: for the built-in ``string``/``int``/``bytes`` key serdes, the key object itself when it
+is of exactly the serde's class (``str``/``int``/``bytes``: equal such keys always encode equally,
+and their order is their encodings' order), else the object of that class the key encodes to; for
+any other serde the serialized key. So ``1``, ``1.0`` and ``True`` never alias: under the int serde
+only ``1`` is a key, under json they are three keys.
 
 Guarantees (see ``localstate.core.engine``):
 
-* ``flush()`` appends one record per key changed since the previous flush, flushes the changelog
-  (end offset ``n``), then writes the changes *and* ``n`` in one atomic backend write.
+* ``put`` raises the typed error for a key or value the serdes refuse, or a key of a size the
+  backend cannot hold, before anything is logged (values are checked at put and encoded at flush).
+* ``flush()`` appends one record per key changed since the previous flush, holding the value's
+  state at that flush (a value mutated after its put is committed as mutated: what ``get``
+  returned), flushes the changelog (end offset ``n``), then writes the changes *and* ``n`` in one
+  atomic backend write.
 * A spill (``write_batch_size`` pending keys before a commit) first appends and flushes the
   changelog, then writes the backend *without* touching the recorded offset, so local state never
   runs ahead of the changelog and ``local_offset()`` stays at the last commit.
 * Iterators are snapshots of the merged view (pending writes + backend) at the moment they open.
 
-Performance: ``get``/``put`` are per-instance closures (see ``_bind_hot_path``) using builtin-speed
-codecs for the built-in serdes (``codecs.py``); a flush hands the changelog and the backend the
-pending changes once, as one key-sorted list (cheap RocksDB memtable inserts, LMDB bulk put).
+Performance: ``get``/``put`` are per-instance closures (see ``_bind_hot_path``): a cache hit is one
+dict lookup, a put of a cached key two dict stores (and a class/range check of an int value); no key
+or value is encoded until the flush, which sorts the changed keys once and encodes them with one
+C-level ``map`` per column (``core/codecs.py``), then hands the changelog and the backend one
+key-sorted list (cheap RocksDB memtable inserts, LMDB bulk put).
 
 Write-behind (option ``write_behind``): the flush's backend write runs on the logged store's
 background thread once the changelog is flushed; until it lands, ``get`` serves its keys from
@@ -27,7 +41,6 @@ the backend settles first (``_settle``).
 from __future__ import annotations
 
 import weakref
-from collections import OrderedDict
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -35,8 +48,10 @@ from localstate.core.changelog import ChangelogRecord, RecordColumns
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
 from localstate.core.backend import BackendIterator, KVBackend, open_store_backend, prefix_end
-from localstate.core.codecs import FAST_ERRORS, INT_BIAS, INT_PACK, fast_codec, inline_int_class
+from localstate.core.codecs import (FAST_ERRORS, INT_MAX, INT_MIN, fast_codec, inline_int_class, many_encoder,
+                                    native_class)
 from localstate.core.logged import META_OFFSET, LoggedStore
+from localstate.engines.kv.cache import GenerationalCache
 from localstate.engines.kv.options import KV_OPTIONS
 from localstate.errors import InvalidValueError, RestoreError, SerdeError, StoreClosedError
 
@@ -81,118 +96,180 @@ class KeyValueEngine(StorageEngine):
         self._partition = context.partition
         self._backend: KVBackend = backend if backend is not None else open_store_backend(context, opts)
         kserde, vserde = context.key_serde, context.value_serde
-        # int when values are exact ints under the int serde: put() then encodes them inline
-        self._int_values = inline_int_class(vserde) or _NoClass
         self._kser = _checked_serialize(kserde, kserde.serialize)
         self._kde = kserde.deserialize
         self._vser = _checked_serialize(vserde, vserde.serialize)
         self._vde = vserde.deserialize
         # builtin-speed codecs for the built-in serdes (see codecs.py); errors go back through the serde
-        kfast, _ = fast_codec(kserde)
+        kfast, self._kde_fast = fast_codec(kserde)
         vfast, self._vde_fast = fast_codec(vserde)
         self._kfast = _checked_serialize(kserde, kfast)
         self._vfast = _checked_serialize(vserde, vfast)
-        self._cache: OrderedDict[bytes, Any] = OrderedDict()
-        self._cache_size = int(opts["cache_size"])
+        # Cache keys: objects of the key serde's native class stand for their bytes (see _canonical)
+        self._key_class: type = native_class(kserde) or _NoClass
+        self._encode_keys = many_encoder(kserde) if self._key_class is not _NoClass else list
+        self._encode_values = many_encoder(vserde)
+        self._int_values = inline_int_class(vserde) is int  # exact ints: checked by class and range
+        # bytes values are held as the serde's bytes (a bytearray put is copied, as the serde does)
+        self._hold_encoded = type(vserde) is BytesSerde
+        self._cache = GenerationalCache(int(opts["cache_size"]))
         self._batch = int(opts["write_batch_size"])
         self._restore_batch = int(opts["restore_batch_size"])
-        self._dirty: dict[bytes, bytes | None] = {}
+        # cache key -> value object (None: a delete) changed since the last spill/flush; encoded at flush
+        self._dirty: dict[Any, Any] = {}
         self._tombstones = False   # whether _dirty may hold a None (a delete): backends bulk-put otherwise
         self._iterators: "weakref.WeakSet[KVIterator]" = weakref.WeakSet()
         self._max_key = getattr(self._backend, "max_key_size", 1 << 62)
         self._min_key = getattr(self._backend, "min_key_size", 0)
         self.spills = 0
         """Number of spills since open (statistics)."""
-        # write-behind: the keys of the commit whose backend write may still be running, readable
-        # until the next settle (see _settle); empty without write-behind
-        self._inflight: dict[bytes, bytes | None] = {}
+        # write-behind: cache key -> serialized value of the commit whose backend write may still be
+        # running, readable until the next settle (see _settle); empty without write-behind
+        self._inflight: dict[Any, bytes | None] = {}
         self._logged = LoggedStore(context, self._backend, write_behind=bool(opts["write_behind"]))
         self._backend_failed = self._logged.failed
         self._closed = False
         self._bind_hot_path()
 
+    # -- keys ------------------------------------------------------------------------------------
+    def _canonical(self, key: Any) -> Any:
+        """The cache key of ``key``: for the built-in string/int/bytes key serdes an object of exactly
+        the serde's class (equal such objects always encode equally, and no other object is used:
+        ``True`` or ``1.0`` never alias ``1``); for any other serde the serialized key. Raises the
+        typed SerdeError for a key the serde refuses."""
+        if key.__class__ is self._key_class:
+            return key
+        kb = self._ser_key(key)
+        if self._key_class is _NoClass:
+            return kb
+        return self._kde_fast(kb)  # e.g. a str subclass -> its str, a bytearray -> bytes
+
+    def _key_bytes(self, ckey: Any) -> bytes:
+        """The serialized key of cache key ``ckey`` (typed SerdeError when it cannot be encoded)."""
+        if self._key_class is _NoClass:
+            return ckey
+        try:
+            return self._kfast(ckey)
+        except FAST_ERRORS:
+            return self._slow_key(ckey)
+
+    def _checked_key(self, key: Any) -> tuple[Any, bytes]:
+        """``(cache key, serialized key)`` of a key to write: typed errors for a key the serde refuses
+        or of a size the backend cannot hold, raised before anything is logged."""
+        ckey = self._canonical(key)
+        kb = self._key_bytes(ckey)
+        if not self._min_key <= len(kb) <= self._max_key:
+            # a logged but unwritable record would break every restore
+            raise self._bad_key_size(key, kb)
+        return ckey, kb
+
+    def _held_value(self, key: Any, value: Any) -> Any:
+        """``value`` as the pending map holds it, after checking that the serde encodes it (typed
+        SerdeError at put, not at flush): the object itself (encoded at flush), or for the bytes
+        serde its bytes."""
+        if value is None:
+            raise self._none_value(key)
+        try:
+            vb = self._vfast(value)
+        except FAST_ERRORS:
+            vb = self._slow_value(key, value)
+        return vb if self._hold_encoded else value
+
     def _bind_hot_path(self) -> None:
         """Install per-instance ``get``/``put`` closures with every lookup pre-bound.
 
-        Behaviour is exactly that of the class's :meth:`get`/:meth:`put` (the reference versions);
-        this only removes attribute lookups and serde frames from the per-call path: a cache hit is
-        one key encode and two OrderedDict operations, a put adds one value encode and one dict store.
+        Behaviour is exactly that of the class's :meth:`get`/:meth:`put` (the reference versions).
+        For keys of exactly the key serde's native class (see :meth:`_canonical`) a cache hit is one
+        dict lookup and no key encoding; a put of a cached key (the read-modify-write pattern) stores
+        the object in two dicts, encoding nothing (the flush encodes each changed key once); for int
+        values it checks class and range instead of packing. Anything else takes the reference path.
         """
-        kser, vser, vde = self._kfast, self._vfast, self._vde_fast
-        errors = FAST_ERRORS
-        cache, dirty, backend = self._cache, self._dirty, self._backend
-        cache_get, move, popitem, dirty_get = cache.get, cache.move_to_end, cache.popitem, dirty.get
-        size, batch, lo, hi = self._cache_size, self._batch, self._min_key, self._max_key
-        spill, slow_key, slow_value, decode_value = self._spill, self._slow_key, self._slow_value, self._decode_value
-        backend_failed = self._backend_failed
-        inflight = self._inflight
-        inflight_get, settle = inflight.get, self._settle
-        reads_wait = not self._backend.concurrent_reads
-        none_value, bad_key_size = self._none_value, self._bad_key_size
-        miss = _MISS
+        cache = self._cache
+        young, old, dirty = cache.young, cache.old, self._dirty
+        young_get, old_pop, dirty_get, dirty_len = young.get, old.pop, dirty.get, dirty.__len__
+        key_class, batch, spill, miss, errors = self._key_class, self._batch, self._spill, _MISS, FAST_ERRORS
+        put_slow = KeyValueEngine.put.__get__(self)
+        reference_get = KeyValueEngine.get.__get__(self)
+        kser, slow_key, lo, hi = self._kfast, self._slow_key, self._min_key, self._max_key
+        vde, decode_value = self._vde_fast, self._decode_value
+        inflight, settle = self._inflight, self._settle
+        inflight_get, reads_wait = inflight.get, not self._backend.concurrent_reads
+        backend_get, backend_failed = self._backend.get, self._backend_failed
+        size, rotate = cache.size, cache.rotate
 
         def get(key: Any) -> Any:
-            try:
-                kb = kser(key)
-            except errors:
-                kb = slow_key(key)
-            value = cache_get(kb, miss)
+            # _get_missed inlined: a miss costs no extra Python frame
+            if key.__class__ is not key_class:
+                return reference_get(key)
+            value = young_get(key, miss)
             if value is not miss:
-                move(kb)
                 return value
-            vb = dirty_get(kb, miss)
-            if vb is miss and inflight:
-                vb = inflight_get(kb, miss)
-                if vb is miss and reads_wait:
-                    settle()
-            if vb is miss:
+            value = old_pop(key, miss)
+            if value is not miss:
+                young[key] = value
+                return value
+            value = dirty_get(key, miss)
+            if value is miss:
                 try:
-                    vb = backend.get(kb)
-                except Exception as exc:
-                    raise backend_failed(exc) from exc
-            if vb is None:
-                value = None
-            else:
-                try:
-                    value = vde(vb)
+                    kb = kser(key)
                 except errors:
-                    value = decode_value(kb, vb)
+                    kb = slow_key(key)
+                if not lo <= len(kb) <= hi:
+                    return None
+                vb = miss
+                if inflight:
+                    vb = inflight_get(key, miss)
+                    if vb is miss and reads_wait:
+                        settle()
+                if vb is miss:
+                    try:
+                        vb = backend_get(kb)
+                    except Exception as exc:
+                        raise backend_failed(exc) from exc
+                if vb is None:
+                    value = None
+                else:
+                    try:
+                        value = vde(vb)
+                    except errors:
+                        value = decode_value(kb, vb)
             if size:
-                cache[kb] = value
-                if len(cache) > size:
-                    popitem(False)
+                if len(young) + len(old) >= size:
+                    rotate()
+                young[key] = value
             return value
 
-        # exact ints under the int serde are encoded inline (no codec frame), other values by the codec
-        int_class, pack, bias = self._int_values, INT_PACK, INT_BIAS
+        # A key in the young generation was checked when it entered the cache (see _get_missed), so
+        # a put of it only checks the value: an int value by class and range (cheaper than packing
+        # it), any other by the fast encoder, whose bytes are kept only for the bytes serde (the
+        # flush encodes the others).
+        if self._int_values:
+            int_min, int_max = INT_MIN, INT_MAX
 
-        def put(key: Any, value: Any) -> None:
-            if value is None:
-                raise none_value(key)
-            try:
-                kb = kser(key)
-            except errors:
-                kb = slow_key(key)
-            if not lo <= len(kb) <= hi:
-                raise bad_key_size(key, kb)
-            if value.__class__ is int_class:
-                try:
-                    vb = pack(value + bias)
-                except errors:
-                    vb = slow_value(key, value)
-            else:
-                try:
-                    vb = vser(value)
-                except errors:
-                    vb = slow_value(key, value)
-            if size:
-                cache[kb] = value
-                move(kb)
-                if len(cache) > size:
-                    popitem(False)
-            dirty[kb] = vb
-            if len(dirty) > batch:
-                spill()
+            def put(key: Any, value: Any) -> None:
+                if key.__class__ is key_class and value.__class__ is int and int_min <= value <= int_max \
+                        and key in young:
+                    young[key] = value
+                    dirty[key] = value
+                    if dirty_len() > batch:
+                        spill()
+                else:
+                    put_slow(key, value)
+        else:
+            vfast, slow_value, hold_encoded = self._vfast, self._slow_value, self._hold_encoded
+
+            def put(key: Any, value: Any) -> None:
+                if key.__class__ is key_class and value is not None and key in young:
+                    try:
+                        vb = vfast(value)
+                    except errors:
+                        vb = slow_value(key, value)
+                    young[key] = value
+                    dirty[key] = vb if hold_encoded else value
+                    if dirty_len() > batch:
+                        spill()
+                else:
+                    put_slow(key, value)
 
         get.__doc__, put.__doc__ = KeyValueEngine.get.__doc__, KeyValueEngine.put.__doc__
         self.get = get  # type: ignore[method-assign]
@@ -248,18 +325,41 @@ class KeyValueEngine(StorageEngine):
                              f"{exc.message}", hint="check that the value serde matches the data",
                              **self._ctx()) from exc
 
+    def _decode_fast(self, kb: bytes, vb: bytes) -> Any:
+        try:
+            return self._vde_fast(vb)
+        except FAST_ERRORS:
+            return self._decode_value(kb, vb)
+
     # -- reads -----------------------------------------------------------------------------------
     def get(self, key: Any) -> Any:
         """The value of ``key``, or None. Sees this task's own unflushed writes."""
-        kb = self._ser_key(key)
-        cache = self._cache
-        value = cache.get(kb, _MISS)
+        ckey = self._canonical(key)
+        value = self._cache.young.get(ckey, _MISS)
         if value is not _MISS:
-            cache.move_to_end(kb)
             return value
-        vb = self._dirty.get(kb, _MISS)
-        if vb is _MISS and self._inflight:
-            vb = self._inflight.get(kb, _MISS)
+        return self._get_missed(ckey)
+
+    def _get_missed(self, ckey: Any) -> Any:
+        """:meth:`get` of cache key ``ckey`` after a miss in the young generation: the old generation
+        (promoted), the pending changes, the in-flight commit (write-behind), then the backend; the
+        result is cached. Only keys that encode, at a size the backend holds, enter the cache (a put
+        of a cached key then needs no check)."""
+        cache = self._cache
+        value = cache.old.pop(ckey, _MISS)
+        if value is not _MISS:
+            cache.young[ckey] = value  # moved from the old generation: the count is unchanged
+            return value
+        value = self._dirty.get(ckey, _MISS)
+        if value is not _MISS:
+            cache.insert(ckey, value)
+            return value
+        kb = self._key_bytes(ckey)
+        if not self._min_key <= len(kb) <= self._max_key:
+            return None  # the backend cannot hold such a key: it cannot exist
+        vb = _MISS
+        if self._inflight:
+            vb = self._inflight.get(ckey, _MISS)
             if vb is _MISS and not self._backend.concurrent_reads:
                 self._settle()
         if vb is _MISS:
@@ -267,66 +367,51 @@ class KeyValueEngine(StorageEngine):
                 vb = self._backend.get(kb)
             except Exception as exc:
                 raise self._backend_failed(exc) from exc
-        value = None if vb is None else self._decode_value(kb, vb)
-        self._cache_put(kb, value)
+        value = None if vb is None else self._decode_fast(kb, vb)
+        cache.insert(ckey, value)
         return value
-
-    def _cache_put(self, kb: bytes, value: Any) -> None:
-        """Make ``value`` the most recently used entry of ``kb``, evicting the least recently used."""
-        if self._cache_size:
-            cache = self._cache
-            cache[kb] = value
-            cache.move_to_end(kb)
-            if len(cache) > self._cache_size:
-                cache.popitem(last=False)
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         """Values of ``keys`` as a dict; absent keys are left out."""
         result: dict[Any, Any] = {}
-        misses: list[tuple[Any, bytes]] = []
+        misses: list[tuple[Any, Any, bytes]] = []
         cache, dirty = self._cache, self._dirty
         for key in keys:
-            kb = self._ser_key(key)
-            value = cache.get(kb, _MISS)
+            ckey = self._canonical(key)
+            value = cache.get(ckey, _MISS)
             if value is _MISS:
-                vb = dirty.get(kb, _MISS)
-                if vb is _MISS:
-                    misses.append((key, kb))
+                value = dirty.get(ckey, _MISS)
+                if value is _MISS:
+                    kb = self._key_bytes(ckey)
+                    if self._min_key <= len(kb) <= self._max_key:
+                        misses.append((key, ckey, kb))
                     continue
-                value = None if vb is None else self._decode_value(kb, vb)
-            else:
-                cache.move_to_end(kb)
             if value is not None:
                 result[key] = value
         if misses:
             self._settle()
             try:
-                found = self._backend.get_many([kb for _, kb in misses])
+                found = self._backend.get_many([kb for _, _, kb in misses])
             except Exception as exc:
                 raise self._backend_failed(exc) from exc
-            for (key, kb), vb in zip(misses, found):
+            for (key, ckey, kb), vb in zip(misses, found):
                 value = None if vb is None else self._decode_value(kb, vb)
-                self._cache_put(kb, value)
+                cache.insert(ckey, value)
                 if value is not None:
                     result[key] = value
         return result
 
     # -- writes ----------------------------------------------------------------------------------
     def put(self, key: Any, value: Any) -> None:
-        """Set ``key`` to ``value`` (not None). Logged at the next flush, coalesced per key."""
+        """Set ``key`` to ``value`` (not None). Logged at the next flush, coalesced per key; what is
+        logged is the value's state at that flush (the object ``get`` returns)."""
         if value is None:
             raise self._none_value(key)
-        kb = self._ser_key(key)
-        if not self._min_key <= len(kb) <= self._max_key:
-            # rejected before anything is logged: a logged but unwritable record breaks every restore
-            raise self._bad_key_size(key, kb)
-        try:
-            vb = self._vser(value)
-        except SerdeError as exc:
-            raise self._value_error(exc, key) from None
-        self._cache_put(kb, value)
+        ckey, _ = self._checked_key(key)
+        held = self._held_value(key, value)
+        self._cache.insert(ckey, value)
         dirty = self._dirty
-        dirty[kb] = vb
+        dirty[ckey] = held
         if len(dirty) > self._batch:
             self._spill()
 
@@ -339,12 +424,13 @@ class KeyValueEngine(StorageEngine):
 
     def delete(self, key: Any) -> None:
         """Remove ``key`` (a no-op if absent, but still logged as a tombstone)."""
-        kb = self._ser_key(key)
+        ckey = self._canonical(key)
+        kb = self._key_bytes(ckey)
         if not self._min_key <= len(kb) <= self._max_key:
             return  # a key the backend cannot hold cannot exist: nothing to delete or log
-        self._cache_put(kb, None)
+        self._cache.insert(ckey, None)
         dirty = self._dirty
-        dirty[kb] = None
+        dirty[ckey] = None
         self._tombstones = True
         if len(dirty) > self._batch:
             self._spill()
@@ -358,21 +444,37 @@ class KeyValueEngine(StorageEngine):
     def _spill(self) -> None:
         """Write pending changes to the backend before a commit, obeying the contract: their
         changelog records are made durable first, and the recorded local offset does not move."""
-        items = self._pending_items()
+        _, items = self._pending_items()
         self._settle()
         self._logged.spill(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
         self.spills += 1
 
-    def _pending_items(self) -> list[tuple[bytes, bytes | None]]:
-        """The pending changes as ``(key, value)`` pairs in key order.
+    def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
+        """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order.
 
-        Key order costs a sort of the keys (C comparisons of bytes) but makes the backend write
-        several times cheaper: RocksDB inserts each key into its memtable skiplist starting from the
-        previous insert's position, and LMDB touches each B-tree page once. The changelog records
-        of one flush are independent (one per key), so their order does not matter."""
-        return sorted(self._dirty.items(), key=itemgetter(0))
+        One pass: sort the cache keys (the order of their encodings, see ``codecs.native_class``),
+        encode keys and values with one C-level map each. Key order makes the backend write several
+        times cheaper (RocksDB inserts each key into its memtable skiplist starting from the previous
+        insert's position; LMDB touches each B-tree page once). Raises the typed SerdeError, before
+        anything is logged, for a value that no longer encodes (an object mutated after its put)."""
+        dirty = self._dirty
+        ckeys = sorted(dirty)
+        values = list(map(dirty.__getitem__, ckeys))
+        kbs = self._encode_keys(ckeys)
+        try:
+            if self._tombstones:
+                present = [v for v in values if v is not None]
+                encoded = iter(self._encode_values(present))
+                vbs = [None if v is None else next(encoded) for v in values]
+            else:
+                vbs = self._encode_values(values)
+        except SerdeError as exc:
+            raise SerdeError(f"cannot encode a pending value of store {self._store!r} at flush: {exc.message}",
+                             hint="do not mutate a value after put() into something its serde cannot "
+                                  "encode", **self._ctx()) from exc
+        return ckeys, list(zip(kbs, vbs))
 
     # -- iteration -------------------------------------------------------------------------------
     def range(self, start: Any = None, end: Any = None, reverse: bool = False) -> "KVIterator":
@@ -398,12 +500,13 @@ class KeyValueEngine(StorageEngine):
 
     def _iterate(self, start: bytes | None, end: bytes | None, reverse: bool) -> "KVIterator":
         self._settle()  # the backend iterator must see every commit
-        if start is not None and end is not None and start >= end:
+        if (start is not None and end is not None and start >= end) or not self._dirty:
             pending: list[tuple[bytes, bytes | None]] = []
         else:
-            pending = [(k, v) for k, v in self._dirty.items()
+            pending = [(k, v) for k, v in self._pending_items()[1]
                        if (start is None or k >= start) and (end is None or k < end)]
-            pending.sort(reverse=reverse)
+            if reverse:
+                pending.reverse()
         iterator = KVIterator(self, pending, self._backend.iterate(start, end, reverse), reverse)
         self._iterators.add(iterator)
         return iterator
@@ -433,15 +536,23 @@ class KeyValueEngine(StorageEngine):
             if min(sizes) < self._min_key or max(sizes) > self._max_key:
                 chunk = self._check_restored_keys(chunk)
         cache, dirty = self._cache, self._dirty
-        if cache:
-            pop = cache.pop
-            for kb in chunk:
-                pop(kb, None)
-        if dirty:
-            pop = dirty.pop
-            for kb in chunk:
-                pop(kb, None)
+        if len(cache) or dirty:
+            for ckey in self._cache_keys(chunk):
+                cache.discard(ckey)
+                dirty.pop(ckey, None)
         return chunk
+
+    def _cache_keys(self, kbs: Iterable[bytes]) -> Iterator[Any]:
+        """The cache keys of serialized keys (those the key serde cannot decode cannot be cached)."""
+        if self._key_class is _NoClass:
+            yield from kbs
+            return
+        decode = self._kde_fast
+        for kb in kbs:
+            try:
+                yield decode(kb)
+            except FAST_ERRORS:
+                continue
 
     def _check_restored_keys(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
         """``chunk`` without tombstones of keys this backend cannot hold (such keys cannot exist);
@@ -461,15 +572,15 @@ class KeyValueEngine(StorageEngine):
         return kept
 
     def flush(self) -> None:
-        """Log pending changes (one record per key), flush the changelog, then write the changes
-        and the new end offset to the backend in one atomic write (with ``write_behind``: on a
+        """Encode and log pending changes (one record per key), flush the changelog, then write the
+        changes and the new end offset to the backend in one atomic write (with ``write_behind``: on a
         background thread, readable through the in-flight map until it lands)."""
-        items = self._pending_items()
+        ckeys, items = self._pending_items()
         if self._logged.writing or self._inflight:
             self._settle()
         behind = self._logged.background
         if behind:
-            self._inflight.update(self._dirty)
+            self._inflight.update(zip(ckeys, map(itemgetter(1), items)))
         self._logged.commit(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
         self._tombstones = False
@@ -494,8 +605,8 @@ class KeyValueEngine(StorageEngine):
         for iterator in list(self._iterators):
             iterator.close()
         self._logged.close()
-        self._cache = OrderedDict()
-        self._dirty = {}
+        self._cache.clear()
+        self._dirty.clear()
         for name in _API:
             setattr(self, name, self._closed_call)
 

@@ -13,11 +13,11 @@ __all__ = ["KV_OPTIONS", "ROCKSDB_PASSTHROUGH", "check_kv_options", "COMPRESSION
 
 KV_OPTIONS: dict[str, Option] = {
     "backend": BACKEND_OPTIONS["backend"],
-    "cache_size": Option(int, 10_000, "entries in the LRU object cache; 0 disables caching of read objects",
-                         minimum=0),
+    "cache_size": Option(int, 10_000, "entries (at most) in the object cache (two generations of dicts, see "
+                         "docs/kv.md); 0 disables caching of read objects", minimum=0),
     "write_batch_size": Option(int, 10_000, "pending changed keys that trigger a spill (changelog flush, "
                                "then backend write) before the next commit; each spill costs a changelog "
-                               "fsync; a pending key holds its serialized key and value (+ ~150 bytes)", minimum=1),
+                               "fsync; a pending key holds its key and value objects (+ ~150 bytes)", minimum=1),
     "write_behind": Option(bool, False, "apply each commit's backend write on a background thread once the "
                            "changelog is flushed (the commit is durable then); overlaps LMDB's commit fsync "
                            "with the next batch's processing; a crash before the write lands is replayed from "

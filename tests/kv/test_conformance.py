@@ -182,7 +182,7 @@ def test_lru_is_bounded(opener) -> None:
     kv.flush()
     for i in range(1000):
         assert kv.get(f"k{i:04d}") == i
-    assert len(kv._cache) == 100
+    assert 50 <= len(kv._cache) <= 100  # two generations: full until an eviction halves it
 
 
 def test_approximate_count(kv: KeyValueEngine) -> None:
