@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Iterable, Iterator
 
-from localstate.changelog.file.format import HEADER, HEADER_SIZE, encode_into
+from localstate.changelog.file.format import count_records, encode_into
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.errors import ChangelogError, LocalStateError
 
@@ -126,7 +126,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self._next = encode_into(buf, records, self._next, int(time.time() * 1000))
         except Exception as exc:  # struct.error, TypeError, OverflowError: a record that is not bytes / too long
             # A bad record fails before any byte of it is buffered: the records before it stay, whole.
-            self._next = self._chain.end + _count(buf)
+            self._next = self._chain.end + count_records(buf)
             raise ChangelogError(f"cannot append record: {exc}", stream=self.stream, partition=self.partition,
                                  offset=self._next, hint="keys and values must be bytes; keys < 4 GiB, "
                                  "values < 2 GiB") from exc
@@ -353,12 +353,3 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._buf = bytearray()
         self._bodies = {}
 
-
-def _count(buf: bytes | bytearray) -> int:
-    """Records in a buffer of whole framed records."""
-    position, count, size = 0, 0, len(buf)
-    while position < size:
-        _crc, _offset, _ts, klen, vlen = HEADER.unpack_from(buf, position)
-        position += HEADER_SIZE + klen + (vlen if vlen > 0 else 0)
-        count += 1
-    return count
