@@ -135,7 +135,27 @@ class SeaweedS3:
                 time.sleep(0.2)
         if self.fsync:
             self._configure_fsync(max(1.0, deadline - time.monotonic()))
+        self._wait_for_data_path(deadline)
         return self
+
+    def _wait_for_data_path(self, deadline: float) -> None:
+        """Write and read back a probe object: after a restart the S3 gateway answers before the
+        volume server serves the data it holds."""
+        fs = self.filesystem()
+        probe = f"{self.bucket}/.localstate-probe"
+        while True:
+            try:
+                with fs.open_output_stream(probe) as out:
+                    out.write(b"probe")
+                with fs.open_input_stream(probe) as source:
+                    if source.read() == b"probe":
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"SeaweedFS S3 did not serve reads and writes in time; see {self.directory / 'weed.log'}")
+            time.sleep(0.2)
 
     def _configure_fsync(self, timeout: float) -> None:
         """Make the volume server fsync every write below the bucket (a filer path rule)."""

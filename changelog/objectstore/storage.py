@@ -11,8 +11,10 @@ sees half of one; on object stores a PUT is atomic by itself.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -26,6 +28,13 @@ from localstate.errors import ChangelogError, ConfigError
 __all__ = ["ObjectInfo", "ObjectStore", "open_object_store", "check_key"]
 
 #: One key component: what localstate's naming scheme produces (stream names, digits, object names).
+log = logging.getLogger(__name__)
+
+# A GET is idempotent: a remote store's transient failure (a dropped connection, a server that is
+# restarting) is retried a few times before the read fails the task.
+READ_ATTEMPTS = 3
+READ_BACKOFF_SECONDS = 0.25
+
 _COMPONENT = re.compile(r"^[A-Za-z0-9_.=-]{1,200}$")
 
 
@@ -84,7 +93,22 @@ class ObjectStore:
                                       "the commit failed and is retried from the last checkpoint") from exc
 
     def get(self, key: str) -> bytes:
-        """The whole object; FileNotFoundError if it does not exist, ChangelogError if unreadable."""
+        """The whole object; FileNotFoundError if it does not exist, ChangelogError if unreadable
+        (a remote read is tried :data:`READ_ATTEMPTS` times first)."""
+        if self.local_root is not None:
+            return self._get_once(key)
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                return self._get_once(key)
+            except ChangelogError as exc:
+                if attempt == READ_ATTEMPTS:
+                    raise
+                log.info("reading %s failed (%s); retrying (attempt %d of %d)", self.where(key), exc.message,
+                         attempt + 1, READ_ATTEMPTS)
+                time.sleep(READ_BACKOFF_SECONDS * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    def _get_once(self, key: str) -> bytes:
         try:
             if self.local_root is not None:
                 return read_nofollow(self.local_root / check_key(key))

@@ -393,6 +393,7 @@ def test_any_fsspec_file_system_works(tmp_path):
     orphan = system.partition("s", 0)
     orphan.append(b"z", b"9")
     orphan.flush()
+    orphan.settle()  # flush starts the PUT; settle waits for it
     assert ObjectStoreChangelogSystem({"url": system.config["url"], "gc_grace": 0}, tmp_path).collect_garbage(
         "s").segments_deleted == 0
     assert len(system.objects("s", 0)) == 2
