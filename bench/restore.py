@@ -87,7 +87,7 @@ def _engine(directory: Path, backend: str, changelog: FileChangelogPartition):  
     return factory.create(context)
 
 
-class _RecordPath:
+class RecordPath:
     """A KV engine seen without its column capability: recovery feeds it ChangelogRecords."""
 
     def __init__(self, engine) -> None:  # noqa: ANN001
@@ -128,7 +128,7 @@ def main(argv: list[str]) -> int:
             runs += 1
             engine = _engine(root / f"store-{runs}", backend, part)
             try:
-                target = _RecordPath(engine) if record_path else engine
+                target = RecordPath(engine) if record_path else engine
                 cpu = time.process_time()
                 started = time.perf_counter()
                 recovery = recover_store(target, part, end, label="bench")

@@ -23,22 +23,10 @@ from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core import backend as backend_module
 from localstate.core.recovery import recover_store
 from localstate.errors import ChangelogCorruptError, RestoreError
+from bench.restore import RecordPath
 from tests.kv.test_bulk_restore import _engine
 
 BACKENDS = ["rocksdb", "lmdb", "memory"]
-
-
-class _RecordPath:
-    """An engine seen without its column capability: recovery feeds it ChangelogRecords."""
-
-    def __init__(self, engine) -> None:  # noqa: ANN001
-        self._engine = engine
-        self.context = engine.context
-
-    def __getattr__(self, name: str):  # noqa: ANN204
-        if name == "restore_columns":
-            raise AttributeError(name)
-        return getattr(self._engine, name)
 
 
 def _state(engine) -> dict[bytes, bytes]:  # noqa: ANN001
@@ -90,7 +78,7 @@ def test_column_path_equals_record_path_and_model(tmp_path_factory: pytest.TempP
         end = changelog.flush()
         for path in ("columns", "records"):
             engine = _engine(root / path, backend, changelog, restore_batch_size=1)
-            recover_store(engine if path == "columns" else _RecordPath(engine), changelog, end, label="t")
+            recover_store(engine if path == "columns" else RecordPath(engine), changelog, end, label="t")
             assert _state(engine) == model, path
             assert engine.local_offset() == end
             engine.close()

@@ -11,7 +11,7 @@ import pytest
 from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.core.changelog import RecordColumns
 from localstate.core.engine import ColumnRestore
-from tests.sketch.test_store import open_store
+from tests.sketch.test_store import loaded_past_a_checkpoint, open_store
 
 
 def _columns(changelog: MemoryChangelogPartition, start: int, size: int = 3) -> list[RecordColumns]:
@@ -48,19 +48,7 @@ def test_fresh_store_restored_from_columns_equals_records(tmp_path: Path, backen
 def test_loaded_sketch_gets_the_restored_units(tmp_path: Path) -> None:
     """A sketch loaded in memory takes the last restored value of each unit (the runtime's trim)."""
     changelog = MemoryChangelogPartition()
-    store = open_store(tmp_path, changelog, kind="hll", precision=6)
-    store.add_many("s", [f"a{i}" for i in range(100)])
-    store.flush()
-    committed = store.registers("s")
-    checkpoint = changelog.end_offset()
-    store.add_many("s", [f"b{i}" for i in range(400)])
-    store.flush()
-    assert not np.array_equal(store.registers("s"), committed)
-    touched = {r.key for r in changelog.read(checkpoint)}
-    values = dict.fromkeys(touched)
-    for record in changelog.read(0, checkpoint):
-        if record.key in values:
-            values[record.key] = record.value
+    store, committed, _, values = loaded_past_a_checkpoint(tmp_path, changelog)
     keys = sorted(values)
     store.restore_columns([RecordColumns(keys[:2], [values[k] for k in keys[:2]], 0),
                            RecordColumns(keys[2:], [values[k] for k in keys[2:]], 0)])

@@ -202,21 +202,29 @@ def test_delete_tombstones_every_unit(tmp_path: Path) -> None:
     rebuilt.close()
 
 
-def test_restore_on_loaded_sketch_applies_last_record_per_unit(tmp_path: Path) -> None:
-    """The runtime's trim: records that set units back to checkpointed values."""
-    changelog = MemoryChangelogPartition()
-    store = open_store(tmp_path, changelog, kind="hll", precision=6)
+def loaded_past_a_checkpoint(directory: Path, changelog: MemoryChangelogPartition) -> tuple[Any, Any, int, dict]:
+    """An HLL store whose sketch ``s`` is loaded in memory and flushed past a checkpoint: returns the
+    store, the registers at the checkpoint, the checkpoint offset, and for every unit written after
+    it the unit's value at the checkpoint (None: not set then) -- what the runtime's trim restores."""
+    store = open_store(directory, changelog, kind="hll", precision=6)
     store.add_many("s", [f"a{i}" for i in range(100)])
     store.flush()
     committed = store.registers("s")
     checkpoint = changelog.end_offset()
     store.add_many("s", [f"b{i}" for i in range(400)])
     store.flush()
-    touched = {r.key for r in changelog.read(checkpoint)}
-    values = {k: None for k in touched}
+    assert not np.array_equal(store.registers("s"), committed)
+    values = dict.fromkeys(r.key for r in changelog.read(checkpoint))
     for record in changelog.read(0, checkpoint):
         if record.key in values:
             values[record.key] = record.value
+    return store, committed, checkpoint, values
+
+
+def test_restore_on_loaded_sketch_applies_last_record_per_unit(tmp_path: Path) -> None:
+    """The runtime's trim: records that set units back to checkpointed values."""
+    changelog = MemoryChangelogPartition()
+    store, committed, checkpoint, values = loaded_past_a_checkpoint(tmp_path, changelog)
     store.restore([ChangelogRecord(k, v, checkpoint + i) for i, (k, v) in enumerate(sorted(values.items()))])
     assert np.array_equal(store.registers("s"), committed)
     store.flush()
