@@ -6,8 +6,10 @@ state are computed here, from the generator, without localstate's runtime."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +130,41 @@ def check_exact(job_file: Path, verify_root: Path) -> None:
     for partition in range(PARTITIONS):
         assert actual_outputs(job, partition) == expected_outputs(partition), f"partition {partition}"
     assert restored_state(job, verify_root) == expected_state()
+
+
+def pid_of(gate_file: Path) -> int:
+    """The process that wrote gate file ``<name>-<partition>-<pid>``."""
+    return int(gate_file.name.rsplit("-", 1)[1])
+
+
+@dataclass
+class FrozenHost:
+    """A host frozen (SIGSTOP) in the middle of a task, whose batch then committed on the other host."""
+
+    worker: Any  #: the frozen host (:class:`localstate.core.spark.devcluster.Worker`)
+    reached: Path  #: the frozen task's ``reached-<partition>-<pid>`` gate file
+    python_groups: set[int]  #: its Python daemon's and workers' process groups
+    jvm_groups: set[int]  #: its worker's and executor's process groups
+    moved: dict[str, Any]  #: the driver's answer for the batch
+
+    @property
+    def task_pid(self) -> int:
+        """The frozen task's Python worker process."""
+        return pid_of(self.reached)
+
+
+def freeze_host_mid_batch(cluster: Any, driver: Any, gate: Path, victim: int) -> FrozenHost:
+    """Run one batch with partition ``victim``'s task held at its first record, freeze the whole host
+    running it (its JVMs and Python processes), release the gate and wait for the driver's answer: the
+    executor is declared lost and the batch commits elsewhere (one batch, at least one failed attempt)."""
+    (gate / f"hold-{victim}").touch()
+    driver.send({"run": 1})
+    reached = wait_for(f"reached-{victim}-*", gate)
+    worker = cluster.worker_of(reached.read_text())
+    python_groups = worker.python_groups()
+    jvm_groups = worker.groups() - python_groups
+    worker.signal(signal.SIGSTOP)  # the whole host freezes (a network partition, a long GC pause)
+    (gate / f"hold-{victim}").unlink()
+    moved = driver.answer()
+    assert moved.get("batches") == 1 and moved["failed_attempts"] >= 1, moved
+    return FrozenHost(worker, reached, python_groups, jvm_groups, moved)

@@ -21,8 +21,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, restored_state, wait_for, \
-    write_job  # noqa: E402
+from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, freeze_host_mid_batch, \
+    restored_state, wait_for, write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.core.runtime import open_changelog_system  # noqa: E402
@@ -77,30 +77,20 @@ def test_zombie_attempt_cannot_make_its_writes_visible(tmp_path, spark_cluster, 
     assert driver.ask({"run": 2}).get("batches") == 2
 
     victim = 2
-    (gate / f"hold-{victim}").touch()
-    driver.send({"run": 1})
-    reached = wait_for(f"reached-{victim}-*", gate)
-    host = spark_cluster.worker_of(reached.read_text())
-    python_groups = host.python_groups()
-    jvm_groups = host.groups() - python_groups
-    host.signal(signal.SIGSTOP)  # the whole host freezes (a network partition, a long GC pause)
-    (gate / f"hold-{victim}").unlink()
-    moved = driver.answer()  # the driver declares the executor lost; the batch commits elsewhere
-    assert moved.get("batches") == 1, moved
-    assert moved["failed_attempts"] >= 1, moved
+    frozen = freeze_host_mid_batch(spark_cluster, driver, gate, victim)
 
     changelog = open_changelog_system(job).reader(CHANGELOG, victim)
     committed_end = changelog.end_offset()
     committed_outputs = len(actual_outputs(job, victim))
     # The zombie's Python worker wakes first (its executor still frozen, so nobody tells it to
     # stop): it leaves the gate, processes the rest of its range and tries to commit.
-    host.signal(signal.SIGCONT, python_groups)
-    wait_for(f"passed-{victim}-{reached.name.rsplit('-', 1)[1]}", gate, timeout=60)
+    frozen.worker.signal(signal.SIGCONT, frozen.python_groups)
+    wait_for(f"passed-{victim}-{frozen.task_pid}", gate, timeout=60)
     time.sleep(5)  # ample time for its flush, which the broker refuses (fenced producer)
     assert changelog.end_offset() == committed_end
     assert len(actual_outputs(job, victim)) == committed_outputs
     changelog.close()
-    host.signal(signal.SIGCONT, jvm_groups)
+    frozen.worker.signal(signal.SIGCONT, frozen.jvm_groups)
 
     rest = driver.ask({"run": 100})
     assert rest.get("lag") == 0, rest

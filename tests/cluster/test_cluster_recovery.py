@@ -26,7 +26,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobs import EVENTS, PARTITIONS, actual_outputs, check_exact, wait_for, write_job  # noqa: E402
+from jobs import EVENTS, PARTITIONS, actual_outputs, check_exact, freeze_host_mid_batch, pid_of, \
+    wait_for, write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.core.runtime import checkpoint_store, open_changelog_system  # noqa: E402
@@ -34,10 +35,6 @@ from localstate.core.runtime import checkpoint_store, open_changelog_system  # n
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 
 BATCH = 600  # records per partition and batch: 4 batches
-
-
-def _pid_of(gate_file: Path) -> int:
-    return int(gate_file.name.rsplit("-", 1)[1])
 
 
 def _wait_gone(pid: int, timeout: float = 60.0) -> None:
@@ -119,16 +116,7 @@ def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_p
     assert driver.ask({"run": 1}).get("batches") == 1
 
     victim = 2
-    (gate / f"hold-{victim}").touch()
-    driver.send({"run": 1})
-    reached = wait_for(f"reached-{victim}-*", gate)
-    host = spark_cluster.worker_of(reached.read_text())
-    python_groups = host.python_groups()
-    jvm_groups = host.groups() - python_groups
-    host.signal(signal.SIGSTOP)  # the whole host freezes
-    (gate / f"hold-{victim}").unlink()
-    moved = driver.answer()  # the executor is declared lost; the batch commits elsewhere
-    assert moved.get("batches") == 1 and moved["failed_attempts"] >= 1, moved
+    frozen = freeze_host_mid_batch(spark_cluster, driver, gate, victim)
 
     checkpoints = checkpoint_store(job)
     committed = checkpoints.load(victim)
@@ -140,8 +128,8 @@ def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_p
     # (Under heavy load the woken worker was seen to stall before it got there; then it wrote nothing
     # and only the end of the test applies.)
     (gate / f"hold-close-{victim}").touch()
-    host.signal(signal.SIGCONT, python_groups)
-    zombie = _wait_for_file(gate, f"closing-{victim}-{_pid_of(reached)}", _pid_of(reached), timeout=90)
+    frozen.worker.signal(signal.SIGCONT, frozen.python_groups)
+    zombie = _wait_for_file(gate, f"closing-{victim}-{frozen.task_pid}", frozen.task_pid, timeout=90)
     written = {info.key for info in system.objects(stream, victim)} - objects_before
     if zombie is not None:
         assert written, "the zombie flushed no delta object"
@@ -151,9 +139,9 @@ def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_p
     assert checkpoints.load(victim) == committed  # the driver did not take its result
     (gate / f"hold-close-{victim}").unlink()
     if zombie is not None:
-        _wait_for_file(gate, f"closed-{victim}-{_pid_of(zombie)}", _pid_of(zombie), timeout=30)
-    host.signal(signal.SIGCONT, jvm_groups)
-    _wait_gone(_pid_of(reached))  # its executor learns it was lost and ends; no late appends (see docs)
+        _wait_for_file(gate, f"closed-{victim}-{pid_of(zombie)}", pid_of(zombie), timeout=30)
+    frozen.worker.signal(signal.SIGCONT, frozen.jvm_groups)
+    _wait_gone(frozen.task_pid)  # its executor learns it was lost and ends; no late appends (see docs)
 
     rest = driver.ask({"run": 100})
     assert rest.get("lag") == 0, rest
@@ -181,7 +169,7 @@ def test_driver_killed_mid_batch_a_new_driver_resumes(tmp_path, spark_cluster, s
     os.killpg(driver.process.pid, signal.SIGKILL)  # the driver and its JVM, mid-batch
     driver.process.wait()
     (gate / f"hold-{victim}").unlink()  # the orphaned task may run on until its executor goes
-    _wait_gone(_pid_of(reached))
+    _wait_gone(pid_of(reached))
     # Nothing of the interrupted batch was committed.
     assert {p: checkpoint_store(job).load(p) for p in range(PARTITIONS)} == committed
 
