@@ -211,7 +211,7 @@ def dump(state_dir, out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", range(8))  # every crash point (seed % 4) twice, 16 kills at arbitrary moments
 def test_sigkill_at_random_points_gives_exactly_once_state(tmp_path, seed):
     rng = random.Random(seed)
     state = tmp_path / "state"
