@@ -32,6 +32,13 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalo
     cluster.stop()
 
 
+def revive_workers(cluster: StandaloneCluster) -> None:
+    """Start again every worker of ``cluster`` that is not running (a test may have killed one)."""
+    for name, worker in cluster.workers.items():
+        if worker.process is None or worker.process.poll() is not None:
+            cluster.start_worker(name)
+
+
 class Driver:
     """A job's driver process (``driver_harness.py``), answering one command at a time."""
 
@@ -72,15 +79,20 @@ class Driver:
 
 
 @pytest.fixture
+def live_cluster(spark_cluster: StandaloneCluster) -> StandaloneCluster:
+    """The session's cluster with every worker running."""
+    revive_workers(spark_cluster)
+    return spark_cluster
+
+
+@pytest.fixture
 def start_driver(spark_cluster: StandaloneCluster) -> Iterator[Any]:
     """``start_driver(job_file, batch_size)`` -> a :class:`Driver` (stopped at teardown), with every
     worker of the cluster alive first (a test may have killed one)."""
     drivers: list[Driver] = []
 
     def start(job_file: Path, batch_size: int) -> Driver:
-        for name, worker in spark_cluster.workers.items():
-            if worker.process is None or worker.process.poll() is not None:
-                spark_cluster.start_worker(name)
+        revive_workers(spark_cluster)
         env = {**spark_cluster.env, "LOCALSTATE_TESTING": "1"}
         driver = Driver(job_file, batch_size, env)
         drivers.append(driver)
