@@ -256,6 +256,7 @@ def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: st
 
 
 _DATAFRAME_PHASES = {
+    "input": "task: receive the partition's rows (shuffle read, Arrow to Python) and sort them",
     "open": "task: open + recover the partition",
     "convert": "task: Arrow rows -> records (to_pylist)",
     "process": "task: process() incl. store get/put (the one feed loop)",
@@ -274,8 +275,11 @@ def _dataframe_breakdown(report: Report, seconds: float, reports: list[DataFrame
     for phase, label in _DATAFRAME_PHASES.items():
         value = summed[phase] / total * busy if total else 0.0
         report.add(f"dataframe time: {label}", phase_s=value, share_pct=100.0 * value / seconds)
-    spark_job = sum(r.seconds for r in reports) - busy
-    report.add("dataframe time: Spark job (read, route, shuffle, Arrow to Python, checkpoint saves)",
+    first = sum(r.first_task_seconds for r in reports)
+    report.add("dataframe time: Spark job until the apply tasks start (read, route, shuffle write, scheduling)",
+               phase_s=first, share_pct=100.0 * first / seconds)
+    spark_job = sum(r.seconds for r in reports) - busy - first
+    report.add("dataframe time: rest of the Spark job (task hand-off, results, checkpoint saves)",
                phase_s=spark_job, share_pct=100.0 * spark_job / seconds)
     query = seconds - sum(r.seconds for r in reports)
     report.add("dataframe time: streaming query (micro-batch planning, query checkpoint, sink)", phase_s=query,
