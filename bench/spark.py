@@ -108,6 +108,8 @@ write_batch_size = 100000
 
 
 def _read_counts(job, users: int) -> np.ndarray:
+    """Every user's count from the stores; a user found in another partition than its key's
+    (:func:`partition_for`) counts as -1, so that wrong routing fails the correctness check."""
     counts = np.zeros(users, dtype=np.int64)
     changelogs = open_changelog_system(job)
     for partition in range(job.partitions):
@@ -115,7 +117,7 @@ def _read_counts(job, users: int) -> np.ndarray:
         instance.open()
         with instance.stores["counts"].engine.all() as items:
             for user, count in items:
-                counts[int(user[5:])] = count
+                counts[int(user[5:])] = count if partition_for(user, job.partitions) == partition else -1
         instance.close(commit=False)
     changelogs.close()
     return counts
