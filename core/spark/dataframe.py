@@ -86,10 +86,11 @@ _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIG
                  "reused BOOLEAN, query_batch BIGINT, pid BIGINT, started DOUBLE, " \
                  "input DOUBLE, open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
 #: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): receiving
-#: its rows from the shuffle as Arrow batches and sorting them (the first partition of a Spark task;
-#: a Spark task holds one job partition), opening and recovering the partition, converting its Arrow rows into records, the task's ``process()`` (the one
-#: feed loop, store reads and writes included), preparing the commit (store flush, changelog fsync,
-#: the outputs file) and closing.
+#: its rows from the shuffle as Arrow batches and sorting them (counted for the first job partition of
+#: a Spark task; with :func:`routes` a Spark task holds one), opening and recovering the partition,
+#: converting its Arrow rows into records, the task's ``process()`` (the one feed loop, store reads
+#: and writes included), preparing the commit (store flush, changelog fsync, the outputs file) and
+#: closing.
 TASK_PHASES = ("input", "open", "convert", "process", "commit")
 
 
@@ -467,8 +468,8 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
     started = clock()
     spec, batch = task.spec, task.batch
     result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
-                              "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(), "started": 0.0,
-                              "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
+                              "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(),
+                              "started": 0.0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
     try:
         result["query_batch"] = _query_batch(batch)
         job = spec.job
