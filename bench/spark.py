@@ -277,10 +277,13 @@ def _dataframe_breakdown(report: Report, seconds: float, reports: list[DataFrame
     for phase, label in _DATAFRAME_PHASES.items():
         value = summed[phase] / total * busy if total else 0.0
         report.add(f"dataframe time: {label}", phase_s=value, share_pct=100.0 * value / seconds)
+    plan = sum(r.plan_seconds for r in reports)
+    report.add("dataframe time: Spark plans the batch's job (analysis, optimizer, physical plan)",
+               phase_s=plan, share_pct=100.0 * plan / seconds)
     first = sum(r.first_task_seconds for r in reports)
     report.add("dataframe time: Spark job until the apply tasks start (read, route, shuffle write, scheduling)",
                phase_s=first, share_pct=100.0 * first / seconds)
-    spark_job = sum(r.seconds for r in reports) - busy - first
+    spark_job = sum(r.seconds for r in reports) - busy - first - plan
     report.add("dataframe time: rest of the Spark job (task hand-off, results, checkpoint saves)",
                phase_s=spark_job, share_pct=100.0 * spark_job / seconds)
     query = seconds - sum(r.seconds for r in reports)

@@ -118,6 +118,8 @@ class DataFrameBatch:
     ``batch_id``); None outside a streaming query"""
     workers: dict[int, int] = field(default_factory=dict)
     """the process id of the Python worker that ran each job partition"""
+    plan_seconds: float = 0.0
+    """Spark planning the batch's job (analysis, optimization, physical plan), part of :attr:`seconds`"""
     first_task_seconds: float = 0.0
     """from the Spark job's start to the first apply task's start: the first stage (reading the
     input, routing each row to its partition, the shuffle write) and scheduling"""
@@ -588,10 +590,13 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     shuffled = prepared.repartition(job.partitions, _ROUTE).drop(_ROUTE)
     # "dataframe:" keeps these run ids apart from `localstate run`'s (their instances have other sinks).
     task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault)
-    started, started_at = time.perf_counter(), time.time()
+    started = time.perf_counter()
     try:
         with _arrow_batches(spark):
-            results = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA).collect()
+            applied = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA)
+            applied._jdf.queryExecution().executedPlan()  # planned here (collect reuses it): timed apart
+            planned, started_at = time.perf_counter(), time.time()
+            results = applied.collect()
     except LocalStateError:
         raise
     except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
@@ -600,6 +605,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     if errors:
         raise pickle.loads(errors[0])
     report = DataFrameBatch(batch_id)
+    report.plan_seconds = planned - started
     report.first_task_seconds = max(0.0, min((r["started"] for r in results), default=started_at) - started_at)
     for row in results:
         if row["applied"]:
