@@ -108,6 +108,8 @@ write_batch_size = 100000
 
 
 def _read_counts(job, users: int) -> np.ndarray:
+    """Every user's count from the stores; a user found in another partition than its key's
+    (:func:`partition_for`) counts as -1, so that wrong routing fails the correctness check."""
     counts = np.zeros(users, dtype=np.int64)
     changelogs = open_changelog_system(job)
     for partition in range(job.partitions):
@@ -115,7 +117,7 @@ def _read_counts(job, users: int) -> np.ndarray:
         instance.open()
         with instance.stores["counts"].engine.all() as items:
             for user, count in items:
-                counts[int(user[5:])] = count
+                counts[int(user[5:])] = count if partition_for(user, job.partitions) == partition else -1
         instance.close(commit=False)
     changelogs.close()
     return counts
@@ -256,6 +258,7 @@ def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: st
 
 
 _DATAFRAME_PHASES = {
+    "input": "task: receive the partition's rows (shuffle read, Arrow to Python) and sort them",
     "open": "task: open + recover the partition",
     "convert": "task: Arrow rows -> records (to_pylist)",
     "process": "task: process() incl. store get/put (the one feed loop)",
@@ -274,8 +277,14 @@ def _dataframe_breakdown(report: Report, seconds: float, reports: list[DataFrame
     for phase, label in _DATAFRAME_PHASES.items():
         value = summed[phase] / total * busy if total else 0.0
         report.add(f"dataframe time: {label}", phase_s=value, share_pct=100.0 * value / seconds)
-    spark_job = sum(r.seconds for r in reports) - busy
-    report.add("dataframe time: Spark job (read, route, shuffle, Arrow to Python, checkpoint saves)",
+    plan = sum(r.plan_seconds for r in reports)
+    report.add("dataframe time: Spark plans the batch's job (analysis, optimizer, physical plan)",
+               phase_s=plan, share_pct=100.0 * plan / seconds)
+    first = sum(r.first_task_seconds for r in reports)
+    report.add("dataframe time: Spark job until the apply tasks start (read, route, shuffle write, scheduling)",
+               phase_s=first, share_pct=100.0 * first / seconds)
+    spark_job = sum(r.seconds for r in reports) - busy - first - plan
+    report.add("dataframe time: rest of the Spark job (task hand-off, results, checkpoint saves)",
                phase_s=spark_job, share_pct=100.0 * spark_job / seconds)
     query = seconds - sum(r.seconds for r in reports)
     report.add("dataframe time: streaming query (micro-batch planning, query checkpoint, sink)", phase_s=query,

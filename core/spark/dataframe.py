@@ -45,6 +45,7 @@ import json
 import os
 import pickle
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count, repeat
 from pathlib import Path
@@ -64,7 +65,7 @@ from localstate.core.task import OutgoingMessage, add_task_paths, load_task_clas
 from localstate.errors import BatchOrderError, LocalStateError, OutputIOError, SchemaError
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
-           "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes"]
+           "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes", "ARROW_BATCH_ROWS"]
 
 OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key STRING, value STRING"
 """The rows :func:`run_batch` returns, one per message the task sent: the job partition that sent it,
@@ -74,15 +75,23 @@ value as JSON text (bytes as hex, other non-JSON values as ``str()``)."""
 OUTPUT_ROWS = "dataframe-outputs"
 """The key of a partition's checkpoint ``outputs`` that holds how many rows its batch's outputs file has."""
 
+ARROW_BATCH_ROWS = 100_000
+"""Rows per Arrow batch between the JVM and Python in localstate's own Spark job (the routing UDF,
+mapInArrow), unless the session sets ``spark.sql.execution.arrow.maxRecordsPerBatch`` itself: Spark's
+default (10,000) hands a 100k-row micro-batch over in ten round trips per stage, this in one."""
+_ARROW_BATCH_CONF, _ARROW_BATCH_DEFAULT = "spark.sql.execution.arrow.maxRecordsPerBatch", "10000"
+
 _ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
-                 "reused BOOLEAN, query_batch BIGINT, pid BIGINT, " \
-                 "open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
-#: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): opening and
-#: recovering the partition, converting its Arrow rows into records, the task's ``process()`` (the one
-#: feed loop, store reads and writes included), preparing the commit (store flush, changelog fsync,
-#: the outputs file) and closing.
-TASK_PHASES = ("open", "convert", "process", "commit")
+                 "reused BOOLEAN, query_batch BIGINT, pid BIGINT, started DOUBLE, " \
+                 "input DOUBLE, open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
+#: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): receiving
+#: its rows from the shuffle as Arrow batches and sorting them (counted for the first job partition of
+#: a Spark task; with :func:`routes` a Spark task holds one), opening and recovering the partition,
+#: converting its Arrow rows into records, the task's ``process()`` (the one feed loop, store reads
+#: and writes included), preparing the commit (store flush, changelog fsync, the outputs file) and
+#: closing.
+TASK_PHASES = ("input", "open", "convert", "process", "commit")
 
 
 @dataclass
@@ -109,6 +118,11 @@ class DataFrameBatch:
     ``batch_id``); None outside a streaming query"""
     workers: dict[int, int] = field(default_factory=dict)
     """the process id of the Python worker that ran each job partition"""
+    plan_seconds: float = 0.0
+    """Spark planning the batch's job (analysis, optimization, physical plan), part of :attr:`seconds`"""
+    first_task_seconds: float = 0.0
+    """from the Spark job's start to the first apply task's start: the first stage (reading the
+    input, routing each row to its partition, the shuffle write) and scheduling"""
 _KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BinaryType")
 
 
@@ -366,6 +380,7 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
         import numpy as np
         import pyarrow as pa
 
+        started_at, started = time.time(), time.perf_counter()
         collected = list(batches)
         if not collected:
             return
@@ -377,9 +392,12 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
         parts = table.column(_PARTITION).to_numpy()
         starts = np.flatnonzero(np.r_[True, parts[1:] != parts[:-1]])
         ends = np.r_[starts[1:], len(parts)]
+        received = time.perf_counter() - started
         for start, end in zip(starts.tolist(), ends.tolist()):
             partition = int(parts[start])
             result = _run_partition(task, partition, table.slice(start, end - start))
+            result.update(started=started_at, input=received)
+            received = 0.0  # the next job partition's rows arrived with this one's
             yield pa.RecordBatch.from_pylist([result], schema=_result_schema())
 
     return apply
@@ -390,7 +408,7 @@ def _result_schema() -> Any:
 
     return pa.schema([("partition", pa.int32()), ("applied", pa.bool_()), ("checkpoint", pa.string()),
                       ("records", pa.int64()), ("outputs", pa.int64()), ("reused", pa.bool_()),
-                      ("query_batch", pa.int64()), ("pid", pa.int64()),
+                      ("query_batch", pa.int64()), ("pid", pa.int64()), ("started", pa.float64()),
                       *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary())])
 
 
@@ -453,7 +471,7 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
     spec, batch = task.spec, task.batch
     result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
                               "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(),
-                              "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
+                              "started": 0.0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
     try:
         result["query_batch"] = _query_batch(batch)
         job = spec.job
@@ -510,6 +528,20 @@ def _create_changelogs(job: JobConfig) -> None:
         changelogs.close()
 
 
+@contextmanager
+def _arrow_batches(spark: Any) -> Iterator[None]:
+    """:data:`ARROW_BATCH_ROWS` per Arrow batch while localstate's job is planned and run, if the
+    session left Spark's default; the session's setting is restored afterwards."""
+    if spark.conf.get(_ARROW_BATCH_CONF, _ARROW_BATCH_DEFAULT) != _ARROW_BATCH_DEFAULT:
+        yield  # the user chose a size: keep it
+        return
+    spark.conf.set(_ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))
+    try:
+        yield
+    finally:
+        spark.conf.unset(_ARROW_BATCH_CONF)
+
+
 def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, batch_id: int | None = None,
               order_by: str | None = None, value: str | None = None, stream: str = "dataframe",
               keep_open: bool = False, fault: Mapping[str, Any] | None = None,
@@ -560,7 +592,11 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault)
     started = time.perf_counter()
     try:
-        results = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA).collect()
+        with _arrow_batches(spark):
+            applied = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA)
+            applied._jdf.queryExecution().executedPlan()  # planned here (collect reuses it): timed apart
+            planned, started_at = time.perf_counter(), time.time()
+            results = applied.collect()
     except LocalStateError:
         raise
     except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
@@ -569,11 +605,14 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     if errors:
         raise pickle.loads(errors[0])
     report = DataFrameBatch(batch_id)
+    report.plan_seconds = planned - started
+    report.first_task_seconds = max(0.0, min((r["started"] for r in results), default=started_at) - started_at)
     for row in results:
         if row["applied"]:
             checkpoint = Checkpoint.from_json(row["checkpoint"], f"batch {batch_id} partition {row['partition']}")
             # Fenced by the generation the task's instance took at open, like every commit.
             checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+            committed[row["partition"]] = checkpoint
             report.applied.append(row["partition"])
             report.records += row["records"]
             report.outputs += row["outputs"]
@@ -589,7 +628,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     report.seconds = time.perf_counter() - started
     if progress is not None:
         progress(report)
-    return batch_outputs(spark, job, batch_id)
+    return batch_outputs(spark, job, batch_id, committed)
 
 
 def release(job: JobConfig | str | os.PathLike[str]) -> None:
@@ -602,15 +641,19 @@ def release(job: JobConfig | str | os.PathLike[str]) -> None:
     release_partitions(checkpoint_store(job), range(job.partitions))
 
 
-def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
+def batch_outputs(spark: Any, job: JobConfig, batch_id: int,
+                  committed: Mapping[int, Checkpoint | None] | None = None) -> Any:
     """The outputs of ``batch_id`` from every partition whose checkpoint holds it, as a DataFrame
-    (files without rows are left out: a batch that sent nothing costs the sink no Spark job's input)."""
+    (files without rows are left out: a batch that sent nothing gives the sink an empty local relation).
+    ``committed``: the partitions' committed checkpoints if the caller has them (not read again)."""
     import pyarrow.parquet as pq
 
-    checkpoints = checkpoint_store(job)
+    if committed is None:
+        checkpoints = checkpoint_store(job)
+        committed = {partition: checkpoints.load(partition) for partition in range(job.partitions)}
     files = []
     for partition in range(job.partitions):
-        checkpoint = checkpoints.load(partition)
+        checkpoint = committed.get(partition)
         if checkpoint is None or checkpoint.batch != batch_id:
             continue
         path = BatchOutputs.path(job, partition, batch_id)
@@ -628,10 +671,11 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int) -> Any:
         if rows:
             files.append(str(path))
     if not files:
-        # An empty relation the optimizer sees is empty (createDataFrame([]) would run a Python RDD).
+        # A filter that is always false becomes an empty local relation (Spark's PruneFilters): no
+        # code to generate, no Range to scan. (createDataFrame([]) would run a Python RDD.)
         columns = [f"CAST(NULL AS {kind}) AS {name}" for name, kind in
                    (column.split() for column in OUTPUT_SCHEMA.split(", "))]
-        return spark.range(0).selectExpr(*columns)
+        return spark.range(1).selectExpr(*columns).where("false")
     return spark.read.schema(OUTPUT_SCHEMA).parquet(*files)
 
 

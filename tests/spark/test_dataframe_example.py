@@ -1,13 +1,12 @@
 """examples/dataframe keeps working: the rate source counted per user through foreach_batch, run
-twice on the same checkpoint; the JSON sink and the state are exact against plain Python."""
+twice on the same checkpoint (on the tests' one SparkContext: the example's ``run``; ``main`` only
+adds its own SparkSession); the JSON sink and the state are exact against plain Python."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,24 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dataframe"
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def test_rate_counts_example(tmp_path):
+def _load_example(example: Path):
+    spec = importlib.util.spec_from_file_location("rate_counts_copy", example / "rate_counts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # HERE is the copy: its job.toml, state/, out/, checkpoint/
+    return module
+
+
+def test_rate_counts_example(spark_context, tmp_path, capsys):
+    from pyspark.sql import SparkSession
+
     example = tmp_path / "dataframe"
     shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("state", "out", "checkpoint", "__pycache__"))
+    rate_counts = _load_example(example)
+    spark = SparkSession(spark_context)
     for _ in range(2):  # the second run continues from the query checkpoint and the job's state
-        done = subprocess.run([sys.executable, str(example / "rate_counts.py"), "--batches", "2", "--seconds", "300",
-                               "--rows-per-second", "40"], capture_output=True, text=True, timeout=600,
-                              env={**os.environ})
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "output row(s)" in done.stdout
+        written = rate_counts.run(spark, batches=2, seconds=300, rows_per_second=40, trigger="0.5 seconds")
+        assert len(written) == 2
+        assert "output row(s)" in capsys.readouterr().out
 
     values: dict[str, list[tuple[int, int]]] = {}
     batches = sorted((example / "out").glob("batch=*"))

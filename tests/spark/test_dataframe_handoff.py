@@ -1,0 +1,69 @@
+"""How localstate's Spark job hands rows over, without changing what it computes: Arrow batches of
+:data:`ARROW_BATCH_ROWS` rows unless the session chose a size (the session's setting is left as it
+was), and a batch without outputs gives the sink an empty local relation."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tasks module, as the Python workers import it
+from dataframe_tasks import expected_outputs, job_config, read_state
+from localstate.core.spark.dataframe import batch_outputs
+from localstate.spark import OUTPUT_SCHEMA, run_batch
+
+pytestmark = pytest.mark.spark
+SCHEMA = "user string, page string, ts long"
+ARROW_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
+@pytest.fixture(scope="module")
+def spark(spark_context):
+    from pyspark.sql import SparkSession
+
+    return SparkSession(spark_context)
+
+
+def _batches(seed: int, sizes: list[int]) -> list[list[dict]]:
+    rng = random.Random(seed)
+    ts = iter(rng.sample(range(10**6), sum(sizes)))
+    return [[{"user": f"user-{rng.randrange(30)}", "page": f"/p/{rng.randrange(9)}", "ts": next(ts)}
+             for _ in range(size)] for size in sizes]
+
+
+def test_arrow_batch_size_is_set_for_localstates_job_only(spark, tmp_path):
+    job = job_config(tmp_path / "state")
+    batches = _batches(3, [400, 300])
+    assert spark.conf.get(ARROW_CONF, "10000") == "10000"
+    outputs = [run_batch(spark.createDataFrame(batches[0], SCHEMA).repartition(3), job, key="user", order_by="ts",
+                         batch_id=0).collect()]
+    assert spark.conf.get(ARROW_CONF, "10000") == "10000"  # Spark's default again after the job
+    spark.conf.set(ARROW_CONF, "7")  # the user's choice is kept: many small Arrow batches per partition
+    try:
+        outputs.append(run_batch(spark.createDataFrame(batches[1], SCHEMA).repartition(3), job, key="user",
+                                 order_by="ts", batch_id=1).collect())
+        assert spark.conf.get(ARROW_CONF) == "7"
+    finally:
+        spark.conf.unset(ARROW_CONF)
+    counts, expected = expected_outputs(batches)
+    got = [(row.batch_id, json.loads(row.key), *json.loads(row.value)[:2]) for out in outputs for row in out]
+    assert sorted(got) == sorted(expected)
+    assert read_state(job)[0] == counts
+
+
+def test_batch_without_outputs_is_an_empty_local_relation(spark, tmp_path):
+    job = job_config(tmp_path / "state")
+    rows = _batches(5, [120])[0]
+    first = run_batch(spark.createDataFrame(rows, SCHEMA), job, key="user", order_by="ts", batch_id=0)
+    kept = sorted(first.collect())
+    assert len(kept) == len(rows)
+    assert sorted(batch_outputs(spark, job, 0).collect()) == kept  # read from the checkpoints on disk
+    empty = run_batch(spark.createDataFrame([], SCHEMA), job, key="user", order_by="ts", batch_id=1)
+    assert empty.schema.simpleString() == spark.createDataFrame([], OUTPUT_SCHEMA).schema.simpleString()
+    assert empty.collect() == []
+    assert empty._jdf.queryExecution().optimizedPlan().getClass().getSimpleName() == "LocalRelation"
+    assert read_state(job)[0] == expected_outputs([rows])[0]
