@@ -220,6 +220,10 @@ class CheckpointStore:
                                   hint="put the file back where it came from")
         return checkpoint
 
+    def load_all(self, partitions: int) -> dict[int, Checkpoint | None]:
+        """The committed checkpoint of each of ``partitions`` partitions (None: never committed)."""
+        return {partition: self.load(partition) for partition in range(partitions)}
+
     def save(self, checkpoint: Checkpoint, *, expect_generation: int | None = None) -> None:
         """Write atomically. With ``expect_generation``, refuse (FencedError) if a newer generation
         has been written meanwhile by another instance."""

@@ -238,7 +238,7 @@ def compact(args: argparse.Namespace) -> int:
     checkpoints = checkpoint_store(job)
     # Only the committed prefix may be compacted: trimming after a crash needs the values before it.
     # The active segment of a partition no job writes to is sealed first, so its records count too.
-    committed = {p: checkpoints.load(p) for p in range(job.partitions)}
+    committed = checkpoints.load_all(job.partitions)
     try:
         for name, store in sorted(job.stores.items()):
             if store.changelog is None:

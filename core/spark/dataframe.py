@@ -561,7 +561,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     add_task_paths(job)
     load_task_class(job.task)  # a task that cannot be imported fails here, before Spark runs anything
     checkpoints = checkpoint_store(job)
-    committed = {p: checkpoints.load(p) for p in range(job.partitions)}
+    committed = checkpoints.load_all(job.partitions)
     applied = [c.batch for c in committed.values() if c is not None and c.batch is not None]
     last = max(applied, default=None)
     if batch_id is None:
@@ -649,8 +649,7 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int,
     import pyarrow.parquet as pq
 
     if committed is None:
-        checkpoints = checkpoint_store(job)
-        committed = {partition: checkpoints.load(partition) for partition in range(job.partitions)}
+        committed = checkpoint_store(job).load_all(job.partitions)
     files = []
     for partition in range(job.partitions):
         checkpoint = committed.get(partition)

@@ -4,14 +4,12 @@ distribution's spark-class) and its outputs are exact."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 
 import pytest
 
 from localstate.core.config import load_job_config
-from tests.spark.test_spark_runtime import EXAMPLES, actual_hourly, expected_hourly
+from tests.spark.test_spark_runtime import actual_hourly, cli_command, expected_hourly, windowed_counts_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 
@@ -21,14 +19,9 @@ EVENTS = 8000
 
 
 def test_run_on_standalone_cluster(tmp_path, live_cluster):
-    shutil.copytree(EXAMPLES / "windowed_counts", tmp_path / "job")
-    job_file = tmp_path / "job" / "job.toml"
-    source = job_file.read_text()
-    assert "events = 20000" in source
-    job_file.write_text(source.replace("events = 20000", f"events = {EVENTS}"))
-    done = subprocess.run([sys.executable, "-c", "import sys; from localstate.core.cli import main; "
-                           "sys.exit(main())", "run", str(job_file), "--master", live_cluster.url,
-                           "--batch-size", str(EVENTS // 2)], env=live_cluster.env, capture_output=True, text=True,
+    job_file = windowed_counts_job(tmp_path, EVENTS)
+    done = subprocess.run(cli_command("run", str(job_file), "--master", live_cluster.url, "--batch-size",
+                                      str(EVENTS // 2)), env=live_cluster.env, capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "lag 0" in done.stdout

@@ -4,10 +4,8 @@ the last checkpoint and the outputs are exact (nothing lost, nothing counted twi
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -15,7 +13,7 @@ import pytest
 from localstate.core.config import load_job_config
 from localstate.core.spark.runner import SparkJobRunner
 
-from .test_spark_runtime import EXAMPLES, actual_hourly, expected_hourly
+from .test_spark_runtime import actual_hourly, cli_command, expected_hourly, windowed_counts_job
 
 pytestmark = pytest.mark.spark
 
@@ -24,18 +22,10 @@ pytestmark = pytest.mark.spark
 EVENTS = 9000
 
 
-def _localstate(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from localstate.core.cli import main; sys.exit(main())", *args]
-
-
 @pytest.mark.parametrize("delay", [0.0, 0.15])
 def test_driver_sigkill_then_rerun_is_exact(tmp_path, spark_context, delay):
-    shutil.copytree(EXAMPLES / "windowed_counts", tmp_path / "job")
-    job_file = tmp_path / "job" / "job.toml"
-    source = job_file.read_text()
-    assert "events = 20000" in source
-    job_file.write_text(source.replace("events = 20000", f"events = {EVENTS}"))
-    process = subprocess.Popen(_localstate("run", str(job_file), "--master", "local[2]", "--batch-size", "1500"),
+    job_file = windowed_counts_job(tmp_path, EVENTS)
+    process = subprocess.Popen(cli_command("run", str(job_file), "--master", "local[2]", "--batch-size", "1500"),
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     seen = []
     try:

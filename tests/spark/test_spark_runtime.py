@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -48,6 +49,22 @@ def actual_hourly(job) -> Counter:
             assert key not in actual, f"window {key} emitted twice"
             actual[key] = value["count"]
     return actual
+
+
+def windowed_counts_job(directory: Path, events: int) -> Path:
+    """The windowed-counts example copied to ``directory/job`` with ``events`` events per partition
+    (instead of its 20000); returns its job file."""
+    shutil.copytree(EXAMPLES / "windowed_counts", directory / "job")
+    job_file = directory / "job" / "job.toml"
+    source = job_file.read_text()
+    assert "events = 20000" in source
+    job_file.write_text(source.replace("events = 20000", f"events = {events}"))
+    return job_file
+
+
+def cli_command(*args: str) -> list[str]:
+    """The argv of ``localstate ARGS`` run by this interpreter (no console script needed)."""
+    return [sys.executable, "-c", "import sys; from localstate.core.cli import main; sys.exit(main())", *args]
 
 
 def test_normalize_master_adds_retries():
