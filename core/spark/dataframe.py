@@ -79,7 +79,7 @@ ARROW_BATCH_ROWS = 100_000
 """Rows per Arrow batch between the JVM and Python in localstate's own Spark job (the routing UDF,
 mapInArrow), unless the session sets ``spark.sql.execution.arrow.maxRecordsPerBatch`` itself: Spark's
 default (10,000) hands a 100k-row micro-batch over in ten round trips per stage, this in one."""
-_ARROW_BATCH_CONF, _ARROW_BATCH_DEFAULT = "spark.sql.execution.arrow.maxRecordsPerBatch", "10000"
+_ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 _ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
@@ -531,8 +531,9 @@ def _create_changelogs(job: JobConfig) -> None:
 @contextmanager
 def _arrow_batches(spark: Any) -> Iterator[None]:
     """:data:`ARROW_BATCH_ROWS` per Arrow batch while localstate's job is planned and run, if the
-    session left Spark's default; the session's setting is restored afterwards."""
-    if spark.conf.get(_ARROW_BATCH_CONF, _ARROW_BATCH_DEFAULT) != _ARROW_BATCH_DEFAULT:
+    session did not set a size (a size the user set is kept, even Spark's default value); the
+    session's setting is restored afterwards."""
+    if spark.conf.get(_ARROW_BATCH_CONF, None) is not None:  # None: not set in this session
         yield  # the user chose a size: keep it
         return
     spark.conf.set(_ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))

@@ -37,16 +37,21 @@ def _batches(seed: int, sizes: list[int]) -> list[list[dict]]:
 
 def test_arrow_batch_size_is_set_for_localstates_job_only(spark, tmp_path):
     job = job_config(tmp_path / "state")
-    batches = _batches(3, [400, 300])
-    assert spark.conf.get(ARROW_CONF, "10000") == "10000"
+    batches = _batches(3, [400, 300, 200])
+    assert spark.conf.get(ARROW_CONF, None) is None
     outputs = [run_batch(spark.createDataFrame(batches[0], SCHEMA).repartition(3), job, key="user", order_by="ts",
                          batch_id=0).collect()]
-    assert spark.conf.get(ARROW_CONF, "10000") == "10000"  # Spark's default again after the job
+    assert spark.conf.get(ARROW_CONF, None) is None  # unset again after the job: Spark's default
     spark.conf.set(ARROW_CONF, "7")  # the user's choice is kept: many small Arrow batches per partition
     try:
         outputs.append(run_batch(spark.createDataFrame(batches[1], SCHEMA).repartition(3), job, key="user",
                                  order_by="ts", batch_id=1).collect())
         assert spark.conf.get(ARROW_CONF) == "7"
+        # Spark's default value set explicitly is a choice too: kept, and still set afterwards.
+        spark.conf.set(ARROW_CONF, "10000")
+        outputs.append(run_batch(spark.createDataFrame(batches[2], SCHEMA).repartition(2), job, key="user",
+                                 order_by="ts", batch_id=2).collect())
+        assert spark.conf.get(ARROW_CONF, None) == "10000"
     finally:
         spark.conf.unset(ARROW_CONF)
     counts, expected = expected_outputs(batches)
