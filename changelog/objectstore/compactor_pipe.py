@@ -22,6 +22,7 @@ it at close().
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -46,6 +47,8 @@ REPLY = struct.Struct("<Q")
 #: A delta's payload starts with its chain epoch, first offset and end offset; its body follows.
 DELTA_HEAD = struct.Struct("<QQQ")
 OP_INIT, OP_ADOPT, OP_DELTA, OP_SNAPSHOT = b"I", b"A", b"D", b"S"
+#: The pipe's capacity asked for (Linux only: F_SETPIPE_SZ), room for a commit-sized delta.
+PIPE_BYTES = 1 << 20
 
 
 def object_json(item: ChainObject) -> dict[str, Any]:
@@ -69,6 +72,11 @@ class CompactorProcess:
             [sys.executable, "-m", "localstate.changelog.objectstore.compactor"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, close_fds=True)
         self.pid = self._process.pid
+        if self._process.stdin is not None and hasattr(fcntl, "F_SETPIPE_SZ"):
+            try:  # room for a whole commit's delta: the feeder's write returns without waiting for the child
+                fcntl.fcntl(self._process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+            except OSError:
+                pass  # the system's limit (/proc/sys/fs/pipe-max-size) is lower: only more wake-ups
         self._send(OP_INIT, json.dumps({"store": dict(store_spec), "stream": stream, "partition": partition,
                                         "writer": writer}).encode())
 
