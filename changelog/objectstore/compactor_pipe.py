@@ -136,14 +136,14 @@ class CompactorProcess:
         process, self._process = self._process, None
         if process is None:
             return
+        if process.poll() is None:
+            process.kill()  # first: a thread blocked reading its answer then sees EOF (close would wait for it)
         for stream in (process.stdin, process.stdout):
             try:
                 if stream is not None:
                     stream.close()
             except OSError:
                 pass  # a broken pipe to a dead child
-        if process.poll() is None:
-            process.kill()
         try:
             _pid, status, usage = os.wait4(process.pid, 0)
             process.returncode = os.waitstatus_to_exitcode(status)

@@ -259,8 +259,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             else:
                 self.compactor_snapshots += 1
         except LocalStateError as exc:
-            log.warning("changelog %s partition %d: background snapshot failed (%s); the deltas stay in the chain "
-                        "and a later snapshot retries", self.stream, self.partition, exc.message)
+            if not self._closed:  # closing kills a snapshot in flight on purpose
+                log.warning("changelog %s partition %d: background snapshot failed (%s); the deltas stay in the "
+                            "chain and a later snapshot retries", self.stream, self.partition, exc.message)
             return
         with self._lock:
             if epoch == self._epoch:
