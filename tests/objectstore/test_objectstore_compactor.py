@@ -20,9 +20,8 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -36,6 +35,7 @@ from localstate.errors import ConfigError
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from test_objectstore_changelog import chain_state  # noqa: E402
+from test_objectstore_durability import location  # noqa: E402,F401 - the fixture: fresh locations per example
 
 Op = tuple[int, int | None]  # (key number, value number or None: delete)
 flush_ops = st.lists(st.tuples(st.integers(0, 20), st.one_of(st.none(), st.integers(0, 1000))), max_size=60)
@@ -54,16 +54,6 @@ def model(ops: list[Op]) -> dict[bytes, bytes]:
         else:
             state[key] = value
     return state
-
-
-@pytest.fixture(params=["shared-dir", "s3"])
-def location(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Callable[[], dict[str, Any]]:
-    """A factory of fresh ``[changelogs.objectstore]`` locations (one per hypothesis example)."""
-    if request.param == "shared-dir":
-        root = tmp_path_factory.mktemp("shared")
-        return lambda: {"url": str(root / uuid.uuid4().hex[:12])}
-    server = request.getfixturevalue("seaweed")
-    return lambda: server.options(f"t-{uuid.uuid4().hex[:12]}")
 
 
 def open_log(options: dict[str, Any], state_dir: Path, **extra: Any):
