@@ -40,9 +40,10 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     chain was adopted from another host), and the next :meth:`manifest` names it instead of the
     deltas it covers. With ``compactor="process"`` the snapshot is built and written by a compactor
     subprocess (:mod:`.compactor`) fed each delta as it is flushed, so compaction does not share the
-    task's GIL; if the child cannot start or dies, snapshots fall back to a thread of this process. Objects are never deleted here: only garbage collection against committed
-    checkpoints deletes (:meth:`ObjectStoreChangelogSystem.compact_stream`), so a zombie writer can
-    neither publish nor destroy anything the committed chain names."""
+    task's GIL; if the child cannot start or dies, snapshots fall back to a thread of this process.
+    Objects are never deleted here: only garbage collection against committed checkpoints deletes
+    (:meth:`ObjectStoreChangelogSystem.compact_stream`), so a zombie writer can neither publish nor
+    destroy anything the committed chain names."""
 
     def __init__(self, store: ObjectStore, stream: str, partition: int, *, snapshot_every: int = 10,
                  snapshot_min_records: int = 0, gc_grace: float = 600.0, writable: bool = True,

@@ -26,7 +26,7 @@ from localstate.core.options import Option, parse_duration, parse_path
 from localstate.errors import ChangelogError, CheckpointError, ConfigError, LocalStateError
 
 from .chain import Chain, parse_name, partition_prefix, stream_prefix
-from .partition import ObjectStoreChangelogPartition
+from .partition import COMPACTORS, ObjectStoreChangelogPartition
 from .storage import ObjectInfo, ObjectStore, open_object_store
 
 __all__ = ["ObjectStoreChangelogSystem", "ObjectCheckpoints", "GarbageRounds", "STREAM_META"]
@@ -56,7 +56,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         "secret_key": Option(str, default="", doc="S3 secret key (default: AWS_SECRET_ACCESS_KEY and friends)"),
         "snapshot_every": Option(int, default=10, minimum=1,
                                  doc="flushes (commits) between compacted snapshots of a partition"),
-        "compactor": Option(str, default="process", choices=("process", "thread"),
+        "compactor": Option(str, default="process", choices=COMPACTORS,
                             doc="where snapshots are built: 'process' (a compactor subprocess per writer, off the "
                                 "task's GIL) or 'thread' (a thread of the task's process)"),
         "snapshot_min_records": Option(int, default=0, minimum=0,
