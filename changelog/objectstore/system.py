@@ -26,7 +26,7 @@ from localstate.core.options import Option, parse_duration, parse_path
 from localstate.errors import ChangelogError, CheckpointError, ConfigError, LocalStateError
 
 from .chain import Chain, parse_name, partition_prefix, stream_prefix
-from .partition import ObjectStoreChangelogPartition
+from .partition import COMPACTORS, ObjectStoreChangelogPartition
 from .storage import ObjectInfo, ObjectStore, open_object_store
 
 __all__ = ["ObjectStoreChangelogSystem", "ObjectCheckpoints", "GarbageRounds", "STREAM_META"]
@@ -56,6 +56,9 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         "secret_key": Option(str, default="", doc="S3 secret key (default: AWS_SECRET_ACCESS_KEY and friends)"),
         "snapshot_every": Option(int, default=10, minimum=1,
                                  doc="flushes (commits) between compacted snapshots of a partition"),
+        "compactor": Option(str, default="process", choices=COMPACTORS,
+                            doc="where snapshots are built: 'process' (a compactor subprocess per writer, off the "
+                                "task's GIL) or 'thread' (a thread of the task's process)"),
         "snapshot_min_records": Option(int, default=0, minimum=0,
                                        doc="skip a snapshot while the deltas since the last hold fewer records"),
         "gc_keep": Option(int, default=3, minimum=1,
@@ -73,6 +76,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         self.store: ObjectStore = open_object_store(validated, self.state_dir)
         self.snapshot_every: int = validated["snapshot_every"]
         self.snapshot_min_records: int = validated["snapshot_min_records"]
+        self.compactor: str = validated["compactor"]
         self.gc_keep: int = validated["gc_keep"]
         self.gc_grace: float = validated["gc_grace"]
         self.compact_interval: float = validated["compact_interval"]
@@ -123,7 +127,8 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                                  stream=stream, partition=partition,
                                  hint="use a partition number below the stream's partition count")
         return ObjectStoreChangelogPartition(self.store, stream, partition, snapshot_every=self.snapshot_every,
-                                             snapshot_min_records=self.snapshot_min_records, gc_grace=self.gc_grace)
+                                             snapshot_min_records=self.snapshot_min_records, gc_grace=self.gc_grace,
+                                             compactor=self.compactor)
 
     def reader(self, stream: str, partition: int) -> ObjectStoreChangelogPartition:
         """A read-only partition (``localstate inspect``, the state reader): adopt a manifest, then read."""
