@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Iterable, Iterator
 
 from localstate.changelog.file.format import count_records, encode_into
-from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord, InFlightManifest
 from localstate.errors import ChangelogError, LocalStateError
 
 from .chain import DELTA, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, partition_prefix
@@ -30,6 +30,10 @@ PREFETCH = 4
 #: Where snapshots are built: a compactor subprocess per writer (off the task's GIL), or a thread of
 #: the writer's own process (the fallback, and what a store that cannot be reopened elsewhere uses).
 COMPACTORS = ("process", "thread")
+
+
+def _nothing_in_flight() -> None:
+    """The ``durable`` of an in-flight manifest whose objects are all written already."""
 
 
 class ObjectStoreChangelogPartition(ChangelogPartition):
@@ -111,6 +115,22 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         """The chain up to the flushed end, every object of it durably written (waits for the delta
         PUT in flight; raises ChangelogError if it failed)."""
         self.settle()
+        return self._flushed_manifest()
+
+    def in_flight_manifest(self) -> InFlightManifest:
+        """The chain up to the flushed end without waiting for the delta PUT in flight (the only
+        object of it that may not be written yet: earlier PUTs were settled by this flush, and a
+        snapshot is named only once written); ``durable()`` waits for that PUT. Raises the
+        ChangelogError of a PUT that already failed."""
+        if self._failed is not None:
+            self.settle()  # raises it
+        manifest = self._flushed_manifest()
+        pending = self._pending
+        if pending is None:
+            return InFlightManifest(manifest, _nothing_in_flight)
+        return InFlightManifest(manifest, pending.result)  # the PUT's own error is a typed ChangelogError
+
+    def _flushed_manifest(self) -> dict[str, Any]:
         self._install_snapshot()
         if self._buf:
             raise ChangelogError("manifest() with unflushed records", stream=self.stream, partition=self.partition,
@@ -177,7 +197,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         body = bytes(self._buf)
         data = object_header(DELTA, self.writer, start, end, end - start) + body
         self._buf = bytearray()
-        self._pending = self._put_pool().submit(self.store.put, f"{self.prefix}/{name}", data)
+        self._pending = self._put_pool().submit(self._put_delta, f"{self.prefix}/{name}", data)
         delta = ChainObject(name, DELTA, start, end, end - start, len(data), self.writer)
         self._chain.deltas.append(delta)
         self._bodies[name] = body
@@ -193,6 +213,19 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self._start_snapshot()
         return end
 
+    def _put_delta(self, key: str, data: bytes) -> None:
+        """PUT thread: write one delta object; any failure is a ChangelogError naming the object."""
+        try:
+            self.store.put(key, data)
+        except LocalStateError as exc:
+            raise ChangelogError(exc.message, stream=self.stream, partition=self.partition,
+                                 path=exc.context.get("path", self.store.where(key)), hint=exc.hint) from exc
+        except Exception as exc:  # noqa: BLE001 - anything else from the storage client: typed here
+            raise ChangelogError(f"writing delta object {self.store.where(key)} failed: {type(exc).__name__}: "
+                                 f"{exc}", stream=self.stream, partition=self.partition, path=self.store.where(key),
+                                 hint="check that the storage is reachable; the commit failed and is retried "
+                                      "from the last checkpoint") from exc
+
     def _put_pool(self) -> ThreadPoolExecutor:
         if self._puts is None:
             self._puts = ThreadPoolExecutor(1, thread_name_prefix=f"localstate-put-{self.stream}-{self.partition}")
@@ -207,13 +240,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             waited = time.perf_counter()
             try:
                 pending.result()
-            except LocalStateError as exc:
+            except LocalStateError as exc:  # typed by _put_delta
                 self._failed = exc
-            except Exception as exc:  # noqa: BLE001 - anything else from the storage client: typed here
-                self._failed = ChangelogError(f"writing a delta object failed: {type(exc).__name__}: {exc}",
-                                              stream=self.stream, partition=self.partition,
-                                              hint="check that the storage is reachable; the commit failed and "
-                                                   "is retried from the last checkpoint")
             self.put_wait_seconds += time.perf_counter() - waited
         if self._failed is not None:
             raise ChangelogError(f"a delta object of this partition could not be written ({self._failed.message}); "
