@@ -362,18 +362,20 @@ class TaskInstance:
 
     def close(self, commit: bool = True) -> None:
         """Stop cleanly: optionally commit, wait for the pipelined commit in flight to be saved (its
-        error is raised), close the task, the stores and the partition lock."""
-        if self._open and commit:
-            self.commit()
-        self.settle_commit()
+        error is raised), close the task; the stores and the partition lock are released whatever
+        fails."""
         try:
+            if self._open and commit:
+                self.commit()
+            self.settle_commit()
             if self.task is not None and self._open:
-                self.task.close()
-        except (Exception, SystemExit) as exc:
-            raise_task_error(exc, "close()", partition=self.partition,
-                             hint="fix the task's close(); what was committed stays committed")
+                try:
+                    self.task.close()
+                except (Exception, SystemExit) as exc:
+                    raise_task_error(exc, "close()", partition=self.partition,
+                                     hint="fix the task's close(); what was committed stays committed")
         finally:
-            self.abandon()
+            self.abandon()  # a failed commit too lets go of the stores and the partition lock
 
     def abandon(self) -> None:
         """Drop everything without committing (what a crash does, minus the process dying). A
