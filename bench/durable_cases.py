@@ -82,7 +82,8 @@ def counting(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         instance.feed(records, autocommit=True)
         instance.close()
     result = {**clock.figures(), "events": len(ks), "ops_per_s": len(ks) / clock.seconds,
-              "commits": instance.commits, "pipelined": getattr(instance, "pipelined", False)}
+              "commits": instance.commits, "pipelined": instance.pipelined,
+              "commit_wait_seconds": instance.commit_wait_seconds}
     compactor_cpu = 0.0
     if hasattr(changelog, "put_wait_seconds"):
         result["snapshots"] = changelog.snapshots_written

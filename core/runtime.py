@@ -176,6 +176,8 @@ class TaskInstance:
         """whether :meth:`commit` is pipelined (decided at :meth:`open`, see the module docstring)"""
         self._committing: Future[None] | None = None  # the pipelined commit in flight: its checkpoint's save
         self._committer: ThreadPoolExecutor | None = None
+        self.commit_wait_seconds = 0.0
+        """time :meth:`settle_commit` waited for a pipelined commit's save (what pipelining did not hide)"""
         self._last_commit = self._last_window = self.clock()
         self._open = False
 
@@ -521,7 +523,11 @@ class TaskInstance:
         reopened (:meth:`abandon`, then a new instance) to go on from it."""
         committing, self._committing = self._committing, None
         if committing is not None:
-            committing.result()
+            waited = time.perf_counter()
+            try:
+                committing.result()
+            finally:
+                self.commit_wait_seconds += time.perf_counter() - waited
 
     def _save_when_durable(self, checkpoint: Checkpoint, waits: list[Callable[[], None]]) -> None:
         """Committer thread: wait until every object ``checkpoint`` names is durable, then save it."""

@@ -266,13 +266,23 @@ class GarbageRounds:
 
 class ObjectCheckpoints(CheckpointObjects):
     """Checkpoints as immutable objects ``jobs/<job>/checkpoints/<p>/<seq:020d>-<token>.json``: each
-    save writes the next sequence number, the highest wins, the ``keep`` newest are kept."""
+    save writes the next sequence number, the highest wins, the ``keep`` newest are kept.
+
+    A save (the runtime's: the generation check's :meth:`latest`, then :meth:`put`) costs three
+    requests — a listing, the PUT, the delete of the oldest — not five: :meth:`latest` does not read
+    back an object this instance wrote itself (objects are immutable and their names unique, so the
+    bytes it put are the bytes stored), and :meth:`put` numbers the new object from the listing
+    :meth:`latest` or the previous :meth:`put` of the partition left (a listing is taken when there
+    is none). That listing is at most one save old; a concurrent writer in between is what the
+    generation check (a read, then a write: see docs/durable.md, Limits) already does not exclude."""
 
     def __init__(self, store: ObjectStore, job: str, keep: int) -> None:
         self.store = store
         self.prefix = f"jobs/{job}/checkpoints"
         self.keep = keep
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._listed: dict[int, list[tuple[int, str]]] = {}  # partition -> the last listing (+ own puts)
+        self._written: dict[int, tuple[str, bytes]] = {}  # partition -> (key, bytes) of this instance's last put
 
     def _list(self, partition: int) -> list[tuple[int, str]]:
         prefix = f"{self.prefix}/{int(partition)}"
@@ -282,10 +292,16 @@ class ObjectCheckpoints(CheckpointObjects):
             if match:
                 out.append((int(match.group(1)), info.key))
         out.sort()
+        with self._lock:
+            self._listed[partition] = list(out)
         return out
 
     def latest(self, partition: int) -> tuple[str, bytes] | None:
-        for _seq, key in reversed(self._list(partition)):
+        listing = self._list(partition)
+        written = self._written.get(partition)
+        for _seq, key in reversed(listing):
+            if written is not None and written[0] == key:
+                return self.store.where(key), written[1]
             try:
                 return self.store.where(key), self.store.get(key)
             except FileNotFoundError:
@@ -293,13 +309,18 @@ class ObjectCheckpoints(CheckpointObjects):
         return None
 
     def put(self, partition: int, data: bytes) -> str:
-        with self._lock:
-            existing = self._list(partition)
+        with self._lock:  # one put at a time: two saves of this instance never draw the same number
+            existing = self._listed.pop(partition, None)
+            if existing is None:
+                existing = self._list(partition)
             seq = existing[-1][0] + 1 if existing else 0
             key = f"{self.prefix}/{int(partition)}/{seq:020d}-{uuid.uuid4().hex}.json"
             self.store.put(key, data)
-            for _old, old_key in existing[:max(0, len(existing) + 1 - self.keep)]:
+            stale = existing[:max(0, len(existing) + 1 - self.keep)]
+            for _old, old_key in stale:
                 self.store.delete(old_key)
+            self._written[partition] = (key, bytes(data))
+            self._listed[partition] = existing[len(stale):] + [(seq, key)]
             return self.store.where(key)
 
     def delete_partition(self, partition: int) -> None:

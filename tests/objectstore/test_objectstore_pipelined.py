@@ -40,6 +40,13 @@ def state(instance) -> dict[str, int]:
     return dict(instance.stores["counts"].engine.all())
 
 
+def assert_exact(instance, root: Path, records: int) -> None:
+    """State, outputs and input position of ``instance`` are those of the first ``records`` inputs."""
+    model_state, model_outputs = expected(records)
+    assert instance.position("in") == records
+    assert state(instance) == model_state and outputs(root) == model_outputs
+
+
 def stored_objects(instance) -> dict[str, int]:
     """Object name (as a manifest names it) -> bytes of every object of the changelog partition in the storage."""
     return {info.key.split("/", 3)[3]: info.size for info in instance.changelogs.objects(STREAM, 0)}
@@ -106,8 +113,7 @@ def test_close_with_commit_saves_everything_and_prepare_commit_waits_for_its_obj
     instance.close()  # commits and waits for the save
     assert committed(config).inputs == {"in": 900}
     again = open_instance(config)
-    model_state, model_outputs = expected(900)
-    assert state(again) == model_state and outputs(tmp_path) == model_outputs
+    assert_exact(again, tmp_path, 900)
     again.close(commit=False)
 
 
@@ -141,35 +147,38 @@ def test_sigkill_with_a_commit_pending_restarts_exactly(objectstore_options, tmp
     assert recovery.checkpoint_offset == committed(config).changelogs["counts"]
     if point == "commit_pending":
         assert recovery.status == "rebuilt"  # the local store had applied the pending commit's flush
-    model_state, model_outputs = expected(position)
-    assert instance.position("in") == position
-    assert state(instance) == model_state and outputs(tmp_path) == model_outputs
+    assert_exact(instance, tmp_path, position)
     instance.close(commit=False)
     # ...and the job runs to the end as if it had never died.
     finished = run_child(tmp_path, objectstore_options, records)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert f"opened at {position}" in finished.stdout
     final = open_instance(config)
-    model_state, model_outputs = expected(records)
-    assert final.position("in") == records
-    assert state(final) == model_state and outputs(tmp_path) == model_outputs
+    assert_exact(final, tmp_path, records)
     final.close(commit=False)
 
 
 # ---------------------------------------------------------------- storage that fails
 
-def test_a_put_failing_with_a_commit_pending_fails_the_next_commit_and_close(outage, tmp_path):
-    config = job(tmp_path / "a", outage.options, commit_every=10 ** 6)
+def failing_commit_pending(outage, root: Path, saved: int, pending: int):
+    """An instance that committed (and saved) ``saved`` records, then lost its storage and committed
+    ``pending`` records: that commit's PUT fails in the background. Returns (job, instance)."""
+    config = job(root, outage.options, commit_every=10 ** 6)
     instance = open_instance(config)
-    feed_until(instance, 300)
+    feed_until(instance, saved)
     instance.commit()
-    instance.settle_commit()  # commit 1 saved
-    first = committed(config)
-    assert first.inputs == {"in": 300}
+    instance.settle_commit()
+    assert committed(config).inputs == {"in": saved}
     outage.stop()
-    feed_until(instance, 500)
+    feed_until(instance, pending)
     instance.commit()  # returns: its PUT is in flight (and fails)
     assert instance.commit_pending
+    return config, instance
+
+
+def test_a_put_failing_with_a_commit_pending_fails_the_next_commit_and_close(outage, tmp_path):
+    config, instance = failing_commit_pending(outage, tmp_path, 300, 500)
+    first = committed(config)
     with pytest.raises(ChangelogError) as caught:
         instance.commit()  # the next commit waits for the pending one and reports its failure
     error = caught.value
@@ -184,33 +193,23 @@ def test_a_put_failing_with_a_commit_pending_fails_the_next_commit_and_close(out
     again = open_instance(config)  # the same host: its local store ran ahead of the checkpoint
     (recovery,) = again.recoveries
     assert recovery.status == "rebuilt" and recovery.checkpoint_offset == first.changelogs["counts"]
-    model_state, model_outputs = expected(300)
-    assert again.position("in") == 300
-    assert state(again) == model_state and outputs(tmp_path / "a") == model_outputs
+    assert_exact(again, tmp_path, 300)
     feed_until(again, 800)
     again.close()
     final = open_instance(config)
-    model_state, model_outputs = expected(800)
-    assert state(final) == model_state and outputs(tmp_path / "a") == model_outputs
+    assert_exact(final, tmp_path, 800)
     final.close(commit=False)
 
 
 def test_a_put_failing_with_a_commit_pending_is_raised_by_close(outage, tmp_path):
-    config = job(tmp_path / "a", outage.options, commit_every=10 ** 6)
-    instance = open_instance(config)
-    feed_until(instance, 200)
-    instance.commit()
-    instance.settle_commit()
-    outage.stop()
-    feed_until(instance, 350)
-    instance.commit()
+    config, instance = failing_commit_pending(outage, tmp_path, 200, 350)
     with pytest.raises(ChangelogError) as caught:
         instance.close(commit=False)  # nothing new to commit, but the pending commit failed
     assert caught.value.context["stream"] == STREAM
     outage.start()
     assert committed(config).inputs == {"in": 200}
     again = open_instance(config)
-    assert state(again) == expected(200)[0] and outputs(tmp_path / "a") == expected(200)[1]
+    assert_exact(again, tmp_path, 200)
     again.close(commit=False)
 
 
