@@ -162,23 +162,24 @@ def test_sigkill_with_a_commit_pending_restarts_exactly(objectstore_options, tmp
 
 def failing_commit_pending(outage, root: Path, saved: int, pending: int):
     """An instance that committed (and saved) ``saved`` records, then lost its storage and committed
-    ``pending`` records: that commit's PUT fails in the background. Returns (job, instance)."""
+    ``pending`` records: that commit's PUT fails in the background. Returns (job, instance, the
+    saved checkpoint)."""
     config = job(root, outage.options, commit_every=10 ** 6)
     instance = open_instance(config)
     feed_until(instance, saved)
     instance.commit()
     instance.settle_commit()
-    assert committed(config).inputs == {"in": saved}
+    first = committed(config)
+    assert first.inputs == {"in": saved}
     outage.stop()
     feed_until(instance, pending)
     instance.commit()  # returns: its PUT is in flight (and fails)
     assert instance.commit_pending
-    return config, instance
+    return config, instance, first
 
 
 def test_a_put_failing_with_a_commit_pending_fails_the_next_commit_and_close(outage, tmp_path):
-    config, instance = failing_commit_pending(outage, tmp_path, 300, 500)
-    first = committed(config)
+    config, instance, first = failing_commit_pending(outage, tmp_path, 300, 500)
     with pytest.raises(ChangelogError) as caught:
         instance.commit()  # the next commit waits for the pending one and reports its failure
     error = caught.value
@@ -202,7 +203,7 @@ def test_a_put_failing_with_a_commit_pending_fails_the_next_commit_and_close(out
 
 
 def test_a_put_failing_with_a_commit_pending_is_raised_by_close(outage, tmp_path):
-    config, instance = failing_commit_pending(outage, tmp_path, 200, 350)
+    config, instance, _first = failing_commit_pending(outage, tmp_path, 200, 350)
     with pytest.raises(ChangelogError) as caught:
         instance.close(commit=False)  # nothing new to commit, but the pending commit failed
     assert caught.value.context["stream"] == STREAM
