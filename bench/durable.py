@@ -160,8 +160,10 @@ def main(argv: list[str]) -> int:
                             "Pipelined commits: the commit returns with its PUT in flight and a committer thread saves "
                             "the checkpoint once the PUT landed; synchronous (job.pipelined_commits = false): the "
                             "commit waits for the PUT (put_wait_seconds) and the checkpoint's save. "
-                            "commit_wait_seconds: time a commit waited for the previous one's save. cpu_seconds: the "
-                            "task's process (every thread); with the compactor: plus the subprocess's whole life")
+                            "commit_wait_seconds: time a commit waited for the previous one's save; "
+                            "checkpoint_seconds: time spent saving checkpoints (on the committer thread when "
+                            "pipelined). cpu_seconds: the task's process (every thread); with the compactor: plus the "
+                            "subprocess's whole life")
         if server is not None:
             report.notes.append("SeaweedFS is configured to fsync every object of the bucket before answering its PUT "
                                 "(fs.configure -fsync), as the file changelog fsyncs each flush")

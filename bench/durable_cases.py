@@ -83,7 +83,7 @@ def counting(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         instance.close()
     result = {**clock.figures(), "events": len(ks), "ops_per_s": len(ks) / clock.seconds,
               "commits": instance.commits, "pipelined": instance.pipelined,
-              "commit_wait_seconds": instance.commit_wait_seconds}
+              "commit_wait_seconds": instance.commit_wait_seconds, "checkpoint_seconds": instance.checkpoint_seconds}
     compactor_cpu = 0.0
     if hasattr(changelog, "put_wait_seconds"):
         result["snapshots"] = changelog.snapshots_written

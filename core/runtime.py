@@ -178,6 +178,8 @@ class TaskInstance:
         self._committer: ThreadPoolExecutor | None = None
         self.commit_wait_seconds = 0.0
         """time :meth:`settle_commit` waited for a pipelined commit's save (what pipelining did not hide)"""
+        self.checkpoint_seconds = 0.0
+        """time spent saving checkpoints, on whichever thread saved them (the committer's, pipelined)"""
         self._last_commit = self._last_window = self.clock()
         self._open = False
 
@@ -573,7 +575,9 @@ class TaskInstance:
         self._counted()
 
     def _save(self, checkpoint: Checkpoint) -> None:
+        started = time.perf_counter()
         self.checkpoints.save(checkpoint, expect_generation=self.generation)
+        self.checkpoint_seconds += time.perf_counter() - started
         crash_point("after_checkpoint")
 
     def _counted(self) -> None:
