@@ -29,6 +29,8 @@ __all__ = [
     "Compactable",
     "CompactionRounds",
     "ManifestedChangelog",
+    "InFlightManifest",
+    "DeferredDurability",
     "DurableCheckpoints",
     "ManifestedStreams",
 ]
@@ -299,6 +301,39 @@ class ManifestedChangelog(Protocol):
     def adopt(self, manifest: dict[str, Any] | None) -> None:
         """Make the chain ``manifest`` names (None: empty) this partition's content; records appended
         before are discarded. Raises ChangelogError if the manifest is malformed."""
+
+
+@dataclass(frozen=True)
+class InFlightManifest:
+    """A manifest taken without waiting for the writes it names (see :class:`DeferredDurability`).
+    ``durable()`` blocks until every object ``manifest`` names is durably written and raises
+    ChangelogError (naming stream, partition and object) if one could not be; it may be called from
+    any thread, any number of times."""
+
+    manifest: dict[str, Any]
+    durable: Callable[[], None]
+
+
+@runtime_checkable
+class DeferredDurability(Protocol):
+    """A :class:`ManifestedChangelog` whose ``flush`` only *starts* writing what it sealed (the
+    objectstore's delta PUT runs in the background): ``manifest()`` waits for it, and this capability
+    lets a caller take the manifest without waiting, so that a commit need not wait for its own PUT
+    (the pipelined commit of :class:`~localstate.core.runtime.TaskInstance`). Changelogs whose flush
+    is durable when it returns (file, Kafka, memory) do not offer it.
+
+    Guarantee: a checkpoint naming ``in_flight_manifest().manifest`` may be saved once ``durable()``
+    returned; a failed write also fails every later flush and manifest until :meth:`adopt` (the chain
+    would have a gap), so nothing after the last saved checkpoint can be committed."""
+
+    def in_flight_manifest(self) -> InFlightManifest:
+        """The manifest of the chain up to the flushed end (as :meth:`ManifestedChangelog.manifest`),
+        without waiting for the write in flight; raises ChangelogError at once if a write already
+        failed or records are unflushed."""
+
+    def settle(self) -> None:
+        """Wait for the write in flight, if any (every flushed record is then durable); raises the
+        ChangelogError of a failed write."""
 
 
 @runtime_checkable

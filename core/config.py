@@ -47,7 +47,7 @@ __all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_c
            "SPARK_OPTIONS", "LOG_LEVELS", "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
-             "state_dir", "local_dir", "allow_pickle", "plugins", "log_level"}
+             "state_dir", "local_dir", "allow_pickle", "plugins", "log_level", "pipelined_commits"}
 _STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
 _SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark"}
 
@@ -143,6 +143,10 @@ class JobConfig:
     changelog_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     commit_interval: float = 5.0
     commit_every: int | None = None
+    pipelined_commits: bool = True
+    """``job.pipelined_commits``: let the in-process runtime pipeline commits when every logged store's
+    changelog writes in the background (:class:`~localstate.core.changelog.DeferredDurability`, the
+    objectstore changelog); False: every commit waits for its writes and its checkpoint"""
     window_interval: float | None = None
     allow_pickle: bool = False
     inputs: Mapping[str, StreamConfig] = field(default_factory=dict)
@@ -253,6 +257,11 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
                                      or commit_every < 1):
         add("job.commit_every", f"must be a positive integer (records between commits), got {commit_every!r}")
         commit_every = None
+    pipelined_commits = job.get("pipelined_commits", True)
+    if not isinstance(pipelined_commits, bool):
+        add("job.pipelined_commits", f"must be true or false (pipeline in-process commits when the changelog "
+                                     f"writes in the background), got {pipelined_commits!r}")
+        pipelined_commits = True
     allow_pickle = job.get("allow_pickle", False)
     if not isinstance(allow_pickle, bool):
         add("job.allow_pickle", "must be true or false")
@@ -306,8 +315,9 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     return JobConfig(
         name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(), local_dir=local_dir,
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
-        commit_every=commit_every, window_interval=window_interval, allow_pickle=allow_pickle, inputs=inputs,
-        outputs=outputs, stores=stores, spark=spark, policy=policy, source=source, log_level=log_level)
+        commit_every=commit_every, pipelined_commits=pipelined_commits, window_interval=window_interval,
+        allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark, policy=policy,
+        source=source, log_level=log_level)
 
 
 def apply_log_level(job: JobConfig) -> None:

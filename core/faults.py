@@ -1,8 +1,9 @@
 """Fault injection for crash tests: the one mechanism is the *crash point*. Code that must survive a
 crash calls :func:`crash_point` at the moments a process could die: ``process`` (before each input
 record is fed, good or bad), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed,
-checkpoint not yet written), ``after_checkpoint``. An *armed* point SIGKILLs this process the n-th
-time it is reached (1-based).
+checkpoint not yet written), ``commit_pending`` (a pipelined commit's objects written, its
+checkpoint not yet saved; reached on the committer thread), ``after_checkpoint``. An *armed* point
+SIGKILLs this process the n-th time it is reached (1-based).
 
 Points are armed two ways, both as a :class:`CrashAt`:
 

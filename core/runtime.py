@@ -6,20 +6,34 @@ Commit (exactly-once state): flush every store (local write + changelog durable,
 changelog offsets, output positions, generation). On open, every logged store is brought back to
 exactly the checkpoint (:mod:`localstate.core.recovery`), outputs written after it are rolled back,
 and inputs resume from the checkpointed positions; records below those positions are skipped.
+
+Pipelined commits (``job.pipelined_commits``, on by default): when every logged store's changelog
+only *starts* its write at flush (:class:`~localstate.core.changelog.DeferredDurability`: the
+objectstore's delta PUT), :meth:`TaskInstance.commit` flushes the stores, delivers the outputs and
+builds checkpoint N naming the objects in flight, then returns; a committer thread saves checkpoint N
+once every object it names is durably written. Commit N+1 first waits for that save (at most one
+commit in flight, checkpoints saved in order, fenced by generation as always), and so do
+:meth:`TaskInstance.close` and :meth:`TaskInstance.settle_commit`. A crash with commit N pending is a
+crash between a flush and its checkpoint: recovery rolls the stores back to checkpoint N-1, the sink
+trims the outputs to it and the inputs resume from it. A failed write surfaces, typed, at the next
+commit or close, and checkpoint N is never saved. :meth:`TaskInstance.prepare_commit` (the Spark
+path: the driver saves the checkpoint) always waits for durability.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
-from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, ManifestedChangelog, \
-    NullChangelogWriter
+from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DeferredDurability, DurableCheckpoints, \
+    ManifestedChangelog, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.corruption import wipe_local
@@ -158,6 +172,14 @@ class TaskInstance:
         self.task: StreamTask | None = None
         self.processed_since_commit = 0
         self.commits = 0
+        self.pipelined = False
+        """whether :meth:`commit` is pipelined (decided at :meth:`open`, see the module docstring)"""
+        self._committing: Future[None] | None = None  # the pipelined commit in flight: its checkpoint's save
+        self._committer: ThreadPoolExecutor | None = None
+        self.commit_wait_seconds = 0.0
+        """time :meth:`settle_commit` waited for a pipelined commit's save (what pipelining did not hide)"""
+        self.checkpoint_seconds = 0.0
+        """time spent saving checkpoints, on whichever thread saved them (the committer's, pipelined)"""
         self._last_commit = self._last_window = self.clock()
         self._open = False
 
@@ -180,6 +202,10 @@ class TaskInstance:
         if checkpoint is None:
             self._check_fresh()
             checkpoint = Checkpoint(self.partition)
+        logged = [store.changelog for store in self.stores.values() if store.changelog is not None]
+        self.pipelined = self.job.pipelined_commits and bool(logged) and all(
+            isinstance(changelog, DeferredDurability) and isinstance(changelog, ManifestedChangelog)
+            for changelog in logged)
         for name, store in self.stores.items():
             if store.changelog is not None:
                 offset = checkpoint.changelogs.get(name, 0)
@@ -339,20 +365,35 @@ class TaskInstance:
                          "and start over")
 
     def close(self, commit: bool = True) -> None:
-        """Stop cleanly: optionally commit, close the task, the stores and the partition lock."""
-        if self._open and commit:
-            self.commit()
+        """Stop cleanly: optionally commit, wait for the pipelined commit in flight to be saved (its
+        error is raised), close the task; the stores and the partition lock are released whatever
+        fails."""
         try:
+            if self._open and commit:
+                self.commit()
+            self.settle_commit()
             if self.task is not None and self._open:
-                self.task.close()
-        except (Exception, SystemExit) as exc:
-            raise_task_error(exc, "close()", partition=self.partition,
-                             hint="fix the task's close(); what was committed stays committed")
+                try:
+                    self.task.close()
+                except (Exception, SystemExit) as exc:
+                    raise_task_error(exc, "close()", partition=self.partition,
+                                     hint="fix the task's close(); what was committed stays committed")
         finally:
-            self.abandon()
+            self.abandon()  # a failed commit too lets go of the stores and the partition lock
 
     def abandon(self) -> None:
-        """Drop everything without committing (what a crash does, minus the process dying)."""
+        """Drop everything without committing (what a crash does, minus the process dying). A
+        pipelined commit in flight finishes first (saved if its writes land, else dropped, logged):
+        a later instance's generation must come after any checkpoint this one saves."""
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            concurrent.futures.wait([committing])
+            if committing.exception() is not None:
+                log.warning("task partition %d: the commit in flight was not saved (%s); the last saved "
+                            "checkpoint stays the committed one", self.partition, committing.exception())
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
+            self._committer = None
         for store in self.stores.values():
             store.engine.close()
             if store.changelog is not None:
@@ -457,37 +498,103 @@ class TaskInstance:
 
     # -- commit --------------------------------------------------------------------------------
     def commit(self) -> Checkpoint:
-        """Flush every store, deliver outputs, write the checkpoint atomically."""
-        checkpoint = self.prepare_commit()
-        self.save_checkpoint(checkpoint)
+        """Flush every store, deliver outputs, write the checkpoint atomically. Pipelined (see the
+        module docstring), the checkpoint is saved in the background once its objects are durable,
+        after the previous commit's save was waited for (whose error is raised here)."""
+        if not self.pipelined:
+            checkpoint = self.prepare_commit()
+            self.save_checkpoint(checkpoint)
+            return checkpoint
+        self.settle_commit()
+        checkpoint, waits = self._prepare(in_flight=True)
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"localstate-commit-{self.partition}")
+        self._committing = self._committer.submit(self._save_when_durable, checkpoint, waits)
+        self._counted()
         return checkpoint
+
+    @property
+    def commit_pending(self) -> bool:
+        """Whether a pipelined commit's checkpoint may not be saved yet (see :meth:`settle_commit`)."""
+        return self._committing is not None
+
+    def settle_commit(self) -> None:
+        """Wait until the pipelined commit in flight, if any, is saved. Raises its typed error (a
+        write it names failed: ChangelogError; its checkpoint could not be saved: CheckpointError,
+        FencedError): the last saved checkpoint stays the committed one, and the instance must be
+        reopened (:meth:`abandon`, then a new instance) to go on from it."""
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            waited = time.perf_counter()
+            try:
+                committing.result()
+            finally:
+                self.commit_wait_seconds += time.perf_counter() - waited
+
+    def _save_when_durable(self, checkpoint: Checkpoint, waits: list[Callable[[], None]]) -> None:
+        """Committer thread: wait until every object ``checkpoint`` names is durable, then save it."""
+        for durable in waits:
+            durable()
+        crash_point("commit_pending")
+        self._save(checkpoint)
 
     def prepare_commit(self) -> Checkpoint:
         """First half of a commit: flush every store (changelogs durable) and deliver outputs.
         Returns the checkpoint to write; until it is written, a restart rolls all of this back.
-        The Spark runtime returns it to the driver, which writes it once every partition succeeded."""
+        The Spark runtime returns it to the driver, which writes it once every partition succeeded:
+        it always waits for the changelogs' writes (never pipelined)."""
+        self.settle_commit()
+        checkpoint, _waits = self._prepare(in_flight=False)
+        return checkpoint
+
+    def _prepare(self, in_flight: bool) -> tuple[Checkpoint, list[Callable[[], None]]]:
+        """Flush the stores, deliver the outputs, build the checkpoint. ``in_flight``: take the
+        manifests of :class:`DeferredDurability` changelogs without waiting; the waits to do before
+        the checkpoint may be saved are returned with it."""
         for index, store in enumerate(self.stores.values()):
             store.engine.flush()
             if index == 0:
                 crash_point("mid_flush")
         crash_point("after_flush")
         outputs = self.sink.write(self.partition, self.collector.take())
-        return self._checkpoint(outputs)
+        manifests: dict[str, dict[str, Any]] = {}
+        waits: list[Callable[[], None]] = []
+        for name, store in self.stores.items():
+            changelog = store.changelog
+            if in_flight and isinstance(changelog, DeferredDurability):
+                taken = changelog.in_flight_manifest()
+                manifests[name] = taken.manifest
+                waits.append(taken.durable)
+            elif isinstance(changelog, ManifestedChangelog):
+                manifests[name] = changelog.manifest()
+        return self._checkpoint(outputs, manifests), waits
 
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Second half of a commit: write ``checkpoint`` atomically (fenced by generation)."""
+        self._save(checkpoint)
+        self._counted()
+
+    def _save(self, checkpoint: Checkpoint) -> None:
+        started = time.perf_counter()
         self.checkpoints.save(checkpoint, expect_generation=self.generation)
+        self.checkpoint_seconds += time.perf_counter() - started
         crash_point("after_checkpoint")
+
+    def _counted(self) -> None:
+        """A commit was made: the commit triggers start over."""
         self.coordinator.commit_requested = False
         self.processed_since_commit = 0
         self.commits += 1
         self._last_commit = self.clock()
 
-    def _checkpoint(self, outputs: Mapping[str, int]) -> Checkpoint:
+    def _checkpoint(self, outputs: Mapping[str, int],
+                    manifests: dict[str, dict[str, Any]] | None = None) -> Checkpoint:
+        """The checkpoint of the current positions (``manifests``: taken already; default: now)."""
+        if manifests is None:
+            manifests = {name: s.changelog.manifest() for name, s in self.stores.items()
+                         if isinstance(s.changelog, ManifestedChangelog)}
         return Checkpoint(
             partition=self.partition, generation=self.generation, inputs=dict(self.positions),
             changelogs={name: s.changelog.end_offset() for name, s in self.stores.items() if s.changelog is not None},
-            outputs=dict(outputs), batch=self.batch, attempt=self.attempt,
-            manifests={name: s.changelog.manifest() for name, s in self.stores.items()
-                       if isinstance(s.changelog, ManifestedChangelog)})
+            outputs=dict(outputs), batch=self.batch, attempt=self.attempt, manifests=manifests)
 

@@ -112,7 +112,7 @@ def spark_notes(job: JobConfig, master: str | None = None) -> list[str]:
     raw = _raw_job_table(job.source)
     notes = [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
              "it applies to the in-process runtime and the TaskTestDriver"
-             for key in ("commit_interval", "commit_every") if key in raw]
+             for key in ("commit_interval", "commit_every", "pipelined_commits") if key in raw]
     cluster = master is not None and not (master == "local" or master.startswith("local["))
     if cluster and job.changelog_system == "file" and any(s.changelog is not None for s in job.stores.values()):
         notes.append(f"job.changelog: the file changelog on a cluster ({master}) needs state_dir ({job.state_dir}) "

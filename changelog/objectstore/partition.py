@@ -13,12 +13,12 @@ import uuid
 from typing import Any, Iterable, Iterator
 
 from localstate.changelog.file.format import count_records, encode_into
-from localstate.core.changelog import ChangelogPartition, ChangelogRecord
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord, InFlightManifest
 from localstate.errors import ChangelogError, LocalStateError
 
-from .chain import DELTA, OBJECT_HEADER, SNAPSHOT, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, \
-    partition_prefix, snapshot_name
-from .compaction import LatestRecords
+from .chain import DELTA, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, partition_prefix
+from .compaction import SnapshotBuilder
+from .compactor_pipe import CompactorProcess
 from .storage import ObjectStore
 
 __all__ = ["ObjectStoreChangelogPartition"]
@@ -27,20 +27,34 @@ log = logging.getLogger(__name__)
 
 #: Objects fetched ahead of the one being decoded when a chain is read.
 PREFETCH = 4
+#: Where snapshots are built: a compactor subprocess per writer (off the task's GIL), or a thread of
+#: the writer's own process (the fallback, and what a store that cannot be reopened elsewhere uses).
+COMPACTORS = ("process", "thread")
+
+
+def _nothing_in_flight() -> None:
+    """The ``durable`` of an in-flight manifest whose objects are all written already."""
 
 
 class ObjectStoreChangelogPartition(ChangelogPartition):
     """Appends buffer in memory; each :meth:`flush` writes them as ONE new delta object. The chain
     (snapshot + deltas) is what the checkpoint's manifest says (:meth:`adopt`), extended by this
     writer's flushes; every ``snapshot_every`` flushes a compacted snapshot of the chain is built and
-    written in a background thread from the bytes this writer keeps (no reads from storage unless the
+    written in the background from the bytes this writer keeps (no reads from storage unless the
     chain was adopted from another host), and the next :meth:`manifest` names it instead of the
-    deltas it covers. Objects are never deleted here: only garbage collection against committed
-    checkpoints deletes (:meth:`ObjectStoreChangelogSystem.compact_stream`), so a zombie writer can
-    neither publish nor destroy anything the committed chain names."""
+    deltas it covers. With ``compactor="process"`` the snapshot is built and written by a compactor
+    subprocess (:mod:`.compactor`) fed each delta as it is flushed, so compaction does not share the
+    task's GIL; if the child cannot start or dies, snapshots fall back to a thread of this process.
+    Objects are never deleted here: only garbage collection against committed checkpoints deletes
+    (:meth:`ObjectStoreChangelogSystem.compact_stream`), so a zombie writer can neither publish nor
+    destroy anything the committed chain names."""
 
     def __init__(self, store: ObjectStore, stream: str, partition: int, *, snapshot_every: int = 10,
-                 snapshot_min_records: int = 0, gc_grace: float = 600.0, writable: bool = True) -> None:
+                 snapshot_min_records: int = 0, gc_grace: float = 600.0, writable: bool = True,
+                 compactor: str = "process") -> None:
+        if compactor not in COMPACTORS:
+            raise ChangelogError(f"unknown compactor {compactor!r}", stream=stream, partition=partition,
+                                 hint=f"use one of {', '.join(COMPACTORS)}")
         self.store = store
         self.stream = stream
         self.partition = partition
@@ -56,12 +70,22 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._next = 0
         self._bodies: dict[str, bytes] = {}  # object name -> record body this writer holds (no re-read)
         self._since_snapshot = 0
-        self._snapshotter: threading.Thread | None = None
-        self._ready: tuple[ChainObject, bytes, float] | None = None  # snapshot, body, monotonic time written
-        self._latest: LatestRecords | None = None  # last record per key at the last snapshot (snapshot thread)
+        self._snapshotting: Future[None] | None = None  # the snapshot being built, if any
+        self._ready: tuple[ChainObject, bytes | None, float] | None = None  # snapshot, body, monotonic time written
+        self._builder = SnapshotBuilder(store, stream, partition, self.writer)  # in-process snapshots
         self._epoch = 0  # bumped by adopt(): a snapshot built for an older chain is dropped
+        # The compactor subprocess and the one thread that talks to it (deltas, then snapshot requests,
+        # in order); started at the first snapshot. A store that cannot be reopened elsewhere, or a
+        # child that failed, means in-process snapshots (on _snapshot_pool).
+        self._use_child = compactor == "process" and store.spec is not None
+        self._child: CompactorProcess | None = None
+        self._feeder: ThreadPoolExecutor | None = None
+        self._snapshot_pool: ThreadPoolExecutor | None = None
+        self._children_cpu = 0.0
         self.snapshots_written = 0
+        self.compactor_snapshots = 0  # snapshots built and written by the compactor subprocess
         self.snapshot_seconds = 0.0
+        self.put_wait_seconds = 0.0  # time settle() spent waiting for delta PUTs (what a commit waits for)
         self._puts: ThreadPoolExecutor | None = None  # the delta PUT in flight (see flush)
         self._pending: Future[None] | None = None
         self._failed: LocalStateError | None = None  # a failed delta PUT: the chain has a gap until adopt()
@@ -77,18 +101,36 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self._epoch += 1
             self._pending = None
             self._failed = None
-            self._latest = None
             self._chain = chain
             self._buf = bytearray()
             self._next = chain.end
             self._bodies = {}
             self._ready = None
             self._since_snapshot = 0
+            epoch = self._epoch
+        if self._feeder is not None:
+            self._feeder.submit(self._tell_child, "adopt", epoch, chain.end == 0)
 
     def manifest(self) -> dict[str, Any]:
         """The chain up to the flushed end, every object of it durably written (waits for the delta
         PUT in flight; raises ChangelogError if it failed)."""
         self.settle()
+        return self._flushed_manifest()
+
+    def in_flight_manifest(self) -> InFlightManifest:
+        """The chain up to the flushed end without waiting for the delta PUT in flight (the only
+        object of it that may not be written yet: earlier PUTs were settled by this flush, and a
+        snapshot is named only once written); ``durable()`` waits for that PUT. Raises the
+        ChangelogError of a PUT that already failed."""
+        if self._failed is not None:
+            self.settle()  # raises it
+        manifest = self._flushed_manifest()
+        pending = self._pending
+        if pending is None:
+            return InFlightManifest(manifest, _nothing_in_flight)
+        return InFlightManifest(manifest, pending.result)  # the PUT's own error is a typed ChangelogError
+
+    def _flushed_manifest(self) -> dict[str, Any]:
         self._install_snapshot()
         if self._buf:
             raise ChangelogError("manifest() with unflushed records", stream=self.stream, partition=self.partition,
@@ -155,18 +197,34 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         body = bytes(self._buf)
         data = object_header(DELTA, self.writer, start, end, end - start) + body
         self._buf = bytearray()
-        self._pending = self._put_pool().submit(self.store.put, f"{self.prefix}/{name}", data)
-        self._chain.deltas.append(ChainObject(name, DELTA, start, end, end - start, len(data), self.writer))
+        self._pending = self._put_pool().submit(self._put_delta, f"{self.prefix}/{name}", data)
+        delta = ChainObject(name, DELTA, start, end, end - start, len(data), self.writer)
+        self._chain.deltas.append(delta)
         self._bodies[name] = body
+        if self._feeder is not None and self._use_child:
+            self._feeder.submit(self._tell_child, "feed", self._epoch, delta, body)
         self._since_snapshot += 1
         if self._since_snapshot >= self.snapshot_every:
-            if self._since_snapshot >= 2 * self.snapshot_every and self._snapshotter is not None:
+            if self._since_snapshot >= 2 * self.snapshot_every and self._snapshotting is not None:
                 # Snapshots fall behind the writer: wait for the running one rather than let the tail
                 # (hence a move's restore time) grow without bound.
-                self._snapshotter.join()
+                concurrent.futures.wait([self._snapshotting])
                 self._install_snapshot()
             self._start_snapshot()
         return end
+
+    def _put_delta(self, key: str, data: bytes) -> None:
+        """PUT thread: write one delta object; any failure is a ChangelogError naming the object."""
+        try:
+            self.store.put(key, data)
+        except LocalStateError as exc:
+            raise ChangelogError(exc.message, stream=self.stream, partition=self.partition,
+                                 path=exc.context.get("path", self.store.where(key)), hint=exc.hint) from exc
+        except Exception as exc:  # noqa: BLE001 - anything else from the storage client: typed here
+            raise ChangelogError(f"writing delta object {self.store.where(key)} failed: {type(exc).__name__}: "
+                                 f"{exc}", stream=self.stream, partition=self.partition, path=self.store.where(key),
+                                 hint="check that the storage is reachable; the commit failed and is retried "
+                                      "from the last checkpoint") from exc
 
     def _put_pool(self) -> ThreadPoolExecutor:
         if self._puts is None:
@@ -179,15 +237,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         :meth:`adopt`)."""
         pending, self._pending = self._pending, None
         if pending is not None:
+            waited = time.perf_counter()
             try:
                 pending.result()
-            except LocalStateError as exc:
+            except LocalStateError as exc:  # typed by _put_delta
                 self._failed = exc
-            except Exception as exc:  # noqa: BLE001 - anything else from the storage client: typed here
-                self._failed = ChangelogError(f"writing a delta object failed: {type(exc).__name__}: {exc}",
-                                              stream=self.stream, partition=self.partition,
-                                              hint="check that the storage is reachable; the commit failed and "
-                                                   "is retried from the last checkpoint")
+            self.put_wait_seconds += time.perf_counter() - waited
         if self._failed is not None:
             raise ChangelogError(f"a delta object of this partition could not be written ({self._failed.message}); "
                                  "nothing after the last checkpoint can be committed", stream=self.stream,
@@ -199,7 +254,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         """Compact the current chain into a snapshot in the background, unless one is running or
         waiting to be named. The tail a restore reads is thus at most about ``2 * snapshot_every``
         flushes: :meth:`flush` waits for a snapshot that falls further behind."""
-        if self._snapshotter is not None and self._snapshotter.is_alive():
+        if self._snapshotting is not None and not self._snapshotting.done():
             return
         if self._ready is not None or not self._chain.deltas:
             return
@@ -207,52 +262,111 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             return
         self._since_snapshot = 0
         objects = self._chain.objects()
-        bodies = {item.name: self._bodies.get(item.name) for item in objects}
-        epoch = self._epoch
-        self._snapshotter = threading.Thread(target=self._snapshot, args=(objects, bodies, epoch),
-                                             name=f"localstate-snapshot-{self.stream}-{self.partition}", daemon=True)
-        self._snapshotter.start()
+        bodies = {item.name: self._bodies[item.name] for item in objects if item.name in self._bodies}
+        if self._use_child:
+            if self._feeder is None:
+                self._feeder = ThreadPoolExecutor(1, thread_name_prefix=f"localstate-compactor-{self.stream}-"
+                                                                        f"{self.partition}")
+            pool = self._feeder
+        else:
+            if self._snapshot_pool is None:
+                self._snapshot_pool = ThreadPoolExecutor(1, thread_name_prefix=f"localstate-snapshot-{self.stream}-"
+                                                                               f"{self.partition}")
+            pool = self._snapshot_pool
+        self._snapshotting = pool.submit(self._snapshot, objects, bodies, self._epoch)
 
-    def _snapshot(self, objects: list[ChainObject], bodies: dict[str, bytes | None], epoch: int) -> None:
-        """Background: compact ``objects`` into one snapshot object and write it. The last-record-per-key
-        state of the previous snapshot is kept (:class:`LatestRecords`), so only the deltas since it
-        are merged; a chain this writer did not build (adopted) is compacted once from its objects."""
+    def _snapshot(self, objects: list[ChainObject], bodies: dict[str, bytes], epoch: int) -> None:
+        """Background: compact ``objects`` (``bodies``: the record bodies this writer holds) into one
+        snapshot object and write it, in the compactor subprocess when there is one, else here. A
+        failure is logged: the deltas stay in the chain and a later snapshot retries."""
         started = time.perf_counter()
         try:
-            state = self._latest_for(objects, epoch)  # taken: a failure below leaves none (start over)
-            if state is None:
-                state = LatestRecords(tag=epoch)
-                pending = objects
+            snapshot = self._snapshot_in_child(objects, bodies, epoch) if self._use_child else None
+            body: bytes | None = None
+            if snapshot is None:
+                snapshot, body = self._builder.build(objects, epoch, bodies)
             else:
-                pending = [item for item in objects if item.kind == DELTA and item.start >= state.end]
-            for item in pending:
-                body = bodies[item.name]
-                state.merge(body if body is not None else self._fetch_body(item), item.end)
-            end = objects[-1].end
-            body, count = state.body()
-            name = snapshot_name(end, self.writer)
-            data = object_header(SNAPSHOT, self.writer, 0, end, count) + body
-            self._latest = state
-            self.store.put(f"{self.prefix}/{name}", data)
+                self.compactor_snapshots += 1
         except LocalStateError as exc:
-            log.warning("changelog %s partition %d: background snapshot failed (%s); the deltas stay in the chain "
-                        "and a later snapshot retries", self.stream, self.partition, exc.message)
+            if not self._closed:  # closing kills a snapshot in flight on purpose
+                log.warning("changelog %s partition %d: background snapshot failed (%s); the deltas stay in the "
+                            "chain and a later snapshot retries", self.stream, self.partition, exc.message)
             return
         with self._lock:
             if epoch == self._epoch:
-                self._ready = (ChainObject(name, SNAPSHOT, 0, end, count, len(data), self.writer), body,
-                               time.monotonic())
+                self._ready = (snapshot, body, time.monotonic())
         self.snapshot_seconds += time.perf_counter() - started
 
-    def _latest_for(self, objects: list[ChainObject], epoch: int) -> LatestRecords | None:
-        """The kept state if it belongs to this chain (same adopt epoch) and ends where one of
-        ``objects``' deltas starts (or at the chain's end), else None (compact from scratch)."""
-        state, self._latest = self._latest, None
-        if state is None or state.tag != epoch:
+    def _snapshot_in_child(self, objects: list[ChainObject], bodies: dict[str, bytes],
+                           epoch: int) -> ChainObject | None:
+        """The snapshot built and written by the compactor subprocess (started here, on the feeder
+        thread, the first time: it is handed the deltas this writer holds), or None if there is no
+        working child (then the caller builds it in-process). Raises the child's storage error."""
+        child = self._child
+        try:
+            if child is None:
+                child = CompactorProcess(self.store.spec or {}, self.stream, self.partition, self.writer)
+                with self._lock:
+                    started, self._child = not self._closed, child
+                if not started:  # closed meanwhile: close() may have missed this child
+                    self._stop_child()
+                    return None
+                child.adopt(epoch, False)
+                for item in objects:
+                    if item.kind == DELTA and item.name in bodies:
+                        child.feed(epoch, item, bodies[item.name])
+            return child.snapshot(objects, epoch)
+        except ChangelogError as exc:
+            if child is not None and child.alive:
+                raise  # the child is fine, the storage failed: a later snapshot retries
+            self._child_failed(exc)
+            if self._closed:
+                raise
             return None
-        if state.end == objects[-1].end or any(item.kind == DELTA and item.start == state.end for item in objects):
-            return state
-        return None
+        except OSError as exc:  # the child could not be started at all
+            self._child_failed(exc)
+            return None
+
+    def _child_failed(self, exc: BaseException) -> None:
+        """Stop using the compactor subprocess: snapshots are built in-process from now on."""
+        message = exc.message if isinstance(exc, LocalStateError) else f"{type(exc).__name__}: {exc}"
+        if not self._closed:
+            log.warning("changelog %s partition %d: the compactor subprocess failed (%s); snapshots are built "
+                        "in-process from now on (nothing is lost: the deltas stay in the chain)", self.stream,
+                        self.partition, message)
+        self._use_child = False
+        self._stop_child()
+
+    def _tell_child(self, what: str, *args: Any) -> None:
+        """Feeder thread: hand the child an adopted chain or a flushed delta (if it runs)."""
+        child = self._child
+        if child is None or not self._use_child:
+            return
+        try:
+            if what == "adopt":
+                child.adopt(*args)
+            else:
+                child.feed(*args)
+        except ChangelogError as exc:
+            self._child_failed(exc)
+
+    def _stop_child(self) -> None:
+        with self._lock:
+            child, self._child = self._child, None
+        if child is not None:
+            child.close()
+            self._children_cpu += child.cpu_seconds
+
+    @property
+    def compactor_cpu_seconds(self) -> float:
+        """CPU time (user + system) of this writer's compactor subprocesses that have exited."""
+        return self._children_cpu
+
+    @property
+    def compactor_pid(self) -> int | None:
+        """The running compactor subprocess's pid, if any."""
+        child = self._child
+        return child.pid if child is not None else None
 
     def _install_snapshot(self) -> None:
         """Put a completed snapshot in the chain in place of the objects it covers."""
@@ -272,23 +386,17 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         chain.deltas = [delta for delta in chain.deltas if delta.start >= snapshot.end]
         kept = {delta.name for delta in chain.deltas}
         self._bodies = {name: b for name, b in self._bodies.items() if name in kept}
-        self._bodies[snapshot.name] = body
+        if body is not None:  # a snapshot the compactor subprocess built is read back from storage if needed
+            self._bodies[snapshot.name] = body
         self.snapshots_written += 1
 
     def wait_for_snapshot(self) -> None:
         """Block until a running background snapshot is done (tests, benchmarks, shutdown)."""
-        thread = self._snapshotter
-        if thread is not None:
-            thread.join()
+        running = self._snapshotting
+        if running is not None:
+            concurrent.futures.wait([running])
 
     # ---------------------------------------------------------------- reading
-
-    def _fetch_body(self, item: ChainObject) -> bytes:
-        """The verified record body of one chain object, read from storage."""
-        data = self._object(item)
-        where = self.store.where(f"{self.prefix}/{item.name}")
-        decode_object(data, item, stream=self.stream, partition=self.partition, where=where)
-        return data[OBJECT_HEADER.size:]
 
     def _object(self, item: ChainObject) -> bytes:
         """The whole object (header + records): from this writer's memory, else from storage."""
@@ -341,8 +449,14 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def close(self) -> None:
         """Wait for the delta PUT in flight (a failure is only logged: nothing names the object
-        before a manifest), then drop the buffers."""
-        self._closed = True
+        before a manifest), kill the compactor subprocess (a snapshot in flight is never named),
+        then drop the buffers."""
+        with self._lock:
+            self._closed = True
+        self._stop_child()
+        for pool in (self._feeder, self._snapshot_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         try:
             self.settle()
         except ChangelogError as exc:

@@ -61,8 +61,11 @@ class ObjectInfo:
 class ObjectStore:
     """Whole-object put/get/list/delete below ``base`` of a ``pyarrow.fs`` file system."""
 
-    def __init__(self, fs: pafs.FileSystem, base: str, url: str) -> None:
+    def __init__(self, fs: pafs.FileSystem, base: str, url: str, spec: Mapping[str, Any] | None = None) -> None:
         self.fs = fs
+        # How to open this store again in another process (the compactor): the storage options and
+        # state_dir given to open_object_store, JSON-able; None for a store built otherwise.
+        self.spec = dict(spec) if spec is not None else None
         self.base = base.rstrip("/")
         self.url = url.rstrip("/")
         # A local (or NFS-mounted) directory is written with fsync + rename and never through a symlink.
@@ -169,6 +172,17 @@ def open_object_store(options: Mapping[str, Any], state_dir: Path) -> ObjectStor
 
     S3 credentials come from ``access_key``/``secret_key`` when given, else from the usual AWS
     environment variables and files (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, profiles)."""
+    store = _open(options, state_dir)
+    store.spec = {"options": {key: options[key] for key in STORAGE_OPTIONS if key in options},
+                  "state_dir": str(state_dir)}
+    return store
+
+
+#: The options open_object_store reads (what a compactor subprocess needs to open the same store).
+STORAGE_OPTIONS = ("url", "endpoint", "region", "access_key", "secret_key")
+
+
+def _open(options: Mapping[str, Any], state_dir: Path) -> ObjectStore:
     url: str = options["url"]
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()

@@ -26,7 +26,7 @@ from localstate.core.options import Option, parse_duration, parse_path
 from localstate.errors import ChangelogError, CheckpointError, ConfigError, LocalStateError
 
 from .chain import Chain, parse_name, partition_prefix, stream_prefix
-from .partition import ObjectStoreChangelogPartition
+from .partition import COMPACTORS, ObjectStoreChangelogPartition
 from .storage import ObjectInfo, ObjectStore, open_object_store
 
 __all__ = ["ObjectStoreChangelogSystem", "ObjectCheckpoints", "GarbageRounds", "STREAM_META"]
@@ -56,6 +56,9 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         "secret_key": Option(str, default="", doc="S3 secret key (default: AWS_SECRET_ACCESS_KEY and friends)"),
         "snapshot_every": Option(int, default=10, minimum=1,
                                  doc="flushes (commits) between compacted snapshots of a partition"),
+        "compactor": Option(str, default="process", choices=COMPACTORS,
+                            doc="where snapshots are built: 'process' (a compactor subprocess per writer, off the "
+                                "task's GIL) or 'thread' (a thread of the task's process)"),
         "snapshot_min_records": Option(int, default=0, minimum=0,
                                        doc="skip a snapshot while the deltas since the last hold fewer records"),
         "gc_keep": Option(int, default=3, minimum=1,
@@ -73,6 +76,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         self.store: ObjectStore = open_object_store(validated, self.state_dir)
         self.snapshot_every: int = validated["snapshot_every"]
         self.snapshot_min_records: int = validated["snapshot_min_records"]
+        self.compactor: str = validated["compactor"]
         self.gc_keep: int = validated["gc_keep"]
         self.gc_grace: float = validated["gc_grace"]
         self.compact_interval: float = validated["compact_interval"]
@@ -123,7 +127,8 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                                  stream=stream, partition=partition,
                                  hint="use a partition number below the stream's partition count")
         return ObjectStoreChangelogPartition(self.store, stream, partition, snapshot_every=self.snapshot_every,
-                                             snapshot_min_records=self.snapshot_min_records, gc_grace=self.gc_grace)
+                                             snapshot_min_records=self.snapshot_min_records, gc_grace=self.gc_grace,
+                                             compactor=self.compactor)
 
     def reader(self, stream: str, partition: int) -> ObjectStoreChangelogPartition:
         """A read-only partition (``localstate inspect``, the state reader): adopt a manifest, then read."""
@@ -261,13 +266,23 @@ class GarbageRounds:
 
 class ObjectCheckpoints(CheckpointObjects):
     """Checkpoints as immutable objects ``jobs/<job>/checkpoints/<p>/<seq:020d>-<token>.json``: each
-    save writes the next sequence number, the highest wins, the ``keep`` newest are kept."""
+    save writes the next sequence number, the highest wins, the ``keep`` newest are kept.
+
+    A save (the runtime's: the generation check's :meth:`latest`, then :meth:`put`) costs three
+    requests — a listing, the PUT, the delete of the oldest — not five: :meth:`latest` does not read
+    back an object this instance wrote itself (objects are immutable and their names unique, so the
+    bytes it put are the bytes stored), and :meth:`put` numbers the new object from the listing
+    :meth:`latest` or the previous :meth:`put` of the partition left (a listing is taken when there
+    is none). That listing is at most one save old; a concurrent writer in between is what the
+    generation check (a read, then a write: see docs/durable.md, Limits) already does not exclude."""
 
     def __init__(self, store: ObjectStore, job: str, keep: int) -> None:
         self.store = store
         self.prefix = f"jobs/{job}/checkpoints"
         self.keep = keep
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._listed: dict[int, list[tuple[int, str]]] = {}  # partition -> the last listing (+ own puts)
+        self._written: dict[int, tuple[str, bytes]] = {}  # partition -> (key, bytes) of this instance's last put
 
     def _list(self, partition: int) -> list[tuple[int, str]]:
         prefix = f"{self.prefix}/{int(partition)}"
@@ -277,10 +292,16 @@ class ObjectCheckpoints(CheckpointObjects):
             if match:
                 out.append((int(match.group(1)), info.key))
         out.sort()
+        with self._lock:
+            self._listed[partition] = list(out)
         return out
 
     def latest(self, partition: int) -> tuple[str, bytes] | None:
-        for _seq, key in reversed(self._list(partition)):
+        listing = self._list(partition)
+        written = self._written.get(partition)
+        for _seq, key in reversed(listing):
+            if written is not None and written[0] == key:
+                return self.store.where(key), written[1]
             try:
                 return self.store.where(key), self.store.get(key)
             except FileNotFoundError:
@@ -288,13 +309,18 @@ class ObjectCheckpoints(CheckpointObjects):
         return None
 
     def put(self, partition: int, data: bytes) -> str:
-        with self._lock:
-            existing = self._list(partition)
+        with self._lock:  # one put at a time: two saves of this instance never draw the same number
+            existing = self._listed.pop(partition, None)
+            if existing is None:
+                existing = self._list(partition)
             seq = existing[-1][0] + 1 if existing else 0
             key = f"{self.prefix}/{int(partition)}/{seq:020d}-{uuid.uuid4().hex}.json"
             self.store.put(key, data)
-            for _old, old_key in existing[:max(0, len(existing) + 1 - self.keep)]:
+            stale = existing[:max(0, len(existing) + 1 - self.keep)]
+            for _old, old_key in stale:
                 self.store.delete(old_key)
+            self._written[partition] = (key, bytes(data))
+            self._listed[partition] = existing[len(stale):] + [(seq, key)]
             return self.store.where(key)
 
     def delete_partition(self, partition: int) -> None:

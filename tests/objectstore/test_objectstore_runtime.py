@@ -32,12 +32,14 @@ class Counter(StreamTask):
         self.counts.put(envelope.key, (self.counts.get(envelope.key) or 0) + 1)
 
 
-def job_on(host: Path, options: dict[str, Any], **changelog: Any):
+def job_on(host: Path, options: dict[str, Any], *, pipelined_commits: bool = False, **changelog: Any):
     """The job as the host with local directory ``host`` sees it: local stores there, changelogs and
-    checkpoints in the shared storage of ``options``."""
+    checkpoints in the shared storage of ``options``. Commits are synchronous unless
+    ``pipelined_commits`` (these tests check the synchronous protocol, which the Spark path uses;
+    test_objectstore_pipelined.py checks the pipelined one)."""
     return parse_job_config({"job": {"name": "counting", "partitions": 1, "task": "unused:Unused",
                                      "changelog": "objectstore", "commit_interval": 10 ** 9,
-                                     "state_dir": str(host)},
+                                     "pipelined_commits": pipelined_commits, "state_dir": str(host)},
                              "stores": COUNTS, "changelogs": {"objectstore": {**options, **changelog}}},
                             base_dir=host)
 
@@ -45,8 +47,9 @@ def job_on(host: Path, options: dict[str, Any], **changelog: Any):
 class Host:
     """One task instance of partition 0 on one host."""
 
-    def __init__(self, root: Path, options: dict[str, Any], **changelog: Any) -> None:
-        self.job = job_on(root, options, **changelog)
+    def __init__(self, root: Path, options: dict[str, Any], *, pipelined_commits: bool = False,
+                 **changelog: Any) -> None:
+        self.job = job_on(root, options, pipelined_commits=pipelined_commits, **changelog)
         self.system = open_changelog_system(self.job)
         self.instance = TaskInstance(self.job, 0, self.system, MemorySink(), Counter)
         self.recoveries = self.instance.open()
