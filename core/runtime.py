@@ -11,9 +11,11 @@ Pipelined commits (``job.pipelined_commits``, on by default): when every logged 
 only *starts* its write at flush (:class:`~localstate.core.changelog.DeferredDurability`: the
 objectstore's delta PUT), :meth:`TaskInstance.commit` flushes the stores, delivers the outputs and
 builds checkpoint N naming the objects in flight, then returns; a committer thread saves checkpoint N
-once every object it names is durably written. Commit N+1 first waits for that save (at most one
-commit in flight, checkpoints saved in order, fenced by generation as always), and so do
-:meth:`TaskInstance.close` and :meth:`TaskInstance.settle_commit`. A crash with commit N pending is a
+once every object it names is durably written. At most :data:`PIPELINE_DEPTH` commits are in
+flight (a commit beyond that first waits for the oldest save); saves run in order on that one
+thread, fenced by generation as always, and a save that a newer commit already follows is skipped
+(the newer checkpoint covers it). :meth:`TaskInstance.close` and :meth:`TaskInstance.settle_commit`
+wait for every save. A crash with commit N pending is a
 crash between a flush and its checkpoint: recovery rolls the stores back to checkpoint N-1, the sink
 trims the outputs to it and the inputs resume from it. A failed write surfaces, typed, at the next
 commit or close, and checkpoint N is never saved. :meth:`TaskInstance.prepare_commit` (the Spark
@@ -26,6 +28,7 @@ import concurrent.futures
 import logging
 import os
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
@@ -56,6 +59,11 @@ if TYPE_CHECKING:
     from localstate.core.streams.base import InputRecord
 
 log = logging.getLogger(__name__)
+
+PIPELINE_DEPTH = 2
+"""Pipelined commits in flight at most: one being saved and one waiting behind it, so a commit does
+not wait when one save (a PUT plus the checkpoint's requests, each needing the GIL back from the
+busy task thread) takes a little longer than a batch."""
 
 
 class OutputSink(Protocol):
@@ -174,7 +182,8 @@ class TaskInstance:
         self.commits = 0
         self.pipelined = False
         """whether :meth:`commit` is pipelined (decided at :meth:`open`, see the module docstring)"""
-        self._committing: Future[None] | None = None  # the pipelined commit in flight: its checkpoint's save
+        self._saves: deque[Future[None]] = deque()  # pipelined commits' checkpoint saves, oldest first
+        self._submitted = 0  # pipelined commits submitted so far (a save knows whether a newer one follows)
         self._committer: ThreadPoolExecutor | None = None
         self.commit_wait_seconds = 0.0
         """time :meth:`settle_commit` waited for a pipelined commit's save (what pipelining did not hide)"""
@@ -385,12 +394,12 @@ class TaskInstance:
         """Drop everything without committing (what a crash does, minus the process dying). A
         pipelined commit in flight finishes first (saved if its writes land, else dropped, logged):
         a later instance's generation must come after any checkpoint this one saves."""
-        committing, self._committing = self._committing, None
-        if committing is not None:
-            concurrent.futures.wait([committing])
-            if committing.exception() is not None:
-                log.warning("task partition %d: the commit in flight was not saved (%s); the last saved "
-                            "checkpoint stays the committed one", self.partition, committing.exception())
+        saves, self._saves = list(self._saves), deque()
+        concurrent.futures.wait(saves)
+        for save in saves:
+            if save.exception() is not None:
+                log.warning("task partition %d: a commit in flight was not saved (%s); the last saved "
+                            "checkpoint stays the committed one", self.partition, save.exception())
         if self._committer is not None:
             self._committer.shutdown(wait=True)
             self._committer = None
@@ -499,42 +508,67 @@ class TaskInstance:
     # -- commit --------------------------------------------------------------------------------
     def commit(self) -> Checkpoint:
         """Flush every store, deliver outputs, write the checkpoint atomically. Pipelined (see the
-        module docstring), the checkpoint is saved in the background once its objects are durable,
-        after the previous commit's save was waited for (whose error is raised here)."""
+        module docstring), the checkpoint is saved in the background once its objects are durable.
+        At most :data:`PIPELINE_DEPTH` commits are in flight: beyond that, this waits for the oldest
+        save; the error of a finished save is raised here."""
         if not self.pipelined:
             checkpoint = self.prepare_commit()
             self.save_checkpoint(checkpoint)
             return checkpoint
-        self.settle_commit()
-        checkpoint, waits = self._prepare(in_flight=True)
+        self._settle_saves(keep=PIPELINE_DEPTH - 1)
+        try:
+            checkpoint, waits = self._prepare(in_flight=True)
+        except BaseException:
+            # Typically the flush found a delta PUT failed, which also fails the save in flight: let
+            # the saves finish first, so that nothing is pending once this error is raised.
+            concurrent.futures.wait(self._saves)
+            raise
         if self._committer is None:
             self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"localstate-commit-{self.partition}")
-        self._committing = self._committer.submit(self._save_when_durable, checkpoint, waits)
+        self._submitted += 1
+        self._saves.append(self._committer.submit(self._save_when_durable, checkpoint, waits, self._submitted))
         self._counted()
         return checkpoint
 
     @property
     def commit_pending(self) -> bool:
-        """Whether a pipelined commit's checkpoint may not be saved yet (see :meth:`settle_commit`)."""
-        return self._committing is not None
+        """Whether a pipelined commit's checkpoint may not be saved yet (see :meth:`settle_commit`): a
+        save still running or queued (one that finished, failed or not, is no longer pending)."""
+        return self.commits_in_flight > 0
+
+    @property
+    def commits_in_flight(self) -> int:
+        """Pipelined commits whose save is still running or queued (at most :data:`PIPELINE_DEPTH`)."""
+        return sum(not save.done() for save in self._saves)
 
     def settle_commit(self) -> None:
-        """Wait until the pipelined commit in flight, if any, is saved. Raises its typed error (a
-        write it names failed: ChangelogError; its checkpoint could not be saved: CheckpointError,
+        """Wait until every pipelined commit in flight is saved (or superseded). Raises a typed error
+        (a write it names failed: ChangelogError; its checkpoint could not be saved: CheckpointError,
         FencedError): the last saved checkpoint stays the committed one, and the instance must be
         reopened (:meth:`abandon`, then a new instance) to go on from it."""
-        committing, self._committing = self._committing, None
-        if committing is not None:
+        self._settle_saves(keep=0)
+
+    def _settle_saves(self, keep: int) -> None:
+        """Collect the finished saves (raising the first error) and wait until at most ``keep`` are
+        still in flight."""
+        saves = self._saves
+        while saves and (saves[0].done() or len(saves) > keep):
             waited = time.perf_counter()
             try:
-                committing.result()
+                saves[0].result()
             finally:
                 self.commit_wait_seconds += time.perf_counter() - waited
+                saves.popleft()
 
-    def _save_when_durable(self, checkpoint: Checkpoint, waits: list[Callable[[], None]]) -> None:
-        """Committer thread: wait until every object ``checkpoint`` names is durable, then save it."""
+    def _save_when_durable(self, checkpoint: Checkpoint, waits: list[Callable[[], None]], number: int) -> None:
+        """Committer thread: wait until every object ``checkpoint`` names is durable, then save it,
+        unless a newer commit was submitted meanwhile: its checkpoint, saved next on this thread,
+        covers everything this one does (checkpoints are cumulative), so this save is skipped. That
+        keeps the saves from falling behind when one takes longer than a batch."""
         for durable in waits:
             durable()
+        if number < self._submitted:
+            return
         crash_point("commit_pending")
         self._save(checkpoint)
 
