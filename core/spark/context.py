@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["spark_context", "normalize_master", "is_local_master", "LOCAL_DEFAULTS"]
+__all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "LOCAL_DEFAULTS"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
     # Over TCP loopback, the executor's hand-off of every task to its Python worker (a few small
@@ -58,17 +58,11 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def spark_context(master: str = "local[*]", app_name: str = "localstate",
-                  conf: Mapping[str, str] | None = None) -> Any:
-    """Get or create the SparkContext: quiet logs, retries on, workers run this interpreter,
-    :data:`LOCAL_DEFAULTS` on local masters (``conf`` wins over them). A context that already
-    exists is returned as it is."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
-    from pyspark import SparkConf, SparkContext
+def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str] | None = None) -> Any:
+    """The SparkConf :func:`spark_context` creates a context with: quiet logs, retries on local
+    masters, reused Python workers running this interpreter, :data:`LOCAL_DEFAULTS` on local masters
+    unless already set, then ``conf`` (the job's ``[spark] conf``), which wins over all of them."""
+    from pyspark import SparkConf
 
     log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
     if not log4j.exists() or log4j.read_text() != _LOG4J:
@@ -83,6 +77,20 @@ def spark_context(master: str = "local[*]", app_name: str = "localstate",
             spark_conf.setIfMissing(key, value)
     for key, value in (conf or {}).items():
         spark_conf.set(key, str(value))
-    context = SparkContext.getOrCreate(spark_conf)
+    return spark_conf
+
+
+def spark_context(master: str = "local[*]", app_name: str = "localstate",
+                  conf: Mapping[str, str] | None = None) -> Any:
+    """Get or create the SparkContext (:func:`spark_conf`); a context that already exists is
+    returned as it is."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
+    from pyspark import SparkContext
+
+    context = SparkContext.getOrCreate(spark_conf(master, app_name, conf))
     context.setLogLevel("ERROR")
     return context
