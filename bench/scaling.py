@@ -155,7 +155,7 @@ def _items_case(report: Report, context: Any, root: Path) -> None:
 
     from localstate.core.config import load_job_config
     from localstate.core.spark import executor
-    from localstate.core.spark.instances import claim
+    from localstate.core.spark.instances import claim, release_kept
     from localstate.core.spark.runner import SparkJobRunner
 
     root.mkdir(parents=True)
@@ -204,6 +204,7 @@ def _items_case(report: Report, context: Any, root: Path) -> None:
     claimed = _median_ms(lambda: claims_round(counter), 30)
     item("claims directory per batch (create, claim, remove; unchanged)", claimed, claimed)
     result = executor.run_partition(job, plans[0])
+    release_kept()  # run_partition kept the instance open in this process
     report.add("fixed cost item: task result pickled (bytes)", after=len(pickle.dumps(result)), unit="bytes")
 
 
