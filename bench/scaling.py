@@ -1,7 +1,7 @@
 """Scaling of ``localstate run`` on Spark ``local[2]``: the page-view counting job over JSON lines
 with 1 partition and with 2, measured in the same run, and where the time goes in each.
 
-    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--backend B]
+    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--backend B] [--fixed-only] [--tcp]
 
 Workload and timing are ``python -m bench spark``'s (same events, same job file, ten micro-batches,
 SparkContext start and warm-up untimed); each partition count gets its own pre-partitioned copy of
@@ -280,7 +280,8 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
         for partitions in (1, 2):
             busy0, total0 = _cpu_ticks()
             seconds, summary, ok = _localstate(root / f"run-{partitions}-{round_}", data[partitions], partitions,
-                                               args.backend, args.events, expected, args.users)
+                                               args.backend, args.events, expected, args.users,
+                                               {_UDS: "false"} if args.tcp else None)
             busy1, total1 = _cpu_ticks()
             busy_pct = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
             correct = correct and ok
@@ -315,9 +316,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--fixed-only", action="store_true", help="only the fixed per-batch cost rows")
+    parser.add_argument("--tcp", action="store_true",
+                        help="run the 1/2-partition runs over TCP loopback (Spark's default: the 'before')")
     args = parser.parse_args(argv)
     report = Report("scaling", {"events": args.events, "users": args.users, "master": "local[2]",
-                                "backend": args.backend, "repeat": args.repeat})
+                                "backend": args.backend, "repeat": args.repeat,
+                                "worker_channel": "TCP" if args.tcp else "Unix socket"})
     load = os.getloadavg()
     correct = True
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
