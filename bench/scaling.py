@@ -37,13 +37,11 @@ import json.scanner
 import os
 import pickle
 import random
+import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
-
-import statistics
-import shutil
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from bench.report import Report
