@@ -1,7 +1,7 @@
 """Scaling of ``localstate run`` on Spark ``local[2]``: the page-view counting job over JSON lines
 with 1 partition and with 2, measured in the same run, and where the time goes in each.
 
-    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--backend B]
+    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--backend B] [--fixed-only] [--tcp]
 
 Workload and timing are ``python -m bench spark``'s (same events, same job file, ten micro-batches,
 SparkContext start and warm-up untimed); each partition count gets its own pre-partitioned copy of
@@ -12,6 +12,17 @@ Rows ``time[Np]: <phase>``: the timed run's wall clock split into driver phases,
 the task phases on each batch's critical path (``RunSummary.breakdown``), for the best round of each
 partition count. ``cpu_busy_pct``: CPU seconds of this machine (all processes: /proc/stat) over the
 run's wall clock and the cores; 2 partitions cannot reach 2x when other processes hold a core.
+
+Rows ``fixed cost [...]``: what a micro-batch costs besides its tasks, the thing that keeps 2
+partitions from 2x. On one warm SparkContext per transport (the executor <-> Python worker channel
+over TCP loopback, Spark's default, and over a Unix domain socket, localstate's default on local
+masters; alternated, best of ``--repeat``): the floor of one Spark job (an empty task per partition,
+reused Python workers) and localstate's per-batch overhead (a run of tiny batches: each batch's wall
+time minus its busiest task), in ms per batch. Then what localstate itself adds per batch, item by
+item, as it was (``before``) and as it is (``after``): the closure pickled per batch, the status
+tracker round trips for failed attempts, the plans' RDD, the checkpoint saves (sequential vs
+concurrent), planning from disk vs from the checkpoints just saved, the claims directory, and the
+Py4J calls per batch.
 
 The JSON-lines decode rows compare the input's strict decoder (a Python call per float literal to
 refuse 1e400) with the same C scanner parsing floats in C without that check, on float-heavy lines:
@@ -24,13 +35,18 @@ import argparse
 import json
 import json.scanner
 import os
+import pickle
 import random
+import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 from bench.report import Report
-from bench.spark import _PHASES, _localstate, _write_events
+from bench.spark import _PHASES, _job, _localstate, _write_events
+from localstate.core.spark.plan import TASK_PHASES
 
 __all__ = ["main"]
 
@@ -75,6 +91,220 @@ def _decode_case(report: Report, lines: int) -> None:
                  best["strict (input's decoder)"] / best["C floats, no overflow check"])
 
 
+_UDS = "spark.python.unix.domain.socket.enabled"
+
+
+def _median_ms(action: Callable[[], Any], times: int) -> float:
+    samples = []
+    for _ in range(times):
+        started = time.perf_counter()
+        action()
+        samples.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(samples)
+
+
+def _pair_ms(before: Callable[[], Any], after: Callable[[], Any], times: int) -> tuple[float, float]:
+    """Median ms of ``before`` and of ``after``, their samples interleaved (a load change hits both)."""
+    samples: tuple[list[float], list[float]] = ([], [])
+    for _ in range(times):
+        for action, out in ((before, samples[0]), (after, samples[1])):
+            started = time.perf_counter()
+            action()
+            out.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(samples[0]), 1e3 * statistics.median(samples[1])
+
+
+def _empty_job(context: Any, tasks: int) -> None:
+    """The floor of a Spark job: one empty task per partition (input consumed: workers are reused)."""
+    context.parallelize([], tasks).mapPartitionsWithIndex(lambda _, items: [len(list(items))]).collect()
+
+
+def _tiny_batches(context: Any, root: Path, partitions: int, batches: int) -> float:
+    """localstate's per-batch overhead in ms: median over a run of tiny batches of (batch wall time
+    minus its busiest task): planning, the Spark job around the tasks, the checkpoint saves."""
+    from localstate.core.config import load_job_config
+    from localstate.core.spark.runner import SparkJobRunner
+
+    root.mkdir(parents=True)
+    (root / "data").mkdir()
+    _write_events(root / "data", 40 * partitions * (batches + 1), 100, 3, partitions)
+    job = load_job_config(_job(root, root / "data", partitions, "rocksdb"))
+    summary = SparkJobRunner(job, context=context, batch_size=40, progress=None).run(batches)
+    warm = summary.batches[2:] or summary.batches  # the first batches open the stores
+    return 1e3 * statistics.median(b.seconds - b.busiest_task for b in warm)
+
+
+def _old_failed_attempts(context: Any, group: str) -> int:
+    """What the driver asked Spark's status tracker after every batch before (several Py4J round
+    trips): kept here to measure it."""
+    tracker = context.statusTracker()
+    failed = 0
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        for stage_id in info.stageIds if info is not None else []:
+            stage = tracker.getStageInfo(stage_id)
+            failed += stage.numFailedTasks if stage is not None else 0
+    return failed
+
+
+def _items_case(report: Report, context: Any, root: Path) -> None:
+    """What localstate adds per batch, item by item, before and after (2 partitions)."""
+    from pyspark.serializers import CloudPickleSerializer
+
+    from localstate.core.config import load_job_config
+    from localstate.core.spark import executor
+    from localstate.core.spark.instances import claim, release_kept
+    from localstate.core.spark.runner import SparkJobRunner
+
+    root.mkdir(parents=True)
+    (root / "data").mkdir()
+    _write_events(root / "data", 2000, 100, 5, 2)
+    job = load_job_config(_job(root, root / "data", 2, "rocksdb"))
+    runner = SparkJobRunner(job, context=context, batch_size=40, progress=None)
+    runner.run(3)
+    plans, _ = runner.plan(3)
+    by_partition = {plan.partition: plan for plan in plans}
+    claims = root / "claims"
+    pickler = CloudPickleSerializer()
+    shipped = context.broadcast(job)
+
+    def item(name: str, before: float, after: float, unit: str = "ms") -> None:
+        report.add(f"fixed cost item: {name}", before=before, after=after, unit=unit)
+
+    old = lambda slot, items: [executor.run_slot(job, by_partition, claims, slot) for _ in items]  # noqa: E731
+    new = lambda slot, items: [executor.run_slot(shipped.value, by_partition, claims, slot) for _ in items]  # noqa: E731
+    item("closure pickled per batch (bytes)", len(pickler.dumps(old)), len(pickler.dumps(new)), "bytes")
+    item("closure pickled per batch", *_pair_ms(lambda: pickler.dumps(old), lambda: pickler.dumps(new), 50))
+    context._pickled_broadcast_vars.clear()
+    old_closure = pickler.dumps(old)
+    item("closure unpickled per task (worker)", *_pair_ms(lambda: pickle.loads(old_closure), lambda: shipped.value, 50))
+    shipped.destroy()
+    item("failed attempts: status tracker round trips", _median_ms(
+        lambda: _old_failed_attempts(context, f"localstate-{runner.run_id}-2"), 30), 0.0)
+    item("plans' RDD (parallelize, per batch)", _median_ms(lambda: context.parallelize(plans, 2)._jrdd, 30), 0.0)
+    restarted = SparkJobRunner(job, context=context, batch_size=40, progress=None)  # nothing saved: reads disk
+    item("plan() (reads the checkpoints back / uses the ones it saved)",
+         *_pair_ms(lambda: restarted.plan(3), lambda: runner.plan(3), 30))
+    checkpoints = [runner.checkpoints.load(p) for p in range(2)]
+    item("checkpoint saves, 2 partitions (sequential / concurrent)", *_pair_ms(
+        lambda: [runner.checkpoints.save(c, expect_generation=c.generation) for c in checkpoints],
+        lambda: runner._save_checkpoints(checkpoints), 30))
+    runner._end_run()
+
+    def claims_round(batch: list[int]) -> None:
+        directory = claims / str(batch[0])
+        batch[0] += 1
+        for slot in range(2):
+            claim(directory, [0, 1], slot, slot)
+        shutil.rmtree(directory)
+
+    counter = [0]
+    claimed = _median_ms(lambda: claims_round(counter), 30)
+    item("claims directory per batch (create, claim, remove; unchanged)", claimed, claimed)
+    result = executor.run_partition(job, plans[0])
+    release_kept()  # run_partition kept the instance open in this process
+    report.add("fixed cost item: task result pickled (bytes)", after=len(pickle.dumps(result)), unit="bytes")
+
+
+def _py4j_calls(context: Any, action: Callable[[], Any]) -> int:
+    """Py4J commands the driver sends to the JVM while ``action`` runs (but the detach commands
+    for proxies Python garbage-collected, whose timing is the garbage collector's)."""
+    client = context._gateway._gateway_client
+    cls = type(client)
+    original = cls.send_command
+    count = [0]
+
+    def counting(self: Any, command: str, *args: Any, **kwargs: Any) -> Any:
+        count[0] += not command.startswith("m\n")  # not the detaching of garbage-collected proxies
+        return original(self, command, *args, **kwargs)
+
+    cls.send_command = counting
+    try:
+        action()
+    finally:
+        cls.send_command = original
+    return count[0]
+
+
+def _fixed_cost_case(report: Report, root: Path, rounds: int, batches: int = 20) -> None:
+    """Floor of a Spark job and localstate's per-batch overhead, over TCP and over a Unix socket."""
+    from localstate.core.spark.runner import spark_context
+
+    best: dict[tuple[str, str, int], float] = {}
+    transports = {"TCP": {_UDS: "false"}, "Unix socket": {_UDS: "true"}}
+    for round_ in range(rounds):
+        for transport, conf in transports.items():
+            context = spark_context("local[2]", "bench-fixed-cost", conf)
+            try:
+                for _ in range(20):  # warm the workers and the JIT
+                    _empty_job(context, 2)
+                for tasks in (1, 2):
+                    for key, value in (("floor", _median_ms(lambda: _empty_job(context, tasks), 30)),
+                                       ("localstate", _tiny_batches(context, root / f"tiny-{transport[0]}-{round_}-{tasks}",
+                                                                    tasks, batches))):
+                        best[(transport, key, tasks)] = min(value, best.get((transport, key, tasks), float("inf")))
+                if round_ == rounds - 1 and transport == "Unix socket":
+                    report.add("fixed cost: Py4J calls per batch, Spark floor (2 tasks)",
+                               calls=_py4j_calls(context, lambda: _empty_job(context, 2)))
+                    short = _py4j_calls(context, lambda: _tiny_batches(context, root / "py4j-2", 2, 2))
+                    long = _py4j_calls(context, lambda: _tiny_batches(context, root / "py4j-5", 2, 5))
+                    report.add("fixed cost: Py4J calls per batch, localstate (2 partitions)", calls=(long - short) / 3)
+                    _items_case(report, context, root / "items")
+            finally:
+                context.stop()
+    for tasks in (1, 2):
+        for transport in transports:
+            floor, ours = best[(transport, "floor", tasks)], best[(transport, "localstate", tasks)]
+            report.add(f"fixed cost [{transport}]: Spark floor, empty job, {tasks} task(s)", ms_per_batch=floor)
+            report.add(f"fixed cost [{transport}]: localstate batch minus busiest task, {tasks} partition(s)",
+                       ms_per_batch=ours, over_floor_ms=ours - floor)
+        report.ratio(f"fixed cost per batch, {tasks} partition(s): TCP / Unix socket",
+                     best[("TCP", "localstate", tasks)] / best[("Unix socket", "localstate", tasks)])
+        report.ratio(f"fixed cost per batch / Spark floor, {tasks} partition(s), Unix socket",
+                     best[("Unix socket", "localstate", tasks)] / best[("Unix socket", "floor", tasks)])
+
+
+def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
+    """The same job with 1 and 2 partitions, alternating rounds; the best of each, its breakdown and
+    its fixed per-batch cost (everything but the tasks' phases on the batches' critical paths)."""
+    correct = True
+    data, expected = {}, None
+    for partitions in (1, 2):
+        data[partitions] = root / f"data-{partitions}"
+        data[partitions].mkdir()
+        expected = _write_events(data[partitions], args.events, args.users, args.seed, partitions)
+    best: dict[int, tuple[float, Any, float]] = {}
+    for round_ in range(args.repeat):
+        for partitions in (1, 2):
+            busy0, total0 = _cpu_ticks()
+            seconds, summary, ok = _localstate(root / f"run-{partitions}-{round_}", data[partitions], partitions,
+                                               args.backend, args.events, expected, args.users,
+                                               {_UDS: "false"} if args.tcp else None)
+            busy1, total1 = _cpu_ticks()
+            busy_pct = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
+            correct = correct and ok
+            if partitions not in best or seconds < best[partitions][0]:
+                best[partitions] = (seconds, summary, busy_pct)
+    for partitions in (1, 2):
+        seconds, summary, busy_pct = best[partitions]
+        phases = summary.breakdown()
+        tasks = sum(phases[key] for key in TASK_PHASES)
+        report.add(f"localstate run, {partitions} partition(s)", events_per_s=args.events / seconds,
+                   seconds=seconds, cpu_busy_pct=busy_pct, correct=correct,
+                   fixed_ms_per_batch=1e3 * (seconds - tasks) / max(1, len(summary.batches)))
+    report.ratio("2 partitions / 1 partition (events/s)", best[1][0] / best[2][0], ">= 1.8")
+    for partitions in (1, 2):
+        seconds, summary, _ = best[partitions]
+        phases = summary.breakdown()
+        for key, label in _PHASES.items():
+            report.add(f"time[{partitions}p]: {label}", phase_s=phases[key],
+                       share_pct=100.0 * phases[key] / seconds)
+        other = seconds - sum(phases[key] for key in _PHASES)
+        report.add(f"time[{partitions}p]: other (driver loop, progress)", phase_s=other,
+                   share_pct=100.0 * other / seconds)
+    return correct
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench scaling")
     parser.add_argument("--json", action="store_true")
@@ -83,44 +313,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
+    parser.add_argument("--fixed-only", action="store_true", help="only the fixed per-batch cost rows")
+    parser.add_argument("--tcp", action="store_true",
+                        help="run the 1/2-partition runs over TCP loopback (Spark's default: the 'before')")
     args = parser.parse_args(argv)
     report = Report("scaling", {"events": args.events, "users": args.users, "master": "local[2]",
-                                "backend": args.backend, "repeat": args.repeat})
+                                "backend": args.backend, "repeat": args.repeat,
+                                "worker_channel": "TCP" if args.tcp else "Unix socket"})
+    load = os.getloadavg()
     correct = True
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         root = Path(tmp)
-        data, expected = {}, None
-        for partitions in (1, 2):
-            data[partitions] = root / f"data-{partitions}"
-            data[partitions].mkdir()
-            expected = _write_events(data[partitions], args.events, args.users, args.seed, partitions)
-        best: dict[int, tuple[float, object, float]] = {}
-        for round_ in range(args.repeat):
-            for partitions in (1, 2):
-                busy0, total0 = _cpu_ticks()
-                seconds, summary, ok = _localstate(root / f"run-{partitions}-{round_}", data[partitions], partitions,
-                                                   args.backend, args.events, expected, args.users)
-                busy1, total1 = _cpu_ticks()
-                busy_pct = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
-                correct = correct and ok
-                if partitions not in best or seconds < best[partitions][0]:
-                    best[partitions] = (seconds, summary, busy_pct)
-        for partitions in (1, 2):
-            seconds, summary, busy_pct = best[partitions]
-            report.add(f"localstate run, {partitions} partition(s)", events_per_s=args.events / seconds,
-                       seconds=seconds, cpu_busy_pct=busy_pct, correct=correct)
-        report.ratio("2 partitions / 1 partition (events/s)", best[1][0] / best[2][0], ">= 1.8")
-        for partitions in (1, 2):
-            seconds, summary, _ = best[partitions]
-            phases = summary.breakdown()  # type: ignore[attr-defined]
-            for key, label in _PHASES.items():
-                report.add(f"time[{partitions}p]: {label}", phase_s=phases[key],
-                           share_pct=100.0 * phases[key] / seconds)
-            other = seconds - sum(phases[key] for key in _PHASES)
-            report.add(f"time[{partitions}p]: other (driver loop, progress)", phase_s=other,
-                       share_pct=100.0 * other / seconds)
-        _decode_case(report, 100_000)
-        report.notes.append(f"load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cpus "
-                            "(cpu_busy_pct counts every process of the machine)")
+        if not args.fixed_only:
+            correct = _runs_case(report, root, args)
+        _fixed_cost_case(report, root / "fixed", max(1, args.repeat))
+        if not args.fixed_only:
+            _decode_case(report, 100_000)
+        report.notes.append(f"load average at the start {load[0]:.1f}, at the end {os.getloadavg()[0]:.1f} on "
+                            f"{os.cpu_count()} cpus (cpu_busy_pct counts every process of the machine)")
     report.emit(args.json)
     return 0 if correct else 1

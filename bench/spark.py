@@ -165,12 +165,12 @@ def _peer(script: Path, events: int, users: int, seed: int, budget: float, total
 
 
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
-                users: int) -> tuple[float, RunSummary, bool]:
+                users: int, conf: dict[str, str] | None = None) -> tuple[float, RunSummary, bool]:
     """One timed run on a fresh local[2] SparkContext (started and warmed up untimed, like the
     peer's): seconds, summary, and whether every count read back equals ``expected``."""
     root.mkdir()
     job = load_job_config(_job(root, data, partitions, backend))
-    context = spark_context("local[2]", "bench-localstate")
+    context = spark_context("local[2]", "bench-localstate", conf)
     try:
         # Warm-up (untimed): start the Python workers and import everything.
         warm = root / "warm"

@@ -1,6 +1,12 @@
 """The driver: plans each micro-batch from the saved checkpoints, runs one Spark job per batch
 (:mod:`.executor` on the executors), saves the returned checkpoints only when every partition
-succeeded, and compacts changelogs between batches (:class:`BatchCompaction`)."""
+succeeded, and compacts changelogs between batches (:class:`BatchCompaction`).
+
+What a batch costs besides its tasks is kept small (``python -m bench scaling`` measures it): the
+JobConfig reaches the workers once per run (a Spark broadcast), plans are the only per-batch payload,
+failed attempts are counted from the results (no status-tracker round trips), the partitions'
+checkpoints are saved concurrently, and a run plans from the checkpoints it saved itself (read from
+disk once, at the start of each run)."""
 
 from __future__ import annotations
 
@@ -10,9 +16,10 @@ import shutil
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
@@ -31,6 +38,14 @@ from localstate.errors import CheckpointError, FencedError, LocalStateError
 __all__ = ["SparkJobRunner", "BatchCompaction"]
 
 log = logging.getLogger(__name__)
+
+
+def _consumed(items: Iterator[Any]) -> Iterator[None]:
+    """Yield once after exhausting ``items`` (a slot's empty partition): PySpark reuses a Python
+    worker only if the task read its input to the end."""
+    for _ in items:
+        pass
+    yield None
 
 
 class BatchCompaction:
@@ -120,6 +135,12 @@ class SparkJobRunner:
             else keep_open and not self.cluster
         self.placement: Placement | None = None
         self._committed: dict[int, Checkpoint | None] = {}
+        self._saved: dict[int, Checkpoint] = {}
+        """checkpoints this run saved (what :meth:`plan` uses instead of reading them back)"""
+        self._shipped: Any = None
+        """this run's JobConfig as a Spark broadcast (:meth:`_ship_job`)"""
+        self._savers: ThreadPoolExecutor | None = None
+        self._slot_rdds: dict[int, Any] = {}
         self.run_id = uuid.uuid4().hex
         self.checkpoints = checkpoint_store(job)
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
@@ -152,11 +173,19 @@ class SparkJobRunner:
         finally:
             changelogs.close()
 
+    def committed(self, partition: int) -> Checkpoint | None:
+        """The partition's committed checkpoint: the one this run saved, else the one on disk (a
+        run's first batch, a restarted driver). Only the driver saves checkpoints between batches, so
+        the one it saved is the one on disk (a task that reopens the partition takes a new generation,
+        which its result carries back)."""
+        saved = self._saved.get(partition)
+        return saved if saved is not None else self.checkpoints.load(partition)
+
     def plan(self, batch: int) -> tuple[list[PartitionPlan], int]:
         """Plans for the partitions with input to process, and the total lag before the batch."""
         plans, lag = [], 0
         for partition in range(self.job.partitions):
-            loaded = self.checkpoints.load(partition)
+            loaded = self.committed(partition)
             checkpoint = loaded or Checkpoint(partition)
             ranges = {}
             for name, source in self.inputs.items():
@@ -177,46 +206,46 @@ class SparkJobRunner:
 
     def run_batch(self, batch: int, plans: list[PartitionPlan]) -> BatchResult:
         """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
-        job = self.job
         started = time.perf_counter()
         group = f"localstate-{self.run_id}-{batch}"
-        self.context.setJobGroup(group, f"localstate {job.name} batch {batch}")
+        self.context.setJobGroup(group, f"localstate {self.job.name} batch {batch}")
+        shipped = self._ship_job()
         if self.cluster:
             # One task per plan, preferring the executor that holds its partition's warm state.
             placement = self._placement()
             results = placement.rdd(plans).mapPartitions(
-                lambda items: [run_partition(job, plan) for plan in items]).collect()
+                lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
         elif self.keep_open:
-            rdd = self.context.parallelize(plans, len(plans))
-            # Tasks are slots that claim a partition each, preferring the one their worker keeps.
-            # (Each slot holds one plan; it must be consumed, or PySpark does not reuse the worker.)
+            # Tasks are slots that claim a partition each, preferring the one their worker keeps; the
+            # plans travel once, in the closure, and the slots are empty partitions (consumed, or
+            # PySpark does not reuse the worker).
             claims = self._claims / str(batch)
             by_partition = {plan.partition: plan for plan in plans}
             try:
-                results = rdd.mapPartitionsWithIndex(
-                    lambda slot, items: [run_slot(job, by_partition, claims, slot) for _ in items]).collect()
+                results = self._slots(len(plans)).mapPartitionsWithIndex(
+                    lambda slot, items: [run_slot(shipped.value, by_partition, claims, slot)
+                                         for _ in _consumed(items)]).collect()
             finally:
                 shutil.rmtree(claims, ignore_errors=True)
         else:
             rdd = self.context.parallelize(plans, len(plans))
-            results = rdd.mapPartitions(lambda items: [run_partition(job, plan) for plan in items]).collect()
+            results = rdd.mapPartitions(lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
         collected = time.perf_counter()
         errors = [r for r in results if "error" in r]
         if errors:
             raise pickle.loads(errors[0]["error"])
-        for result in results:
-            data = result["checkpoint"]
-            checkpoint = Checkpoint(**data)
-            if self.cluster:
+        checkpoints = [Checkpoint(**result["checkpoint"]) for result in results]
+        if self.cluster:
+            for checkpoint in checkpoints:
                 self._check_attempt(checkpoint)
-            # The checkpoint carries the generation its task instance took at open: a newer
-            # instance (a zombie attempt of a later run) makes this save fail, fenced.
-            self.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+        self._save_checkpoints(checkpoints)
         if self.cluster:
             self._placement().record(group, plans)
         saved = time.perf_counter()
+        # A task's successful attempt number is the count of its attempts that failed before it
+        # (Spark numbers them 0, 1, ...; speculation is off): no status-tracker round trips.
         out = BatchResult(batch, seconds=saved - started, tasks=len(results),
-                          failed_attempts=self._failed_attempts(group))
+                          failed_attempts=sum(r["attempt"] for r in results))
         for r in results:
             out.records_in += r["in"]
             out.records_out += r["out"]
@@ -235,6 +264,59 @@ class SparkJobRunner:
         out.driver_seconds = {"spark": max(0.0, collected - started - out.busiest_task),
                               "checkpoint": saved - collected}
         return out
+
+    def _slots(self, count: int) -> Any:
+        """An RDD of ``count`` empty partitions: the Spark tasks of a batch whose plans travel in the
+        closure (made once per count and run, no data to write and read back per batch)."""
+        slots = self._slot_rdds.get(count)
+        if slots is None:
+            slots = self._slot_rdds[count] = self.context.parallelize([], count)
+        return slots
+
+    def _ship_job(self) -> Any:
+        """This run's JobConfig as a Spark broadcast, made on first use in a run: a Python worker
+        unpickles it once (Spark sends a broadcast to a reused worker only the first time) instead of
+        every task of every batch unpickling it from its closure. Each run makes its own, so a reused
+        worker never runs a batch with another run's (or job's) config."""
+        if self._shipped is None:
+            self._shipped = self.context.broadcast(self.job)
+        return self._shipped
+
+    def _save_checkpoints(self, checkpoints: list[Checkpoint]) -> None:
+        """Save the batch's checkpoints, the partitions concurrently (each save waits for its fsyncs
+        or its object store PUT; one at a time, they would add up). Each save is atomic and fenced by
+        the generation its task instance took at open (a zombie attempt of a later run makes it fail,
+        FencedError); the first error is raised once every save has ended. A partition whose save
+        succeeded next to one that failed is committed: each partition's checkpoint stands alone."""
+        def save(checkpoint: Checkpoint) -> None:
+            self.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+            self._saved[checkpoint.partition] = checkpoint
+
+        if len(checkpoints) == 1:
+            save(checkpoints[0])
+            return
+        if self._savers is None:
+            self._savers = ThreadPoolExecutor(max_workers=min(8, self.job.partitions),
+                                              thread_name_prefix="localstate-checkpoint")
+        futures = [self._savers.submit(save, checkpoint) for checkpoint in checkpoints]
+        errors = [future.exception() for future in futures]
+        for error in errors:
+            if error is not None:
+                raise error
+
+    def _end_run(self) -> None:
+        """Drop what a run made once for its batches: the broadcast JobConfig, the slot RDDs, the
+        checkpoint-saving threads."""
+        shipped, self._shipped = self._shipped, None
+        if shipped is not None:
+            try:
+                shipped.destroy()
+            except Exception:  # noqa: BLE001 - a stopped context: nothing left to free
+                log.debug("destroying the broadcast job config failed", exc_info=True)
+        self._slot_rdds.clear()
+        savers, self._savers = self._savers, None
+        if savers is not None:
+            savers.shutdown()
 
     def _placement(self) -> Placement:
         if self.placement is None:
@@ -286,23 +368,12 @@ class SparkJobRunner:
             changelogs.close()
             sink.close()
 
-    def _failed_attempts(self, group: str) -> int:
-        """Task attempts of the batch's Spark job that failed and were retried (the executor logs
-        that would say so are silenced)."""
-        tracker = self.context.statusTracker()
-        failed = 0
-        for job_id in tracker.getJobIdsForGroup(group):
-            info = tracker.getJobInfo(job_id)
-            for stage_id in info.stageIds if info is not None else []:
-                stage = tracker.getStageInfo(stage_id)
-                failed += stage.numFailedTasks if stage is not None else 0
-        return failed
-
     def run(self, batches: int | None = None) -> RunSummary:
         """Run until every input is consumed (or ``batches`` batches ran)."""
         summary = RunSummary()
         self.context  # start Spark before timing anything
         self.run_id = uuid.uuid4().hex
+        self._saved.clear()  # a run plans its first batch from disk (a restarted driver does too)
         partitions = range(self.job.partitions)
         clear_requests(self.checkpoints, partitions)
         self._create_changelogs()
@@ -346,5 +417,6 @@ class SparkJobRunner:
                 release_partitions(self.checkpoints, partitions)
                 shutil.rmtree(self._claims, ignore_errors=True)
                 summary.release_seconds = time.perf_counter() - releasing
+            self._end_run()
         summary.seconds = time.perf_counter() - started
         return summary

@@ -27,7 +27,7 @@ from localstate.core.streams import open_input
 from localstate.core.streams.base import InputRecord, InputStream
 from localstate.core.task import add_task_paths
 
-__all__ = ["run_partition", "run_slot", "plan_records", "plan_fault"]
+__all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt"]
 
 
 def _sort_key(ts: float | None, index: int, offset: int) -> tuple[float, int, int]:
@@ -78,6 +78,16 @@ def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         return {"partition": plan.partition, "error": executor_failure(exc, plan.batch, plan.partition)}
 
 
+def task_attempt() -> int:
+    """The attempt number of the Spark task running this code (0 for the first attempt, and outside
+    Spark). Spark numbers a task's attempts 0, 1, ...: the one that succeeds says how many failed
+    before it, so the driver counts retried attempts from the results, without asking Spark."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
 def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     add_task_paths(job)
     started = time.perf_counter()
@@ -117,7 +127,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "restore_seconds": sum(r.seconds for r in lease.recoveries),
         "replayed": sum(r.replayed for r in lease.recoveries), "trimmed": sum(r.trimmed for r in lease.recoveries),
         "reused": lease.reused, "pid": os.getpid(), "timings": timings,
-        "warm": lease.reused or is_warm(lease.recoveries),
+        "warm": lease.reused or is_warm(lease.recoveries), "attempt": task_attempt(),
     }
 
 

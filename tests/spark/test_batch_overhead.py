@@ -1,0 +1,187 @@
+"""What a batch costs besides its tasks, cut without losing a guarantee (core/spark/driver.py,
+context.py): failed attempts counted from the results, plans from the checkpoints the run saved
+(from disk at the start of every run), the JobConfig broadcast once per run, the partitions'
+checkpoints saved concurrently and still fenced, Unix domain sockets on local masters only."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.config import load_job_config
+from localstate.core.partitioner import partition_for
+from localstate.core.runtime import checkpoint_store
+from localstate.core.spark.context import LOCAL_DEFAULTS, spark_conf
+from localstate.core.spark.runner import SparkJobRunner
+from localstate.core.streams import open_output
+from localstate.errors import FencedError
+from localstate.streams.jsonl import read_jsonl, write_jsonl
+
+pytestmark = pytest.mark.spark
+
+HERE = Path(__file__).resolve().parent
+UDS = "spark.python.unix.domain.socket.enabled"
+
+
+def _counting_job(directory: Path, name: str, records: int = 40) -> Path:
+    """``records`` events over keys k0..k6, per partition of 2, counted by key (count_task)."""
+    data = directory / "data"
+    keys = [f"k{i % 7}" for i in range(records * 4)]
+    for partition in range(2):
+        mine = [k for k in keys if partition_for(k, 2) == partition][:records]
+        write_jsonl(data, partition, [{"key": k, "value": i, "ts": float(i)} for i, k in enumerate(mine)])
+    (directory / "job.toml").write_text(f"""
+[job]
+name = "{name}"
+partitions = 2
+task = "count_task:CountByKey"
+state_dir = "state"
+
+[inputs.events]
+system = "jsonl"
+path = "data"
+
+[outputs.counts-out]
+system = "file"
+path = "out"
+
+[stores.counts]
+engine = "kv"
+key_serde = "string"
+value_serde = "int"
+
+[spark]
+pythonpath = ["{HERE}"]
+""")
+    return directory / "job.toml"
+
+
+def _expected(directory: Path) -> Counter:
+    return Counter(record["key"] for partition in range(2) for record in read_jsonl(directory / "data", partition))
+
+
+def _emitted(job) -> list[tuple[str, int]]:
+    output = open_output(job, "counts-out")
+    try:
+        return [(key, count) for partition in range(2) for key, count in output.read(partition)]
+    finally:
+        output.close()
+
+
+def _exactly_once(job) -> Counter:
+    """Final count per key, after checking every emitted count is one more than the key's previous
+    one (nothing applied twice, nothing lost)."""
+    seen: Counter = Counter()
+    for key, count in _emitted(job):
+        assert count == seen[key] + 1, (key, count, seen[key])
+        seen[key] = count
+    return seen
+
+
+def test_retried_attempt_is_counted_from_the_results(tmp_path, spark_context):
+    """A task attempt killed in batch 1 is reported as exactly one failed attempt of that batch (the
+    successful retry's attempt number), none for the other batches; the counts stay exact."""
+    job = load_job_config(_counting_job(tmp_path, "retried"))
+    marker = tmp_path / "killed-once"
+    fault = {"partition": 0, "batch": 1, "after": 3, "marker": str(marker)}
+    lines: list[str] = []
+    summary = SparkJobRunner(job, context=spark_context, batch_size=10, fault=fault, progress=lines.append).run()
+    assert marker.exists(), "the worker of partition 0 should have been SIGKILLed in batch 1"
+    assert [b.failed_attempts for b in summary.batches] == [0, 1, 0, 0]
+    assert "(1 failed task attempt(s) retried)" in lines[1] and "retried" not in lines[0] + lines[2]
+    assert _exactly_once(job) == _expected(tmp_path)
+
+
+def test_a_run_plans_from_disk_then_from_what_it_saved(tmp_path, spark_context):
+    """Within a run the driver plans from the checkpoints it saved (equal to those on disk); each
+    run starts from disk, so checkpoints committed meanwhile by another driver are honoured."""
+    job = load_job_config(_counting_job(tmp_path, "planning"))
+    first = SparkJobRunner(job, context=spark_context, batch_size=10, progress=None)
+    assert first.run(batches=1).records_in == 20
+    store = checkpoint_store(job)
+    for partition in range(2):
+        assert first.committed(partition) == store.load(partition) and first.committed(partition) is not None
+
+    # A restarted driver (another runner) reads the checkpoints from disk and commits batch 2.
+    restarted = SparkJobRunner(job, context=spark_context, batch_size=10, progress=None)
+    plans, _ = restarted.plan(1)
+    assert sorted(plan.ranges["events"] for plan in plans) == [(10, 20), (10, 20)]
+    assert restarted.run(batches=1).records_in == 20
+
+    # The first runner runs again: it must plan from disk (20), not from what it saved (10).
+    again = first.run(batches=1)
+    assert again.records_in == 20 and again.batches[0].lag == 20
+    assert sorted(store.load(p).inputs["events"] for p in range(2)) == [30, 30]
+    assert first.run().records_in == 20
+    assert _exactly_once(job) == _expected(tmp_path)
+
+
+def test_job_config_is_shipped_per_run_not_reused_across_jobs(tmp_path, spark_context):
+    """Two jobs interleaved on one context (the same reused Python workers): each batch runs with
+    its own run's JobConfig, so each job's state and outputs hold exactly its own input; the
+    broadcast is freed when its run ends."""
+    names = ("first", "second")
+    jobs = [load_job_config(_counting_job(tmp_path / name, name, records=30)) for name in names]
+    runners = [SparkJobRunner(job, context=spark_context, batch_size=10, progress=None) for job in jobs]
+    for runner in runners:
+        assert runner.run(batches=1).records_in == 20
+        assert runner._shipped is None
+    for runner in reversed(runners):
+        assert runner.run().records_in == 40
+    for name, job in zip(names, jobs):
+        assert _exactly_once(job) == _expected(tmp_path / name)
+        assert sorted(checkpoint_store(job).load(p).inputs["events"] for p in range(2)) == [30, 30]
+
+
+def test_concurrent_checkpoint_saves_stay_fenced(tmp_path):
+    """Saving a batch's checkpoints concurrently keeps each save fenced: a partition taken over by a
+    newer generation refuses the save (FencedError), the other partition is committed."""
+    job = load_job_config(_counting_job(tmp_path, "fenced"))
+    runner = SparkJobRunner(job, context=object(), batch_size=10, progress=None)  # no Spark needed
+    store = checkpoint_store(job)
+    store.save(Checkpoint(1, generation=5, inputs={"events": 3}))
+    try:
+        with pytest.raises(FencedError) as raised:
+            runner._save_checkpoints([Checkpoint(0, generation=1, inputs={"events": 10}),
+                                      Checkpoint(1, generation=1, inputs={"events": 10})])
+    finally:
+        runner._end_run()
+    assert raised.value.context["partition"] == 1
+    assert store.load(0) == Checkpoint(0, generation=1, inputs={"events": 10})
+    assert store.load(1) == Checkpoint(1, generation=5, inputs={"events": 3})
+    assert runner.committed(0) == store.load(0)
+    assert runner.committed(1) == store.load(1)  # not remembered as saved: planned from disk
+
+
+def test_unix_domain_sockets_on_local_masters_unless_the_user_says_otherwise(spark_context, monkeypatch):
+    """Local masters get Spark's Unix domain sockets for the JVM <-> Python worker channel (no
+    Nagle/delayed-ACK stall per task); a job's [spark] conf wins, and so does a default the JVM
+    was started with (spark-submit --conf); cluster masters are left alone."""
+    from pyspark import SparkContext
+
+    assert spark_context.getConf().get(UDS) == "true"  # the tests' own context runs this way
+    assert LOCAL_DEFAULTS == {UDS: "true"}
+    monkeypatch.setattr(SparkContext, "_jvm", None)  # SparkConf without the running JVM's defaults
+    assert spark_conf("local[2]").get(UDS) == "true"
+    assert spark_conf("local").get(UDS) == "true"
+    assert spark_conf("local[2]", conf={UDS: "false"}).get(UDS) == "false"
+    assert spark_conf("spark://10.0.0.1:7077").get(UDS) is None
+    assert spark_conf("yarn").get(UDS) is None
+    monkeypatch.setattr("pyspark.SparkConf.__init__", _conf_with_default(UDS, "false"))
+    assert spark_conf("local[2]").get(UDS) == "false"
+
+
+def _conf_with_default(key: str, value: str):
+    """A SparkConf constructor whose defaults hold ``key = value`` (as spark-submit --conf sets)."""
+    from pyspark import SparkConf
+
+    init = SparkConf.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.set(key, value)
+
+    return __init__
