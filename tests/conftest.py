@@ -11,12 +11,16 @@ import atexit
 import json
 import os
 import signal
+import sys
 import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from xdist_support import group_name, kill_processes_carrying, queue_in_order  # noqa: E402
 
 # The test-only switch that arms fault-injection hooks (LOCALSTATE_CRASH_AT, see
 # localstate.core.faults). Set here, before any test starts a child process or Spark, so the
@@ -97,7 +101,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         mark = item.get_closest_marker("xdist_group")
         if mark is not None:
-            groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            groups[item.nodeid] = group_name(mark)
     target = Path(folder) / f"{session.config.workerinput['workerid']}.json"
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(groups))
@@ -129,53 +133,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _assign_work_unit(self, node: Any) -> None:
             if not self.ordered:  # the first assignment: the queue is complete, nothing taken yet
                 self.ordered = True
-                queue = list(self.workqueue.items())
-                light = [unit for unit in queue if unit[0] not in GROUP_QUEUE_POSITION]
-                placed = sorted((unit for unit in queue if unit[0] in GROUP_QUEUE_POSITION),
-                                key=lambda unit: GROUP_QUEUE_POSITION[unit[0]])
-                for unit in reversed(placed):
-                    light.insert(round(GROUP_QUEUE_POSITION[unit[0]] * len(light)), unit)
+                queue = queue_in_order(list(self.workqueue.items()), GROUP_QUEUE_POSITION)
                 self.workqueue.clear()
-                self.workqueue.update(light)
+                self.workqueue.update(queue)
             super()._assign_work_unit(node)
 
     return WrittenGroupScheduling(config, log)
 
 
-def _tokens(pid: int) -> tuple[str | None, str | None]:
-    """The (session, process) tokens in the environment process ``pid`` started with."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # gone, or not ours to read
-        return None, None
-    session = process = None
-    for entry in raw.split(b"\0"):
-        name, _, value = entry.partition(b"=")
-        if name == SESSION_VARIABLE.encode():
-            session = value.decode(errors="replace")
-        elif name == PROCESS_VARIABLE.encode():
-            process = value.decode(errors="replace")
-    return session, process
-
-
 def kill_leftover_processes() -> list[int]:
     """SIGKILL every other process that carries this pytest process's token; the session's first
-    process (the xdist controller) also kills those of the session's workers. Returns their pids."""
-    me = os.getpid()
-    session, process = os.environ[SESSION_VARIABLE], os.environ[PROCESS_VARIABLE]
-    owner_of_session = os.environ.get("PYTEST_XDIST_WORKER") is None
-    killed = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        their_session, their_process = _tokens(int(entry.name))
-        if their_process == process or (owner_of_session and their_session == session):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
-            except ProcessLookupError:
-                pass
-    return killed
+    process (the xdist controller, or the only one) also those of the session's workers."""
+    tokens = {PROCESS_VARIABLE: os.environ[PROCESS_VARIABLE]}
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        tokens[SESSION_VARIABLE] = os.environ[SESSION_VARIABLE]
+    return kill_processes_carrying(tokens)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
