@@ -2,7 +2,7 @@
 workers, and the sweep that kills every process a test session left behind.
 
 The README's ``python -m pytest`` runs on two xdist workers (``-n 2 --dist loadgroup``, see
-pyproject.toml); ``python -m pytest -n 0 tests/...`` runs in this process alone (docs/contributing.md).
+pyproject.toml); ``python -m pytest -n 0 tests/...`` runs in this process alone (docs/testing.md).
 """
 
 from __future__ import annotations
