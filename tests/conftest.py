@@ -1,8 +1,176 @@
-"""Project-wide test setup."""
+"""Project-wide test setup: the fault-injection switch, how pytest-xdist spreads the suite over its
+workers, and the sweep that kills every process a test session left behind.
 
+The README's ``python -m pytest`` runs on two xdist workers (``-n 2 --dist loadgroup``, see
+pyproject.toml); ``python -m pytest -n 0 tests/...`` runs in this process alone (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
 import os
+import signal
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from xdist_support import group_name, kill_processes_carrying, queue_in_order  # noqa: E402
 
 # The test-only switch that arms fault-injection hooks (LOCALSTATE_CRASH_AT, see
 # localstate.core.faults). Set here, before any test starts a child process or Spark, so the
 # children inherit it; production environments never set it.
 os.environ["LOCALSTATE_TESTING"] = "1"
+
+# Every process a test starts inherits these tokens, whatever it does with its process group or
+# session (Spark's JVMs, the standalone cluster, Tansu, SeaweedFS, crash children), and the sweeps
+# find them by them. The session token is set once, by the first pytest process (the xdist
+# controller, or the only one with -n 0), and inherited by the workers: the controller's sweep,
+# after the workers are gone, catches what a killed worker left. The process token is each pytest
+# process's own: a worker's sweep must not kill what the other worker is still using.
+SESSION_VARIABLE = "LOCALSTATE_TEST_SESSION"
+PROCESS_VARIABLE = "LOCALSTATE_TEST_PROCESS"
+os.environ.setdefault(SESSION_VARIABLE, uuid.uuid4().hex)
+os.environ[PROCESS_VARIABLE] = uuid.uuid4().hex
+
+# The session-scoped resources whose tests one worker must own, each an xdist group: the local
+# SparkContext (get-or-create, one JVM per worker process) and the standalone cluster of tests/cluster
+# (a master, two workers, their executors, and the cluster's Tansu and SeaweedFS). A test that carries
+# the marker of a group but uses neither fixture (a subprocess driver, `localstate run`) joins it too:
+# it starts a JVM, and two JVM tests at once on two cores slow each other's start-ups and heartbeats.
+SPARK_GROUP, CLUSTER_GROUP = "spark", "cluster"
+GROUP_FIXTURES = {CLUSTER_GROUP: {"spark_cluster", "live_cluster", "start_driver"}, SPARK_GROUP: {"spark_context"}}
+GROUP_MARKERS = {CLUSTER_GROUP: "cluster", SPARK_GROUP: "spark"}
+
+# Where each group enters the controller's queue, as the fraction of the ungrouped (light) tests
+# queued before it: the local-Spark group first (the first worker runs it from the start), the
+# cluster group after part of the light tests (the other worker runs light tests while the first
+# runs Spark, then the cluster while Spark still runs, then both share the light tests left).
+GROUP_QUEUE_POSITION = {SPARK_GROUP: 0.0, CLUSTER_GROUP: 0.4}
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The xdist group of a test that starts or shares a JVM, else None (a light test)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for group in (CLUSTER_GROUP, SPARK_GROUP):  # a cluster test also carries the spark marker
+        if fixtures & GROUP_FIXTURES[group] or item.get_closest_marker(GROUP_MARKERS[group]) is not None:
+            return group
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put every JVM test in its group (an explicit xdist_group mark wins)."""
+    for item in items:
+        group = group_of(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+# -- xdist_group scheduling -------------------------------------------------------------------------
+# pytest-xdist's --dist loadgroup learns a test's group from a "@group" suffix its worker appends to
+# the node id; pytest 9.2's structured node ids ignore that write, so every test is scheduled alone
+# (pytest-xdist issue #1386). Instead each worker writes the groups it collected to a file, and the
+# controller's scheduler reads them: the same scheduling, on any pytest version, node ids untouched.
+
+GROUPS_DIR_VARIABLE = "LOCALSTATE_TEST_XDIST_GROUPS"
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The controller makes the folder its workers write their groups to (they inherit it)."""
+    if not _is_worker(config) and config.getoption("dist", "no") == "loadgroup":
+        os.environ[GROUPS_DIR_VARIABLE] = tempfile.mkdtemp(prefix="localstate-xdist-groups-")
+
+
+@pytest.hookimpl(tryfirst=True)  # before the worker reports its collection to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker writes {node id: group} for its xdist_group tests, before it reports the collection."""
+    folder = os.environ.get(GROUPS_DIR_VARIABLE)
+    if not _is_worker(session.config) or not folder:
+        return
+    groups = {}
+    for item in session.items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None:
+            groups[item.nodeid] = group_name(mark)
+    target = Path(folder) / f"{session.config.workerinput['workerid']}.json"
+    partial = target.with_suffix(".partial")
+    partial.write_text(json.dumps(groups))
+    partial.replace(target)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # ahead of xdist's own LoadGroupScheduling
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadgroup with the groups the workers wrote (see above)."""
+    folder = os.environ.get(GROUPS_DIR_VARIABLE)
+    if config.getoption("dist") != "loadgroup" or not folder:
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class WrittenGroupScheduling(LoadGroupScheduling):
+        """LoadGroupScheduling whose groups come from the workers' files, read once every worker
+        has collected (the controller schedules only then), queued at GROUP_QUEUE_POSITION."""
+
+        groups: dict[str, str] | None = None
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                self.groups = {}
+                for written in Path(folder).glob("*.json"):
+                    self.groups.update(json.loads(written.read_text()))
+            return self.groups.get(nodeid) or super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the first assignment: the queue is complete, nothing taken yet
+                self.ordered = True
+                queue = queue_in_order(list(self.workqueue.items()), GROUP_QUEUE_POSITION)
+                self.workqueue.clear()
+                self.workqueue.update(queue)
+            super()._assign_work_unit(node)
+
+    return WrittenGroupScheduling(config, log)
+
+
+def kill_leftover_processes() -> list[int]:
+    """SIGKILL every other process that carries this pytest process's token; the session's first
+    process (the xdist controller, or the only one) also those of the session's workers."""
+    tokens = {PROCESS_VARIABLE: os.environ[PROCESS_VARIABLE]}
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        tokens[SESSION_VARIABLE] = os.environ[SESSION_VARIABLE]
+    return kill_processes_carrying(tokens)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Kill whatever this process's tests started and left running (fixtures stop their servers; this
+    catches an interrupted teardown, a crashed worker, a test that died before its cleanup)."""
+    kill_leftover_processes()
+    folder = os.environ.get(GROUPS_DIR_VARIABLE)
+    if folder and not _is_worker(config):
+        for written in Path(folder).glob("*"):
+            written.unlink()
+        Path(folder).rmdir()
+
+
+def _sweep_and_die(signum: int, frame: object) -> None:
+    """A worker told to stop (SIGTERM, SIGHUP) runs no teardown: kill its processes first."""
+    kill_leftover_processes()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+atexit.register(kill_leftover_processes)
+for _signal in (signal.SIGTERM, signal.SIGHUP):
+    try:
+        signal.signal(_signal, _sweep_and_die)
+    except ValueError:  # not the main thread: pytest_unconfigure and atexit still sweep
+        pass
