@@ -1,7 +1,7 @@
 """Scaling of ``localstate run`` on Spark ``local[2]``: the page-view counting job over JSON lines
 with 1 partition and with 2, measured in the same run, and where the time goes in each.
 
-    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--backend B] [--fixed-only] [--tcp]
+    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--backend B] [--fixed-only] [--unix-socket]
 
 Workload and timing are ``python -m bench spark``'s (same events, same job file, ten micro-batches,
 SparkContext start and warm-up untimed); each partition count gets its own pre-partitioned copy of
@@ -15,8 +15,8 @@ run's wall clock and the cores; 2 partitions cannot reach 2x when other processe
 
 Rows ``fixed cost [...]``: what a micro-batch costs besides its tasks, the thing that keeps 2
 partitions from 2x. On one warm SparkContext per transport (the executor <-> Python worker channel
-over TCP loopback, Spark's default, and over a Unix domain socket, localstate's default on local
-masters; alternated, best of ``--repeat``): the floor of one Spark job (an empty task per partition,
+over TCP loopback, Spark's default and localstate's, and over a Unix domain socket, measured and
+not made the default: with it the two tasks of a local[2] batch ran one after the other; alternated, best of ``--repeat``): the floor of one Spark job (an empty task per partition,
 reused Python workers) and localstate's per-batch overhead (a run of tiny batches: each batch's wall
 time minus its busiest task), in ms per batch. Then what localstate itself adds per batch, item by
 item, as it was (``before``) and as it is (``after``): the closure pickled per batch, the status
@@ -279,7 +279,7 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
             busy0, total0 = _cpu_ticks()
             seconds, summary, ok = _localstate(root / f"run-{partitions}-{round_}", data[partitions], partitions,
                                                args.backend, args.events, expected, args.users,
-                                               {_UDS: "false"} if args.tcp else None)
+                                               {_UDS: "true"} if args.unix_socket else None)
             busy1, total1 = _cpu_ticks()
             busy_pct = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
             correct = correct and ok
@@ -314,12 +314,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--fixed-only", action="store_true", help="only the fixed per-batch cost rows")
-    parser.add_argument("--tcp", action="store_true",
-                        help="run the 1/2-partition runs over TCP loopback (Spark's default: the 'before')")
+    parser.add_argument("--unix-socket", action="store_true",
+                        help="run the 1/2-partition runs over Unix domain sockets (not the default)")
     args = parser.parse_args(argv)
     report = Report("scaling", {"events": args.events, "users": args.users, "master": "local[2]",
                                 "backend": args.backend, "repeat": args.repeat,
-                                "worker_channel": "TCP" if args.tcp else "Unix socket"})
+                                "worker_channel": "Unix socket" if args.unix_socket else "TCP"})
     load = os.getloadavg()
     correct = True
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:

@@ -1,6 +1,5 @@
 """The Spark context localstate runs on: quiet log4j settings, task retries on for local masters,
-Python workers running this interpreter and, on local masters, talking to the JVM over Unix domain
-sockets (:data:`LOCAL_DEFAULTS`)."""
+Python workers running this interpreter, and :data:`LOCAL_DEFAULTS` on local masters."""
 
 from __future__ import annotations
 
@@ -13,13 +12,12 @@ from typing import Any, Mapping
 __all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "LOCAL_DEFAULTS"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
-    # Over TCP loopback, the executor's hand-off of every task to its Python worker (a few small
-    # writes, then a wait for the worker's answer) meets Nagle's algorithm and the worker's delayed
-    # ACK: a ~40 ms stall per task, most of a micro-batch's fixed cost (measured by `python -m bench
-    # scaling`). A Unix domain socket has neither. Spark >= 4.1 offers it for the JVM <-> Python
-    # worker channels; older versions ignore the key. Local masters only: there the workers, the
-    # executor and the driver share one host, so it cannot fail for a reason the user did not ask for.
-    "spark.python.unix.domain.socket.enabled": "true",
+    # None at present. Measured and not kept: "spark.python.unix.domain.socket.enabled" (Spark >=
+    # 4.1). Over TCP loopback the executor's hand-off of each task to its Python worker meets
+    # Nagle's algorithm and the worker's delayed ACK (~40 ms per task); a Unix domain socket halves
+    # a micro-batch's fixed cost (`python -m bench scaling`, rows "fixed cost"). But on local[2] the
+    # two tasks of a batch then ran one after the other: 2 partitions gave 1.11x one partition,
+    # against 1.81x over TCP on the same quiet machine. A job may still set it in `[spark] conf`.
 }
 """Spark settings a local-master context gets unless the job's ``[spark] conf`` sets them."""
 

@@ -1,7 +1,7 @@
 """What a batch costs besides its tasks, cut without losing a guarantee (core/spark/driver.py,
 context.py): failed attempts counted from the results, plans from the checkpoints the run saved
 (from disk at the start of every run), the JobConfig broadcast once per run, the partitions'
-checkpoints saved concurrently and still fenced, Unix domain sockets on local masters only."""
+checkpoints saved concurrently and still fenced, no Unix domain sockets by default."""
 
 from __future__ import annotations
 
@@ -156,22 +156,20 @@ def test_concurrent_checkpoint_saves_stay_fenced(tmp_path):
     assert runner.committed(1) == store.load(1)  # not remembered as saved: planned from disk
 
 
-def test_unix_domain_sockets_on_local_masters_unless_the_user_says_otherwise(spark_context, monkeypatch):
-    """Local masters get Spark's Unix domain sockets for the JVM <-> Python worker channel (no
-    Nagle/delayed-ACK stall per task); a job's [spark] conf wins, and so does a default the JVM
-    was started with (spark-submit --conf); cluster masters are left alone."""
+def test_local_defaults_apply_to_local_masters_only_and_the_jobs_conf_wins(spark_context, monkeypatch):
+    """No Unix domain sockets by default (measured: the two tasks of a local[2] batch ran one after
+    the other with them); a job's [spark] conf may turn them on, and a default the JVM was started
+    with (spark-submit --conf) is kept; cluster masters are left alone."""
     from pyspark import SparkContext
 
-    assert spark_context.getConf().get(UDS) == "true"  # the tests' own context runs this way
-    assert LOCAL_DEFAULTS == {UDS: "true"}
+    assert LOCAL_DEFAULTS == {}
+    assert spark_context.getConf().get(UDS) is None  # the tests' own context: Spark's TCP channel
     monkeypatch.setattr(SparkContext, "_jvm", None)  # SparkConf without the running JVM's defaults
+    assert spark_conf("local[2]").get(UDS) is None
+    assert spark_conf("local[2]", conf={UDS: "true"}).get(UDS) == "true"
+    assert spark_conf("spark://10.0.0.1:7077", conf={"spark.task.maxFailures": "2"}).get(UDS) is None
+    monkeypatch.setattr("pyspark.SparkConf.__init__", _conf_with_default(UDS, "true"))
     assert spark_conf("local[2]").get(UDS) == "true"
-    assert spark_conf("local").get(UDS) == "true"
-    assert spark_conf("local[2]", conf={UDS: "false"}).get(UDS) == "false"
-    assert spark_conf("spark://10.0.0.1:7077").get(UDS) is None
-    assert spark_conf("yarn").get(UDS) is None
-    monkeypatch.setattr("pyspark.SparkConf.__init__", _conf_with_default(UDS, "false"))
-    assert spark_conf("local[2]").get(UDS) == "false"
 
 
 def _conf_with_default(key: str, value: str):
