@@ -12,13 +12,13 @@ import pytest
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
-from localstate.core.partitioner import partition_for
 from localstate.core.runtime import checkpoint_store
 from localstate.core.spark.context import LOCAL_DEFAULTS, spark_conf
 from localstate.core.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
 from localstate.errors import FencedError
-from localstate.streams.jsonl import read_jsonl, write_jsonl
+from localstate.streams.jsonl import read_jsonl
+from keyed_events import write_keyed_events  # tests/ is on sys.path (tests/conftest.py)
 
 pytestmark = pytest.mark.spark
 
@@ -30,9 +30,7 @@ def _counting_job(directory: Path, name: str, records: int = 40) -> Path:
     """``records`` events over keys k0..k6, per partition of 2, counted by key (count_task)."""
     data = directory / "data"
     keys = [f"k{i % 7}" for i in range(records * 4)]
-    for partition in range(2):
-        mine = [k for k in keys if partition_for(k, 2) == partition][:records]
-        write_jsonl(data, partition, [{"key": k, "value": i, "ts": float(i)} for i, k in enumerate(mine)])
+    write_keyed_events(data, keys, per_partition=records)
     (directory / "job.toml").write_text(f"""
 [job]
 name = "{name}"

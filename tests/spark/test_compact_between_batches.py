@@ -18,7 +18,7 @@ from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system, store_directory
 from localstate.core.spark import instances
 from localstate.core.spark.runner import BatchCompaction, SparkJobRunner, run_partition
-from localstate.streams.jsonl import write_jsonl
+from keyed_events import write_keyed_events  # tests/ is on sys.path (tests/conftest.py)
 
 HERE = Path(__file__).parent
 STREAM = "compacting-counts-changelog"
@@ -33,9 +33,7 @@ def _nothing_kept():
 
 def make_job(tmp_path: Path, interval: str) -> Path:
     data = tmp_path / "data"
-    for partition in range(2):
-        mine = [k for k in KEYS if partition_for(k, 2) == partition]
-        write_jsonl(data, partition, [{"key": k, "value": i, "ts": float(i)} for i, k in enumerate(mine)])
+    write_keyed_events(data, KEYS)
     (tmp_path / "job.toml").write_text(f"""
 [job]
 name = "compacting"

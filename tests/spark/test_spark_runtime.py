@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.partitioner import partition_for
 from localstate.core.spark.runner import SparkJobRunner, normalize_master
 from localstate.core.streams import open_output
-from localstate.streams.jsonl import write_jsonl
 from localstate.streams.generator import generate
 from localstate.errors import InputError
+from keyed_events import write_keyed_events  # tests/ is on sys.path (tests/conftest.py)
 
 pytestmark = pytest.mark.spark
 
@@ -102,9 +101,7 @@ def test_demo_pipeline_with_worker_sigkill_is_exact(tmp_path, spark_context):
 def _bad_input_job(tmp_path: Path, on_error: str) -> Path:
     data = tmp_path / "data"
     keys = [f"k{i % 7}" for i in range(60)]
-    for partition in range(2):
-        mine = [k for k in keys if partition_for(k, 2) == partition]
-        write_jsonl(data, partition, [{"key": k, "value": i, "ts": float(i)} for i, k in enumerate(mine)])
+    write_keyed_events(data, keys)
     # partition 1, offset 3: not JSON; offset 5: no key
     lines = (data / "1.jsonl").read_text().splitlines(keepends=True)
     lines.insert(3, "{this is not json\n")
