@@ -2,12 +2,17 @@
 (native groupBy().count(), transformWithStateInPandas, applyInPandasWithState; measured by
 ../shared/peers/spark_peer.py in a subprocess of the same run, on the same workload shape).
 
-    python -m bench spark [--json] [--quick] [--events N] [--users K] [--no-peer] [--no-dataframe] [--peer PATH]
+    python -m bench spark [--json] [--quick] [--events N] [--users K] [--warmup-events W] [--no-peer]
+                          [--no-dataframe] [--peer PATH]
 
 Workload: N events, user ``user-%08d`` uniform over K users (numpy default_rng(seed), as the
 peer), written untimed as pre-partitioned JSON lines; one micro-batch per N/10 events. Timed: the
 run from the first batch to the last commit, closing the instances kept open included (SparkContext
-start and a warm-up excluded, as the peer does). localstate runs twice, before and after Spark's
+start and a warm-up excluded, as the peer does). Warm-up: W events (default a fifth of N) in two
+micro-batches through the same path, untimed, so that what is timed is the steady state a long-running
+query reaches (the JVM's JIT and Spark's generated code warm); the same W for both localstate paths and
+for Spark's native aggregation (the pandas variants keep the peer's 4,000: at ~1k events/s a larger
+warm-up would not fit their budget). localstate runs twice, before and after Spark's
 native aggregation (the machine is shared: the ratios use both runs). Correctness: every user's
 count read back from the stores equals numpy.bincount.
 
@@ -151,10 +156,12 @@ def _breakdown(report: Report, summaries: list[RunSummary]) -> None:
 
 
 def _peer(script: Path, events: int, users: int, seed: int, budget: float, total: float, variants: str = "a,b,c",
-          files: int = 10) -> tuple[dict[str, float], str]:
+          files: int = 10, warmup: int | None = None) -> tuple[dict[str, float], str]:
     command = [sys.executable, str(script), "--events", str(events), "--users", str(users), "--seed", str(seed),
                "--variants", variants, "--variant-budget", str(budget), "--total-budget", str(total),
                "--driver-memory", "2g", "--files", str(files)]
+    if warmup is not None:  # None: the peer's own default (4,000 events)
+        command += ["--warmup-events", str(warmup)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=total + 240)
     rates = {}
     for line in done.stdout.splitlines():
@@ -165,18 +172,19 @@ def _peer(script: Path, events: int, users: int, seed: int, budget: float, total
 
 
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
-                users: int, conf: dict[str, str] | None = None) -> tuple[float, RunSummary, bool]:
+                users: int, warmup: int, conf: dict[str, str] | None = None) -> tuple[float, RunSummary, bool]:
     """One timed run on a fresh local[2] SparkContext (started and warmed up untimed, like the
     peer's): seconds, summary, and whether every count read back equals ``expected``."""
     root.mkdir()
     job = load_job_config(_job(root, data, partitions, backend))
     context = spark_context("local[2]", "bench-localstate", conf)
     try:
-        # Warm-up (untimed): start the Python workers and import everything.
+        # Warm-up (untimed): start the Python workers, import everything, warm the JIT; two batches.
         warm = root / "warm"
         (warm / "data").mkdir(parents=True)
-        _write_events(warm / "data", 2000, 100, 1, partitions)
+        warm_counts = _write_events(warm / "data", warmup, min(users, warmup), 1, partitions)
         SparkJobRunner(load_job_config(_job(warm, warm / "data", partitions, backend)), context=context,
+                       batch_size=max(1, -(-int(warm_counts.sum()) // (2 * partitions)) * 11 // 10),
                        progress=None).run()
         # Ten batches: the batch size is a tenth of the largest partition.
         owners = [partition_for(f"user-{u:08d}", partitions) for u in range(users)]
@@ -229,7 +237,7 @@ def _dataframe_query(spark, job, source: Path, checkpoint: Path, reports: list[D
 
 
 def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: str, events: int,
-                          expected: np.ndarray, users: int) -> tuple[float, list[DataFrameBatch], bool]:
+                          expected: np.ndarray, users: int, warmup: int) -> tuple[float, list[DataFrameBatch], bool]:
     """One timed run of the DataFrame path on a fresh local[2] SparkContext (started and warmed up
     untimed): seconds, the batches' reports, and whether every count read back equals ``expected``."""
     from pyspark.sql import SparkSession
@@ -241,7 +249,7 @@ def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: st
         spark = SparkSession(context)
         warm = root / "warm"
         warm.mkdir()
-        _write_parquet_batches(warm / "data", 2000, 100, 1, 2)
+        _write_parquet_batches(warm / "data", warmup, min(users, warmup), 1, 2)  # two micro-batches
         warm_job = load_job_config(_job(warm, warm / "data", partitions, backend))
         _dataframe_query(spark, warm_job, warm / "data", warm / "query", [])
         release(warm_job)
@@ -298,29 +306,33 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--events", type=int, default=None)
     parser.add_argument("--users", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--warmup-events", type=int, default=None,
+                        help="events of each untimed warm-up (default: a fifth of the events)")
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--no-peer", action="store_true", help="skip Spark's own stateful streaming")
     parser.add_argument("--no-dataframe", action="store_true", help="skip the DataFrame entry point")
     parser.add_argument("--peer", type=Path, default=PEER, help="the peer script (default: ../shared/peers)")
     args = parser.parse_args(argv)
     events = args.events or (200_000 if args.quick else 1_000_000)
+    warmup = max(2, args.warmup_events if args.warmup_events is not None else events // 5)
     partitions = 2
     peer = not args.no_peer and args.peer.exists()
     report = Report("spark", {"events": events, "users": args.users, "master": "local[2]", "partitions": partitions,
-                              "backend": args.backend})
+                              "backend": args.backend, "warmup_events": warmup})
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
         root = Path(tmp)
         data = root / "data"
         data.mkdir()
         expected = _write_events(data, events, args.users, args.seed, partitions)
         budget = 20.0 if args.quick else 40.0
-        runs = [_localstate(root / "run1", data, partitions, args.backend, events, expected, args.users)]
+        runs = [_localstate(root / "run1", data, partitions, args.backend, events, expected, args.users, warmup)]
         if peer:
             # The machine is shared: measure localstate before and after Spark's native aggregation
             # and compare with the mean, so that a change of background load between the two
             # measurements shows (both rows) instead of skewing the ratio.
-            rates, failure = _peer(args.peer, events, args.users, args.seed, budget, budget + 60, "a", 10)
-            runs.append(_localstate(root / "run2", data, partitions, args.backend, events, expected, args.users))
+            rates, failure = _peer(args.peer, events, args.users, args.seed, budget, budget + 60, "a", 10, warmup)
+            runs.append(_localstate(root / "run2", data, partitions, args.backend, events, expected, args.users,
+                                    warmup))
         correct = all(ok for _, _, ok in runs)
         for index, (seconds, summary, ok) in enumerate(runs, 1):
             tasks = sum(b.tasks for b in summary.batches)
@@ -334,7 +346,8 @@ def main(argv: list[str]) -> int:
         if not args.no_dataframe:
             _write_parquet_batches(root / "parquet", events, args.users, args.seed, 10)
             df_seconds, df_reports, df_ok = _localstate_dataframe(root / "dataframe", root / "parquet", partitions,
-                                                                  args.backend, events, expected, args.users)
+                                                                  args.backend, events, expected, args.users,
+                                                                  warmup)
             correct = correct and df_ok
             df_rate = events / df_seconds
             applied = sum(len(r.applied) for r in df_reports)

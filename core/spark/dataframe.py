@@ -8,9 +8,10 @@ One batch (:func:`run_batch`, on the driver):
 
 1. The DataFrame's schema is checked (:func:`dataframe_spec`): the key column exists and is a string,
    integer or binary column; every column converts to Arrow (SchemaError naming the column otherwise).
-2. An Arrow UDF of the key column alone gives each row its job partition
-   (:func:`~localstate.core.partitioner.partition_for` of the key, Kafka-compatible, like every
-   localstate input); ``monotonically_increasing_id()`` its sequence number, assigned *before* the
+2. Each row gets its job partition (:func:`~localstate.core.partitioner.partition_for` of the key,
+   Kafka-compatible, like every localstate input) in the JVM (:func:`partition_column`: Kafka's murmur2
+   of a string or integer key through commons-codec, which Spark ships; an Arrow UDF for binary keys),
+   and ``monotonically_increasing_id()`` its sequence number, assigned *before* the
    shuffle (input partition and row index), so the order is the same each time Spark executes the
    batch again. ``repartition`` on a route value chosen per partition (:func:`routes`) puts job
    partition ``p`` into Spark partition ``p``.
@@ -65,7 +66,8 @@ from localstate.core.task import OutgoingMessage, add_task_paths, load_task_clas
 from localstate.errors import BatchOrderError, LocalStateError, OutputIOError, SchemaError
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
-           "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes", "ARROW_BATCH_ROWS"]
+           "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes", "ARROW_BATCH_ROWS", "partition_column",
+           "MURMUR2_CLASS", "routed"]
 
 OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key STRING, value STRING"
 """The rows :func:`run_batch` returns, one per message the task sent: the job partition that sent it,
@@ -143,6 +145,8 @@ class DataFrameSpec:
     """the input columns"""
     ts: str | None = None
     """``number`` / ``timestamp``: the order column is also the records' timestamp (seconds)"""
+    key_type: str = "StringType"
+    """the Spark type of the key column (its class name, one of ``_KEY_TYPES``)"""
 
 
 def _column_list(schema: Any) -> str:
@@ -184,7 +188,7 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
             ts = "number"
         elif isinstance(order_type, (TimestampType, TimestampNTZType, DateType)):
             ts = "timestamp"
-    return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts)
+    return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts, key_type)
 
 
 def _spark_hash_long(value: int, seed: int = 42) -> int:
@@ -345,6 +349,35 @@ def _partitions_of(keys: Any, partitions: int, column: str) -> Any:
     return pa.array(parts, pa.int32()).take(encoded.indices)
 
 
+MURMUR2_CLASS = "org.apache.commons.codec.digest.MurmurHash2"
+"""A Java class on Spark's classpath (commons-codec, a Spark dependency) whose static
+``hash32(String)`` is Kafka's murmur2 (seed 0x9747b28c) of the string's UTF-8 bytes."""
+_JVM_KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType")
+
+
+def partition_column(spec: DataFrameSpec) -> Any:
+    """The column expression giving each row its job partition, equal to :func:`partition_for` of
+    its key. String and integer keys are hashed in the JVM (``reflect`` of :data:`MURMUR2_CLASS` on
+    the key, integers as their decimal text, as :func:`~localstate.core.partitioner.key_bytes` does):
+    the first stage of the batch's job then runs no Python at all. Binary keys, which ``reflect``
+    cannot pass, go through an Arrow UDF. A null key gives a null partition (the apply task raises
+    SchemaError naming the column)."""
+    from pyspark.sql import functions as F
+
+    if spec.key_type not in _JVM_KEY_TYPES:
+        return _partition_udf(spec)(F.col(spec.key))
+    key = _sql_name(spec.key)
+    # One SQL text, parsed in the JVM: one Py4J call per batch instead of one per expression node.
+    return F.expr(f"CASE WHEN {key} IS NULL THEN CAST(NULL AS INT) ELSE CAST(pmod(CAST(reflect("
+                  f"'{MURMUR2_CLASS}', 'hash32', CAST({key} AS STRING)) AS INT) & 2147483647, "
+                  f"{int(spec.job.partitions)}) AS INT) END")
+
+
+def _sql_name(column: str) -> str:
+    """``column`` quoted as a SQL identifier."""
+    return "`" + column.replace("`", "``") + "`"
+
+
 def _partition_udf(spec: DataFrameSpec) -> Any:
     """An Arrow UDF of the key column: each row's job partition. Only the key column travels to
     Python and back (the other columns stay in the JVM until the task that applies them)."""
@@ -386,6 +419,9 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
             return
         table = pa.Table.from_batches(collected)
         spec = task.spec
+        if table.column(spec.key).null_count:  # before anything is applied: no partition gets the batch
+            raise SchemaError(f"key column {spec.key!r} holds a null key", column=spec.key,
+                              hint="filter out rows without a key, or fill them in")
         order = [(_PARTITION, "ascending")] + ([(spec.order_by, "ascending")] if spec.order_by else []) \
             + [(_SEQ, "ascending")]
         table = table.sort_by(order)
@@ -579,16 +615,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     if any(checkpoint is None for checkpoint in committed.values()):
         _create_changelogs(job)  # a partition commits its first batch only after its streams exist
     spark = df.sparkSession
-    from pyspark.sql import functions as F
-
-    # Route in the JVM but for the key's partition (an Arrow UDF of the key column only): the
-    # sequence number is fixed before the shuffle (input partition and row position, the same each
-    # time Spark executes the batch again), then job partition p goes to Spark partition p.
-    route_of = F.array(*(F.lit(value) for value in routes(job.partitions)))
-    prepared = df.withColumn(_PARTITION, _partition_udf(spec)(F.col(key))) \
-        .withColumn(_SEQ, F.monotonically_increasing_id()) \
-        .withColumn(_ROUTE, F.element_at(route_of, F.col(_PARTITION) + 1))
-    shuffled = prepared.repartition(job.partitions, _ROUTE).drop(_ROUTE)
+    shuffled = routed(df, spec)
     # "dataframe:" keeps these run ids apart from `localstate run`'s (their instances have other sinks).
     task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault)
     started = time.perf_counter()
@@ -632,6 +659,20 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     return batch_outputs(spark, job, batch_id, committed)
 
 
+def routed(df: Any, spec: DataFrameSpec) -> Any:
+    """``df`` with its rows' job partition (:func:`partition_column`) and sequence number, shuffled so
+    that job partition ``p`` is Spark partition ``p``. The sequence number is fixed before the shuffle
+    (input partition and row position), so it is the same each time Spark executes the batch again."""
+    from pyspark.sql import functions as F
+
+    # Few DataFrame calls: each is a Py4J round trip and an analysis of the plan, per micro-batch.
+    # Bigint literals: routes() gives the values by Spark's hash of a long (an int hashes otherwise).
+    route_of = ", ".join(f"{value}L" for value in routes(spec.job.partitions))
+    prepared = df.withColumns({_PARTITION: partition_column(spec), _SEQ: F.monotonically_increasing_id()}) \
+        .withColumn(_ROUTE, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
+    return prepared.repartition(spec.job.partitions, _ROUTE)  # the apply ignores the route column
+
+
 def release(job: JobConfig | str | os.PathLike[str]) -> None:
     """Make the Python workers close the instances of ``job`` they keep open (:func:`foreach_batch`,
     ``keep_open``), waiting until each partition is free: call it after stopping a query, before
@@ -673,9 +714,9 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int,
     if not files:
         # A filter that is always false becomes an empty local relation (Spark's PruneFilters): no
         # code to generate, no Range to scan. (createDataFrame([]) would run a Python RDD.)
-        columns = [f"CAST(NULL AS {kind}) AS {name}" for name, kind in
-                   (column.split() for column in OUTPUT_SCHEMA.split(", "))]
-        return spark.range(1).selectExpr(*columns).where("false")
+        columns = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in
+                            (column.split() for column in OUTPUT_SCHEMA.split(", ")))
+        return spark.sql(f"SELECT {columns} WHERE false")  # one Py4J call
     return spark.read.schema(OUTPUT_SCHEMA).parquet(*files)
 
 

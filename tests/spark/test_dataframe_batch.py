@@ -142,14 +142,52 @@ def test_checkpoint_batch_field():
             Checkpoint.from_json(json.dumps({**json.loads(old), "batch": bad}), "bad")
 
 
-def test_routes_land_in_their_own_spark_partition(spark):
-    """routes() reproduces Spark's hash partitioning: job partition p is Spark partition p."""
+@pytest.mark.parametrize("partitions", [1, 2, 3, 4, 7, 16])
+def test_rows_land_in_their_own_spark_partition(spark, tmp_path, partitions):
+    """The batch's shuffle (routed(), what run_batch applies): every row's job partition is
+    partition_for of its key, computed in the JVM for string and integer keys (Kafka's murmur2 through
+    commons-codec) and by the Arrow UDF for binary keys, and job partition p is Spark partition p (one
+    job partition per apply task, all of them in parallel)."""
     from pyspark.sql import functions as F
 
-    from localstate.core.spark.dataframe import routes
+    from localstate.core.partitioner import partition_for
+    from localstate.core.spark.dataframe import dataframe_spec, routed
 
-    for partitions in (1, 2, 3, 7, 16):
-        values = routes(partitions)
-        df = spark.createDataFrame([(v, p) for p, v in enumerate(values)], "route long, p int")
-        placed = df.repartition(partitions, "route").select("p", F.spark_partition_id().alias("spark")).collect()
-        assert sorted((row.p, row.spark) for row in placed) == [(p, p) for p in range(partitions)]
+    rng = random.Random(partitions)
+    alphabet = "az09-_ üß€日本𝄞"
+    texts = ["", "a", "ab", "abc", "abcd"] + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(30)))
+                                              for _ in range(400)]
+    numbers = [0, 1, -1, 2**31 - 1, -2**31, 2**63 - 1, -2**63] + [rng.randrange(-2**63, 2**63) for _ in range(300)]
+    cases = [
+        ("string", texts, texts),
+        ("binary", [t.encode() + bytes([rng.randrange(256)]) for t in texts], None),
+        ("bigint", numbers, None),
+        ("int", [n % 2**31 - (2**30 if n % 2 else 0) for n in numbers], None),
+        ("smallint", list(range(-2**15, 2**15, 97)), None),
+        ("tinyint", list(range(-128, 128)), None),
+    ]
+    job = job_config(tmp_path / "state", partitions=partitions)
+    for kind, keys, _ in cases:
+        df = spark.createDataFrame([(k, i) for i, k in enumerate(keys)], f"k {kind}, i int").repartition(3)
+        shuffled = routed(df, dataframe_spec(df, job, key="k"))
+        rows = shuffled.select("i", F.col("__localstate_partition").alias("job"),
+                               F.spark_partition_id().alias("spark")).collect()
+        assert len(rows) == len(keys), kind
+        for row in rows:
+            assert row.job == partition_for(keys[row.i], partitions), (kind, keys[row.i])
+            assert row.spark == row.job, kind
+
+
+def test_null_keys_are_refused_on_every_key_type(spark, tmp_path):
+    """A null key fails the batch with SchemaError naming the column, before any partition applies it,
+    whether the key is hashed in the JVM (string, integer) or by the Arrow UDF (binary)."""
+    job = job_config(tmp_path / "state", partitions=3)
+    for kind, key in (("string", "a"), ("bigint", 5), ("binary", b"a")):
+        df = spark.createDataFrame([(key, "/p", 1), (None, "/p", 2)], f"user {kind}, page string, ts long")
+        with pytest.raises(SchemaError, match="null key") as info:
+            run_batch(df, job, key="user")
+        assert info.value.context.get("column") == "user" or "'user'" in str(info.value)
+    from localstate.core.runtime import checkpoint_store
+
+    committed = checkpoint_store(job).load_all(3).values()
+    assert all(checkpoint is None or checkpoint.batch is None for checkpoint in committed)  # no batch applied
