@@ -2,8 +2,8 @@
 (native groupBy().count(), transformWithStateInPandas, applyInPandasWithState; measured by
 ../shared/peers/spark_peer.py in a subprocess of the same run, on the same workload shape).
 
-    python -m bench spark [--json] [--quick] [--events N] [--users K] [--warmup-events W] [--no-peer]
-                          [--no-dataframe] [--peer PATH]
+    python -m bench spark [--json] [--quick] [--events N] [--users K] [--warmup-events W] [--rounds R]
+                          [--no-peer] [--no-dataframe] [--peer PATH]
 
 Workload: N events, user ``user-%08d`` uniform over K users (numpy default_rng(seed), as the
 peer), written untimed as pre-partitioned JSON lines; one micro-batch per N/10 events. Timed: the
@@ -12,9 +12,10 @@ start and a warm-up excluded, as the peer does). Warm-up: W events (default a fi
 micro-batches through the same path, untimed, so that what is timed is the steady state a long-running
 query reaches (the JVM's JIT and Spark's generated code warm); the same W for both localstate paths and
 for Spark's native aggregation (the pandas variants keep the peer's 4,000: at ~1k events/s a larger
-warm-up would not fit their budget). localstate runs twice, before and after Spark's
-native aggregation (the machine is shared: the ratios use both runs). Correctness: every user's
-count read back from the stores equals numpy.bincount.
+warm-up would not fit their budget). localstate runs before and after Spark's native aggregation
+(the machine is shared: the ratios use every run); ``--rounds R`` repeats the pair (native path,
+DataFrame path) R times, alternating, and the DataFrame/native ratio uses all of them. Correctness:
+every user's count read back from the stores equals numpy.bincount.
 
 The DataFrame entry point (``localstate.spark.foreach_batch``) runs the same job on the same
 events, read by a Parquet file streaming source with one file per micro-batch (ten, as the peer
@@ -312,7 +313,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--no-peer", action="store_true", help="skip Spark's own stateful streaming")
     parser.add_argument("--no-dataframe", action="store_true", help="skip the DataFrame entry point")
     parser.add_argument("--peer", type=Path, default=PEER, help="the peer script (default: ../shared/peers)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of (native path, DataFrame path), alternating; the ratio uses all of them")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     events = args.events or (200_000 if args.quick else 1_000_000)
     warmup = max(2, args.warmup_events if args.warmup_events is not None else events // 5)
     partitions = 2
@@ -325,15 +330,28 @@ def main(argv: list[str]) -> int:
         data.mkdir()
         expected = _write_events(data, events, args.users, args.seed, partitions)
         budget = 20.0 if args.quick else 40.0
-        runs = [_localstate(root / "run1", data, partitions, args.backend, events, expected, args.users, warmup)]
-        if peer:
-            # The machine is shared: measure localstate before and after Spark's native aggregation
-            # and compare with the mean, so that a change of background load between the two
-            # measurements shows (both rows) instead of skewing the ratio.
-            rates, failure = _peer(args.peer, events, args.users, args.seed, budget, budget + 60, "a", 10, warmup)
-            runs.append(_localstate(root / "run2", data, partitions, args.backend, events, expected, args.users,
-                                    warmup))
-        correct = all(ok for _, _, ok in runs)
+
+        def native(name: str) -> tuple[float, RunSummary, bool]:
+            return _localstate(root / name, data, partitions, args.backend, events, expected, args.users, warmup)
+
+        if not args.no_dataframe:
+            _write_parquet_batches(root / "parquet", events, args.users, args.seed, 10)
+        # Rounds alternate the native path and the DataFrame path, so that a change of background load
+        # during the run weighs on both; the ratio uses every round's runs.
+        runs, df_runs = [], []
+        for round_index in range(args.rounds):
+            runs.append(native(f"run{len(runs) + 1}"))
+            if peer and round_index == 0:
+                # Measure localstate before and after Spark's native aggregation and compare with the
+                # mean, so that a change of background load between the two shows (both rows).
+                rates, failure = _peer(args.peer, events, args.users, args.seed, budget, budget + 60, "a", 10,
+                                       warmup)
+                runs.append(native(f"run{len(runs) + 1}"))
+            if not args.no_dataframe:
+                df_runs.append(_localstate_dataframe(root / f"dataframe{round_index + 1}", root / "parquet",
+                                                     partitions, args.backend, events, expected, args.users,
+                                                     warmup))
+        correct = all(ok for _, _, ok in runs) and all(ok for _, _, ok in df_runs)
         for index, (seconds, summary, ok) in enumerate(runs, 1):
             tasks = sum(b.tasks for b in summary.batches)
             report.add(f"localstate on Spark (kv/{args.backend}), run {index}", events_per_s=events / seconds,
@@ -341,21 +359,21 @@ def main(argv: list[str]) -> int:
                        kept_open_pct=100.0 * sum(b.reused for b in summary.batches) / max(1, tasks))
         rate = len(runs) * events / sum(seconds for seconds, _, _ in runs)
         if len(runs) > 1:
-            report.add(f"localstate on Spark (kv/{args.backend}), both runs", events_per_s=rate)
+            report.add(f"localstate on Spark (kv/{args.backend}), all runs", events_per_s=rate)
         _breakdown(report, [summary for _, summary, _ in runs])
-        if not args.no_dataframe:
-            _write_parquet_batches(root / "parquet", events, args.users, args.seed, 10)
-            df_seconds, df_reports, df_ok = _localstate_dataframe(root / "dataframe", root / "parquet", partitions,
-                                                                  args.backend, events, expected, args.users,
-                                                                  warmup)
-            correct = correct and df_ok
-            df_rate = events / df_seconds
-            applied = sum(len(r.applied) for r in df_reports)
-            report.add(f"localstate DataFrame entry point (foreachBatch, kv/{args.backend})",
-                       events_per_s=df_rate, seconds=df_seconds, batches=len(df_reports), correct=df_ok,
-                       kept_open_pct=100.0 * sum(len(r.reused) for r in df_reports) / max(1, applied))
+        if df_runs:
+            for index, (seconds, reports, ok) in enumerate(df_runs, 1):
+                applied = sum(len(r.applied) for r in reports)
+                report.add(f"localstate DataFrame entry point (foreachBatch, kv/{args.backend}), run {index}",
+                           events_per_s=events / seconds, seconds=seconds, batches=len(reports), correct=ok,
+                           kept_open_pct=100.0 * sum(len(r.reused) for r in reports) / max(1, applied))
+            df_seconds = sum(seconds for seconds, _, _ in df_runs)
+            df_rate = len(df_runs) * events / df_seconds
+            if len(df_runs) > 1:
+                report.add(f"localstate DataFrame entry point (foreachBatch, kv/{args.backend}), all runs",
+                           events_per_s=df_rate)
             report.ratio("DataFrame path / native input path", df_rate / rate, ">= 0.5")
-            _dataframe_breakdown(report, df_seconds, df_reports)
+            _dataframe_breakdown(report, df_seconds, [r for _, reports, _ in df_runs for r in reports])
         if peer:
             # The pandas variants (~2k events/s) run on 100 smaller micro-batches so that several
             # complete within their time budget (their rate is then measured on those batches).
@@ -386,7 +404,7 @@ def main(argv: list[str]) -> int:
             if "b_tws_pandas" not in rates and importlib.util.find_spec("google.protobuf") is None:
                 report.notes.append("transformWithStateInPandas needs protobuf in this Python: "
                                     "pip install -e '.[bench]'")
-            report.notes.append("localstate ran before and after Spark native (ratios use both runs); "
+            report.notes.append("localstate ran before and after Spark native (ratios use every run); "
                                 "transformWithStateInPandas runs with 100 micro-batches (native with 10, like "
                                 "localstate) and, when slower than its budget, is rated on the batches it finished; "
                                 "applyInPandasWithState runs only if it fails")
