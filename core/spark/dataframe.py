@@ -45,7 +45,9 @@ import io
 import json
 import os
 import pickle
+import shutil
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count, repeat
@@ -60,7 +62,8 @@ from localstate.core.names import safe_join
 from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, checkpoint_store, job_directory, open_changelog_system
 from localstate.core.spark.failures import executor_failure, spark_failure
-from localstate.core.spark.instances import checkin, checkout, release_partitions
+from localstate.core.spark.exchange import RowExchange
+from localstate.core.spark.instances import checkin, checkout, kept_partition, release_partitions
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, LocalStateError, OutputIOError, SchemaError
@@ -404,6 +407,8 @@ class _BatchTask:
     """the Spark application: an instance kept open by one driver is never reused by another"""
     keep_open: bool
     fault: Mapping[str, Any] | None = None
+    exchange: str | None = None
+    """the batch's row exchange directory (:mod:`.exchange`; with ``keep_open``), None: no exchange"""
 
 
 def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -413,12 +418,22 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
         import numpy as np
         import pyarrow as pa
 
+        from pyspark import TaskContext
+
         started_at, started = time.time(), time.perf_counter()
+        spec = task.spec
+        exchange, kept, offer = None, None, False
+        if task.exchange is not None:  # announced before the rows arrive: the partner task reads it meanwhile
+            slot = TaskContext.get().partitionId()
+            exchange = RowExchange(Path(task.exchange), slot)
+            kept = kept_partition(spec.job, task.run_id)
+            offer = exchange.announce(slot, kept)
         collected = list(batches)
         if not collected:
+            if offer:
+                exchange.withdraw()
             return
         table = pa.Table.from_batches(collected)
-        spec = task.spec
         if table.column(spec.key).null_count:  # before anything is applied: no partition gets the batch
             raise SchemaError(f"key column {spec.key!r} holds a null key", column=spec.key,
                               hint="filter out rows without a key, or fill them in")
@@ -428,10 +443,11 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
         parts = table.column(_PARTITION).to_numpy()
         starts = np.flatnonzero(np.r_[True, parts[1:] != parts[:-1]])
         ends = np.r_[starts[1:], len(parts)]
+        own = {int(parts[start]): table.slice(start, end - start) for start, end in zip(starts.tolist(), ends.tolist())}
+        assigned = exchange.assignments(own, kept, offer) if exchange is not None else own.items()
         received = time.perf_counter() - started
-        for start, end in zip(starts.tolist(), ends.tolist()):
-            partition = int(parts[start])
-            result = _run_partition(task, partition, table.slice(start, end - start))
+        for partition, rows in assigned:
+            result = _run_partition(task, partition, rows)
             result.update(started=started_at, input=received)
             received = 0.0  # the next job partition's rows arrived with this one's
             yield pa.RecordBatch.from_pylist([result], schema=_result_schema())
@@ -617,9 +633,14 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     spark = df.sparkSession
     shuffled = routed(df, spec)
     # "dataframe:" keeps these run ids apart from `localstate run`'s (their instances have other sinks).
-    task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault)
+    # A fresh exchange directory per call: a batch Spark executes again exchanges from scratch.
+    exchange = safe_join(checkpoints.root, "exchange", uuid.uuid4().hex) if keep_open else None
+    task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault,
+                      None if exchange is None else str(exchange))
     started = time.perf_counter()
     try:
+        if exchange is not None:
+            ensure_dir(checkpoints.root, exchange)
         with _arrow_batches(spark):
             applied = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA)
             applied._jdf.queryExecution().executedPlan()  # planned here (collect reuses it): timed apart
@@ -629,6 +650,9 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
         raise
     except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
         raise spark_failure(exc, batch_id) from None
+    finally:
+        if exchange is not None:
+            shutil.rmtree(exchange, ignore_errors=True)  # the job is over: no task reads it any more
     errors = [r["error"] for r in results if r["error"] is not None]
     if errors:
         raise pickle.loads(errors[0])

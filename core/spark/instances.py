@@ -54,8 +54,8 @@ from localstate.core.streams import StreamSink
 from localstate.core.task import OutgoingMessage
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
-__all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim",
-           "open_planned", "acquire_partition", "clear_requests", "release_partitions", "LOCK_TIMEOUT"]
+__all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim", "try_claim",
+           "claimed_by", "open_planned", "acquire_partition", "clear_requests", "release_partitions", "LOCK_TIMEOUT"]
 
 log = logging.getLogger(__name__)
 
@@ -314,34 +314,57 @@ def claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | N
 def _claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None) -> int:
     """Claim one of ``partitions`` for Spark task ``slot`` of a batch (``directory`` is the batch's,
     shared by its tasks): the one this slot claimed before (a retried attempt continues with it),
-    else ``prefer`` (the partition this worker keeps open) if free, else the first free one.
+    else ``prefer`` (the partition this worker keeps open) if free, else the first free one. A batch
+    has as many slots as partitions and each slot holds at most one claim, so a free partition is
+    always left."""
+    for partition in claimed_by(directory, slot):
+        if partition in partitions:
+            return partition
+    order = ([prefer] if prefer in partitions else []) + [p for p in partitions if p != prefer]
+    for partition in order:
+        if try_claim(directory, partition, slot):
+            return partition
+    raise FencedError(f"Spark task {slot} found every partition of its batch claimed ({list(partitions)})",
+                      path=str(directory), hint="a batch's tasks and partitions no longer match: run the job again")
 
-    A claim is a file ``<partition>`` holding the slot number, created atomically with its content
-    (written aside, then hard-linked: ``link`` fails if the name exists). A batch has as many slots as
-    partitions and each slot holds at most one claim, so a free partition is always left."""
-    ensure_dir(directory.parent.parent, directory)  # claims/<run> below the checked checkpoints dir
-    for partition in partitions:
-        try:
-            if (directory / str(partition)).read_text() == str(slot):
-                return partition
-        except FileNotFoundError:
-            pass
+
+def try_claim(directory: Path, partition: int, slot: int) -> bool:
+    """Claim ``partition`` for Spark task ``slot`` in ``directory`` (a batch's claims, shared by its
+    tasks): True if the slot holds it now (also when it claimed it before), False if another slot
+    does. A claim is a file ``<partition>`` holding the slot number, created atomically with its
+    content (written aside, then hard-linked: ``link`` fails if the name exists)."""
+    ensure_dir(directory.parent.parent, directory)  # below the checked checkpoints dir
+    target = directory / str(int(partition))
+    try:
+        return target.read_text() == str(slot)
+    except FileNotFoundError:
+        pass
     mine = directory / f".slot-{slot}-{os.getpid()}"
     mine.unlink(missing_ok=True)  # a stale one (pid reused); never written through a symlink
     with os.fdopen(open_nofollow(mine, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
         handle.write(str(slot))
     try:
-        order = ([prefer] if prefer in partitions else []) + [p for p in partitions if p != prefer]
-        for partition in order:
-            try:
-                os.link(mine, directory / str(partition))
-                return partition
-            except FileExistsError:
-                continue
+        os.link(mine, target)
+        return True
+    except FileExistsError:
+        return target.read_text() == str(slot)
     finally:
         mine.unlink(missing_ok=True)
-    raise FencedError(f"Spark task {slot} found every partition of its batch claimed ({list(partitions)})",
-                      path=str(directory), hint="a batch's tasks and partitions no longer match: run the job again")
+
+
+def claimed_by(directory: Path, slot: int) -> list[int]:
+    """The partitions Spark task ``slot`` claimed in ``directory`` (a retried attempt's), in order."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in os.listdir(directory):
+        if entry.isdigit():
+            try:
+                if (directory / entry).read_text() == str(slot):
+                    found.append(int(entry))
+            except FileNotFoundError:
+                continue
+    return sorted(found)
 
 
 def checkout(job: JobConfig, partition: int, run_id: str,

@@ -148,6 +148,8 @@ def test_kept_instances_stay_exact_across_kills_restarts_replays_and_foreign_com
             earlier = [r for r in reports[:reports.index(report)] if partition in r.applied]
             assert earlier and earlier[-1].workers[partition] == report.workers[partition]
     assert attempts == {0: 1, 1: 1, 2: 2, 3: 2, 4: 1, 5: 1, 6: 1}  # the sink saw each call once
+    exchanges = checkpoint_store(job).root / "exchange"  # each batch's row exchange, removed after it
+    assert exchanges.is_dir() and not list(exchanges.iterdir())
 
     counts, expected = expected_outputs(batches)
     got = _sink_rows(sink)

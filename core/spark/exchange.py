@@ -1,0 +1,150 @@
+"""Row exchange between the apply tasks of one DataFrame batch: rows go to the worker whose
+partition is still open.
+
+After the batch's shuffle, Spark task ``s`` holds the rows of job partition ``s``, but which Python
+worker runs it is Spark's choice (its idle-worker queue). A worker that kept partition ``k`` open
+since the last batch (:mod:`.instances`) and now gets the rows of ``p != k`` would close ``k`` and
+reopen ``p`` with a cold cache, while the worker that kept ``p`` does the same the other way round.
+The tasks of a batch exchange rows instead, through files in the batch's exchange directory (on the
+state directory's file system, like the partition locks; removed by the driver after the batch):
+
+1. At its start (before its rows arrive) each task writes its *intent*: ``keep`` (its worker keeps
+   nothing, or the task's own partition) or ``offer`` (its worker keeps another partition).
+2. A task that offers writes its rows to ``rows-<p>.arrow`` (written aside, then renamed: a reader
+   sees all of them or nothing), then claims the partition its worker keeps if that partition's rows
+   are offered (waiting for them only while their task has said ``offer`` and is still writing them,
+   :data:`WAIT`), else its own, else any offered partition nobody claimed.
+3. When done with that, it claims its own partition if nobody took it, and applies it too.
+
+A claim is a file per partition holding the claiming task's slot, created atomically
+(:func:`~.instances.try_claim`), so each partition is applied by exactly one task; a partition
+whose rows were never written to a file can only be claimed by its own task. A retried task attempt
+(its Python worker died) applies what its slot claimed before, reading rows it does not hold from
+their files. Nothing waits unboundedly: a task whose offered partition is not claimed applies it
+itself, and the wait for a partner's rows is bounded. Exactly once is not this module's business:
+each partition's checkpoint (batch id, generation fencing) still decides whether a batch is applied.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from localstate.core.fsutil import open_nofollow, read_nofollow
+from localstate.core.spark.instances import claimed_by, try_claim
+
+__all__ = ["RowExchange", "WAIT"]
+
+WAIT = 2.0
+"""Seconds a task waits for the rows of the partition its worker keeps, once that partition's task
+said it offers them (it is receiving its own rows from the shuffle; normally milliseconds)."""
+_POLL = 0.001
+
+
+class RowExchange:
+    """One apply task's side of a batch's row exchange (directory ``directory``, Spark task ``slot``)."""
+
+    def __init__(self, directory: Path, slot: int) -> None:
+        self.directory = Path(directory)
+        self.slot = slot
+        self.claims = self.directory / "claims"
+
+    # -- files ------------------------------------------------------------------------------------
+    def _rows_path(self, partition: int) -> Path:
+        return self.directory / f"rows-{int(partition)}.arrow"
+
+    def _intent_path(self, slot: int) -> Path:
+        return self.directory / f"intent-{int(slot)}"
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """``data`` at ``path``, renamed into place (no fsync: the files live for one batch execution,
+        and a crash makes Spark execute the batch again under a new directory)."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+
+    def _intent(self, slot: int) -> str | None:
+        try:
+            return read_nofollow(self._intent_path(slot)).decode()
+        except FileNotFoundError:
+            return None
+
+    def _offered(self, partition: int) -> bool:
+        return self._rows_path(partition).exists()
+
+    def _read_rows(self, partition: int) -> Any:
+        import pyarrow as pa
+
+        with pa.OSFile(str(self._rows_path(partition)), "rb") as source:
+            return pa.ipc.open_file(source).read_all()
+
+    def _offer(self, partition: int, rows: Any) -> None:
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        self._write(self._rows_path(partition), sink.getvalue().to_pybytes())
+
+    # -- protocol ---------------------------------------------------------------------------------
+    def announce(self, own: int, kept: int | None) -> bool:
+        """Step 1, at the task's start: whether this task will offer its rows (``kept`` is the
+        partition its worker keeps open, ``own`` the job partition of its Spark partition)."""
+        offer = kept is not None and kept != own
+        self._write(self._intent_path(self.slot), b"offer" if offer else b"keep")
+        return offer
+
+    def withdraw(self) -> None:
+        """Say ``keep`` after all (the task got no rows, or not the partition it expected), so that no
+        other task waits for its rows."""
+        self._write(self._intent_path(self.slot), b"keep")
+
+    def assignments(self, own: Mapping[int, Any], kept: int | None, offer: bool) -> Iterator[tuple[int, Any]]:
+        """The ``(partition, rows)`` this task applies, in order. ``own``: the rows of the job
+        partitions in this Spark partition (with routes, exactly one: the slot's); ``offer``: what
+        :meth:`announce` returned."""
+        if offer and (len(own) != 1 or kept is None or kept in own):
+            self.withdraw()
+            offer = False
+        before = claimed_by(self.claims, self.slot)
+        if before:  # a retried attempt: apply what the slot claimed before, in the same order
+            for partition in before:
+                yield partition, own[partition] if partition in own else self._read_rows(partition)
+            for partition in own:
+                if partition not in before and try_claim(self.claims, partition, self.slot):
+                    yield partition, own[partition]
+            return
+        if not offer or kept is None:
+            for partition, rows in own.items():
+                if try_claim(self.claims, partition, self.slot):  # nobody else can: its rows are in no file
+                    yield partition, rows
+            return
+        (mine, rows), = own.items()
+        self._offer(mine, rows)
+        first = self._main_claim(mine, kept)
+        if first is not None:
+            yield first, rows if first == mine else self._read_rows(first)
+        if first != mine and try_claim(self.claims, mine, self.slot):  # nobody took the offered rows
+            yield mine, rows
+
+    def _main_claim(self, mine: int, kept: int) -> int | None:
+        """The partition this task applies first: ``kept`` if its rows come, else its own, else any
+        offered partition nobody claimed (None: every partition it could take is taken)."""
+        deadline = time.monotonic() + WAIT
+        # The rows of partition ``kept`` come from Spark task ``kept`` (routes map p to p).
+        while not self._offered(kept) and self._intent(kept) == "offer" and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        if self._offered(kept) and try_claim(self.claims, kept, self.slot):
+            return kept
+        if try_claim(self.claims, mine, self.slot):
+            return mine
+        for entry in sorted(os.listdir(self.directory)):
+            if entry.startswith("rows-") and entry.endswith(".arrow"):
+                partition = int(entry[5:-6])
+                if try_claim(self.claims, partition, self.slot):
+                    return partition
+        return None
