@@ -79,8 +79,7 @@ class RowExchange:
     def _read_rows(self, partition: int) -> Any:
         import pyarrow as pa
 
-        with pa.OSFile(str(self._rows_path(partition)), "rb") as source:
-            return pa.ipc.open_file(source).read_all()
+        return pa.ipc.open_file(pa.py_buffer(read_nofollow(self._rows_path(partition)))).read_all()
 
     def _offer(self, partition: int, rows: Any) -> None:
         import pyarrow as pa
