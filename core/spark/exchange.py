@@ -13,8 +13,9 @@ state directory's file system, like the partition locks; removed by the driver a
 2. A task that offers writes its rows to ``rows-<p>.arrow`` (written aside, then renamed: a reader
    sees all of them or nothing), then claims the partition its worker keeps if that partition's rows
    are offered (waiting for them only while their task has said ``offer`` and is still writing them,
-   :data:`WAIT`), else its own, else any offered partition nobody claimed.
-3. When done with that, it claims its own partition if nobody took it, and applies it too.
+   :data:`WAIT`), else its own, else any offered partition nobody claimed; then it says ``decided``.
+3. When done with that, it claims its own partition if nobody took it (after every task that offers
+   has decided, so that a keeper about to take the rows gets them), and applies it too.
 
 A claim is a file per partition holding the claiming task's slot, created atomically
 (:func:`~.instances.try_claim`), so each partition is applied by exactly one task; a partition
@@ -66,6 +67,19 @@ class RowExchange:
         with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
+
+    def _decided_path(self, slot: int) -> Path:
+        return self.directory / f"decided-{int(slot)}"
+
+    def _undecided_offers(self) -> bool:
+        """Whether another task said it offers its rows and has not made its first claim yet (it may
+        still claim the rows this task offered)."""
+        for entry in os.listdir(self.directory):
+            if entry.startswith("intent-") and entry[7:].isdigit() and int(entry[7:]) != self.slot:
+                slot = int(entry[7:])
+                if self._intent(slot) == "offer" and not self._decided_path(slot).exists():
+                    return True
+        return False
 
     def _intent(self, slot: int) -> str | None:
         try:
@@ -125,10 +139,17 @@ class RowExchange:
         (mine, rows), = own.items()
         self._offer(mine, rows)
         first = self._main_claim(mine, kept)
+        self._write(self._decided_path(self.slot), b"")
         if first is not None:
             yield first, rows if first == mine else self._read_rows(first)
-        if first != mine and try_claim(self.claims, mine, self.slot):  # nobody took the offered rows
-            yield mine, rows
+        if first != mine:
+            # The offered rows go to their keeper if it is about to claim them; if nobody takes them,
+            # this task applies them itself.
+            deadline = time.monotonic() + WAIT
+            while self._undecided_offers() and time.monotonic() < deadline:
+                time.sleep(_POLL)
+            if try_claim(self.claims, mine, self.slot):
+                yield mine, rows
 
     def _main_claim(self, mine: int, kept: int) -> int | None:
         """The partition this task applies first: ``kept`` if its rows come, else its own, else any

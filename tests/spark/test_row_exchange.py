@@ -32,7 +32,7 @@ def _task(directory: str, slot: int, kept: int | None, has_rows: bool, start: ob
         exchange_module.WAIT = wait
     exchange = RowExchange(Path(directory), slot)
     offer = exchange.announce(slot, kept)
-    start.wait()  # type: ignore[attr-defined]
+    start.wait()  # type: ignore[attr-defined]  # every task has announced (Spark starts a batch's tasks together)
     if not has_rows:
         if offer:
             exchange.withdraw()
@@ -47,16 +47,15 @@ def _task(directory: str, slot: int, kept: int | None, has_rows: bool, start: ob
 
 
 def _run(directory: Path, specs: list[dict], wait: float | None = None) -> dict[int, list]:
-    """Run one process per task spec (``slot``, ``kept``, ``rows``, ``kill``) released together;
-    returns each finished slot's applied ``(partition, rows)``."""
+    """Run one process per task spec (``slot``, ``kept``, ``rows``, ``kill``), released together once
+    all have announced; returns each finished slot's applied ``(partition, rows)``."""
     directory.mkdir(parents=True, exist_ok=True)
-    start, out = CTX.Event(), CTX.Queue()
+    start, out = CTX.Barrier(len(specs)), CTX.Queue()
     processes = [CTX.Process(target=_task, args=(str(directory), spec["slot"], spec.get("kept"),
                                                  spec.get("rows", True), start, out, spec.get("kill", False),
                                                  wait)) for spec in specs]
     for process in processes:
         process.start()
-    start.set()
     results: dict[int, list] = {}
     for process in processes:
         process.join(HANG)
