@@ -66,7 +66,7 @@ from localstate.core.spark.exchange import RowExchange
 from localstate.core.spark.instances import checkin, checkout, kept_partition, release_partitions
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
-from localstate.errors import BatchOrderError, LocalStateError, OutputIOError, SchemaError
+from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
            "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes", "ARROW_BATCH_ROWS", "partition_column",
@@ -640,7 +640,11 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     started = time.perf_counter()
     try:
         if exchange is not None:
-            ensure_dir(checkpoints.root, exchange)
+            try:
+                ensure_dir(checkpoints.root, exchange)
+            except OSError as exc:
+                raise os_error(exc, "create the batch's row exchange directory", exchange, CheckpointIOError,
+                               batch=batch_id) from exc
         with _arrow_batches(spark):
             applied = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA)
             applied._jdf.queryExecution().executedPlan()  # planned here (collect reuses it): timed apart

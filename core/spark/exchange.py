@@ -31,11 +31,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from localstate.core.fsutil import open_nofollow, read_nofollow
+from localstate.core.fsutil import open_nofollow, os_error, read_nofollow
 from localstate.core.spark.instances import claimed_by, try_claim
+from localstate.errors import CheckpointIOError
 
 __all__ = ["RowExchange", "WAIT"]
 
@@ -103,23 +105,38 @@ class RowExchange:
             writer.write_table(rows)
         self._write(self._rows_path(partition), sink.getvalue().to_pybytes())
 
+    @contextmanager
+    def _typed(self) -> Iterator[None]:
+        """An OS error (read-only or full state directory) as CheckpointIOError naming the directory."""
+        try:
+            yield
+        except OSError as exc:
+            raise os_error(exc, "exchange a batch's rows in", self.directory, CheckpointIOError,
+                           slot=self.slot) from exc
+
     # -- protocol ---------------------------------------------------------------------------------
     def announce(self, own: int, kept: int | None) -> bool:
         """Step 1, at the task's start: whether this task will offer its rows (``kept`` is the
         partition its worker keeps open, ``own`` the job partition of its Spark partition)."""
         offer = kept is not None and kept != own
-        self._write(self._intent_path(self.slot), b"offer" if offer else b"keep")
+        with self._typed():
+            self._write(self._intent_path(self.slot), b"offer" if offer else b"keep")
         return offer
 
     def withdraw(self) -> None:
         """Say ``keep`` after all (the task got no rows, or not the partition it expected), so that no
         other task waits for its rows."""
-        self._write(self._intent_path(self.slot), b"keep")
+        with self._typed():
+            self._write(self._intent_path(self.slot), b"keep")
 
     def assignments(self, own: Mapping[int, Any], kept: int | None, offer: bool) -> Iterator[tuple[int, Any]]:
         """The ``(partition, rows)`` this task applies, in order. ``own``: the rows of the job
         partitions in this Spark partition (with routes, exactly one: the slot's); ``offer``: what
-        :meth:`announce` returned."""
+        :meth:`announce` returned. File-system errors are CheckpointIOError naming the directory."""
+        with self._typed():
+            yield from self._assignments(own, kept, offer)
+
+    def _assignments(self, own: Mapping[int, Any], kept: int | None, offer: bool) -> Iterator[tuple[int, Any]]:
         if offer and (len(own) != 1 or kept is None or kept in own):
             self.withdraw()
             offer = False

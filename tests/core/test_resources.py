@@ -474,6 +474,31 @@ def test_spark_partition_claim_on_read_only_state_dir_is_typed(small_fs):
     assert_names(info.value, claims)
 
 
+def test_dataframe_row_exchange_on_full_or_read_only_state_dir_is_typed(small_fs):
+    """A DataFrame batch's row exchange (core/spark/exchange.py) on a full, then read-only, state
+    directory: CheckpointIOError naming the exchange directory, never a bare OSError."""
+    import pyarrow as pa
+
+    from localstate.core.spark.exchange import RowExchange
+
+    directory = small_fs.root / "exchange" / "batch"
+    directory.mkdir(parents=True)
+    rows = pa.table({"key": ["k" * 1000] * 2000})  # ~2 MB: more than the full file system has left
+    exchange = RowExchange(directory, 0)
+    assert exchange.announce(0, 1)  # keeps partition 1: will offer its rows
+    small_fs.fill()
+    with pytest.raises(CheckpointIOError) as info:
+        list(exchange.assignments({0: rows}, 1, True))
+    assert info.value.errno == errno.ENOSPC
+    assert_names(info.value, directory)
+    small_fs.free()
+    small_fs.read_only()
+    with pytest.raises(CheckpointIOError) as info:
+        RowExchange(directory, 1).announce(1, 0)
+    assert info.value.errno == errno.EROFS
+    assert_names(info.value, directory)
+
+
 def test_resource_errors_keep_errno_and_context_across_pickling():
     import pickle
 
