@@ -34,6 +34,7 @@ from localstate.errors import CheckpointError
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from pipelined_job import STREAM, CountingTask, feed_until, open_instance  # noqa: E402
+from test_objectstore_checkpoint_saves import CountingStore  # noqa: E402
 from test_objectstore_pipelined import COMMIT_EVERY, assert_exact, committed, run_child, state  # noqa: E402
 
 PREFIX = f"changelogs/{STREAM}/0"
@@ -182,33 +183,6 @@ def test_reset_clears_a_partition_whose_checkpoint_was_lost(objectstore_options,
     instance.close(commit=False)
 
 
-class CountingStore(ObjectStore):
-    """The job's object store, recording each request as (kind, key or prefix)."""
-
-    def __init__(self, store: ObjectStore) -> None:
-        super().__init__(store.fs, store.base, store.url, store.spec)
-        self.requests: list[tuple[str, str]] = []
-
-    def put(self, key: str, data: Any) -> None:
-        self.requests.append(("put", key))
-        super().put(key, data)
-
-    def get(self, key: str) -> bytes:
-        self.requests.append(("get", key))
-        return super().get(key)
-
-    def list(self, prefix: str):
-        self.requests.append(("list", prefix))
-        return super().list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.requests.append(("delete", key))
-        super().delete(key)
-
-    def on(self, prefix: str) -> Counter[str]:
-        return Counter(kind for kind, key in self.requests if key.startswith(prefix))
-
-
 def counted_open(config: JobConfig) -> tuple[TaskInstance, CountingStore]:
     """Partition 0 opened with every request to the storage (changelog and checkpoints) counted."""
     system = open_changelog_system(config)
@@ -232,6 +206,6 @@ def test_the_listing_is_one_request_on_a_fresh_open_and_none_with_a_checkpoint(o
     # Only the stream's metadata (ensure_stream, partition()): what an open cost before the check
     # existed; the warm local store reads no object of the chain.
     assert reopened.on("changelogs/") == Counter({"get": 2})
-    assert all(kind != "list" or key.startswith("jobs/") for kind, key in reopened.requests)
+    assert all(kind != "list" or key.startswith("jobs/") for kind, key in reopened.log)
     assert_exact(instance, tmp_path, 2 * COMMIT_EVERY)
     instance.close(commit=False)
