@@ -3,8 +3,9 @@
 shared directory and on SeaweedFS S3:
 
 * checkpoints deleted after some commits: the open is refused with a typed CheckpointError naming the
-  store, stream, partition, prefix and object count; nothing in storage changes (garbage collection
-  included), and putting the checkpoints back gives the exact state;
+  store, stream, partition, prefix and object count, and so is the Spark driver's initial checkpoint
+  (cluster mode); nothing in storage changes (garbage collection included), and putting the
+  checkpoints back gives the exact state;
 * a real child process SIGKILLed before its first commit's checkpoint was saved (its delta written):
   the restart is not refused and is exactly-once — the open-time checkpoint names the empty chain;
 * ``localstate reset`` clears such a partition: the next start is empty, without an error;
@@ -27,7 +28,8 @@ import pytest
 from localstate.changelog.objectstore.storage import ObjectStore
 from localstate.core.cli import main
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.runtime import TaskInstance, check_no_history, checkpoint_store, open_changelog_system
+from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system
+from localstate.core.spark.runner import SparkJobRunner
 from localstate.core.streams.sink import StreamSink
 from localstate.errors import CheckpointError
 
@@ -124,14 +126,15 @@ def test_a_lost_checkpoint_is_refused_and_restoring_it_gives_the_exact_state(obj
     assert "localstate reset" in error.hint and "versioning" in error.hint
     # The refusal wrote nothing: no checkpoint of a new generation, no object, nothing deleted.
     assert listing(store, CHECKPOINTS) == {} and listing(store, PREFIX) == before
-    # The Spark driver asks the same of a partition it has no checkpoint for (cluster mode): a
-    # partition opened but never adopted, as its initial-checkpoint check holds it.
-    system = open_changelog_system(config)
-    held = system.partition(STREAM, 0)
-    with pytest.raises(CheckpointError, match="the checkpoint is missing"):
-        check_no_history(held, store="counts", partition=0, checkpoint_where="the driver's checkpoints")
-    held.close()
+    # The Spark driver refuses it the same way before giving a partition its initial checkpoint
+    # (cluster mode), and saves none.
+    runner = SparkJobRunner(config, context=object(), master="spark://cluster:7077", progress=None)
+    with pytest.raises(CheckpointError, match="the checkpoint is missing") as refused:
+        runner._initial_checkpoints()
+    assert refused.value.context["path"] == where and refused.value.context["objects"] == len(before)
+    assert listing(store, CHECKPOINTS) == {}
     # Garbage collection does not destroy the evidence, however old the objects are.
+    system = open_changelog_system(config)
     stats = system.collect_garbage(STREAM, now=time.time() + 10 ** 6)
     assert stats.segments_deleted == 0 and listing(store, PREFIX) == before
     system.close()
