@@ -9,7 +9,8 @@ shared directory and on SeaweedFS S3:
 * a real child process SIGKILLed before its first commit's checkpoint was saved (its delta written):
   the restart is not refused and is exactly-once — the open-time checkpoint names the empty chain;
 * ``localstate reset`` clears such a partition: the next start is empty, without an error;
-* the listing costs one request per stream partition on a fresh open and none when a checkpoint exists.
+* the listing costs one request per stream partition on a fresh open and none when a checkpoint exists;
+* garbage collection leaves such a partition whole and still collects the others.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from pipelined_job import STREAM, CountingTask, feed_until, open_instance  # noqa: E402
 from test_objectstore_checkpoint_saves import CountingStore  # noqa: E402
+from test_objectstore_commands import job_toml as commands_job, run_job as run_commands_job  # noqa: E402
 from test_objectstore_pipelined import COMMIT_EVERY, assert_exact, committed, run_child, state  # noqa: E402
 
 PREFIX = f"changelogs/{STREAM}/0"
@@ -212,3 +214,22 @@ def test_the_listing_is_one_request_on_a_fresh_open_and_none_with_a_checkpoint(o
     assert all(kind != "list" or key.startswith("jobs/") for kind, key in reopened.log)
     assert_exact(instance, tmp_path, 2 * COMMIT_EVERY)
     instance.close(commit=False)
+
+
+def test_garbage_collection_skips_only_the_partition_no_checkpoint_mentions(objectstore_options, tmp_path):
+    # Two partitions, superseded deltas and snapshots in both; partition 0's checkpoints are lost.
+    path = commands_job(tmp_path, {**objectstore_options, "snapshot_every": 2, "gc_keep": 1})
+    run_commands_job(path, [f"u{i % 9}" for i in range(60)], rounds=6)
+    config = load_job_config(path)
+    system = open_changelog_system(config)
+    stream = "shared-counts-counts-changelog"
+    lost = {info.key: info.size for info in system.objects(stream, 0)}
+    for info in system.store.list("jobs/shared-counts/checkpoints/0"):
+        system.store.delete(info.key)
+    stats = system.collect_garbage(stream, now=time.time() + 10 ** 6)
+    assert {info.key: info.size for info in system.objects(stream, 0)} == lost  # kept whole
+    named = system.manifest_objects(checkpoint_store(config).load(1).manifests["counts"])
+    kept = [system.store.where(info.key) for info in system.objects(stream, 1)]
+    assert sorted(kept) == sorted(where for where, _size in named)  # partition 1: only its committed chain
+    assert stats.segments_deleted > 0
+    system.close()
