@@ -31,6 +31,8 @@ __all__ = [
     "ManifestedChangelog",
     "InFlightManifest",
     "DeferredDurability",
+    "StoredHistory",
+    "ListedHistory",
     "DurableCheckpoints",
     "ManifestedStreams",
 ]
@@ -334,6 +336,33 @@ class DeferredDurability(Protocol):
     def settle(self) -> None:
         """Wait for the write in flight, if any (every flushed record is then durable); raises the
         ChangelogError of a failed write."""
+
+
+@dataclass(frozen=True)
+class StoredHistory:
+    """What one listing of a changelog partition's storage found: ``objects`` holding records of
+    ``stream`` (``size`` bytes, reaching up to offset ``end``), below ``where`` (a URL or path prefix,
+    for messages)."""
+
+    stream: str
+    objects: int
+    size: int
+    end: int
+    where: str
+
+
+@runtime_checkable
+class ListedHistory(Protocol):
+    """A :class:`ManifestedChangelog` whose storage can be listed for the partition's records.
+
+    Its ``end_offset()`` is what the adopted manifest says, so it cannot show, as a file changelog's
+    does, that records exist although the task partition has no checkpoint. The runtime asks
+    :meth:`stored_history` only then (one listing per stream partition, never when a checkpoint
+    exists): every task partition gets a checkpoint before its first write, so records found there
+    were committed under a checkpoint that is now lost."""
+
+    def stored_history(self) -> StoredHistory | None:
+        """What the partition's storage holds (committed or not), listed once; None if nothing."""
 
 
 @runtime_checkable

@@ -107,9 +107,9 @@ def reset(args: argparse.Namespace) -> int:
         if not args.yes:
             print("re-run with --yes to delete; state is then rebuilt from the inputs")
             return 0
-        # Checkpoints first: interrupted after them, the job starts afresh (left-over objects are
-        # named by no checkpoint, hence invisible and garbage-collected); the other way round it
-        # would find checkpoints naming deleted objects.
+        # Checkpoints first: interrupted after them, the next start is refused (a changelog holding
+        # records without a checkpoint: a lost checkpoint, see runtime.check_no_history) until reset
+        # runs again; the other way round it would find checkpoints naming deleted objects.
         for partition in committed:
             checkpoints.delete_partition(partition)  # type: ignore[union-attr]
         for target in targets:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DeferredDurability, DurableCheckpoints, \
-    ManifestedChangelog, NullChangelogWriter
+    ListedHistory, ManifestedChangelog, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.corruption import wipe_local
@@ -53,7 +53,7 @@ from localstate.errors import CheckpointError, LocalStateError, StoreCorruptErro
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "store_root",
            "job_directory",
-           "checkpoint_store", "PROCESS_HINT"]
+           "checkpoint_store", "check_no_history", "checkpoint_where", "PROCESS_HINT"]
 
 if TYPE_CHECKING:
     from localstate.core.streams.base import InputRecord
@@ -133,6 +133,40 @@ def checkpoint_store(job: JobConfig) -> CheckpointStore:
     if issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints):
         objects = open_changelog_system(job).checkpoint_objects(job.name)  # type: ignore[attr-defined]
     return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"), anchor=job.state_dir, objects=objects)
+
+
+#: What an operator does when a partition's checkpoint is missing but its changelog holds records.
+MISSING_CHECKPOINT_HINT = ("restore the checkpoint (from a backup, or from the bucket's object versioning), or run "
+                           "`localstate reset` to discard this job's state and start over from its inputs")
+
+
+def check_no_history(changelog: ChangelogPartition, *, store: str, partition: int, checkpoint_where: str) -> None:
+    """Raise CheckpointError if ``changelog`` holds records although task ``partition`` has no
+    checkpoint (at ``checkpoint_where``): the checkpoint is missing, and starting empty would drop
+    committed state (and a later commit would overwrite it). A file changelog shows it by its end
+    offset; a :class:`ListedHistory` changelog (objects named by manifests) is listed once."""
+    end = changelog.end_offset()
+    if end > 0:
+        raise CheckpointError(
+            f"no checkpoint for partition {partition}, but the changelog of store {store!r} holds {end} record(s): "
+            "the checkpoint is missing", store=store, partition=partition, path=checkpoint_where,
+            hint=MISSING_CHECKPOINT_HINT)
+    if isinstance(changelog, ListedHistory):
+        found = changelog.stored_history()
+        if found is not None:
+            raise CheckpointError(
+                f"no checkpoint for partition {partition} at {checkpoint_where}, but the changelog of store "
+                f"{store!r} holds {found.objects} object(s) ({found.size} bytes, records up to offset {found.end}) "
+                f"at {found.where}: the checkpoint is missing", store=store, stream=found.stream, partition=partition,
+                path=found.where, checkpoint=checkpoint_where, objects=found.objects, hint=MISSING_CHECKPOINT_HINT)
+
+
+def checkpoint_where(checkpoints: Any, partition: int) -> str:
+    """Where ``checkpoints`` keeps ``partition``'s checkpoint, for messages: its URL in durable
+    storage, else its file."""
+    if isinstance(checkpoints, CheckpointStore) and checkpoints.objects is not None:
+        return f"{checkpoints.objects.describe()}/{int(partition)}"
+    return str(checkpoints.path(partition))
 
 
 @dataclass
@@ -364,14 +398,11 @@ class TaskInstance:
         return factory.create(context)
 
     def _check_fresh(self) -> None:
+        """No checkpoint: every logged store must be without records (see :func:`check_no_history`)."""
+        where = checkpoint_where(self.checkpoints, self.partition)
         for name, store in self.stores.items():
-            if store.changelog is not None and store.changelog.end_offset() > 0:
-                raise CheckpointError(
-                    f"no checkpoint for partition {self.partition}, but the changelog of store {name!r} holds "
-                    f"{store.changelog.end_offset()} record(s): the checkpoint is missing",
-                    store=name, partition=self.partition, path=str(self.checkpoints.path(self.partition)),
-                    hint="restore the checkpoint file, or run `localstate reset` to discard this job's state "
-                         "and start over")
+            if store.changelog is not None:
+                check_no_history(store.changelog, store=name, partition=self.partition, checkpoint_where=where)
 
     def close(self, commit: bool = True) -> None:
         """Stop cleanly: optionally commit, wait for the pipelined commit in flight to be saved (its

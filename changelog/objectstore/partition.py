@@ -13,10 +13,11 @@ import uuid
 from typing import Any, Iterable, Iterator
 
 from localstate.changelog.file.format import count_records, encode_into
-from localstate.core.changelog import ChangelogPartition, ChangelogRecord, InFlightManifest
+from localstate.core.changelog import ChangelogPartition, ChangelogRecord, InFlightManifest, StoredHistory
 from localstate.errors import ChangelogError, LocalStateError
 
-from .chain import DELTA, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, partition_prefix
+from .chain import DELTA, Chain, ChainObject, decode_object, delta_name, missing_object, object_header, parse_name, \
+    partition_prefix
 from .compaction import SnapshotBuilder
 from .compactor_pipe import CompactorProcess
 from .storage import ObjectStore
@@ -136,6 +137,17 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             raise ChangelogError("manifest() with unflushed records", stream=self.stream, partition=self.partition,
                                  hint="flush the changelog before preparing a checkpoint (the runtime does)")
         return self._chain.to_manifest()
+
+    def stored_history(self) -> StoredHistory | None:
+        """Every delta and snapshot object under this partition's prefix, committed or not (one
+        listing; the runtime asks only when the task partition has no checkpoint, see
+        :class:`~localstate.core.changelog.ListedHistory`). None if there is none."""
+        objects = [(info, parse_name(info.key[len(self.prefix) + 1:])) for info in self.store.list(self.prefix)]
+        found = [(info, parsed) for info, parsed in objects if parsed is not None]
+        if not found:
+            return None
+        return StoredHistory(stream=self.stream, objects=len(found), size=sum(info.size for info, _ in found),
+                             end=max(parsed[2] for _, parsed in found), where=self.store.where(self.prefix))
 
     def chain(self) -> Chain:
         """The current chain (what :meth:`manifest` describes)."""

@@ -174,7 +174,8 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
     # ---------------------------------------------------------------- garbage collection
 
     def referenced(self, stream: str) -> dict[int, set[str]]:
-        """Object names of ``stream`` named by the last ``gc_keep`` checkpoints of every job here."""
+        """Object names of ``stream`` named by the last ``gc_keep`` checkpoints of every job here, by
+        partition; a partition those checkpoints mention with an empty chain maps to an empty set."""
         out: dict[int, set[str]] = {}
         by_partition: dict[str, list[ObjectInfo]] = {}
         for info in self.store.list("jobs"):
@@ -201,13 +202,19 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                         now: float | None = None) -> CompactionStats:
         """Delete the objects of ``stream`` (of ``partitions``; default all) that no checkpoint among the
         last ``gc_keep`` of any job names and that are older than ``gc_grace``: superseded deltas and
-        snapshots, and the orphans of crashed or zombie attempts. Only names localstate produces."""
+        snapshots, and the orphans of crashed or zombie attempts. Only names localstate produces.
+
+        A partition that no checkpoint mentions at all (no manifest of the stream partition in any
+        job's last ``gc_keep`` checkpoints) is left alone: its checkpoints are lost, and its objects are
+        the evidence the runtime refuses to start over (docs/durable.md, "A lost checkpoint") and what
+        restoring the checkpoint needs; ``localstate reset`` deletes them."""
         started = time.perf_counter()
         now = time.time() if now is None else now
         stats = CompactionStats()
         referenced = self.referenced(stream)
         prefix = stream_prefix(stream)
         wanted = None if partitions is None else set(partitions)
+        unmentioned: dict[int, int] = {}  # partition no checkpoint mentions -> objects kept
         for info in self.store.list(prefix):
             parts = info.key[len(prefix) + 1:].split("/", 1)
             if len(parts) != 2 or not parts[0].isdigit() or parse_name(parts[1]) is None:
@@ -216,13 +223,21 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
             if wanted is not None and partition not in wanted:
                 continue
             stats.bytes_before += info.size
+            named = referenced.get(partition)
+            if named is None:
+                unmentioned[partition] = unmentioned.get(partition, 0) + 1
             # An object of unknown age may be a live attempt's fresh write: never deleted.
-            if (parts[1] in referenced.get(partition, set()) or info.mtime is None
+            if (named is None or parts[1] in named or info.mtime is None
                     or now - info.mtime < self.gc_grace):
                 stats.bytes_after += info.size
                 continue
             self.store.delete(info.key)
             stats.segments_deleted += 1
+        for partition, count in sorted(unmentioned.items()):
+            log.warning("changelog %r partition %d: %d object(s) at %s kept: no checkpoint mentions the partition "
+                        "(a lost checkpoint, or a job that has not committed yet); restore the checkpoint or run "
+                        "`localstate reset`", stream, partition, count,
+                        self.store.where(partition_prefix(stream, partition)))
         stats.seconds = time.perf_counter() - started
         return stats
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.runtime import checkpoint_store, open_changelog_system
+from localstate.core.runtime import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
 from localstate.core.spark.cluster import Placement, has_state, is_cluster_master
 from localstate.core.spark.context import spark_context
 from localstate.core.spark.executor import run_partition, run_slot
@@ -33,7 +33,7 @@ from localstate.core.spark.instances import clear_requests, release_partitions
 from localstate.core.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import StreamSink, open_input
 from localstate.core.task import add_task_paths, load_task_class
-from localstate.errors import CheckpointError, FencedError, LocalStateError
+from localstate.errors import FencedError, LocalStateError
 
 __all__ = ["SparkJobRunner", "BatchCompaction"]
 
@@ -352,16 +352,10 @@ class SparkJobRunner:
                         continue
                     held = changelogs.partition(store.changelog, partition)
                     try:
-                        end = held.end_offset()
+                        check_no_history(held, store=name, partition=partition,
+                                         checkpoint_where=checkpoint_where(self.checkpoints, partition))
                     finally:
                         held.close()
-                    if end > 0:
-                        raise CheckpointError(
-                            f"no checkpoint for partition {partition}, but the changelog of store {name!r} holds "
-                            f"{end} record(s): the checkpoint is missing", store=name, partition=partition,
-                            path=str(self.checkpoints.path(partition)),
-                            hint="restore the checkpoint file, or run `localstate reset` to discard this job's "
-                                 "state and start over")
                 outputs = sink.rollback(partition, {})
                 self.checkpoints.save(Checkpoint(partition, outputs=dict(outputs)), expect_generation=0)
         finally:

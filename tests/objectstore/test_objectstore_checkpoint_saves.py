@@ -18,26 +18,36 @@ from localstate.errors import FencedError
 
 
 class CountingStore(ObjectStore):
-    """The system's object store, counting its requests by kind."""
+    """The system's object store, counting its requests by kind (``requests``) and logging each as
+    ``(kind, key or prefix)`` (``log``)."""
 
     def __init__(self, store: ObjectStore) -> None:
         super().__init__(store.fs, store.base, store.url, store.spec)
         self.requests: Counter[str] = Counter()
+        self.log: list[tuple[str, str]] = []
+
+    def _count(self, kind: str, key: str) -> None:
+        self.requests[kind] += 1
+        self.log.append((kind, key))
+
+    def on(self, prefix: str) -> Counter[str]:
+        """The logged requests on keys below ``prefix``, by kind."""
+        return Counter(kind for kind, key in self.log if key.startswith(prefix))
 
     def put(self, key: str, data: Any) -> None:
-        self.requests["put"] += 1
+        self._count("put", key)
         super().put(key, data)
 
     def get(self, key: str) -> bytes:
-        self.requests["get"] += 1
+        self._count("get", key)
         return super().get(key)
 
     def list(self, prefix: str):
-        self.requests["list"] += 1
+        self._count("list", prefix)
         return super().list(prefix)
 
     def delete(self, key: str) -> None:
-        self.requests["delete"] += 1
+        self._count("delete", key)
         super().delete(key)
 
 
