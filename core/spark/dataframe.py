@@ -70,7 +70,7 @@ from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateErro
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
            "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes", "ARROW_BATCH_ROWS", "partition_column",
-           "MURMUR2_CLASS", "routed"]
+           "MURMUR2_CLASS", "routed", "jvm_has_murmur2"]
 
 OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key STRING, value STRING"
 """The rows :func:`run_batch` returns, one per message the task sent: the job partition that sent it,
@@ -358,22 +358,33 @@ MURMUR2_CLASS = "org.apache.commons.codec.digest.MurmurHash2"
 _JVM_KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType")
 
 
-def partition_column(spec: DataFrameSpec) -> Any:
+def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
     """The column expression giving each row its job partition, equal to :func:`partition_for` of
     its key. String and integer keys are hashed in the JVM (``reflect`` of :data:`MURMUR2_CLASS` on
     the key, integers as their decimal text, as :func:`~localstate.core.partitioner.key_bytes` does):
     the first stage of the batch's job then runs no Python at all. Binary keys, which ``reflect``
-    cannot pass, go through an Arrow UDF. A null key gives a null partition (the apply task raises
+    cannot pass, go through an Arrow UDF, as every key does with ``jvm=False`` (a Spark without the
+    class, :func:`jvm_has_murmur2`). A null key gives a null partition (the apply task raises
     SchemaError naming the column)."""
     from pyspark.sql import functions as F
 
-    if spec.key_type not in _JVM_KEY_TYPES:
+    if not jvm or spec.key_type not in _JVM_KEY_TYPES:
         return _partition_udf(spec)(F.col(spec.key))
     key = _sql_name(spec.key)
     # One SQL text, parsed in the JVM: one Py4J call per batch instead of one per expression node.
     return F.expr(f"CASE WHEN {key} IS NULL THEN CAST(NULL AS INT) ELSE CAST(pmod(CAST(reflect("
                   f"'{MURMUR2_CLASS}', 'hash32', CAST({key} AS STRING)) AS INT) & 2147483647, "
                   f"{int(spec.job.partitions)}) AS INT) END")
+
+
+def jvm_has_murmur2(spark: Any) -> bool:
+    """Whether the session's JVM has :data:`MURMUR2_CLASS` (commons-codec 1.13 or later, which Spark
+    3 and 4 ship); without it :func:`routed` routes every key through the Arrow UDF."""
+    try:
+        spark.sparkContext._jvm.java.lang.Class.forName(MURMUR2_CLASS)
+    except Exception:  # noqa: BLE001 - Py4JJavaError (ClassNotFoundException), or no JVM gateway
+        return False
+    return True
 
 
 def _sql_name(column: str) -> str:
@@ -687,16 +698,20 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     return batch_outputs(spark, job, batch_id, committed)
 
 
-def routed(df: Any, spec: DataFrameSpec) -> Any:
-    """``df`` with its rows' job partition (:func:`partition_column`) and sequence number, shuffled so
-    that job partition ``p`` is Spark partition ``p``. The sequence number is fixed before the shuffle
-    (input partition and row position), so it is the same each time Spark executes the batch again."""
+def routed(df: Any, spec: DataFrameSpec, jvm: bool | None = None) -> Any:
+    """``df`` with its rows' job partition (:func:`partition_column`; ``jvm``: route in the JVM, None:
+    if :func:`jvm_has_murmur2`) and sequence number, shuffled so that job partition ``p`` is Spark
+    partition ``p``. The sequence number is fixed before the shuffle (input partition and row
+    position), so it is the same each time Spark executes the batch again."""
     from pyspark.sql import functions as F
+
+    if jvm is None:
+        jvm = jvm_has_murmur2(df.sparkSession)
 
     # Few DataFrame calls: each is a Py4J round trip and an analysis of the plan, per micro-batch.
     # Bigint literals: routes() gives the values by Spark's hash of a long (an int hashes otherwise).
     route_of = ", ".join(f"{value}L" for value in routes(spec.job.partitions))
-    prepared = df.withColumns({_PARTITION: partition_column(spec), _SEQ: F.monotonically_increasing_id()}) \
+    prepared = df.withColumns({_PARTITION: partition_column(spec, jvm), _SEQ: F.monotonically_increasing_id()}) \
         .withColumn(_ROUTE, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
     return prepared.repartition(spec.job.partitions, _ROUTE)  # the apply ignores the route column
 
