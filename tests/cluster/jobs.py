@@ -131,8 +131,20 @@ def wait_for_or_exit(pattern: str, directory: Path, writer: int | None, timeout:
         if writer is not None and not Path(f"/proc/{writer}").exists():
             return None
         time.sleep(0.05)
-    alive = f" while process {writer} still runs" if writer is not None else ""
+    alive = f" while process {writer} still runs ({_threads_state(writer)})" if writer is not None else ""
     raise AssertionError(f"no {pattern} in {directory} after {timeout:.0f}s{alive}")
+
+
+def _threads_state(pid: int) -> str:
+    """Each thread of ``pid`` as ``name:state:kernel wait``, to tell a stuck process from a slow one."""
+    threads = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            threads.append(f"{(task / 'comm').read_text().strip()}:{state}:{(task / 'wchan').read_text()}")
+        except OSError:  # the thread ended meanwhile
+            continue
+    return ", ".join(threads)
 
 
 def check_exact(job_file: Path, verify_root: Path) -> None:
