@@ -115,13 +115,36 @@ def restored_state(job: JobConfig, local_root: Path) -> dict[str, int]:
 
 def wait_for(pattern: str, directory: Path, timeout: float = 120.0) -> Path:
     """The first file matching ``pattern`` in ``directory`` (a gate file), waiting up to ``timeout``."""
+    found = wait_for_or_exit(pattern, directory, None, timeout)
+    assert found is not None
+    return found
+
+
+def wait_for_or_exit(pattern: str, directory: Path, writer: int | None, timeout: float = 120.0) -> Path | None:
+    """:func:`wait_for`, or None once process ``writer`` (the one that would write the file) is
+    gone: either way it will write nothing more. Fails after ``timeout`` seconds of neither."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = sorted(directory.glob(pattern))
         if found:
             return found[0]
+        if writer is not None and not Path(f"/proc/{writer}").exists():
+            return None
         time.sleep(0.05)
-    raise AssertionError(f"no {pattern} in {directory} after {timeout:.0f}s")
+    alive = f" while process {writer} still runs ({_threads_state(writer)})" if writer is not None else ""
+    raise AssertionError(f"no {pattern} in {directory} after {timeout:.0f}s{alive}")
+
+
+def _threads_state(pid: int) -> str:
+    """Each thread of ``pid`` as ``name:state:kernel wait``, to tell a stuck process from a slow one."""
+    threads = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            threads.append(f"{(task / 'comm').read_text().strip()}:{state}:{(task / 'wchan').read_text()}")
+        except OSError:  # the thread ended meanwhile
+            continue
+    return ", ".join(threads)
 
 
 def check_exact(job_file: Path, verify_root: Path) -> None:

@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, freeze_host_mid_batch, \
-    restored_state, wait_for, write_job  # noqa: E402
+    restored_state, wait_for_or_exit, write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.core.runtime import open_changelog_system  # noqa: E402
@@ -83,13 +83,17 @@ def test_zombie_attempt_cannot_make_its_writes_visible(tmp_path, spark_cluster, 
     committed_end = changelog.end_offset()
     committed_outputs = len(actual_outputs(job, victim))
     # The zombie's Python worker wakes first (its executor still frozen, so nobody tells it to
-    # stop): it leaves the gate, processes the rest of its range and tries to commit.
+    # stop): it leaves the gate, processes the rest of its range and tries to commit: it flushes the
+    # changelog and the outputs, which the broker refuses (fenced producer). The commit attempt over
+    # (refused or not), the runtime closes the task, which stops at the close gate: the checks run
+    # once the zombie has tried every write it would make, or once it is gone (and writes nothing).
+    (gate / f"hold-close-{victim}").touch()
     frozen.worker.signal(signal.SIGCONT, frozen.python_groups)
-    wait_for(f"passed-{victim}-{frozen.task_pid}", gate, timeout=60)
-    time.sleep(5)  # ample time for its flush, which the broker refuses (fenced producer)
+    wait_for_or_exit(f"closing-{victim}-{frozen.task_pid}", gate, frozen.task_pid, timeout=180)
     assert changelog.end_offset() == committed_end
     assert len(actual_outputs(job, victim)) == committed_outputs
     changelog.close()
+    (gate / f"hold-close-{victim}").unlink()
     frozen.worker.signal(signal.SIGCONT, frozen.jvm_groups)
 
     rest = driver.ask({"run": 100})

@@ -18,11 +18,11 @@ from localstate.core.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
 from localstate.errors import FencedError
 from localstate.streams.jsonl import read_jsonl
-from keyed_events import write_keyed_events  # tests/ is on sys.path (tests/conftest.py)
+from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
+from keyed_events import write_keyed_events
 
 pytestmark = pytest.mark.spark
 
-HERE = Path(__file__).resolve().parent
 UDS = "spark.python.unix.domain.socket.enabled"
 
 
@@ -31,30 +31,7 @@ def _counting_job(directory: Path, name: str, records: int = 40) -> Path:
     data = directory / "data"
     keys = [f"k{i % 7}" for i in range(records * 4)]
     write_keyed_events(data, keys, per_partition=records)
-    (directory / "job.toml").write_text(f"""
-[job]
-name = "{name}"
-partitions = 2
-task = "count_task:CountByKey"
-state_dir = "state"
-
-[inputs.events]
-system = "jsonl"
-path = "data"
-
-[outputs.counts-out]
-system = "file"
-path = "out"
-
-[stores.counts]
-engine = "kv"
-key_serde = "string"
-value_serde = "int"
-
-[spark]
-pythonpath = ["{HERE}"]
-""")
-    return directory / "job.toml"
+    return write_counting_job(directory, name)
 
 
 def _expected(directory: Path) -> Counter:

@@ -18,9 +18,9 @@ from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system, store_directory
 from localstate.core.spark import instances
 from localstate.core.spark.runner import BatchCompaction, SparkJobRunner, run_partition
-from keyed_events import write_keyed_events  # tests/ is on sys.path (tests/conftest.py)
+from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
+from keyed_events import write_keyed_events
 
-HERE = Path(__file__).parent
 STREAM = "compacting-counts-changelog"
 KEYS = [f"k{i % 5}" for i in range(400)]
 
@@ -31,37 +31,11 @@ def _nothing_kept():
     instances.release_kept()
 
 
-def make_job(tmp_path: Path, interval: str) -> Path:
-    data = tmp_path / "data"
-    write_keyed_events(data, KEYS)
-    (tmp_path / "job.toml").write_text(f"""
-[job]
-name = "compacting"
-partitions = 2
-task = "count_task:CountByKey"
-state_dir = "state"
-
-[inputs.events]
-system = "jsonl"
-path = "data"
-
-[outputs.counts-out]
-system = "file"
-path = "out"
-
-[changelogs.file]
-fsync = false
-compact_interval = {interval}
-
-[stores.counts]
-engine = "kv"
-key_serde = "string"
-value_serde = "int"
-
-[spark]
-pythonpath = ["{HERE}"]
-""")
-    return tmp_path / "job.toml"
+def make_job(tmp_path: Path, interval: str | int) -> Path:
+    """The counting job over ``KEYS``, its file changelogs compacted every ``interval`` (0: never)."""
+    write_keyed_events(tmp_path / "data", KEYS)
+    return write_counting_job(tmp_path, "compacting",
+                              changelogs={"file": {"fsync": False, "compact_interval": interval}})
 
 
 def changelog_offsets(job, partition: int) -> list[int]:
@@ -81,7 +55,7 @@ def restored_counts(job) -> dict:
 
 def test_rolled_batch_then_round_compacts_the_committed_prefix(tmp_path):
     """The driver's steps by hand (no Spark): roll, commit, compact; then more batches and a restore."""
-    job = load_job_config(make_job(tmp_path, "\"1h\""))
+    job = load_job_config(make_job(tmp_path, "1h"))
     runner = SparkJobRunner(job, context=object(), batch_size=20, progress=None)
     compaction = BatchCompaction.for_job(job)
     assert compaction is not None and compaction.interval == 3600 and compaction.due()
@@ -119,7 +93,7 @@ def test_rolled_batch_then_round_compacts_the_committed_prefix(tmp_path):
 
 @pytest.mark.spark
 def test_run_compacts_between_batches_and_restore_is_exact(tmp_path, spark_context):
-    job = load_job_config(make_job(tmp_path, "\"1ms\""))
+    job = load_job_config(make_job(tmp_path, "1ms"))
     summary = SparkJobRunner(job, context=spark_context, batch_size=20, progress=None).run()
     assert summary.records_in == len(KEYS) and len(summary.batches) >= 8
     assert summary.compaction_rounds >= 2
@@ -132,7 +106,7 @@ def test_run_compacts_between_batches_and_restore_is_exact(tmp_path, spark_conte
 
 @pytest.mark.spark
 def test_compaction_disabled_leaves_the_changelog_alone(tmp_path, spark_context):
-    job = load_job_config(make_job(tmp_path, "0"))
+    job = load_job_config(make_job(tmp_path, 0))
     summary = SparkJobRunner(job, context=spark_context, batch_size=40, progress=None).run()
     assert summary.compaction_rounds == 0
     for partition in range(2):

@@ -15,7 +15,8 @@ from localstate.core.spark.runner import SparkJobRunner, normalize_master
 from localstate.core.streams import open_output
 from localstate.streams.generator import generate
 from localstate.errors import InputError
-from keyed_events import write_keyed_events  # tests/ is on sys.path (tests/conftest.py)
+from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)
+from keyed_events import write_keyed_events
 
 pytestmark = pytest.mark.spark
 
@@ -107,46 +108,9 @@ def _bad_input_job(tmp_path: Path, on_error: str) -> Path:
     lines.insert(3, "{this is not json\n")
     lines.insert(5, json.dumps({"value": 1}) + "\n")
     (data / "1.jsonl").write_text("".join(lines))
-    dead = '\ndead_letter = "dead"' if on_error == "dead_letter" else ""
-    (tmp_path / "job.toml").write_text(f"""
-[job]
-name = "bad-input"
-partitions = 2
-task = "count_task:CountByKey"
-state_dir = "state"
-
-[inputs.events]
-system = "jsonl"
-path = "data"
-on_error = "{on_error}"{dead}
-
-[outputs.counts-out]
-system = "file"
-path = "out"
-
-[outputs.dead]
-system = "jsonl"
-path = "out/dead"
-
-[stores.counts]
-engine = "kv"
-key_serde = "string"
-value_serde = "int"
-
-[spark]
-pythonpath = ["{HERE}"]
-""")
-    return tmp_path / "job.toml"
-
-
-def _final_counts(job) -> dict:
-    output = open_output(job, "counts-out")
-    final = {}
-    for partition in range(2):
-        for key, count in output.read(partition):
-            final[key] = count
-    output.close()
-    return final
+    events = {"on_error": on_error, **({"dead_letter": "dead"} if on_error == "dead_letter" else {})}
+    return write_counting_job(tmp_path, "bad-input", events=events,
+                              outputs={"dead": {"system": "jsonl", "path": "out/dead"}})
 
 
 def test_bad_input_fail_names_stream_partition_offset(tmp_path, spark_context):
@@ -168,7 +132,7 @@ def test_bad_input_skip_and_dead_letter(tmp_path, spark_context, policy):
     assert summary.records_in == 62
     assert sum(b.skipped for b in summary.batches) == (2 if policy == "skip" else 0)
     assert sum(b.dead_lettered for b in summary.batches) == (2 if policy == "dead_letter" else 0)
-    assert _final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))
+    assert final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))
     dead = [v for p in range(2) for _, v in open_output(job, "dead").read(p)]
     if policy == "dead_letter":
         assert [(d["partition"], d["offset"]) for d in dead] == [(1, 3), (1, 5)]
@@ -199,4 +163,4 @@ def test_uncommitted_batch_is_rolled_back(tmp_path, spark_context):
         for key, count in output.read(partition):
             assert count == seen.get(key, 0) + 1, f"{key}: {count} after {seen.get(key)}"
             seen[key] = count
-    assert _final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))
+    assert final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))

@@ -1,0 +1,77 @@
+"""The counting jobs of the Spark tests (``tests/spark/count_task.py``'s ``CountByKey``): one builder
+for their ``job.toml`` and one reader of their final counts.
+
+Every counting job reads JSON-lines input ``events`` from ``data`` (see :mod:`keyed_events`),
+counts records per key in kv store ``counts`` and emits the running count to the file output
+``counts-out`` (``out``), with ``state_dir = "state"``, all relative to the job file. The variants
+the tests need (partition count, store engine or backend, bad-input policy, more outputs,
+changelog systems and their options) are keyword arguments; each section's extra options are
+merged over (and may replace) the defaults."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from localstate.core.config import JobConfig
+from localstate.core.streams import open_output
+
+__all__ = ["SPARK_TESTS", "counting_job_text", "write_counting_job", "final_counts"]
+
+SPARK_TESTS = Path(__file__).resolve().parent / "spark"  # where count_task.py is (the job's pythonpath)
+TASK = "count_task:CountByKey"
+OUTPUT = "counts-out"
+
+
+def _value(value: Any) -> str:
+    """A TOML value: strings, numbers, booleans and lists of them are written as JSON (valid TOML
+    for these); paths as strings."""
+    if isinstance(value, Path):
+        value = str(value)
+    elif isinstance(value, (list, tuple)):
+        value = [str(v) if isinstance(v, Path) else v for v in value]
+    return json.dumps(value)
+
+
+def _table(name: str, values: Mapping[str, Any]) -> str:
+    return "\n".join([f"[{name}]", *(f"{key} = {_value(value)}" for key, value in values.items())])
+
+
+def counting_job_text(name: str, *, partitions: int = 2, job: Mapping[str, Any] | None = None,
+                      events: Mapping[str, Any] | None = None, outputs: Mapping[str, Mapping[str, Any]] | None = None,
+                      changelogs: Mapping[str, Mapping[str, Any]] | None = None,
+                      store: Mapping[str, Any] | None = None) -> str:
+    """The TOML text of counting job ``name`` with ``partitions`` partitions.
+
+    ``job``, ``events`` and ``store``: more (or other) options of ``[job]``, ``[inputs.events]`` and
+    ``[stores.counts]`` (e.g. ``job={"changelog": "objectstore"}``, ``events={"on_error": "skip"}``,
+    ``store={"backend": "memory"}``); ``outputs``: outputs besides ``counts-out`` (e.g. a dead-letter
+    stream); ``changelogs``: ``[changelogs.<system>]`` tables."""
+    tables = {
+        "job": {"name": name, "partitions": partitions, "task": TASK, "state_dir": "state", **(job or {})},
+        "inputs.events": {"system": "jsonl", "path": "data", **(events or {})},
+        f"outputs.{OUTPUT}": {"system": "file", "path": "out"},
+        **{f"outputs.{output}": options for output, options in (outputs or {}).items()},
+        **{f"changelogs.{system}": options for system, options in (changelogs or {}).items()},
+        "stores.counts": {"engine": "kv", "key_serde": "string", "value_serde": "int", **(store or {})},
+        "spark": {"pythonpath": [SPARK_TESTS]},
+    }
+    return "\n\n".join(_table(table, values) for table, values in tables.items()) + "\n"
+
+
+def write_counting_job(directory: Path, name: str, **variant: Any) -> Path:
+    """Write :func:`counting_job_text` (``name``, ``variant``) to ``directory/job.toml``; return its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "job.toml"
+    path.write_text(counting_job_text(name, **variant))
+    return path
+
+
+def final_counts(job: JobConfig) -> dict[str, int]:
+    """Each key's last emitted count, over every partition of ``counts-out``."""
+    output = open_output(job, OUTPUT)
+    try:
+        return {key: count for partition in range(job.partitions) for key, count in output.read(partition)}
+    finally:
+        output.close()
