@@ -1,10 +1,11 @@
 """Scaling of ``localstate run`` on Spark ``local[2]``: the page-view counting job over JSON lines
 with 1 partition and with 2, measured in the same run, and where the time goes in each.
 
-    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--backend B] [--fixed-only] [--unix-socket]
+    python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--warmup-events W] [--backend B]
+                            [--fixed-only] [--unix-socket]
 
 Workload and timing are ``python -m bench spark``'s (same events, same job file, ten micro-batches,
-SparkContext start and warm-up untimed); each partition count gets its own pre-partitioned copy of
+SparkContext start and a warm-up of W events, default a fifth of N, untimed); each partition count gets its own pre-partitioned copy of
 the events. Rounds alternate 1 and 2 partitions (the machine is shared: a load spike should hit
 both); each figure is the best round. Target: 2 partitions >= 1.8x one partition.
 
@@ -279,7 +280,9 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
             busy0, total0 = _cpu_ticks()
             seconds, summary, ok = _localstate(root / f"run-{partitions}-{round_}", data[partitions], partitions,
                                                args.backend, args.events, expected, args.users,
-                                               {_UDS: "true"} if args.unix_socket else None)
+                                               warmup=args.warmup_events if args.warmup_events is not None
+                                               else args.events // 5,
+                                               conf={_UDS: "true"} if args.unix_socket else None)
             busy1, total1 = _cpu_ticks()
             busy_pct = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
             correct = correct and ok
@@ -312,6 +315,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--users", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--warmup-events", type=int, default=None,
+                        help="events of the untimed warm-up before each run (default: a fifth of the events)")
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--fixed-only", action="store_true", help="only the fixed per-batch cost rows")
     parser.add_argument("--unix-socket", action="store_true",

@@ -173,7 +173,7 @@ def _peer(script: Path, events: int, users: int, seed: int, budget: float, total
 
 
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
-                users: int, warmup: int, conf: dict[str, str] | None = None) -> tuple[float, RunSummary, bool]:
+                users: int, *, warmup: int, conf: dict[str, str] | None = None) -> tuple[float, RunSummary, bool]:
     """One timed run on a fresh local[2] SparkContext (started and warmed up untimed, like the
     peer's): seconds, summary, and whether every count read back equals ``expected``."""
     root.mkdir()
@@ -238,7 +238,7 @@ def _dataframe_query(spark, job, source: Path, checkpoint: Path, reports: list[D
 
 
 def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: str, events: int,
-                          expected: np.ndarray, users: int, warmup: int) -> tuple[float, list[DataFrameBatch], bool]:
+                          expected: np.ndarray, users: int, *, warmup: int) -> tuple[float, list[DataFrameBatch], bool]:
     """One timed run of the DataFrame path on a fresh local[2] SparkContext (started and warmed up
     untimed): seconds, the batches' reports, and whether every count read back equals ``expected``."""
     from pyspark.sql import SparkSession
@@ -332,7 +332,8 @@ def main(argv: list[str]) -> int:
         budget = 20.0 if args.quick else 40.0
 
         def native(name: str) -> tuple[float, RunSummary, bool]:
-            return _localstate(root / name, data, partitions, args.backend, events, expected, args.users, warmup)
+            return _localstate(root / name, data, partitions, args.backend, events, expected, args.users,
+                               warmup=warmup)
 
         if not args.no_dataframe:
             _write_parquet_batches(root / "parquet", events, args.users, args.seed, 10)
@@ -350,7 +351,7 @@ def main(argv: list[str]) -> int:
             if not args.no_dataframe:
                 df_runs.append(_localstate_dataframe(root / f"dataframe{round_index + 1}", root / "parquet",
                                                      partitions, args.backend, events, expected, args.users,
-                                                     warmup))
+                                                     warmup=warmup))
         correct = all(ok for _, _, ok in runs) and all(ok for _, _, ok in df_runs)
         for index, (seconds, summary, ok) in enumerate(runs, 1):
             tasks = sum(b.tasks for b in summary.batches)
