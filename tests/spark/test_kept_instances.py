@@ -14,7 +14,9 @@ from localstate.core.spark import instances
 from localstate.core.spark.runner import SparkJobRunner, run_partition
 from localstate.core.streams import StreamSink, open_output
 
-from .test_spark_runtime import _bad_input_job, _final_counts
+from counting_job import final_counts  # tests/ is on sys.path (tests/conftest.py)
+
+from .test_spark_runtime import _bad_input_job
 
 pytestmark = pytest.mark.spark
 
@@ -99,7 +101,7 @@ def test_a_run_leaves_no_instance_open(tmp_path, spark_context):
     job = load_job_config(_bad_input_job(tmp_path, "skip"))
     summary = SparkJobRunner(job, context=spark_context, batch_size=8, progress=None).run()
     assert len(summary.batches) > 2 and sum(b.tasks for b in summary.batches) >= 2 * len(summary.batches) - 1
-    assert _final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))
+    assert final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))
     # The driver (or anyone) can open every partition right away: the workers gave them back.
     changelogs = open_changelog_system(job)
     for partition in range(job.partitions):
