@@ -364,8 +364,8 @@ def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
     the key, integers as their decimal text, as :func:`~localstate.core.partitioner.key_bytes` does):
     the first stage of the batch's job then runs no Python at all. Binary keys, which ``reflect``
     cannot pass, go through an Arrow UDF, as every key does with ``jvm=False`` (a Spark without the
-    class, :func:`jvm_has_murmur2`). A null key gives a null partition (the apply task raises
-    SchemaError naming the column)."""
+    class, :func:`jvm_has_murmur2`). A null key is refused with SchemaError naming the column (by the
+    UDF, or by the apply task when the JVM gave it a null partition)."""
     from pyspark.sql import functions as F
 
     if not jvm or spec.key_type not in _JVM_KEY_TYPES:
@@ -441,8 +441,8 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
             offer = exchange.announce(slot, kept)
         collected = list(batches)
         if not collected:
-            if offer:
-                exchange.withdraw()
+            if exchange is not None and offer:
+                exchange.withdraw()  # no rows after all: nobody waits for them
             return
         table = pa.Table.from_batches(collected)
         if table.column(spec.key).null_count:  # before anything is applied: no partition gets the batch
@@ -454,7 +454,8 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
         parts = table.column(_PARTITION).to_numpy()
         starts = np.flatnonzero(np.r_[True, parts[1:] != parts[:-1]])
         ends = np.r_[starts[1:], len(parts)]
-        own = {int(parts[start]): table.slice(start, end - start) for start, end in zip(starts.tolist(), ends.tolist())}
+        own = {int(parts[start]): table.slice(start, end - start)
+               for start, end in zip(starts.tolist(), ends.tolist())}
         assigned = exchange.assignments(own, kept, offer) if exchange is not None else own.items()
         received = time.perf_counter() - started
         for partition, rows in assigned:
