@@ -87,6 +87,10 @@ default (10,000) hands a 100k-row micro-batch over in ten round trips per stage,
 _ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 _ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
+_COLUMN = "__localstate_c"
+"""Prefix of the positional names the input columns travel under to the apply stage: Spark's
+``mapInArrow`` resolves its input by name, and fails on names such as ``user.id`` (read as a struct
+field) or names with a backtick; the apply task renames them back (:func:`_original_names`)."""
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
                  "reused BOOLEAN, query_batch BIGINT, pid BIGINT, started DOUBLE, " \
                  "input DOUBLE, open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
@@ -164,6 +168,11 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
     from pyspark.sql.types import DateType, NumericType, TimestampNTZType, TimestampType
 
     schema = df.schema
+    names = [field.name for field in schema.fields]
+    for name in names:
+        if names.count(name) > 1:  # e.g. after a join: the rows' dicts and Spark's resolution would be ambiguous
+            raise SchemaError(f"column {name!r} appears {names.count(name)} times in the DataFrame", column=name,
+                              hint="rename or drop the duplicates (e.g. alias each side of the join) first")
     fields = {field.name: field for field in schema.fields}
     for role, name in (("key", key), ("order_by", order_by), ("value", value)):
         if name is not None and name not in fields:
@@ -369,7 +378,7 @@ def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
     from pyspark.sql import functions as F
 
     if not jvm or spec.key_type not in _JVM_KEY_TYPES:
-        return _partition_udf(spec)(F.col(spec.key))
+        return _partition_udf(spec)(F.col(_sql_name(spec.key)))
     key = _sql_name(spec.key)
     # One SQL text, parsed in the JVM: one Py4J call per batch instead of one per expression node.
     return F.expr(f"CASE WHEN {key} IS NULL THEN CAST(NULL AS INT) ELSE CAST(pmod(CAST(reflect("
@@ -444,7 +453,7 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
             if exchange is not None and offer:
                 exchange.withdraw()  # no rows after all: nobody waits for them
             return
-        table = pa.Table.from_batches(collected)
+        table = _original_names(pa.Table.from_batches(collected), spec)
         if table.column(spec.key).null_count:  # before anything is applied: no partition gets the batch
             raise SchemaError(f"key column {spec.key!r} holds a null key", column=spec.key,
                               hint="filter out rows without a key, or fill them in")
@@ -465,6 +474,12 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
             yield pa.RecordBatch.from_pylist([result], schema=_result_schema())
 
     return apply
+
+
+def _original_names(table: Any, spec: DataFrameSpec) -> Any:
+    """``table`` (the apply stage's input) with the input columns under their own names again."""
+    names = {f"{_COLUMN}{index}": name for index, name in enumerate(spec.columns)}
+    return table.rename_columns([names.get(name, name) for name in table.column_names])
 
 
 def _result_schema() -> Any:
@@ -712,7 +727,9 @@ def routed(df: Any, spec: DataFrameSpec, jvm: bool | None = None) -> Any:
     # Few DataFrame calls: each is a Py4J round trip and an analysis of the plan, per micro-batch.
     # Bigint literals: routes() gives the values by Spark's hash of a long (an int hashes otherwise).
     route_of = ", ".join(f"{value}L" for value in routes(spec.job.partitions))
-    prepared = df.withColumns({_PARTITION: partition_column(spec, jvm), _SEQ: F.monotonically_increasing_id()}) \
+    columns = [F.col(_sql_name(name)).alias(f"{_COLUMN}{index}") for index, name in enumerate(spec.columns)]
+    prepared = df.select(*columns, partition_column(spec, jvm).alias(_PARTITION),
+                         F.monotonically_increasing_id().alias(_SEQ)) \
         .withColumn(_ROUTE, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
     return prepared.repartition(spec.job.partitions, _ROUTE)  # the apply ignores the route column
 

@@ -16,6 +16,7 @@ from dataframe_tasks import expected_outputs, job_config, read_state
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.spark import OUTPUT_SCHEMA, run_batch
 from localstate.errors import BatchOrderError, CheckpointError, SchemaError
+from pyspark.sql import functions as F
 
 SCHEMA = "user string, page string, ts long"
 
@@ -169,9 +170,12 @@ def test_rows_land_in_their_own_spark_partition(spark, tmp_path, partitions):
     job = job_config(tmp_path / "state", partitions=partitions)
     assert jvm_has_murmur2(spark)  # commons-codec ships with Spark: string and integer keys route in the JVM
     for (kind, keys), jvm in zip(cases + cases[:1], [True] * len(cases) + [False]):  # strings once more by UDF
-        df = spark.createDataFrame([(k, i) for i, k in enumerate(keys)], f"k {kind}, i int").repartition(3)
-        shuffled = routed(df, dataframe_spec(df, job, key="k"), jvm=jvm)
-        rows = shuffled.select("i", F.col("__localstate_partition").alias("job"),
+        df = spark.createDataFrame([(k, i) for i, k in enumerate(keys)], f"k {kind}, i int").repartition(3) \
+            .withColumnRenamed("k", "the key.`k`")  # a name the routing must quote (JVM and UDF)
+        spec = dataframe_spec(df, job, key="the key.`k`")
+        shuffled = routed(df, spec, jvm=jvm)  # the input columns travel under positional names
+        rows = shuffled.select(F.col(f"__localstate_c{spec.columns.index('i')}").alias("i"),
+                               F.col("__localstate_partition").alias("job"),
                                F.spark_partition_id().alias("spark")).collect()
         assert len(rows) == len(keys), kind
         for row in rows:
@@ -192,3 +196,26 @@ def test_null_keys_are_refused_on_every_key_type(spark, tmp_path):
 
     committed = checkpoint_store(job).load_all(3).values()
     assert all(checkpoint is None or checkpoint.batch is None for checkpoint in committed)  # no batch applied
+
+
+def test_column_names_spark_cannot_resolve_plainly(spark, tmp_path):
+    """Column names with a dot (read as a struct field), a space or a backtick: Spark's mapInArrow
+    resolves its input by name and fails on some of them, so the columns travel to the apply stage
+    under positional names; the key column is quoted in the routing SQL (the routing test above covers
+    the Arrow UDF's quoting). Each batch is applied exactly, and the rows the task gets carry the
+    original names. A name that appears twice is refused with SchemaError naming it."""
+    from collections import Counter
+
+    rows = [(f"user-{i % 11}", f"/p/{i % 4}", i) for i in range(120)]
+    for index, column in enumerate(["user.id", "user `id`", "`", "user id"]):
+        job = job_config(tmp_path / f"state-{index}", partitions=3)
+        df = spark.createDataFrame(rows, SCHEMA).withColumnRenamed("user", column)
+        out = run_batch(df, job, key=column, order_by="ts", batch_id=0)
+        counts, _ = read_state(job)
+        assert counts == dict(Counter(user for user, _, _ in rows)), column
+        assert out.count() == len(rows), column
+    joined = spark.createDataFrame(rows, SCHEMA).alias("a").join(
+        spark.createDataFrame(rows, SCHEMA).alias("b"), "ts").select("a.user", "b.user", "a.page", "ts")
+    with pytest.raises(SchemaError, match="'user' appears 2 times") as info:
+        run_batch(joined, job_config(tmp_path / "dup"), key="ts")
+    assert info.value.context["column"] == "user"
