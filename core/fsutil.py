@@ -167,9 +167,10 @@ def _discard(tmp: Path) -> None:
         pass
 
 
-def write_atomic(path: Path, data: bytes, *, error: type[ResourceError] = ResourceError) -> None:
-    """Replace ``path`` with ``data`` durably (file and directory fsynced), so that readers see the
-    old or the new file, never a mix.
+def write_atomic(path: Path, data: bytes, *, error: type[ResourceError] = ResourceError,
+                 durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` durably (file and directory fsynced; ``durable=False``: not,
+    for files that need no crash survival), so that readers see the old or the new file, never a mix.
 
     The temporary file name is unique per call, so concurrent writers (two Spark workers creating
     the same stream, say) never write into each other's temporary file; the last rename wins. The
@@ -185,13 +186,15 @@ def write_atomic(path: Path, data: bytes, *, error: type[ResourceError] = Resour
             fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
+                if durable:
+                    handle.flush()
+                    os.fsync(handle.fileno())
             os.replace(tmp, path)
         except BaseException:
             _discard(tmp)
             raise
-        fsync_dir(path.parent)
+        if durable:
+            fsync_dir(path.parent)
     except OSError as exc:
         raise os_error(exc, "write", path, error) from exc
 

@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from localstate.core.fsutil import open_nofollow, os_error, read_nofollow
+from localstate.core.fsutil import os_error, read_nofollow, write_atomic
 from localstate.core.spark.instances import claimed_by, try_claim
 from localstate.errors import CheckpointIOError
 
@@ -63,12 +62,9 @@ class RowExchange:
         return self.directory / f"intent-{int(slot)}"
 
     def _write(self, path: Path, data: bytes) -> None:
-        """``data`` at ``path``, renamed into place (no fsync: the files live for one batch execution,
-        and a crash makes Spark execute the batch again under a new directory)."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-        with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
+        """``data`` at ``path``, renamed into place, not fsynced: the files live for one batch
+        execution, and a crash makes Spark execute the batch again under a new directory."""
+        write_atomic(path, data, error=CheckpointIOError, durable=False)
 
     def _decided_path(self, slot: int) -> Path:
         return self.directory / f"decided-{int(slot)}"
@@ -141,7 +137,7 @@ class RowExchange:
             self.withdraw()
             offer = False
         before = claimed_by(self.claims, self.slot)
-        if before:  # a retried attempt: apply what the slot claimed before, in the same order
+        if before:  # a retried attempt: apply what the slot claimed before
             for partition in before:
                 yield partition, own[partition] if partition in own else self._read_rows(partition)
             for partition in own:

@@ -353,7 +353,7 @@ def try_claim(directory: Path, partition: int, slot: int) -> bool:
 
 
 def claimed_by(directory: Path, slot: int) -> list[int]:
-    """The partitions Spark task ``slot`` claimed in ``directory`` (a retried attempt's), in order."""
+    """The partitions Spark task ``slot`` claimed in ``directory`` (a retried attempt's), sorted."""
     if not directory.is_dir():
         return []
     found = []

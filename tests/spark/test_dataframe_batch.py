@@ -149,8 +149,6 @@ def test_rows_land_in_their_own_spark_partition(spark, tmp_path, partitions):
     partition_for of its key, computed in the JVM for string and integer keys (Kafka's murmur2 through
     commons-codec) and by the Arrow UDF for binary keys, and job partition p is Spark partition p (one
     job partition per apply task, all of them in parallel)."""
-    from pyspark.sql import functions as F
-
     from localstate.core.partitioner import partition_for
     from localstate.core.spark.dataframe import dataframe_spec, jvm_has_murmur2, routed
 
