@@ -37,6 +37,7 @@ from .compaction import CompactionManifest, check_gap, check_last_segment
 from .format import (
     HEADER,
     HEADER_SIZE,
+    NATIVE,
     count_records,
     encode_into,
     find_valid_after,
@@ -544,10 +545,13 @@ def _decode(buf: bytes, i: int, limit: int, expected: int,
     return records, i, expected
 
 
-def _decode_columns(buf: bytes, i: int, limit: int, expected: int,
-                    stop: int) -> tuple[RecordColumns, int, int]:
+def py_decode_columns(buf: bytes, i: int, limit: int, expected: int,
+                      stop: int) -> tuple[RecordColumns, int, int]:
     """:func:`_decode` into a :class:`RecordColumns` run: the same checks, the same stopping rule,
-    keys and values appended to two lists instead of building a record object each."""
+    keys and values appended to two lists instead of building a record object each.
+
+    The reference version of :func:`_decode_columns`, which runs the loop in C when the framing
+    extension is in use (``format.NATIVE``)."""
     unpack = HEADER.unpack_from
     crc32 = zlib.crc32
     hs = HEADER_SIZE
@@ -568,6 +572,17 @@ def _decode_columns(buf: bytes, i: int, limit: int, expected: int,
             expected = off + 1
             i = end
     return RecordColumns(keys, values, expected, i - start), i, expected
+
+
+def _native_decode_columns(buf: bytes, i: int, limit: int, expected: int,
+                           stop: int) -> tuple[RecordColumns, int, int]:
+    """:func:`py_decode_columns` with its loop in C (``format.NATIVE.decode_columns``)."""
+    keys, values, end, expected = _NATIVE_DECODE(buf, i, limit, expected, stop)
+    return RecordColumns(keys, values, expected, end - i), end, expected
+
+
+_NATIVE_DECODE = None if NATIVE is None else NATIVE.decode_columns
+_decode_columns = py_decode_columns if NATIVE is None else _native_decode_columns
 
 
 def _setter(name: str) -> Callable[[ChangelogRecord, object], None]:
