@@ -1,8 +1,11 @@
-"""Build hook for the one C extension; everything else is declared in pyproject.toml.
+"""Build hook for the C extensions; everything else is declared in pyproject.toml.
 
-``localstate.changelog.file._framing`` frames and decodes file-changelog records in C (see
-changelog/file/format.py). It is optional: where it cannot be compiled (no C compiler, no Python
-headers, no zlib headers) the install still succeeds and the pure-Python framing is used.
+- ``localstate.changelog.file._framing`` frames and decodes file-changelog records (see
+  changelog/file/format.py);
+- ``localstate.engines.kv._hotpath``: the kv engine's get/put fast paths (see engines/kv/engine.py).
+
+Both are optional: where one cannot be compiled (no C compiler, no Python or zlib headers) the install
+still succeeds and the pure-Python code it replaces runs (``localstate.core.native``).
 """
 
 from setuptools import Extension, setup
@@ -15,6 +18,12 @@ setup(
             libraries=["z"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "localstate.engines.kv._hotpath",
+            sources=["engines/kv/_hotpath.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ]
 )

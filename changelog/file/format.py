@@ -15,7 +15,7 @@ All integers little endian (``struct`` format ``<IQqIi``, 28 bytes).
 
 The per-record loops (:func:`encode_into` here, the restore decoder in ``partition``) run in C when
 the optional extension ``_framing`` (``_framing.c``) was built at install, unless the environment
-variable ``LOCALSTATE_PURE_PYTHON`` is set to a non-empty value other than ``0``. The Python versions
+variable ``LOCALSTATE_PURE_PYTHON`` asks for Python (see ``localstate.core.native``). The Python versions
 (``py_encode_into``, ``partition.py_decode_columns``) are the reference: the C ones frame and accept
 exactly the same bytes, and the tests run both on the same input.
 """
@@ -27,8 +27,9 @@ import re
 import struct
 import zlib
 from pathlib import Path
-from types import ModuleType
 from typing import Callable, Iterable
+
+from localstate.core.native import load as load_native
 
 __all__ = [
     "HEADER",
@@ -168,19 +169,8 @@ def py_encode_into(buf: bytearray, records: Iterable[tuple[bytes, bytes | None]]
     return offset
 
 
-def _load_native() -> ModuleType | None:
-    """The C framing module, or None when it was not built or ``LOCALSTATE_PURE_PYTHON`` asks for Python."""
-    if os.environ.get("LOCALSTATE_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from . import _framing
-    except ImportError:  # not compiled at install (no C compiler): the Python framing is exact, only slower
-        return None
-    return _framing
-
-
 #: The C framing module when it is in use, else None (``localstate doctor`` and the tests report it).
-NATIVE = _load_native()
+NATIVE = load_native("localstate.changelog.file._framing")
 encode_into: Callable[[bytearray, Iterable[tuple[bytes, bytes | None]], int, int], int] = (
     py_encode_into if NATIVE is None else NATIVE.encode_into)
 

@@ -51,6 +51,7 @@ from localstate.core.backend import BackendIterator, KVBackend, open_store_backe
 from localstate.core.codecs import (FAST_ERRORS, INT_MAX, INT_MIN, fast_codec, inline_int_class, many_encoder,
                                     native_class)
 from localstate.core.logged import META_OFFSET, LoggedStore
+from localstate.core.native import load as load_native
 from localstate.engines.kv.cache import GenerationalCache
 from localstate.engines.kv.options import KV_OPTIONS
 from localstate.errors import InvalidValueError, RestoreError, SerdeError, StoreClosedError
@@ -59,6 +60,8 @@ __all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
 
 
 _MISS = object()
+#: The C get/put fast paths (engines/kv/_hotpath.c), or None: the closures of _bind_hot_path run.
+_HOTPATH = load_native("localstate.engines.kv._hotpath")
 
 
 class _NoClass:
@@ -197,17 +200,8 @@ class KeyValueEngine(StorageEngine):
         backend_get, backend_failed = self._backend.get, self._backend_failed
         size, rotate = cache.size, cache.rotate
 
-        def get(key: Any) -> Any:
-            # _get_missed inlined: a miss costs no extra Python frame
-            if key.__class__ is not key_class:
-                return reference_get(key)
-            value = young_get(key, miss)
-            if value is not miss:
-                return value
-            value = old_pop(key, miss)
-            if value is not miss:
-                young[key] = value
-                return value
+        def missed(key: Any) -> Any:
+            """get() of a key of the key class that neither cache generation holds."""
             value = dirty_get(key, miss)
             if value is miss:
                 try:
@@ -238,6 +232,18 @@ class KeyValueEngine(StorageEngine):
                     rotate()
                 young[key] = value
             return value
+
+        def get(key: Any) -> Any:
+            if key.__class__ is not key_class:
+                return reference_get(key)
+            value = young_get(key, miss)
+            if value is not miss:
+                return value
+            value = old_pop(key, miss)
+            if value is not miss:
+                young[key] = value
+                return value
+            return missed(key)
 
         # A key in the young generation was checked when it entered the cache (see _get_missed), so
         # a put of it only checks the value: an int value by class and range (cheaper than packing
@@ -271,6 +277,15 @@ class KeyValueEngine(StorageEngine):
                 else:
                     put_slow(key, value)
 
+        if _HOTPATH is not None:
+            # The same fast paths in C (engines/kv/_hotpath.c), falling back to the functions above.
+            hot = _HOTPATH.HotPath(young=young, old=old, dirty=dirty, key_class=key_class, batch=batch, spill=spill,
+                                   reference_get=reference_get, missed=missed, put_slow=put_slow,
+                                   int_values=self._int_values, int_min=INT_MIN, int_max=INT_MAX,
+                                   vfast=self._vfast, slow_value=self._slow_value, errors=errors,
+                                   hold_encoded=self._hold_encoded)
+            self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+            return
         get.__doc__, put.__doc__ = KeyValueEngine.get.__doc__, KeyValueEngine.put.__doc__
         self.get = get  # type: ignore[method-assign]
         self.put = put  # type: ignore[method-assign]

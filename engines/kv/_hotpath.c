@@ -1,0 +1,208 @@
+/* The kv engine's per-event get/put in C: the cache-hit and cached-put fast paths of the closures
+ * that KeyValueEngine._bind_hot_path installs, without a Python frame per call.
+ *
+ * A HotPath holds the same objects the Python closures hold (the two cache generations, the pending
+ * map, the key class, the bound fallbacks) and does exactly what those closures do on their fast
+ * paths; every other case calls the Python fallback it was given, so behaviour lives in one place
+ * (engine.py) and the engine's tests cover both (LOCALSTATE_PURE_PYTHON=1 selects the closures).
+ *
+ *   get(key):  key of exactly the key class: young-generation hit -> value; old-generation hit ->
+ *              moved to young, value; else missed(key). Any other key: reference_get(key).
+ *   put(key, value):  key of exactly the key class, in the young generation, and (int values) an
+ *              int in [int_min, int_max] or (other values) not None and accepted by vfast: stored
+ *              in young and in the pending map (the encoded bytes there when hold_encoded), then
+ *              spill() when the pending map holds more than batch keys. Anything else: put_slow.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *young, *old, *dirty;     /* dicts, kept for the engine's lifetime (cleared in place) */
+    PyObject *key_class;               /* the key serde's native class */
+    PyObject *spill, *reference_get, *missed, *put_slow;
+    PyObject *vfast, *slow_value, *errors; /* non-int values: fast encoder, its fallback, its errors */
+    Py_ssize_t batch;
+    long long int_min, int_max;
+    int int_values, hold_encoded;
+} HotPath;
+
+static int hotpath_traverse(HotPath *self, visitproc visit, void *arg) {
+    Py_VISIT(self->young);
+    Py_VISIT(self->old);
+    Py_VISIT(self->dirty);
+    Py_VISIT(self->key_class);
+    Py_VISIT(self->spill);
+    Py_VISIT(self->reference_get);
+    Py_VISIT(self->missed);
+    Py_VISIT(self->put_slow);
+    Py_VISIT(self->vfast);
+    Py_VISIT(self->slow_value);
+    Py_VISIT(self->errors);
+    return 0;
+}
+
+static int hotpath_clear(HotPath *self) {
+    Py_CLEAR(self->young);
+    Py_CLEAR(self->old);
+    Py_CLEAR(self->dirty);
+    Py_CLEAR(self->key_class);
+    Py_CLEAR(self->spill);
+    Py_CLEAR(self->reference_get);
+    Py_CLEAR(self->missed);
+    Py_CLEAR(self->put_slow);
+    Py_CLEAR(self->vfast);
+    Py_CLEAR(self->slow_value);
+    Py_CLEAR(self->errors);
+    return 0;
+}
+
+static void hotpath_dealloc(HotPath *self) {
+    PyObject_GC_UnTrack(self);
+    hotpath_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int hotpath_init(HotPath *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"young", "old", "dirty", "key_class", "batch", "spill", "reference_get", "missed",
+                            "put_slow", "int_values", "int_min", "int_max", "vfast", "slow_value",
+                            "errors", "hold_encoded", NULL};
+    PyObject *young, *old, *dirty, *key_class, *spill, *reference_get, *missed, *put_slow, *vfast, *slow_value,
+        *errors;
+    Py_ssize_t batch;
+    int int_values, hold_encoded;
+    long long int_min, int_max;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!nOOOOpLLOOOp:HotPath", names, &PyDict_Type, &young,
+                                     &PyDict_Type, &old, &PyDict_Type, &dirty, &PyType_Type, &key_class, &batch,
+                                     &spill, &reference_get, &missed, &put_slow, &int_values, &int_min, &int_max,
+                                     &vfast, &slow_value, &errors, &hold_encoded))
+        return -1;
+    PyObject *held[] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast, slow_value,
+                        errors};
+    PyObject **slots[] = {&self->young, &self->old, &self->dirty, &self->key_class, &self->spill,
+                          &self->reference_get, &self->missed, &self->put_slow, &self->vfast, &self->slow_value,
+                          &self->errors};
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++) {
+        Py_INCREF(held[i]);
+        Py_XSETREF(*slots[i], held[i]);
+    }
+    self->batch = batch;
+    self->int_values = int_values;
+    self->int_min = int_min;
+    self->int_max = int_max;
+    self->hold_encoded = hold_encoded;
+    return 0;
+}
+
+static PyObject *hotpath_get(HotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 1 || kwnames != NULL) /* keywords, wrong arity: the reference reports it */
+        return PyObject_Vectorcall(self->reference_get, args, (size_t)nargs, kwnames);
+    PyObject *key = args[0];
+    if ((PyObject *)Py_TYPE(key) != self->key_class) return PyObject_CallOneArg(self->reference_get, key);
+    PyObject *value = PyDict_GetItemWithError(self->young, key);
+    if (value != NULL) return Py_NewRef(value);
+    if (PyErr_Occurred()) return NULL;
+    value = PyDict_GetItemWithError(self->old, key);
+    if (value != NULL) { /* old.pop(key); young[key] = value */
+        Py_INCREF(value);
+        if (PyDict_DelItem(self->old, key) < 0 || PyDict_SetItem(self->young, key, value) < 0) {
+            Py_DECREF(value);
+            return NULL;
+        }
+        return value;
+    }
+    if (PyErr_Occurred()) return NULL;
+    return PyObject_CallOneArg(self->missed, key);
+}
+
+/* The value's entry for the pending map, or NULL with an exception set. */
+static PyObject *pending_entry(HotPath *self, PyObject *key, PyObject *value) {
+    if (self->int_values) return Py_NewRef(value);
+    PyObject *encoded = PyObject_CallOneArg(self->vfast, value);
+    if (encoded == NULL) {
+        if (!PyErr_ExceptionMatches(self->errors)) return NULL;
+        PyErr_Clear();
+        encoded = PyObject_CallFunctionObjArgs(self->slow_value, key, value, NULL);
+        if (encoded == NULL) return NULL;
+    }
+    if (self->hold_encoded) return encoded;
+    Py_DECREF(encoded);
+    return Py_NewRef(value);
+}
+
+static int int_in_range(HotPath *self, PyObject *value) {
+    if (!PyLong_CheckExact(value)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return !overflow && self->int_min <= v && v <= self->int_max;
+}
+
+static PyObject *hotpath_put(HotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs != 2 || kwnames != NULL)
+        return PyObject_Vectorcall(self->put_slow, args, (size_t)nargs, kwnames);
+    PyObject *key = args[0], *value = args[1];
+    int fast = (PyObject *)Py_TYPE(key) == self->key_class &&
+               (self->int_values ? int_in_range(self, value) : value != Py_None);
+    if (fast) {
+        int cached = PyDict_Contains(self->young, key);
+        if (cached < 0) return NULL;
+        fast = cached;
+    }
+    if (!fast) return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
+    PyObject *entry = pending_entry(self, key, value);
+    if (entry == NULL) return NULL;
+    int rc = PyDict_SetItem(self->young, key, value);
+    if (rc == 0) rc = PyDict_SetItem(self->dirty, key, entry);
+    Py_DECREF(entry);
+    if (rc < 0) return NULL;
+    if (PyDict_GET_SIZE(self->dirty) > self->batch) {
+        PyObject *done = PyObject_CallNoArgs(self->spill);
+        if (done == NULL) return NULL;
+        Py_DECREF(done);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef hotpath_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))hotpath_get, METH_FASTCALL | METH_KEYWORDS,
+     "The value of key, or None (KeyValueEngine.get)."},
+    {"put", (PyCFunction)(void (*)(void))hotpath_put, METH_FASTCALL | METH_KEYWORDS,
+     "Set key to value (KeyValueEngine.put)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HotPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "localstate.engines.kv._hotpath.HotPath",
+    .tp_doc = "The kv engine's get/put fast paths in C (see engine.py, KeyValueEngine._bind_hot_path).",
+    .tp_basicsize = sizeof(HotPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)hotpath_init,
+    .tp_dealloc = (destructor)hotpath_dealloc,
+    .tp_traverse = (traverseproc)hotpath_traverse,
+    .tp_clear = (inquiry)hotpath_clear,
+    .tp_methods = hotpath_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hotpath", "The kv engine's get/put fast paths in C (see engine.py).", -1, NULL,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    if (PyType_Ready(&HotPathType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&HotPathType);
+    if (PyModule_AddObject(m, "HotPath", (PyObject *)&HotPathType) < 0) {
+        Py_DECREF(&HotPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
