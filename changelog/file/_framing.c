@@ -234,83 +234,181 @@ static PyObject *encode_into(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(offset);
 }
 
-PyDoc_STRVAR(decode_columns_doc,
-"decode_columns(buf, i, limit, expected, stop) -> (keys, values, position, expected)\n\n"
-"partition._decode_columns in C: decode the records from byte ``i`` on that start before ``limit``,\n"
-"are complete, pass their crc and have ``expected <= offset < stop``, into a list of keys and a list of\n"
-"values (None for a tombstone); stop before the first record that does not. ``limit`` must leave a\n"
-"whole header before it (at most len(buf) - 28 + 1), as in the Python version.");
+/* Where a record's value is put, per decoder: two lists, or one record object each. */
+typedef struct {
+    PyObject *keys, *values;   /* decode_columns */
+    PyObject *records;         /* decode_records */
+    PyTypeObject *record_type; /* decode_records: ChangelogRecord and its three slot descriptors */
+    PyObject *key_slot, *value_slot, *offset_slot;
+} Sink;
 
-static PyObject *decode_columns(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t i, limit;
-    unsigned long long expected;
-    PyObject *stop_obj;
-    if (!PyArg_ParseTuple(args, "y*nnKO!:decode_columns", &view, &i, &limit, &expected, &PyLong_Type, &stop_obj))
-        return NULL;
-    /* partition._NO_STOP (2**64) and beyond: no offset is at or past it */
-    unsigned long long stop = PyLong_AsUnsignedLongLong(stop_obj);
-    int no_stop = 0;
-    if (stop == (unsigned long long)-1 && PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        PyErr_Clear();
-        PyObject *zero = PyLong_FromLong(0);
-        int negative = zero == NULL ? -1 : PyObject_RichCompareBool(stop_obj, zero, Py_LT);
-        Py_XDECREF(zero);
-        if (negative < 0) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        no_stop = !negative; /* a negative stop: no offset is below it */
-        stop = 0;
+static int set_slot(PyObject *slot, PyObject *record, PyObject *value) {
+    descrsetfunc set = Py_TYPE(slot)->tp_descr_set;
+    if (set == NULL) {
+        PyErr_SetString(PyExc_TypeError, "decode_records needs the record class's slot descriptors");
+        return -1;
     }
-    const unsigned char *buf = view.buf;
-    Py_ssize_t n = view.len;
+    return set(slot, record, value);
+}
+
+/* Add one record to the sink; 0, or -1 with an exception set. */
+static int emit(Sink *sink, PyObject *key, PyObject *value, uint64_t off) {
+    if (sink->records == NULL) {
+        if (PyList_Append(sink->keys, key) < 0) return -1;
+        return PyList_Append(sink->values, value);
+    }
+    PyObject *record = sink->record_type->tp_alloc(sink->record_type, 0);
+    if (record == NULL) return -1;
+    PyObject *offset = PyLong_FromUnsignedLongLong(off);
+    int rc = offset == NULL ? -1 : 0;
+    if (rc == 0) rc = set_slot(sink->key_slot, record, key);
+    if (rc == 0) rc = set_slot(sink->value_slot, record, value);
+    if (rc == 0) rc = set_slot(sink->offset_slot, record, offset);
+    if (rc == 0) rc = PyList_Append(sink->records, record);
+    Py_XDECREF(offset);
+    Py_DECREF(record);
+    return rc;
+}
+
+/* The loop of both decoders (partition._decode and _decode_columns): the records from byte *i on
+ * that start before limit, are complete, pass their crc and have expected <= offset < stop (no stop
+ * when no_stop), stopping before the first that does not. Advances *i and *expected. */
+static int decode_loop(const unsigned char *buf, Py_ssize_t n, Py_ssize_t *i, Py_ssize_t limit,
+                       unsigned long long *expected, unsigned long long stop, int no_stop, Sink *sink) {
     if (limit > n - HEADER_SIZE + 1) limit = n - HEADER_SIZE + 1; /* never read a partial header */
-    PyObject *keys = PyList_New(0), *values = PyList_New(0);
-    if (keys == NULL || values == NULL) goto fail;
-    while (i >= 0 && i < limit) {
-        const unsigned char *rec = buf + i;
+    Py_ssize_t pos = *i;
+    while (pos >= 0 && pos < limit) {
+        const unsigned char *rec = buf + pos;
         uint32_t crc = get_u32(rec);
         uint64_t off = get_u64(rec + 4);
         uint32_t klen = get_u32(rec + 20);
         int32_t vlen = (int32_t)get_u32(rec + 24);
         /* as the Python version: a negative length other than -1 frames no value bytes, reads as None */
-        Py_ssize_t kend = i + HEADER_SIZE + (Py_ssize_t)klen;
+        Py_ssize_t kend = pos + HEADER_SIZE + (Py_ssize_t)klen;
         Py_ssize_t end = vlen > 0 ? kend + vlen : kend;
-        if (end > n || crc_of(rec + 4, end - i - 4) != crc || !(expected <= off && (no_stop || off < stop))) break;
-        PyObject *key = PyBytes_FromStringAndSize((const char *)buf + i + HEADER_SIZE, (Py_ssize_t)klen);
-        if (key == NULL) goto fail;
-        int rc = PyList_Append(keys, key);
+        if (end > n || crc_of(rec + 4, end - pos - 4) != crc || !(*expected <= off && (no_stop || off < stop)))
+            break;
+        PyObject *key = PyBytes_FromStringAndSize((const char *)buf + pos + HEADER_SIZE, (Py_ssize_t)klen);
+        if (key == NULL) return -1;
+        PyObject *value = vlen >= 0 ? PyBytes_FromStringAndSize((const char *)buf + kend, end - kend)
+                                    : Py_NewRef(Py_None);
+        int rc = value == NULL ? -1 : emit(sink, key, value, off);
         Py_DECREF(key);
-        if (rc < 0) goto fail;
-        if (vlen >= 0) {
-            PyObject *value = PyBytes_FromStringAndSize((const char *)buf + kend, end - kend);
-            if (value == NULL) goto fail;
-            rc = PyList_Append(values, value);
-            Py_DECREF(value);
-        } else {
-            rc = PyList_Append(values, Py_None);
-        }
-        if (rc < 0) goto fail;
-        expected = off + 1;
-        i = end;
+        Py_XDECREF(value);
+        if (rc < 0) return -1;
+        *expected = off + 1;
+        pos = end;
+    }
+    *i = pos;
+    return 0;
+}
+
+/* ``stop`` as a u64: partition._NO_STOP (2**64) and beyond set *no_stop; a negative one is 0. */
+static int parse_stop(PyObject *stop_obj, unsigned long long *stop, int *no_stop) {
+    *no_stop = 0;
+    *stop = PyLong_AsUnsignedLongLong(stop_obj);
+    if (!(*stop == (unsigned long long)-1 && PyErr_Occurred())) return 0;
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return -1;
+    PyErr_Clear();
+    PyObject *zero = PyLong_FromLong(0);
+    int negative = zero == NULL ? -1 : PyObject_RichCompareBool(stop_obj, zero, Py_LT);
+    Py_XDECREF(zero);
+    if (negative < 0) return -1;
+    *no_stop = !negative;
+    *stop = 0;
+    return 0;
+}
+
+PyDoc_STRVAR(decode_columns_doc,
+"decode_columns(buf, i, limit, expected, stop) -> (keys, values, position, expected)\n\n"
+"partition._decode_columns in C: decode the records from byte ``i`` on that start before ``limit``,\n"
+"are complete, pass their crc and have ``expected <= offset < stop``, into a list of keys and a list of\n"
+"values (None for a tombstone); stop before the first record that does not. A ``limit`` past the\n"
+"last whole header is taken as that header's position.");
+
+static PyObject *decode_columns(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t i, limit;
+    unsigned long long expected, stop;
+    PyObject *stop_obj;
+    int no_stop;
+    if (!PyArg_ParseTuple(args, "y*nnKO!:decode_columns", &view, &i, &limit, &expected, &PyLong_Type, &stop_obj))
+        return NULL;
+    Sink sink = {PyList_New(0), PyList_New(0), NULL, NULL, NULL, NULL, NULL};
+    if (sink.keys == NULL || sink.values == NULL || parse_stop(stop_obj, &stop, &no_stop) < 0 ||
+        decode_loop(view.buf, view.len, &i, limit, &expected, stop, no_stop, &sink) < 0) {
+        Py_XDECREF(sink.keys);
+        Py_XDECREF(sink.values);
+        PyBuffer_Release(&view);
+        return NULL;
     }
     PyBuffer_Release(&view);
-    return Py_BuildValue("(NNnK)", keys, values, i, expected);
-fail:
-    Py_XDECREF(keys);
-    Py_XDECREF(values);
+    return Py_BuildValue("(NNnK)", sink.keys, sink.values, i, expected);
+}
+
+PyDoc_STRVAR(decode_records_doc,
+"decode_records(buf, i, limit, expected, stop, record_type, key_slot, value_slot, offset_slot)\n"
+"    -> (records, position, expected)\n\n"
+"partition._decode in C: as decode_columns, into one ``record_type`` object per record, made without\n"
+"calling its __init__ and filled through its slot descriptors (ChangelogRecord is a frozen slots\n"
+"dataclass).");
+
+static PyObject *decode_records(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t i, limit;
+    unsigned long long expected, stop;
+    PyObject *stop_obj;
+    int no_stop;
+    Sink sink = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    if (!PyArg_ParseTuple(args, "y*nnKO!O!OOO:decode_records", &view, &i, &limit, &expected, &PyLong_Type,
+                          &stop_obj, &PyType_Type, &sink.record_type, &sink.key_slot, &sink.value_slot,
+                          &sink.offset_slot))
+        return NULL;
+    sink.records = PyList_New(0);
+    if (sink.records == NULL || parse_stop(stop_obj, &stop, &no_stop) < 0 ||
+        decode_loop(view.buf, view.len, &i, limit, &expected, stop, no_stop, &sink) < 0) {
+        Py_XDECREF(sink.records);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     PyBuffer_Release(&view);
-    return NULL;
+    return Py_BuildValue("(NnK)", sink.records, i, expected);
+}
+
+PyDoc_STRVAR(walk_doc,
+"walk(buf, pos, expected) -> (valid_end, next_offset, bad_pos or None)\n\n"
+"format.walk in C: validate records from byte ``pos`` on; see there.");
+
+static PyObject *walk(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos;
+    unsigned long long expected;
+    if (!PyArg_ParseTuple(args, "y*nK:walk", &view, &pos, &expected)) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t n = view.len;
+    while (pos >= 0 && pos + HEADER_SIZE <= n) {
+        const unsigned char *rec = buf + pos;
+        uint64_t off = get_u64(rec + 4);
+        uint32_t klen = get_u32(rec + 20);
+        int32_t vlen = (int32_t)get_u32(rec + 24);
+        Py_ssize_t end = pos + HEADER_SIZE + (Py_ssize_t)klen + (vlen > 0 ? vlen : 0);
+        if (end > n || vlen < TOMBSTONE || off < expected || crc_of(rec + 4, end - pos - 4) != get_u32(rec)) {
+            PyBuffer_Release(&view);
+            return Py_BuildValue("(nKn)", pos, expected, pos);
+        }
+        expected = off + 1;
+        pos = end;
+    }
+    PyBuffer_Release(&view);
+    if (pos < n) return Py_BuildValue("(nKn)", pos, expected, pos);
+    return Py_BuildValue("(nKO)", pos, expected, Py_None);
 }
 
 static PyMethodDef methods[] = {
     {"encode_into", encode_into, METH_VARARGS, encode_into_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
+    {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"walk", walk, METH_VARARGS, walk_doc},
     {NULL, NULL, 0, NULL},
 };
 

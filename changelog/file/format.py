@@ -43,6 +43,7 @@ __all__ = [
     "list_segments",
     "valid_record_at",
     "walk",
+    "py_walk",
     "find_valid_after",
     "encode_into",
     "py_encode_into",
@@ -97,12 +98,12 @@ def valid_record_at(buf: bytes, pos: int, min_offset: int) -> bool:
     return zlib.crc32(memoryview(buf)[pos + 4:end]) == crc
 
 
-def walk(buf: bytes, pos: int, expected: int) -> tuple[int, int, int | None]:
+def py_walk(buf: bytes, pos: int, expected: int) -> tuple[int, int, int | None]:
     """Validate records from byte ``pos`` on; ``expected`` is the lowest allowed next offset.
 
     Returns ``(valid_end, next_offset, bad_pos)``: the byte position after the last valid record,
     the offset after it, and the position of the first incomplete/invalid record (None when the
-    buffer ends exactly at a record boundary).
+    buffer ends exactly at a record boundary). :func:`walk` is this, or its C version when built.
     """
     unpack = HEADER.unpack_from
     crc32 = zlib.crc32
@@ -173,6 +174,7 @@ def py_encode_into(buf: bytearray, records: Iterable[tuple[bytes, bytes | None]]
 NATIVE = load_native("localstate.changelog.file._framing")
 encode_into: Callable[[bytearray, Iterable[tuple[bytes, bytes | None]], int, int], int] = (
     py_encode_into if NATIVE is None else NATIVE.encode_into)
+walk: Callable[[bytes, int, int], tuple[int, int, int | None]] = py_walk if NATIVE is None else NATIVE.walk
 
 
 def count_records(buf: bytes | bytearray, start: int = 0) -> int:

@@ -507,13 +507,16 @@ class FileChangelogPartition(ChangelogPartition):
             offset=offset, segment=str(path), byte=byte, hint=_CORRUPT_HINT)
 
 
-def _decode(buf: bytes, i: int, limit: int, expected: int,
-            stop: int) -> tuple[list[ChangelogRecord], int, int]:
+def py_decode(buf: bytes, i: int, limit: int, expected: int,
+              stop: int) -> tuple[list[ChangelogRecord], int, int]:
     """Decode the records from byte ``i`` on (those starting before ``limit``) that are complete, pass
     their crc and have ``expected <= offset < stop``; stop before the first one that does not.
 
     Returns ``(records, position after the last one, lowest offset the next record may carry)``.
-    This is the restore hot path: one tight loop, no per-record function of our own.
+    A ``limit`` past the last whole header is taken as that header's position (a damaged tail shorter
+    than a header stops the loop, it does not fail it). This is the restore hot path: one tight loop,
+    no per-record function of our own. The reference version of :func:`_decode`, which runs the loop
+    in C when the framing extension is in use (``format.NATIVE``).
     """
     unpack = HEADER.unpack_from
     crc32 = zlib.crc32
@@ -522,6 +525,7 @@ def _decode(buf: bytes, i: int, limit: int, expected: int,
     set_key, set_value, set_offset = _SET_KEY, _SET_VALUE, _SET_OFFSET
     hs = HEADER_SIZE
     n = len(buf)
+    limit = min(limit, n - hs + 1)
     records: list[ChangelogRecord] = []
     append = records.append
     with memoryview(buf) as view:
@@ -556,6 +560,7 @@ def py_decode_columns(buf: bytes, i: int, limit: int, expected: int,
     crc32 = zlib.crc32
     hs = HEADER_SIZE
     n = len(buf)
+    limit = min(limit, n - hs + 1)
     start = i
     keys: list[bytes] = []
     values: list[bytes | None] = []
@@ -581,7 +586,14 @@ def _native_decode_columns(buf: bytes, i: int, limit: int, expected: int,
     return RecordColumns(keys, values, expected, end - i), end, expected
 
 
+def _native_decode(buf: bytes, i: int, limit: int, expected: int,
+                   stop: int) -> tuple[list[ChangelogRecord], int, int]:
+    """:func:`py_decode` with its loop in C (``format.NATIVE.decode_records``)."""
+    return _NATIVE_DECODE_RECORDS(buf, i, limit, expected, stop, ChangelogRecord, *_RECORD_SLOTS)
+
+
 _NATIVE_DECODE = None if NATIVE is None else NATIVE.decode_columns
+_NATIVE_DECODE_RECORDS = None if NATIVE is None else NATIVE.decode_records
 _decode_columns = py_decode_columns if NATIVE is None else _native_decode_columns
 
 
@@ -596,6 +608,10 @@ def _setter(name: str) -> Callable[[ChangelogRecord, object], None]:
 _SET_KEY = _setter("key")
 _SET_VALUE = _setter("value")
 _SET_OFFSET = _setter("offset")
+#: ChangelogRecord's slot descriptors, which the C decoder fills (None: not a slots class)
+_RECORD_SLOTS = tuple(getattr(ChangelogRecord, name, None) for name in ("key", "value", "offset"))
+_decode = py_decode if NATIVE is None or not all(hasattr(slot, "__set__") for slot in _RECORD_SLOTS) \
+    else _native_decode
 
 
 def _split_point(buf: bytearray, pos: int, room: int) -> tuple[int, int]:

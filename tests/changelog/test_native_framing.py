@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from localstate.changelog.file import format as framing
 from localstate.changelog.file import partition
 from localstate.changelog.file.format import HEADER, HEADER_SIZE, py_encode_into
+from localstate.core.changelog import ChangelogRecord
 
 PURE = os.environ.get("LOCALSTATE_PURE_PYTHON", "") not in ("", "0")
 
@@ -140,6 +141,16 @@ def _assert_same(buf: bytes, i: int, limit: int, expected: int, stop: int) -> No
     assert columns.end == next_expected and columns.nbytes == end - i
     (native_columns, native_end, native_expected) = partition._decode_columns(buf, i, limit, expected, stop)
     assert (native_columns, native_end, native_expected) == (columns, end, next_expected)
+    # the record decoder: the same stopping rule, one ChangelogRecord per record
+    records, records_end, records_expected = partition.py_decode(buf, i, limit, expected, stop)
+    assert (records_end, records_expected) == (end, next_expected)
+    assert [(r.key, r.value) for r in records] == list(zip(columns.keys, columns.values))
+    native_records = _native().decode_records(buf, i, limit, expected, stop, ChangelogRecord, *partition._RECORD_SLOTS)
+    assert native_records == (records, end, next_expected)
+    assert all(type(r) is ChangelogRecord for r in native_records[0])
+    assert partition._decode(buf, i, limit, expected, stop) == (records, end, next_expected)
+    # the validating walk from the same position
+    assert _native().walk(buf, i, expected) == framing.py_walk(buf, i, expected)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -162,7 +173,8 @@ def test_decode_matches_the_reference_on_damaged_segments(records, base, data) -
             buf[at:at + 4] = data.draw(st.sampled_from([b"\xff\xff\xff\xff", b"\xfe\xff\xff\xff", b"\x00\x00\x01\x00"]))
     buf = bytes(buf)
     last = len(buf) - HEADER_SIZE + 1
-    limit = data.draw(st.integers(min(0, last), max(last, 0)))
+    # limits past the last whole header too (callers pass len(buf)): clamped, never a struct.error
+    limit = data.draw(st.integers(min(0, last), max(last, 0) + 40))
     expected = data.draw(st.sampled_from([0, base, base + 1, base + len(records)]))
     stop = data.draw(st.sampled_from([1 << 64, base + len(records) // 2, base, 0, 2**70]))
     _assert_same(buf, 0, limit, expected, stop)
@@ -183,6 +195,20 @@ def test_decode_reads_tombstones_empty_values_and_negative_lengths_as_the_refere
     assert end == len(buf) and expected == 4
 
 
+def test_a_tail_shorter_than_a_header_stops_every_decoder() -> None:
+    """An object or segment that ends in a few stray bytes (a damaged or truncated tail) with the
+    limit at its end, as the objectstore passes it: every decoder stops before the tail, in Python
+    too (it raised struct.error there, which the object reader did not turn into its typed error)."""
+    good = _frame([(b"k", b"v"), (b"l", None)])
+    for tail in (b"\x00", b"\xff" * 27, bytes(range(13))):
+        buf = good + tail
+        records, end, expected = partition.py_decode(buf, 0, len(buf), 0, 1 << 62)
+        assert (len(records), end, expected) == (2, len(good), 2)
+        columns, end, expected = partition.py_decode_columns(buf, 0, len(buf), 0, 1 << 62)
+        assert (len(columns), end, expected) == (2, len(good), 2)
+        _assert_same(buf, 0, len(buf), 0, 1 << 62)
+
+
 def test_decode_never_reads_past_the_buffer() -> None:
     buf = _frame([(b"k" * 10, b"v" * 10)] * 3)
     for cut in range(len(buf) + 1):
@@ -190,3 +216,14 @@ def test_decode_never_reads_past_the_buffer() -> None:
         # a limit beyond the last whole header is clamped, not trusted
         keys, _values, end, _expected = _native().decode_columns(piece, 0, len(piece) + 100, 0, 1 << 64)
         assert end <= cut and len(keys) == cut // (HEADER_SIZE + 20)
+
+
+def test_version_reports_the_c_extensions(capsys) -> None:
+    from localstate.core.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    state = "off (LOCALSTATE_PURE_PYTHON)" if PURE else "in use"
+    assert f"framing {state}" in printed and f"hotpath {state}" in printed

@@ -160,7 +160,7 @@ def test_missing_object_named_by_the_manifest_is_a_typed_error_naming_it(objects
     assert victim in str(caught.value) and caught.value.context["offset"] == 20
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "swap-writer"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "stray-tail", "swap-writer"])
 def test_damaged_object_is_a_corrupt_error_naming_it(objectstore_options, tmp_path, damage):
     system, manifest = committed_partition(objectstore_options, tmp_path)
     victim = manifest["deltas"][2]["object"]
@@ -171,6 +171,9 @@ def test_damaged_object_is_a_corrupt_error_naming_it(objectstore_options, tmp_pa
     elif damage == "truncate":
         manifest["deltas"][2]["bytes"] = len(data) - 5  # the manifest matches, the records do not
         data = data[:-5]
+    elif damage == "stray-tail":  # bytes after the last record, fewer than a record header
+        manifest["deltas"][2]["bytes"] = len(data) + 3
+        data += b"\x00\x01\x02"
     else:
         data[7:23] = bytes(16)  # another writer's token in the header
     system.store.delete(key)
