@@ -26,10 +26,11 @@ from sortedcontainers import SortedDict
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.corruption import corrupt_reason, wipe_local
 from localstate.core.fsutil import errno_in_text, os_error_hint
+from localstate.core.native import load as load_native
 from localstate.errors import LocalStateError, StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
 __all__ = ["KVBackend", "DirectoryBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
-           "prefix_end"]
+           "prefix_end", "sorted_items"]
 
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
                              errno.EMFILE})
@@ -165,8 +166,7 @@ class KVBackend(ABC):
     def _bulk_load(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> None:
         """One :meth:`_write` per chunk, in key order when the backend asks for it (``sorted_writes``)."""
         for chunk in chunks:
-            items: Collection[Item] = sorted(chunk.items(), key=itemgetter(0)) if self.sorted_writes \
-                else chunk.items()
+            items: Collection[Item] = sorted_items(chunk) if self.sorted_writes else chunk.items()
             if self._iterators and items:
                 self._preserve(items)
             self._write(items, {}, None in chunk.values())
@@ -340,6 +340,23 @@ class DirectoryBackend(KVBackend):
 
     def _close(self) -> None:
         self._release()
+
+
+_SORTING = load_native("localstate.core._sorting")
+
+
+def sorted_items(run: Mapping[bytes, Any]) -> list[tuple[bytes, Any]]:
+    """The items of ``run`` in key order (bytes order), as a list of pairs: what a sorted bulk write
+    (an SST file, an LMDB append, a memtable insert from the previous position) takes.
+
+    In C (``core/_sorting.c``, 3-4 times faster) for a dict of bytes keys when the extension is
+    built; otherwise ``sorted(run.items(), key=itemgetter(0))``, which compares the keys alone."""
+    if _SORTING is not None and type(run) is dict:
+        try:
+            return _SORTING.sorted_items(run)
+        except TypeError:  # a key that is not exactly bytes: Python's sort decides (or refuses)
+            pass
+    return sorted(run.items(), key=itemgetter(0))
 
 
 def prefix_end(prefix: bytes) -> bytes | None:

@@ -1,8 +1,9 @@
 """The optional C extensions: load one, or fall back to the pure-Python code beside it.
 
 localstate's hot loops have C versions, built at install by setup.py where a C compiler exists:
-``localstate.changelog.file._framing`` (changelog record framing and decoding) and
-``localstate.engines.kv._hotpath`` (the kv engine's get/put fast paths). Each is optional: the Python
+``localstate.changelog.file._framing`` (changelog record framing and decoding),
+``localstate.engines.kv._hotpath`` (the kv engine's get/put fast paths) and ``localstate.core._sorting``
+(bulk loads sorted by key). Each is optional: the Python
 code it replaces stays the reference, behaves identically, and runs when the module is missing or
 when the environment variable ``LOCALSTATE_PURE_PYTHON`` is set to a non-empty value other than ``0``
 (to compare, or to rule the C code out while debugging). :func:`status` says which are in use.
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 
 PURE_PYTHON_ENV = "LOCALSTATE_PURE_PYTHON"
 #: Every C extension setup.py builds.
-MODULES = ("localstate.changelog.file._framing", "localstate.engines.kv._hotpath")
+MODULES = ("localstate.changelog.file._framing", "localstate.engines.kv._hotpath", "localstate.core._sorting")
 
 
 def pure_python_requested() -> bool:

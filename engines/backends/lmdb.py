@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import lmdb
 
-from localstate.core.backend import DirectoryBackend, Item
+from localstate.core.backend import DirectoryBackend, Item, sorted_items
 from localstate.core.corruption import store_corrupt
 from localstate.core.options import parse_size
 from localstate.errors import StoreCorruptError, StoreError
@@ -185,9 +184,7 @@ class LMDBBackend(DirectoryBackend):
         so a B-tree page is written once per run, not once per chunk. Into an empty database with no
         delete, the sorted run is appended (``putmulti(append=True)``: no searches, full pages)."""
         for run in self._runs(chunks):
-            # The items sorted by key (a key function: the sort compares the keys alone and moves the
-            # values along): cheaper than sorting the keys, then building the (key, value) list.
-            items = sorted(run.items(), key=itemgetter(0))
+            items = sorted_items(run)
             deletes = None in run.values()
             self._reserve(sum(map(len, run)) + sum(map(len, filter(None, run.values()))))
             self._write(items, {}, deletes, append=not deletes and self.approximate_count() == 0)

@@ -9,13 +9,12 @@ from __future__ import annotations
 import logging
 from collections import deque
 from itertools import starmap
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import rocksdict
 
-from localstate.core.backend import DirectoryBackend, Item
+from localstate.core.backend import DirectoryBackend, Item, sorted_items
 from localstate.core.corruption import store_corrupt
 from localstate.errors import StoreCorruptError, StoreError
 
@@ -208,9 +207,7 @@ class RocksDBBackend(DirectoryBackend):
         writer = rocksdict.SstFileWriter(options=build_options(self._options))
         try:
             writer.open(str(path))
-            # The items sorted by key (a key function: the sort compares the keys alone and moves the
-            # values along); as fast as sorting the keys and looking each value up while writing.
-            items = sorted(run.items(), key=itemgetter(0))
+            items = sorted_items(run)
             if None in run.values():
                 for key, value in items:
                     if value is None:
