@@ -51,9 +51,13 @@ class Report:
             self.targets[label] = target
 
     def emit(self, as_json: bool) -> None:
+        # Which optional C extensions ran (LOCALSTATE_PURE_PYTHON=1 measures the pure-Python code).
+        from localstate.core.native import status
+        extensions = status()
         if as_json:
             json.dump({"benchmark": self.name, "params": self.params, "rows": self.rows, "ratios": self.ratios,
-                       "targets": self.targets, "notes": self.notes, "cpus": os.cpu_count()}, sys.stdout)
+                       "targets": self.targets, "notes": self.notes, "cpus": os.cpu_count(),
+                       "c_extensions": extensions}, sys.stdout)
             print()
             return
         print(f"== {self.name} ==  " + "  ".join(f"{k}={v}" for k, v in self.params.items()))
@@ -69,6 +73,7 @@ class Report:
                 print(f"  {label:<55} {value:>10.3f}{target}")
         for note in self.notes:
             print(f"note: {note}")
+        print("note: C extensions: " + ", ".join(f"{name} {state}" for name, state in extensions.items()))
 
 
 def _fmt(value: Any) -> str:

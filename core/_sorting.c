@@ -1,8 +1,9 @@
 /* Sorting a bulk load's run by key in C: backend.sorted_items for a dict with bytes keys.
  *
  * sorted(run.items(), key=itemgetter(0)) costs about 0.7-0.9 s for 1M keys in CPython (each of the
- * ~20M comparisons goes through bytes' rich comparison). Here: a radix sort on each key's first 8
- * bytes, then a memcmp sort of each run of keys that share them. The order is bytes order (memcmp,
+ * ~20M comparisons goes through bytes' rich comparison). Here: a radix sort on 8 bytes of each key,
+ * those after the bytes all keys share ("key-000..."), then a memcmp sort of each run of keys that tie
+ * on them. The order is bytes order (memcmp,
  * then the shorter key first), exactly Python's; the keys of a dict are unique, so the result is the
  * one possible order. The GIL is held throughout (run_items is therefore safe as a static).
  */
@@ -26,11 +27,12 @@ typedef struct {
 
 /* For qsort of a run of slots with equal prefixes: the rest of the keys, then the length. */
 static const Item *run_items;
+static Py_ssize_t run_skip; /* bytes every key shares, plus the 8 of the prefix */
 
 static int compare_rest(const void *a, const void *b) {
     const Item *x = &run_items[((const Slot *)a)->index], *y = &run_items[((const Slot *)b)->index];
     Py_ssize_t shorter = x->len < y->len ? x->len : y->len;
-    int c = shorter > 8 ? memcmp(x->data + 8, y->data + 8, (size_t)(shorter - 8)) : 0;
+    int c = shorter > run_skip ? memcmp(x->data + run_skip, y->data + run_skip, (size_t)(shorter - run_skip)) : 0;
     if (c != 0) return c;
     return x->len < y->len ? -1 : (x->len > y->len ? 1 : 0);
 }
@@ -70,7 +72,7 @@ static PyObject *sorted_items(PyObject *self, PyObject *run) {
         PyErr_SetString(PyExc_TypeError, "sorted_items takes a dict");
         return NULL;
     }
-    Py_ssize_t n = PyDict_GET_SIZE(run), pos = 0, i = 0;
+    Py_ssize_t n = PyDict_GET_SIZE(run), pos = 0, i = 0, shared = 0;
     Item *items = PyMem_Malloc(sizeof(Item) * (size_t)(n ? n : 1));
     Slot *slots = PyMem_Malloc(sizeof(Slot) * (size_t)(n ? n : 1));
     PyObject *result = NULL;
@@ -89,20 +91,32 @@ static PyObject *sorted_items(PyObject *self, PyObject *run) {
         item->len = PyBytes_GET_SIZE(key);
         item->key = key;
         item->value = value;
+        /* the bytes every key shares ("user-000..."): the sort keys start after them */
+        if (i == 0) {
+            shared = item->len;
+        } else {
+            Py_ssize_t b = 0, most = shared < item->len ? shared : item->len;
+            while (b < most && item->data[b] == items[0].data[b]) b++;
+            shared = b;
+        }
+        i++;
+    }
+    for (i = 0; i < n; i++) {
+        const Item *item = &items[i];
         uint64_t prefix = 0;
-        for (Py_ssize_t b = 0; b < 8; b++)
+        for (Py_ssize_t b = shared; b < shared + 8; b++)
             prefix = (prefix << 8) | (b < item->len ? (unsigned char)item->data[b] : 0);
         slots[i].prefix = prefix;
         slots[i].index = i;
-        i++;
     }
     if (radix_sort(slots, n) < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    /* Keys that tie on the zero-padded prefix (one a prefix of the other, or longer keys sharing their
-     * first 8 bytes): the rest of the bytes, then the length, decide, which is bytes order. */
+    /* Keys that tie on the zero-padded 8 bytes (one a prefix of the other, or longer keys sharing those
+     * bytes): the rest of the bytes, then the length, decide, which is bytes order. */
     run_items = items;
+    run_skip = shared + 8;
     for (Py_ssize_t start = 0; start < n;) {
         Py_ssize_t stop = start + 1;
         while (stop < n && slots[stop].prefix == slots[start].prefix) stop++;
