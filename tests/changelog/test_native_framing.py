@@ -20,19 +20,13 @@ from localstate.changelog.file import format as framing
 from localstate.changelog.file import partition
 from localstate.changelog.file.format import HEADER, HEADER_SIZE, py_encode_into
 from localstate.core.changelog import ChangelogRecord
+from native_support import native_module
 
 PURE = os.environ.get("LOCALSTATE_PURE_PYTHON", "") not in ("", "0")
 
 
 def _native():
-    """The C module; its absence fails the test unless LOCALSTATE_PURE_PYTHON is set (then: skip)."""
-    try:
-        from localstate.changelog.file import _framing
-    except ImportError as exc:
-        if PURE:
-            pytest.skip("LOCALSTATE_PURE_PYTHON is set and the C framing is not built")
-        pytest.fail(f"the C framing extension did not build at install ({exc}); see setup.py")
-    return _framing
+    return native_module("localstate.changelog.file._framing")
 
 
 def test_the_extension_is_built_and_in_use() -> None:

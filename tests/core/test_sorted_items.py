@@ -14,16 +14,11 @@ from hypothesis import strategies as st
 from localstate.core import backend
 from localstate.core.backend import sorted_items
 from localstate.core.native import pure_python_requested
+from native_support import native_module
 
 
 def _sorting_module():
-    try:
-        from localstate.core import _sorting
-    except ImportError as exc:
-        if pure_python_requested():
-            pytest.skip("LOCALSTATE_PURE_PYTHON is set and the C sort is not built")
-        pytest.fail(f"the C sort extension did not build at install ({exc}); see setup.py")
-    return _sorting
+    return native_module("localstate.core._sorting")
 
 
 # Few distinct bytes and lengths around 8, so that ties on the 8-byte prefix, zero padding and

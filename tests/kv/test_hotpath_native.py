@@ -23,16 +23,11 @@ from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, StringSerde
 from localstate.engines.kv import KeyValueEngineFactory
 from localstate.engines.kv import engine as engine_module
 from localstate.errors import LocalStateError
+from native_support import native_module
 
 
 def _hotpath_module():
-    try:
-        from localstate.engines.kv import _hotpath
-    except ImportError as exc:
-        if pure_python_requested():
-            pytest.skip("LOCALSTATE_PURE_PYTHON is set and the C hot path is not built")
-        pytest.fail(f"the kv hot-path C extension did not build at install ({exc}); see setup.py")
-    return _hotpath
+    return native_module("localstate.engines.kv._hotpath")
 
 
 def test_the_c_hot_path_is_in_use_unless_pure_python_is_requested(tmp_path: Path) -> None:
