@@ -94,7 +94,15 @@ static int hotpath_init(HotPath *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
+/* A HotPath made without __init__ (HotPath.__new__) holds nothing: refuse to run it. */
+static int uninitialised(HotPath *self) {
+    if (self->young != NULL) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "HotPath used before __init__");
+    return 1;
+}
+
 static PyObject *hotpath_get(HotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (uninitialised(self)) return NULL;
     if (nargs != 1 || kwnames != NULL) /* keywords, wrong arity: the reference reports it */
         return PyObject_Vectorcall(self->reference_get, args, (size_t)nargs, kwnames);
     PyObject *key = args[0];
@@ -142,6 +150,7 @@ static int int_in_range(HotPath *self, PyObject *value) {
 }
 
 static PyObject *hotpath_put(HotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (uninitialised(self)) return NULL;
     if (nargs != 2 || kwnames != NULL)
         return PyObject_Vectorcall(self->put_slow, args, (size_t)nargs, kwnames);
     PyObject *key = args[0], *value = args[1];

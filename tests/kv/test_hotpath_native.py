@@ -145,3 +145,12 @@ def test_spill_and_rotation_through_the_c_path(tmp_path: Path) -> None:
     store._cache.clear()
     assert dict(store.all()) == expected
     store.close()
+
+
+def test_a_hot_path_made_without_init_refuses_to_run() -> None:
+    hot_path = _hotpath_module().HotPath
+    blank = hot_path.__new__(hot_path)
+    with pytest.raises(RuntimeError, match="before __init__"):
+        blank.get("a")
+    with pytest.raises(RuntimeError, match="before __init__"):
+        blank.put("a", 1)
