@@ -26,7 +26,8 @@ Guarantees (see ``localstate.core.engine``):
   runs ahead of the changelog and ``local_offset()`` stays at the last commit.
 * Iterators are snapshots of the merged view (pending writes + backend) at the moment they open.
 
-Performance: ``get``/``put`` are per-instance closures (see ``_bind_hot_path``): a cache hit is one
+Performance: ``get``/``put`` are per-instance closures, or their C version where it is built (see
+``_bind_hot_path``): a cache hit is one
 dict lookup, a put of a cached key two dict stores (and a class/range check of an int value); no key
 or value is encoded until the flush, which sorts the changed keys once and encodes them with one
 C-level ``map`` per column (``core/codecs.py``), then hands the changelog and the backend one
@@ -186,6 +187,11 @@ class KeyValueEngine(StorageEngine):
         dict lookup and no key encoding; a put of a cached key (the read-modify-write pattern) stores
         the object in two dicts, encoding nothing (the flush encodes each changed key once); for int
         values it checks class and range instead of packing. Anything else takes the reference path.
+
+        With the C extension ``_hotpath`` built (``core/native.py``), those two fast paths run in C
+        (``engines/kv/_hotpath.c``: no Python frame per call) and call the same fallbacks: ``missed``
+        below for a cache miss, the reference methods for everything else. Without it, the closures
+        below are installed; both are exact (``tests/kv/test_hotpath_native.py`` runs them side by side).
         """
         cache = self._cache
         young, old, dirty = cache.young, cache.old, self._dirty
@@ -278,7 +284,7 @@ class KeyValueEngine(StorageEngine):
                     put_slow(key, value)
 
         if _HOTPATH is not None:
-            # The same fast paths in C (engines/kv/_hotpath.c), falling back to the functions above.
+            # The same fast paths in C, falling back to missed/put_slow/reference_get.
             hot = _HOTPATH.HotPath(young=young, old=old, dirty=dirty, key_class=key_class, batch=batch, spill=spill,
                                    reference_get=reference_get, missed=missed, put_slow=put_slow,
                                    int_values=self._int_values, int_min=INT_MIN, int_max=INT_MAX,
