@@ -12,11 +12,13 @@ each figure is the median over ``--rounds``. Rows:
 * ``kv rocksdb|lmdb|memory``: engine defaults apart from a 100k object cache (as ideal_limit.py);
 * ``kv rocksdb|lmdb write_behind``: the backend write of each commit on a background thread once the
   changelog is flushed (going past the plain-Python ideal, which writes the database inline);
+* ``kv rocksdb|lmdb pure-python``: the kv rows with ``LOCALSTATE_PURE_PYTHON=1``, i.e. without
+  localstate's C extensions (record framing, get/put fast paths, bulk sort), for their effect;
 * Quix Streams' RocksDB state on the scattered workload, when a Python with quixstreams exists.
 
 Ratios: kv / ideal on the same backend (target >= 0.9; against the faster of the two RocksDB ideals),
 the same on CPU time (steadier on a shared machine), memory / rocksdb (target >= 1), write-behind /
-ideal, and kv / Quix (stretch >= 10).
+ideal, kv / kv pure-python (what the C extensions give), and kv / Quix (stretch >= 10).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("kv memory", "engine_sliced", {"backend": "memory"}),
     ("kv rocksdb write_behind", "engine_sliced", {"backend": "rocksdb", "extra": {"write_behind": True}}),
     ("kv lmdb write_behind", "engine_sliced", {"backend": "lmdb", "extra": {"write_behind": True}}),
+    ("kv rocksdb pure-python", "engine_sliced", {"backend": "rocksdb", "pure_python": True}),
+    ("kv lmdb pure-python", "engine_sliced", {"backend": "lmdb", "pure_python": True}),
 ]
 
 
@@ -118,6 +122,10 @@ def _ratios(report: Report, name: str, wall: dict[str, float], cpu: dict[str, fl
                 if label in figures:
                     report.ratio(f"{name}: {label} / ideal {backend}{suffix}", figures[label] / ideal,
                                  ">= 0.9" if not suffix else None)
+        for backend in ("rocksdb", "lmdb"):
+            pure = figures.get(f"kv {backend} pure-python")
+            if pure and f"kv {backend}" in figures:
+                report.ratio(f"{name}: kv {backend} / kv {backend} pure-python{suffix}", figures[f"kv {backend}"] / pure)
         if "kv memory" in figures and "kv rocksdb" in figures:
             report.ratio(f"{name}: kv memory / kv rocksdb{suffix}", figures["kv memory"] / figures["kv rocksdb"],
                          ">= 1" if not suffix else None)

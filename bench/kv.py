@@ -33,8 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _case(case: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Run one bench.kv_cases case in a fresh process; ``pure_python`` in ``params`` runs it with
+    LOCALSTATE_PURE_PYTHON=1 (localstate's pure-Python code instead of its C extensions)."""
+    env = {**os.environ, "LOCALSTATE_PURE_PYTHON": "1"} if params.get("pure_python") else None
     out = subprocess.run([sys.executable, "-m", "bench.kv_cases", case, json.dumps(params)], cwd=ROOT,
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         raise RuntimeError(f"bench case {case} {params} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
