@@ -69,7 +69,7 @@ def pairs(events: Any) -> list[tuple[Any, Any]]:
     return [(e.timestamp, e.event) for e in events]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations, max_lateness=st.one_of(st.none(), st.integers(0, 6)),
        policy=st.sampled_from(["drop", "side_output"]), split=st.floats(0, 1))
 def test_reorder_matches_model_and_restores(heap_dirs, opener, compact, ops, max_lateness, policy, split) -> None:

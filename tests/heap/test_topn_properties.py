@@ -68,7 +68,7 @@ def as_tuple(entry: Any) -> tuple | None:
     return None if entry is None else (entry.item, entry.score, entry.payload)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations, order=st.sampled_from(["max", "min"]),
        capacity=st.one_of(st.none(), st.integers(1, 4)), split=st.floats(0, 1))
 def test_topn_matches_model_and_restores(heap_dirs, opener, compact, ops, order, capacity, split) -> None:
