@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import weakref
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar, Collection, Iterable, Iterator, Mapping, Sequence
@@ -30,7 +31,7 @@ from localstate.core.native import load as load_native
 from localstate.errors import LocalStateError, StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
 __all__ = ["KVBackend", "DirectoryBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
-           "prefix_end", "sorted_items"]
+           "prefix_end", "sorted_items", "SortedRun", "coalesce_sorted", "key_sizes", "payload_bytes"]
 
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
                              errno.EMFILE})
@@ -67,6 +68,10 @@ class KVBackend(ABC):
     sorted_writes: ClassVar[bool] = True
     #: Keys per run of :meth:`bulk_load` (see :meth:`_runs`); the restore path hands chunks this big.
     bulk_run_keys: ClassVar[int] = BULK_RUN_KEYS
+    #: True when :meth:`bulk_load` writes each run in key order (an SST file, a B-tree append): the
+    #: restore path then hands it :class:`SortedRun` chunks, coalesced and sorted in one C pass with
+    #: no dict. False (the default): plain dict chunks (the in-memory backend adopts them as its map).
+    sorted_bulk_runs: ClassVar[bool] = False
     plugin_api: ClassVar[int] = PLUGIN_API_VERSION
 
     @classmethod
@@ -181,6 +186,12 @@ class KVBackend(ABC):
         for chunk in chunks:
             if self._iterators and chunk:
                 self._preserve(chunk.items())
+            if isinstance(chunk, SortedRun):  # coalesced and sorted already: never merged into a dict
+                if run:
+                    yield run
+                    run = {}
+                yield chunk
+                continue
             if not run and len(chunk) >= limit and type(chunk) is dict:
                 yield chunk
                 continue
@@ -345,12 +356,107 @@ class DirectoryBackend(KVBackend):
 _SORTING = load_native("localstate.core._sorting")
 
 
-def sorted_items(run: Mapping[bytes, Any]) -> list[tuple[bytes, Any]]:
-    """The items of ``run`` in key order (bytes order), as a list of pairs: what a sorted bulk write
-    (an SST file, an LMDB append, a memtable insert from the previous position) takes.
+class SortedItems(Collection[tuple[bytes, Any]]):
+    """The pairs of a :class:`SortedRun`, re-iterable, made one at a time from its two columns (no
+    list of a million tuples to build, track and free)."""
 
-    In C (``core/_sorting.c``, 3-4 times faster) for a dict of bytes keys when the extension is
-    built; otherwise ``sorted(run.items(), key=itemgetter(0))``, which compares the keys alone."""
+    __slots__ = ("_keys", "_values")
+
+    def __init__(self, keys: list[bytes], values: list[Any]) -> None:
+        self._keys, self._values = keys, values
+
+    def __iter__(self) -> Iterator[tuple[bytes, Any]]:
+        return zip(self._keys, self._values)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, item: object) -> bool:
+        return item in zip(self._keys, self._values)
+
+
+class SortedRun(Mapping[bytes, Any]):
+    """A run of a bulk load as two columns: ``key_column`` unique and in bytes order, and
+    ``value_column`` (``value_column[i]`` belongs to ``key_column[i]``; None deletes the key). What
+    the restore path hands backends whose bulk load writes in key order
+    (:attr:`KVBackend.sorted_bulk_runs`); made by :func:`coalesce_sorted`, which also records the
+    shortest and longest key (``key_sizes``) and the bytes of all keys and values (``nbytes``), so that
+    checks and space estimates need no pass over a million objects. A read-only Mapping, so whatever
+    takes a dict chunk takes it too; :meth:`items` and :meth:`values` cost no copy."""
+
+    __slots__ = ("key_column", "value_column", "key_sizes", "nbytes")
+
+    def __init__(self, key_column: list[bytes], value_column: list[Any], key_sizes: tuple[int, int],
+                 nbytes: int) -> None:
+        self.key_column, self.value_column = key_column, value_column
+        self.key_sizes, self.nbytes = key_sizes, nbytes
+
+    def __getitem__(self, key: bytes) -> Any:
+        at = bisect_left(self.key_column, key)
+        if at == len(self.key_column) or self.key_column[at] != key:
+            raise KeyError(key)
+        return self.value_column[at]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.key_column)
+
+    def __len__(self) -> int:
+        return len(self.key_column)
+
+    def items(self) -> SortedItems:  # type: ignore[override]
+        return SortedItems(self.key_column, self.value_column)
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return self.value_column
+
+
+def coalesce_sorted(key_runs: list[list[bytes]], value_runs: list[list[Any]]) -> SortedRun:
+    """Runs of changelog records in columns (record ``j`` of run ``i``: ``key_runs[i][j]`` ->
+    ``value_runs[i][j]``, in log order) coalesced, the last value of each key winning, into one
+    :class:`SortedRun`. In C (``core/_sorting.c``: one stable radix sort of all the records, then the
+    last of each key kept) when the extension is built and every key is exactly bytes; otherwise a
+    dict and Python's sort, with the same result."""
+    if _SORTING is not None:
+        try:
+            keys, values, shortest, longest, nbytes = _SORTING.coalesce_sorted(key_runs, value_runs)
+            return SortedRun(keys, values, (shortest, longest), nbytes)
+        except TypeError:  # a key that is not exactly bytes: Python's sort decides (or refuses)
+            pass
+    merged: dict[bytes, Any] = {}
+    for keys, values in zip(key_runs, value_runs, strict=True):
+        merged.update(zip(keys, values, strict=True))
+    ordered = sorted(merged)
+    values = [merged[k] for k in ordered]
+    sizes = list(map(len, ordered)) or [0]
+    nbytes = sum(sizes) + sum(len(v) for v in values if isinstance(v, bytes))
+    return SortedRun(ordered, values, (min(sizes), max(sizes)), nbytes)
+
+
+def key_sizes(chunk: Mapping[bytes, Any]) -> tuple[int, int]:
+    """The shortest and longest key of a non-empty bulk-load chunk (a :class:`SortedRun` knows them)."""
+    if isinstance(chunk, SortedRun):
+        return chunk.key_sizes
+    sizes = list(map(len, chunk))
+    return min(sizes), max(sizes)
+
+
+def payload_bytes(chunk: Mapping[bytes, Any]) -> int:
+    """The bytes of a bulk-load chunk's keys and values (a :class:`SortedRun` knows them)."""
+    if isinstance(chunk, SortedRun):
+        return chunk.nbytes
+    return sum(map(len, chunk)) + sum(map(len, filter(None, chunk.values())))
+
+
+def sorted_items(run: Mapping[bytes, Any]) -> Collection[tuple[bytes, Any]]:
+    """The items of ``run`` in key order (bytes order), as a re-iterable collection of pairs: what a
+    sorted bulk write (an SST file, an LMDB append, a memtable insert from the previous position)
+    takes.
+
+    A :class:`SortedRun` is in key order already (its pairs are made as they are read); a dict of
+    bytes keys is sorted in C (``core/_sorting.c``, 3-4 times faster) when the extension is built;
+    otherwise ``sorted(run.items(), key=itemgetter(0))``, which compares the keys alone."""
+    if isinstance(run, SortedRun):
+        return run.items()
     if _SORTING is not None and type(run) is dict:
         try:
             return _SORTING.sorted_items(run)

@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from operator import itemgetter
 from typing import Callable, Collection, Iterable, Iterator, Mapping
 
-from localstate.core.backend import Item, KVBackend
+from localstate.core.backend import Item, KVBackend, SortedRun, coalesce_sorted
 from localstate.core.changelog import ChangelogRecord, ChangelogWriter, RecordColumns
 from localstate.core.engine import StoreContext
 from localstate.errors import LocalStateError, StoreClosedError, StoreError
@@ -216,7 +216,8 @@ class LoggedStore(ChangelogCommit):
             raise self.failed(exc) from exc
 
     def restore(self, records: Iterable[ChangelogRecord], batch_size: int,
-                prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None = None) -> None:
+                prepare: Callable[[Mapping[bytes, bytes | None]], Mapping[bytes, bytes | None]] | None = None
+                ) -> None:
         """Apply changelog records in order (last per key wins), ``batch_size`` keys per atomic write,
         in key order (cheaper for RocksDB and LMDB). Not re-logged; the local offset moves at the next
         commit. ``prepare`` may check or filter each chunk (and drop the engine's caches of its keys)."""
@@ -233,28 +234,20 @@ class LoggedStore(ChangelogCommit):
             self._restore_chunk(chunk, deletes, prepare)
 
     def restore_columns(self, columns: Iterable[RecordColumns], batch_size: int,
-                        prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None = None
+                        prepare: Callable[[Mapping[bytes, bytes | None]], Mapping[bytes, bytes | None]] | None = None
                         ) -> None:
         """:meth:`restore` from :class:`RecordColumns` runs through the backend's bulk load (see
-        ``KVBackend.bulk_load``: each chunk atomic, all durable at the end). The runs are coalesced in
-        C (``dict.update(zip(...))``, last per key wins: no Python step per record) into chunks of the
-        backend's bulk run size (``bulk_run_keys``; ``batch_size`` is the record path's), so that each
-        key is hashed once and the backend writes each chunk as it comes, with no second merge."""
+        ``KVBackend.bulk_load``: each chunk atomic, all durable at the end), in chunks of about the
+        backend's bulk run size (``bulk_run_keys``; ``batch_size`` is the record path's), the last
+        value of each key winning, with no Python step per record: :class:`SortedRun` chunks for a
+        backend that bulk-writes in key order (``sorted_bulk_runs``), else dicts. ``prepare`` sees
+        each chunk before the backend does (and may return a replacement)."""
         limit = self.backend.bulk_run_keys
-
-        def chunks() -> Iterator[dict[bytes, bytes | None]]:
-            chunk: dict[bytes, bytes | None] = {}
-            for run in columns:
-                chunk.update(zip(run.keys, run.values))
-                if len(chunk) >= limit:
-                    yield chunk if prepare is None else prepare(chunk)
-                    chunk = {}
-            if chunk:
-                yield chunk if prepare is None else prepare(chunk)
-
+        runs = _sorted_chunks(columns, limit) if self.backend.sorted_bulk_runs else _dict_chunks(columns, limit)
+        chunks = runs if prepare is None else map(prepare, runs)
         self.settle()  # a background (write-behind) commit write lands before the bulk load
         try:
-            self.backend.bulk_load(chunks())
+            self.backend.bulk_load(chunks)
         except LocalStateError:
             raise
         except Exception as exc:
@@ -299,3 +292,39 @@ class LoggedStore(ChangelogCommit):
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
                 self.backend.close()
+
+
+def _dict_chunks(columns: Iterable[RecordColumns], limit: int) -> Iterator[dict[bytes, bytes | None]]:
+    """Column runs coalesced into dicts of at least ``limit`` keys (the last may be smaller), in C
+    (``dict.update(zip(...))``: each key hashed once, no Python step per record)."""
+    chunk: dict[bytes, bytes | None] = {}
+    for run in columns:
+        chunk.update(zip(run.keys, run.values))
+        if len(chunk) >= limit:
+            yield chunk
+            chunk = {}
+    if chunk:
+        yield chunk
+
+
+def _sorted_chunks(columns: Iterable[RecordColumns], limit: int) -> Iterator[SortedRun]:
+    """Column runs coalesced into :class:`SortedRun` chunks (``coalesce_sorted``: no dict, no item
+    tuples). Each coalesces at least ``limit`` records; a result with fewer than ``limit // 2`` keys
+    (a log of few, often updated keys) is carried into the next one, so that chunks, and the SST
+    files or transactions made of them, stay big."""
+    key_runs: list[list[bytes]] = []
+    value_runs: list[list[bytes | None]] = []
+    records = 0
+    for run in columns:
+        key_runs.append(run.keys)
+        value_runs.append(run.values)
+        records += len(run.keys)
+        if records >= limit:
+            chunk = coalesce_sorted(key_runs, value_runs)
+            if len(chunk) >= limit // 2:
+                yield chunk
+                key_runs, value_runs, records = [], [], 0
+            else:
+                key_runs, value_runs, records = [chunk.key_column], [chunk.value_column], len(chunk)
+    if records:
+        yield coalesce_sorted(key_runs, value_runs)

@@ -13,7 +13,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import lmdb
 
-from localstate.core.backend import DirectoryBackend, Item, sorted_items
+from localstate.core.backend import DirectoryBackend, Item, payload_bytes, sorted_items
 from localstate.core.corruption import store_corrupt
 from localstate.core.options import parse_size
 from localstate.errors import StoreCorruptError, StoreError
@@ -37,6 +37,7 @@ class LMDBBackend(DirectoryBackend):
     name = "lmdb"
     label = "LMDB"
     min_key_size = 1  # LMDB rejects empty keys
+    sorted_bulk_runs = True  # a restore's runs are appended to the B-tree in key order
 
     def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
                  partition: int | None = None) -> None:
@@ -186,7 +187,7 @@ class LMDBBackend(DirectoryBackend):
         for run in self._runs(chunks):
             items = sorted_items(run)
             deletes = None in run.values()
-            self._reserve(sum(map(len, run)) + sum(map(len, filter(None, run.values()))))
+            self._reserve(payload_bytes(run))
             self._write(items, {}, deletes, append=not deletes and self.approximate_count() == 0)
 
     def _reserve(self, nbytes: int) -> None:

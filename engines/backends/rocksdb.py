@@ -63,6 +63,7 @@ class RocksDBBackend(DirectoryBackend):
     label = "RocksDB"
     concurrent_reads = True  # RocksDB reads and writes are thread-safe (and rocksdict holds the GIL)
     sorted_writes = False  # the memtable orders writes itself: sorting in Python only costs
+    sorted_bulk_runs = True  # but a restore's runs become SST files, written in key order
 
     def __init__(self, path: Path, options: Mapping[str, Any], *, store: str = "",
                  partition: int | None = None) -> None:

@@ -48,7 +48,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from localstate.core.changelog import ChangelogRecord, RecordColumns
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
-from localstate.core.backend import BackendIterator, KVBackend, open_store_backend, prefix_end
+from localstate.core.backend import BackendIterator, KVBackend, key_sizes, open_store_backend, prefix_end
 from localstate.core.codecs import (FAST_ERRORS, INT_MAX, INT_MIN, fast_codec, inline_int_class, many_encoder,
                                     native_class)
 from localstate.core.logged import META_OFFSET, LoggedStore
@@ -549,12 +549,12 @@ class KeyValueEngine(StorageEngine):
         self._settle()
         self._logged.restore_columns(columns, self._restore_batch, self._prepare_restored)
 
-    def _prepare_restored(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+    def _prepare_restored(self, chunk: Mapping[bytes, bytes | None]) -> Mapping[bytes, bytes | None]:
         """A restore chunk checked against the backend's key sizes, with its keys' cached and pending
         values dropped (the chunk supersedes them)."""
         if chunk and (self._min_key > 0 or self._max_key < 1 << 62):
-            sizes = list(map(len, chunk))
-            if min(sizes) < self._min_key or max(sizes) > self._max_key:
+            shortest, longest = key_sizes(chunk)
+            if shortest < self._min_key or longest > self._max_key:
                 chunk = self._check_restored_keys(chunk)
         cache, dirty = self._cache, self._dirty
         if len(cache) or dirty:
@@ -575,7 +575,7 @@ class KeyValueEngine(StorageEngine):
             except FAST_ERRORS:
                 continue
 
-    def _check_restored_keys(self, chunk: dict[bytes, bytes | None]) -> dict[bytes, bytes | None]:
+    def _check_restored_keys(self, chunk: Mapping[bytes, bytes | None]) -> dict[bytes, bytes | None]:
         """``chunk`` without tombstones of keys this backend cannot hold (such keys cannot exist);
         RestoreError for a value under such a key (e.g. a store switched to LMDB whose changelog holds
         empty keys or keys over 511 bytes): the restore could never succeed."""
