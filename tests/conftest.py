@@ -14,6 +14,7 @@ import signal
 import sys
 import tempfile
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,12 @@ for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
 
 
 def write_spark_defaults(options: str) -> Path:
-    """A Spark conf directory whose spark-defaults.conf gives executors ``options`` (rewritten only
-    when it differs; every pytest process writes the same content, replaced atomically)."""
-    folder = Path(tempfile.gettempdir()) / "localstate-test-spark-conf"
+    """A Spark conf directory whose spark-defaults.conf gives executors ``options``: one directory
+    per content (checkouts with other options never share it), written once and replaced atomically."""
+    content = f"spark.executor.defaultJavaOptions {options}\n"
+    folder = Path(tempfile.gettempdir()) / f"localstate-test-spark-conf-{zlib.crc32(content.encode()):08x}"
     folder.mkdir(exist_ok=True)
     defaults = folder / "spark-defaults.conf"
-    content = f"spark.executor.defaultJavaOptions {options}\n"
     if not defaults.exists() or defaults.read_text() != content:
         partial = folder / f"spark-defaults.conf.{os.getpid()}"
         partial.write_text(content)
