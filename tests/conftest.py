@@ -14,6 +14,7 @@ import signal
 import sys
 import tempfile
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,28 @@ os.environ["LOCALSTATE_TESTING"] = "1"
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
     os.environ.setdefault(_variable, TEST_JVM_OPTIONS)
+
+
+def write_spark_defaults(options: str) -> Path:
+    """A Spark conf directory whose spark-defaults.conf gives executors ``options``: one directory
+    per content (checkouts with other options never share it), written once and replaced atomically."""
+    content = f"spark.executor.defaultJavaOptions {options}\n"
+    folder = Path(tempfile.gettempdir()) / f"localstate-test-spark-conf-{zlib.crc32(content.encode()):08x}"
+    folder.mkdir(exist_ok=True)
+    defaults = folder / "spark-defaults.conf"
+    if not defaults.exists() or defaults.read_text() != content:
+        partial = folder / f"spark-defaults.conf.{os.getpid()}"
+        partial.write_text(content)
+        partial.replace(defaults)
+    return folder
+
+
+# The executors of the standalone cluster (tests/cluster) are JVMs too, started by a worker with the
+# options the driver's conf names, not with the variables above: spark-submit reads the
+# spark-defaults.conf of SPARK_CONF_DIR, and Spark prepends spark.executor.defaultJavaOptions to the
+# spark.executor.extraJavaOptions the library sets (its log4j file) and a job may set. On a local
+# master the executor is the driver's JVM and the setting changes nothing.
+os.environ.setdefault("SPARK_CONF_DIR", str(write_spark_defaults(TEST_JVM_OPTIONS)))
 
 # Every process a test starts inherits these tokens, whatever it does with its process group or
 # session (Spark's JVMs, the standalone cluster, Tansu, SeaweedFS, crash children), and the sweeps
