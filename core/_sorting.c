@@ -30,16 +30,17 @@ typedef struct {
 static const Item *sort_items;
 static Py_ssize_t sort_skip; /* bytes every key shares, plus the 8 of the prefix */
 
-static int compare_keys(const Item *x, const Item *y) {
+/* Bytes order of two keys whose first ``skip`` bytes are known to be equal. */
+static int compare_keys(const Item *x, const Item *y, Py_ssize_t skip) {
     Py_ssize_t shorter = x->len < y->len ? x->len : y->len;
-    int c = shorter > sort_skip ? memcmp(x->data + sort_skip, y->data + sort_skip, (size_t)(shorter - sort_skip)) : 0;
+    int c = shorter > skip ? memcmp(x->data + skip, y->data + skip, (size_t)(shorter - skip)) : 0;
     if (c != 0) return c;
     return x->len < y->len ? -1 : (x->len > y->len ? 1 : 0);
 }
 
 static int compare_rest(const void *a, const void *b) {
     Py_ssize_t i = ((const Slot *)a)->index, j = ((const Slot *)b)->index;
-    int c = compare_keys(&sort_items[i], &sort_items[j]);
+    int c = compare_keys(&sort_items[i], &sort_items[j], sort_skip);
     if (c != 0) return c;
     return i < j ? -1 : (i > j ? 1 : 0);
 }
@@ -211,10 +212,9 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
     if ((slots = sort_order(items, n)) == NULL) goto done;
     /* Equal keys are adjacent, latest last: keep a slot when the next one holds another key. */
     Py_ssize_t kept = 0;
-    sort_skip = 0;
     for (i = 0; i < n; i++) {
         if (i + 1 < n && slots[i].prefix == slots[i + 1].prefix &&
-            compare_keys(&items[slots[i].index], &items[slots[i + 1].index]) == 0)
+            compare_keys(&items[slots[i].index], &items[slots[i + 1].index], 0) == 0)
             continue;
         slots[kept++] = slots[i];
     }

@@ -427,9 +427,8 @@ def coalesce_sorted(key_runs: list[list[bytes]], value_runs: list[list[Any]]) ->
         merged.update(zip(keys, values, strict=True))
     ordered = sorted(merged)
     values = [merged[k] for k in ordered]
-    sizes = list(map(len, ordered)) or [0]
-    nbytes = sum(sizes) + sum(len(v) for v in values if isinstance(v, bytes))
-    return SortedRun(ordered, values, (min(sizes), max(sizes)), nbytes)
+    nbytes = sum(map(len, ordered)) + sum(len(v) for v in values if isinstance(v, bytes))  # as the C code
+    return SortedRun(ordered, values, key_sizes(merged) if merged else (0, 0), nbytes)
 
 
 def key_sizes(chunk: Mapping[bytes, Any]) -> tuple[int, int]:
