@@ -7,6 +7,11 @@
  * tie on them, with the position in the input as the last tie-break. The order is bytes order (memcmp,
  * then the shorter key first), exactly Python's; equal keys stay in input order, so the last of them is
  * the latest record. The GIL is held throughout (sort_items is therefore safe as a static).
+ *
+ * Framed runs (a file changelog's records still in the bytes read, as spans): coalesce_sorted makes
+ * objects only for the records it keeps, in key order. A restore that decoded every record first made
+ * them in log order, and the key-order bulk write after the sort then missed the cache on nearly every
+ * object (SstFileWriter's calls 0.74-0.90 s for 1M keys so, 0.35-0.46 s on objects made in key order).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,8 +28,45 @@ typedef struct {
 typedef struct {
     const char *data;
     Py_ssize_t len;
-    PyObject *key, *value; /* borrowed from the caller's dict or lists */
+    PyObject *key, *value; /* borrowed from the caller's dict or lists; NULL for a framed record */
+    const char *value_data; /* a framed record's value bytes (value_len < 0: a tombstone) */
+    Py_ssize_t value_len;
 } Item;
+
+/* Records still framed in a bytes buffer, as _framing.decode_frames describes them: four native int64
+ * per record (key start, key length, value start, value length or -1 for a tombstone). */
+#define SPAN_FIELDS 4
+
+/* The spans of a framed run (buffer, spans) checked to lie inside the buffer; their count, or -1 with
+ * ValueError/TypeError set. */
+static Py_ssize_t framed_run(PyObject *run, const char **buffer, const int64_t **spans) {
+    PyObject *data, *packed;
+    if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2 || !PyBytes_CheckExact(data = PyTuple_GET_ITEM(run, 0)) ||
+        !PyBytes_CheckExact(packed = PyTuple_GET_ITEM(run, 1))) {
+        PyErr_SetString(PyExc_TypeError, "a framed run is a tuple (buffer: bytes, spans: bytes)");
+        return -1;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(data), bytes = PyBytes_GET_SIZE(packed);
+    if (bytes % (Py_ssize_t)(SPAN_FIELDS * sizeof(int64_t)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "spans: not a whole number of records");
+        return -1;
+    }
+    Py_ssize_t n = bytes / (Py_ssize_t)(SPAN_FIELDS * sizeof(int64_t));
+    const int64_t *span = (const int64_t *)PyBytes_AS_STRING(packed);
+    for (Py_ssize_t i = 0; i < n; i++, span += SPAN_FIELDS) {
+        if (span[0] < 0 || span[1] < 0 || span[0] > size - span[1] || span[3] < -1 ||
+            (span[3] >= 0 && (span[2] < 0 || span[2] > size - span[3]))) {
+            PyErr_Format(PyExc_ValueError, "spans: record %zd lies outside its buffer", i);
+            return -1;
+        }
+    }
+    *buffer = PyBytes_AS_STRING(data);
+    *spans = (const int64_t *)PyBytes_AS_STRING(packed);
+    return n;
+}
+
+/* How many records ahead the framed copy prefetches: enough to cover a cache miss. */
+#define PREFETCH_AHEAD 32
 
 /* For qsort of a run of slots with equal prefixes: the rest of the keys, the length, the position. */
 static const Item *sort_items;
@@ -165,11 +207,13 @@ done:
 }
 
 PyDoc_STRVAR(coalesce_sorted_doc,
-"coalesce_sorted(keys: list[list[bytes]], values: list[list[V]])\n"
+"coalesce_sorted(keys: list[list[bytes] | tuple[bytes, bytes]], values: list[list[V] | None])\n"
 "    -> tuple[list[bytes], list[V], int, int, int]\n\n"
 "Columns of records in order (record j of run i: keys[i][j] -> values[i][j]) coalesced, the last value\n"
 "of each key winning, into a key column in bytes order without duplicates and its value column, with\n"
 "the shortest and longest key's length and the bytes of all kept keys and bytes values (0s if empty).\n"
+"A run may also be framed: keys[i] a tuple (buffer, spans) of _framing.decode_frames, values[i] None;\n"
+"its kept records become new bytes objects (None for a tombstone), made in key order.\n"
 "TypeError if a key is not exactly bytes; ValueError if a run's two columns differ in length.");
 
 static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
@@ -183,8 +227,16 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t r = 0; r < runs; r++) {
         PyObject *keys = PyList_GET_ITEM(key_runs, r), *values = PyList_GET_ITEM(value_runs, r);
+        if (PyTuple_Check(keys) && values == Py_None) {
+            const char *buffer;
+            const int64_t *spans;
+            Py_ssize_t count = framed_run(keys, &buffer, &spans);
+            if (count < 0) return NULL;
+            n += count;
+            continue;
+        }
         if (!PyList_Check(keys) || !PyList_Check(values)) {
-            PyErr_SetString(PyExc_TypeError, "coalesce_sorted: every run is a list");
+            PyErr_SetString(PyExc_TypeError, "coalesce_sorted: every run is a list, or a framed run with None values");
             return NULL;
         }
         if (PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)) {
@@ -196,6 +248,7 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
     }
     Item *items = PyMem_Malloc(sizeof(Item) * (size_t)(n ? n : 1));
     Slot *slots = NULL;
+    Item *ordered = NULL;
     PyObject *out_keys = NULL, *out_values = NULL, *result = NULL;
     if (items == NULL) {
         PyErr_NoMemory();
@@ -204,6 +257,20 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
     Py_ssize_t i = 0;
     for (Py_ssize_t r = 0; r < runs; r++) {
         PyObject *keys = PyList_GET_ITEM(key_runs, r), *values = PyList_GET_ITEM(value_runs, r);
+        if (PyTuple_Check(keys) && values == Py_None) {
+            const char *buffer;
+            const int64_t *span;
+            Py_ssize_t count = framed_run(keys, &buffer, &span);
+            if (count < 0) goto done;
+            for (Py_ssize_t j = 0; j < count; j++, i++, span += SPAN_FIELDS) {
+                items[i].data = buffer + span[0];
+                items[i].len = (Py_ssize_t)span[1];
+                items[i].key = items[i].value = NULL;
+                items[i].value_data = span[3] >= 0 ? buffer + span[2] : NULL;
+                items[i].value_len = (Py_ssize_t)span[3];
+            }
+            continue;
+        }
         for (Py_ssize_t j = 0; j < PyList_GET_SIZE(keys); j++, i++) {
             if (set_key(&items[i], PyList_GET_ITEM(keys, j), "coalesce_sorted") < 0) goto done;
             items[i].value = PyList_GET_ITEM(values, j);
@@ -218,31 +285,90 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
             continue;
         slots[kept++] = slots[i];
     }
+    /* The kept items gathered in key order first, in a loop that does nothing else, so that the misses
+     * of reading them from all over the item array overlap; the loop that makes objects then walks
+     * them in order and fetches each one's bytes ahead. */
+    if ((ordered = PyMem_Malloc(sizeof(Item) * (size_t)(kept ? kept : 1))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (i = 0; i < kept; i++) {
+        if (i + PREFETCH_AHEAD < kept) __builtin_prefetch(&items[slots[i + PREFETCH_AHEAD].index]);
+        ordered[i] = items[slots[i].index];
+    }
     if ((out_keys = PyList_New(kept)) == NULL || (out_values = PyList_New(kept)) == NULL) goto done;
     /* the sizes the backends check and reserve room for, taken here where each item is at hand */
     Py_ssize_t shortest = kept ? PY_SSIZE_T_MAX : 0, longest = 0, nbytes = 0;
     for (i = 0; i < kept; i++) {
-        const Item *item = &items[slots[i].index];
-        Py_INCREF(item->key);
-        PyList_SET_ITEM(out_keys, i, item->key);
-        Py_INCREF(item->value);
-        PyList_SET_ITEM(out_values, i, item->value);
+        const Item *item = &ordered[i];
+        if (i + PREFETCH_AHEAD < kept) {
+            const Item *ahead = &ordered[i + PREFETCH_AHEAD];
+            __builtin_prefetch(ahead->key != NULL ? (const void *)ahead->value : (const void *)ahead->data);
+            if (ahead->key == NULL && ahead->value_len > 0) {
+                __builtin_prefetch(ahead->value_data);
+                __builtin_prefetch(ahead->value_data + ahead->value_len - 1);
+            }
+        }
+        if (item->key == NULL) { /* framed: new objects, made in key order, so that the bulk write that
+                                  * walks them next reads memory in order (not the log's order) */
+            PyObject *key = PyBytes_FromStringAndSize(item->data, item->len);
+            if (key == NULL) goto done;
+            PyList_SET_ITEM(out_keys, i, key);
+            PyObject *value = item->value_len >= 0 ? PyBytes_FromStringAndSize(item->value_data, item->value_len)
+                                                   : Py_NewRef(Py_None);
+            if (value == NULL) goto done;
+            PyList_SET_ITEM(out_values, i, value);
+            nbytes += item->len + (item->value_len > 0 ? item->value_len : 0);
+        } else {
+            PyList_SET_ITEM(out_keys, i, Py_NewRef(item->key));
+            PyList_SET_ITEM(out_values, i, Py_NewRef(item->value));
+            nbytes += item->len + (PyBytes_Check(item->value) ? PyBytes_GET_SIZE(item->value) : 0);
+        }
         if (item->len < shortest) shortest = item->len;
         if (item->len > longest) longest = item->len;
-        nbytes += item->len + (PyBytes_Check(item->value) ? PyBytes_GET_SIZE(item->value) : 0);
     }
     result = Py_BuildValue("(OOnnn)", out_keys, out_values, shortest, longest, nbytes);
 done:
     Py_XDECREF(out_keys);
     Py_XDECREF(out_values);
+    PyMem_Free(ordered);
     PyMem_Free(items);
     PyMem_Free(slots);
     return result;
 }
 
+PyDoc_STRVAR(split_spans_doc,
+"split_spans(buffer: bytes, spans: bytes) -> tuple[list[bytes], list[bytes | None]]\n\n"
+"A framed run (see coalesce_sorted) as a key column and a value column (None for a tombstone), in\n"
+"record order. ValueError if a span lies outside the buffer.");
+
+static PyObject *split_spans(PyObject *self, PyObject *args) {
+    const char *buffer;
+    const int64_t *span;
+    Py_ssize_t count = framed_run(args, &buffer, &span);
+    if (count < 0) return NULL;
+    PyObject *keys = PyList_New(count), *values = PyList_New(count);
+    if (keys == NULL || values == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < count; i++, span += SPAN_FIELDS) {
+        PyObject *key = PyBytes_FromStringAndSize(buffer + span[0], (Py_ssize_t)span[1]);
+        if (key == NULL) goto fail;
+        PyList_SET_ITEM(keys, i, key);
+        PyObject *value = span[3] >= 0 ? PyBytes_FromStringAndSize(buffer + span[2], (Py_ssize_t)span[3])
+                                       : Py_NewRef(Py_None);
+        if (value == NULL) goto fail;
+        PyList_SET_ITEM(values, i, value);
+    }
+    return Py_BuildValue("(NN)", keys, values);
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"sorted_items", sorted_items, METH_O, sorted_items_doc},
     {"coalesce_sorted", coalesce_sorted, METH_VARARGS, coalesce_sorted_doc},
+    {"split_spans", split_spans, METH_VARARGS, split_spans_doc},
     {NULL, NULL, 0, NULL},
 };
 

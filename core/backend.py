@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Collection, Iterable, Iterator, Mapping, Seque
 
 from sortedcontainers import SortedDict
 
-from localstate.core.changelog import PLUGIN_API_VERSION
+from localstate.core.changelog import PLUGIN_API_VERSION, split_spans
 from localstate.core.corruption import corrupt_reason, wipe_local
 from localstate.core.fsutil import errno_in_text, os_error_hint
 from localstate.core.native import load as load_native
@@ -410,12 +410,15 @@ class SortedRun(Mapping[bytes, Any]):
         return self.value_column
 
 
-def coalesce_sorted(key_runs: list[list[bytes]], value_runs: list[list[Any]]) -> SortedRun:
+def coalesce_sorted(key_runs: list[list[bytes] | tuple[bytes, bytes]],
+                    value_runs: list[list[Any] | None]) -> SortedRun:
     """Runs of changelog records in columns (record ``j`` of run ``i``: ``key_runs[i][j]`` ->
     ``value_runs[i][j]``, in log order) coalesced, the last value of each key winning, into one
-    :class:`SortedRun`. In C (``core/_sorting.c``: one stable radix sort of all the records, then the
-    last of each key kept) when the extension is built and every key is exactly bytes; otherwise a
-    dict and Python's sort, with the same result."""
+    :class:`SortedRun`. A run may be framed (:attr:`RecordColumns.framed` as ``key_runs[i]``, None as
+    ``value_runs[i]``): only the records kept become objects, made in key order. In C
+    (``core/_sorting.c``: one stable radix sort of all the records, then the last of each key kept)
+    when the extension is built and every key is exactly bytes; otherwise a dict and Python's sort,
+    with the same result."""
     if _SORTING is not None:
         try:
             keys, values, shortest, longest, nbytes = _SORTING.coalesce_sorted(key_runs, value_runs)
@@ -424,6 +427,8 @@ def coalesce_sorted(key_runs: list[list[bytes]], value_runs: list[list[Any]]) ->
             pass
     merged: dict[bytes, Any] = {}
     for keys, values in zip(key_runs, value_runs, strict=True):
+        if isinstance(keys, tuple) and values is None:
+            keys, values = split_spans(*keys)
         merged.update(zip(keys, values, strict=True))
     ordered = sorted(merged)
     values = [merged[k] for k in ordered]

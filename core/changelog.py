@@ -6,16 +6,19 @@ An engine only ever sees a :class:`ChangelogWriter`. The runtime sees whole
 
 from __future__ import annotations
 
+import struct
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
+from localstate.core.native import load as load_native
 from localstate.core.options import Option, validate_options
 
 __all__ = [
     "ChangelogRecord",
     "RecordColumns",
+    "split_spans",
     "ChangelogWriter",
     "ChangelogPartition",
     "ChangelogSystem",
@@ -50,20 +53,90 @@ class ChangelogRecord:
     offset: int
 
 
-@dataclass(slots=True)
 class RecordColumns:
     """A run of consecutive changelog records in columns: record ``i`` is ``keys[i]`` ->
     ``values[i]`` (None: tombstone), in offset order; ``end`` is the offset after the last one
     (offsets inside may have gaps after compaction). ``nbytes``: the bytes the run took on disk
-    (for progress reports). The bulk restore path: no object per record."""
+    (for progress reports). The bulk restore path: no object per record.
 
-    keys: list[bytes]
-    values: list[bytes | None]
-    end: int
-    nbytes: int = 0
+    A run may also be *framed* (:meth:`from_frames`): its records still in the bytes they were read
+    from, as :attr:`framed` ``(buffer, spans)`` (four native int64 per record: key start, key length,
+    value start, value length or -1 for a tombstone). Its ``keys`` and ``values`` are then made on
+    first use; a restore that sorts reads :attr:`framed` instead (``backend.coalesce_sorted``) and
+    makes objects only for the records it keeps, in key order."""
+
+    __slots__ = ("_keys", "_values", "end", "nbytes", "framed", "_count")
+
+    def __init__(self, keys: list[bytes], values: list[bytes | None], end: int, nbytes: int = 0) -> None:
+        self._keys: list[bytes] | None = keys
+        self._values: list[bytes | None] | None = values
+        self.end = end
+        self.nbytes = nbytes
+        self.framed: tuple[bytes, bytes] | None = None
+        self._count = len(keys)
+
+    @classmethod
+    def from_frames(cls, buffer: bytes, spans: bytes, count: int, end: int, nbytes: int = 0) -> "RecordColumns":
+        """A framed run of ``count`` records (see the class docstring); the buffer is kept alive by it."""
+        run = cls.__new__(cls)
+        run._keys = run._values = None
+        run.end, run.nbytes, run.framed, run._count = end, nbytes, (buffer, spans), count
+        return run
+
+    @property
+    def keys(self) -> list[bytes]:
+        if self._keys is None:
+            self._split()
+        return self._keys  # type: ignore[return-value]
+
+    @property
+    def values(self) -> list[bytes | None]:
+        if self._values is None:
+            self._split()
+        return self._values  # type: ignore[return-value]
+
+    def _split(self) -> None:
+        """Make the columns of a framed run (once; the buffer is let go)."""
+        assert self.framed is not None
+        self._keys, self._values = split_spans(*self.framed)
+        self.framed = None
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return self._count if self._keys is None else len(self._keys)
+
+    def __eq__(self, other: object) -> bool:
+        """Runs are equal when their records, end and size are, framed or not."""
+        if not isinstance(other, RecordColumns):
+            return NotImplemented
+        return (self.keys, self.values, self.end, self.nbytes) == (other.keys, other.values, other.end, other.nbytes)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it was
+
+    def __repr__(self) -> str:
+        return f"RecordColumns({len(self)} records, end={self.end}, nbytes={self.nbytes}" \
+               f"{', framed' if self.framed is not None else ''})"
+
+
+_SPAN = struct.Struct("=qqqq")
+_SORTING = load_native("localstate.core._sorting")
+
+
+def split_spans(buffer: bytes, spans: bytes) -> tuple[list[bytes], list[bytes | None]]:
+    """A framed run (see :class:`RecordColumns`) as its key and value columns: in C when the
+    ``core._sorting`` extension is built, else in Python (the same result)."""
+    if _SORTING is not None:
+        return _SORTING.split_spans(buffer, spans)
+    return py_split_spans(buffer, spans)
+
+
+def py_split_spans(buffer: bytes, spans: bytes) -> tuple[list[bytes], list[bytes | None]]:
+    """:func:`split_spans` in Python: the reference the C version is tested against."""
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    for key, klen, value, vlen in _SPAN.iter_unpack(spans):
+        keys.append(buffer[key:key + klen])
+        values.append(buffer[value:value + vlen] if vlen >= 0 else None)
+    return keys, values
 
 
 class ChangelogWriter(ABC):

@@ -312,13 +312,17 @@ def _sorted_chunks(columns: Iterable[RecordColumns], limit: int) -> Iterator[Sor
     tuples). Each coalesces at least ``limit`` records; a result with fewer than ``limit // 2`` keys
     (a log of few, often updated keys) is carried into the next one, so that chunks, and the SST
     files or transactions made of them, stay big."""
-    key_runs: list[list[bytes]] = []
-    value_runs: list[list[bytes | None]] = []
+    key_runs: list[list[bytes] | tuple[bytes, bytes]] = []
+    value_runs: list[list[bytes | None] | None] = []
     records = 0
     for run in columns:
-        key_runs.append(run.keys)
-        value_runs.append(run.values)
-        records += len(run.keys)
+        if run.framed is not None:  # still in the bytes read: objects only for the records kept
+            key_runs.append(run.framed)
+            value_runs.append(None)
+        else:
+            key_runs.append(run.keys)
+            value_runs.append(run.values)
+        records += len(run)
         if records >= limit:
             chunk = coalesce_sorted(key_runs, value_runs)
             if len(chunk) >= limit // 2:

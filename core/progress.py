@@ -74,5 +74,5 @@ def restore_progress(records: Iterable[ChangelogRecord], progress: RestoreProgre
 def columns_progress(columns: Iterable[RecordColumns], progress: RestoreProgress) -> Iterator[RecordColumns]:
     """Yield ``columns`` while counting each run's records and bytes into ``progress``."""
     for run in columns:
-        progress.update(len(run.keys), run.nbytes)
+        progress.update(len(run), run.nbytes)
         yield run

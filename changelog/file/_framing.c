@@ -234,13 +234,37 @@ static PyObject *encode_into(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(offset);
 }
 
-/* Where a record's value is put, per decoder: two lists, or one record object each. */
+/* Where a record's value is put, per decoder: two lists, one record object each, or its span. */
 typedef struct {
     PyObject *keys, *values;   /* decode_columns */
     PyObject *records;         /* decode_records */
     PyTypeObject *record_type; /* decode_records: ChangelogRecord and its three slot descriptors */
     PyObject *key_slot, *value_slot, *offset_slot;
+    int64_t *spans;            /* decode_frames: 4 per record (key start, key length, value start, value
+                                * length or -1 for a tombstone), in spans_used of spans_room */
+    Py_ssize_t spans_used, spans_room;
 } Sink;
+
+/* decode_frames: one record's span appended; 0, or -1 with MemoryError set. */
+static int add_span(Sink *sink, Py_ssize_t key, Py_ssize_t klen, Py_ssize_t value, Py_ssize_t vlen) {
+    if (sink->spans_used + 4 > sink->spans_room) {
+        Py_ssize_t room = sink->spans_room ? 2 * sink->spans_room : 4096;
+        int64_t *grown = PyMem_Realloc(sink->spans, sizeof(int64_t) * (size_t)room);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        sink->spans = grown;
+        sink->spans_room = room;
+    }
+    int64_t *span = sink->spans + sink->spans_used;
+    span[0] = key;
+    span[1] = klen;
+    span[2] = value;
+    span[3] = vlen;
+    sink->spans_used += 4;
+    return 0;
+}
 
 static int set_slot(PyObject *slot, PyObject *record, PyObject *value) {
     descrsetfunc set = Py_TYPE(slot)->tp_descr_set;
@@ -270,7 +294,7 @@ static int emit(Sink *sink, PyObject *key, PyObject *value, uint64_t off) {
     return rc;
 }
 
-/* The loop of both decoders (partition._decode and _decode_columns): the records from byte *i on
+/* The loop of the decoders (partition._decode, _decode_columns and _decode_frames): the records from byte *i on
  * that start before limit, are complete, pass their crc and have expected <= offset < stop (no stop
  * when no_stop), stopping before the first that does not. Advances *i and *expected. */
 static int decode_loop(const unsigned char *buf, Py_ssize_t n, Py_ssize_t *i, Py_ssize_t limit,
@@ -288,6 +312,12 @@ static int decode_loop(const unsigned char *buf, Py_ssize_t n, Py_ssize_t *i, Py
         Py_ssize_t end = vlen > 0 ? kend + vlen : kend;
         if (end > n || crc_of(rec + 4, end - pos - 4) != crc || !(*expected <= off && (no_stop || off < stop)))
             break;
+        if (sink->keys == NULL && sink->records == NULL) { /* decode_frames: no objects */
+            if (add_span(sink, pos + HEADER_SIZE, (Py_ssize_t)klen, kend, vlen >= 0 ? end - kend : -1) < 0) return -1;
+            *expected = off + 1;
+            pos = end;
+            continue;
+        }
         PyObject *key = PyBytes_FromStringAndSize((const char *)buf + pos + HEADER_SIZE, (Py_ssize_t)klen);
         if (key == NULL) return -1;
         PyObject *value = vlen >= 0 ? PyBytes_FromStringAndSize((const char *)buf + kend, end - kend)
@@ -334,7 +364,7 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
     int no_stop;
     if (!PyArg_ParseTuple(args, "y*nnKO!:decode_columns", &view, &i, &limit, &expected, &PyLong_Type, &stop_obj))
         return NULL;
-    Sink sink = {PyList_New(0), PyList_New(0), NULL, NULL, NULL, NULL, NULL};
+    Sink sink = {PyList_New(0), PyList_New(0), NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
     if (sink.keys == NULL || sink.values == NULL || parse_stop(stop_obj, &stop, &no_stop) < 0 ||
         decode_loop(view.buf, view.len, &i, limit, &expected, stop, no_stop, &sink) < 0) {
         Py_XDECREF(sink.keys);
@@ -344,6 +374,31 @@ static PyObject *decode_columns(PyObject *self, PyObject *args) {
     }
     PyBuffer_Release(&view);
     return Py_BuildValue("(NNnK)", sink.keys, sink.values, i, expected);
+}
+
+PyDoc_STRVAR(decode_frames_doc,
+"decode_frames(buf, i, limit, expected, stop) -> (spans, count, position, expected)\n\n"
+"decode_columns without objects: the same records, checked alike, as their spans in ``buf`` (bytes):\n"
+"``spans`` packs four native int64 per record (key start, key length, value start, value length or -1\n"
+"for a tombstone), ``count`` records. core._sorting reads them (coalesce_sorted, split_spans).");
+
+static PyObject *decode_frames(PyObject *self, PyObject *args) {
+    PyObject *data, *stop_obj;
+    Py_ssize_t i, limit;
+    unsigned long long expected, stop;
+    int no_stop;
+    if (!PyArg_ParseTuple(args, "O!nnKO!:decode_frames", &PyBytes_Type, &data, &i, &limit, &expected, &PyLong_Type,
+                          &stop_obj))
+        return NULL;
+    Sink sink = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
+    PyObject *spans = NULL;
+    if (parse_stop(stop_obj, &stop, &no_stop) == 0 &&
+        decode_loop((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), &i, limit, &expected,
+                    stop, no_stop, &sink) == 0)
+        spans = PyBytes_FromStringAndSize((const char *)sink.spans, (Py_ssize_t)sizeof(int64_t) * sink.spans_used);
+    PyMem_Free(sink.spans);
+    if (spans == NULL) return NULL;
+    return Py_BuildValue("(NnnK)", spans, sink.spans_used / 4, i, expected);
 }
 
 PyDoc_STRVAR(decode_records_doc,
@@ -359,7 +414,7 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     unsigned long long expected, stop;
     PyObject *stop_obj;
     int no_stop;
-    Sink sink = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    Sink sink = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
     if (!PyArg_ParseTuple(args, "y*nnKO!O!OOO:decode_records", &view, &i, &limit, &expected, &PyLong_Type,
                           &stop_obj, &PyType_Type, &sink.record_type, &sink.key_slot, &sink.value_slot,
                           &sink.offset_slot))
@@ -408,6 +463,7 @@ static PyMethodDef methods[] = {
     {"encode_into", encode_into, METH_VARARGS, encode_into_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},
+    {"decode_frames", decode_frames, METH_VARARGS, decode_frames_doc},
     {"walk", walk, METH_VARARGS, walk_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -581,7 +581,12 @@ def py_decode_columns(buf: bytes, i: int, limit: int, expected: int,
 
 def _native_decode_columns(buf: bytes, i: int, limit: int, expected: int,
                            stop: int) -> tuple[RecordColumns, int, int]:
-    """:func:`py_decode_columns` with its loop in C (``format.NATIVE.decode_columns``)."""
+    """:func:`py_decode_columns` with its loop in C. From a ``bytes`` buffer (what the reader holds)
+    the run is framed (``format.NATIVE.decode_frames``: the same checks, no object per record; see
+    :meth:`RecordColumns.from_frames`), else decoded into lists (``decode_columns``)."""
+    if _NATIVE_DECODE_FRAMES is not None and type(buf) is bytes:
+        spans, count, end, expected = _NATIVE_DECODE_FRAMES(buf, i, limit, expected, stop)
+        return RecordColumns.from_frames(buf, spans, count, expected, end - i), end, expected
     keys, values, end, expected = _NATIVE_DECODE(buf, i, limit, expected, stop)
     return RecordColumns(keys, values, expected, end - i), end, expected
 
@@ -593,6 +598,7 @@ def _native_decode(buf: bytes, i: int, limit: int, expected: int,
 
 
 _NATIVE_DECODE = None if NATIVE is None else NATIVE.decode_columns
+_NATIVE_DECODE_FRAMES = getattr(NATIVE, "decode_frames", None)
 _NATIVE_DECODE_RECORDS = None if NATIVE is None else NATIVE.decode_records
 _decode_columns = py_decode_columns if NATIVE is None else _native_decode_columns
 

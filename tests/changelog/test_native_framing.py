@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from localstate.changelog.file import format as framing
 from localstate.changelog.file import partition
 from localstate.changelog.file.format import HEADER, HEADER_SIZE, py_encode_into
-from localstate.core.changelog import ChangelogRecord
+from localstate.core.changelog import ChangelogRecord, py_split_spans
 from native_support import native_module
 
 PURE = os.environ.get("LOCALSTATE_PURE_PYTHON", "") not in ("", "0")
@@ -134,7 +134,13 @@ def _assert_same(buf: bytes, i: int, limit: int, expected: int, stop: int) -> No
     assert ours == (columns.keys, columns.values, end, next_expected)
     assert columns.end == next_expected and columns.nbytes == end - i
     (native_columns, native_end, native_expected) = partition._decode_columns(buf, i, limit, expected, stop)
+    # From bytes the run is framed (decode_frames: spans, no objects); its columns, made on first use
+    # in C or by the Python reference, are the reference decoder's.
+    if partition._decode_columns is partition._native_decode_columns:  # not with LOCALSTATE_PURE_PYTHON
+        assert native_columns.framed is not None and len(native_columns) == len(columns.keys)
+        assert py_split_spans(*native_columns.framed) == (columns.keys, columns.values)
     assert (native_columns, native_end, native_expected) == (columns, end, next_expected)
+    assert native_columns.framed is None  # split once, the buffer let go
     # the record decoder: the same stopping rule, one ChangelogRecord per record
     records, records_end, records_expected = partition.py_decode(buf, i, limit, expected, stop)
     assert (records_end, records_expected) == (end, next_expected)

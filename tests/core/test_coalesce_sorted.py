@@ -7,11 +7,14 @@ restore's chunking must carry small results forward without reordering anything.
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localstate.core import backend
+from localstate.changelog.file.format import py_encode_into
+from localstate.core import backend, changelog
 from localstate.core.backend import SortedRun, coalesce_sorted, key_sizes, payload_bytes, sorted_items
 from localstate.core.changelog import RecordColumns
 from localstate.core.logged import _sorted_chunks
@@ -136,3 +139,79 @@ def test_a_log_of_few_hot_keys_makes_one_chunk_not_many() -> None:
     chunks = list(_sorted_chunks(_record_columns(runs), 4096))
     assert len(chunks) == 1 and len(chunks[0]) == 100
     assert dict(chunks[0].items()) == dict(kv for run in runs for kv in run)
+
+
+def _framed(run: list[tuple[bytes, bytes | None]]) -> RecordColumns:
+    """``run`` written in the file changelog's framing and read back framed (decode_frames: spans
+    into the bytes read, no object per record), as the restore reads a segment."""
+    buf = bytearray()
+    py_encode_into(buf, run, 0, 0)
+    spans, count, end, expected = native_module("localstate.changelog.file._framing").decode_frames(
+        bytes(buf), 0, len(buf), 0, 1 << 64)
+    assert (count, end, expected) == (len(run), len(buf), len(run))
+    return RecordColumns.from_frames(bytes(buf), spans, count, expected, end)
+
+
+@settings(max_examples=200, deadline=None)
+@given(RUNS, st.lists(st.booleans(), min_size=6, max_size=6))
+def test_framed_runs_coalesce_like_their_columns(runs, framed) -> None:
+    """Runs still framed in their bytes (mixed with plain column runs, as a carried-over chunk is)
+    coalesce to the reference, in C and in the Python fallback; their kept records become new bytes
+    objects (None for a tombstone)."""
+    key_runs, value_runs = _columns(runs)
+    for index, run in enumerate(runs):
+        if framed[index]:
+            key_runs[index], value_runs[index] = _framed(run).framed, None
+    keys, values, sizes, nbytes = _reference(runs)
+    c_keys, c_values, shortest, longest, c_bytes = native_module("localstate.core._sorting").coalesce_sorted(
+        key_runs, value_runs)
+    assert (c_keys, c_values, (shortest, longest), c_bytes) == (keys, values, sizes, nbytes)
+    assert all(type(k) is bytes for k in c_keys) and all(v is None or type(v) is bytes for v in c_values)
+    run = coalesce_sorted(key_runs, value_runs)
+    assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend, "_SORTING", None)
+        patch.setattr(changelog, "_SORTING", None)  # split_spans in Python too
+        run = coalesce_sorted(key_runs, value_runs)
+    assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
+    # the restore's chunking reads framed runs the same way
+    chunks = list(_sorted_chunks([_framed(r) if framed[i] else c for i, (r, c) in
+                                  enumerate(zip(runs, _record_columns(runs)))], 4))
+    state: dict[bytes, bytes | None] = {}
+    for chunk in chunks:
+        state.update(chunk.items())
+    assert state == dict(kv for run in runs for kv in run)
+
+
+def test_split_spans_in_c_and_python_and_framed_columns_made_on_first_use() -> None:
+    records = [(b"a", b"1"), (b"", b""), (b"b", None), (b"a", b"22")]
+    columns = _framed(records)
+    buffer, spans = columns.framed
+    expected = ([k for k, _ in records], [v for _, v in records])
+    assert native_module("localstate.core._sorting").split_spans(buffer, spans) == expected
+    assert changelog.py_split_spans(buffer, spans) == expected
+    assert len(columns) == 4 and columns.framed is not None  # len() does not make the columns
+    assert (columns.keys, columns.values) == expected and columns.framed is None
+    assert columns == RecordColumns(*expected, columns.end, columns.nbytes)
+
+
+def test_c_refuses_spans_outside_their_buffer() -> None:
+    """Spans are checked against their buffer before a byte is read: a span past its end, a negative
+    length or position, a partial span, or a framed run that is not (bytes, bytes) is refused."""
+    sorting = native_module("localstate.core._sorting")
+    buffer, spans = _framed([(b"key", b"value")]).framed
+    fields = list(struct.unpack("=qqqq", spans))
+    for index, bad in [(0, len(buffer)), (1, len(buffer) + 1), (0, -1), (3, -2), (2, len(buffer)), (1, -1)]:
+        broken = fields.copy()
+        broken[index] = bad
+        packed = struct.pack("=qqqq", *broken)
+        with pytest.raises(ValueError, match="outside its buffer"):
+            sorting.split_spans(buffer, packed)
+        with pytest.raises(ValueError, match="outside its buffer"):
+            sorting.coalesce_sorted([(buffer, packed)], [None])
+    with pytest.raises(ValueError, match="whole number"):
+        sorting.split_spans(buffer, spans[:-1])
+    with pytest.raises(TypeError):
+        sorting.coalesce_sorted([(bytearray(buffer), spans)], [None])
+    with pytest.raises(TypeError):
+        sorting.coalesce_sorted([(buffer,)], [None])
