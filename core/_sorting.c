@@ -208,10 +208,11 @@ done:
 
 PyDoc_STRVAR(coalesce_sorted_doc,
 "coalesce_sorted(keys: list[list[bytes] | tuple[bytes, bytes]], values: list[list[V] | None])\n"
-"    -> tuple[list[bytes], list[V], int, int, int]\n\n"
+"    -> tuple[list[bytes], list[V], int, int, int, int]\n\n"
 "Columns of records in order (record j of run i: keys[i][j] -> values[i][j]) coalesced, the last value\n"
 "of each key winning, into a key column in bytes order without duplicates and its value column, with\n"
-"the shortest and longest key's length and the bytes of all kept keys and bytes values (0s if empty).\n"
+"the shortest and longest key's length, the bytes of all kept keys and bytes values (0s if empty) and\n"
+"how many kept values are None (deletes).\n"
 "A run may also be framed: keys[i] a tuple (buffer, spans) of _framing.decode_frames, values[i] None;\n"
 "its kept records become new bytes objects (None for a tombstone), made in key order.\n"
 "TypeError if a key is not exactly bytes; ValueError if a run's two columns differ in length.");
@@ -298,7 +299,7 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
     }
     if ((out_keys = PyList_New(kept)) == NULL || (out_values = PyList_New(kept)) == NULL) goto done;
     /* the sizes the backends check and reserve room for, taken here where each item is at hand */
-    Py_ssize_t shortest = kept ? PY_SSIZE_T_MAX : 0, longest = 0, nbytes = 0;
+    Py_ssize_t shortest = kept ? PY_SSIZE_T_MAX : 0, longest = 0, nbytes = 0, deletes = 0;
     for (i = 0; i < kept; i++) {
         const Item *item = &ordered[i];
         if (i + PREFETCH_AHEAD < kept) {
@@ -315,19 +316,20 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
             if (key == NULL) goto done;
             PyList_SET_ITEM(out_keys, i, key);
             PyObject *value = item->value_len >= 0 ? PyBytes_FromStringAndSize(item->value_data, item->value_len)
-                                                   : Py_NewRef(Py_None);
+                                                   : (deletes++, Py_NewRef(Py_None));
             if (value == NULL) goto done;
             PyList_SET_ITEM(out_values, i, value);
             nbytes += item->len + (item->value_len > 0 ? item->value_len : 0);
         } else {
             PyList_SET_ITEM(out_keys, i, Py_NewRef(item->key));
             PyList_SET_ITEM(out_values, i, Py_NewRef(item->value));
+            deletes += item->value == Py_None;
             nbytes += item->len + (PyBytes_Check(item->value) ? PyBytes_GET_SIZE(item->value) : 0);
         }
         if (item->len < shortest) shortest = item->len;
         if (item->len > longest) longest = item->len;
     }
-    result = Py_BuildValue("(OOnnn)", out_keys, out_values, shortest, longest, nbytes);
+    result = Py_BuildValue("(OOnnnn)", out_keys, out_values, shortest, longest, nbytes, deletes);
 done:
     Py_XDECREF(out_keys);
     Py_XDECREF(out_values);

@@ -31,7 +31,7 @@ from localstate.core.native import load as load_native
 from localstate.errors import LocalStateError, StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
 __all__ = ["KVBackend", "DirectoryBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
-           "prefix_end", "sorted_items", "SortedRun", "coalesce_sorted", "key_sizes", "payload_bytes"]
+           "prefix_end", "sorted_items", "SortedRun", "coalesce_sorted", "key_sizes", "payload_bytes", "has_deletes"]
 
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
                              errno.EMFILE})
@@ -174,7 +174,7 @@ class KVBackend(ABC):
             items: Collection[Item] = sorted_items(chunk) if self.sorted_writes else chunk.items()
             if self._iterators and items:
                 self._preserve(items)
-            self._write(items, {}, None in chunk.values())
+            self._write(items, {}, has_deletes(chunk))
 
     def _runs(self, chunks: Iterable[Mapping[bytes, bytes | None]]) -> Iterator[dict[bytes, bytes | None]]:
         """Consecutive ``chunks`` merged (later values win) into runs of at least :attr:`bulk_run_keys`
@@ -384,12 +384,12 @@ class SortedRun(Mapping[bytes, Any]):
     checks and space estimates need no pass over a million objects. A read-only Mapping, so whatever
     takes a dict chunk takes it too; :meth:`items` and :meth:`values` cost no copy."""
 
-    __slots__ = ("key_column", "value_column", "key_sizes", "nbytes")
+    __slots__ = ("key_column", "value_column", "key_sizes", "nbytes", "deletes")
 
     def __init__(self, key_column: list[bytes], value_column: list[Any], key_sizes: tuple[int, int],
-                 nbytes: int) -> None:
+                 nbytes: int, deletes: int) -> None:
         self.key_column, self.value_column = key_column, value_column
-        self.key_sizes, self.nbytes = key_sizes, nbytes
+        self.key_sizes, self.nbytes, self.deletes = key_sizes, nbytes, deletes
 
     def __getitem__(self, key: bytes) -> Any:
         at = bisect_left(self.key_column, key)
@@ -421,8 +421,8 @@ def coalesce_sorted(key_runs: list[list[bytes] | tuple[bytes, bytes]],
     with the same result."""
     if _SORTING is not None:
         try:
-            keys, values, shortest, longest, nbytes = _SORTING.coalesce_sorted(key_runs, value_runs)
-            return SortedRun(keys, values, (shortest, longest), nbytes)
+            keys, values, shortest, longest, nbytes, deletes = _SORTING.coalesce_sorted(key_runs, value_runs)
+            return SortedRun(keys, values, (shortest, longest), nbytes, deletes)
         except TypeError:  # a key that is not exactly bytes: Python's sort decides (or refuses)
             pass
     merged: dict[bytes, Any] = {}
@@ -433,7 +433,7 @@ def coalesce_sorted(key_runs: list[list[bytes] | tuple[bytes, bytes]],
     ordered = sorted(merged)
     values = [merged[k] for k in ordered]
     nbytes = sum(map(len, ordered)) + sum(len(v) for v in values if isinstance(v, bytes))  # as the C code
-    return SortedRun(ordered, values, key_sizes(merged) if merged else (0, 0), nbytes)
+    return SortedRun(ordered, values, key_sizes(merged) if merged else (0, 0), nbytes, values.count(None))
 
 
 def key_sizes(chunk: Mapping[bytes, Any]) -> tuple[int, int]:
@@ -442,6 +442,13 @@ def key_sizes(chunk: Mapping[bytes, Any]) -> tuple[int, int]:
         return chunk.key_sizes
     sizes = list(map(len, chunk))
     return min(sizes), max(sizes)
+
+
+def has_deletes(chunk: Mapping[bytes, Any]) -> bool:
+    """Whether a bulk-load chunk deletes a key (a None value; a :class:`SortedRun` has counted them)."""
+    if isinstance(chunk, SortedRun):
+        return chunk.deletes > 0
+    return None in chunk.values()
 
 
 def payload_bytes(chunk: Mapping[bytes, Any]) -> int:

@@ -13,7 +13,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import lmdb
 
-from localstate.core.backend import DirectoryBackend, Item, payload_bytes, sorted_items
+from localstate.core.backend import DirectoryBackend, Item, has_deletes, payload_bytes, sorted_items
 from localstate.core.corruption import store_corrupt
 from localstate.core.options import parse_size
 from localstate.errors import StoreCorruptError, StoreError
@@ -186,7 +186,7 @@ class LMDBBackend(DirectoryBackend):
         delete, the sorted run is appended (``putmulti(append=True)``: no searches, full pages)."""
         for run in self._runs(chunks):
             items = sorted_items(run)
-            deletes = None in run.values()
+            deletes = has_deletes(run)
             self._reserve(payload_bytes(run))
             self._write(items, {}, deletes, append=not deletes and self.approximate_count() == 0)
 

@@ -15,7 +15,7 @@ from bisect import bisect_left, bisect_right
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
-from localstate.core.backend import Item, KVBackend
+from localstate.core.backend import Item, KVBackend, has_deletes
 
 __all__ = ["MemoryBackend"]
 
@@ -97,13 +97,13 @@ class MemoryBackend(KVBackend):
         later runs are merged dict to dict: no per-key work in Python beyond dropping tombstones."""
         for run in self._runs(chunks):
             if self._index is not None:
-                self._write(run.items(), {}, None in run.values())
+                self._write(run.items(), {}, has_deletes(run))
                 continue
             if self._data:
                 self._data.update(run)  # dict to dict: no item tuples
             else:
                 self._data = run
-            if None in run.values():  # the run's tombstones are its keys' final state: drop them
+            if has_deletes(run):  # the run's tombstones are its keys' final state: drop them
                 data = self._data
                 for key in [k for k, v in run.items() if v is None]:
                     del data[key]

@@ -14,7 +14,7 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import rocksdict
 
-from localstate.core.backend import DirectoryBackend, Item, sorted_items
+from localstate.core.backend import DirectoryBackend, Item, has_deletes, sorted_items
 from localstate.core.corruption import store_corrupt
 from localstate.errors import StoreCorruptError, StoreError
 
@@ -209,7 +209,7 @@ class RocksDBBackend(DirectoryBackend):
         try:
             writer.open(str(path))
             items = sorted_items(run)
-            if None in run.values():
+            if has_deletes(run):
                 for key, value in items:
                     if value is None:
                         del writer[key]  # a tombstone: deletes the key's older versions

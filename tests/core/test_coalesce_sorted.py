@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from localstate.changelog.file.format import py_encode_into
 from localstate.core import backend, changelog
-from localstate.core.backend import SortedRun, coalesce_sorted, key_sizes, payload_bytes, sorted_items
+from localstate.core.backend import SortedRun, coalesce_sorted, has_deletes, key_sizes, payload_bytes, sorted_items
 from localstate.core.changelog import RecordColumns
 from localstate.core.logged import _sorted_chunks
 from native_support import native_module
@@ -49,11 +49,13 @@ def _columns(runs: list[list[tuple[bytes, bytes | None]]]) -> tuple[list[list[by
 def test_c_and_python_coalesce_to_the_last_value_in_bytes_order(runs) -> None:
     keys, values, sizes, nbytes = _reference(runs)
     key_runs, value_runs = _columns(runs)
-    c_keys, c_values, shortest, longest, c_bytes = native_module("localstate.core._sorting").coalesce_sorted(
+    c_keys, c_values, shortest, longest, c_bytes, c_deletes = native_module("localstate.core._sorting").coalesce_sorted(
         key_runs, value_runs)
     assert (c_keys, c_values, (shortest, longest), c_bytes) == (keys, values, sizes, nbytes)
+    assert c_deletes == values.count(None)
     run = coalesce_sorted(key_runs, value_runs)
     assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
+    assert run.deletes == values.count(None) and has_deletes(run) == (None in values)
     if keys:
         assert key_sizes(run) == key_sizes(dict(zip(keys, values))) == sizes
     assert payload_bytes(run) == payload_bytes(dict(zip(keys, values))) == nbytes
@@ -67,6 +69,7 @@ def test_the_latest_of_many_equal_keys_wins_over_a_big_run() -> None:
     run = coalesce_sorted(*_columns(runs))
     assert len(run) == 1000
     assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
+    assert run.deletes == values.count(None) and has_deletes(run) == (None in values)
 
 
 def test_python_fallback_for_keys_that_are_not_exactly_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,17 +166,20 @@ def test_framed_runs_coalesce_like_their_columns(runs, framed) -> None:
         if framed[index]:
             key_runs[index], value_runs[index] = _framed(run).framed, None
     keys, values, sizes, nbytes = _reference(runs)
-    c_keys, c_values, shortest, longest, c_bytes = native_module("localstate.core._sorting").coalesce_sorted(
+    c_keys, c_values, shortest, longest, c_bytes, c_deletes = native_module("localstate.core._sorting").coalesce_sorted(
         key_runs, value_runs)
     assert (c_keys, c_values, (shortest, longest), c_bytes) == (keys, values, sizes, nbytes)
+    assert c_deletes == values.count(None)
     assert all(type(k) is bytes for k in c_keys) and all(v is None or type(v) is bytes for v in c_values)
     run = coalesce_sorted(key_runs, value_runs)
     assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
+    assert run.deletes == values.count(None) and has_deletes(run) == (None in values)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(backend, "_SORTING", None)
         patch.setattr(changelog, "_SORTING", None)  # split_spans in Python too
         run = coalesce_sorted(key_runs, value_runs)
     assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
+    assert run.deletes == values.count(None) and has_deletes(run) == (None in values)
     # the restore's chunking reads framed runs the same way
     chunks = list(_sorted_chunks([_framed(r) if framed[i] else c for i, (r, c) in
                                   enumerate(zip(runs, _record_columns(runs)))], 4))
