@@ -7,7 +7,8 @@ gets to a plain-Python read + decode + CRC check of the same segment files.
   the crc (``zlib.crc32``), slice key and value into bytes objects. The least work any restore must do
   in Python. Measured in the same run, interleaved with the restores (the machine is shared).
 - *read_columns()*: ``FileChangelogPartition.read_columns()`` consumed (the restore decoder: the same
-  checks, plus gap/corruption detection, decoded into key and value lists).
+  checks, plus gap/corruption detection). Its runs are framed (``RecordColumns.framed``: each record's
+  span in the bytes read, no objects yet; whoever needs key and value lists makes them on first use).
 - *restore into KV (backend)*: ``core.recovery.recover_store`` of a fresh KV store up to the end of the
   changelog: decode + coalesce (last per key) + the backend's bulk load + the final commit. Only that
   call is timed (opening and closing the store are not part of a restore).
