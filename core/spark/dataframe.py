@@ -86,7 +86,7 @@ mapInArrow), unless the session sets ``spark.sql.execution.arrow.maxRecordsPerBa
 default (10,000) hands a 100k-row micro-batch over in ten round trips per stage, this in one."""
 _ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
-_ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
+_PARTITION, _SEQ = "__localstate_partition", "__localstate_seq"
 _COLUMN = "__localstate_c"
 """Prefix of the positional names the input columns travel under to the apply stage: Spark's
 ``mapInArrow`` resolves its input by name, and fails on names such as ``user.id`` (read as a struct
@@ -377,13 +377,20 @@ def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
     UDF, or by the apply task when the JVM gave it a null partition)."""
     from pyspark.sql import functions as F
 
-    if not jvm or spec.key_type not in _JVM_KEY_TYPES:
+    sql = _partition_sql(spec, jvm)
+    if sql is None:
         return _partition_udf(spec)(F.col(_sql_name(spec.key)))
+    return F.expr(sql)
+
+
+def _partition_sql(spec: DataFrameSpec, jvm: bool) -> str | None:
+    """:func:`partition_column` as SQL text when it is hashed in the JVM; None when it is the Arrow UDF."""
+    if not jvm or spec.key_type not in _JVM_KEY_TYPES:
+        return None
     key = _sql_name(spec.key)
     # One SQL text, parsed in the JVM: one Py4J call per batch instead of one per expression node.
-    return F.expr(f"CASE WHEN {key} IS NULL THEN CAST(NULL AS INT) ELSE CAST(pmod(CAST(reflect("
-                  f"'{MURMUR2_CLASS}', 'hash32', CAST({key} AS STRING)) AS INT) & 2147483647, "
-                  f"{int(spec.job.partitions)}) AS INT) END")
+    return (f"CASE WHEN {key} IS NULL THEN CAST(NULL AS INT) ELSE CAST(pmod(CAST(reflect('{MURMUR2_CLASS}', "
+            f"'hash32', CAST({key} AS STRING)) AS INT) & 2147483647, {int(spec.job.partitions)}) AS INT) END")
 
 
 def jvm_has_murmur2(spark: Any) -> bool:
@@ -724,14 +731,19 @@ def routed(df: Any, spec: DataFrameSpec, jvm: bool | None = None) -> Any:
     if jvm is None:
         jvm = jvm_has_murmur2(df.sparkSession)
 
-    # Few DataFrame calls: each is a Py4J round trip and an analysis of the plan, per micro-batch.
+    # Few DataFrame calls, SQL text rather than Column objects: each DataFrame call is a Py4J round
+    # trip and an analysis of the plan, each Column function several round trips, per micro-batch.
+    projection = [f"{_sql_name(name)} AS {_COLUMN}{index}" for index, name in enumerate(spec.columns)]
+    projection.append(f"monotonically_increasing_id() AS {_SEQ}")  # in this projection: before the shuffle
+    partition = _partition_sql(spec, jvm)
+    if partition is not None:
+        prepared = df.selectExpr(*projection, f"{partition} AS {_PARTITION}")
+    else:  # the Arrow UDF is a Column, not SQL text
+        prepared = df.select(*map(F.expr, projection), partition_column(spec, jvm).alias(_PARTITION))
     # Bigint literals: routes() gives the values by Spark's hash of a long (an int hashes otherwise).
+    # The route is the shuffle's expression, not a column: the apply stage gets no column it ignores.
     route_of = ", ".join(f"{value}L" for value in routes(spec.job.partitions))
-    columns = [F.col(_sql_name(name)).alias(f"{_COLUMN}{index}") for index, name in enumerate(spec.columns)]
-    prepared = df.select(*columns, partition_column(spec, jvm).alias(_PARTITION),
-                         F.monotonically_increasing_id().alias(_SEQ)) \
-        .withColumn(_ROUTE, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
-    return prepared.repartition(spec.job.partitions, _ROUTE)  # the apply ignores the route column
+    return prepared.repartition(spec.job.partitions, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
 
 
 def release(job: JobConfig | str | os.PathLike[str]) -> None:
