@@ -48,6 +48,7 @@ import pickle
 import shutil
 import time
 import uuid
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count, repeat
@@ -395,12 +396,34 @@ def _partition_sql(spec: DataFrameSpec, jvm: bool) -> str | None:
 
 def jvm_has_murmur2(spark: Any) -> bool:
     """Whether the session's JVM has :data:`MURMUR2_CLASS` (commons-codec 1.13 or later, which Spark
-    3 and 4 ship); without it :func:`routed` routes every key through the Arrow UDF."""
-    try:
-        spark.sparkContext._jvm.java.lang.Class.forName(MURMUR2_CLASS)
-    except Exception:  # noqa: BLE001 - Py4JJavaError (ClassNotFoundException), or no JVM gateway
-        return False
-    return True
+    3 and 4 ship); without it :func:`routed` routes every key through the Arrow UDF. Looked up once
+    per SparkContext (:func:`_per_context`): a JVM's classpath does not lose a class."""
+    def lookup() -> bool:
+        try:
+            spark.sparkContext._jvm.java.lang.Class.forName(MURMUR2_CLASS)
+        except Exception:  # noqa: BLE001 - Py4JJavaError (ClassNotFoundException), or no JVM gateway
+            return False
+        return True
+
+    return cast(bool, _per_context(spark.sparkContext, "murmur2", lookup))
+
+
+_CONTEXT_FACTS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _context_facts(context: Any) -> dict[str, Any]:
+    """What localstate keeps about a SparkContext, dropped with it."""
+    return _CONTEXT_FACTS.setdefault(context, {})
+
+
+def _per_context(context: Any, name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()``, once per SparkContext (Python's object, which every session of the context and
+    every foreachBatch session shares): for facts that hold for the context's life, asked for every
+    micro-batch at the cost of Py4J round trips otherwise. A new context (after ``stop()``) asks again."""
+    facts = _context_facts(context)
+    if name not in facts:
+        facts[name] = compute()
+    return facts[name]
 
 
 def _sql_name(column: str) -> str:
@@ -669,7 +692,9 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     # "dataframe:" keeps these run ids apart from `localstate run`'s (their instances have other sinks).
     # A fresh exchange directory per call: a batch Spark executes again exchanges from scratch.
     exchange = safe_join(checkpoints.root, "exchange", uuid.uuid4().hex) if keep_open else None
-    task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault,
+    context = spark.sparkContext
+    application = _per_context(context, "application", lambda: context.applicationId)
+    task = _BatchTask(spec, batch_id, f"dataframe:{application}", keep_open, fault,
                       None if exchange is None else str(exchange))
     started = time.perf_counter()
     try:
