@@ -810,12 +810,28 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int,
         if rows:
             files.append(str(path))
     if not files:
-        # A filter that is always false becomes an empty local relation (Spark's PruneFilters): no
-        # code to generate, no Range to scan. (createDataFrame([]) would run a Python RDD.)
-        columns = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in
-                            (column.split() for column in OUTPUT_SCHEMA.split(", ")))
-        return spark.sql(f"SELECT {columns} WHERE false")  # one Py4J call
+        return _no_outputs(spark)
     return spark.read.schema(OUTPUT_SCHEMA).parquet(*files)
+
+
+def _no_outputs(spark: Any) -> Any:
+    """An empty DataFrame of :data:`OUTPUT_SCHEMA` in ``spark``'s session. Built once per JVM session
+    and kept (one per SparkContext): a streaming query hands every micro-batch a new Python session
+    around the same JVM session, which one Py4J call recognises, where building it costs a parse and
+    an analysis. The DataFrame returned belongs to ``spark`` itself."""
+    from pyspark.sql import DataFrame
+
+    facts, session = _context_facts(spark.sparkContext), spark._jsparkSession
+    kept = facts.get("no outputs")
+    if kept is not None and (kept[0] is session or kept[0].equals(session)):
+        return DataFrame(kept[1], spark)
+    # A filter that is always false becomes an empty local relation (Spark's PruneFilters): no
+    # code to generate, no Range to scan. (createDataFrame([]) would run a Python RDD.)
+    columns = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in
+                        (column.split() for column in OUTPUT_SCHEMA.split(", ")))
+    empty = spark.sql(f"SELECT {columns} WHERE false")  # one Py4J call
+    facts["no outputs"] = (session, empty._jdf)
+    return empty
 
 
 def foreach_batch(job: JobConfig | str | os.PathLike[str], *, key: str, sink: Callable[[Any, int], None],
