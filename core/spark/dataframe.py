@@ -48,6 +48,7 @@ import pickle
 import shutil
 import time
 import uuid
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import count, repeat
@@ -86,7 +87,7 @@ mapInArrow), unless the session sets ``spark.sql.execution.arrow.maxRecordsPerBa
 default (10,000) hands a 100k-row micro-batch over in ten round trips per stage, this in one."""
 _ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
-_ROUTE, _PARTITION, _SEQ = "__localstate_route", "__localstate_partition", "__localstate_seq"
+_PARTITION, _SEQ = "__localstate_partition", "__localstate_seq"
 _COLUMN = "__localstate_c"
 """Prefix of the positional names the input columns travel under to the apply stage: Spark's
 ``mapInArrow`` resolves its input by name, and fails on names such as ``user.id`` (read as a struct
@@ -377,23 +378,52 @@ def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
     UDF, or by the apply task when the JVM gave it a null partition)."""
     from pyspark.sql import functions as F
 
-    if not jvm or spec.key_type not in _JVM_KEY_TYPES:
+    sql = _partition_sql(spec, jvm)
+    if sql is None:
         return _partition_udf(spec)(F.col(_sql_name(spec.key)))
+    return F.expr(sql)
+
+
+def _partition_sql(spec: DataFrameSpec, jvm: bool) -> str | None:
+    """:func:`partition_column` as SQL text when it is hashed in the JVM; None when it is the Arrow UDF."""
+    if not jvm or spec.key_type not in _JVM_KEY_TYPES:
+        return None
     key = _sql_name(spec.key)
     # One SQL text, parsed in the JVM: one Py4J call per batch instead of one per expression node.
-    return F.expr(f"CASE WHEN {key} IS NULL THEN CAST(NULL AS INT) ELSE CAST(pmod(CAST(reflect("
-                  f"'{MURMUR2_CLASS}', 'hash32', CAST({key} AS STRING)) AS INT) & 2147483647, "
-                  f"{int(spec.job.partitions)}) AS INT) END")
+    return (f"CASE WHEN {key} IS NULL THEN CAST(NULL AS INT) ELSE CAST(pmod(CAST(reflect('{MURMUR2_CLASS}', "
+            f"'hash32', CAST({key} AS STRING)) AS INT) & 2147483647, {int(spec.job.partitions)}) AS INT) END")
 
 
 def jvm_has_murmur2(spark: Any) -> bool:
     """Whether the session's JVM has :data:`MURMUR2_CLASS` (commons-codec 1.13 or later, which Spark
-    3 and 4 ship); without it :func:`routed` routes every key through the Arrow UDF."""
-    try:
-        spark.sparkContext._jvm.java.lang.Class.forName(MURMUR2_CLASS)
-    except Exception:  # noqa: BLE001 - Py4JJavaError (ClassNotFoundException), or no JVM gateway
-        return False
-    return True
+    3 and 4 ship); without it :func:`routed` routes every key through the Arrow UDF. Looked up once
+    per SparkContext (:func:`_per_context`): a JVM's classpath does not lose a class."""
+    def lookup() -> bool:
+        try:
+            spark.sparkContext._jvm.java.lang.Class.forName(MURMUR2_CLASS)
+        except Exception:  # noqa: BLE001 - Py4JJavaError (ClassNotFoundException), or no JVM gateway
+            return False
+        return True
+
+    return cast(bool, _per_context(spark.sparkContext, "murmur2", lookup))
+
+
+_CONTEXT_FACTS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _context_facts(context: Any) -> dict[str, Any]:
+    """What localstate keeps about a SparkContext, dropped with it."""
+    return _CONTEXT_FACTS.setdefault(context, {})
+
+
+def _per_context(context: Any, name: str, compute: Callable[[], Any]) -> Any:
+    """``compute()``, once per SparkContext (Python's object, which every session of the context and
+    every foreachBatch session shares): for facts that hold for the context's life, asked for every
+    micro-batch at the cost of Py4J round trips otherwise. A new context (after ``stop()``) asks again."""
+    facts = _context_facts(context)
+    if name not in facts:
+        facts[name] = compute()
+    return facts[name]
 
 
 def _sql_name(column: str) -> str:
@@ -662,7 +692,9 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     # "dataframe:" keeps these run ids apart from `localstate run`'s (their instances have other sinks).
     # A fresh exchange directory per call: a batch Spark executes again exchanges from scratch.
     exchange = safe_join(checkpoints.root, "exchange", uuid.uuid4().hex) if keep_open else None
-    task = _BatchTask(spec, batch_id, f"dataframe:{spark.sparkContext.applicationId}", keep_open, fault,
+    context = spark.sparkContext
+    application = _per_context(context, "application", lambda: context.applicationId)
+    task = _BatchTask(spec, batch_id, f"dataframe:{application}", keep_open, fault,
                       None if exchange is None else str(exchange))
     started = time.perf_counter()
     try:
@@ -724,14 +756,19 @@ def routed(df: Any, spec: DataFrameSpec, jvm: bool | None = None) -> Any:
     if jvm is None:
         jvm = jvm_has_murmur2(df.sparkSession)
 
-    # Few DataFrame calls: each is a Py4J round trip and an analysis of the plan, per micro-batch.
+    # Few DataFrame calls, SQL text rather than Column objects: each DataFrame call is a Py4J round
+    # trip and an analysis of the plan, each Column function several round trips, per micro-batch.
+    projection = [f"{_sql_name(name)} AS {_COLUMN}{index}" for index, name in enumerate(spec.columns)]
+    projection.append(f"monotonically_increasing_id() AS {_SEQ}")  # in this projection: before the shuffle
+    partition = _partition_sql(spec, jvm)
+    if partition is not None:
+        prepared = df.selectExpr(*projection, f"{partition} AS {_PARTITION}")
+    else:  # the Arrow UDF is a Column, not SQL text
+        prepared = df.select(*map(F.expr, projection), partition_column(spec, jvm).alias(_PARTITION))
     # Bigint literals: routes() gives the values by Spark's hash of a long (an int hashes otherwise).
+    # The route is the shuffle's expression, not a column: the apply stage gets no column it ignores.
     route_of = ", ".join(f"{value}L" for value in routes(spec.job.partitions))
-    columns = [F.col(_sql_name(name)).alias(f"{_COLUMN}{index}") for index, name in enumerate(spec.columns)]
-    prepared = df.select(*columns, partition_column(spec, jvm).alias(_PARTITION),
-                         F.monotonically_increasing_id().alias(_SEQ)) \
-        .withColumn(_ROUTE, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
-    return prepared.repartition(spec.job.partitions, _ROUTE)  # the apply ignores the route column
+    return prepared.repartition(spec.job.partitions, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
 
 
 def release(job: JobConfig | str | os.PathLike[str]) -> None:
@@ -773,12 +810,28 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int,
         if rows:
             files.append(str(path))
     if not files:
-        # A filter that is always false becomes an empty local relation (Spark's PruneFilters): no
-        # code to generate, no Range to scan. (createDataFrame([]) would run a Python RDD.)
-        columns = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in
-                            (column.split() for column in OUTPUT_SCHEMA.split(", ")))
-        return spark.sql(f"SELECT {columns} WHERE false")  # one Py4J call
+        return _no_outputs(spark)
     return spark.read.schema(OUTPUT_SCHEMA).parquet(*files)
+
+
+def _no_outputs(spark: Any) -> Any:
+    """An empty DataFrame of :data:`OUTPUT_SCHEMA` in ``spark``'s session. Built once per JVM session
+    and kept (one per SparkContext): a streaming query hands every micro-batch a new Python session
+    around the same JVM session, which one Py4J call recognises, where building it costs a parse and
+    an analysis. The DataFrame returned belongs to ``spark`` itself."""
+    from pyspark.sql import DataFrame
+
+    facts, session = _context_facts(spark.sparkContext), spark._jsparkSession
+    kept = facts.get("no outputs")
+    if kept is not None and (kept[0] is session or kept[0].equals(session)):
+        return DataFrame(kept[1], spark)
+    # A filter that is always false becomes an empty local relation (Spark's PruneFilters): no
+    # code to generate, no Range to scan. (createDataFrame([]) would run a Python RDD.)
+    columns = ", ".join(f"CAST(NULL AS {kind}) AS {name}" for name, kind in
+                        (column.split() for column in OUTPUT_SCHEMA.split(", ")))
+    empty = spark.sql(f"SELECT {columns} WHERE false")  # one Py4J call
+    facts["no outputs"] = (session, empty._jdf)
+    return empty
 
 
 def foreach_batch(job: JobConfig | str | os.PathLike[str], *, key: str, sink: Callable[[Any, int], None],

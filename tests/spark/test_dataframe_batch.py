@@ -181,6 +181,29 @@ def test_rows_land_in_their_own_spark_partition(spark, tmp_path, partitions):
             assert row.spark == row.job, kind
 
 
+def test_jvm_lookups_are_made_once_per_spark_context():
+    """jvm_has_murmur2 asks the JVM once per SparkContext (not every micro-batch); a new context asks again."""
+    from types import SimpleNamespace
+
+    from localstate.core.spark.dataframe import jvm_has_murmur2
+
+    asked = []
+
+    def for_name(name):
+        asked.append(name)
+        raise RuntimeError("ClassNotFoundException")  # what Py4J raises for a class the JVM lacks
+
+    class Context:  # a SparkContext whose JVM lacks the class (weakly referenced, as SparkContext is)
+        _jvm = SimpleNamespace(java=SimpleNamespace(lang=SimpleNamespace(Class=SimpleNamespace(forName=for_name))))
+
+    def session():
+        return SimpleNamespace(sparkContext=Context())
+
+    first, second = session(), session()
+    assert [jvm_has_murmur2(first) for _ in range(3)] == [False] * 3 and len(asked) == 1
+    assert jvm_has_murmur2(second) is False and len(asked) == 2
+
+
 def test_null_keys_are_refused_on_every_key_type(spark, tmp_path):
     """A null key fails the batch with SchemaError naming the column, before any partition applies it,
     whether the key is hashed in the JVM (string, integer) or by the Arrow UDF (binary)."""

@@ -1,6 +1,6 @@
 """How localstate's Spark job hands rows over, without changing what it computes: Arrow batches of
 :data:`ARROW_BATCH_ROWS` rows unless the session chose a size (the session's setting is left as it
-was), and a batch without outputs gives the sink an empty local relation."""
+was), and a batch without outputs gives the sink an empty local relation (built once per JVM session)."""
 
 from __future__ import annotations
 
@@ -72,3 +72,14 @@ def test_batch_without_outputs_is_an_empty_local_relation(spark, tmp_path):
     assert empty.collect() == []
     assert empty._jdf.queryExecution().optimizedPlan().getClass().getSimpleName() == "LocalRelation"
     assert read_state(job)[0] == expected_outputs([rows])[0]
+    # Kept per JVM session: a foreachBatch micro-batch comes with a new Python session around the
+    # query's JVM session, and gets the same relation, as a DataFrame of its own session.
+    from pyspark.sql import SparkSession
+
+    wrapper = SparkSession(spark.sparkContext, spark._jsparkSession)
+    again = batch_outputs(wrapper, job, 1)
+    assert again.sparkSession is wrapper and again._jdf.equals(empty._jdf) and again.collect() == []
+    other = spark.newSession()  # another JVM session: a relation of its own
+    separate = batch_outputs(other, job, 1)
+    assert separate._jdf.sparkSession().equals(other._jsparkSession) and not separate._jdf.equals(empty._jdf)
+    assert separate.schema == empty.schema and separate.collect() == []
