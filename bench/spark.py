@@ -172,6 +172,15 @@ def _peer(script: Path, events: int, users: int, seed: int, budget: float, total
     return rates, done.stdout[-2000:] if not rates else ""
 
 
+def _has_protobuf() -> bool:
+    """Whether ``google.protobuf`` is importable (find_spec of a submodule raises when its parent
+    package ``google`` is missing altogether)."""
+    try:
+        return importlib.util.find_spec("google.protobuf") is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
                 users: int, *, warmup: int, conf: dict[str, str] | None = None) -> tuple[float, RunSummary, bool]:
     """One timed run on a fresh local[2] SparkContext (started and warmed up untimed, like the
@@ -402,7 +411,7 @@ def main(argv: list[str]) -> int:
                 report.ratio("localstate / Spark native groupBy().count()", rate / rates["a_sql_count"], ">= 1.5")
             if failure:
                 report.notes.append("peer produced no figures: " + failure.replace("\n", " | ")[-500:])
-            if "b_tws_pandas" not in rates and importlib.util.find_spec("google.protobuf") is None:
+            if "b_tws_pandas" not in rates and not _has_protobuf():
                 report.notes.append("transformWithStateInPandas needs protobuf in this Python: "
                                     "pip install -e '.[bench]'")
             report.notes.append("localstate ran before and after Spark native (ratios use every run); "
