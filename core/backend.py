@@ -387,9 +387,10 @@ class SortedRun(Mapping[bytes, Any]):
     __slots__ = ("key_column", "value_column", "key_sizes", "nbytes", "deletes")
 
     def __init__(self, key_column: list[bytes], value_column: list[Any], key_sizes: tuple[int, int],
-                 nbytes: int, deletes: int) -> None:
+                 nbytes: int, deletes: int | None = None) -> None:
         self.key_column, self.value_column = key_column, value_column
-        self.key_sizes, self.nbytes, self.deletes = key_sizes, nbytes, deletes
+        self.key_sizes, self.nbytes = key_sizes, nbytes
+        self.deletes = value_column.count(None) if deletes is None else deletes  # None values in the run
 
     def __getitem__(self, key: bytes) -> Any:
         at = bisect_left(self.key_column, key)
@@ -433,7 +434,7 @@ def coalesce_sorted(key_runs: list[list[bytes] | tuple[bytes, bytes]],
     ordered = sorted(merged)
     values = [merged[k] for k in ordered]
     nbytes = sum(map(len, ordered)) + sum(len(v) for v in values if isinstance(v, bytes))  # as the C code
-    return SortedRun(ordered, values, key_sizes(merged) if merged else (0, 0), nbytes, values.count(None))
+    return SortedRun(ordered, values, key_sizes(merged) if merged else (0, 0), nbytes)
 
 
 def key_sizes(chunk: Mapping[bytes, Any]) -> tuple[int, int]:
