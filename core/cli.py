@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from localstate.errors import LocalStateError
 
@@ -37,11 +37,24 @@ def _version() -> str:
     return f"{__version__} (C extensions: {extensions})"
 
 
+class _PrintVersion(argparse.Action):
+    """``--version``: one line, as is (argparse's own version action wraps it at the terminal's width,
+    which split "sorting in use" over two lines)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"localstate {_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     _load_commands()
     parser = argparse.ArgumentParser(prog="localstate", description=(
         "Fast, fault-tolerant local state for stream processing on Spark."))
-    parser.add_argument("--version", action="version", version=f"localstate {_version()}")
+    parser.add_argument("--version", action=_PrintVersion, help="show the version and which C extensions are in use")
     parser.add_argument("--plugins", metavar="FILE", help="operator plugin policy file; wins over any job's own "
                         "(default: $LOCALSTATE_PLUGINS, else the job's [job] plugins or plugins.toml next to "
                         "the job file, else the open default; see docs/plugins.md)")

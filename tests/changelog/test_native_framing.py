@@ -226,4 +226,5 @@ def test_version_reports_the_c_extensions(capsys) -> None:
     assert done.value.code == 0
     printed = capsys.readouterr().out
     state = "off (LOCALSTATE_PURE_PYTHON)" if PURE else "in use"
-    assert f"framing {state}" in printed and f"hotpath {state}" in printed
+    assert f"framing {state}" in printed and f"hotpath {state}" in printed and f"sorting {state}" in printed
+    assert printed.startswith("localstate ") and printed.count("\n") == 1  # one line, never wrapped
