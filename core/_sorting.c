@@ -37,9 +37,15 @@ typedef struct {
  * per record (key start, key length, value start, value length or -1 for a tombstone). */
 #define SPAN_FIELDS 4
 
-/* The spans of a framed run (buffer, spans) checked to lie inside the buffer; their count, or -1 with
- * ValueError/TypeError set. */
-static Py_ssize_t framed_run(PyObject *run, const char **buffer, const int64_t **spans) {
+/* Whether run i of coalesce_sorted is framed: keys[i] a tuple, values[i] None. */
+static int is_framed(PyObject *keys, PyObject *values) {
+    return PyTuple_Check(keys) && values == Py_None;
+}
+
+/* The spans of a framed run (buffer, spans), with ``check`` each checked to lie inside the buffer
+ * (without it only the run's shape: for a run checked before, bytes being immutable); their count, or
+ * -1 with ValueError/TypeError set. */
+static Py_ssize_t framed_run(PyObject *run, const char **buffer, const int64_t **spans, int check) {
     PyObject *data, *packed;
     if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2 || !PyBytes_CheckExact(data = PyTuple_GET_ITEM(run, 0)) ||
         !PyBytes_CheckExact(packed = PyTuple_GET_ITEM(run, 1))) {
@@ -53,7 +59,7 @@ static Py_ssize_t framed_run(PyObject *run, const char **buffer, const int64_t *
     }
     Py_ssize_t n = bytes / (Py_ssize_t)(SPAN_FIELDS * sizeof(int64_t));
     const int64_t *span = (const int64_t *)PyBytes_AS_STRING(packed);
-    for (Py_ssize_t i = 0; i < n; i++, span += SPAN_FIELDS) {
+    for (Py_ssize_t i = 0; check && i < n; i++, span += SPAN_FIELDS) {
         if (span[0] < 0 || span[1] < 0 || span[0] > size - span[1] || span[3] < -1 ||
             (span[3] >= 0 && (span[2] < 0 || span[2] > size - span[3]))) {
             PyErr_Format(PyExc_ValueError, "spans: record %zd lies outside its buffer", i);
@@ -228,10 +234,10 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t r = 0; r < runs; r++) {
         PyObject *keys = PyList_GET_ITEM(key_runs, r), *values = PyList_GET_ITEM(value_runs, r);
-        if (PyTuple_Check(keys) && values == Py_None) {
+        if (is_framed(keys, values)) {
             const char *buffer;
             const int64_t *spans;
-            Py_ssize_t count = framed_run(keys, &buffer, &spans);
+            Py_ssize_t count = framed_run(keys, &buffer, &spans, 1);
             if (count < 0) return NULL;
             n += count;
             continue;
@@ -258,10 +264,10 @@ static PyObject *coalesce_sorted(PyObject *self, PyObject *args) {
     Py_ssize_t i = 0;
     for (Py_ssize_t r = 0; r < runs; r++) {
         PyObject *keys = PyList_GET_ITEM(key_runs, r), *values = PyList_GET_ITEM(value_runs, r);
-        if (PyTuple_Check(keys) && values == Py_None) {
+        if (is_framed(keys, values)) {
             const char *buffer;
             const int64_t *span;
-            Py_ssize_t count = framed_run(keys, &buffer, &span);
+            Py_ssize_t count = framed_run(keys, &buffer, &span, 0); /* checked in the pass above */
             if (count < 0) goto done;
             for (Py_ssize_t j = 0; j < count; j++, i++, span += SPAN_FIELDS) {
                 items[i].data = buffer + span[0];
@@ -347,7 +353,7 @@ PyDoc_STRVAR(split_spans_doc,
 static PyObject *split_spans(PyObject *self, PyObject *args) {
     const char *buffer;
     const int64_t *span;
-    Py_ssize_t count = framed_run(args, &buffer, &span);
+    Py_ssize_t count = framed_run(args, &buffer, &span, 1);
     if (count < 0) return NULL;
     PyObject *keys = PyList_New(count), *values = PyList_New(count);
     if (keys == NULL || values == NULL) goto fail;
