@@ -182,12 +182,15 @@ def _has_protobuf() -> bool:
 
 
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
-                users: int, *, warmup: int, conf: dict[str, str] | None = None) -> tuple[float, RunSummary, bool]:
+                users: int, *, warmup: int, conf: dict[str, str] | None = None,
+                quick_jit: bool = False) -> tuple[float, RunSummary, bool]:
     """One timed run on a fresh local[2] SparkContext (started and warmed up untimed, like the
-    peer's): seconds, summary, and whether every count read back equals ``expected``."""
+    peer's): seconds, summary, and whether every count read back equals ``expected``. ``quick_jit``:
+    the JVM options ``localstate run`` starts its own JVM with (see ``spark_context``: they apply
+    only if this run starts the bench's JVM)."""
     root.mkdir()
     job = load_job_config(_job(root, data, partitions, backend))
-    context = spark_context("local[2]", "bench-localstate", conf)
+    context = spark_context("local[2]", "bench-localstate", conf, quick_jit=quick_jit)
     try:
         # Warm-up (untimed): start the Python workers, import everything, warm the JIT; two batches.
         warm = root / "warm"
@@ -341,6 +344,8 @@ def main(argv: list[str]) -> int:
         budget = 20.0 if args.quick else 40.0
 
         def native(name: str) -> tuple[float, RunSummary, bool]:
+            # The default JIT, not localstate run's quick one: this process's one JVM also runs the
+            # DataFrame path, where the JVM does the heavy work (the native figure is conservative).
             return _localstate(root / name, data, partitions, args.backend, events, expected, args.users,
                                warmup=warmup)
 

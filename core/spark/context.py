@@ -9,7 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "LOCAL_DEFAULTS"]
+__all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "LOCAL_DEFAULTS",
+           "QUICK_JIT_OPTIONS"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
     # None at present. Measured and not kept: "spark.python.unix.domain.socket.enabled" (Spark >=
@@ -20,6 +21,16 @@ LOCAL_DEFAULTS: Mapping[str, str] = {
     # against 1.81x over TCP on the same quiet machine. A job may still set it in `[spark] conf`.
 }
 """Spark settings a local-master context gets unless the job's ``[spark] conf`` sets them."""
+
+QUICK_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
+"""JVM options of a local driver whose JVM only schedules (``localstate run``: the tasks read their
+input and do all the work in Python): compile with the quick JIT tier (C1) only. The optimizing tier's
+compiler threads kept compiling Spark's per-job code (Java serialization, closure cleaning, class
+loading) through the whole run: the JVM took 2.1-4.8 CPU seconds per million events of ``python -m
+bench scaling``'s 2-partition job, from the two Python workers of a 2-core local[2] machine; with C1
+only it took 0.7-1.3, and the 2-partition run was faster in 8 of 10 alternated pairs (the
+1-partition run moved both ways within the noise). Not for the DataFrame path, where the JVM reads,
+shuffles and converts the rows (docs/spark.md, "Scaling with partitions")."""
 
 _LOG4J = """\
 rootLogger.level = error
@@ -56,10 +67,12 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
-def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str] | None = None) -> Any:
+def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str] | None = None, *,
+               quick_jit: bool = False) -> Any:
     """The SparkConf :func:`spark_context` creates a context with: quiet logs, retries on local
     masters, reused Python workers running this interpreter, :data:`LOCAL_DEFAULTS` on local masters
-    unless already set, then ``conf`` (the job's ``[spark] conf``), which wins over all of them."""
+    unless already set, then ``conf`` (the job's ``[spark] conf``), which wins over all of them.
+    ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
     from pyspark import SparkConf
 
     log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
@@ -68,7 +81,8 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
     spark_conf = (SparkConf().setMaster(normalize_master(master)).setAppName(app_name)
                   .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
                   .set("spark.python.worker.reuse", "true")
-                  .set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}")
+                  .set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"
+                       + (f" {QUICK_JIT_OPTIONS}" if quick_jit and is_local_master(master) else ""))
                   .set("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"))
     if is_local_master(master):
         for key, value in LOCAL_DEFAULTS.items():
@@ -79,9 +93,10 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
 
 
 def spark_context(master: str = "local[*]", app_name: str = "localstate",
-                  conf: Mapping[str, str] | None = None) -> Any:
+                  conf: Mapping[str, str] | None = None, *, quick_jit: bool = False) -> Any:
     """Get or create the SparkContext (:func:`spark_conf`); a context that already exists is
-    returned as it is."""
+    returned as it is. JVM options (``quick_jit``, ``spark.driver.extraJavaOptions``) take effect
+    only when this starts the JVM: PySpark keeps one JVM per Python process, for every later context."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     import warnings
@@ -89,6 +104,6 @@ def spark_context(master: str = "local[*]", app_name: str = "localstate",
     warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
     from pyspark import SparkContext
 
-    context = SparkContext.getOrCreate(spark_conf(master, app_name, conf))
+    context = SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit))
     context.setLogLevel("ERROR")
     return context

@@ -158,7 +158,8 @@ class SparkJobRunner:
     def context(self) -> Any:
         if self._context is None:
             conf = {k: v for k, v in self.job.spark.get("conf", {}).items()}
-            self._context = spark_context(self.master, f"localstate:{self.job.name}", conf)
+            # The JVM only schedules here (the tasks read their input in Python): the quick JIT.
+            self._context = spark_context(self.master, f"localstate:{self.job.name}", conf, quick_jit=True)
         return self._context
 
     def _create_changelogs(self) -> None:

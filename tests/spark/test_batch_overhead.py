@@ -13,7 +13,8 @@ import pytest
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.runtime import checkpoint_store
-from localstate.core.spark.context import LOCAL_DEFAULTS, spark_conf
+from localstate.core.spark import driver
+from localstate.core.spark.context import LOCAL_DEFAULTS, QUICK_JIT_OPTIONS, spark_conf
 from localstate.core.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
 from localstate.errors import FencedError
@@ -145,6 +146,33 @@ def test_local_defaults_apply_to_local_masters_only_and_the_jobs_conf_wins(spark
     assert spark_conf("spark://10.0.0.1:7077", conf={"spark.task.maxFailures": "2"}).get(UDS) is None
     monkeypatch.setattr("pyspark.SparkConf.__init__", _conf_with_default(UDS, "true"))
     assert spark_conf("local[2]").get(UDS) == "true"
+
+
+def test_quick_jit_goes_to_local_driver_jvms_of_localstate_run_only(monkeypatch, tmp_path):
+    """localstate run starts a local driver JVM with the quick JIT (its JVM only schedules); the
+    DataFrame path's contexts, cluster masters, and a job that sets its own driver JVM options do
+    not get it; the log4j settings are kept beside it."""
+    from pyspark import SparkContext
+
+    monkeypatch.setattr(SparkContext, "_jvm", None)  # SparkConf without the running JVM's defaults
+    java = "spark.driver.extraJavaOptions"
+    quick = spark_conf("local[2]", quick_jit=True).get(java).split()
+    assert QUICK_JIT_OPTIONS in quick and any(o.startswith("-Dlog4j2.configurationFile=") for o in quick)
+    assert QUICK_JIT_OPTIONS not in spark_conf("local[2]").get(java)
+    assert QUICK_JIT_OPTIONS not in spark_conf("spark://10.0.0.1:7077", quick_jit=True).get(java)
+    assert spark_conf("local[2]", conf={java: "-Xss4m"}, quick_jit=True).get(java) == "-Xss4m"
+
+    asked: list[dict] = []
+
+    def record(master, app_name="localstate", conf=None, *, quick_jit=False):  # noqa: ANN001, ANN202
+        asked.append({"master": master, "quick_jit": quick_jit})
+        return "context"
+
+    monkeypatch.setattr(driver, "spark_context", record)
+    job = load_job_config(_counting_job(tmp_path, "quick-jit"))
+    runner = SparkJobRunner(job, master="local[2]", progress=None)
+    assert runner.context == "context"
+    assert asked == [{"master": "local[2]", "quick_jit": True}]
 
 
 def _conf_with_default(key: str, value: str):
