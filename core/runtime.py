@@ -140,24 +140,33 @@ MISSING_CHECKPOINT_HINT = ("restore the checkpoint (from a backup, or from the b
                            "`localstate reset` to discard this job's state and start over from its inputs")
 
 
-def check_no_history(changelog: ChangelogPartition, *, store: str, partition: int, checkpoint_where: str) -> None:
+def check_no_history(changelog: ChangelogPartition, *, store: str, partition: int, checkpoint_where: str,
+                     entry_only: bool = False) -> None:
     """Raise CheckpointError if ``changelog`` holds records although task ``partition`` has no
-    checkpoint (at ``checkpoint_where``): the checkpoint is missing, and starting empty would drop
-    committed state (and a later commit would overwrite it). A file changelog shows it by its end
-    offset; a :class:`ListedHistory` changelog (objects named by manifests) is listed once."""
+    checkpoint (at ``checkpoint_where``), or (``entry_only``) has one that names no offset for
+    ``store``: the checkpoint, or that part of it, is missing, and starting the store empty would
+    drop committed state (recovery would trim every record, and a later commit overwrite them). A
+    file changelog shows it by its end offset; a :class:`ListedHistory` changelog (objects named by
+    manifests) is listed once."""
+    if entry_only:
+        # Every checkpoint names every logged store from the partition's first open on, so only a
+        # damaged checkpoint, or a store removed from the job and added back, lacks one with records.
+        missing = (f"the checkpoint of partition {partition} at {checkpoint_where} names no changelog offset for "
+                   f"store {store!r}, but its changelog")
+        what = "that part of the checkpoint is missing (damaged, or a store of this name was removed and added back)"
+    else:
+        missing = f"no checkpoint for partition {partition} at {checkpoint_where}, but the changelog of store {store!r}"
+        what = "the checkpoint is missing"
     end = changelog.end_offset()
     if end > 0:
-        raise CheckpointError(
-            f"no checkpoint for partition {partition}, but the changelog of store {store!r} holds {end} record(s): "
-            "the checkpoint is missing", store=store, partition=partition, path=checkpoint_where,
-            hint=MISSING_CHECKPOINT_HINT)
+        raise CheckpointError(f"{missing} holds {end} record(s): {what}", store=store, partition=partition,
+                              path=checkpoint_where, hint=MISSING_CHECKPOINT_HINT)
     if isinstance(changelog, ListedHistory):
         found = changelog.stored_history()
         if found is not None:
             raise CheckpointError(
-                f"no checkpoint for partition {partition} at {checkpoint_where}, but the changelog of store "
-                f"{store!r} holds {found.objects} object(s) ({found.size} bytes, records up to offset {found.end}) "
-                f"at {found.where}: the checkpoint is missing", store=store, stream=found.stream, partition=partition,
+                f"{missing} holds {found.objects} object(s) ({found.size} bytes, records up to offset {found.end}) "
+                f"at {found.where}: {what}", store=store, stream=found.stream, partition=partition,
                 path=found.where, checkpoint=checkpoint_where, objects=found.objects, hint=MISSING_CHECKPOINT_HINT)
 
 
@@ -242,6 +251,7 @@ class TaskInstance:
         committed_attempt = checkpoint.attempt if checkpoint is not None else None
         for name, store in self.job.stores.items():
             self.stores[name] = self._open_store(name, store, manifests.get(name), committed_attempt)
+        fresh = checkpoint is None
         if checkpoint is None:
             self._check_fresh()
             checkpoint = Checkpoint(self.partition)
@@ -251,6 +261,10 @@ class TaskInstance:
             for changelog in logged)
         for name, store in self.stores.items():
             if store.changelog is not None:
+                if name not in checkpoint.changelogs and not fresh:
+                    # A store new to the job starts empty; one whose changelog holds records is refused.
+                    check_no_history(store.changelog, store=name, partition=self.partition, entry_only=True,
+                                     checkpoint_where=checkpoint_where(self.checkpoints, self.partition))
                 offset = checkpoint.changelogs.get(name, 0)
                 self.recoveries.append(self._recover(name, store, offset))
             else:

@@ -112,6 +112,50 @@ def test_missing_checkpoint_with_nonempty_changelog_is_refused(tmp_path):
     assert "checkpoint is missing" in str(info.value) and "localstate reset" in str(info.value)
 
 
+def test_checkpoint_without_a_stores_offset_is_refused_when_its_changelog_has_records(tmp_path):
+    """Partial checkpoint loss: a checkpoint that names no offset for a logged store whose changelog
+    holds records is refused (recovering to offset 0 would trim every committed record), nothing is
+    trimmed, and putting the entry back gives the exact state."""
+    driver = TaskTestDriver(Counter, stores=COUNTS, state_dir=tmp_path)
+    for i in range(50):
+        driver.send("views", f"k{i % 7}", i)
+    driver.commit()
+    before = snapshot(driver)
+    driver.crash()
+    path = checkpoint_store(driver.job).path(0)
+    complete = path.read_text()
+    data = json.loads(complete)
+    logged = data["changelogs"].pop("counts")
+    assert logged == 7  # one record per key: the commit coalesced the 50 updates
+    path.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError) as info:
+        driver.restart()
+    error = info.value
+    assert error.context["store"] == "counts" and error.context["partition"] == 0
+    assert error.context["path"] == str(path) and f"holds {logged} record(s)" in str(error)
+    assert "names no changelog offset for store 'counts'" in str(error) and "localstate reset" in error.hint
+    assert json.loads(path.read_text()) == data  # refused before a new generation was saved
+    path.write_text(complete)
+    recoveries = driver.restart()
+    assert recoveries[0].trimmed == 0 and snapshot(driver) == before
+
+
+def test_store_added_to_the_job_starts_empty_beside_the_restored_ones(tmp_path):
+    """The legitimate case of a checkpoint without a store's offset: a store new to the job (its
+    changelog empty) starts empty, and the stores the checkpoint names are restored."""
+    with TaskTestDriver(Counter, stores=COUNTS, state_dir=tmp_path) as driver:
+        for i in range(30):
+            driver.send("views", f"k{i % 5}", i)
+        driver.commit()
+        before = snapshot(driver)
+    more = {**COUNTS, "extra": {"engine": "kv", "backend": "memory", "key_serde": "string", "value_serde": "int"}}
+    with TaskTestDriver(Counter, stores=more, state_dir=tmp_path) as driver:
+        assert snapshot(driver) == before
+        assert dict(driver.store("extra", 0).all()) == {}
+        driver.commit()
+        assert set(json.loads(checkpoint_store(driver.job).path(0).read_text())["changelogs"]) == {"counts", "extra"}
+
+
 def test_checkpoint_past_changelog_end_is_refused(tmp_path):
     driver = TaskTestDriver(Counter, stores=COUNTS, state_dir=tmp_path)
     driver.send("views", "a", 0)

@@ -2,6 +2,8 @@
 (docs/durable.md, "A lost checkpoint"). Through the real runtime (kv on RocksDB, jsonl outputs), on a
 shared directory and on SeaweedFS S3:
 
+* a checkpoint that lost one store's entry (offset and manifest) is refused the same way, and the
+  complete checkpoint gives the exact state;
 * checkpoints deleted after some commits: the open is refused with a typed CheckpointError naming the
   store, stream, partition, prefix and object count, and so is the Spark driver's initial checkpoint
   (cluster mode); nothing in storage changes (garbage collection included), and putting the
@@ -142,6 +144,38 @@ def test_a_lost_checkpoint_is_refused_and_restoring_it_gives_the_exact_state(obj
     system.close()
 
     for key, data in backup.items():  # restored from the backup / the bucket's versioning
+        store.put(key, data)
+    instance = open_instance(config)
+    assert_exact(instance, tmp_path, records)
+    instance.close(commit=False)
+
+
+def test_a_checkpoint_that_lost_a_stores_entry_is_refused(objectstore_options, tmp_path):
+    """Partial loss: the checkpoint is there but names neither an offset nor a manifest for the
+    store, whose objects exist. The open is refused (starting the store empty would drop its
+    committed state) and writes nothing; the complete checkpoint gives the exact state again."""
+    records = 5 * COMMIT_EVERY
+    config = committed_run(tmp_path, objectstore_options, records)
+    store = storage(config)
+    before = listing(store, PREFIX)
+    complete = {info.key: store.get(info.key) for info in store.list(CHECKPOINTS)}
+    assert complete
+    for key, data in complete.items():
+        damaged = json.loads(data)
+        damaged["changelogs"].pop("counts")
+        damaged["manifests"].pop("counts")
+        store.put(key, json.dumps(damaged).encode())
+    damaged_listing = listing(store, CHECKPOINTS)
+
+    with pytest.raises(CheckpointError) as info:
+        open_instance(config)
+    error = info.value
+    assert error.context["store"] == "counts" and error.context["partition"] == 0
+    assert error.context["path"] == store.where(PREFIX) and error.context["objects"] == len(before)
+    assert "names no changelog offset for store 'counts'" in str(error) and "localstate reset" in error.hint
+    assert listing(store, CHECKPOINTS) == damaged_listing and listing(store, PREFIX) == before
+
+    for key, data in complete.items():
         store.put(key, data)
     instance = open_instance(config)
     assert_exact(instance, tmp_path, records)
