@@ -19,6 +19,7 @@ Rows ``time[Np]: <phase>``: the timed run's wall clock split into driver phases,
 the task phases on each batch's critical path (``RunSummary.breakdown``), for the best round of each
 partition count. ``cpu_busy_pct``: CPU seconds of this machine (all processes: /proc/stat) over the
 run's wall clock and the cores; 2 partitions cannot reach 2x when other processes hold a core.
+``jvm_cpu_s``: what the JVM (driver and executor: it only schedules) took of them during the run.
 
 Rows ``fixed cost [...]``: what a micro-batch costs besides its tasks, the thing that keeps 2
 partitions from 2x. On one warm SparkContext per transport (the executor <-> Python worker channel
@@ -316,7 +317,7 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
         data[partitions] = root / f"data-{partitions}"
         data[partitions].mkdir()
         expected = _write_events(data[partitions], args.events, args.users, args.seed, partitions)
-    best: dict[int, tuple[float, Any, float]] = {}
+    best: dict[int, tuple[float, Any, float, float]] = {}
     references: list[tuple[float, float]] = []
     rounds: list[tuple[float, float]] = []
     for round_ in range(args.repeat):
@@ -324,25 +325,27 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
         round_seconds = []
         for partitions in (1, 2):
             busy0, total0 = _cpu_ticks()
+            measured: dict[str, float] = {}
             seconds, summary, ok = _localstate(root / f"run-{partitions}-{round_}", data[partitions], partitions,
                                                args.backend, args.events, expected, args.users,
                                                warmup=args.warmup_events if args.warmup_events is not None
                                                else args.events // 5,
                                                conf={_UDS: "true"} if args.unix_socket else None,
-                                               quick_jit=True)  # as `localstate run` starts its JVM
+                                               quick_jit=True,  # as `localstate run` starts its JVM
+                                               measured=measured)
             busy1, total1 = _cpu_ticks()
             busy_pct = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
             correct = correct and ok
             round_seconds.append(seconds)
             if partitions not in best or seconds < best[partitions][0]:
-                best[partitions] = (seconds, summary, busy_pct)
+                best[partitions] = (seconds, summary, busy_pct, measured["jvm_cpu_s"])
         rounds.append((round_seconds[0], round_seconds[1]))
     for partitions in (1, 2):
-        seconds, summary, busy_pct = best[partitions]
+        seconds, summary, busy_pct, jvm_cpu = best[partitions]
         phases = summary.breakdown()
         tasks = sum(phases[key] for key in TASK_PHASES)
         report.add(f"localstate run, {partitions} partition(s)", events_per_s=args.events / seconds,
-                   seconds=seconds, cpu_busy_pct=busy_pct, correct=correct,
+                   seconds=seconds, cpu_busy_pct=busy_pct, jvm_cpu_s=jvm_cpu, correct=correct,
                    fixed_ms_per_batch=1e3 * (seconds - tasks) / max(1, len(summary.batches)))
     report.ratio("2 partitions / 1 partition (events/s)", best[1][0] / best[2][0], ">= 1.8")
     # The machine's reference, taken as the job's figures are: its best round.
@@ -354,7 +357,7 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
     report.ratio("machine reference: 2 processes / 1 process, same pure-Python work (best round)", reference)
     report.ratio("2 partitions / 1 partition, over the machine reference", (best[1][0] / best[2][0]) / reference)
     for partitions in (1, 2):
-        seconds, summary, _ = best[partitions]
+        seconds, summary, _, _ = best[partitions]
         phases = summary.breakdown()
         for key, label in _PHASES.items():
             report.add(f"time[{partitions}p]: {label}", phase_s=phases[key],

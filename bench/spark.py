@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -181,13 +182,24 @@ def _has_protobuf() -> bool:
         return False
 
 
+def _process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (/proc; NaN where there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
                 users: int, *, warmup: int, conf: dict[str, str] | None = None,
-                quick_jit: bool = False) -> tuple[float, RunSummary, bool]:
+                quick_jit: bool = False, measured: dict[str, float] | None = None) -> tuple[float, RunSummary, bool]:
     """One timed run on a fresh local[2] SparkContext (started and warmed up untimed, like the
     peer's): seconds, summary, and whether every count read back equals ``expected``. ``quick_jit``:
     the JVM options ``localstate run`` starts its own JVM with (see ``spark_context``: they apply
-    only if this run starts the bench's JVM)."""
+    only if this run starts the bench's JVM). ``measured`` gets ``jvm_cpu_s``: the CPU seconds of
+    the (driver and executor) JVM during the timed run, taken from the Python workers' cores."""
     root.mkdir()
     job = load_job_config(_job(root, data, partitions, backend))
     context = spark_context("local[2]", "bench-localstate", conf, quick_jit=quick_jit)
@@ -202,9 +214,13 @@ def _localstate(root: Path, data: Path, partitions: int, backend: str, events: i
         # Ten batches: the batch size is a tenth of the largest partition.
         owners = [partition_for(f"user-{u:08d}", partitions) for u in range(users)]
         batch_size = -(-int(np.bincount(owners, weights=expected, minlength=partitions).max()) // 10)
+        jvm = int(context._jvm.java.lang.ProcessHandle.current().pid())
+        jvm_cpu = _process_cpu_seconds(jvm)
         started = time.perf_counter()
         summary = SparkJobRunner(job, context=context, batch_size=batch_size, progress=None).run()
         seconds = time.perf_counter() - started
+        if measured is not None:
+            measured["jvm_cpu_s"] = _process_cpu_seconds(jvm) - jvm_cpu
     finally:
         context.stop()
     correct = bool(np.array_equal(_read_counts(job, users), expected)) and summary.records_in == events
