@@ -28,7 +28,7 @@ input and do all the work in Python): compile with the quick JIT tier (C1) only.
 compiler threads kept compiling Spark's per-job code (Java serialization, closure cleaning, class
 loading) through the whole run: the JVM took 2.1-4.8 CPU seconds per million events of ``python -m
 bench scaling``'s 2-partition job, from the two Python workers of a 2-core local[2] machine; with C1
-only it took 0.7-1.3, and the 2-partition run was faster in 8 of 10 alternated pairs (the
+only it took 0.65-1.3, and the 2-partition run was faster in 8 of 10 alternated pairs (the
 1-partition run moved both ways within the noise). Not for the DataFrame path, where the JVM reads,
 shuffles and converts the rows (docs/spark.md, "Scaling with partitions")."""
 
