@@ -14,6 +14,7 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.runtime import checkpoint_store
 from localstate.core.spark import driver
+from localstate.core.spark.executor import settle_worker
 from localstate.core.spark.context import LOCAL_DEFAULTS, QUICK_JIT_OPTIONS, spark_conf
 from localstate.core.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
@@ -173,6 +174,40 @@ def test_quick_jit_goes_to_local_driver_jvms_of_localstate_run_only(monkeypatch,
     runner = SparkJobRunner(job, master="local[2]", progress=None)
     assert runner.context == "context"
     assert asked == [{"master": "local[2]", "quick_jit": True}]
+
+
+def test_a_worker_freezes_its_imports_once_and_still_collects_what_comes_later(spark_context, tmp_path):
+    """settle_worker: in a Spark Python worker, the objects alive at its first localstate task go to
+    the collector's permanent generation (PySpark's full gc.collect() after every task then skips
+    them), once; cycles made afterwards are still collected. Outside a Spark task nothing happens."""
+    job = load_job_config(_counting_job(tmp_path, "settle"))
+
+    def probe(_: int, items) -> list:  # noqa: ANN001
+        import gc
+
+        from localstate.core.task import add_task_paths
+
+        list(items)
+        add_task_paths(job)
+        settle_worker(job)  # froze now, or an earlier localstate task in this worker did
+        frozen, again = gc.get_freeze_count(), settle_worker(job)
+
+        class Node:
+            pass
+
+        first, second = Node(), Node()
+        first.other, second.other = second, first
+        del first, second
+        return [(frozen, again, gc.collect())]
+
+    results = spark_context.parallelize([], 2).mapPartitionsWithIndex(probe).collect()
+    assert len(results) == 2
+    for frozen, again, collected in results:
+        assert frozen > 1000 and again is False and collected >= 2
+    import gc
+
+    before = gc.get_freeze_count()
+    assert settle_worker(job) is False and gc.get_freeze_count() == before
 
 
 def _conf_with_default(key: str, value: str):
