@@ -102,10 +102,10 @@ def settle_worker(job: JobConfig) -> bool:
     localstate's modules took ~25 ms per batch (an empty 2-task job on local[2], alternated: 97-108
     ms against 74-83 ms frozen; ``python -m bench scaling``'s tiny localstate batches: 94-95 against
     71-89 ms with 1 partition, 116-119 against 75-88 ms with 2). Frozen objects are still freed by
-    reference counting; only the objects alive now stop being scanned for cycles. No kept instance of
-    the native path exists yet, so state opened later stays collectable (a DataFrame-path instance a
-    mixed session kept in this worker before would be frozen with them, and then freed by reference
-    counting only). Outside a Spark task (the driver, tests calling the executor) nothing happens."""
+    reference counting; only the objects alive now stop being scanned for cycles. Both entry points
+    (this module's tasks and the DataFrame path's) call it before they open an instance, so no
+    instance exists yet and state opened later stays collectable. Outside a Spark task (the driver,
+    tests calling the executor) nothing happens."""
     global _worker_settled
     if _worker_settled or task_context() is None:
         return False
