@@ -2,7 +2,7 @@
 with 1 partition and with 2, measured in the same run, and where the time goes in each.
 
     python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--warmup-events W] [--backend B]
-                            [--fixed-only] [--unix-socket]
+                            [--fixed-only] [--affinity-only] [--unix-socket]
 
 Workload and timing are ``python -m bench spark``'s (same events, same job file, ten micro-batches,
 SparkContext start and a warm-up of W events, default a fifth of N, untimed); each partition count gets its own pre-partitioned copy of
@@ -33,6 +33,13 @@ tracker round trips for failed attempts, the plans' RDD, the checkpoint saves (s
 concurrent), planning from disk vs from the checkpoints just saved, the claims directory, and the
 Py4J calls per batch.
 
+Rows ``affinity: ...``: a 1-partition job (300k events, ten batches) on a context whose earlier
+2-partition job started two Python workers, with the driver's spare slots for idle workers
+(``after``) and with one slot per planned partition as before (``before``), alternated:
+``reused_batches`` counts the batches that found the partition open in their worker;
+``open_wait_s`` is what the others spent reopening it, ``process_s`` the tasks' ``process()`` (a
+reopened partition starts with a cold cache).
+
 The JSON-lines decode rows compare the input's strict decoder (a Python call per float literal to
 refuse 1e400) with the same C scanner parsing floats in C without that check, on float-heavy lines:
 the upper bound of what a cheaper overflow check could win.
@@ -54,7 +61,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.report import Report
-from bench.spark import _PHASES, _job, _localstate, _write_events
+from bench.spark import _PHASES, _job, _localstate, _read_counts, _write_events
 from localstate.core.spark.plan import TASK_PHASES
 
 __all__ = ["main"]
@@ -309,6 +316,57 @@ def _fixed_cost_case(report: Report, root: Path, rounds: int, batches: int = 20)
                      best[("Unix socket", "localstate", tasks)] / best[("Unix socket", "floor", tasks)])
 
 
+def _affinity_case(report: Report, root: Path, rounds: int, events: int = 300_000) -> bool:
+    """A 1-partition job on a context whose earlier job started two Python workers (a notebook, a
+    partition without new input): Spark hands each task to the worker idle the longest. With one slot
+    per planned partition (as the driver was, ``before``) the job's task alternated between the
+    workers and reopened its partition with a cold cache every batch; with a spare slot per live
+    worker (``after``) the keeper gets a slot and claims it. Alternated on one context, best of
+    ``rounds``; ten batches each. Returns whether every count was exact."""
+    from localstate.core.config import load_job_config
+    from localstate.core.spark.runner import SparkJobRunner, spark_context
+
+    class OneSlotPerPartition(SparkJobRunner):
+        def _slot_count(self, planned: int) -> int:
+            return planned
+
+    data = root / "data"
+    data.mkdir(parents=True)
+    expected = _write_events(data, events, 50_000, 11, 1)
+    variants = {"one slot per partition (before)": OneSlotPerPartition, "spare slots for idle workers (after)": SparkJobRunner}
+    best: dict[str, tuple[float, Any]] = {}
+    correct = True
+    context = spark_context("local[2]", "bench-affinity", quick_jit=True)
+    try:
+        warm = root / "warm"
+        (warm / "data").mkdir(parents=True)
+        _write_events(warm / "data", 20_000, 1_000, 1, 2)  # two tasks per batch: two Python workers
+        SparkJobRunner(load_job_config(_job(warm, warm / "data", 2, "rocksdb")), context=context,
+                       batch_size=2_000, progress=None).run()
+        for round_ in range(rounds):
+            for name, runner in variants.items():
+                run = root / f"run-{round_}-{runner.__name__}"
+                run.mkdir()
+                job = load_job_config(_job(run, data, 1, "rocksdb"))
+                started = time.perf_counter()
+                summary = runner(job, context=context, batch_size=-(-events // 10), progress=None).run()
+                seconds = time.perf_counter() - started
+                correct = correct and bool((_read_counts(job, len(expected)) == expected).all())
+                if name not in best or seconds < best[name][0]:
+                    best[name] = (seconds, summary)
+    finally:
+        context.stop()
+    for name, (seconds, summary) in best.items():
+        phases = {key: sum(b.task_seconds.get(key, 0.0) for b in summary.batches) for key in ("open", "wait", "process")}
+        report.add(f"affinity: 1 partition after a 2-partition job, {name}", events_per_s=events / seconds,
+                   seconds=seconds, reused_batches=sum(b.reused for b in summary.batches),
+                   batches=len(summary.batches), open_wait_s=phases["open"] + phases["wait"],
+                   process_s=phases["process"], correct=correct)
+    before, after = (best[name][0] for name in variants)
+    report.ratio("affinity: spare slots / one slot per partition (events/s)", before / after, "> 1")
+    return correct
+
+
 def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
     """The same job with 1 and 2 partitions, alternating rounds; the best of each, its breakdown and
     its fixed per-batch cost (everything but the tasks' phases on the batches' critical paths)."""
@@ -380,6 +438,8 @@ def main(argv: list[str]) -> int:
                         help="events of the untimed warm-up before each run (default: a fifth of the events)")
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--fixed-only", action="store_true", help="only the fixed per-batch cost rows")
+    parser.add_argument("--affinity-only", action="store_true",
+                        help="only the rows of a 1-partition job on a context with two workers")
     parser.add_argument("--unix-socket", action="store_true",
                         help="run the 1/2-partition runs over Unix domain sockets (not the default)")
     args = parser.parse_args(argv)
@@ -390,10 +450,13 @@ def main(argv: list[str]) -> int:
     correct = True
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         root = Path(tmp)
-        if not args.fixed_only:
+        if not (args.fixed_only or args.affinity_only):
             correct = _runs_case(report, root, args)
-        _fixed_cost_case(report, root / "fixed", max(1, args.repeat))
+        if not args.affinity_only:
+            _fixed_cost_case(report, root / "fixed", max(1, args.repeat))
         if not args.fixed_only:
+            correct = _affinity_case(report, root / "affinity", max(1, args.repeat)) and correct
+        if not (args.fixed_only or args.affinity_only):
             _decode_case(report, 100_000)
         report.notes.append(f"load average at the start {load[0]:.1f}, at the end {os.getloadavg()[0]:.1f} on "
                             f"{os.cpu_count()} cpus (cpu_busy_pct counts every process of the machine)")

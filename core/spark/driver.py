@@ -29,7 +29,7 @@ from localstate.core.spark.cluster import Placement, has_state, is_cluster_maste
 from localstate.core.spark.context import spark_context
 from localstate.core.spark.executor import run_partition, run_slot
 from localstate.core.spark.failures import spark_failure
-from localstate.core.spark.instances import clear_requests, release_partitions
+from localstate.core.spark.instances import clear_requests, is_alive, release_partitions
 from localstate.core.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import StreamSink, open_input
 from localstate.core.task import add_task_paths, load_task_class
@@ -141,6 +141,12 @@ class SparkJobRunner:
         """this run's JobConfig as a Spark broadcast (:meth:`_ship_job`)"""
         self._savers: ThreadPoolExecutor | None = None
         self._slot_rdds: dict[int, Any] = {}
+        self._workers: set[int] = set()
+        """pids of the Python workers that ran this run's slots (kept instances, local masters)"""
+        self._keepers: dict[int, int] = {}
+        """partition -> pid of the worker that ran its last committed batch and keeps it open"""
+        self._cores = 1
+        """the context's parallelism: at most this many slots run at once"""
         self.run_id = uuid.uuid4().hex
         self.checkpoints = checkpoint_store(job)
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
@@ -222,16 +228,22 @@ class SparkJobRunner:
             # PySpark does not reuse the worker).
             claims = self._claims / str(batch)
             by_partition = {plan.partition: plan for plan in plans}
+            keepers = {p: self._keepers[p] for p in by_partition if p in self._keepers}
             try:
-                results = self._slots(len(plans)).mapPartitionsWithIndex(
-                    lambda slot, items: [run_slot(shipped.value, by_partition, claims, slot)
+                results = self._slots(self._slot_count(len(plans))).mapPartitionsWithIndex(
+                    lambda slot, items: [run_slot(shipped.value, by_partition, claims, slot, keepers)
                                          for _ in _consumed(items)]).collect()
             finally:
                 shutil.rmtree(claims, ignore_errors=True)
+            self._workers.update(r["pid"] for r in results if "pid" in r)
         else:
             rdd = self.context.parallelize(plans, len(plans))
             results = rdd.mapPartitions(lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
         collected = time.perf_counter()
+        # A task's successful attempt number is the count of its attempts that failed before it
+        # (Spark numbers them 0, 1, ...; speculation is off): no status-tracker round trips.
+        failed_attempts = sum(r.get("attempt", 0) for r in results)
+        results = [r for r in results if r["partition"] is not None]  # spare slots ran nothing
         errors = [r for r in results if "error" in r]
         if errors:
             raise pickle.loads(errors[0]["error"])
@@ -243,10 +255,8 @@ class SparkJobRunner:
         if self.cluster:
             self._placement().record(group, plans)
         saved = time.perf_counter()
-        # A task's successful attempt number is the count of its attempts that failed before it
-        # (Spark numbers them 0, 1, ...; speculation is off): no status-tracker round trips.
-        out = BatchResult(batch, seconds=saved - started, tasks=len(results),
-                          failed_attempts=sum(r["attempt"] for r in results))
+        self._keepers.update((r["partition"], r["pid"]) for r in results)
+        out = BatchResult(batch, seconds=saved - started, tasks=len(results), failed_attempts=failed_attempts)
         for r in results:
             out.records_in += r["in"]
             out.records_out += r["out"]
@@ -265,6 +275,15 @@ class SparkJobRunner:
         out.driver_seconds = {"spark": max(0.0, collected - started - out.busiest_task),
                               "checkpoint": saved - collected}
         return out
+
+    def _slot_count(self, planned: int) -> int:
+        """Slots for a batch of ``planned`` partitions: one per partition, or, if the run has more
+        live Python workers than that (up to the context's parallelism), one per worker, so that the
+        workers keeping the partitions open get a slot. Spark hands a task to the worker idle the
+        longest: with one slot per partition, a 1-partition job on a context whose earlier jobs had
+        started two workers switched workers (closed, reopened and recached its state) every batch."""
+        live = sum(1 for pid in self._workers if is_alive(pid))
+        return max(planned, min(self._cores, live))
 
     def _slots(self, count: int) -> Any:
         """An RDD of ``count`` empty partitions: the Spark tasks of a batch whose plans travel in the
@@ -369,6 +388,10 @@ class SparkJobRunner:
         self.context  # start Spark before timing anything
         self.run_id = uuid.uuid4().hex
         self._saved.clear()  # a run plans its first batch from disk (a restarted driver does too)
+        self._workers.clear()
+        self._keepers.clear()
+        if self.keep_open:
+            self._cores = max(1, int(self.context.defaultParallelism))
         partitions = range(self.job.partitions)
         clear_requests(self.checkpoints, partitions)
         self._create_changelogs()

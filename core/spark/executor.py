@@ -179,9 +179,14 @@ def _roll_changelogs(instance: BatchInstance) -> None:
             roll()
 
 
-def run_slot(job: JobConfig, plans: Mapping[int, PartitionPlan], claims: Path, slot: int) -> dict[str, Any]:
+def run_slot(job: JobConfig, plans: Mapping[int, PartitionPlan], claims: Path, slot: int,
+             keepers: Mapping[int, int] | None = None) -> dict[str, Any]:
     """Executor side of Spark task ``slot`` of a batch whose instances are kept open: claim one of
-    the batch's partitions, preferring the one this worker keeps open, and run it."""
+    the batch's partitions, preferring the one this worker keeps open and leaving those another live
+    worker keeps (``keepers``: partition -> worker pid) to it, and run it. A spare slot that finds
+    every partition claimed returns ``{"partition": None, ...}`` at once."""
     any_plan = next(iter(plans.values()))
-    partition = claim(claims, sorted(plans), slot, kept_partition(job, any_plan.run_id))
+    partition = claim(claims, sorted(plans), slot, kept_partition(job, any_plan.run_id), keepers)
+    if partition is None:
+        return {"partition": None, "pid": os.getpid(), "attempt": task_attempt()}
     return run_partition(job, plans[partition])

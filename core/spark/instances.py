@@ -18,7 +18,13 @@ must be given back on demand, and validated before reuse:
   run (``run_id``): nothing is reused across two runs of a job.
 * **Tasks go where the state is.** A batch's Spark tasks are interchangeable slots: each claims
   one of the batch's partitions (:func:`claim`), preferring the one its worker keeps open, so the
-  partitions stay with their workers whatever order Spark hands the tasks to workers in.
+  partitions stay with their workers whatever order Spark hands the tasks to workers in. A slot
+  leaves a partition that another live worker keeps to that worker's slot for up to
+  :data:`KEEPER_GRACE` seconds. When a batch has fewer partitions than the run has live workers (a
+  1-partition job on a context whose earlier jobs started two workers, partitions without new
+  input), the driver adds spare slots, so that every idle worker gets one and the keepers are among
+  them (Spark hands a task to the worker idle the longest, which is rarely the keeper); a spare slot
+  that finds every partition claimed returns at once.
 * **At most one kept instance per worker**: a task first gives back whatever its worker kept for
   another partition, so two workers that swap partitions free them for each other.
 * **Give back on request.** A task (or the driver) that finds a partition locked creates
@@ -55,12 +61,16 @@ from localstate.core.task import OutgoingMessage
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
 __all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim", "try_claim",
-           "claimed_by", "open_planned", "acquire_partition", "clear_requests", "release_partitions", "LOCK_TIMEOUT"]
+           "claimed_by", "open_planned", "acquire_partition", "clear_requests", "release_partitions", "is_alive",
+           "LOCK_TIMEOUT", "KEEPER_GRACE"]
 
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT = 30.0
 """Seconds a task waits for another instance of its partition to give it back."""
+KEEPER_GRACE = 0.5
+"""Seconds a slot leaves a partition kept open by another live worker to that worker's own slot of
+the batch (they start together) before claiming it itself and asking for it back."""
 _POLL = 0.002
 _WATCH = 0.005
 
@@ -302,30 +312,58 @@ def kept_partition(job: JobConfig, run_id: str) -> int | None:
     return None
 
 
-def claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None) -> int:
+def claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None,
+          keepers: Mapping[int, int] | None = None, grace: float = KEEPER_GRACE) -> int | None:
     """:func:`_claim`, with a file-system failure (read-only or full state directory) as a typed
     CheckpointIOError naming the claims directory."""
     try:
-        return _claim(directory, partitions, slot, prefer)
+        return _claim(directory, partitions, slot, prefer, keepers or {}, grace)
     except OSError as exc:
         raise os_error(exc, "claim a partition in", directory, CheckpointIOError, slot=slot) from exc
 
 
-def _claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None) -> int:
+def _claim(directory: Path, partitions: Sequence[int], slot: int, prefer: int | None,
+           keepers: Mapping[int, int], grace: float) -> int | None:
     """Claim one of ``partitions`` for Spark task ``slot`` of a batch (``directory`` is the batch's,
     shared by its tasks): the one this slot claimed before (a retried attempt continues with it),
-    else ``prefer`` (the partition this worker keeps open) if free, else the first free one. A batch
-    has as many slots as partitions and each slot holds at most one claim, so a free partition is
-    always left."""
+    else ``prefer`` (the partition this worker keeps open) if free, else the first free one that no
+    other live worker keeps (``keepers``: partition -> pid of the worker the driver last saw run it);
+    a partition kept by another live worker is left to that worker's slot for ``grace`` seconds,
+    then claimed like any other. Returns None when every partition is claimed: a spare slot (the
+    driver runs more slots than partitions when the run has more live workers than the batch has
+    partitions; otherwise, with one slot per partition, a free one is always left)."""
     for partition in claimed_by(directory, slot):
         if partition in partitions:
             return partition
-    order = ([prefer] if prefer in partitions else []) + [p for p in partitions if p != prefer]
-    for partition in order:
-        if try_claim(directory, partition, slot):
-            return partition
-    raise FencedError(f"Spark task {slot} found every partition of its batch claimed ({list(partitions)})",
-                      path=str(directory), hint="a batch's tasks and partitions no longer match: run the job again")
+    if prefer in partitions and try_claim(directory, prefer, slot):
+        return prefer
+    me = os.getpid()
+    deadline = time.monotonic() + grace
+    while True:
+        expired = time.monotonic() >= deadline
+        waiting = False
+        for partition in partitions:
+            keeper = keepers.get(partition)
+            if keeper is not None and keeper != me and not expired and is_alive(keeper):
+                waiting = waiting or not (directory / str(int(partition))).exists()
+                continue
+            if try_claim(directory, partition, slot):
+                return partition
+        if not waiting:
+            return None
+        time.sleep(_POLL)
+
+
+def is_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (a worker of a local master). A process of another
+    user counts as alive; a reused pid too, which only makes a slot wait its grace period."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def try_claim(directory: Path, partition: int, slot: int) -> bool:

@@ -3,18 +3,24 @@ when the driver committed exactly their last batch, given back on request, all c
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
 from collections import Counter
 
 import pytest
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
+from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system
 from localstate.core.spark import instances
 from localstate.core.spark.runner import SparkJobRunner, run_partition
 from localstate.core.streams import StreamSink, open_output
 
-from counting_job import final_counts  # tests/ is on sys.path (tests/conftest.py)
+from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)
+from keyed_events import write_keyed_events
 
 from .test_spark_runtime import _bad_input_job
 
@@ -109,3 +115,60 @@ def test_a_run_leaves_no_instance_open(tmp_path, spark_context):
         instance.open()
         instance.close(commit=False)
     changelogs.close()
+
+
+def _skewed_job(tmp_path, per_partition: tuple[int, int]):
+    """A 2-partition counting job whose partitions get ``per_partition`` events."""
+    keys = [f"k{i}" for i in range(2000)]
+    mine = [[k for k in keys if partition_for(k, 2) == p][:n] for p, n in enumerate(per_partition)]
+    write_keyed_events(tmp_path / "data", [k for part in mine for k in part])
+    return load_job_config(write_counting_job(tmp_path, "skewed"))
+
+
+def test_a_partition_stays_with_its_worker_when_a_batch_has_fewer_partitions_than_workers(tmp_path, spark_context):
+    """Spark hands a task to the worker idle the longest; with one slot per planned partition, the
+    single-partition batches of this job (partition 1's input ends after the first batch) went to the
+    two workers in turn and reopened partition 0 every batch. The driver now adds a spare slot per
+    idle worker, so the keeper gets one and claims its partition."""
+    job = _skewed_job(tmp_path, (120, 10))
+    summary = SparkJobRunner(job, context=spark_context, batch_size=10, progress=None).run()
+    single = [b for b in summary.batches if b.tasks == 1]
+    assert len(single) == 11 and summary.batches[0].tasks == 2
+    # Every single-partition batch finds partition 0 open in its worker (a loaded machine may let a
+    # keeper's slot start later than its grace period: then that batch reopens, nothing else).
+    assert sum(b.reused for b in single) >= 8, [b.reused for b in single]
+    assert final_counts(job) == {k: 1 for k in final_counts(job)} and len(final_counts(job)) == 130
+
+
+def test_spare_slot_claims_nothing_when_every_partition_is_claimed(tmp_path):
+    claims = tmp_path / "checkpoints" / "claims" / "run" / "0"
+    (tmp_path / "checkpoints").mkdir()
+    assert instances.claim(claims, [3], 0, None) == 3
+    assert instances.claim(claims, [3], 1, None) is None           # a spare slot: nothing to run
+    assert instances.claim(claims, [3], 0, None) == 3              # a retried attempt continues
+
+
+def test_slot_leaves_a_partition_to_its_live_keeper_then_takes_it_over(tmp_path):
+    claims = tmp_path / "checkpoints" / "claims" / "run" / "0"
+    (tmp_path / "checkpoints").mkdir()
+    keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # The keeper's slot claims its partition while the other slot waits: the other runs nothing.
+        threading.Timer(0.05, instances.claim, (claims, [0, 1], 1, 1)).start()
+        assert instances.claim(claims, [1], 0, None, keepers={1: keeper.pid}, grace=5.0) is None
+        assert instances.claimed_by(claims, 1) == [1]
+        # A partition nobody keeps is claimed at once, before one a live worker keeps.
+        started = time.monotonic()
+        assert instances.claim(claims, [2, 0], 2, None, keepers={2: keeper.pid}, grace=5.0) == 0
+        assert time.monotonic() - started < 2.5
+        # Partition 2's keeper never claims it: taken over once the grace period ends.
+        started = time.monotonic()
+        assert instances.claim(claims, [2], 3, None, keepers={2: keeper.pid}, grace=0.2) == 2
+        assert time.monotonic() - started >= 0.2
+    finally:
+        keeper.kill()
+        keeper.wait()
+    # A keeper that is gone is not waited for.
+    started = time.monotonic()
+    assert instances.claim(claims, [5], 4, None, keepers={5: keeper.pid}, grace=30.0) == 5
+    assert time.monotonic() - started < 5.0
