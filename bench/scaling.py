@@ -2,7 +2,7 @@
 with 1 partition and with 2, measured in the same run, and where the time goes in each.
 
     python -m bench scaling [--json] [--events N] [--users K] [--repeat R] [--warmup-events W] [--backend B]
-                            [--fixed-only] [--affinity-only] [--unix-socket]
+                            [--fixed-only] [--affinity-only] [--tcp]
 
 Workload and timing are ``python -m bench spark``'s (same events, same job file, ten micro-batches,
 SparkContext start and a warm-up of W events, default a fifth of N, untimed); each partition count gets its own pre-partitioned copy of
@@ -20,12 +20,19 @@ Rows ``time[Np]: <phase>``: the timed run's wall clock split into driver phases,
 the task phases on each batch's critical path (``RunSummary.breakdown``), for the best round of each
 partition count. ``cpu_busy_pct``: CPU seconds of this machine (all processes: /proc/stat) over the
 run's wall clock and the cores; 2 partitions cannot reach 2x when other processes hold a core.
-``jvm_cpu_s``: what the JVM (driver and executor: it only schedules) took of them during the run.
+``jvm_cpu_s``: what the JVM (driver and executor: it only schedules) took of them during the run;
+``workers_cpu_s``: what the Python workers (the tasks' work) took. On this VM the same work costs
+the workers 1.2-1.35x more CPU with two running at once than with one (``cpu_inflation`` in the
+``round N`` rows: two vCPUs sharing the host's caches and cores), so 2 partitions cannot reach 2x
+here even with no overhead at all: ``cpu_limit_ratio`` = 2 x the 1p wall / the 2p workers' CPU is
+the 2p/1p the two cores allowed in that round, and the ratio "over what the workers' CPU allowed"
+(= the 2p workers' CPU / 2 x the 2p wall: how busy they kept both cores) is what localstate's
+overhead decides.
 
 Rows ``fixed cost [...]``: what a micro-batch costs besides its tasks, the thing that keeps 2
 partitions from 2x. On one warm SparkContext per transport (the executor <-> Python worker channel
-over TCP loopback, Spark's default and localstate's, and over a Unix domain socket, measured and
-not made the default: with it the two tasks of a local[2] batch ran one after the other; alternated, best of ``--repeat``): the floor of one Spark job (an empty task per partition,
+over TCP loopback, Spark's default, and over a Unix domain socket, localstate's default on local
+masters since issue 19's eighth round; alternated, best of ``--repeat``): the floor of one Spark job (an empty task per partition,
 reused Python workers) and localstate's per-batch overhead (a run of tiny batches: each batch's wall
 time minus its busiest task), in ms per batch. Then what localstate itself adds per batch, item by
 item, as it was (``before``) and as it is (``after``): the closure pickled per batch, the status
@@ -376,12 +383,12 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
         data[partitions] = root / f"data-{partitions}"
         data[partitions].mkdir()
         expected = _write_events(data[partitions], args.events, args.users, args.seed, partitions)
-    best: dict[int, tuple[float, Any, float, float]] = {}
+    best: dict[int, tuple[float, Any, float, float, float]] = {}
     references: list[tuple[float, float]] = []
-    rounds: list[tuple[float, float]] = []
+    rounds: list[tuple[float, float, float, float]] = []
     for round_ in range(args.repeat):
         references.append(_machine_reference(data[1] / "0.jsonl"))
-        round_seconds = []
+        round_seconds, round_cpu = [], []
         for partitions in (1, 2):
             busy0, total0 = _cpu_ticks()
             measured: dict[str, float] = {}
@@ -389,34 +396,43 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
                                                args.backend, args.events, expected, args.users,
                                                warmup=args.warmup_events if args.warmup_events is not None
                                                else args.events // 5,
-                                               conf={_UDS: "true"} if args.unix_socket else None,
+                                               conf={_UDS: "false"} if args.tcp else None,
                                                quick_jit=True,  # as `localstate run` starts its JVM
                                                measured=measured)
             busy1, total1 = _cpu_ticks()
             busy_pct = 100.0 * (busy1 - busy0) / max(1, total1 - total0)
             correct = correct and ok
             round_seconds.append(seconds)
+            round_cpu.append(measured["workers_cpu_s"])
             if partitions not in best or seconds < best[partitions][0]:
-                best[partitions] = (seconds, summary, busy_pct, measured["jvm_cpu_s"])
-        rounds.append((round_seconds[0], round_seconds[1]))
+                best[partitions] = (seconds, summary, busy_pct, measured["jvm_cpu_s"], measured["workers_cpu_s"])
+        rounds.append((round_seconds[0], round_seconds[1], round_cpu[0], round_cpu[1]))
     for partitions in (1, 2):
-        seconds, summary, busy_pct, jvm_cpu = best[partitions]
+        seconds, summary, busy_pct, jvm_cpu, workers_cpu = best[partitions]
         phases = summary.breakdown()
         tasks = sum(phases[key] for key in TASK_PHASES)
         report.add(f"localstate run, {partitions} partition(s)", events_per_s=args.events / seconds,
-                   seconds=seconds, cpu_busy_pct=busy_pct, jvm_cpu_s=jvm_cpu, correct=correct,
-                   fixed_ms_per_batch=1e3 * (seconds - tasks) / max(1, len(summary.batches)))
+                   seconds=seconds, cpu_busy_pct=busy_pct, jvm_cpu_s=jvm_cpu, workers_cpu_s=workers_cpu,
+                   correct=correct, fixed_ms_per_batch=1e3 * (seconds - tasks) / max(1, len(summary.batches)))
     report.ratio("2 partitions / 1 partition (events/s)", best[1][0] / best[2][0], ">= 1.8")
     # The machine's reference, taken as the job's figures are: its best round.
-    for round_, ((alone, together), (one, two)) in enumerate(zip(references, rounds)):
+    for round_, ((alone, together), (one, two, cpu_one, cpu_two)) in enumerate(zip(references, rounds)):
         report.add(f"round {round_ + 1}: localstate 2p / 1p, machine reference", job_ratio=one / two,
                    machine_ratio=2 * alone / together, job_1p_s=one, job_2p_s=two,
-                   one_process_s=alone, two_processes_s=together)
+                   one_process_s=alone, two_processes_s=together, workers_cpu_1p_s=cpu_one,
+                   workers_cpu_2p_s=cpu_two, cpu_inflation=cpu_two / cpu_one, cpu_limit_ratio=2 * one / cpu_two)
     reference = max(2 * alone / together for alone, together in references)
     report.ratio("machine reference: 2 processes / 1 process, same pure-Python work (best round)", reference)
     report.ratio("2 partitions / 1 partition, over the machine reference", (best[1][0] / best[2][0]) / reference)
+    # The same work cost the workers more CPU with two of them running at once (this VM's two vCPUs
+    # share the host's caches and cores); 2 x the 1p wall / the 2p workers' CPU is the 2p/1p the two
+    # cores allowed that round, had the workers kept both busy for the whole run.
+    report.ratio("workers' CPU for the same work, 2 partitions / 1 partition (median round)",
+                 statistics.median(cpu_two / cpu_one for _, _, cpu_one, cpu_two in rounds))
+    report.ratio("2 partitions / 1 partition over what the workers' CPU allowed (median round)",
+                 statistics.median((one / two) / (2 * one / cpu_two) for one, two, _, cpu_two in rounds))
     for partitions in (1, 2):
-        seconds, summary, _, _ = best[partitions]
+        seconds, summary, _, _, _ = best[partitions]
         phases = summary.breakdown()
         for key, label in _PHASES.items():
             report.add(f"time[{partitions}p]: {label}", phase_s=phases[key],
@@ -440,12 +456,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fixed-only", action="store_true", help="only the fixed per-batch cost rows")
     parser.add_argument("--affinity-only", action="store_true",
                         help="only the rows of a 1-partition job on a context with two workers")
-    parser.add_argument("--unix-socket", action="store_true",
-                        help="run the 1/2-partition runs over Unix domain sockets (not the default)")
+    parser.add_argument("--tcp", action="store_true",
+                        help="run the 1/2-partition runs over TCP loopback (Spark's default, not localstate's)")
     args = parser.parse_args(argv)
     report = Report("scaling", {"events": args.events, "users": args.users, "master": "local[2]",
                                 "backend": args.backend, "repeat": args.repeat,
-                                "worker_channel": "Unix socket" if args.unix_socket else "TCP"})
+                                "worker_channel": "TCP" if args.tcp else "Unix socket"})
     load = os.getloadavg()
     correct = True
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:

@@ -192,6 +192,25 @@ def _process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _descendants_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds so far of every live descendant of process ``pid`` (the JVM's: the
+    PySpark daemon and its Python workers), by pid (/proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    cpu = {child: _process_cpu_seconds(child) for child in found}
+    return {child: seconds for child, seconds in cpu.items() if seconds == seconds}  # NaN: gone meanwhile
+
+
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
                 users: int, *, warmup: int, conf: dict[str, str] | None = None,
                 quick_jit: bool = False, measured: dict[str, float] | None = None) -> tuple[float, RunSummary, bool]:
@@ -199,7 +218,9 @@ def _localstate(root: Path, data: Path, partitions: int, backend: str, events: i
     peer's): seconds, summary, and whether every count read back equals ``expected``. ``quick_jit``:
     the JVM options ``localstate run`` starts its own JVM with (see ``spark_context``: they apply
     only if this run starts the bench's JVM). ``measured`` gets ``jvm_cpu_s``: the CPU seconds of
-    the (driver and executor) JVM during the timed run, taken from the Python workers' cores."""
+    the (driver and executor) JVM during the timed run, taken from the Python workers' cores; and
+    ``workers_cpu_s``: the CPU seconds of the Python workers (the JVM's descendants) during it, i.e.
+    what the tasks' work cost on this machine."""
     root.mkdir()
     job = load_job_config(_job(root, data, partitions, backend))
     context = spark_context("local[2]", "bench-localstate", conf, quick_jit=quick_jit)
@@ -215,12 +236,14 @@ def _localstate(root: Path, data: Path, partitions: int, backend: str, events: i
         owners = [partition_for(f"user-{u:08d}", partitions) for u in range(users)]
         batch_size = -(-int(np.bincount(owners, weights=expected, minlength=partitions).max()) // 10)
         jvm = int(context._jvm.java.lang.ProcessHandle.current().pid())
-        jvm_cpu = _process_cpu_seconds(jvm)
+        jvm_cpu, workers_cpu = _process_cpu_seconds(jvm), _descendants_cpu_seconds(jvm)
         started = time.perf_counter()
         summary = SparkJobRunner(job, context=context, batch_size=batch_size, progress=None).run()
         seconds = time.perf_counter() - started
         if measured is not None:
             measured["jvm_cpu_s"] = _process_cpu_seconds(jvm) - jvm_cpu
+            measured["workers_cpu_s"] = sum(seconds_ - workers_cpu.get(child, 0.0)
+                                            for child, seconds_ in _descendants_cpu_seconds(jvm).items())
     finally:
         context.stop()
     correct = bool(np.array_equal(_read_counts(job, users), expected)) and summary.records_in == events

@@ -13,12 +13,15 @@ __all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master",
            "QUICK_JIT_OPTIONS"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
-    # None at present. Measured and not kept: "spark.python.unix.domain.socket.enabled" (Spark >=
-    # 4.1). Over TCP loopback the executor's hand-off of each task to its Python worker meets
-    # Nagle's algorithm and the worker's delayed ACK (~40 ms per task); a Unix domain socket halves
-    # a micro-batch's fixed cost (`python -m bench scaling`, rows "fixed cost"). But on local[2] the
-    # two tasks of a batch then ran one after the other: 2 partitions gave 1.11x one partition,
-    # against 1.81x over TCP on the same quiet machine. A job may still set it in `[spark] conf`.
+    # The executor hands each task to its Python worker over a Unix domain socket (Spark >= 4.1;
+    # older Sparks ignore the key) instead of TCP loopback, where the executor's few small writes
+    # met Nagle's algorithm and the worker's delayed ACK (~40 ms per task; Spark 4.3's PythonRunner
+    # sets no TCP_NODELAY). A micro-batch's fixed cost falls 2.1-2.3x (`python -m bench scaling`,
+    # rows "fixed cost": ~80 -> ~30-38 ms per batch); 1M-event runs, 2 partitions / 1 partition, per
+    # round: median 1.74 over 9 rounds against 1.48 over 11 over TCP. (An earlier session saw the two
+    # tasks of a local[2] batch run one after the other with it; no run since has: the 2-partition
+    # runs' read phase is half the 1-partition one's.) A job may set it back in `[spark] conf`.
+    "spark.python.unix.domain.socket.enabled": "true",
 }
 """Spark settings a local-master context gets unless the job's ``[spark] conf`` sets them."""
 

@@ -134,19 +134,41 @@ def test_concurrent_checkpoint_saves_stay_fenced(tmp_path):
 
 
 def test_local_defaults_apply_to_local_masters_only_and_the_jobs_conf_wins(spark_context, monkeypatch):
-    """No Unix domain sockets by default (measured: the two tasks of a local[2] batch ran one after
-    the other with them); a job's [spark] conf may turn them on, and a default the JVM was started
-    with (spark-submit --conf) is kept; cluster masters are left alone."""
+    """Unix domain sockets between the executor and its Python workers by default on local masters
+    (a micro-batch's fixed cost falls ~2x); a job's [spark] conf may turn them off, a default the JVM
+    was started with (spark-submit --conf) is kept; cluster masters are left alone."""
     from pyspark import SparkContext
 
-    assert LOCAL_DEFAULTS == {}
-    assert spark_context.getConf().get(UDS) is None  # the tests' own context: Spark's TCP channel
+    assert LOCAL_DEFAULTS == {UDS: "true"}
+    assert spark_context.getConf().get(UDS) == "true"  # the tests' own context runs on them too
     monkeypatch.setattr(SparkContext, "_jvm", None)  # SparkConf without the running JVM's defaults
-    assert spark_conf("local[2]").get(UDS) is None
-    assert spark_conf("local[2]", conf={UDS: "true"}).get(UDS) == "true"
-    assert spark_conf("spark://10.0.0.1:7077", conf={"spark.task.maxFailures": "2"}).get(UDS) is None
-    monkeypatch.setattr("pyspark.SparkConf.__init__", _conf_with_default(UDS, "true"))
     assert spark_conf("local[2]").get(UDS) == "true"
+    assert spark_conf("local[2]", conf={UDS: "false"}).get(UDS) == "false"
+    assert spark_conf("spark://10.0.0.1:7077", conf={"spark.task.maxFailures": "2"}).get(UDS) is None
+    monkeypatch.setattr("pyspark.SparkConf.__init__", _conf_with_default(UDS, "false"))
+    assert spark_conf("local[2]").get(UDS) == "false"
+
+
+def test_two_partitions_run_at_once_over_the_default_worker_channel(tmp_path, spark_context):
+    """The two tasks of a local[2] batch overlap in time (an earlier session saw them run one after
+    the other over Unix domain sockets): each task reports when it ran, and the intervals intersect."""
+    import time as clock
+
+    def busy(seconds: float):
+        def task(_: int, items) -> list[tuple[float, float]]:
+            for _ in items:
+                pass
+            started = clock.time()
+            while clock.time() - started < seconds:  # CPU work, as a batch's tasks do
+                pass
+            return [(started, clock.time())]
+        return task
+
+    for _ in range(3):
+        spark_context.parallelize([], 2).mapPartitionsWithIndex(busy(0.0)).collect()  # reused workers
+    (first_start, first_end), (second_start, second_end) = sorted(
+        spark_context.parallelize([], 2).mapPartitionsWithIndex(busy(0.5)).collect())
+    assert second_start < first_end, (first_start, first_end, second_start, second_end)
 
 
 def test_quick_jit_goes_to_local_driver_jvms_of_localstate_run_only(monkeypatch, tmp_path):
