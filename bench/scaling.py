@@ -21,10 +21,10 @@ the task phases on each batch's critical path (``RunSummary.breakdown``), for th
 partition count. ``cpu_busy_pct``: CPU seconds of this machine (all processes: /proc/stat) over the
 run's wall clock and the cores; 2 partitions cannot reach 2x when other processes hold a core.
 ``jvm_cpu_s``: what the JVM (driver and executor: it only schedules) took of them during the run;
-``workers_cpu_s``: what the Python workers (the tasks' work) took. On this VM the same work costs
-the workers 1.2-1.35x more CPU with two running at once than with one (``cpu_inflation`` in the
-``round N`` rows: two vCPUs sharing the host's caches and cores), so 2 partitions cannot reach 2x
-here even with no overhead at all: ``cpu_limit_ratio`` = 2 x the 1p wall / the 2p workers' CPU is
+``workers_cpu_s``: what the Python workers (the tasks' work) took. On this VM the same work cost
+the workers 0.75-1.53x the CPU with two running at once as with one in the same round
+(``cpu_inflation`` in the ``round N`` rows, 2026-11-25; below 1 when the one-partition run was the one
+slowed), so a round's 2p/1p is bounded by the machine before any overhead: ``cpu_limit_ratio`` = 2 x the 1p wall / the 2p workers' CPU is
 the 2p/1p the two cores allowed in that round, and the ratio "over what the workers' CPU allowed"
 (= the 2p workers' CPU / 2 x the 2p wall: how busy they kept both cores) is what localstate's
 overhead decides.

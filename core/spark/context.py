@@ -16,11 +16,13 @@ LOCAL_DEFAULTS: Mapping[str, str] = {
     # The executor hands each task to its Python worker over a Unix domain socket (Spark >= 4.1;
     # older Sparks ignore the key) instead of TCP loopback, where the executor's few small writes
     # met Nagle's algorithm and the worker's delayed ACK (~40 ms per task; Spark 4.3's PythonRunner
-    # sets no TCP_NODELAY). A micro-batch's fixed cost falls 2.1-2.3x (`python -m bench scaling`,
-    # rows "fixed cost": ~80 -> ~30-38 ms per batch); 1M-event runs, 2 partitions / 1 partition, per
-    # round: median 1.74 over 9 rounds against 1.48 over 11 over TCP. (An earlier session saw the two
-    # tasks of a local[2] batch run one after the other with it; no run since has: the 2-partition
-    # runs' read phase is half the 1-partition one's.) A job may set it back in `[spark] conf`.
+    # sets no TCP_NODELAY). A micro-batch's fixed cost falls 1.9-2.9x (`python -m bench scaling`,
+    # rows "fixed cost", six runs: ~75-80 -> ~29-38 ms per batch). In 1M-event runs (ten batches of
+    # ~0.5 s) the gain is within this VM's noise: 2 partitions / 1 partition per round, median 1.71
+    # over 15 rounds against 1.57 over 17 over TCP. An earlier session saw the two tasks of a
+    # local[2] batch run one after the other with it; no run since has (the 2-partition runs' read
+    # phase is half the 1-partition one's; tests/spark/test_batch_overhead.py checks that two tasks
+    # overlap). A job may set it to "false" in `[spark] conf`.
     "spark.python.unix.domain.socket.enabled": "true",
 }
 """Spark settings a local-master context gets unless the job's ``[spark] conf`` sets them."""
