@@ -424,9 +424,9 @@ def _runs_case(report: Report, root: Path, args: argparse.Namespace) -> bool:
     reference = max(2 * alone / together for alone, together in references)
     report.ratio("machine reference: 2 processes / 1 process, same pure-Python work (best round)", reference)
     report.ratio("2 partitions / 1 partition, over the machine reference", (best[1][0] / best[2][0]) / reference)
-    # The same work cost the workers more CPU with two of them running at once (this VM's two vCPUs
-    # share the host's caches and cores); 2 x the 1p wall / the 2p workers' CPU is the 2p/1p the two
-    # cores allowed that round, had the workers kept both busy for the whole run.
+    # The same work can cost the workers more CPU with two of them running at once (on this VM up to
+    # 1.5x in one round); 2 x the 1p wall / the 2p workers' CPU is the 2p/1p the two cores allowed
+    # that round, had the workers kept both busy for the whole run.
     report.ratio("workers' CPU for the same work, 2 partitions / 1 partition (median round)",
                  statistics.median(cpu_two / cpu_one for _, _, cpu_one, cpu_two in rounds))
     report.ratio("2 partitions / 1 partition over what the workers' CPU allowed (median round)",

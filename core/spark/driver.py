@@ -255,7 +255,7 @@ class SparkJobRunner:
         if self.cluster:
             self._placement().record(group, plans)
         saved = time.perf_counter()
-        self._keepers.update((r["partition"], r["pid"]) for r in results)
+        self._record_keepers(results)
         out = BatchResult(batch, seconds=saved - started, tasks=len(results), failed_attempts=failed_attempts)
         for r in results:
             out.records_in += r["in"]
@@ -275,6 +275,18 @@ class SparkJobRunner:
         out.driver_seconds = {"spark": max(0.0, collected - started - out.busiest_task),
                               "checkpoint": saved - collected}
         return out
+
+    def _record_keepers(self, results: list[dict[str, Any]]) -> None:
+        """Which worker keeps which partition open after a committed batch: a worker keeps the last
+        partition it ran (at most one instance per worker), so entries of workers that ran something
+        in this batch are replaced by their latest partition. A stale entry would only make a slot
+        wait :data:`~.instances.KEEPER_GRACE` for a worker that no longer comes."""
+        latest: dict[int, tuple[float, int]] = {}
+        for r in results:
+            if "pid" in r:
+                latest[r["pid"]] = max(latest.get(r["pid"], (float("-inf"), -1)), (r["finished"], r["partition"]))
+        self._keepers = {p: pid for p, pid in self._keepers.items() if pid not in latest}
+        self._keepers.update((partition, pid) for pid, (_, partition) in latest.items())
 
     def _slot_count(self, planned: int) -> int:
         """Slots for a batch of ``planned`` partitions: one per partition, or, if the run has more

@@ -167,6 +167,9 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "replayed": sum(r.replayed for r in lease.recoveries), "trimmed": sum(r.trimmed for r in lease.recoveries),
         "reused": lease.reused, "pid": os.getpid(), "timings": timings,
         "warm": lease.reused or is_warm(lease.recoveries), "attempt": task_attempt(),
+        # When it ended (a host-wide clock): of two partitions one worker ran in a batch, it keeps
+        # the later one open.
+        "finished": time.monotonic(),
     }
 
 

@@ -172,3 +172,16 @@ def test_slot_leaves_a_partition_to_its_live_keeper_then_takes_it_over(tmp_path)
     started = time.monotonic()
     assert instances.claim(claims, [5], 4, None, keepers={5: keeper.pid}, grace=30.0) == 5
     assert time.monotonic() - started < 5.0
+
+
+def test_driver_records_the_last_partition_each_worker_ran_as_the_one_it_keeps(tmp_path):
+    """A worker keeps only the last partition it ran: with more partitions than cores one worker runs
+    two in a batch, and an entry naming the first would make a slot wait for a keeper that no longer
+    keeps it."""
+    job = load_job_config(_bad_input_job(tmp_path, "skip"))
+    runner = SparkJobRunner(job, context=object(), batch_size=10, progress=None)  # no Spark needed
+    runner._keepers = {2: 11, 3: 12}
+    runner._record_keepers([{"partition": 0, "pid": 10, "finished": 1.0},
+                            {"partition": 1, "pid": 11, "finished": 1.5},
+                            {"partition": 2, "pid": 10, "finished": 2.0}])
+    assert runner._keepers == {1: 11, 2: 10, 3: 12}
