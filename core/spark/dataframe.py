@@ -64,7 +64,6 @@ from localstate.core.partitioner import partition_for
 from localstate.core.runtime import TaskInstance, checkpoint_store, job_directory, open_changelog_system
 from localstate.core.spark.failures import executor_failure, spark_failure
 from localstate.core.spark.exchange import RowExchange
-from localstate.core.spark.executor import settle_worker
 from localstate.core.spark.instances import checkin, checkout, kept_partition, release_partitions
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
@@ -586,7 +585,6 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
         result["query_batch"] = _query_batch(batch)
         job = spec.job
         add_task_paths(job)
-        settle_worker(job)  # before any instance is opened in this worker (see executor.settle_worker)
         committed = checkpoint_store(job).load(partition)
         if committed is not None and committed.batch is not None and committed.batch >= batch:
             return result  # applied before: the driver serves the outputs it stored

@@ -8,7 +8,6 @@ checkpoint, counts and :data:`~.plan.TASK_PHASES` timings to the driver, which s
 
 from __future__ import annotations
 
-import gc
 import heapq
 import os
 import time
@@ -22,13 +21,14 @@ from localstate.core.config import JobConfig
 from localstate.core.faults import CrashAt, armed
 from localstate.core.spark.failures import executor_failure
 from localstate.core.spark.cluster import is_warm
-from localstate.core.spark.instances import BatchInstance, checkin, checkout, claim, kept_partition, open_planned
+from localstate.core.spark.instances import (BatchInstance, checkin, checkout, claim, kept_partition, open_planned,
+                                               task_context)
 from localstate.core.spark.plan import PartitionPlan
 from localstate.core.streams import open_input
 from localstate.core.streams.base import InputRecord, InputStream
-from localstate.core.task import add_task_paths, load_task_class
+from localstate.core.task import add_task_paths
 
-__all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt", "settle_worker"]
+__all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt"]
 
 
 def _sort_key(ts: float | None, index: int, offset: int) -> tuple[float, int, int]:
@@ -87,48 +87,8 @@ def task_attempt() -> int:
     return context.attemptNumber() if context is not None else 0
 
 
-_worker_settled = False
-"""whether this Python worker has frozen its imports (:func:`settle_worker`)"""
-
-
-def settle_worker(job: JobConfig) -> bool:
-    """Once per Spark Python worker, before its first localstate task opens anything: import what
-    the job's instances need (task class, engine factories, changelog system), collect, and move
-    every object alive to the collector's permanent generation (``gc.freeze``). Returns whether this
-    call froze.
-
-    PySpark's worker loop runs a full ``gc.collect()`` after every task, before it reads the next
-    one, so it sat on each micro-batch's critical path: scanning the 40k+ objects of pyspark's and
-    localstate's modules took ~25 ms per batch (an empty 2-task job on local[2], alternated: 97-108
-    ms against 74-83 ms frozen; ``python -m bench scaling``'s tiny localstate batches: 94-95 against
-    71-89 ms with 1 partition, 116-119 against 75-88 ms with 2). Frozen objects are still freed by
-    reference counting; only the objects alive now stop being scanned for cycles. Both entry points
-    (this module's tasks and the DataFrame path's) call it before they open an instance, so no
-    instance exists yet and state opened later stays collectable. Outside a Spark task (the driver,
-    tests calling the executor) nothing happens."""
-    global _worker_settled
-    if _worker_settled or task_context() is None:
-        return False
-    _worker_settled = True
-    load_task_class(job.task)
-    for store in job.stores.values():
-        job.registry.engine_factory(store.engine)
-    job.registry.changelog_system(job.changelog_system)
-    gc.collect()
-    gc.freeze()
-    return True
-
-
-def task_context() -> Any:
-    """The running Spark task's TaskContext, or None outside a Spark task."""
-    from pyspark import TaskContext
-
-    return TaskContext.get()
-
-
 def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     add_task_paths(job)
-    settle_worker(job)
     started = time.perf_counter()
     partition = plan.partition
     lease = open_planned(job, plan) if plan.cluster else checkout(job, partition, plan.run_id)

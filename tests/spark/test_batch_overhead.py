@@ -14,8 +14,8 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.runtime import checkpoint_store
 from localstate.core.spark import driver
-from localstate.core.spark.executor import settle_worker
 from localstate.core.spark.context import LOCAL_DEFAULTS, QUICK_JIT_OPTIONS, spark_conf
+from localstate.core.spark.instances import settle_worker
 from localstate.core.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
 from localstate.errors import FencedError
@@ -230,6 +230,33 @@ def test_a_worker_freezes_its_imports_once_and_still_collects_what_comes_later(s
 
     before = gc.get_freeze_count()
     assert settle_worker(job) is False and gc.get_freeze_count() == before
+
+
+def test_opening_an_instance_in_a_worker_settles_it_first(spark_context, tmp_path):
+    """checkout (where every instance of a Spark task is opened, on both paths) settles the worker
+    before it opens anything: a worker not settled yet has frozen once the instance is open."""
+    job = load_job_config(_counting_job(tmp_path, "settle-on-open"))
+
+    def probe(slot: int, items) -> list:  # noqa: ANN001
+        import gc
+
+        from localstate.core.spark import instances
+        from localstate.core.task import add_task_paths
+
+        list(items)
+        add_task_paths(job)
+        gc.unfreeze()
+        instances._worker_settled = False  # as in a worker that never ran a localstate task
+        lease = instances.checkout(job, slot, "settle-on-open")
+        try:
+            return [(instances._worker_settled, gc.get_freeze_count())]
+        finally:
+            lease.close()
+
+    results = spark_context.parallelize([], 2).mapPartitionsWithIndex(probe).collect()
+    assert len(results) == 2
+    for settled, frozen in results:
+        assert settled and frozen > 1000
 
 
 def _conf_with_default(key: str, value: str):
