@@ -1,7 +1,7 @@
 """A real two-worker cluster: ``python -m bench cluster [--json] [--events N] [--batch-size B]``.
 
 A Spark standalone master and two 1-core workers on loopback (each with its own local directory,
-standing in for two hosts; :mod:`localstate.core.spark.devcluster`) run the counting job (generator
+standing in for two hosts; :mod:`localstate.runtime.spark.devcluster`) run the counting job (generator
 input, kv RocksDB, file outputs) in micro-batches, in cluster mode (stores on each executor's local
 disk, plans carrying the checkpoints, tasks placed on the executor holding their warm state):
 
@@ -75,7 +75,7 @@ pythonpath = ["{HERE}"]
 
 
 def _wait_for_executors(context: Any, count: int, timeout: float = 120.0) -> None:
-    from localstate.core.spark.cluster import Placement
+    from localstate.runtime.spark.cluster import Placement
 
     placement = Placement(context)
     deadline = time.monotonic() + timeout
@@ -87,7 +87,7 @@ def _wait_for_executors(context: Any, count: int, timeout: float = 120.0) -> Non
 
 def _run(job_file: Path, context: Any, batch_size: int) -> dict[str, Any]:
     from localstate.core.config import load_job_config
-    from localstate.core.spark.runner import SparkJobRunner
+    from localstate.runtime.spark.runner import SparkJobRunner
 
     job = load_job_config(job_file)
     summary = SparkJobRunner(job, context=context, batch_size=batch_size, progress=None).run()
@@ -110,8 +110,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from localstate.changelog.objectstore.devserver import SeaweedS3, weed_binary
-    from localstate.core.spark.context import spark_context
-    from localstate.core.spark.devcluster import StandaloneCluster
+    from localstate.runtime.spark.context import spark_context
+    from localstate.runtime.spark.devcluster import StandaloneCluster
 
     work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     cluster = server = context = None

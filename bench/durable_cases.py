@@ -69,7 +69,8 @@ def counting(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     """The shared counting workload through the runtime (``TaskInstance.feed`` with autocommit: a
     commit every ``commit_every`` events is ``TaskInstance.commit``, checkpoint included, as a job
     run in-process does), then ``close()`` (the last commit). Same code for every changelog."""
-    from localstate.core.runtime import TaskInstance, open_changelog_system
+    from localstate.core.layout import open_changelog_system
+    from localstate.runtime.instance import TaskInstance
     from localstate.core.streams.base import InputRecord
     ks = _workload().keys(p["events"], p["keys"])
     job = counting_job(tmp, p)

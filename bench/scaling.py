@@ -69,7 +69,7 @@ from typing import Any, Callable
 
 from bench.report import Report
 from bench.spark import _PHASES, _job, _localstate, _read_counts, _write_events
-from localstate.core.spark.plan import TASK_PHASES
+from localstate.runtime.spark.plan import TASK_PHASES
 
 __all__ = ["main"]
 
@@ -182,7 +182,7 @@ def _tiny_batches(context: Any, root: Path, partitions: int, batches: int) -> fl
     """localstate's per-batch overhead in ms: median over a run of tiny batches of (batch wall time
     minus its busiest task): planning, the Spark job around the tasks, the checkpoint saves."""
     from localstate.core.config import load_job_config
-    from localstate.core.spark.runner import SparkJobRunner
+    from localstate.runtime.spark.runner import SparkJobRunner
 
     root.mkdir(parents=True)
     (root / "data").mkdir()
@@ -211,9 +211,9 @@ def _items_case(report: Report, context: Any, root: Path) -> None:
     from pyspark.serializers import CloudPickleSerializer
 
     from localstate.core.config import load_job_config
-    from localstate.core.spark import executor
-    from localstate.core.spark.instances import claim, release_kept
-    from localstate.core.spark.runner import SparkJobRunner
+    from localstate.runtime.spark import executor
+    from localstate.runtime.spark.instances import claim, release_kept
+    from localstate.runtime.spark.runner import SparkJobRunner
 
     root.mkdir(parents=True)
     (root / "data").mkdir()
@@ -287,7 +287,7 @@ def _py4j_calls(context: Any, action: Callable[[], Any]) -> int:
 
 def _fixed_cost_case(report: Report, root: Path, rounds: int, batches: int = 20) -> None:
     """Floor of a Spark job and localstate's per-batch overhead, over TCP and over a Unix socket."""
-    from localstate.core.spark.runner import spark_context
+    from localstate.runtime.spark.runner import spark_context
 
     best: dict[tuple[str, str, int], float] = {}
     transports = {"TCP": {_UDS: "false"}, "Unix socket": {_UDS: "true"}}
@@ -331,7 +331,7 @@ def _affinity_case(report: Report, root: Path, rounds: int, events: int = 300_00
     worker (``after``) the keeper gets a slot and claims it. Alternated on one context, best of
     ``rounds``; ten batches each. Returns whether every count was exact."""
     from localstate.core.config import load_job_config
-    from localstate.core.spark.runner import SparkJobRunner, spark_context
+    from localstate.runtime.spark.runner import SparkJobRunner, spark_context
 
     class OneSlotPerPartition(SparkJobRunner):
         def _slot_count(self, planned: int) -> int:

@@ -51,10 +51,11 @@ import numpy as np
 from bench.report import Report
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.runtime import TaskInstance, open_changelog_system
-from localstate.core.spark.runner import RunSummary, SparkJobRunner, spark_context
-from localstate.core.spark.dataframe import TASK_PHASES as DATAFRAME_PHASES
-from localstate.core.spark.dataframe import DataFrameBatch, foreach_batch, release
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
+from localstate.runtime.spark.runner import RunSummary, SparkJobRunner, spark_context
+from localstate.runtime.spark.dataframe import TASK_PHASES as DATAFRAME_PHASES
+from localstate.runtime.spark.dataframe import DataFrameBatch, foreach_batch, release
 from localstate.core.streams import StreamSink
 
 

@@ -45,7 +45,7 @@ class Checkpoint:
     """output stream -> end offset after this commit's outputs"""
     batch: int | None = None
     """the id of the last Spark micro-batch this partition applied through the DataFrame entry point
-    (:mod:`localstate.core.spark.dataframe`), None if none: a re-executed batch is recognised by it"""
+    (:mod:`localstate.runtime.spark.dataframe`), None if none: a re-executed batch is recognised by it"""
     attempt: str | None = None
     """cluster mode: the id of the task attempt that prepared this checkpoint. A host reuses its local
     state only if the committed checkpoint names the attempt that last wrote it (same offsets from two

@@ -34,7 +34,7 @@ such as ``1e999`` would otherwise overflow when converted."""
 
 MAX_DURATION = 1e10
 """Longest duration any option accepts, in seconds (about 317 years): ``10 ** 9`` is the customary
-"never" (``commit_interval`` in tests and :mod:`localstate.core.testing`); anything larger is a
+"never" (``commit_interval`` in tests and :mod:`localstate.testing.driver`); anything larger is a
 typo, and ``1e999`` would be infinite."""
 
 

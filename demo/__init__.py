@@ -23,7 +23,8 @@ from typing import Any
 
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.runtime import TaskInstance, open_changelog_system, store_directory
+from localstate.core.layout import open_changelog_system, store_directory
+from localstate.runtime.instance import TaskInstance
 from localstate.core.streams import StreamSink, open_output
 from localstate.streams.jsonl import write_jsonl
 from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
@@ -311,7 +312,7 @@ def run_demo(*, events: int = 200_000, partitions: int = 2, kill: bool = True, m
              directory: str | None = None, batch_size: int | None = None, context: Any = None,
              out: Any = print) -> int:
     """Generate, run with a worker kill, summarise, verify. Returns 0 when every result is exact."""
-    from localstate.core.spark.runner import SparkJobRunner
+    from localstate.runtime.spark.runner import SparkJobRunner
 
     tmp = None
     if directory is None:

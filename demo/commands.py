@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from localstate.core.cli import command
-from localstate.core.spark.commands import partition_count, positive_int
+from localstate.tools.cli import command
+from localstate.tools.run import partition_count, positive_int
 
 __all__: list[str] = []
 

@@ -361,7 +361,7 @@ class BackgroundCompactor:
     ``{(stream, partition): upto}`` (the runtime passes its checkpointed changelog offsets).
 
     It never seals an active segment itself (``roll=False``): a writer of the partition may be opening
-    at any moment, and only writers roll (the runtime asks them to, see ``core.spark.runner``)."""
+    at any moment, and only writers roll (the runtime asks them to, see ``runtime.spark.runner``)."""
 
     def __init__(self, system: "FileChangelogSystem", interval: float,
                  targets: Callable[[], Mapping[tuple[str, int], int]]) -> None:

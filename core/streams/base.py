@@ -244,7 +244,7 @@ def state_places(job: JobConfig) -> list[tuple[str, tuple[str, str]]]:
     """What an output must never write into: the job's state directory and its stores' changelogs
     (where the changelog system says they live, see ``StreamLocations``)."""
     from localstate.core.changelog import StreamLocations
-    from localstate.core.runtime import open_changelog_system
+    from localstate.core.layout import open_changelog_system
 
     places = [("the job's state directory", ("path", str(job.state_dir / job.name)))]
     streams = sorted({store.changelog for store in job.stores.values() if store.changelog})

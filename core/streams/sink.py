@@ -1,4 +1,4 @@
-"""``StreamSink``: the :class:`~localstate.core.runtime.OutputSink` over a job's configured outputs.
+"""``StreamSink``: the :class:`~localstate.runtime.instance.OutputSink` over a job's configured outputs.
 
 ``write`` appends each stream's messages to the producing task partition's own output partition,
 durably, and returns the end position of *every* configured output (so a checkpoint always names

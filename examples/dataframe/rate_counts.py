@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from localstate.core.spark.context import spark_context
+from localstate.runtime.spark.context import spark_context
 from localstate.spark import foreach_batch, release
 
 HERE = Path(__file__).resolve().parent

@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the task module next to this file
 from word_counts import WordCounts  # noqa: E402

@@ -58,7 +58,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The test driver pulls in the whole runtime; import it only when a test asks for it.
     if name == "TaskTestDriver":
-        from localstate.core.testing import TaskTestDriver
+        from localstate.testing.driver import TaskTestDriver
 
         return TaskTestDriver
     raise AttributeError(f"module 'localstate' has no attribute {name!r}")

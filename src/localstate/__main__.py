@@ -2,6 +2,6 @@
 
 import sys
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 
 sys.exit(main())

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from localstate.core.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, release, run_batch
-from localstate.core.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
+from localstate.runtime.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, release, run_batch
+from localstate.runtime.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
 from localstate.errors import LocalStateError
 
 __all__ = ["run_batch", "foreach_batch", "release", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state", "SOURCE_NAME"]
@@ -60,7 +60,7 @@ def _option_text(value: Any) -> str:
 
 
 def _typed(exc: Exception) -> Exception:
-    from localstate.core.spark.failures import python_error
+    from localstate.runtime.spark.failures import python_error
 
     error = python_error(exc)
     return error if isinstance(error, LocalStateError) else exc

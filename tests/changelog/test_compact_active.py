@@ -9,9 +9,10 @@ import textwrap
 from pathlib import Path
 
 from localstate.changelog.file.format import list_segments
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system, store_directory
+from localstate.core.layout import open_changelog_system, store_directory
+from localstate.runtime.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 
 STREAM = "active-counts-changelog"

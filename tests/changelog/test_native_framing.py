@@ -219,7 +219,7 @@ def test_decode_never_reads_past_the_buffer() -> None:
 
 
 def test_version_reports_the_c_extensions(capsys) -> None:
-    from localstate.core.cli import main
+    from localstate.tools.cli import main
 
     with pytest.raises(SystemExit) as done:
         main(["--version"])

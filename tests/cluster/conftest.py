@@ -1,5 +1,5 @@
 """A real Spark standalone cluster on loopback for the cluster tests: a master and two workers,
-each with its own directories, standing in for two hosts (:mod:`localstate.core.spark.devcluster`).
+each with its own directories, standing in for two hosts (:mod:`localstate.runtime.spark.devcluster`).
 
 The driver of a test runs in a process of its own (``driver_harness.py``), driven step by step."""
 
@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from localstate.core.spark.devcluster import StandaloneCluster
+from localstate.runtime.spark.devcluster import StandaloneCluster
 
 HERE = Path(__file__).resolve().parent
 

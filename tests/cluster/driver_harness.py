@@ -16,8 +16,8 @@ import sys
 import time
 
 from localstate.core.config import load_job_config
-from localstate.core.spark.cluster import Placement
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.runtime.spark.cluster import Placement
+from localstate.runtime.spark.runner import SparkJobRunner
 
 
 def _answer(payload: dict) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
 from localstate.core.streams import open_output
 from localstate.streams.generator import generate
 
@@ -164,7 +165,7 @@ def pid_of(gate_file: Path) -> int:
 class FrozenHost:
     """A host frozen (SIGSTOP) in the middle of a task, whose batch then committed on the other host."""
 
-    worker: Any  #: the frozen host (:class:`localstate.core.spark.devcluster.Worker`)
+    worker: Any  #: the frozen host (:class:`localstate.runtime.spark.devcluster.Worker`)
     reached: Path  #: the frozen task's ``reached-<partition>-<pid>`` gate file
     python_groups: set[int]  #: its Python daemon's and workers' process groups
     jvm_groups: set[int]  #: its worker's and executor's process groups

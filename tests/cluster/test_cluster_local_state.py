@@ -28,7 +28,7 @@ from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, r
 
 from localstate.core.checkpoint import Checkpoint  # noqa: E402
 from localstate.core.config import load_job_config  # noqa: E402
-from localstate.core.spark.runner import SparkJobRunner, run_partition  # noqa: E402
+from localstate.runtime.spark.runner import SparkJobRunner, run_partition  # noqa: E402
 
 pytestmark = [pytest.mark.cluster]
 

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from contract_adapters import ALL_ADAPTERS  # noqa: E402
 
-from localstate.core.contract import EngineAdapter  # noqa: E402
+from localstate.testing.contract import EngineAdapter  # noqa: E402
 
 
 @pytest.fixture(params=ALL_ADAPTERS, ids=lambda adapter: adapter.name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
-from localstate.core.contract import EngineAdapter
+from localstate.testing.contract import EngineAdapter
 from localstate.core.serdes import BytesSerde, JsonSerde, Serde, StringSerde
 
 __all__ = ["KvAdapter", "TopNAdapter", "ReorderAdapter", "SketchAdapter", "SearchAdapter", "ALL_ADAPTERS",

@@ -1,4 +1,4 @@
-"""Every check of the engine contract suite (localstate.core.contract) for every built-in engine
+"""Every check of the engine contract suite (localstate.testing.contract) for every built-in engine
 configuration (contract_adapters.py); the crash check runs them all in one child process."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from contract_adapters import CRASH_ADAPTERS
 
-from localstate.core.contract import ContractSuite, check_crash
+from localstate.testing.contract import ContractSuite, check_crash
 
 
 class TestBuiltinEngines(ContractSuite):

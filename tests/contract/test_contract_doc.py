@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from localstate.core.contract import (check_close_discards, check_compactable, check_flush_reopen,
+from localstate.testing.contract import (check_close_discards, check_compactable, check_flush_reopen,
                                       check_local_offset, check_restore)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
@@ -199,7 +199,7 @@ def test_crash_check_catches_local_state_ahead_of_the_changelog(toy: Any, tmp_pa
     """Only a SIGKILL inside flush shows it: the kill point is the engine's own "early" line."""
     directory = Path(toy[0].__file__).parent
     (directory / "ahead_engine.py").write_text(AHEAD_OF_CHANGELOG)
-    from localstate.core.contract import check_crash, load_adapter
+    from localstate.testing.contract import check_crash, load_adapter
     adapter = load_adapter({"module": "ahead_engine", "file": str(directory / "ahead_engine.py"),
                             "class": "AheadAdapter", "params": {}})
     try:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from contract_adapters import KvAdapter
 
-from localstate.core.contract import ContractSuite, EngineAdapter, check_crash
+from localstate.testing.contract import ContractSuite, EngineAdapter, check_crash
 
 
 class WriteBehindKvAdapter(KvAdapter):

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from localstate.core.config import parse_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 
 

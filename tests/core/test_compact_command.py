@@ -5,9 +5,10 @@ import shutil
 import sys
 import textwrap
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system, store_directory
+from localstate.core.layout import open_changelog_system, store_directory
+from localstate.runtime.instance import TaskInstance
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from test_runtime import Counter  # noqa: E402

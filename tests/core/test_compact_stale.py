@@ -13,7 +13,8 @@ import pytest
 
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.recovery import compaction_horizon, recover_store
-from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system, store_directory
+from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 from localstate.errors import RestoreError
 

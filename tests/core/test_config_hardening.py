@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import SPARK_OPTIONS, apply_log_level, load_job_config, parse_job_config
 from localstate.core.options import (MAX_DURATION, MAX_SIZE, Option, parse_duration, parse_path, parse_size,
                                      validate_options)
@@ -274,7 +274,7 @@ def test_run_with_bad_config_exits_1_without_traceback(tmp_path):
 
 # -- the crash hook ------------------------------------------------------------------------------------
 
-HOOK = "from localstate.core.faults import crash_point; crash_point('process'); print('alive', flush=True)"
+HOOK = "from localstate.runtime.faults import crash_point; crash_point('process'); print('alive', flush=True)"
 
 
 def run_hook(**env):

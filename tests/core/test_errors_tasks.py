@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-import localstate.core.runtime as runtime_module
-from localstate.core.spark.failures import python_traceback, spark_failure
+import localstate.runtime.instance as runtime_module
+from localstate.runtime.spark.failures import python_traceback, spark_failure
 from localstate.core.task import StreamTask, load_task_class
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 from localstate.core.tracebacks import is_user_file
 from localstate.errors import ConfigError, ExecutorError, FencedError, InvalidValueError, TaskError
 
@@ -204,7 +204,7 @@ def test_traceback_survives_pickling(tmp_path):
 def test_user_frames_are_files_outside_localstate_stdlib_and_pyspark(tmp_path):
     import json
 
-    import localstate.core.spark.runner as runner
+    import localstate.runtime.spark.runner as runner
 
     assert is_user_file(str(THIS)) and is_user_file(str(tmp_path / "task.py"))
     assert not is_user_file(runtime_module.__file__) and not is_user_file(runner.__file__)
@@ -299,7 +299,7 @@ path = "out"
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localstate.core.cli", *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "localstate.tools.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, env={**os.environ})
 
 

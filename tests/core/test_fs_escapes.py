@@ -11,7 +11,7 @@ import pytest
 from localstate.changelog.file import FileChangelogSystem
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.fsutil import write_atomic
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 from localstate.errors import UnsafePathError
 
 STREAM = "log"

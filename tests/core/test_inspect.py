@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
 from localstate.core.task import Envelope
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -289,7 +290,7 @@ def test_key_selection_follows_the_key_type(tmp_path):
     """--start/--end compare int keys as ints (10 < 9 as text would be wrong), text keys as text."""
     import argparse
 
-    from localstate.core.inspect import _key_filter
+    from localstate.tools.inspect import _key_filter
     from localstate.errors import ConfigError
 
     (tmp_path / "job.toml").write_text(JOB + '\n[stores.byid]\nengine = "kv"\nkey_serde = "int"\n')

@@ -15,7 +15,7 @@ from localstate.core.config import parse_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
 from localstate.core.task import StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 from localstate.errors import ConfigError, PluginLoadError, PluginNotFoundError, PluginRefusedError
 
 DIST = Path(__file__).parent / "acme_dist"

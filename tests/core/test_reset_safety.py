@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 
 

@@ -267,7 +267,8 @@ def test_backend_open_on_full_disk_is_typed(small_fs, kind):
 CHILD = textwrap.dedent("""
     import json, resource, signal, sys
     from localstate.core.config import parse_job_config
-    from localstate.core.runtime import TaskInstance, open_changelog_system
+    from localstate.core.layout import open_changelog_system
+    from localstate.runtime.instance import TaskInstance
     from localstate.core.task import Envelope, StreamTask
     from localstate.errors import LocalStateError
 
@@ -462,7 +463,7 @@ def test_no_sigkill_from_a_stray_crash_spec_in_a_task_instance(tmp_path):
 
 
 def test_spark_partition_claim_on_read_only_state_dir_is_typed(small_fs):
-    from localstate.core.spark.instances import claim
+    from localstate.runtime.spark.instances import claim
 
     claims = small_fs.root / "claims" / "run"
     assert claim(claims, [0, 1], 0, None) == 0
@@ -475,11 +476,11 @@ def test_spark_partition_claim_on_read_only_state_dir_is_typed(small_fs):
 
 
 def test_dataframe_row_exchange_on_full_or_read_only_state_dir_is_typed(small_fs):
-    """A DataFrame batch's row exchange (core/spark/exchange.py) on a full, then read-only, state
+    """A DataFrame batch's row exchange (runtime/spark/exchange.py) on a full, then read-only, state
     directory: CheckpointIOError naming the exchange directory, never a bare OSError."""
     import pyarrow as pa
 
-    from localstate.core.spark.exchange import RowExchange
+    from localstate.runtime.spark.exchange import RowExchange
 
     directory = small_fs.root / "exchange" / "batch"
     directory.mkdir(parents=True)

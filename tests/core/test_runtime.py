@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system, store_directory
+from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.instance import TaskInstance
 from localstate.core.task import StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 from localstate.errors import CheckpointError, FencedError, TaskError
 
 HERE = Path(__file__).parent

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config, parse_job_config
-from localstate.core.validation import check_job, require_input_paths
+from localstate.tools.validation import check_job, require_input_paths
 from localstate.errors import ConfigError
 
 TASK = ("from localstate.core.task import StreamTask\n\n"

@@ -69,7 +69,7 @@ def compact() -> Callable[[list[ChangelogRecord]], list[ChangelogRecord]]:
 @pytest.fixture(scope="session")
 def spark_context():
     """One local SparkContext for the session (get-or-create: shared with tests/spark when both run)."""
-    from localstate.core.spark.runner import spark_context as make_context
+    from localstate.runtime.spark.runner import spark_context as make_context
 
     context = make_context("local[2]", "localstate-tests")
     yield context

@@ -12,7 +12,7 @@ import pytest
 from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.core.recovery import recover_store
 from localstate.core.task import StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 
 
 def content(store: Any) -> list[tuple]:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
 from localstate.streams.jsonl import read_jsonl
 from localstate.core.streams.base import resolve_path

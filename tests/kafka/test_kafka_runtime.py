@@ -13,9 +13,10 @@ import pytest
 from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.changelog.kafka.devbroker import free_port
 from localstate.core.config import load_job_config
-from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system, store_directory
+from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 from localstate.errors import ChangelogError, ChangelogFencedError, FencedError
 
 pytestmark = pytest.mark.kafka
@@ -256,7 +257,7 @@ value_serde = "int"
 
 
 def test_reset_deletes_the_kafka_changelog_topics(tmp_path, kafka_broker, topic_prefix, capsys):
-    from localstate.core.cli import main
+    from localstate.tools.cli import main
 
     job_file = tmp_path / "job.toml"
     job_file.write_text(f"""

@@ -1,9 +1,9 @@
 """`localstate reset --yes` never deletes a Kafka topic that is also one of the job's inputs or
 outputs, even when a store's changelog is named so that its topic is that topic (real broker)."""
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.runtime import open_changelog_system
+from localstate.core.layout import open_changelog_system
 
 
 def test_reset_keeps_a_changelog_topic_that_is_the_input_topic(tmp_path, kafka_broker, topic_prefix, capsys):

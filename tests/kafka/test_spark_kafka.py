@@ -26,7 +26,7 @@ from localstate.changelog.kafka.devbroker import free_port
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.options import validate_options
 from localstate.core.partitioner import partition_for
-from localstate.core.spark.runner import SparkJobRunner, spark_context
+from localstate.runtime.spark.runner import SparkJobRunner, spark_context
 from localstate.core.streams import open_output
 from localstate.streams.generator import generate
 from localstate.changelog.kafka.streams import (PRODUCER_HEADER, SEQ_HEADER, KafkaOutput, copy_input_to_topic, end_offsets,

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from localstate.core.corruption import CORRUPT_MARKER
-from localstate.core.runtime import checkpoint_store, store_directory
+from localstate.core.layout import checkpoint_store, store_directory
 from localstate.changelog.file.streams import truncate_log
 from localstate.core.task import StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 from localstate.errors import RestoreError, StoreCorruptError, TaskError
 
 

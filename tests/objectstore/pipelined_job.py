@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from localstate.core.config import JobConfig, parse_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
 from localstate.core.streams.base import InputRecord
 from localstate.core.streams.sink import StreamSink
 from localstate.core.task import StreamTask

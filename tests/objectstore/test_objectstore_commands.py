@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.runtime import MemorySink, TaskInstance, checkpoint_store, open_changelog_system
+from localstate.core.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.instance import MemorySink, TaskInstance
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import StreamTask
 

@@ -29,10 +29,11 @@ from typing import Any
 import pytest
 
 from localstate.changelog.objectstore.storage import ObjectStore
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.core.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.instance import TaskInstance
+from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.core.streams.sink import StreamSink
 from localstate.errors import CheckpointError
 

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from localstate.core.config import parse_job_config
-from localstate.core.runtime import MemorySink, TaskInstance, checkpoint_store, open_changelog_system, store_directory
+from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.instance import MemorySink, TaskInstance
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import StreamTask
 from localstate.errors import ChangelogError, FencedError

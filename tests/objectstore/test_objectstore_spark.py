@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.runtime import checkpoint_store
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.core.layout import checkpoint_store
+from localstate.runtime.spark.runner import SparkJobRunner
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from keyed_events import write_keyed_events
 
@@ -25,7 +25,7 @@ def spark_context():
     context when the same worker ran those tests first), stopped at the end only if started here."""
     from pyspark import SparkContext
 
-    from localstate.core.spark.runner import spark_context as make_context
+    from localstate.runtime.spark.runner import spark_context as make_context
 
     existing = SparkContext._active_spark_context
     context = make_context("local[2]", "localstate-objectstore-tests")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from localstate.core.corruption import CORRUPT_MARKER
-from localstate.core.runtime import store_directory
+from localstate.core.layout import store_directory
 from localstate.core.task import StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 from localstate.errors import StoreCorruptError
 
 STORES = {"docs": {"engine": "search", "key_serde": "string",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from localstate.core.task import StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 
 
 class DistinctVisitors(StreamTask):

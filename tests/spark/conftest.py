@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spark_context():
-    from localstate.core.spark.runner import spark_context as make_context
+    from localstate.runtime.spark.runner import spark_context as make_context
 
     context = make_context("local[2]", "localstate-tests")
     yield context

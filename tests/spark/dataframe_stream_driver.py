@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dataframe_tasks import job_config  # noqa: E402
 from localstate.core.checkpoint import CheckpointStore  # noqa: E402
-from localstate.core.spark.context import spark_context  # noqa: E402
+from localstate.runtime.spark.context import spark_context  # noqa: E402
 from localstate.spark import foreach_batch  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""What a batch costs besides its tasks, cut without losing a guarantee (core/spark/driver.py,
+"""What a batch costs besides its tasks, cut without losing a guarantee (runtime/spark/driver.py,
 context.py): failed attempts counted from the results, plans from the checkpoints the run saved
 (from disk at the start of every run), the JobConfig broadcast once per run, the partitions'
 checkpoints saved concurrently and still fenced, no Unix domain sockets by default."""
@@ -12,11 +12,11 @@ import pytest
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
-from localstate.core.runtime import checkpoint_store
-from localstate.core.spark import driver
-from localstate.core.spark.context import LOCAL_DEFAULTS, QUICK_JIT_OPTIONS, spark_conf
-from localstate.core.spark.instances import settle_worker
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.core.layout import checkpoint_store
+from localstate.runtime.spark import driver
+from localstate.runtime.spark.context import LOCAL_DEFAULTS, QUICK_JIT_OPTIONS, spark_conf
+from localstate.runtime.spark.instances import settle_worker
+from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
 from localstate.errors import FencedError
 from localstate.streams.jsonl import read_jsonl
@@ -240,7 +240,7 @@ def test_opening_an_instance_in_a_worker_settles_it_first(spark_context, tmp_pat
     def probe(slot: int, items) -> list:  # noqa: ANN001
         import gc
 
-        from localstate.core.spark import instances
+        from localstate.runtime.spark import instances
         from localstate.core.task import add_task_paths
 
         list(items)

@@ -1,4 +1,4 @@
-"""Compaction while `localstate run` runs (core/spark/runner.py BatchCompaction): batches marked
+"""Compaction while `localstate run` runs (runtime/spark/runner.py BatchCompaction): batches marked
 ``roll_changelogs`` seal the writers' active segments, a background round then compacts up to the
 checkpoints, and a restore from the compacted changelog gives exactly the committed state."""
 
@@ -15,9 +15,10 @@ from localstate.changelog.file.format import list_segments
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system, store_directory
-from localstate.core.spark import instances
-from localstate.core.spark.runner import BatchCompaction, SparkJobRunner, run_partition
+from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.instance import TaskInstance
+from localstate.runtime.spark import instances
+from localstate.runtime.spark.runner import BatchCompaction, SparkJobRunner, run_partition
 from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from keyed_events import write_keyed_events
 

@@ -150,7 +150,7 @@ def test_rows_land_in_their_own_spark_partition(spark, tmp_path, partitions):
     commons-codec) and by the Arrow UDF for binary keys, and job partition p is Spark partition p (one
     job partition per apply task, all of them in parallel)."""
     from localstate.core.partitioner import partition_for
-    from localstate.core.spark.dataframe import dataframe_spec, jvm_has_murmur2, routed
+    from localstate.runtime.spark.dataframe import dataframe_spec, jvm_has_murmur2, routed
 
     rng = random.Random(partitions)
     alphabet = "az09-_ üß€日本𝄞"
@@ -185,7 +185,7 @@ def test_jvm_lookups_are_made_once_per_spark_context():
     """jvm_has_murmur2 asks the JVM once per SparkContext (not every micro-batch); a new context asks again."""
     from types import SimpleNamespace
 
-    from localstate.core.spark.dataframe import jvm_has_murmur2
+    from localstate.runtime.spark.dataframe import jvm_has_murmur2
 
     asked = []
 
@@ -213,7 +213,7 @@ def test_null_keys_are_refused_on_every_key_type(spark, tmp_path):
         with pytest.raises(SchemaError, match="null key") as info:
             run_batch(df, job, key="user")
         assert info.value.context.get("column") == "user" or "'user'" in str(info.value)
-    from localstate.core.runtime import checkpoint_store
+    from localstate.core.layout import checkpoint_store
 
     committed = checkpoint_store(job).load_all(3).values()
     assert all(checkpoint is None or checkpoint.batch is None for checkpoint in committed)  # no batch applied

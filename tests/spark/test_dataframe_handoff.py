@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tasks module, as the Python workers import it
 from dataframe_tasks import expected_outputs, job_config, read_state
-from localstate.core.spark.dataframe import batch_outputs
+from localstate.runtime.spark.dataframe import batch_outputs
 from localstate.spark import OUTPUT_SCHEMA, run_batch
 
 pytestmark = pytest.mark.spark

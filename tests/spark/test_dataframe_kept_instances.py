@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tasks module, as the Python workers import it
 from dataframe_tasks import expected_outputs, job_config, read_state  # noqa: E402
-from localstate.core.runtime import checkpoint_store  # noqa: E402
+from localstate.core.layout import checkpoint_store
 from localstate.errors import BatchOrderError  # noqa: E402
 from localstate.spark import DataFrameBatch, foreach_batch, release, run_batch  # noqa: E402
 
@@ -185,7 +185,7 @@ def _partition_rows(keys: list[str], start: int):
     """A job partition's rows as the apply stage gets them (input columns, partition, sequence)."""
     import pyarrow as pa
 
-    from localstate.core.spark.dataframe import _PARTITION, _SEQ
+    from localstate.runtime.spark.dataframe import _PARTITION, _SEQ
 
     n = len(keys)
     return pa.table({"user": keys, "page": ["/p"] * n, "ts": list(range(start, start + n)),
@@ -197,7 +197,7 @@ def test_kept_instance_is_reused_only_while_the_checkpoint_is_the_one_it_prepare
     driver saving checkpoints): no Spark, so every step is deterministic."""
     from localstate.core.checkpoint import Checkpoint
     from localstate.core.partitioner import partition_for
-    from localstate.core.spark.dataframe import DataFrameSpec, _BatchTask, _run_partition
+    from localstate.runtime.spark.dataframe import DataFrameSpec, _BatchTask, _run_partition
 
     job = job_config(tmp_path / "state", name="df-kept-unit")
     spec = DataFrameSpec(job, "user", "dataframe", "ts", None, ("user", "page", "ts"), "number")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localstate.core.cli import main
+from localstate.tools.cli import main
 from localstate.demo import run_demo
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.runtime.spark.runner import SparkJobRunner
 
 from .test_spark_runtime import actual_hourly, cli_command, expected_hourly, windowed_counts_job
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.spark.failures import python_traceback, spark_failure
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.runtime.spark.failures import python_traceback, spark_failure
+from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.errors import ConfigError, ExecutorError, LocalStateError, TaskError
 
 pytestmark = pytest.mark.spark
@@ -171,7 +171,7 @@ def test_py4j_fallback_extracts_the_python_traceback(spark_context):
 # -- the CLI, in a subprocess ---------------------------------------------------------------------
 def localstate(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(HERE)}
-    return subprocess.run([sys.executable, "-m", "localstate.core.cli", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "localstate.tools.cli", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.runtime import open_changelog_system
+from localstate.core.layout import open_changelog_system
 from localstate.core.serdes import JsonSerde, StringSerde
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.core.streams import open_output
 from localstate.streams.generator import generate
 

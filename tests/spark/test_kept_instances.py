@@ -1,4 +1,4 @@
-"""Task instances kept open across batches in a Python worker (core/spark/instances.py): reused only
+"""Task instances kept open across batches in a Python worker (runtime/spark/instances.py): reused only
 when the driver committed exactly their last batch, given back on request, all closed at run end."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import pytest
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.runtime import TaskInstance, checkpoint_store, open_changelog_system
-from localstate.core.spark import instances
-from localstate.core.spark.runner import SparkJobRunner, run_partition
+from localstate.core.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.instance import TaskInstance
+from localstate.runtime.spark import instances
+from localstate.runtime.spark.runner import SparkJobRunner, run_partition
 from localstate.core.streams import StreamSink, open_output
 
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)

@@ -9,7 +9,7 @@ import pytest
 
 from localstate.core.config import load_job_config
 from localstate.core.policy import ENV_VAR
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.runtime.spark.runner import SparkJobRunner
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from keyed_events import write_keyed_events
 

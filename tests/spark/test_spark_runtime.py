@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.spark.runner import SparkJobRunner, normalize_master
+from localstate.runtime.spark.runner import SparkJobRunner, normalize_master
 from localstate.core.streams import open_output
 from localstate.streams.generator import generate
 from localstate.errors import InputError
@@ -64,7 +64,7 @@ def windowed_counts_job(directory: Path, events: int) -> Path:
 
 def cli_command(*args: str) -> list[str]:
     """The argv of ``localstate ARGS`` run by this interpreter (no console script needed)."""
-    return [sys.executable, "-c", "import sys; from localstate.core.cli import main; sys.exit(main())", *args]
+    return [sys.executable, "-c", "import sys; from localstate.tools.cli import main; sys.exit(main())", *args]
 
 
 def test_normalize_master_adds_retries():
@@ -144,7 +144,7 @@ def test_bad_input_skip_and_dead_letter(tmp_path, spark_context, policy):
 def test_uncommitted_batch_is_rolled_back(tmp_path, spark_context):
     """A batch whose tasks finished (stores flushed, outputs written) but whose checkpoints the
     driver never saved (it died) leaves no trace: changelogs are trimmed, outputs truncated."""
-    from localstate.core.spark.runner import run_partition
+    from localstate.runtime.spark.runner import run_partition
 
     job = load_job_config(_bad_input_job(tmp_path, "skip"))
     runner = SparkJobRunner(job, context=spark_context, batch_size=10, progress=None)

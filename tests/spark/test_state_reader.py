@@ -17,9 +17,10 @@ import pytest
 
 import localstate.spark
 from localstate.core.config import load_job_config
-from localstate.core.runtime import TaskInstance, open_changelog_system
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
 from localstate.core.serdes import IntSerde
-from localstate.core.spark.runner import SparkJobRunner
+from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.core.task import Envelope
 from localstate.errors import ConfigError, SerdeError, StateNotFoundError
 from localstate.streams.jsonl import write_jsonl
@@ -277,7 +278,7 @@ def test_errors_are_typed_with_hints(spark, spark_run, tmp_path):
     assert "localstate.errors.StateNotFoundError" in text and "stores of this job" in text
     assert "\tat org.apache" not in text and "at java." not in text
     # A value its serde cannot decode names the record, where raw bytes always read.
-    from localstate.core.spark.state_source import ReadOptions, load_view
+    from localstate.runtime.spark.state_source import ReadOptions, load_view
 
     view, resolved = load_view(ReadOptions.parse({"job": str(job_file), "store": "counts"}))
     with pytest.raises(SerdeError, match="(?s)cannot decode.*partition=0"):

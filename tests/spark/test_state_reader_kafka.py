@@ -13,7 +13,7 @@ import localstate.spark
 from localstate.changelog.kafka.devbroker import DevBroker
 from localstate.core.config import load_job_config
 from localstate.core.task import StreamTask
-from localstate.core.testing import TaskTestDriver
+from localstate.testing.driver import TaskTestDriver
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

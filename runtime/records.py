@@ -1,10 +1,10 @@
 """Input records on their way to the task: the parts of the one feed loop,
-:meth:`localstate.core.runtime.TaskInstance.feed`, which every runner uses (the Spark executors
+:meth:`localstate.runtime.instance.TaskInstance.feed`, which every runner uses (the Spark executors
 for a batch's input ranges, the TaskTestDriver for one record at a time or a list).
 
 For each ``(stream, InputRecord)`` the loop, in order:
 
-1. reaches the ``process`` crash point (:mod:`localstate.core.faults`);
+1. reaches the ``process`` crash point (:mod:`localstate.runtime.faults`);
 2. calls ``task.process(envelope, collector, coordinator)`` for a decoded record, wrapping a failure
    in a :class:`~localstate.errors.TaskError` that names the user's frame, stream, partition and
    offset; or applies the input's ``on_error`` policy (:class:`InputPolicy`) to a bad record
@@ -29,7 +29,7 @@ from localstate.core.task import Envelope
 from localstate.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the stream contract is only named here: this module stays light to import
-    from localstate.core.runtime import TaskInstance
+    from localstate.runtime.instance import TaskInstance
     from localstate.core.streams.base import InputRecord
 
 __all__ = ["InputPolicy", "OnError", "FeedStats", "apply_on_error", "make_envelope", "safe_text", "PROCESS_HINT",

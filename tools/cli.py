@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMAND_MODULES = ("localstate.core.commands", "localstate.core.spark.commands", "localstate.demo.commands")
+_COMMAND_MODULES = ("localstate.tools.commands", "localstate.tools.run", "localstate.demo.commands")
 
 
 def _load_commands() -> None:
@@ -109,6 +109,6 @@ def _print_traceback(error: LocalStateError, verbose: int) -> None:
 
 if __name__ == "__main__":
     # Run through the imported module so commands register in one table (not in __main__'s copy).
-    from localstate.core import cli
+    from localstate.tools import cli
 
     sys.exit(cli.main())

@@ -41,8 +41,9 @@ from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.corruption import wipe_local
 from localstate.core.engine import StorageEngine, StoreContext
-from localstate.core.faults import crash_point
-from localstate.core.records import CHUNK, PROCESS_HINT, FeedStats, InputPolicy, apply_on_error, make_envelope
+from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
+from localstate.runtime.faults import crash_point
+from localstate.runtime.records import CHUNK, PROCESS_HINT, FeedStats, InputPolicy, apply_on_error, make_envelope
 from localstate.core.fsutil import ensure_dir, make_owned_dir, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
@@ -51,9 +52,7 @@ from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessa
 from localstate.core.tracebacks import raise_task_error
 from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, StoreIOError, TaskError
 
-__all__ = ["OutputSink", "MemorySink", "TaskInstance", "open_changelog_system", "store_directory", "store_root",
-           "job_directory",
-           "checkpoint_store", "check_no_history", "checkpoint_where", "PROCESS_HINT"]
+__all__ = ["OutputSink", "MemorySink", "TaskInstance", "PROCESS_HINT"]
 
 if TYPE_CHECKING:
     from localstate.core.streams.base import InputRecord
@@ -96,88 +95,6 @@ class MemorySink:
         return [m for (s, _), items in sorted(self.streams.items()) if s == stream for m in items]
 
 
-def open_changelog_system(job: JobConfig, name: str | None = None) -> ChangelogSystem:
-    """Instantiate the job's changelog system (or ``name``) with its validated options."""
-    name = name or job.changelog_system
-    system_class = job.registry.changelog_system(name)
-    return system_class(job.changelog_options.get(name, {}), job.state_dir)
-
-
-def store_root(job: JobConfig) -> Path:
-    """Where the job's local stores live on this host when nothing else is said: ``job.local_dir``
-    (environment variables expanded here, on this host) if set, else the state directory."""
-    if job.local_dir is None:
-        return job.state_dir
-    return Path(os.path.abspath(os.path.expandvars(job.local_dir)))
-
-
-def store_directory(job: JobConfig, store: str, partition: int, root: Path | None = None) -> Path:
-    """``<root>/<job>/stores/<store>/<partition>`` (``root``: :func:`store_root` unless given),
-    checked to stay inside ``root``."""
-    return safe_join(store_root(job) if root is None else root, job.name, "stores", store, str(partition))
-
-
-def job_directory(job: JobConfig) -> Path:
-    """``<state_dir>/<job>``, created with localstate's ownership marker (what ``reset`` checks
-    before deleting it); refuses symlinks (UnsafePathError)."""
-    return make_owned_dir(job.state_dir, safe_join(job.state_dir, job.name), "job", job=job.name,
-                          layout=lambda entry: entry in ("checkpoints", "stores"))
-
-
-def checkpoint_store(job: JobConfig) -> CheckpointStore:
-    """The job's checkpoints: in durable storage when its changelog system keeps them there
-    (:class:`DurableCheckpoints`), else in ``<state_dir>/<job>/checkpoints``. Instance locks are
-    always local files in that directory."""
-    job_directory(job)
-    objects = None
-    if issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints):
-        objects = open_changelog_system(job).checkpoint_objects(job.name)  # type: ignore[attr-defined]
-    return CheckpointStore(safe_join(job.state_dir, job.name, "checkpoints"), anchor=job.state_dir, objects=objects)
-
-
-#: What an operator does when a partition's checkpoint is missing but its changelog holds records.
-MISSING_CHECKPOINT_HINT = ("restore the checkpoint (from a backup, or from the bucket's object versioning), or run "
-                           "`localstate reset` to discard this job's state and start over from its inputs")
-
-
-def check_no_history(changelog: ChangelogPartition, *, store: str, partition: int, checkpoint_where: str,
-                     entry_only: bool = False) -> None:
-    """Raise CheckpointError if ``changelog`` holds records although task ``partition`` has no
-    checkpoint (at ``checkpoint_where``), or (``entry_only``) has one that names no offset for
-    ``store``: the checkpoint, or that part of it, is missing, and starting the store empty would
-    drop committed state (recovery would trim every record, and a later commit overwrite them). A
-    file changelog shows it by its end offset; a :class:`ListedHistory` changelog (objects named by
-    manifests) is listed once."""
-    if entry_only:
-        # Every checkpoint names every logged store from the partition's first open on, so only a
-        # damaged checkpoint, or a store removed from the job and added back, lacks one with records.
-        missing = (f"the checkpoint of partition {partition} at {checkpoint_where} names no changelog offset for "
-                   f"store {store!r}, but its changelog")
-        what = "that part of the checkpoint is missing (damaged, or a store of this name was removed and added back)"
-    else:
-        missing = f"no checkpoint for partition {partition} at {checkpoint_where}, but the changelog of store {store!r}"
-        what = "the checkpoint is missing"
-    end = changelog.end_offset()
-    if end > 0:
-        raise CheckpointError(f"{missing} holds {end} record(s): {what}", store=store, partition=partition,
-                              path=checkpoint_where, hint=MISSING_CHECKPOINT_HINT)
-    if isinstance(changelog, ListedHistory):
-        found = changelog.stored_history()
-        if found is not None:
-            raise CheckpointError(
-                f"{missing} holds {found.objects} object(s) ({found.size} bytes, records up to offset {found.end}) "
-                f"at {found.where}: {what}", store=store, stream=found.stream, partition=partition,
-                path=found.where, checkpoint=checkpoint_where, objects=found.objects, hint=MISSING_CHECKPOINT_HINT)
-
-
-def checkpoint_where(checkpoints: Any, partition: int) -> str:
-    """Where ``checkpoints`` keeps ``partition``'s checkpoint, for messages: its URL in durable
-    storage, else its file."""
-    if isinstance(checkpoints, CheckpointStore) and checkpoints.objects is not None:
-        return f"{checkpoints.objects.describe()}/{int(partition)}"
-    return str(checkpoints.path(partition))
-
-
 @dataclass
 class _Store:
     name: str
@@ -197,7 +114,7 @@ class TaskInstance:
     clock: Callable[[], float] = time.monotonic
     checkpoints: CheckpointStore | None = None
     """where checkpoints are read and written: the job's :class:`CheckpointStore` unless given (on a
-    cluster, the driver's checkpoint as the plan carries it, see :mod:`localstate.core.spark.cluster`)"""
+    cluster, the driver's checkpoint as the plan carries it, see :mod:`localstate.runtime.spark.cluster`)"""
     local_root: Path | None = None
     """the directory the local stores live under: :func:`store_root` unless given"""
     attempt: str | None = None
@@ -463,7 +380,7 @@ class TaskInstance:
 
     def feed(self, records: Iterable[tuple[str, "InputRecord"]], policies: Mapping[str, InputPolicy] | None = None,
              *, autocommit: bool = False) -> FeedStats:
-        """The one feed loop (see :mod:`localstate.core.records`): feed ``(input stream, record)``
+        """The one feed loop (see :mod:`localstate.runtime.records`): feed ``(input stream, record)``
         pairs, in processing order, starting at the inputs' positions. Per record: the ``process``
         crash point; ``task.process()`` (a failure becomes a TaskError naming the user's frame) or,
         for a bad record, the input's ``on_error`` policy from ``policies`` (none: fail with an

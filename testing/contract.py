@@ -20,7 +20,7 @@ The checks (each one a function ``check_*(adapter, directory, seed)``):
 5. :func:`check_local_offset` - at random reopen points (also after the local directory was
    deleted) ``local_offset()`` is None or an offset ``o`` whose replay of ``[o, end)`` gives the
    changelog's state.
-6. :func:`check_crash` - one shared child process (``python -m localstate.core.contract``) applies
+6. :func:`check_crash` - one shared child process (``python -m localstate.testing.contract``) applies
    seeded changes with flushes and checkpoints and is SIGKILLed at random moments (some inside
    flush); reopening and :func:`~localstate.core.recovery.recover_store` to the last checkpoint
    gives exactly the reference state at that checkpoint.
@@ -632,7 +632,7 @@ def _run_child(adapters: Sequence[EngineAdapter], root: Path, seed: int, flush_e
     the ``nth`` ``marker`` line of store ``store``. Returns its output lines and whether it was killed.
     Its stderr goes to ``root/child.err`` (a pipe nobody reads could fill and block it)."""
     specs = json.dumps([adapter_spec(adapter) for adapter in adapters])
-    command = [sys.executable, "-m", "localstate.core.contract", specs, str(root), str(seed), str(flush_every),
+    command = [sys.executable, "-m", "localstate.testing.contract", specs, str(root), str(seed), str(flush_every),
                str(total)]
     root.mkdir(parents=True, exist_ok=True)
     err_path = root / "child.err"
@@ -786,7 +786,7 @@ class ContractSuite:
 
 def _main(argv: list[str]) -> int:
     if len(argv) != 5:
-        print("usage: python -m localstate.core.contract ADAPTER_SPECS_JSON ROOT SEED FLUSH_EVERY TOTAL "
+        print("usage: python -m localstate.testing.contract ADAPTER_SPECS_JSON ROOT SEED FLUSH_EVERY TOTAL "
               "(the crash child of the engine contract suite)", file=sys.stderr)
         return 2
     crash_child(json.loads(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3]), int(argv[4]))

@@ -24,13 +24,13 @@ from typing import Any, Callable, Iterator
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.runtime import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
-from localstate.core.spark.cluster import Placement, has_state, is_cluster_master
-from localstate.core.spark.context import spark_context
-from localstate.core.spark.executor import run_partition, run_slot
-from localstate.core.spark.failures import spark_failure
-from localstate.core.spark.instances import clear_requests, is_alive, release_partitions
-from localstate.core.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
+from localstate.core.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
+from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_master
+from localstate.runtime.spark.context import spark_context
+from localstate.runtime.spark.executor import run_partition, run_slot
+from localstate.runtime.spark.failures import spark_failure
+from localstate.runtime.spark.instances import clear_requests, is_alive, release_partitions
+from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import StreamSink, open_input
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from localstate.core.cli import command
+from localstate.tools.cli import command
 from localstate.core.config import apply_log_level, load_job_config
 
 __all__ = ["positive_int", "partition_count"]
@@ -33,10 +33,10 @@ def partition_count(text: str) -> int:
 
 @command("run", "run a job on Spark in micro-batches until its inputs are consumed")
 def run(args: argparse.Namespace) -> int:
-    from localstate.core.spark.runner import SparkJobRunner
+    from localstate.runtime.spark.runner import SparkJobRunner
 
-    from localstate.core.inspect import changelog_root, job_dir, stream_location
-    from localstate.core.validation import require_input_paths, spark_notes
+    from localstate.runtime.views import changelog_root, job_dir, stream_location
+    from localstate.tools.validation import require_input_paths, spark_notes
 
     job = load_job_config(args.job, plugins=args.plugins)
     # A mistyped input path would otherwise run as an empty input and exit 0.

@@ -3,7 +3,7 @@ with instances kept open, claims a partition first (:func:`run_slot`).
 
 The task checks out its partition's TaskInstance (:mod:`.instances`), reads its plan's input ranges
 merged in event-time order (:func:`plan_records`), feeds them through the runtime's one feed loop
-(:meth:`~localstate.core.runtime.TaskInstance.feed`), prepares the commit and returns the
+(:meth:`~localstate.runtime.instance.TaskInstance.feed`), prepares the commit and returns the
 checkpoint, counts and :data:`~.plan.TASK_PHASES` timings to the driver, which saves it."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from localstate.core.config import JobConfig
-from localstate.core.faults import CrashAt, armed
-from localstate.core.spark.failures import executor_failure
-from localstate.core.spark.cluster import is_warm
-from localstate.core.spark.instances import (BatchInstance, checkin, checkout, claim, kept_partition, open_planned,
+from localstate.runtime.faults import CrashAt, armed
+from localstate.runtime.spark.failures import executor_failure
+from localstate.runtime.spark.cluster import is_warm
+from localstate.runtime.spark.instances import (BatchInstance, checkin, checkout, claim, kept_partition, open_planned,
                                                task_context)
-from localstate.core.spark.plan import PartitionPlan
+from localstate.runtime.spark.plan import PartitionPlan
 from localstate.core.streams import open_input
 from localstate.core.streams.base import InputRecord, InputStream
 from localstate.core.task import add_task_paths
@@ -70,7 +70,7 @@ def plan_fault(plan: PartitionPlan) -> CrashAt | None:
 def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     """Executor side of one batch for one partition. Returns the checkpoint (as a dict), counts and
     :data:`TASK_PHASES` timings, or ``{"error": pickled LocalStateError}`` for deterministic failures
-    that a retry cannot fix (see :func:`~localstate.core.spark.failures.executor_failure`): the
+    that a retry cannot fix (see :func:`~localstate.runtime.spark.failures.executor_failure`): the
     driver raises that error, with its Python traceback, instead of Py4J's Java one. Failures a
     retry may fix are raised, for Spark to retry the task."""
     try:

@@ -11,7 +11,7 @@ Inputs are kept as a replayable log per stream partition, like Kafka: after ``re
 record after the checkpointed position is delivered again.
 
 Bad records (undecodable, keyless) go through the input's ``on_error`` policy exactly as on Spark,
-through the same feed loop (:meth:`~localstate.core.runtime.TaskInstance.feed`):
+through the same feed loop (:meth:`~localstate.runtime.instance.TaskInstance.feed`):
 
     driver = TaskTestDriver(Task, inputs={"clicks": {"on_error": "dead_letter", "dead_letter": "bad"}})
     driver.send_bad("clicks", raw="{not json", error="invalid JSON")
@@ -29,8 +29,9 @@ from typing import Any, Callable, Iterable, Mapping
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.recovery import StoreRecovery
-from localstate.core.records import InputPolicy, OnError
-from localstate.core.runtime import MemorySink, TaskInstance, open_changelog_system
+from localstate.runtime.records import InputPolicy, OnError
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import MemorySink, TaskInstance
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import Envelope, StreamTask
 

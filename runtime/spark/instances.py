@@ -54,9 +54,10 @@ from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error
 from localstate.core.recovery import StoreRecovery
-from localstate.core.runtime import TaskInstance, open_changelog_system
-from localstate.core.spark.cluster import PlannedCheckpoints, executor_local_root
-from localstate.core.spark.plan import PartitionPlan
+from localstate.core.layout import open_changelog_system
+from localstate.runtime.instance import TaskInstance
+from localstate.runtime.spark.cluster import PlannedCheckpoints, executor_local_root
+from localstate.runtime.spark.plan import PartitionPlan
 from localstate.core.streams import StreamSink
 from localstate.core.task import OutgoingMessage, load_task_class
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError

@@ -1,6 +1,6 @@
 """What a failed Spark task reports: the Python exception, never Py4J's Java stack.
 
-Executor side, :func:`executor_failure` sorts a failure of :func:`~localstate.core.spark.runner.run_partition`:
+Executor side, :func:`executor_failure` sorts a failure of :func:`~localstate.runtime.spark.runner.run_partition`:
 
 * deterministic (the task's own bug, bad input or config, a RecursionError or OverflowError anywhere):
   a retry would fail the same way, so it becomes a typed, picklable LocalStateError carrying the

@@ -57,14 +57,15 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.faults import CrashAt, armed
+from localstate.runtime.faults import CrashAt, armed
 from localstate.core.fsutil import ensure_dir, os_error, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.partitioner import partition_for
-from localstate.core.runtime import TaskInstance, checkpoint_store, job_directory, open_changelog_system
-from localstate.core.spark.failures import executor_failure, spark_failure
-from localstate.core.spark.exchange import RowExchange
-from localstate.core.spark.instances import checkin, checkout, kept_partition, release_partitions
+from localstate.core.layout import checkpoint_store, job_directory, open_changelog_system
+from localstate.runtime.instance import TaskInstance
+from localstate.runtime.spark.failures import executor_failure, spark_failure
+from localstate.runtime.spark.exchange import RowExchange
+from localstate.runtime.spark.instances import checkin, checkout, kept_partition, release_partitions
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
@@ -665,7 +666,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     batch (what :func:`foreach_batch` does; :func:`release` closes them). ``progress`` is called with
     the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch",
     "after", "marker"}`` SIGKILLs the Python worker feeding that partition after ``after`` records,
-    once (see :mod:`~localstate.core.faults`)."""
+    once (see :mod:`~localstate.runtime.faults`)."""
     job = _job(job)
     spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream)
     add_task_paths(job)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localstate.core.cli import command
+from localstate.tools.cli import command
 from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
@@ -50,7 +50,7 @@ plugins.arguments = lambda parser: parser.add_argument(  # type: ignore[attr-def
 
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
-    from localstate.core.validation import check_job
+    from localstate.tools.validation import check_job
     from localstate.errors import ConfigError
 
     # Every stage runs even when an earlier one failed: one run shows every problem.
@@ -81,7 +81,7 @@ def reset(args: argparse.Namespace) -> int:
     import shutil
 
     from localstate.core.changelog import DurableCheckpoints
-    from localstate.core.runtime import open_changelog_system
+    from localstate.core.layout import open_changelog_system
 
     job = load_job_config(args.job, plugins=args.plugins)
     streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
@@ -226,7 +226,7 @@ reset.arguments = _reset_arguments  # type: ignore[attr-defined]
 @command("compact", "compact a job's file changelogs up to the checkpointed offsets (last record per key)")
 def compact(args: argparse.Namespace) -> int:
     from localstate.core.changelog import Compactable
-    from localstate.core.runtime import checkpoint_store, open_changelog_system
+    from localstate.core.layout import checkpoint_store, open_changelog_system
 
     job = load_job_config(args.job, plugins=args.plugins)
     system = open_changelog_system(job)
@@ -266,7 +266,7 @@ compact.arguments = lambda parser: parser.add_argument("job", help="job config (
 @command("inspect", "show a job's state read-only: checkpoints and store partitions (default), a store's "
                     "contents (--store), or a changelog stream (--changelog)")
 def inspect(args: argparse.Namespace) -> int:
-    from localstate.core.inspect import run_inspect
+    from localstate.tools.inspect import run_inspect
 
     return run_inspect(load_job_config(args.job, plugins=args.plugins), args)
 
