@@ -1,12 +1,14 @@
 """Build hook for the C extensions; everything else is declared in pyproject.toml.
 
-- ``localstate.changelog.file._framing`` frames and decodes file-changelog records (see
-  changelog/file/format.py);
-- ``localstate.engines.kv._hotpath``: the kv engine's get/put fast paths (see engines/kv/engine.py);
-- ``localstate.core._sorting``: a bulk load's run sorted by key (see core/backend.py, sorted_items).
+All of them live in ``native/`` (the package ``localstate.native``, whose ``__init__`` is the one
+loader):
 
-Both are optional: where one cannot be compiled (no C compiler, no Python or zlib headers) the install
-still succeeds and the pure-Python code it replaces runs (``localstate.core.native``).
+- ``localstate.native._framing`` frames and decodes changelog records (see changelog/framing.py);
+- ``localstate.native._hotpath``: the kv engine's get/put fast paths (see engines/kv/engine.py);
+- ``localstate.native._sorting``: a bulk load's run sorted by key (see core/backend.py, sorted_items).
+
+Each is optional: where one cannot be compiled (no C compiler, no Python or zlib headers) the install
+still succeeds and the pure-Python code it replaces runs (``localstate.native.load``).
 """
 
 from setuptools import Extension, setup
@@ -14,21 +16,21 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "localstate.changelog.file._framing",
-            sources=["changelog/file/_framing.c"],
+            "localstate.native._framing",
+            sources=["native/_framing.c"],
             libraries=["z"],
             extra_compile_args=["-O2"],
             optional=True,
         ),
         Extension(
-            "localstate.engines.kv._hotpath",
-            sources=["engines/kv/_hotpath.c"],
+            "localstate.native._hotpath",
+            sources=["native/_hotpath.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),
         Extension(
-            "localstate.core._sorting",
-            sources=["core/_sorting.c"],
+            "localstate.native._sorting",
+            sources=["native/_sorting.c"],
             extra_compile_args=["-O2"],
             optional=True,
         ),

@@ -52,7 +52,7 @@ class Report:
 
     def emit(self, as_json: bool) -> None:
         # Which optional C extensions ran (LOCALSTATE_PURE_PYTHON=1 measures the pure-Python code).
-        from localstate.core.native import status
+        from localstate.native import status
         extensions = status()
         if as_json:
             json.dump({"benchmark": self.name, "params": self.params, "rows": self.rows, "ratios": self.ratios,

@@ -331,11 +331,15 @@ def _affinity_case(report: Report, root: Path, rounds: int, events: int = 300_00
     worker (``after``) the keeper gets a slot and claims it. Alternated on one context, best of
     ``rounds``; ten batches each. Returns whether every count was exact."""
     from localstate.core.config import load_job_config
+    from localstate.runtime.spark.affinity import WorkerAffinity
     from localstate.runtime.spark.runner import SparkJobRunner, spark_context
 
-    class OneSlotPerPartition(SparkJobRunner):
-        def _slot_count(self, planned: int) -> int:
+    class OneSlotPerPartitionAffinity(WorkerAffinity):
+        def slot_count(self, planned: int) -> int:
             return planned
+
+    class OneSlotPerPartition(SparkJobRunner):
+        affinity_class = OneSlotPerPartitionAffinity
 
     data = root / "data"
     data.mkdir(parents=True)

@@ -56,7 +56,7 @@ from localstate.runtime.instance import TaskInstance
 from localstate.runtime.spark.runner import RunSummary, SparkJobRunner, spark_context
 from localstate.runtime.spark.dataframe import TASK_PHASES as DATAFRAME_PHASES
 from localstate.runtime.spark.dataframe import DataFrameBatch, foreach_batch, release
-from localstate.core.streams import StreamSink
+from localstate.runtime.sink import StreamSink
 
 
 def _find_peer() -> Path:

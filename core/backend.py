@@ -3,7 +3,7 @@ batch writes, side metadata, and snapshot iteration.
 
 Backends are plugins (entry-point group ``localstate.backends``; the built-in ``rocksdb``, ``lmdb`` and
 ``memory`` live in ``localstate.engines.backends`` and register exactly as a third party would), found
-by name through the registry under the same ``plugins.toml`` policy as engines: :func:`open_backend`
+by name through the registry under the same ``plugins.toml`` policy as engines: :func:`~localstate.core.registry.open_backend`
 is the one way to open one. Backends know nothing about serdes, caches or changelogs; the logged-store
 layer above them (``localstate.core.logged``) does. Snapshot iteration is implemented once, here: a backend only scans short chunks of its *live*
 data, and every write made while iterators are open first records, for each open iterator, the
@@ -27,11 +27,10 @@ from sortedcontainers import SortedDict
 from localstate.core.changelog import PLUGIN_API_VERSION, split_spans
 from localstate.core.corruption import corrupt_reason, wipe_local
 from localstate.core.fsutil import errno_in_text, os_error_hint
-from localstate.core.native import load as load_native
+from localstate.native import load as load_native
 from localstate.errors import LocalStateError, StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
-__all__ = ["KVBackend", "DirectoryBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "open_backend", "open_store_backend", "backend_names",
-           "prefix_end", "sorted_items", "SortedRun", "coalesce_sorted", "key_sizes", "payload_bytes", "has_deletes"]
+__all__ = ["KVBackend", "DirectoryBackend", "BackendIterator", "Item", "RESOURCE_ERRNOS", "prefix_end", "sorted_items", "SortedRun", "coalesce_sorted", "key_sizes", "payload_bytes", "has_deletes"]
 
 RESOURCE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
                              errno.EMFILE})
@@ -353,7 +352,7 @@ class DirectoryBackend(KVBackend):
         self._release()
 
 
-_SORTING = load_native("localstate.core._sorting")
+_SORTING = load_native("localstate.native._sorting")
 
 
 class SortedItems(Collection[tuple[bytes, Any]]):
@@ -380,17 +379,17 @@ class SortedRun(Mapping[bytes, Any]):
     ``value_column`` (``value_column[i]`` belongs to ``key_column[i]``; None deletes the key). What
     the restore path hands backends whose bulk load writes in key order
     (:attr:`KVBackend.sorted_bulk_runs`); made by :func:`coalesce_sorted`, which also records the
-    shortest and longest key (``key_sizes``) and the bytes of all keys and values (``nbytes``), so that
-    checks and space estimates need no pass over a million objects. A read-only Mapping, so whatever
-    takes a dict chunk takes it too; :meth:`items` and :meth:`values` cost no copy."""
+    shortest and longest key (``key_sizes``), the bytes of all keys and values (``nbytes``) and the
+    number of None values (``deletes``), so that checks and space estimates need no pass over a
+    million objects. A read-only Mapping, so whatever takes a dict chunk takes it too; :meth:`items`
+    and :meth:`values` cost no copy."""
 
     __slots__ = ("key_column", "value_column", "key_sizes", "nbytes", "deletes")
 
     def __init__(self, key_column: list[bytes], value_column: list[Any], key_sizes: tuple[int, int],
-                 nbytes: int, deletes: int | None = None) -> None:
+                 nbytes: int, deletes: int) -> None:
         self.key_column, self.value_column = key_column, value_column
-        self.key_sizes, self.nbytes = key_sizes, nbytes
-        self.deletes = value_column.count(None) if deletes is None else deletes  # None values in the run
+        self.key_sizes, self.nbytes, self.deletes = key_sizes, nbytes, deletes
 
     def __getitem__(self, key: bytes) -> Any:
         at = bisect_left(self.key_column, key)
@@ -417,7 +416,7 @@ def coalesce_sorted(key_runs: list[list[bytes] | tuple[bytes, bytes]],
     ``value_runs[i][j]``, in log order) coalesced, the last value of each key winning, into one
     :class:`SortedRun`. A run may be framed (:attr:`RecordColumns.framed` as ``key_runs[i]``, None as
     ``value_runs[i]``): only the records kept become objects, made in key order. In C
-    (``core/_sorting.c``: one stable radix sort of all the records, then the last of each key kept)
+    (``native/_sorting.c``: one stable radix sort of all the records, then the last of each key kept)
     when the extension is built and every key is exactly bytes; otherwise a dict and Python's sort,
     with the same result."""
     if _SORTING is not None:
@@ -434,7 +433,7 @@ def coalesce_sorted(key_runs: list[list[bytes] | tuple[bytes, bytes]],
     ordered = sorted(merged)
     values = [merged[k] for k in ordered]
     nbytes = sum(map(len, ordered)) + sum(len(v) for v in values if isinstance(v, bytes))  # as the C code
-    return SortedRun(ordered, values, key_sizes(merged) if merged else (0, 0), nbytes)
+    return SortedRun(ordered, values, key_sizes(merged) if merged else (0, 0), nbytes, values.count(None))
 
 
 def key_sizes(chunk: Mapping[bytes, Any]) -> tuple[int, int]:
@@ -465,7 +464,7 @@ def sorted_items(run: Mapping[bytes, Any]) -> Collection[tuple[bytes, Any]]:
     takes.
 
     A :class:`SortedRun` is in key order already (its pairs are made as they are read); a dict of
-    bytes keys is sorted in C (``core/_sorting.c``, 3-4 times faster) when the extension is built;
+    bytes keys is sorted in C (``native/_sorting.c``, 3-4 times faster) when the extension is built;
     otherwise ``sorted(run.items(), key=itemgetter(0))``, which compares the keys alone."""
     if isinstance(run, SortedRun):
         return run.items()
@@ -484,41 +483,6 @@ def prefix_end(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-def backend_names(registry: Any = None) -> list[str]:
-    """Names of the backends ``registry`` (default: the default policy's) may load: the one list."""
-    return _registry(registry).names("backends")
-
-
-def open_backend(kind: str, directory: Path, options: Mapping[str, Any], *, store: str = "",
-                 partition: int | None = None, registry: Any = None) -> KVBackend:
-    """Open backend ``kind`` for one store partition, found by name in ``registry`` (the job's; default:
-    the registry of the default plugin policy). Unknown or refused names raise the registry's typed
-    errors, reported at ``stores.<store>.backend``."""
-    from localstate.errors import ConfigError, PluginNotFoundError
-
-    try:
-        backend_class = _registry(registry).load("backends", kind)
-    except PluginNotFoundError as exc:
-        raise ConfigError.at(f"stores.{store}.backend", exc.message, hint=exc.hint) from None
-    return backend_class.open(Path(directory), options, store=store, partition=partition)
-
-
-def open_store_backend(context: Any, options: Mapping[str, Any]) -> KVBackend:
-    """Open the backend a store partition's validated ``options`` name (``backend``, default rocksdb)
-    in its directory, through the job's registry when the runtime passed one (``context.extra``)."""
-    return open_backend(options.get("backend", "rocksdb"), context.directory, options, store=context.store,
-                        partition=context.partition, registry=context.extra.get("registry"))
-
-
-def _registry(registry: Any) -> Any:
-    if registry is not None:
-        return registry
-    from localstate.core.policy import PluginPolicy  # lazy: the registry imports every plugin kind
-    from localstate.core.registry import registry_for
-
-    return registry_for(PluginPolicy())
 
 
 class BackendIterator(Iterator[tuple[bytes, bytes]]):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
-from localstate.core.native import load as load_native
+from localstate.native import load as load_native
 from localstate.core.options import Option, validate_options
 
 __all__ = [
@@ -118,12 +118,12 @@ class RecordColumns:
 
 
 _SPAN = struct.Struct("=qqqq")
-_SORTING = load_native("localstate.core._sorting")
+_SORTING = load_native("localstate.native._sorting")
 
 
 def split_spans(buffer: bytes, spans: bytes) -> tuple[list[bytes], list[bytes | None]]:
     """A framed run (see :class:`RecordColumns`) as its key and value columns: in C when the
-    ``core._sorting`` extension is built, else in Python (the same result)."""
+    ``localstate.native._sorting`` extension is built, else in Python (the same result)."""
     if _SORTING is not None:
         return _SORTING.split_spans(buffer, spans)
     return py_split_spans(buffer, spans)

@@ -98,7 +98,9 @@ SPARK_OPTIONS = {
     "master": Option(str, default=None, parse=_master, doc="Spark master URL (default local[*]; --master overrides)"),
     "batch_size": Option(int, default=None, parse=_positive_batch_size,
                          doc="records per partition per micro-batch (default: all; --batch-size overrides)"),
-    "keep_open": Option(bool, default=None, doc="keep each partition's stores open in its worker between batches"),
+    "worker_affinity": Option(bool, default=None,
+                              doc="local masters: keep each partition open in the Python worker that ran it, with the "
+                                  "tuning that goes with it (default true; false: one plain task per partition)"),
     "pythonpath": Option(list, default=None, parse=_pythonpath, doc="extra folders for the task's imports"),
     "conf": Option(dict, default=None, parse=_spark_conf, doc="Spark configuration, key -> string/number/bool"),
 }

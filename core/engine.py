@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol, runtime_checkable
 
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter, RecordColumns
 from localstate.core.options import Option, validate_options
@@ -109,6 +109,9 @@ class StorageEngineFactory(ABC):
 
     plugin_api: ClassVar[int] = PLUGIN_API_VERSION
     options: ClassVar[Mapping[str, Option]] = {}
+    #: Options this engine no longer has, mapped to what to write instead (a string, or a function
+    #: of the value given): a job that still sets one gets a ConfigError saying so, not "unknown option".
+    removed_options: ClassVar[Mapping[str, str | Callable[[Any], str]]] = {}
     description: ClassVar[str] = ""
 
     def validate_options(self, store: str, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -116,7 +119,7 @@ class StorageEngineFactory(ABC):
 
         Override :meth:`check_options` for cross-option rules; keep this template as is.
         """
-        options = validate_options(self.options, raw, f"stores.{store}")
+        options = validate_options(self.options, raw, f"stores.{store}", removed=self.removed_options)
         self.check_options(store, options)
         return options
 

@@ -14,15 +14,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, ListedHistory
+from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, ListedHistory, \
+    StreamLocations
 from localstate.core.checkpoint import CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import make_owned_dir
 from localstate.core.names import safe_join
-from localstate.errors import CheckpointError
+from localstate.errors import CheckpointError, LocalStateError
 
 __all__ = ["open_changelog_system", "store_root", "store_directory", "job_directory", "checkpoint_store",
-           "check_no_history", "checkpoint_where", "MISSING_CHECKPOINT_HINT"]
+           "check_no_history", "checkpoint_where", "MISSING_CHECKPOINT_HINT", "state_places"]
 
 
 def open_changelog_system(job: JobConfig, name: str | None = None) -> ChangelogSystem:
@@ -105,3 +106,22 @@ def checkpoint_where(checkpoints: Any, partition: int) -> str:
     if isinstance(checkpoints, CheckpointStore) and checkpoints.objects is not None:
         return f"{checkpoints.objects.describe()}/{int(partition)}"
     return str(checkpoints.path(partition))
+
+
+def state_places(job: JobConfig) -> list[tuple[str, tuple[str, str]]]:
+    """What an output must never write into: the job's state directory and its stores' changelogs
+    (where the changelog system says they live, see ``StreamLocations``)."""
+    places = [("the job's state directory", ("path", str(job.state_dir / job.name)))]
+    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
+    if not streams:
+        return places
+    try:
+        system = open_changelog_system(job)
+    except LocalStateError:
+        return places  # an unusable changelog system is reported by its own validation
+    try:
+        if isinstance(system, StreamLocations):
+            places += [(f"changelog {s!r}", system.stream_location(s)) for s in streams]
+    finally:
+        system.close()
+    return places

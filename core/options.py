@@ -178,12 +178,22 @@ def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
-def validate_options(spec: Mapping[str, Option], raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+def validate_options(spec: Mapping[str, Option], raw: Mapping[str, Any], path: str, *,
+                     removed: Mapping[str, str | Callable[[Any], str]] | None = None) -> dict[str, Any]:
     """Validate ``raw`` against ``spec``. Unknown, missing and ill-typed options are all reported
-    in one ConfigError, each at ``<path>.<option>``. Defaults fill absent options."""
+    in one ConfigError, each at ``<path>.<option>``. Defaults fill absent options.
+
+    ``removed`` maps options that no longer exist to what to write instead (a string, or a function
+    of the value given that returns one): such an option is reported as removed, with that advice,
+    rather than as unknown."""
     problems: list[ConfigProblem] = []
     result: dict[str, Any] = {}
     for name, value in raw.items():
+        if name not in spec and removed and name in removed:
+            instead = removed[name]
+            advice = instead if isinstance(instead, str) else instead(value)
+            problems.append(ConfigProblem(f"{path}.{name}", f"option {name!r} was removed; {advice}"))
+            continue
         if name not in spec:
             problems.append(ConfigProblem(f"{path}.{name}", "unknown option" + did_you_mean(name, list(spec))
                                           + (f"; known options: {', '.join(sorted(spec))}" if spec else "")))

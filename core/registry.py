@@ -15,7 +15,8 @@ import sys
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 from localstate.core.backend import KVBackend
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogSystem
@@ -24,9 +25,9 @@ from localstate.core.options import did_you_mean
 from localstate.core.policy import (BUILTIN_DISTRIBUTION, GROUPS, LOCAL_DISTRIBUTION, PluginPolicy,
                                     is_builtin_entry_point, normalize_distribution)
 from localstate.core.serdes import Serde
-from localstate.errors import PluginLoadError, PluginNotFoundError, PluginRefusedError
+from localstate.errors import ConfigError, PluginLoadError, PluginNotFoundError, PluginRefusedError
 
-__all__ = ["PluginInfo", "Registry", "registry_for"]
+__all__ = ["PluginInfo", "Registry", "registry_for", "backend_names", "open_backend", "open_store_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -219,3 +220,34 @@ def _check_kind(group: str, info: PluginInfo, obj: Any) -> None:
 def registry_for(policy: PluginPolicy) -> Registry:
     """The per-process registry for ``policy`` (Spark executors resolve plugins by name here)."""
     return Registry(policy)
+
+
+# -- storage backends, opened by name ------------------------------------------------------------
+def backend_names(registry: Any = None) -> list[str]:
+    """Names of the backends ``registry`` (default: the default policy's) may load: the one list."""
+    return _registry(registry).names("backends")
+
+
+def open_backend(kind: str, directory: Path, options: Mapping[str, Any], *, store: str = "",
+                 partition: int | None = None, registry: Any = None) -> KVBackend:
+    """Open backend ``kind`` for one store partition, found by name in ``registry`` (the job's; default:
+    the registry of the default plugin policy). Unknown or refused names raise the registry's typed
+    errors, reported at ``stores.<store>.backend``."""
+    try:
+        backend_class = _registry(registry).load("backends", kind)
+    except PluginNotFoundError as exc:
+        raise ConfigError.at(f"stores.{store}.backend", exc.message, hint=exc.hint) from None
+    return backend_class.open(Path(directory), options, store=store, partition=partition)
+
+
+def open_store_backend(context: Any, options: Mapping[str, Any]) -> KVBackend:
+    """Open the backend a store partition's validated ``options`` name (``backend``, default rocksdb)
+    in its directory, through the job's registry when the runtime passed one (``context.extra``)."""
+    return open_backend(options.get("backend", "rocksdb"), context.directory, options, store=context.store,
+                        partition=context.partition, registry=context.extra.get("registry"))
+
+
+def _registry(registry: Any) -> Any:
+    if registry is not None:
+        return registry
+    return registry_for(PluginPolicy())

@@ -25,7 +25,8 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.layout import open_changelog_system, store_directory
 from localstate.runtime.instance import TaskInstance
-from localstate.core.streams import StreamSink, open_output
+from localstate.core.streams import open_output
+from localstate.runtime.sink import StreamSink
 from localstate.streams.jsonl import write_jsonl
 from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -35,8 +34,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
-from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DeferredDurability, DurableCheckpoints, \
-    ListedHistory, ManifestedChangelog, NullChangelogWriter
+from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DeferredDurability, ManifestedChangelog, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.corruption import wipe_local
@@ -44,13 +42,13 @@ from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
 from localstate.runtime.faults import crash_point
 from localstate.runtime.records import CHUNK, PROCESS_HINT, FeedStats, InputPolicy, apply_on_error, make_envelope
-from localstate.core.fsutil import ensure_dir, make_owned_dir, os_error, read_nofollow, write_atomic
+from localstate.core.fsutil import ensure_dir, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
     load_task_class
 from localstate.core.tracebacks import raise_task_error
-from localstate.errors import CheckpointError, LocalStateError, StoreCorruptError, StoreIOError, TaskError
+from localstate.errors import StoreCorruptError, StoreIOError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "PROCESS_HINT"]
 

@@ -13,17 +13,15 @@ is then a recent consistent view of each partition, not necessarily of all parti
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
     ManifestedChangelog, ManifestedStreams, ReadOnlyPartitions
@@ -33,7 +31,7 @@ from localstate.core.logged import META_OFFSET, decode_offset
 from localstate.core.names import safe_join
 from localstate.core.layout import open_changelog_system, store_directory
 from localstate.core.serdes import Serde
-from localstate.errors import ChangelogError, CheckpointError, ConfigError, LocalStateError, StateNotFoundError
+from localstate.errors import ChangelogError, CheckpointError, LocalStateError, StateNotFoundError
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
            "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",

@@ -9,13 +9,13 @@ from types import ModuleType
 
 import pytest
 
-from localstate.core.native import pure_python_requested
+from localstate.native import pure_python_requested
 
 __all__ = ["native_module"]
 
 
 def native_module(name: str) -> ModuleType:
-    """The C extension ``name`` (e.g. ``localstate.core._sorting``), imported directly: the tests
+    """The C extension ``name`` (e.g. ``localstate.native._sorting``), imported directly: the tests
     compare it with the Python code even when LOCALSTATE_PURE_PYTHON keeps the library off it."""
     try:
         return importlib.import_module(name)

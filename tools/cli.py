@@ -29,9 +29,9 @@ def command(name: str, help: str) -> Callable:  # noqa: A002 - argparse's own wo
 
 
 def _version() -> str:
-    """The version, and which optional C extensions are in use (``localstate.core.native``)."""
+    """The version, and which optional C extensions are in use (``localstate.native``)."""
     from localstate import __version__
-    from localstate.core.native import status
+    from localstate.native import status
 
     extensions = ", ".join(f"{name.rsplit('.', 1)[-1].lstrip('_')} {state}" for name, state in status().items())
     return f"{__version__} (C extensions: {extensions})"

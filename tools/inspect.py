@@ -6,24 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import shutil
 import sys
-import tempfile
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
-    ManifestedChangelog, ManifestedStreams, ReadOnlyPartitions
-from localstate.core.checkpoint import Checkpoint
-from localstate.core.config import JobConfig, StoreConfig
-from localstate.core.logged import META_OFFSET, decode_offset
-from localstate.core.names import safe_join
-from localstate.core.layout import open_changelog_system, store_directory
-from localstate.core.serdes import Serde
-from localstate.errors import ChangelogError, CheckpointError, ConfigError, LocalStateError, StateNotFoundError
+from localstate.core.config import JobConfig
+from localstate.errors import ConfigError, StateNotFoundError
 
 from localstate.runtime.views import changelog_partitions, changelog_records, changelog_root, checkpoint_location, decoder, job_dir, require_state, resolve_stream, store_config, store_entries, store_partitions, store_serdes, stream_location, to_jsonable
 

@@ -33,6 +33,7 @@ class JobCheck:
 def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> JobCheck:
     """Check the job file at ``path`` in full; raises only when the file itself cannot be read."""
     from localstate.core.streams import open_input, open_output
+    from localstate.core.layout import state_places
     from localstate.core.streams.base import overlap_problems
     from localstate.core.task import add_task_paths, load_task_class
 
@@ -58,7 +59,7 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
             problems.extend(exc.problems)
         except LocalStateError as exc:
             problems.append(ConfigProblem(f"outputs.{name}", exc.message))
-    problems.extend(overlap_problems(inputs, outputs, job))  # an output over an input destroys it
+    problems.extend(overlap_problems(inputs, outputs, state_places(job)))  # an output over an input destroys it
     task = job.task
     if task.count(":") == 1 and all(task.split(":")):  # an absent or malformed task is already reported
         add_task_paths(job)

@@ -33,21 +33,22 @@ from localstate.core.changelog import ChangelogPartition, ChangelogRecord, Recor
 from localstate.core.fsutil import fsync_dir, open_nofollow, read_nofollow
 from localstate.errors import ChangelogCorruptError, ChangelogError
 
-from .compaction import CompactionManifest, check_gap, check_last_segment
-from .format import (
+from localstate.changelog.framing import (
     HEADER,
     HEADER_SIZE,
-    NATIVE,
     count_records,
+    decode_columns,
+    decode_records,
     encode_into,
     find_valid_after,
-    list_segments,
-    segment_name,
     valid_record_at,
     walk,
 )
 
-__all__ = ["FileChangelogPartition", "DEFAULT_SEGMENT_BYTES", "LOCK_FILE", "decode_records"]
+from .compaction import CompactionManifest, check_gap, check_last_segment
+from .format import list_segments, segment_name
+
+__all__ = ["FileChangelogPartition", "DEFAULT_SEGMENT_BYTES", "LOCK_FILE"]
 
 log = logging.getLogger(__name__)
 
@@ -328,12 +329,12 @@ class FileChangelogPartition(ChangelogPartition):
     def read_batches(self, start: int = 0, end: int | None = None) -> Iterator[list[ChangelogRecord]]:
         """The records of :meth:`read` in lists, one per block of about 64 KiB decoded at once
         (the bulk path: no generator step per record). Each list is new and belongs to the caller."""
-        return self._batches(*self._range(start, end), _decode)
+        return self._batches(*self._range(start, end), decode_records)
 
     def read_columns(self, start: int = 0, end: int | None = None) -> Iterator[RecordColumns]:
         """The records of :meth:`read` as :class:`RecordColumns` runs, decoded straight into key and
         value lists (no object per record): the restore path. Same checks and errors as :meth:`read`."""
-        return self._batches(*self._range(start, end), _decode_columns)
+        return self._batches(*self._range(start, end), decode_columns)
 
     def _range(self, start: int, end: int | None) -> tuple[int, int | None]:
         """``(start, stop)`` of a read, checked: a closed partition refuses; a writer reads up to its
@@ -437,7 +438,7 @@ class FileChangelogPartition(ChangelogPartition):
                     yield records
                     if expected >= stop_:  # do not look at (possibly damaged) bytes past the range
                         return nxt, True
-                # _decode stopped at the batch limit, or at a record that is incomplete, invalid or >= stop.
+                # the decoder stopped at the batch limit, or at a record that is incomplete, invalid or >= stop.
                 if i >= last:
                     break
                 crc, off, _ts, klen, vlen = unpack(buf, i)
@@ -507,119 +508,6 @@ class FileChangelogPartition(ChangelogPartition):
             offset=offset, segment=str(path), byte=byte, hint=_CORRUPT_HINT)
 
 
-def py_decode(buf: bytes, i: int, limit: int, expected: int,
-              stop: int) -> tuple[list[ChangelogRecord], int, int]:
-    """Decode the records from byte ``i`` on (those starting before ``limit``) that are complete, pass
-    their crc and have ``expected <= offset < stop``; stop before the first one that does not.
-
-    Returns ``(records, position after the last one, lowest offset the next record may carry)``.
-    A ``limit`` past the last whole header is taken as that header's position (a damaged tail shorter
-    than a header stops the loop, it does not fail it). This is the restore hot path: one tight loop,
-    no per-record function of our own. The reference version of :func:`_decode`, which runs the loop
-    in C when the framing extension is in use (``format.NATIVE``).
-    """
-    unpack = HEADER.unpack_from
-    crc32 = zlib.crc32
-    new = object.__new__
-    record = ChangelogRecord
-    set_key, set_value, set_offset = _SET_KEY, _SET_VALUE, _SET_OFFSET
-    hs = HEADER_SIZE
-    n = len(buf)
-    limit = min(limit, n - hs + 1)
-    records: list[ChangelogRecord] = []
-    append = records.append
-    with memoryview(buf) as view:
-        while i < limit:
-            crc, off, _ts, klen, vlen = unpack(buf, i)
-            kstart = i + hs
-            kend = kstart + klen
-            end = kend + vlen if vlen > 0 else kend
-            # The crc covers offset, lengths, key and value; ``expected <= off`` catches misplaced records.
-            if end > n or crc32(view[i + 4:end]) != crc or not expected <= off < stop:
-                break
-            # Build the frozen slots dataclass through its slot descriptors: half the cost of its
-            # generated __init__.
-            rec = new(record)
-            set_key(rec, buf[kstart:kend])
-            set_value(rec, buf[kend:end] if vlen >= 0 else None)
-            set_offset(rec, off)
-            append(rec)
-            expected = off + 1
-            i = end
-    return records, i, expected
-
-
-def py_decode_columns(buf: bytes, i: int, limit: int, expected: int,
-                      stop: int) -> tuple[RecordColumns, int, int]:
-    """:func:`_decode` into a :class:`RecordColumns` run: the same checks, the same stopping rule,
-    keys and values appended to two lists instead of building a record object each.
-
-    The reference version of :func:`_decode_columns`, which runs the loop in C when the framing
-    extension is in use (``format.NATIVE``)."""
-    unpack = HEADER.unpack_from
-    crc32 = zlib.crc32
-    hs = HEADER_SIZE
-    n = len(buf)
-    limit = min(limit, n - hs + 1)
-    start = i
-    keys: list[bytes] = []
-    values: list[bytes | None] = []
-    add_key, add_value = keys.append, values.append
-    with memoryview(buf) as view:
-        while i < limit:
-            crc, off, _ts, klen, vlen = unpack(buf, i)
-            kend = i + hs + klen
-            end = kend + vlen if vlen > 0 else kend
-            if end > n or crc32(view[i + 4:end]) != crc or not expected <= off < stop:
-                break
-            add_key(buf[kend - klen:kend])
-            add_value(buf[kend:end] if vlen >= 0 else None)
-            expected = off + 1
-            i = end
-    return RecordColumns(keys, values, expected, i - start), i, expected
-
-
-def _native_decode_columns(buf: bytes, i: int, limit: int, expected: int,
-                           stop: int) -> tuple[RecordColumns, int, int]:
-    """:func:`py_decode_columns` with its loop in C. From a ``bytes`` buffer (what the reader holds)
-    the run is framed (``format.NATIVE.decode_frames``: the same checks, no object per record; see
-    :meth:`RecordColumns.from_frames`), else decoded into lists (``decode_columns``)."""
-    if _NATIVE_DECODE_FRAMES is not None and type(buf) is bytes:
-        spans, count, end, expected = _NATIVE_DECODE_FRAMES(buf, i, limit, expected, stop)
-        return RecordColumns.from_frames(buf, spans, count, expected, end - i), end, expected
-    keys, values, end, expected = _NATIVE_DECODE(buf, i, limit, expected, stop)
-    return RecordColumns(keys, values, expected, end - i), end, expected
-
-
-def _native_decode(buf: bytes, i: int, limit: int, expected: int,
-                   stop: int) -> tuple[list[ChangelogRecord], int, int]:
-    """:func:`py_decode` with its loop in C (``format.NATIVE.decode_records``)."""
-    return _NATIVE_DECODE_RECORDS(buf, i, limit, expected, stop, ChangelogRecord, *_RECORD_SLOTS)
-
-
-_NATIVE_DECODE = None if NATIVE is None else NATIVE.decode_columns
-_NATIVE_DECODE_FRAMES = getattr(NATIVE, "decode_frames", None)
-_NATIVE_DECODE_RECORDS = None if NATIVE is None else NATIVE.decode_records
-_decode_columns = py_decode_columns if NATIVE is None else _native_decode_columns
-
-
-def _setter(name: str) -> Callable[[ChangelogRecord, object], None]:
-    """Slot setter of ChangelogRecord (a frozen slots dataclass); generic fallback otherwise."""
-    descriptor = getattr(ChangelogRecord, name, None)
-    if descriptor is not None and hasattr(descriptor, "__set__"):
-        return descriptor.__set__
-    return lambda record, value: object.__setattr__(record, name, value)
-
-
-_SET_KEY = _setter("key")
-_SET_VALUE = _setter("value")
-_SET_OFFSET = _setter("offset")
-#: ChangelogRecord's slot descriptors, which the C decoder fills (None: not a slots class)
-_RECORD_SLOTS = tuple(getattr(ChangelogRecord, name, None) for name in ("key", "value", "offset"))
-_decode = py_decode if NATIVE is None or not all(hasattr(slot, "__set__") for slot in _RECORD_SLOTS) \
-    else _native_decode
-
-
 def _split_point(buf: bytearray, pos: int, room: int) -> tuple[int, int]:
     """Byte position after the record at which ``room`` bytes are reached, and the next offset."""
     unpack = HEADER.unpack_from
@@ -630,9 +518,3 @@ def _split_point(buf: bytearray, pos: int, room: int) -> tuple[int, int]:
         pos += HEADER_SIZE + klen + (vlen if vlen > 0 else 0)
         if pos - start >= room or pos >= n:
             return pos, off + 1
-
-
-
-#: The record decoder of the file format, for other systems that store the same framing (the
-#: ``objectstore`` changelog's delta and snapshot objects).
-decode_records = _decode

@@ -352,7 +352,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         if self._producer is not None:
             _close_producer(self._producer)
             self._producer = None
-        self.system._forget(self)
+        self.system.release_partition(self)
 
     def __repr__(self) -> str:
         return (f"KafkaChangelogPartition(topic={self.topic!r}, partition={self.partition}, "

@@ -287,7 +287,9 @@ class KafkaChangelogSystem(ChangelogSystem):
         self._open.append(opened)
         return opened
 
-    def _forget(self, partition: KafkaChangelogPartition) -> None:
+    def release_partition(self, partition: KafkaChangelogPartition) -> None:
+        """Stop tracking ``partition`` (opened by :meth:`partition` or :meth:`reader`): called by the
+        partition's own ``close()``, so that :meth:`close` does not close it again. Idempotent."""
         if partition in self._open:
             self._open.remove(partition)
 

@@ -7,8 +7,8 @@ Object keys below the store's base::
     changelogs/<stream>/<p>/snapshots/<end:020d>-<writer>.snapshot         last record per key below end
 
 ``<writer>`` is a fresh random token per opened partition, so no two writers (a live one and a
-zombie, say) ever write the same key. An object is a fixed header followed by records in the file
-changelog's framing (:mod:`localstate.changelog.file.format`: crc, offset, timestamp, lengths)::
+zombie, say) ever write the same key. An object is a fixed header followed by records in the shared
+changelog record format (:mod:`localstate.changelog.framing`: crc, offset, timestamp, lengths)::
 
     magic  6s  b"LSOBJ1"
     kind   u8  1 = delta, 2 = snapshot
@@ -28,7 +28,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from localstate.changelog.file.partition import decode_records
+from localstate.changelog.framing import decode_records
 from localstate.core.changelog import ChangelogRecord
 from localstate.errors import ChangelogCorruptError, ChangelogError
 

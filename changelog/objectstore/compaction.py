@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Iterable, Mapping
 
-from localstate.changelog.file.format import HEADER, HEADER_SIZE, TOMBSTONE
+from localstate.changelog.framing import HEADER, HEADER_SIZE, TOMBSTONE
 
 from .chain import DELTA, OBJECT_HEADER, SNAPSHOT, ChainObject, decode_object, missing_object, object_header, \
     parse_name, partition_prefix, snapshot_name
@@ -40,7 +40,7 @@ class LatestRecords:
         self.tag = tag  # what the owner needs to tell whether this state still matches its chain
 
     def merge(self, body: bytes, end: int) -> None:
-        """Apply the records of ``body`` (one object's records in the file framing, in offset order,
+        """Apply the records of ``body`` (one object's records in the changelog record format, in offset order,
         all at or after :attr:`end`); afterwards the state covers the records below ``end``."""
         latest = self.latest
         pop = latest.pop
@@ -65,7 +65,7 @@ class LatestRecords:
 
 
 def compact_objects(parts: Iterable[bytes]) -> tuple[bytes, int]:
-    """Last record per key over ``parts`` (object bodies in the file framing, oldest first), tombstones
+    """Last record per key over ``parts`` (object bodies in the changelog record format, oldest first), tombstones
     dropped: ``(body, records)``, in offset order."""
     state = LatestRecords()
     for body in parts:

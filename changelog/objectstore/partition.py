@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Iterable, Iterator
 
-from localstate.changelog.file.format import count_records, encode_into
+from localstate.changelog.framing import count_records, encode_into
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, InFlightManifest, StoredHistory
 from localstate.errors import ChangelogError, LocalStateError
 

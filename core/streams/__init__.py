@@ -8,7 +8,6 @@ The systems themselves live next to what they share code with: ``localstate.stre
 (``kafka``)."""
 
 from .base import ON_ERROR, InputRecord, InputStream, OutputStream, StreamSystem, open_input, open_output
-from .sink import StreamSink
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "open_input", "open_output", "ON_ERROR",
            "StreamSink"]

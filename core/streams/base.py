@@ -13,7 +13,8 @@ import os
 import stat
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple, Protocol, Sequence, \
+    runtime_checkable
 
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.options import Option, did_you_mean, validate_options
@@ -240,36 +241,14 @@ def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
     return first == second or first in second.parents or second in first.parents
 
 
-def state_places(job: JobConfig) -> list[tuple[str, tuple[str, str]]]:
-    """What an output must never write into: the job's state directory and its stores' changelogs
-    (where the changelog system says they live, see ``StreamLocations``)."""
-    from localstate.core.changelog import StreamLocations
-    from localstate.core.layout import open_changelog_system
-
-    places = [("the job's state directory", ("path", str(job.state_dir / job.name)))]
-    streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
-    if not streams:
-        return places
-    try:
-        system = open_changelog_system(job)
-    except LocalStateError:
-        return places  # an unusable changelog system is reported by its own validation
-    try:
-        if isinstance(system, StreamLocations):
-            places += [(f"changelog {s!r}", system.stream_location(s)) for s in streams]
-    finally:
-        system.close()
-    return places
-
-
 def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, OutputStream],
-                     job: JobConfig | None = None) -> list[ConfigProblem]:
+                     protected: Sequence[tuple[str, tuple[str, str]]] = ()) -> list[ConfigProblem]:
     """An output that writes where an input reads (same directory or topic, or one directory inside
-    the other), where another output writes, or (given ``job``) into the job's state or changelogs
-    would destroy that data: one problem per pair."""
+    the other), where another output writes, or into one of the ``protected`` places (the job's state
+    and changelogs: :func:`~localstate.core.layout.state_places`) would destroy that data: one
+    problem per pair."""
     problems = []
     places = {name: output.location() for name, output in outputs.items()}
-    protected = state_places(job) if job is not None else []
     for name, place in sorted(places.items()):
         if place is None:
             continue

@@ -23,7 +23,7 @@ def _size(value: Any) -> int:
 
 def _backend_name(value: str) -> str:
     # The names are not listed here: the registry (entry-point group localstate.backends) is the one list.
-    from localstate.core.backend import backend_names  # lazy: the registry scans entry points
+    from localstate.core.registry import backend_names  # lazy: the registry scans entry points
 
     known = backend_names()
     if value not in known:

@@ -4,7 +4,8 @@
 (sortedcontainers) and persist on a kv engine backend (RocksDB, LMDB or memory), logging only the
 changes coalesced since the previous flush."""
 
-from localstate.engines.heap.factory import HEAP_KINDS, HeapEngineFactory
+from localstate.engines.heap.factory import HeapEngineFactory
+from localstate.engines.heap.options import HEAP_KINDS
 from localstate.engines.heap.reorder import BufferedEvent, ReorderBufferEngine
 from localstate.engines.heap.topn import Entry, TopNEngine
 from localstate.errors import LateEventError

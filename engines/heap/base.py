@@ -27,11 +27,12 @@ import marshal
 import struct
 from typing import Any, Callable, Iterable, NoReturn
 
-from localstate.core.backend import open_store_backend
+from localstate.core.registry import open_store_backend
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.codecs import fast_codec
 from localstate.core.engine import StorageEngine, StoreContext
-from localstate.core.logged import META_FORMAT, LoggedStore
+from localstate.core.logged import LoggedStore
+from localstate.engines.heap.options import backend_options_of
 from localstate.errors import InvalidValueError, LateEventError, LocalStateError, RestoreError, SerdeError
 
 __all__ = ["HeapEngineBase", "LateEventError", "fast_codec", "SEGMENT_PREFIX", "LOCAL_FORMAT"]
@@ -59,8 +60,6 @@ class HeapEngineBase(StorageEngine):
 
     def __init__(self, context: StoreContext) -> None:
         super().__init__(context)
-        from localstate.engines.heap.factory import backend_options_of
-
         options = backend_options_of(context.store, context.options)
         backend = open_store_backend(context, options)
         self._persistent: bool = backend.persistent

@@ -28,7 +28,7 @@ from localstate.engines.heap.base import HeapEngineBase
 from localstate.engines.heap.codec import (EVENT_KEY_LEN, MAX_EXACT_INT, META_KEY, check_number,
                                            decode_event_stamps, decode_meta, decode_ts, encode_meta, encode_ts,
                                            event_key)
-from localstate.engines.heap.factory import max_lateness_of
+from localstate.engines.heap.options import max_lateness_of
 from localstate.errors import LateEventError, StoreError
 
 __all__ = ["BufferedEvent", "ReorderBufferEngine"]

@@ -29,7 +29,7 @@ class GenerationalCache:
     docstring.
 
     ``young`` and ``old`` keep their identity for the cache's lifetime (rotation moves entries, it
-    does not rebind them), so hot-path closures may hold their bound methods."""
+    does not rebind them), so the C hot path may hold them."""
 
     __slots__ = ("young", "old", "size")
 

@@ -26,8 +26,8 @@ Guarantees (see ``localstate.core.engine``):
   runs ahead of the changelog and ``local_offset()`` stays at the last commit.
 * Iterators are snapshots of the merged view (pending writes + backend) at the moment they open.
 
-Performance: ``get``/``put`` are per-instance closures, or their C version where it is built (see
-``_bind_hot_path``): a cache hit is one
+Performance: ``get``/``put`` run in C where the extension ``localstate.native._hotpath`` is built
+(see ``_bind_hot_path``), else they are the methods below (the reference): a cache hit is one
 dict lookup, a put of a cached key two dict stores (and a class/range check of an int value); no key
 or value is encoded until the flush, which sorts the changed keys once and encodes them with one
 C-level ``map`` per column (``core/codecs.py``), then hands the changelog and the backend one
@@ -48,21 +48,22 @@ from typing import Any, Iterable, Iterator, Mapping
 from localstate.core.changelog import ChangelogRecord, RecordColumns
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
-from localstate.core.backend import BackendIterator, KVBackend, key_sizes, open_store_backend, prefix_end
+from localstate.core.backend import BackendIterator, KVBackend, key_sizes, prefix_end
+from localstate.core.registry import open_store_backend
 from localstate.core.codecs import (FAST_ERRORS, INT_MAX, INT_MIN, fast_codec, inline_int_class, many_encoder,
                                     native_class)
 from localstate.core.logged import META_OFFSET, LoggedStore
-from localstate.core.native import load as load_native
 from localstate.engines.kv.cache import GenerationalCache
 from localstate.engines.kv.options import KV_OPTIONS
 from localstate.errors import InvalidValueError, RestoreError, SerdeError, StoreClosedError
+from localstate.native import load as load_native
 
 __all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
 
 
 _MISS = object()
-#: The C get/put fast paths (engines/kv/_hotpath.c), or None: the closures of _bind_hot_path run.
-_HOTPATH = load_native("localstate.engines.kv._hotpath")
+#: The C get/put fast paths (native/_hotpath.c), or None: the reference methods get/put run.
+_HOTPATH = load_native("localstate.native._hotpath")
 
 
 class _NoClass:
@@ -180,121 +181,28 @@ class KeyValueEngine(StorageEngine):
         return vb if self._hold_encoded else value
 
     def _bind_hot_path(self) -> None:
-        """Install per-instance ``get``/``put`` closures with every lookup pre-bound.
+        """Install the C ``get``/``put`` (``localstate.native._hotpath``) on this instance, when built.
 
-        Behaviour is exactly that of the class's :meth:`get`/:meth:`put` (the reference versions).
-        For keys of exactly the key serde's native class (see :meth:`_canonical`) a cache hit is one
-        dict lookup and no key encoding; a put of a cached key (the read-modify-write pattern) stores
-        the object in two dicts, encoding nothing (the flush encodes each changed key once); for int
-        values it checks class and range instead of packing. Anything else takes the reference path.
-
-        With the C extension ``_hotpath`` built (``core/native.py``), those two fast paths run in C
-        (``engines/kv/_hotpath.c``: no Python frame per call) and call the same fallbacks: ``missed``
-        below for a cache miss, the reference methods for everything else. Without it, the closures
-        below are installed; both are exact (``tests/kv/test_hotpath_native.py`` runs them side by side).
+        Behaviour is exactly that of the class's :meth:`get`/:meth:`put` (the reference versions,
+        which stay installed without the extension or with ``LOCALSTATE_PURE_PYTHON``). For keys of
+        exactly the key serde's native class (see :meth:`_canonical`) a cache hit is one dict lookup
+        and no key encoding; a put of a cached key (the read-modify-write pattern) stores the object in
+        two dicts, encoding nothing (the flush encodes each changed key once); for int values it checks
+        class and range instead of packing. Every other case calls the reference code: :meth:`_get_missed`
+        for a miss in both cache generations, :meth:`get`/:meth:`put` for anything else
+        (``tests/native/test_differential.py`` runs the C and the reference side by side).
         """
-        cache = self._cache
-        young, old, dirty = cache.young, cache.old, self._dirty
-        young_get, old_pop, dirty_get, dirty_len = young.get, old.pop, dirty.get, dirty.__len__
-        key_class, batch, spill, miss, errors = self._key_class, self._batch, self._spill, _MISS, FAST_ERRORS
-        put_slow = KeyValueEngine.put.__get__(self)
-        reference_get = KeyValueEngine.get.__get__(self)
-        kser, slow_key, lo, hi = self._kfast, self._slow_key, self._min_key, self._max_key
-        vde, decode_value = self._vde_fast, self._decode_value
-        inflight, settle = self._inflight, self._settle
-        inflight_get, reads_wait = inflight.get, not self._backend.concurrent_reads
-        backend_get, backend_failed = self._backend.get, self._backend_failed
-        size, rotate = cache.size, cache.rotate
-
-        def missed(key: Any) -> Any:
-            """get() of a key of the key class that neither cache generation holds."""
-            value = dirty_get(key, miss)
-            if value is miss:
-                try:
-                    kb = kser(key)
-                except errors:
-                    kb = slow_key(key)
-                if not lo <= len(kb) <= hi:
-                    return None
-                vb = miss
-                if inflight:
-                    vb = inflight_get(key, miss)
-                    if vb is miss and reads_wait:
-                        settle()
-                if vb is miss:
-                    try:
-                        vb = backend_get(kb)
-                    except Exception as exc:
-                        raise backend_failed(exc) from exc
-                if vb is None:
-                    value = None
-                else:
-                    try:
-                        value = vde(vb)
-                    except errors:
-                        value = decode_value(kb, vb)
-            if size:
-                if len(young) + len(old) >= size:
-                    rotate()
-                young[key] = value
-            return value
-
-        def get(key: Any) -> Any:
-            if key.__class__ is not key_class:
-                return reference_get(key)
-            value = young_get(key, miss)
-            if value is not miss:
-                return value
-            value = old_pop(key, miss)
-            if value is not miss:
-                young[key] = value
-                return value
-            return missed(key)
-
-        # A key in the young generation was checked when it entered the cache (see _get_missed), so
-        # a put of it only checks the value: an int value by class and range (cheaper than packing
-        # it), any other by the fast encoder, whose bytes are kept only for the bytes serde (the
-        # flush encodes the others).
-        if self._int_values:
-            int_min, int_max = INT_MIN, INT_MAX
-
-            def put(key: Any, value: Any) -> None:
-                if key.__class__ is key_class and value.__class__ is int and int_min <= value <= int_max \
-                        and key in young:
-                    young[key] = value
-                    dirty[key] = value
-                    if dirty_len() > batch:
-                        spill()
-                else:
-                    put_slow(key, value)
-        else:
-            vfast, slow_value, hold_encoded = self._vfast, self._slow_value, self._hold_encoded
-
-            def put(key: Any, value: Any) -> None:
-                if key.__class__ is key_class and value is not None and key in young:
-                    try:
-                        vb = vfast(value)
-                    except errors:
-                        vb = slow_value(key, value)
-                    young[key] = value
-                    dirty[key] = vb if hold_encoded else value
-                    if dirty_len() > batch:
-                        spill()
-                else:
-                    put_slow(key, value)
-
-        if _HOTPATH is not None:
-            # The same fast paths in C, falling back to missed/put_slow/reference_get.
-            hot = _HOTPATH.HotPath(young=young, old=old, dirty=dirty, key_class=key_class, batch=batch, spill=spill,
-                                   reference_get=reference_get, missed=missed, put_slow=put_slow,
-                                   int_values=self._int_values, int_min=INT_MIN, int_max=INT_MAX,
-                                   vfast=self._vfast, slow_value=self._slow_value, errors=errors,
-                                   hold_encoded=self._hold_encoded)
-            self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        if _HOTPATH is None:
             return
-        get.__doc__, put.__doc__ = KeyValueEngine.get.__doc__, KeyValueEngine.put.__doc__
-        self.get = get  # type: ignore[method-assign]
-        self.put = put  # type: ignore[method-assign]
+        cache = self._cache
+        hot = _HOTPATH.HotPath(young=cache.young, old=cache.old, dirty=self._dirty, key_class=self._key_class,
+                               batch=self._batch, spill=self._spill,
+                               reference_get=KeyValueEngine.get.__get__(self), missed=self._get_missed,
+                               put_slow=KeyValueEngine.put.__get__(self),
+                               int_values=self._int_values, int_min=INT_MIN, int_max=INT_MAX,
+                               vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
+                               hold_encoded=self._hold_encoded)
+        self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
 
     def _slow_key(self, key: Any) -> bytes:
         """Encode ``key`` through the serde after the fast path refused it (raises the SerdeError)."""
@@ -346,16 +254,11 @@ class KeyValueEngine(StorageEngine):
                              f"{exc.message}", hint="check that the value serde matches the data",
                              **self._ctx()) from exc
 
-    def _decode_fast(self, kb: bytes, vb: bytes) -> Any:
-        try:
-            return self._vde_fast(vb)
-        except FAST_ERRORS:
-            return self._decode_value(kb, vb)
-
     # -- reads -----------------------------------------------------------------------------------
     def get(self, key: Any) -> Any:
         """The value of ``key``, or None. Sees this task's own unflushed writes."""
-        ckey = self._canonical(key)
+        # a key of exactly the key class is its own cache key (see _canonical): no call for it
+        ckey = key if key.__class__ is self._key_class else self._canonical(key)
         value = self._cache.young.get(ckey, _MISS)
         if value is not _MISS:
             return value
@@ -375,7 +278,13 @@ class KeyValueEngine(StorageEngine):
         if value is not _MISS:
             cache.insert(ckey, value)
             return value
-        kb = self._key_bytes(ckey)
+        if self._key_class is _NoClass:  # as _key_bytes, inline: this is every miss of the C hot path too
+            kb = ckey
+        else:
+            try:
+                kb = self._kfast(ckey)
+            except FAST_ERRORS:
+                kb = self._slow_key(ckey)
         if not self._min_key <= len(kb) <= self._max_key:
             return None  # the backend cannot hold such a key: it cannot exist
         vb = _MISS
@@ -388,7 +297,13 @@ class KeyValueEngine(StorageEngine):
                 vb = self._backend.get(kb)
             except Exception as exc:
                 raise self._backend_failed(exc) from exc
-        value = None if vb is None else self._decode_fast(kb, vb)
+        if vb is None:
+            value = None
+        else:
+            try:
+                value = self._vde_fast(vb)
+            except FAST_ERRORS:
+                value = self._decode_value(kb, vb)
         cache.insert(ckey, value)
         return value
 
@@ -428,9 +343,20 @@ class KeyValueEngine(StorageEngine):
         logged is the value's state at that flush (the object ``get`` returns)."""
         if value is None:
             raise self._none_value(key)
-        ckey, _ = self._checked_key(key)
-        held = self._held_value(key, value)
-        self._cache.insert(ckey, value)
+        young = self._cache.young
+        if key.__class__ is self._key_class and key in young:
+            # A key in the young generation was checked when it entered the cache (see _get_missed):
+            # only the value is checked, an exact int by class and range (cheaper than packing it).
+            if self._int_values and value.__class__ is int and INT_MIN <= value <= INT_MAX:
+                held = value
+            else:
+                held = self._held_value(key, value)
+            young[key] = value
+            ckey = key
+        else:
+            ckey, _ = self._checked_key(key)
+            held = self._held_value(key, value)
+            self._cache.insert(ckey, value)
         dirty = self._dirty
         dirty[ckey] = held
         if len(dirty) > self._batch:
@@ -468,7 +394,7 @@ class KeyValueEngine(StorageEngine):
         _, items = self._pending_items()
         self._settle()
         self._logged.spill(items, deletes=self._tombstones)
-        self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
+        self._dirty.clear()  # cleared in place: the C hot path holds this dict
         self._tombstones = False
         self.spills += 1
 
@@ -603,7 +529,7 @@ class KeyValueEngine(StorageEngine):
         if behind:
             self._inflight.update(zip(ckeys, map(itemgetter(1), items)))
         self._logged.commit(items, deletes=self._tombstones)
-        self._dirty.clear()  # cleared in place: the hot-path closures hold this dict
+        self._dirty.clear()  # cleared in place: the C hot path holds this dict
         self._tombstones = False
         if behind and any(not it.closed for it in self._iterators):
             self._settle()  # open iterators take pre-images in write(): not while they advance

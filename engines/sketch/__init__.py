@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from localstate.core.backend import open_store_backend
+from localstate.core.registry import open_store_backend
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 from localstate.engines.sketch.bloom import MAX_WORDS, BloomFilter, bloom_size
-from localstate.engines.sketch.engine import (BloomFilterEngine, BloomFilterStore, HyperLogLogEngine, HyperLogLogStore,
-                                              QuantilesEngine, QuantilesStore, SketchEngine, SketchStore)
+from localstate.engines.sketch.engine import (BloomFilterEngine, HyperLogLogEngine, QuantilesEngine,
+                                              SketchEngine)
 from localstate.engines.sketch.hashing import HASHES, encode_item, fast_hash32, fast_hash64
 from localstate.engines.sketch.hll import MAX_PRECISION, MIN_PRECISION, HyperLogLog
 from localstate.engines.sketch.kll import MAX_K, MIN_K, KllSketch, rank_error
@@ -35,10 +35,6 @@ __all__ = [
     "HyperLogLogEngine",
     "BloomFilterEngine",
     "QuantilesEngine",
-    "SketchStore",
-    "HyperLogLogStore",
-    "BloomFilterStore",
-    "QuantilesStore",
     "HyperLogLog",
     "BloomFilter",
     "KllSketch",

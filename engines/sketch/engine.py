@@ -33,8 +33,7 @@ from localstate.engines.sketch.keys import META_KEY, name_prefix, split_key, uni
 from localstate.engines.sketch.kll import KllSketch, rank_error
 from localstate.errors import InvalidValueError, RestoreError, StoreClosedError, StoreError
 
-__all__ = ["SketchEngine", "HyperLogLogEngine", "BloomFilterEngine", "QuantilesEngine",
-           "SketchStore", "HyperLogLogStore", "BloomFilterStore", "QuantilesStore"]
+__all__ = ["SketchEngine", "HyperLogLogEngine", "BloomFilterEngine", "QuantilesEngine"]
 
 log = logging.getLogger(__name__)
 
@@ -609,9 +608,3 @@ class QuantilesEngine(SketchEngine[_Quantiles]):
         for other in others:
             target.merge(other)
 
-
-# Former names (every engine class is now named *Engine): kept for existing code.
-SketchStore = SketchEngine
-HyperLogLogStore = HyperLogLogEngine
-BloomFilterStore = BloomFilterEngine
-QuantilesStore = QuantilesEngine

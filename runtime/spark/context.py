@@ -9,33 +9,31 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "LOCAL_DEFAULTS",
+__all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "worker_affinity", "LOCAL_DEFAULTS",
            "QUICK_JIT_OPTIONS"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
     # The executor hands each task to its Python worker over a Unix domain socket (Spark >= 4.1;
-    # older Sparks ignore the key) instead of TCP loopback, where the executor's few small writes
-    # met Nagle's algorithm and the worker's delayed ACK (~40 ms per task; Spark 4.3's PythonRunner
-    # sets no TCP_NODELAY). A micro-batch's fixed cost falls 1.9-2.9x (`python -m bench scaling`,
-    # rows "fixed cost", six runs: ~75-80 -> ~29-38 ms per batch). In 1M-event runs (ten batches of
-    # ~0.5 s) the gain is within this VM's noise: 2 partitions / 1 partition per round, median 1.71
-    # over 15 rounds against 1.57 over 17 over TCP. An earlier session saw the two tasks of a
-    # local[2] batch run one after the other with it; no run since has (the 2-partition runs' read
-    # phase is half the 1-partition one's; tests/spark/test_batch_overhead.py checks that two tasks
-    # overlap). A job may set it to "false" in `[spark] conf`.
+    # older Sparks ignore the key) instead of TCP loopback, where small writes wait for delayed ACKs.
     "spark.python.unix.domain.socket.enabled": "true",
 }
-"""Spark settings a local-master context gets unless the job's ``[spark] conf`` sets them."""
+"""Spark settings a local-master context with worker affinity gets unless the job's ``[spark] conf``
+sets them (figures: bench/HISTORY.md)."""
 
 QUICK_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
-"""JVM options of a local driver whose JVM only schedules (``localstate run``: the tasks read their
-input and do all the work in Python): compile with the quick JIT tier (C1) only. The optimizing tier's
-compiler threads kept compiling Spark's per-job code (Java serialization, closure cleaning, class
-loading) through the whole run: the JVM took 2.1-4.8 CPU seconds per million events of ``python -m
-bench scaling``'s 2-partition job, from the two Python workers of a 2-core local[2] machine; with C1
-only it took 0.65-1.3, and the 2-partition run was faster in 8 of 10 alternated pairs (the
-1-partition run moved both ways within the noise). Not for the DataFrame path, where the JVM reads,
-shuffles and converts the rows (docs/spark.md, "Scaling with partitions")."""
+"""JVM options of a local driver whose JVM only schedules (``localstate run`` with worker affinity: the
+tasks read their input and do all the work in Python): the quick JIT tier (C1) only, so the optimizing
+compiler's threads do not take CPU from the Python workers. Not for the DataFrame path, where the JVM
+reads, shuffles and converts the rows."""
+
+
+def worker_affinity(job: Any, master: str) -> bool:
+    """Whether a run of ``job`` on ``master`` uses worker affinity (``[spark] worker_affinity``, on by
+    default, local masters only): partitions kept open in the Python worker that ran them, tasks
+    claiming the partition their worker keeps, workers that freeze their imports, and the local
+    Spark settings above. Off, each batch is plan -> one task per partition -> save checkpoints."""
+    return is_local_master(normalize_master(master)) and bool(job.spark.get("worker_affinity", True))
+
 
 _LOG4J = """\
 rootLogger.level = error
@@ -73,11 +71,11 @@ def is_local_master(master: str) -> bool:
 
 
 def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str] | None = None, *,
-               quick_jit: bool = False) -> Any:
+               quick_jit: bool = False, affinity: bool = True) -> Any:
     """The SparkConf :func:`spark_context` creates a context with: quiet logs, retries on local
     masters, reused Python workers running this interpreter, :data:`LOCAL_DEFAULTS` on local masters
-    unless already set, then ``conf`` (the job's ``[spark] conf``), which wins over all of them.
-    ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
+    with ``affinity`` unless already set, then ``conf`` (the job's ``[spark] conf``), which wins over
+    all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
     from pyspark import SparkConf
 
     log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
@@ -89,7 +87,7 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
                   .set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"
                        + (f" {QUICK_JIT_OPTIONS}" if quick_jit and is_local_master(master) else ""))
                   .set("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"))
-    if is_local_master(master):
+    if affinity and is_local_master(master):
         for key, value in LOCAL_DEFAULTS.items():
             spark_conf.setIfMissing(key, value)
     for key, value in (conf or {}).items():
@@ -98,7 +96,7 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
 
 
 def spark_context(master: str = "local[*]", app_name: str = "localstate",
-                  conf: Mapping[str, str] | None = None, *, quick_jit: bool = False) -> Any:
+                  conf: Mapping[str, str] | None = None, *, quick_jit: bool = False, affinity: bool = True) -> Any:
     """Get or create the SparkContext (:func:`spark_conf`); a context that already exists is
     returned as it is. JVM options (``quick_jit``, ``spark.driver.extraJavaOptions``) take effect
     only when this starts the JVM: PySpark keeps one JVM per Python process, for every later context."""
@@ -109,6 +107,6 @@ def spark_context(master: str = "local[*]", app_name: str = "localstate",
     warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
     from pyspark import SparkContext
 
-    context = SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit))
+    context = SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit, affinity=affinity))
     context.setLogLevel("ERROR")
     return context

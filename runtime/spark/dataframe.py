@@ -57,15 +57,14 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, load_job_config
-from localstate.runtime.faults import CrashAt, armed
 from localstate.core.fsutil import ensure_dir, os_error, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.partitioner import partition_for
 from localstate.core.layout import checkpoint_store, job_directory, open_changelog_system
-from localstate.runtime.instance import TaskInstance
 from localstate.runtime.spark.failures import executor_failure, spark_failure
 from localstate.runtime.spark.exchange import RowExchange
-from localstate.runtime.spark.instances import checkin, checkout, kept_partition, release_partitions
+from localstate.runtime.partition_task import PartitionTask, fault_for
+from localstate.runtime.spark.instances import Lease, checkin, checkout, kept_partition, release_partitions
 from localstate.core.streams.base import InputRecord
 from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
@@ -568,6 +567,38 @@ def _query_batch(batch: int) -> int | None:
     return int(value)
 
 
+class DataFramePartition(PartitionTask):
+    """A DataFrame-step batch of one job partition: the batch's Arrow rows as records, on the
+    partition's instance checked out of this worker, with its outputs in the batch's own file
+    (:class:`BatchOutputs`); a batch the instance applied before is skipped."""
+
+    def __init__(self, task: _BatchTask, partition: int, rows: Any) -> None:
+        super().__init__(task.spec.job, partition, fault=fault_for(task.fault, partition, task.batch),
+                         keep_open=task.keep_open)
+        self.task, self.rows = task, rows
+
+    def open(self) -> Lease:
+        job, partition = self.job, self.partition
+        return checkout(job, partition, self.task.run_id, lambda: BatchOutputs(job, partition))
+
+    def applied(self, lease: Lease) -> bool:
+        return lease.instance.batch is not None and lease.instance.batch >= self.task.batch
+
+    def begin(self, lease: Lease) -> None:
+        outputs = cast(BatchOutputs, lease.sink.inner)  # run ids of this path are its own: see run_batch
+        outputs.begin(self.task.batch, lease.instance.batch)
+
+    def records(self, lease: Lease) -> Iterator[tuple[str, InputRecord]]:
+        spec = self.task.spec
+        return _records(spec, self.rows, lease.instance.position(spec.stream))
+
+    def end(self, lease: Lease) -> None:
+        lease.instance.batch = self.task.batch
+
+    def check_in(self, lease: Lease, prepared: Checkpoint | None) -> None:
+        checkin(lease, prepared, keep=self.keep_open)
+
+
 def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any]:
     """Apply the batch to one job partition, unless its checkpoint already holds it; returns the
     prepared checkpoint (the driver saves it) or a deterministic error, pickled.
@@ -576,47 +607,25 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
     the one kept open since the partition's last batch if the committed checkpoint is exactly what
     that batch prepared, else a fresh one recovered to the checkpoint. With ``keep_open`` it is kept
     open afterwards for the partition's next batch."""
-    clock = time.perf_counter
-    started = clock()
-    spec, batch = task.spec, task.batch
+    batch = task.batch
     result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
                               "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(),
                               "started": 0.0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
     try:
         result["query_batch"] = _query_batch(batch)
-        job = spec.job
+        job = task.spec.job
         add_task_paths(job)
         committed = checkpoint_store(job).load(partition)
         if committed is not None and committed.batch is not None and committed.batch >= batch:
             return result  # applied before: the driver serves the outputs it stored
-        lease = checkout(job, partition, task.run_id, lambda: BatchOutputs(job, partition))
-        prepared = None
-        try:
-            instance = lease.instance
-            if instance.batch is not None and instance.batch >= batch:
-                return result
-            outputs = cast(BatchOutputs, lease.sink.inner)  # run ids of this path are its own: see run_batch
-            outputs.begin(batch, instance.batch)
-            opened = clock()
-            records = _records(spec, rows, instance.position(spec.stream))
-            converted = clock()
-            fault = task.fault
-            crash = CrashAt.from_plan_fault(fault) if fault and fault.get("partition") == partition \
-                and fault.get("batch") == batch else None
-            with armed(crash):
-                fed = instance.feed(records)
-            if job.window_interval is not None:
-                instance.maybe_window()
-            processed = clock()
-            instance.batch = batch
-            written = lease.sink.written
-            prepared = instance.prepare_commit()
-            result.update(applied=True, checkpoint=prepared.to_json(), records=fed.records,
-                          outputs=lease.sink.written - written, reused=lease.reused)
-        finally:
-            checkin(lease, prepared, keep=task.keep_open)
-        result.update({"open": opened - started, "convert": converted - opened, "process": processed - converted,
-                       "commit": clock() - processed})
+        done = DataFramePartition(task, partition, rows).run()
+        if done is None:
+            return result
+        phases = done.timings
+        result.update(applied=True, checkpoint=done.checkpoint.to_json(), records=done.records,
+                      outputs=done.outputs, reused=done.reused, open=phases["wait"] + phases["open"],
+                      convert=phases["read"], process=phases["process"],
+                      commit=sum(phases[name] for name in ("changelog", "store_flush", "outputs", "close")))
     except (Exception, SystemExit) as exc:
         result["error"] = executor_failure(exc, batch, partition)  # re-raises what Spark should retry
     return result

@@ -12,40 +12,32 @@ from __future__ import annotations
 
 import logging
 import pickle
-import shutil
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
 from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_master
-from localstate.runtime.spark.context import spark_context
-from localstate.runtime.spark.executor import run_partition, run_slot
+from localstate.runtime.spark.context import spark_context, worker_affinity
+from localstate.runtime.spark.affinity import WorkerAffinity
+from localstate.runtime.spark.executor import run_partition
 from localstate.runtime.spark.failures import spark_failure
-from localstate.runtime.spark.instances import clear_requests, is_alive, release_partitions
+from localstate.runtime.spark.instances import clear_requests
 from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
-from localstate.core.streams import StreamSink, open_input
+from localstate.core.streams import open_input
+from localstate.runtime.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
 
 __all__ = ["SparkJobRunner", "BatchCompaction"]
 
 log = logging.getLogger(__name__)
-
-
-def _consumed(items: Iterator[Any]) -> Iterator[None]:
-    """Yield once after exhausting ``items`` (a slot's empty partition): PySpark reuses a Python
-    worker only if the task read its input to the end."""
-    for _ in items:
-        pass
-    yield None
 
 
 class BatchCompaction:
@@ -117,7 +109,11 @@ class BatchCompaction:
 
 
 class SparkJobRunner:
-    """Drives a job on Spark, batch by batch, committing on the driver."""
+    """Drives a job on Spark, batch by batch, committing on the driver: plan from the checkpoints,
+    run one Spark task per planned partition, save the returned checkpoints."""
+
+    affinity_class = WorkerAffinity
+    """the worker affinity a local run uses (``[spark] worker_affinity``)"""
 
     def __init__(self, job: JobConfig, *, context: Any = None, master: str | None = None,
                  batch_size: int | None = None, fault: dict[str, Any] | None = None,
@@ -129,10 +125,9 @@ class SparkJobRunner:
         self.fault = fault
         self.progress = progress
         self.cluster = is_cluster_master(self.master)
-        # On a cluster, kept instances would need the claim and give-back files on a shared file
-        # system; the warm local stores on each host give the affinity instead (see .cluster).
-        self.keep_open = (not self.cluster and bool(job.spark.get("keep_open", True))) if keep_open is None \
-            else keep_open and not self.cluster
+        # Worker affinity (kept instances, claims, keepers, spare slots) is for local masters: on a
+        # cluster the warm local stores on each host give the affinity instead (see .cluster).
+        self.keep_open = worker_affinity(job, self.master) if keep_open is None else keep_open and not self.cluster
         self.placement: Placement | None = None
         self._committed: dict[int, Checkpoint | None] = {}
         self._saved: dict[int, Checkpoint] = {}
@@ -140,13 +135,8 @@ class SparkJobRunner:
         self._shipped: Any = None
         """this run's JobConfig as a Spark broadcast (:meth:`_ship_job`)"""
         self._savers: ThreadPoolExecutor | None = None
-        self._slot_rdds: dict[int, Any] = {}
-        self._workers: set[int] = set()
-        """pids of the Python workers that ran this run's slots (kept instances, local masters)"""
-        self._keepers: dict[int, int] = {}
-        """partition -> pid of the worker that ran its last committed batch and keeps it open"""
-        self._cores = 1
-        """the context's parallelism: at most this many slots run at once"""
+        self.affinity: WorkerAffinity | None = None
+        """this run's worker affinity (local masters, ``keep_open``), else None"""
         self.run_id = uuid.uuid4().hex
         self.checkpoints = checkpoint_store(job)
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
@@ -156,16 +146,13 @@ class SparkJobRunner:
         load_task_class(job.task)  # a task that cannot even be imported fails here, before Spark starts
 
     @property
-    def _claims(self) -> Path:
-        """Where the tasks of this run's batches claim their partitions."""
-        return self.checkpoints.root / "claims" / self.run_id
-
-    @property
     def context(self) -> Any:
         if self._context is None:
             conf = {k: v for k, v in self.job.spark.get("conf", {}).items()}
             # The JVM only schedules here (the tasks read their input in Python): the quick JIT.
-            self._context = spark_context(self.master, f"localstate:{self.job.name}", conf, quick_jit=True)
+            affinity = worker_affinity(self.job, self.master)
+            self._context = spark_context(self.master, f"localstate:{self.job.name}", conf, quick_jit=affinity,
+                                          affinity=affinity)
         return self._context
 
     def _create_changelogs(self) -> None:
@@ -222,20 +209,8 @@ class SparkJobRunner:
             placement = self._placement()
             results = placement.rdd(plans).mapPartitions(
                 lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
-        elif self.keep_open:
-            # Tasks are slots that claim a partition each, preferring the one their worker keeps; the
-            # plans travel once, in the closure, and the slots are empty partitions (consumed, or
-            # PySpark does not reuse the worker).
-            claims = self._claims / str(batch)
-            by_partition = {plan.partition: plan for plan in plans}
-            keepers = {p: self._keepers[p] for p in by_partition if p in self._keepers}
-            try:
-                results = self._slots(self._slot_count(len(plans))).mapPartitionsWithIndex(
-                    lambda slot, items: [run_slot(shipped.value, by_partition, claims, slot, keepers)
-                                         for _ in _consumed(items)]).collect()
-            finally:
-                shutil.rmtree(claims, ignore_errors=True)
-            self._workers.update(r["pid"] for r in results if "pid" in r)
+        elif self.affinity is not None:
+            results = self.affinity.run(batch, plans, shipped)
         else:
             rdd = self.context.parallelize(plans, len(plans))
             results = rdd.mapPartitions(lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
@@ -255,7 +230,8 @@ class SparkJobRunner:
         if self.cluster:
             self._placement().record(group, plans)
         saved = time.perf_counter()
-        self._record_keepers(results)
+        if self.affinity is not None:
+            self.affinity.record(results)
         out = BatchResult(batch, seconds=saved - started, tasks=len(results), failed_attempts=failed_attempts)
         for r in results:
             out.records_in += r["in"]
@@ -275,35 +251,6 @@ class SparkJobRunner:
         out.driver_seconds = {"spark": max(0.0, collected - started - out.busiest_task),
                               "checkpoint": saved - collected}
         return out
-
-    def _record_keepers(self, results: list[dict[str, Any]]) -> None:
-        """Which worker keeps which partition open after a committed batch: a worker keeps the last
-        partition it ran (at most one instance per worker), so entries of workers that ran something
-        in this batch are replaced by their latest partition. A stale entry would only make a slot
-        wait :data:`~.instances.KEEPER_GRACE` for a worker that no longer comes."""
-        latest: dict[int, tuple[float, int]] = {}
-        for r in results:
-            if "pid" in r:
-                latest[r["pid"]] = max(latest.get(r["pid"], (float("-inf"), -1)), (r["finished"], r["partition"]))
-        self._keepers = {p: pid for p, pid in self._keepers.items() if pid not in latest}
-        self._keepers.update((partition, pid) for pid, (_, partition) in latest.items())
-
-    def _slot_count(self, planned: int) -> int:
-        """Slots for a batch of ``planned`` partitions: one per partition, or, if the run has more
-        live Python workers than that (up to the context's parallelism), one per worker, so that the
-        workers keeping the partitions open get a slot. Spark hands a task to the worker idle the
-        longest: with one slot per partition, a 1-partition job on a context whose earlier jobs had
-        started two workers switched workers (closed, reopened and recached its state) every batch."""
-        live = sum(1 for pid in self._workers if is_alive(pid))
-        return max(planned, min(self._cores, live))
-
-    def _slots(self, count: int) -> Any:
-        """An RDD of ``count`` empty partitions: the Spark tasks of a batch whose plans travel in the
-        closure (made once per count and run, no data to write and read back per batch)."""
-        slots = self._slot_rdds.get(count)
-        if slots is None:
-            slots = self._slot_rdds[count] = self.context.parallelize([], count)
-        return slots
 
     def _ship_job(self) -> Any:
         """This run's JobConfig as a Spark broadcast, made on first use in a run: a Python worker
@@ -345,7 +292,6 @@ class SparkJobRunner:
                 shipped.destroy()
             except Exception:  # noqa: BLE001 - a stopped context: nothing left to free
                 log.debug("destroying the broadcast job config failed", exc_info=True)
-        self._slot_rdds.clear()
         savers, self._savers = self._savers, None
         if savers is not None:
             savers.shutdown()
@@ -400,10 +346,8 @@ class SparkJobRunner:
         self.context  # start Spark before timing anything
         self.run_id = uuid.uuid4().hex
         self._saved.clear()  # a run plans its first batch from disk (a restarted driver does too)
-        self._workers.clear()
-        self._keepers.clear()
         if self.keep_open:
-            self._cores = max(1, int(self.context.defaultParallelism))
+            self.affinity = self.affinity_class(self.context, self.checkpoints.root / "claims" / self.run_id)
         partitions = range(self.job.partitions)
         clear_requests(self.checkpoints, partitions)
         self._create_changelogs()
@@ -442,10 +386,10 @@ class SparkJobRunner:
             if compaction is not None:
                 compaction.close()  # waits for a running round
                 summary.compaction_rounds = compaction.rounds.runs
-            if self.keep_open:
+            if self.affinity is not None:
                 releasing = time.perf_counter()
-                release_partitions(self.checkpoints, partitions)
-                shutil.rmtree(self._claims, ignore_errors=True)
+                self.affinity.release(self.checkpoints, self.job)
+                self.affinity = None
                 summary.release_seconds = time.perf_counter() - releasing
             self._end_run()
         summary.seconds = time.perf_counter() - started

@@ -1,10 +1,10 @@
 """Executor side of a batch: one Spark task runs one partition's plan (:func:`run_partition`), or,
 with instances kept open, claims a partition first (:func:`run_slot`).
 
-The task checks out its partition's TaskInstance (:mod:`.instances`), reads its plan's input ranges
-merged in event-time order (:func:`plan_records`), feeds them through the runtime's one feed loop
-(:meth:`~localstate.runtime.instance.TaskInstance.feed`), prepares the commit and returns the
-checkpoint, counts and :data:`~.plan.TASK_PHASES` timings to the driver, which saves it."""
+A batch is a :class:`~localstate.runtime.partition_task.PartitionTask` (:class:`PlannedPartition`):
+its records are the plan's input ranges merged in event-time order (:func:`plan_records`), on the
+partition's instance checked out of this worker (:mod:`.instances`); the prepared checkpoint, counts
+and timings go back to the driver, which saves the checkpoint."""
 
 from __future__ import annotations
 
@@ -17,18 +17,19 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.runtime.faults import CrashAt, armed
+from localstate.runtime.faults import CrashAt
+from localstate.runtime.partition_task import PartitionTask, fault_for
 from localstate.runtime.spark.failures import executor_failure
 from localstate.runtime.spark.cluster import is_warm
-from localstate.runtime.spark.instances import (BatchInstance, checkin, checkout, claim, kept_partition, open_planned,
-                                               task_context)
+from localstate.runtime.spark.instances import (BatchInstance, Lease, checkin, checkout, claim, kept_partition,
+                                               open_planned, task_context)
 from localstate.runtime.spark.plan import PartitionPlan
 from localstate.core.streams import open_input
 from localstate.core.streams.base import InputRecord, InputStream
-from localstate.core.task import add_task_paths
 
-__all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt"]
+__all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt", "PlannedPartition"]
 
 
 def _sort_key(ts: float | None, index: int, offset: int) -> tuple[float, int, int]:
@@ -61,10 +62,35 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
 def plan_fault(plan: PartitionPlan) -> CrashAt | None:
     """The crash point the plan's test/demo ``fault`` arms for this task, if it targets this
     partition and batch."""
-    fault = plan.fault
-    if fault and fault.get("partition") == plan.partition and fault.get("batch") == plan.batch:
-        return CrashAt.from_plan_fault(fault)
-    return None
+    return fault_for(plan.fault, plan.partition, plan.batch)
+
+
+class PlannedPartition(PartitionTask):
+    """A native-path batch: the plan's input ranges, read from the job's inputs, on the instance this
+    worker keeps (or, on a cluster, one opened against the checkpoint the plan carries)."""
+
+    def __init__(self, job: JobConfig, plan: PartitionPlan) -> None:
+        super().__init__(job, plan.partition, fault=plan_fault(plan), keep_open=plan.keep_open)
+        self.plan = plan
+        self.inputs: dict[str, InputStream] = {}
+
+    def open(self) -> Lease:
+        plan = self.plan
+        return open_planned(self.job, plan) if plan.cluster else checkout(self.job, plan.partition, plan.run_id)
+
+    def begin(self, lease: Lease) -> None:
+        if self.plan.roll_changelogs:
+            _roll_changelogs(lease.instance)
+        self.inputs = {name: open_input(self.job, name) for name in sorted(self.plan.ranges)}
+
+    def records(self, lease: Lease) -> Iterator[tuple[str, InputRecord]]:
+        return plan_records(lease.instance, self.plan, self.inputs)
+
+    def policies(self) -> Mapping[str, InputStream]:
+        return self.inputs
+
+    def check_in(self, lease: Lease, prepared: Checkpoint | None) -> None:
+        checkin(lease, prepared, keep=self.keep_open)
 
 
 def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
@@ -88,45 +114,15 @@ def task_attempt() -> int:
 
 
 def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
-    add_task_paths(job)
-    started = time.perf_counter()
-    partition = plan.partition
-    lease = open_planned(job, plan) if plan.cluster else checkout(job, partition, plan.run_id)
-    instance, clock = lease.instance, lease.clock
-    changelog_start, outputs_start = clock["changelog"], clock["outputs"]
-    prepared = None
-    try:
-        if plan.roll_changelogs:
-            _roll_changelogs(instance)
-        opened = time.perf_counter()
-        inputs = {name: open_input(job, name) for name in sorted(plan.ranges)}
-        with armed(plan_fault(plan)):
-            fed = instance.feed(plan_records(instance, plan, inputs), inputs)  # no commit inside a batch
-        reading = fed.read_seconds
-        if job.window_interval is not None:
-            instance.maybe_window()
-        processed = time.perf_counter()
-        changelog_in_process = clock["changelog"] - changelog_start  # spills of large batches
-        before = lease.sink.written
-        prepared = instance.prepare_commit()
-        committed = time.perf_counter()
-    finally:
-        checkin(lease, prepared, keep=plan.keep_open)
-    changelog = clock["changelog"] - changelog_start
-    outputs = clock["outputs"] - outputs_start
-    timings = {
-        "wait": lease.waited, "open": opened - started - lease.waited, "read": reading,
-        "process": processed - opened - reading - changelog_in_process, "changelog": changelog,
-        "store_flush": committed - processed - (changelog - changelog_in_process) - outputs, "outputs": outputs,
-        "close": time.perf_counter() - committed,
-    }
+    done = PlannedPartition(job, plan).run()
+    assert done is not None  # a planned batch is never applied before: the plan starts at the checkpoint
     return {
-        "partition": partition, "checkpoint": asdict(prepared), "in": fed.records,
-        "out": lease.sink.written - before, "skipped": fed.skipped, "dead": fed.dead_lettered,
-        "restore_seconds": sum(r.seconds for r in lease.recoveries),
-        "replayed": sum(r.replayed for r in lease.recoveries), "trimmed": sum(r.trimmed for r in lease.recoveries),
-        "reused": lease.reused, "pid": os.getpid(), "timings": timings,
-        "warm": lease.reused or is_warm(lease.recoveries), "attempt": task_attempt(),
+        "partition": done.partition, "checkpoint": asdict(done.checkpoint), "in": done.records,
+        "out": done.outputs, "skipped": done.skipped, "dead": done.dead_lettered,
+        "restore_seconds": sum(r.seconds for r in done.recoveries),
+        "replayed": sum(r.replayed for r in done.recoveries), "trimmed": sum(r.trimmed for r in done.recoveries),
+        "reused": done.reused, "pid": done.pid, "timings": done.timings,
+        "warm": done.reused or is_warm(done.recoveries), "attempt": task_attempt(),
         # When it ended (a host-wide clock): of two partitions one worker ran in a batch, it keeps
         # the later one open.
         "finished": time.monotonic(),

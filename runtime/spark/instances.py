@@ -58,7 +58,7 @@ from localstate.core.layout import open_changelog_system
 from localstate.runtime.instance import TaskInstance
 from localstate.runtime.spark.cluster import PlannedCheckpoints, executor_local_root
 from localstate.runtime.spark.plan import PartitionPlan
-from localstate.core.streams import StreamSink
+from localstate.runtime.sink import StreamSink
 from localstate.core.task import OutgoingMessage, load_task_class
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
@@ -418,16 +418,14 @@ def settle_worker(job: JobConfig) -> bool:
     call froze.
 
     PySpark's worker loop runs a full ``gc.collect()`` after every task, before it reads the next
-    one, so it sat on each micro-batch's critical path: scanning the 40k+ objects of pyspark's and
-    localstate's modules took ~25 ms per batch (an empty 2-task job on local[2], alternated: 97-108
-    ms against 74-83 ms frozen; ``python -m bench scaling``'s tiny localstate batches: 94-95 against
-    71-89 ms with 1 partition, 116-119 against 75-88 ms with 2). Frozen objects are still freed by
-    reference counting; only the objects alive now stop being scanned for cycles. :func:`checkout`
-    and :func:`open_planned`, where every instance of a Spark task is opened (the native path's and
-    the DataFrame path's), call it first, so no instance exists yet and state opened later stays
-    collectable. Outside a Spark task (the driver, tests opening instances) nothing happens."""
+    one, so scanning the objects of pyspark's and localstate's modules sat on each micro-batch's
+    critical path. Frozen objects are still freed by reference counting; only the objects alive now
+    stop being scanned for cycles. :func:`checkout` and :func:`open_planned`, where every instance of
+    a Spark task is opened (the native path's and the DataFrame path's), call it first, so no
+    instance exists yet and state opened later stays collectable. Outside a Spark task (the driver,
+    tests opening instances), and for a job with ``[spark] worker_affinity = false``, nothing happens."""
     global _worker_settled
-    if _worker_settled or task_context() is None:
+    if _worker_settled or task_context() is None or not job.spark.get("worker_affinity", True):
         return False
     _worker_settled = True
     load_task_class(job.task)

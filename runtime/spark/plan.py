@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from localstate.runtime.partition_task import TASK_PHASES
+
 __all__ = ["PartitionPlan", "BatchResult", "RunSummary", "TASK_PHASES", "DRIVER_PHASES", "progress_line"]
 
 
@@ -37,11 +39,6 @@ class PartitionPlan:
     """cluster mode: where the driver keeps the checkpoint (for error messages)"""
 
 
-#: Phases of a Spark task, in seconds (``timings`` of :func:`run_partition`'s result): waiting for
-#: the partition lock, opening/recovering (or validating the kept instance), reading and decoding
-#: input, the task's ``process()`` (with its store reads and writes), changelog appends and fsyncs,
-#: the rest of the store flush (the local write), writing outputs, closing.
-TASK_PHASES = ("wait", "open", "read", "process", "changelog", "store_flush", "outputs", "close")
 #: Phases on the driver, per batch.
 DRIVER_PHASES = ("plan", "spark", "checkpoint")
 @dataclass

@@ -4,9 +4,12 @@ The public surface, in two parts:
 
 * for **task authors**: :class:`StreamTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
   :class:`Coordinator`, :class:`KeyValueStore`, :class:`TaskTestDriver`, and the errors in :mod:`localstate.errors`;
-* for **plugin authors** (engines, changelog systems, serdes): :class:`StorageEngine`,
-  :class:`StorageEngineFactory`, :class:`StoreContext`, :class:`Option`, :class:`Serde` and the
-  changelog contract.
+* for **plugin authors** (engines, changelog systems, stream systems, backends, serdes):
+  :class:`StorageEngine`, :class:`StorageEngineFactory`, :class:`StoreContext`, :class:`Option`,
+  :class:`Serde`, the changelog contract (:class:`ChangelogSystem`, :class:`ChangelogPartition`,
+  :class:`ChangelogWriter`, :class:`ChangelogRecord`), the stream contract (:class:`StreamSystem`,
+  :class:`InputStream`, :class:`OutputStream`, :class:`InputRecord`) and the backend contract
+  (:class:`KVBackend`, :class:`DirectoryBackend`, :class:`SortedRun`, ``Item``).
 
 Everything else is internal. See ``docs/`` for the architecture and guides.
 """
@@ -15,11 +18,13 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from localstate import errors
+from localstate.core.backend import DirectoryBackend, Item, KVBackend, SortedRun
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem, ChangelogWriter
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
+from localstate.core.streams import InputRecord, InputStream, OutputStream, StreamSystem
 from localstate.core.task import Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
 from localstate.errors import LocalStateError
 
@@ -42,16 +47,27 @@ __all__ = [
     "errors",
     "JobConfig",
     "load_job_config",
-    # plugin authors
-    "ChangelogPartition",
-    "ChangelogRecord",
-    "ChangelogSystem",
-    "ChangelogWriter",
+    # plugin authors: engines
     "Option",
     "Serde",
     "StorageEngine",
     "StorageEngineFactory",
     "StoreContext",
+    # plugin authors: changelog systems
+    "ChangelogPartition",
+    "ChangelogRecord",
+    "ChangelogSystem",
+    "ChangelogWriter",
+    # plugin authors: stream systems (job inputs and outputs)
+    "StreamSystem",
+    "InputStream",
+    "OutputStream",
+    "InputRecord",
+    # plugin authors: storage backends
+    "KVBackend",
+    "DirectoryBackend",
+    "SortedRun",
+    "Item",
 ]
 
 

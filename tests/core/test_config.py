@@ -71,6 +71,16 @@ def test_unknown_and_ill_typed_engine_options_name_their_path():
     assert "stores.counts.write_batch_size" in problems
 
 
+def test_removed_engine_options_say_what_to_write_instead():
+    data = config(stores__top__engine="heap", stores__top__mode="reorder", stores__top__max_lateness=5,
+                  stores__top__kv={"block_cache_size": "8MB"}, stores__counts__cache_sise=10)
+    problems = problems_of(data)
+    assert set(problems) == {"stores.top.mode", "stores.top.kv", "stores.counts.cache_sise"}  # all at once
+    assert 'write kind = "reorder" instead' in problems["stores.top.mode"]
+    assert "top level" in problems["stores.top.kv"]
+    assert "unknown option" not in problems["stores.top.mode"] + problems["stores.top.kv"]
+
+
 def test_pickle_needs_opt_in_and_other_stores_still_validate():
     data = config(stores__blobs__engine="kv", stores__blobs__value_serde="pickle")
     problems = problems_of(data)

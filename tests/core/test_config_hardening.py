@@ -96,7 +96,7 @@ def test_changelog_system_table_must_be_a_table(value):
 BAD_SPARK = [
     ("master", 5), ("master", ""), ("master", "local\n[*]"), ("master", True),
     ("batch_size", 0), ("batch_size", -1), ("batch_size", "x"), ("batch_size", 1.5), ("batch_size", True),
-    ("keep_open", "yes"), ("keep_open", 1),
+    ("worker_affinity", "yes"), ("worker_affinity", 1),
     ("pythonpath", 5), ("pythonpath", "lib"), ("pythonpath", [5]), ("pythonpath", ["ok", "bad\0path"]),
     ("pythonpath", [""]),
     ("conf", 5), ("conf", "spark.x=1"), ("conf", {"spark.x": [1, 2]}), ("conf", {"spark.x": {"y": [1]}}),
@@ -111,7 +111,7 @@ def test_bad_spark_values_reported_at_their_key(key, value):
 
 
 @pytest.mark.parametrize("key, suggestion", [("batchsize", "batch_size"), ("mastr", "master"),
-                                             ("keepopen", "keep_open"), ("python_path", "pythonpath")])
+                                             ("worker_afinity", "worker_affinity"), ("python_path", "pythonpath")])
 def test_unknown_spark_keys_get_did_you_mean(key, suggestion):
     problems = problems_of({**with_job(), "spark": {key: 1}})
     assert suggestion in problems[f"spark.{key}"]
@@ -123,12 +123,12 @@ def test_spark_section_must_be_a_table():
 
 def test_valid_spark_table_keeps_only_given_keys_and_flattens_conf():
     job = parse_job_config({**with_job(), "spark": {
-        "master": "local[2]", "batch_size": 10, "keep_open": False, "pythonpath": ["lib"],
+        "master": "local[2]", "batch_size": 10, "worker_affinity": False, "pythonpath": ["lib"],
         "conf": {"spark": {"executor": {"memory": "2g"}}, "spark.task.maxFailures": 4}}})
-    assert job.spark == {"master": "local[2]", "batch_size": 10, "keep_open": False, "pythonpath": ["lib"],
+    assert job.spark == {"master": "local[2]", "batch_size": 10, "worker_affinity": False, "pythonpath": ["lib"],
                          "conf": {"spark.executor.memory": "2g", "spark.task.maxFailures": 4}}
     assert parse_job_config(with_job()).spark == {}
-    assert set(SPARK_OPTIONS) == {"master", "batch_size", "keep_open", "pythonpath", "conf"}
+    assert set(SPARK_OPTIONS) == {"master", "batch_size", "worker_affinity", "pythonpath", "conf"}
 
 
 # -- [job] keys ------------------------------------------------------------------------------------

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from localstate import KeyValueStore, StreamTask, TaskTestDriver
-from localstate.core.streams.base import InputRecord
+from localstate import InputRecord, KeyValueStore, StreamTask, TaskTestDriver
 from localstate.errors import ConfigError, InputError
 
 STORES = {"counts": {"engine": "kv", "key_serde": "string", "value_serde": "int"}}

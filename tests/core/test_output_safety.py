@@ -11,7 +11,8 @@ from localstate.tools.cli import main
 from localstate.core.config import load_job_config
 from localstate.core.layout import open_changelog_system
 from localstate.runtime.instance import TaskInstance
-from localstate.core.streams import StreamSink, open_output
+from localstate.core.streams import open_output
+from localstate.runtime.sink import StreamSink
 from localstate.streams.jsonl import read_jsonl, write_jsonl
 from localstate.core.task import Envelope, StreamTask
 from localstate.errors import ConfigError, OutputError

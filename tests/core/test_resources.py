@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from localstate.core.registry import open_backend
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import parse_job_config
 from localstate.core.fsutil import write_atomic
 from localstate.core.streams import open_input, open_output
 from localstate.streams.jsonl import write_jsonl
-from localstate.engines.kv.backends import open_backend
 from localstate.errors import (CheckpointError, CheckpointIOError, InputError, LocalStateError, OutputError,
                                OutputIOError, ResourceError, StoreError, StoreIOError)
 

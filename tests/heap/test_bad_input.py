@@ -134,9 +134,8 @@ def test_options_are_validated_at_their_config_path() -> None:
         "stores.s.kind": {"kind": "heap"},
         "stores.s.max_lateness": {"kind": "reorder", "max_lateness": "soon"},
         "stores.s.late_policy": {"kind": "reorder", "late_policy": "ignore"},
-        "stores.s.kv.cache_sise": {"kv": {"cache_sise": 3}},
         "stores.s.backend": {"backend": "leveldb"},
-        "stores.s.kv.rocksdb.max_open_filez": {"kv": {"rocksdb": {"max_open_filez": 3}}},
+        "stores.s.rocksdb.max_open_filez": {"rocksdb": {"max_open_filez": 3}},
     }
     for path, raw in cases.items():
         with pytest.raises(ConfigError) as info:
@@ -148,8 +147,8 @@ def test_options_are_validated_at_their_config_path() -> None:
     with pytest.raises(ConfigError) as info:
         factory.validate_options("s", {"max_lateness": 5})
     assert info.value.problems[0].path == "stores.s.max_lateness"
-    ok = factory.validate_options("s", {"kind": "reorder", "max_lateness": "250ms", "kv": {"cache_size": 5}})
-    assert ok["max_lateness"] == "250ms" and ok["kv"] == {"cache_size": 5}
+    ok = factory.validate_options("s", {"kind": "reorder", "max_lateness": "250ms", "block_cache_size": "8MB"})
+    assert ok["max_lateness"] == "250ms" and ok["block_cache_size"] == 8 << 20 and "kv" not in ok
 
 
 def test_corrupt_records_raise_restore_error_with_offset(heap_dirs, opener, changelog) -> None:
@@ -197,18 +196,13 @@ def test_failed_restore_leaves_a_consistent_order(heap_dirs, opener, changelog) 
     heap.close()
 
 
-def test_kind_picks_the_heap_variant_and_mode_is_a_deprecated_alias() -> None:
+def test_kind_picks_the_heap_variant() -> None:
     factory = HeapEngineFactory()
     assert factory.validate_options("s", {})["kind"] == "topn"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # kind never warns
         ok = factory.validate_options("s", {"kind": "reorder", "max_lateness": 5})
     assert ok["kind"] == "reorder" and "mode" not in ok
-    with pytest.warns(DeprecationWarning, match=r"stores\.s\.mode: mode is deprecated; write kind = 'reorder'"):
-        legacy = factory.validate_options("s", {"mode": "reorder", "max_lateness": 5})
-    assert legacy == ok  # the alias resolves to the same validated options (same store, no rebuild)
-    with pytest.warns(DeprecationWarning):
-        assert factory.validate_options("s", {"mode": "topn", "kind": "topn"})["kind"] == "topn"
     with pytest.raises(ConfigError) as info:
         factory.validate_options("s", {"kind": "heap"})
     assert [p.path for p in info.value.problems] == ["stores.s.kind"]
@@ -218,11 +212,26 @@ def test_kind_picks_the_heap_variant_and_mode_is_a_deprecated_alias() -> None:
     assert 'kind = "reorder"' in info.value.problems[0].message
 
 
-def test_kind_and_mode_with_different_values_are_refused_at_kind() -> None:
+@pytest.mark.parametrize("raw, advice", [
+    ({"mode": "reorder", "max_lateness": 5}, 'write kind = "reorder" instead'),
+    ({"mode": "topn", "kind": "topn"}, 'write kind = "topn" instead'),
+    ({"kind": "topn", "mode": "reorder"}, 'write kind = "reorder" instead'),
+])
+def test_the_removed_mode_option_says_to_write_kind(raw, advice) -> None:
     with pytest.raises(ConfigError) as info:
-        HeapEngineFactory().validate_options("s", {"kind": "topn", "mode": "reorder"})
-    assert [p.path for p in info.value.problems] == ["stores.s.kind"]
-    assert "conflicts with mode = 'reorder'" in str(info.value) and "remove mode" in (info.value.hint or "")
+        HeapEngineFactory().validate_options("s", raw)
+    assert [p.path for p in info.value.problems] == ["stores.s.mode"]
+    message = info.value.problems[0].message
+    assert "'mode' was removed" in message and advice in message and "unknown option" not in message
+
+
+def test_the_removed_nested_kv_table_says_to_write_its_keys_at_the_top_level() -> None:
+    with pytest.raises(ConfigError) as info:
+        HeapEngineFactory().validate_options("s", {"kv": {"block_cache_size": "8MB"}, "capacity": 0})
+    problems = {p.path: p.message for p in info.value.problems}
+    assert set(problems) == {"stores.s.kv", "stores.s.capacity"}  # reported with the other problems
+    assert "'kv' was removed" in problems["stores.s.kv"] and "top level" in problems["stores.s.kv"]
+    assert "block_cache_size" in problems["stores.s.kv"]
 
 
 def test_kind_opens_the_matching_engine(heap_dirs, opener, changelog) -> None:

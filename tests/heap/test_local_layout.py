@@ -10,9 +10,9 @@ import pytest
 
 import localstate.engines.heap.base as heap_base
 from localstate.changelog.memory import MemoryChangelogPartition
+from localstate.core.registry import open_backend
 from localstate.core.recovery import recover_store
-from localstate.engines.heap.factory import inner_kv_options
-from localstate.engines.kv.backends import open_backend
+from localstate.engines.heap.options import backend_options_of
 
 
 def content(store: Any) -> list[tuple]:
@@ -67,7 +67,7 @@ def test_undecodable_local_state_is_rebuilt_from_the_changelog(heap_dirs, opener
     expected, offset = content(store), changelog.end_offset()
     first = segments(store)[0]
     store.close()
-    backend = open_backend("rocksdb", directory, inner_kv_options("heap", {"backend": "rocksdb"}))
+    backend = open_backend("rocksdb", directory, backend_options_of("heap", {"backend": "rocksdb"}))
     backend.write([(first, b"\x00 not marshal data")])
     backend.close()
 

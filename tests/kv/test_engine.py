@@ -6,9 +6,9 @@ import enum
 
 import pytest
 
+from localstate.core.codecs import FAST_ERRORS, fast_codec
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, StringSerde
 from localstate.engines.kv import KeyValueEngine, KeyValueEngineFactory
-from localstate.engines.kv.codecs import FAST_ERRORS, fast_codec
 from localstate.errors import ConfigError, InvalidValueError, SerdeError, StoreClosedError
 
 

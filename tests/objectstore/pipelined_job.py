@@ -19,7 +19,7 @@ from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.layout import open_changelog_system
 from localstate.runtime.instance import TaskInstance
 from localstate.core.streams.base import InputRecord
-from localstate.core.streams.sink import StreamSink
+from localstate.runtime.sink import StreamSink
 from localstate.core.task import StreamTask
 from localstate.streams.jsonl import read_jsonl
 

@@ -290,13 +290,13 @@ def test_snapshot_plus_tail_equals_full_replay(tmp_path_factory, rounds, every):
 
 
 def test_compact_objects_keeps_last_value_per_key_in_offset_order():
-    from localstate.changelog.file.format import encode_into
+    from localstate.changelog.framing import encode_into
 
     first, second = bytearray(), bytearray()
     encode_into(first, [(b"a", b"1"), (b"b", b"1"), (b"c", b"1")], 0, 0)
     encode_into(second, [(b"a", b"2"), (b"b", None), (b"d", b"1")], 3, 0)
     body, count = compact_objects([bytes(first), bytes(second)])
-    from localstate.changelog.file.partition import decode_records
+    from localstate.changelog.framing import decode_records
 
     records, _pos, _next = decode_records(body, 0, len(body), 0, 10)
     assert count == 3 and [(r.key, r.value, r.offset) for r in records] == [

@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localstate.changelog.file.partition import decode_records
+from localstate.changelog.framing import decode_records
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.changelog.objectstore.chain import OBJECT_HEADER
 from localstate.errors import ConfigError

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localstate.changelog.file.format import encode_into
-from localstate.changelog.file.partition import decode_records
+from localstate.changelog.framing import encode_into
+from localstate.changelog.framing import decode_records
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.changelog.objectstore.compaction import LatestRecords, compact_objects
 from localstate.core.layout import checkpoint_store

@@ -34,7 +34,7 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.layout import checkpoint_store, open_changelog_system
 from localstate.runtime.instance import TaskInstance
 from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.core.streams.sink import StreamSink
+from localstate.runtime.sink import StreamSink
 from localstate.errors import CheckpointError
 
 HERE = Path(__file__).resolve().parent

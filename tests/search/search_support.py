@@ -12,8 +12,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogWriter
-from localstate.core.engine import StoreContext
+from localstate import ChangelogPartition, ChangelogRecord, ChangelogWriter, StoreContext
 from localstate.core.serdes import BytesSerde, StringSerde
 from localstate.engines.search import SearchEngine, SearchEngineFactory
 

@@ -14,7 +14,7 @@ from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.engine import StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, StringSerde
-from localstate.engines.sketch import (BloomFilterStore, HyperLogLogStore, QuantilesStore, SketchEngineFactory,
+from localstate.engines.sketch import (BloomFilterEngine, HyperLogLogEngine, QuantilesEngine, SketchEngineFactory,
                                        encode_item, rank_error)
 from localstate.engines.sketch.hll import hash32_function
 from localstate.engines.sketch.keys import META_KEY, name_prefix, split_key
@@ -79,7 +79,7 @@ def test_registered_entry_point_resolves_to_factory() -> None:
 def test_hll_flush_reopen_and_restore_are_bit_identical(tmp_path: Path, backend: str) -> None:
     changelog = MemoryChangelogPartition()
     store = open_store(tmp_path / "a", changelog, kind="hll", precision=10, backend=backend)
-    assert isinstance(store, HyperLogLogStore)
+    assert isinstance(store, HyperLogLogEngine)
     assert store.local_offset() in (None, 0)
     store.add_many("page-1", [f"u{i}" for i in range(50_000)])
     store.add("page-2", 42)
@@ -268,7 +268,7 @@ def test_names_through_key_serde(tmp_path: Path) -> None:
 def test_bloom_store_logs_changed_words_and_restores(tmp_path: Path) -> None:
     changelog = MemoryChangelogPartition()
     store = open_store(tmp_path / "a", changelog, kind="bloom", capacity=20_000, error_rate=0.01)
-    assert isinstance(store, BloomFilterStore)
+    assert isinstance(store, BloomFilterEngine)
     members = [f"m{i}" for i in range(20_000)]
     store.add_many("f", members)
     store.add("g", b"alone")
@@ -298,7 +298,7 @@ def test_bloom_store_logs_changed_words_and_restores(tmp_path: Path) -> None:
 def test_quantiles_store_one_record_per_flush_and_exact_restore(tmp_path: Path) -> None:
     changelog = MemoryChangelogPartition()
     store = open_store(tmp_path / "a", changelog, kind="quantiles", k=200)
-    assert isinstance(store, QuantilesStore)
+    assert isinstance(store, QuantilesEngine)
     data = np.random.default_rng(3).normal(size=200_000)
     store.add_many("lat", data[:100_000])
     store.flush()

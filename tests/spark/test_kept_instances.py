@@ -17,8 +17,10 @@ from localstate.core.partitioner import partition_for
 from localstate.core.layout import checkpoint_store, open_changelog_system
 from localstate.runtime.instance import TaskInstance
 from localstate.runtime.spark import instances
+from localstate.runtime.spark.affinity import WorkerAffinity
 from localstate.runtime.spark.runner import SparkJobRunner, run_partition
-from localstate.core.streams import StreamSink, open_output
+from localstate.core.streams import open_output
+from localstate.runtime.sink import StreamSink
 
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from keyed_events import write_keyed_events
@@ -178,11 +180,15 @@ def test_slot_leaves_a_partition_to_its_live_keeper_then_takes_it_over(tmp_path)
 def test_driver_records_the_last_partition_each_worker_ran_as_the_one_it_keeps(tmp_path):
     """A worker keeps only the last partition it ran: with more partitions than cores one worker runs
     two in a batch, and an entry naming the first would make a slot wait for a keeper that no longer
-    keeps it."""
-    job = load_job_config(_bad_input_job(tmp_path, "skip"))
-    runner = SparkJobRunner(job, context=object(), batch_size=10, progress=None)  # no Spark needed
-    runner._keepers = {2: 11, 3: 12}
-    runner._record_keepers([{"partition": 0, "pid": 10, "finished": 1.0},
-                            {"partition": 1, "pid": 11, "finished": 1.5},
-                            {"partition": 2, "pid": 10, "finished": 2.0}])
-    assert runner._keepers == {1: 11, 2: 10, 3: 12}
+    keeps it. A spare slot that ran nothing changes nothing."""
+
+    class Context:  # WorkerAffinity asks the context only for its parallelism here
+        defaultParallelism = 2
+
+    affinity = WorkerAffinity(Context(), tmp_path / "claims")
+    affinity.keepers = {2: 11, 3: 12}
+    affinity.record([{"partition": 0, "pid": 10, "finished": 1.0},
+                     {"partition": 1, "pid": 11, "finished": 1.5},
+                     {"partition": 2, "pid": 10, "finished": 2.0},
+                     {"partition": None, "pid": 12, "attempt": 0}])
+    assert affinity.keepers == {1: 11, 2: 10, 3: 12}

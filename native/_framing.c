@@ -1,10 +1,12 @@
-/* The file changelog's record framing in C: the per-record loops of format.encode_into and of the
- * restore decoder (partition._decode_columns), which cost 0.5-0.8 us a record in CPython.
+/* The changelog record framing in C: the per-record loops of encode_into, walk and the restore
+ * decoders (decode_columns, decode_records, decode_frames) of localstate.changelog.framing, which cost
+ * 0.5-0.8 us a record in CPython.
  *
- * The record format is defined in format.py (its module docstring); both functions here produce and
- * accept exactly that, and behave exactly as the Python versions beside them, which stay the
- * reference (the tests run both on the same input and compare). Integers are written and read byte
- * by byte, little endian, so the code does not depend on the host's byte order.
+ * The record format is defined in changelog/framing.py (its module docstring); the functions here
+ * produce and accept exactly that, and behave exactly as the Python versions there (py_encode_into,
+ * py_walk, py_decode_columns, py_decode), which stay the reference (tests/native/test_differential.py
+ * runs both on the same input and compares). Integers are written and read byte by byte, little
+ * endian, so the code does not depend on the host's byte order.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -294,7 +296,7 @@ static int emit(Sink *sink, PyObject *key, PyObject *value, uint64_t off) {
     return rc;
 }
 
-/* The loop of the decoders (partition._decode, _decode_columns and _decode_frames): the records from byte *i on
+/* The loop of the decoders (framing.decode_records, decode_columns and decode_frames): the records from byte *i on
  * that start before limit, are complete, pass their crc and have expected <= offset < stop (no stop
  * when no_stop), stopping before the first that does not. Advances *i and *expected. */
 static int decode_loop(const unsigned char *buf, Py_ssize_t n, Py_ssize_t *i, Py_ssize_t limit,
@@ -333,7 +335,7 @@ static int decode_loop(const unsigned char *buf, Py_ssize_t n, Py_ssize_t *i, Py
     return 0;
 }
 
-/* ``stop`` as a u64: partition._NO_STOP (2**64) and beyond set *no_stop; a negative one is 0. */
+/* ``stop`` as a u64: the readers' _NO_STOP (2**64) and beyond set *no_stop; a negative one is 0. */
 static int parse_stop(PyObject *stop_obj, unsigned long long *stop, int *no_stop) {
     *no_stop = 0;
     *stop = PyLong_AsUnsignedLongLong(stop_obj);
@@ -351,7 +353,7 @@ static int parse_stop(PyObject *stop_obj, unsigned long long *stop, int *no_stop
 
 PyDoc_STRVAR(decode_columns_doc,
 "decode_columns(buf, i, limit, expected, stop) -> (keys, values, position, expected)\n\n"
-"partition._decode_columns in C: decode the records from byte ``i`` on that start before ``limit``,\n"
+"framing.decode_columns in C: decode the records from byte ``i`` on that start before ``limit``,\n"
 "are complete, pass their crc and have ``expected <= offset < stop``, into a list of keys and a list of\n"
 "values (None for a tombstone); stop before the first record that does not. A ``limit`` past the\n"
 "last whole header is taken as that header's position.");
@@ -380,7 +382,7 @@ PyDoc_STRVAR(decode_frames_doc,
 "decode_frames(buf, i, limit, expected, stop) -> (spans, count, position, expected)\n\n"
 "decode_columns without objects: the same records, checked alike, as their spans in ``buf`` (bytes):\n"
 "``spans`` packs four native int64 per record (key start, key length, value start, value length or -1\n"
-"for a tombstone), ``count`` records. core._sorting reads them (coalesce_sorted, split_spans).");
+"for a tombstone), ``count`` records. localstate.native._sorting reads them (coalesce_sorted, split_spans).");
 
 static PyObject *decode_frames(PyObject *self, PyObject *args) {
     PyObject *data, *stop_obj;
@@ -404,7 +406,7 @@ static PyObject *decode_frames(PyObject *self, PyObject *args) {
 PyDoc_STRVAR(decode_records_doc,
 "decode_records(buf, i, limit, expected, stop, record_type, key_slot, value_slot, offset_slot)\n"
 "    -> (records, position, expected)\n\n"
-"partition._decode in C: as decode_columns, into one ``record_type`` object per record, made without\n"
+"framing.decode_records in C: as decode_columns, into one ``record_type`` object per record, made without\n"
 "calling its __init__ and filled through its slot descriptors (ChangelogRecord is a frozen slots\n"
 "dataclass).");
 
@@ -470,7 +472,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_framing",
-    "The file changelog's record framing in C (see format.py; the Python versions are the reference).",
+    "The changelog record framing in C (see localstate.changelog.framing; the Python versions are the reference).",
     -1, methods,
 };
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from localstate.core.config import JobConfig
+from localstate.core.layout import state_places
+from localstate.core.streams.base import OutputStream, open_input, open_output, overlap_problems
 from localstate.core.task import OutgoingMessage
 from localstate.errors import ConfigError, OutputError, TaskError
-
-from .base import OutputStream, open_input, open_output, overlap_problems
 
 __all__ = ["StreamSink"]
 
@@ -29,7 +29,8 @@ class StreamSink:
     def __init__(self, job: JobConfig) -> None:
         self.job = job
         self.outputs: dict[str, OutputStream] = {name: open_output(job, name) for name in sorted(job.outputs)}
-        problems = overlap_problems({name: open_input(job, name) for name in job.inputs}, self.outputs, job)
+        problems = overlap_problems({name: open_input(job, name) for name in job.inputs}, self.outputs,
+                                    state_places(job))
         if problems:
             self.close()
             raise ConfigError(problems, source=job.source,

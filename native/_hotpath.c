@@ -1,13 +1,15 @@
-/* The kv engine's per-event get/put in C: the cache-hit and cached-put fast paths of the closures
- * that KeyValueEngine._bind_hot_path installs, without a Python frame per call.
+/* The kv engine's per-event get/put in C: the cache-hit and cached-put fast paths of
+ * KeyValueEngine.get/put (engines/kv/engine.py, _bind_hot_path), without a Python frame per call.
  *
- * A HotPath holds the same objects the Python closures hold (the two cache generations, the pending
- * map, the key class, the bound fallbacks) and does exactly what those closures do on their fast
- * paths; every other case calls the Python fallback it was given, so behaviour lives in one place
- * (engine.py) and the engine's tests cover both (LOCALSTATE_PURE_PYTHON=1 selects the closures).
+ * A HotPath holds the engine's own objects (the two cache generations, the pending map, the key
+ * class, the bound reference methods) and does on its fast paths exactly what the reference methods
+ * do; every other case calls the reference method it was given, so behaviour lives in one place
+ * (engine.py). tests/native/test_differential.py runs both side by side (LOCALSTATE_PURE_PYTHON=1
+ * leaves the reference methods installed).
  *
  *   get(key):  key of exactly the key class: young-generation hit -> value; old-generation hit ->
- *              moved to young, value; else missed(key). Any other key: reference_get(key).
+ *              moved to young, value; else missed(key) (the engine's _get_missed). Any other key:
+ *              reference_get(key).
  *   put(key, value):  key of exactly the key class, in the young generation, and (int values) an
  *              int in [int_min, int_max] or (other values) not None and accepted by vfast: stored
  *              in young and in the pending map (the encoded bytes there when hold_encoded), then
@@ -186,7 +188,7 @@ static PyMethodDef hotpath_methods[] = {
 
 static PyTypeObject HotPathType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "localstate.engines.kv._hotpath.HotPath",
+    .tp_name = "localstate.native._hotpath.HotPath",
     .tp_doc = "The kv engine's get/put fast paths in C (see engine.py, KeyValueEngine._bind_hot_path).",
     .tp_basicsize = sizeof(HotPath),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

@@ -1,0 +1,612 @@
+"""Every C extension (``localstate.native``) against its Python reference twin, in one suite.
+
+The same input goes to the C module and to the Python code it replaces, and the results (or the error
+types) must be identical: hypothesis generates records, keys and values, including hostile ones (empty
+buffers and keys, huge length fields, truncated buffers, corrupt crcs, garbage, keys built to tie on
+the radix bytes, keys and values of the wrong types).
+
+- ``_framing`` against ``localstate.changelog.framing`` (py_encode_into, py_walk, py_decode_columns,
+  py_decode) and ``localstate.core.changelog.py_split_spans`` for its framed runs;
+- ``_sorting`` against ``localstate.core.backend``'s Python sorted_items/coalesce_sorted paths;
+- ``_hotpath`` against the ``KeyValueEngine`` reference methods get/put.
+
+The extensions are optional at install (no C compiler: pure Python). Here each must be built unless
+LOCALSTATE_PURE_PYTHON asks for the Python code (then the comparisons skip), so a broken build cannot
+pass unnoticed (``native_support.native_module``).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import struct
+import subprocess
+import sys
+import zlib
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import localstate.native
+from localstate.changelog import framing
+from localstate.changelog.framing import HEADER, HEADER_SIZE, py_encode_into
+from localstate.changelog.memory import MemoryChangelogPartition
+from localstate.core import backend, changelog
+from localstate.core.backend import coalesce_sorted, has_deletes, key_sizes, payload_bytes, sorted_items
+from localstate.core.changelog import ChangelogRecord, RecordColumns, py_split_spans
+from localstate.core.engine import StoreContext
+from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, StringSerde
+from localstate.engines.kv import KeyValueEngineFactory
+from localstate.engines.kv import engine as engine_module
+from localstate.errors import LocalStateError
+from localstate.native import pure_python_requested
+from native_support import native_module
+
+PURE = pure_python_requested()
+
+
+def _framing():
+    return native_module("localstate.native._framing")
+
+
+def _sorting():
+    return native_module("localstate.native._sorting")
+
+
+def _hotpath():
+    return native_module("localstate.native._hotpath")
+
+
+# -- the loader ---------------------------------------------------------------------------------------
+
+def test_the_extensions_are_built_and_in_use() -> None:
+    if PURE:
+        assert framing.NATIVE is None and framing.encode_into is framing.py_encode_into
+        assert framing.decode_columns is framing.py_decode_columns and framing.decode_records is framing.py_decode
+        assert backend._SORTING is None and changelog._SORTING is None and engine_module._HOTPATH is None
+        return
+    assert framing.NATIVE is _framing()  # a failure here: the C extension did not build (see setup.py)
+    assert framing.encode_into is _framing().encode_into and framing.walk is _framing().walk
+    assert framing.decode_columns is framing._native_decode_columns
+    assert framing.decode_records is framing._native_decode
+    assert backend._SORTING is _sorting() and changelog._SORTING is _sorting()
+    assert engine_module._HOTPATH is _hotpath()
+    assert localstate.native.status() == dict.fromkeys(localstate.native.MODULES, "in use")
+
+
+def test_pure_python_switch_turns_them_all_off() -> None:
+    code = ("from localstate.changelog import framing; from localstate.core import backend, changelog; "
+            "from localstate.engines.kv import engine; import localstate.native as n; "
+            "assert framing.NATIVE is None and framing.encode_into is framing.py_encode_into; "
+            "assert framing.decode_columns is framing.py_decode_columns; "
+            "assert backend._SORTING is None and changelog._SORTING is None and engine._HOTPATH is None; "
+            "assert set(n.status().values()) == {'off (LOCALSTATE_PURE_PYTHON)'}; print('pure')")
+    env = {**os.environ, "LOCALSTATE_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pure"
+
+
+def test_the_loader_knows_only_its_modules() -> None:
+    with pytest.raises(ValueError, match="not one of"):
+        localstate.native.load("localstate.core._sorting")
+    assert localstate.native.load("_sorting") is localstate.native.load("localstate.native._sorting")
+
+
+def test_native_is_the_bottom_layer() -> None:
+    """localstate.native imports nothing of localstate but localstate.errors."""
+    source = Path(localstate.native.__file__).read_text()
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." * node.level + (node.module or ""))
+    ours = {name for name in imported if name.startswith(("localstate", "."))}
+    assert ours <= {"localstate.errors"}, ours
+
+
+def test_version_reports_the_c_extensions(capsys) -> None:
+    from localstate.tools.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    printed = capsys.readouterr().out
+    state = "off (LOCALSTATE_PURE_PYTHON)" if PURE else "in use"
+    assert f"framing {state}" in printed and f"hotpath {state}" in printed and f"sorting {state}" in printed
+    assert printed.startswith("localstate ") and printed.count("\n") == 1  # one line, never wrapped
+
+
+# -- _framing: encode -----------------------------------------------------------------------------------
+
+blobs = st.one_of(st.binary(max_size=40), st.just(b""), st.binary(min_size=300, max_size=2000))
+records_strategy = st.lists(st.tuples(blobs, st.one_of(st.none(), blobs)), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(records=records_strategy, offset=st.integers(0, 2**64 - 40), ts=st.integers(-2**63, 2**63 - 1),
+       prefix=st.binary(max_size=5), as_views=st.booleans())
+def test_encode_matches_the_reference(records, offset, ts, prefix, as_views) -> None:
+    if as_views:  # other bytes-like objects frame the same bytes
+        records = [(bytearray(k), None if v is None else memoryview(v)) for k, v in records]
+    ours, reference = bytearray(prefix), bytearray(prefix)
+    assert _framing().encode_into(ours, iter(records), offset, ts) == py_encode_into(reference, records, offset, ts)
+    assert ours == reference
+    assert framing.count_records(ours, len(prefix)) == len(records)
+
+
+BAD_ITEMS = [
+    ("key", b"v"),                 # a str key
+    (b"k", 7),                     # an int value
+    (b"k", "v"),                   # a str value
+    (b"k", b"v", b"x"),            # not a pair
+    (b"k",),                       # not a pair
+    None,                          # not a sequence
+    42,
+]
+
+
+@pytest.mark.parametrize("bad", BAD_ITEMS, ids=repr)
+@pytest.mark.parametrize("position", [0, 1, 3])
+def test_a_bad_record_leaves_the_records_before_it_whole(bad, position) -> None:
+    good = [(b"a", b"1"), (b"b", None), (b"c", b"333")]
+    records = good[:position] + [bad] + good[position:]
+    ours, reference = bytearray(b"p"), bytearray(b"p")
+    with pytest.raises((TypeError, ValueError)) as native_error:
+        _framing().encode_into(ours, records, 10, 0)
+    with pytest.raises((TypeError, ValueError)) as python_error:
+        py_encode_into(reference, records, 10, 0)
+    assert type(native_error.value) is type(python_error.value) or isinstance(native_error.value, TypeError)
+    assert ours == reference
+    assert framing.count_records(ours, 1) == position
+
+
+def test_an_iterator_that_fails_leaves_the_records_before_it() -> None:
+    def records():
+        yield b"a", b"1"
+        yield b"b", b"2"
+        raise RuntimeError("input broke")
+
+    ours, reference = bytearray(), bytearray()
+    with pytest.raises(RuntimeError, match="input broke"):
+        _framing().encode_into(ours, records(), 0, 0)
+    with pytest.raises(RuntimeError, match="input broke"):
+        py_encode_into(reference, records(), 0, 0)
+    assert ours == reference and framing.count_records(ours) == 2
+
+
+def test_offsets_and_timestamps_out_of_range_are_refused_alike() -> None:
+    for offset, ts in ((-1, 0), (2**64, 0), (0, 2**63), (0, -2**63 - 1)):
+        with pytest.raises((OverflowError, struct.error)):
+            py_encode_into(bytearray(), [(b"k", b"v")], offset, ts)
+        with pytest.raises(OverflowError):
+            _framing().encode_into(bytearray(), [(b"k", b"v")], offset, ts)
+    ours, reference = bytearray(), bytearray()
+    with pytest.raises(OverflowError):  # the u64 offset field would wrap within the batch
+        _framing().encode_into(ours, [(b"k", b"v"), (b"l", b"w")], 2**64 - 1, 0)
+    with pytest.raises((OverflowError, struct.error)):
+        py_encode_into(reference, [(b"k", b"v"), (b"l", b"w")], 2**64 - 1, 0)
+    assert ours == reference and framing.count_records(ours) == 1
+    with pytest.raises(TypeError):
+        _framing().encode_into(b"not a bytearray", [], 0, 0)
+
+
+# -- _framing: decode and walk --------------------------------------------------------------------------
+
+def _frame(records, offset=0) -> bytes:
+    buf = bytearray()
+    py_encode_into(buf, records, offset, 1234)
+    return bytes(buf)
+
+
+def _assert_same(buf: bytes, i: int, limit: int, expected: int, stop: int) -> None:
+    """Every decoder and the walk, in C and in Python, on the same bytes: the same records, end and
+    next offset (they all stop at exactly the same record)."""
+    native = _framing()
+    columns, end, next_expected = framing.py_decode_columns(buf, i, limit, expected, stop)
+    assert native.decode_columns(buf, i, limit, expected, stop) == (columns.keys, columns.values, end, next_expected)
+    assert columns.end == next_expected and columns.nbytes == end - i
+    # From bytes the run is framed (decode_frames: spans, no objects); its columns, split in C or by
+    # the Python reference, are the reference decoder's.
+    spans, count, frames_end, frames_expected = native.decode_frames(buf, i, limit, expected, stop)
+    assert (count, frames_end, frames_expected) == (len(columns.keys), end, next_expected)
+    assert py_split_spans(buf, spans) == _sorting().split_spans(buf, spans) == (columns.keys, columns.values)
+    if framing.NATIVE is not None:  # the library's C path (not with LOCALSTATE_PURE_PYTHON)
+        run = framing._native_decode_columns(buf, i, limit, expected, stop)
+        assert run[0].framed is not None and len(run[0]) == len(columns.keys)
+        assert run == (columns, end, next_expected)
+    # the record decoder: the same stopping rule, one ChangelogRecord per record
+    records, records_end, records_expected = framing.py_decode(buf, i, limit, expected, stop)
+    assert (records_end, records_expected) == (end, next_expected)
+    assert [(r.key, r.value) for r in records] == list(zip(columns.keys, columns.values))
+    native_records = native.decode_records(buf, i, limit, expected, stop, ChangelogRecord, *framing._RECORD_SLOTS)
+    assert native_records == (records, end, next_expected)
+    assert all(type(r) is ChangelogRecord for r in native_records[0])
+    assert framing.decode_records(buf, i, limit, expected, stop) == (records, end, next_expected)
+    assert framing.decode_columns(buf, i, limit, expected, stop) == (columns, end, next_expected)
+    # the validating walk from the same position
+    assert native.walk(buf, i, expected) == framing.py_walk(buf, i, expected)
+
+
+def _damaged(data, buf: bytearray) -> bytearray:
+    damage = data.draw(st.sampled_from(["none", "flip", "crc", "truncate", "zero_tail", "garbage_tail",
+                                        "length", "huge_length"]))
+    if buf and damage == "flip":
+        at = data.draw(st.integers(0, len(buf) - 1))
+        buf[at] ^= 1 << data.draw(st.integers(0, 7))
+    elif len(buf) >= HEADER_SIZE and damage == "crc":  # a corrupt crc on a record that is otherwise whole
+        buf[0:4] = (int.from_bytes(buf[0:4], "little") ^ data.draw(st.integers(1, 2**32 - 1))).to_bytes(4, "little")
+    elif buf and damage == "truncate":
+        del buf[data.draw(st.integers(0, len(buf) - 1)):]
+    elif damage == "zero_tail":
+        buf += bytes(data.draw(st.integers(1, 60)))
+    elif damage == "garbage_tail":
+        buf += data.draw(st.binary(min_size=1, max_size=60))
+    elif buf and damage == "length":  # a length field that points past the end, or a negative one
+        at = data.draw(st.sampled_from([20, 24]))  # the first record's klen or vlen field
+        if at + 4 <= len(buf):
+            buf[at:at + 4] = data.draw(st.sampled_from([b"\xff\xff\xff\xff", b"\xfe\xff\xff\xff", b"\x00\x00\x01\x00"]))
+    elif damage == "huge_length":
+        # a whole header of its own, crc matching its fields, with lengths up to the format's maxima
+        klen = data.draw(st.sampled_from([0, 1, 2**31 - 1, 2**32 - 1]))
+        vlen = data.draw(st.sampled_from([-2**31, -2, -1, 0, 2**31 - 1]))
+        head = bytearray(HEADER.pack(0, data.draw(st.integers(0, 2**64 - 1)), 0, klen, vlen))
+        head[0:4] = zlib.crc32(bytes(head[4:])).to_bytes(4, "little")
+        buf += head + data.draw(st.binary(max_size=20))
+    return buf
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=records_strategy, base=st.integers(0, 2**40), data=st.data())
+def test_decode_matches_the_reference_on_damaged_runs(records, base, data) -> None:
+    buf = bytes(_damaged(data, bytearray(_frame(records, base))))
+    last = len(buf) - HEADER_SIZE + 1
+    # limits past the last whole header too (callers pass len(buf)): clamped, never a struct.error
+    limit = data.draw(st.integers(min(0, last), max(last, 0) + 40))
+    start = data.draw(st.sampled_from([0, 0, 1, HEADER_SIZE, len(buf)]))
+    expected = data.draw(st.sampled_from([0, base, base + 1, base + len(records)]))
+    stop = data.draw(st.sampled_from([1 << 64, base + len(records) // 2, base, 0, 2**70]))
+    _assert_same(buf, min(start, len(buf)), limit, expected, stop)
+
+
+@settings(max_examples=300, deadline=None)
+@given(buf=st.binary(max_size=200), expected=st.integers(0, 2**64 - 1))
+def test_arbitrary_bytes_decode_and_walk_alike(buf, expected) -> None:
+    _assert_same(buf, 0, len(buf), 0, 1 << 64)
+    assert _framing().walk(buf, 0, expected) == framing.py_walk(buf, 0, expected)
+
+
+def test_empty_and_header_only_buffers() -> None:
+    for buf in (b"", bytes(HEADER_SIZE - 1), bytes(HEADER_SIZE), _frame([(b"", b"")]), _frame([(b"", None)])):
+        _assert_same(buf, 0, len(buf), 0, 1 << 64)
+        _assert_same(buf, 0, len(buf) + 100, 0, 1 << 64)
+
+
+def test_decode_reads_tombstones_empty_values_and_negative_lengths_as_the_reference() -> None:
+    buf = bytearray(_frame([(b"k", None), (b"e", b""), (b"v", b"xyz")]))
+    # A record whose value length is -2 and whose crc matches: the Python reader takes it as a
+    # tombstone with no value bytes; the C one must agree (the segment reader relies on both
+    # stopping at exactly the same records).
+    odd = bytearray(HEADER.pack(0, 3, 0, 1, -2) + b"z")
+    odd[0:4] = zlib.crc32(bytes(odd[4:])).to_bytes(4, "little")
+    buf += odd
+    buf = bytes(buf)
+    _assert_same(buf, 0, len(buf) - HEADER_SIZE + 1, 0, 1 << 64)
+    keys, values, end, expected = _framing().decode_columns(buf, 0, len(buf) - HEADER_SIZE + 1, 0, 1 << 64)
+    assert keys == [b"k", b"e", b"v", b"z"] and values == [None, b"", b"xyz", None]
+    assert end == len(buf) and expected == 4
+
+
+def test_a_tail_shorter_than_a_header_stops_every_decoder() -> None:
+    """A run that ends in a few stray bytes (a damaged or truncated tail) with the limit at its end, as
+    the objectstore passes it: every decoder stops before the tail, in Python too."""
+    good = _frame([(b"k", b"v"), (b"l", None)])
+    for tail in (b"\x00", b"\xff" * 27, bytes(range(13))):
+        buf = good + tail
+        records, end, expected = framing.py_decode(buf, 0, len(buf), 0, 1 << 62)
+        assert (len(records), end, expected) == (2, len(good), 2)
+        columns, end, expected = framing.py_decode_columns(buf, 0, len(buf), 0, 1 << 62)
+        assert (len(columns), end, expected) == (2, len(good), 2)
+        _assert_same(buf, 0, len(buf), 0, 1 << 62)
+
+
+def test_decode_never_reads_past_the_buffer() -> None:
+    buf = _frame([(b"k" * 10, b"v" * 10)] * 3)
+    for cut in range(len(buf) + 1):
+        piece = buf[:cut]
+        # a limit beyond the last whole header is clamped, not trusted
+        keys, _values, end, _expected = _framing().decode_columns(piece, 0, len(piece) + 100, 0, 1 << 64)
+        assert end <= cut and len(keys) == cut // (HEADER_SIZE + 20)
+        _assert_same(piece, 0, len(piece) + 100, 0, 1 << 64)
+
+
+# -- _sorting -------------------------------------------------------------------------------------------
+
+# Few distinct bytes and lengths around 8, so that ties on the 8-byte prefix, zero padding and
+# prefix-of-another keys are common; empty keys and long shared prefixes too.
+KEYS = st.one_of(st.binary(max_size=12), st.lists(st.sampled_from([b"\x00", b"a", b"\xff"]), max_size=11)
+                 .map(b"".join), st.binary(min_size=8, max_size=8).map(lambda k: k + b"\x00"))
+PREFIXED = st.tuples(st.sampled_from([b"", b"user-", b"user-0000", b"\x00" * 40]), KEYS).map(b"".join)
+VALUES = st.one_of(st.none(), st.binary(max_size=4))
+RUNS = st.lists(st.lists(st.tuples(PREFIXED, VALUES), max_size=25), max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(KEYS, st.one_of(st.none(), st.binary(max_size=3)), max_size=60))
+def test_sorted_items_is_bytes_order(run) -> None:
+    expected = sorted(run.items(), key=itemgetter(0))
+    assert _sorting().sorted_items(run) == expected
+    assert sorted_items(run) == expected
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(backend, "_SORTING", None)
+        assert list(sorted_items(run)) == expected
+
+
+def test_sorted_items_of_a_large_run_with_shared_prefixes() -> None:
+    run = {b"user-%08d" % ((i * 7919) % 100_003): i for i in range(50_000)}
+    run.update({b"": 0, b"user-": 1, b"user-\x00": 2, b"user-000": 3})
+    assert _sorting().sorted_items(run) == sorted(run.items())
+
+
+def test_other_keys_and_mappings_take_pythons_sort() -> None:
+    assert sorted_items({"b": 1, "a": 2}) == [("a", 2), ("b", 1)]          # str keys: not bytes
+
+    class Key(bytes):
+        pass
+
+    assert sorted_items({Key(b"b"): 1, b"a": 2}) == [(b"a", 2), (b"b", 1)]  # a bytes subclass
+    with pytest.raises(TypeError):
+        _sorting().sorted_items({"a": 1})
+    with pytest.raises(TypeError):
+        _sorting().sorted_items([(b"a", 1)])
+
+    class Run(dict):
+        pass
+
+    assert sorted_items(Run({b"b": 1, b"a": 2})) == [(b"a", 2), (b"b", 1)]
+
+
+def _reference(runs: list[list[tuple[bytes, bytes | None]]]) -> tuple[list[bytes], list, tuple[int, int], int]:
+    merged: dict[bytes, bytes | None] = {}
+    for run in runs:
+        merged.update(run)
+    keys = sorted(merged)
+    values = [merged[k] for k in keys]
+    sizes = [len(k) for k in keys] or [0]
+    nbytes = sum(sizes) + sum(len(v) for v in values if v is not None)
+    return keys, values, (min(sizes), max(sizes)), nbytes
+
+
+def _columns(runs: list[list[tuple[bytes, bytes | None]]]) -> tuple[list[list[bytes]], list[list]]:
+    return [[k for k, _ in run] for run in runs], [[v for _, v in run] for run in runs]
+
+
+def _framed(run: list[tuple[bytes, bytes | None]]) -> RecordColumns:
+    """``run`` in the changelog framing, read back framed (decode_frames: spans into the bytes read, no
+    object per record), as the restore reads a segment."""
+    buf = bytes(_frame(run))
+    spans, count, end, expected = _framing().decode_frames(buf, 0, len(buf), 0, 1 << 64)
+    assert (count, end, expected) == (len(run), len(buf), len(run))
+    return RecordColumns.from_frames(buf, spans, count, expected, end)
+
+
+def _assert_coalesced(key_runs, value_runs, runs) -> None:
+    keys, values, sizes, nbytes = _reference(runs)
+    c_keys, c_values, shortest, longest, c_bytes, c_deletes = _sorting().coalesce_sorted(key_runs, value_runs)
+    assert (c_keys, c_values, (shortest, longest), c_bytes, c_deletes) == (keys, values, sizes, nbytes,
+                                                                           values.count(None))
+    assert all(type(k) is bytes for k in c_keys) and all(v is None or type(v) is bytes for v in c_values)
+    for sorting in (_sorting(), None):  # the library's function, on the C code and on the Python fallback
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(backend, "_SORTING", sorting)
+            patch.setattr(changelog, "_SORTING", sorting)  # split_spans of framed runs too
+            run = coalesce_sorted(key_runs, value_runs)
+        assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
+        assert run.deletes == values.count(None) and has_deletes(run) == (None in values)
+        if keys:
+            assert key_sizes(run) == key_sizes(dict(zip(keys, values))) == sizes
+        assert payload_bytes(run) == payload_bytes(dict(zip(keys, values))) == nbytes
+
+
+@settings(max_examples=300, deadline=None)
+@given(RUNS)
+def test_coalesce_to_the_last_value_in_bytes_order(runs) -> None:
+    _assert_coalesced(*_columns(runs), runs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(RUNS, st.lists(st.booleans(), min_size=6, max_size=6))
+def test_framed_runs_coalesce_like_their_columns(runs, framed) -> None:
+    """Runs still framed in their bytes, mixed with plain column runs (as a carried-over chunk is)."""
+    key_runs, value_runs = _columns(runs)
+    for index, run in enumerate(runs):
+        if framed[index]:
+            key_runs[index], value_runs[index] = _framed(run).framed, None
+    _assert_coalesced(key_runs, value_runs, runs)
+
+
+def test_split_spans_in_c_and_python_and_framed_columns_made_on_first_use() -> None:
+    records = [(b"a", b"1"), (b"", b""), (b"b", None), (b"a", b"22")]
+    columns = _framed(records)
+    buffer, spans = columns.framed
+    expected = ([k for k, _ in records], [v for _, v in records])
+    assert _sorting().split_spans(buffer, spans) == expected
+    assert py_split_spans(buffer, spans) == expected
+    assert _sorting().split_spans(b"", b"") == py_split_spans(b"", b"") == ([], [])
+    assert len(columns) == 4 and columns.framed is not None  # len() does not make the columns
+    assert (columns.keys, columns.values) == expected and columns.framed is None
+    assert columns == RecordColumns(*expected, columns.end, columns.nbytes)
+
+
+def test_coalesce_refuses_malformed_columns() -> None:
+    """Malformed columns (which the library never passes): refused in C; the Python fallback checks the
+    same where it can."""
+    sorting = _sorting()
+    with pytest.raises(ValueError, match="run 1 has 2 keys and 1 values"):
+        sorting.coalesce_sorted([[b"a"], [b"b", b"c"]], [[1], [2]])
+    with pytest.raises(ValueError, match="as many value runs"):
+        sorting.coalesce_sorted([[b"a"]], [])
+    with pytest.raises(TypeError):
+        sorting.coalesce_sorted([(b"a",)], [[1]])
+    with pytest.raises(TypeError, match="str, not bytes"):
+        sorting.coalesce_sorted([[b"a", "b"]], [[1, 2]])
+    with pytest.raises(ValueError):
+        coalesce_sorted([["a", "b"]], [[1]])
+
+
+def test_c_refuses_spans_outside_their_buffer() -> None:
+    """Spans are checked against their buffer before a byte is read: a span past its end, a negative
+    length or position, a partial span, or a framed run that is not (bytes, bytes) is refused (the
+    Python reference trusts its caller, decode_frames, whose spans are always inside)."""
+    sorting = _sorting()
+    buffer, spans = _framed([(b"key", b"value")]).framed
+    fields = list(struct.unpack("=qqqq", spans))
+    for index, bad in [(0, len(buffer)), (1, len(buffer) + 1), (0, -1), (3, -2), (2, len(buffer)), (1, -1),
+                       (1, 2**62), (3, 2**62)]:
+        broken = fields.copy()
+        broken[index] = bad
+        packed = struct.pack("=qqqq", *broken)
+        with pytest.raises(ValueError, match="outside its buffer"):
+            sorting.split_spans(buffer, packed)
+        with pytest.raises(ValueError, match="outside its buffer"):
+            sorting.coalesce_sorted([(buffer, packed)], [None])
+    with pytest.raises(ValueError, match="whole number"):
+        sorting.split_spans(buffer, spans[:-1])
+    with pytest.raises(TypeError):
+        sorting.coalesce_sorted([(bytearray(buffer), spans)], [None])
+    with pytest.raises(TypeError):
+        sorting.coalesce_sorted([(buffer,)], [None])
+
+
+# -- _hotpath -------------------------------------------------------------------------------------------
+
+SERDES = {"string": StringSerde, "int": IntSerde, "bytes": BytesSerde, "json": JsonSerde}
+
+
+def _open(directory: Path, key_serde: str, value_serde: str, *, native: bool, cache_size: int = 4,
+          write_batch_size: int = 3) -> Any:
+    """A memory-backend kv store whose get/put are the C ones (``native``) or the reference methods."""
+    saved = engine_module._HOTPATH
+    engine_module._HOTPATH = _hotpath() if native else None
+    try:
+        options = KeyValueEngineFactory().validate_options(
+            "s", {"backend": "memory", "cache_size": cache_size, "write_batch_size": write_batch_size})
+        ctx = StoreContext(job="job", store="s", partition=0, directory=directory, options=options,
+                           key_serde=SERDES[key_serde](), value_serde=SERDES[value_serde](),
+                           changelog=MemoryChangelogPartition("hot", 0))
+        return KeyValueEngineFactory().create(ctx)
+    finally:
+        engine_module._HOTPATH = saved
+
+
+def test_the_c_hot_path_is_installed_unless_pure_python_is_requested(tmp_path: Path) -> None:
+    store = _open(tmp_path, "string", "int", native=engine_module._HOTPATH is not None)
+    if PURE:
+        assert store.get.__func__ is engine_module.KeyValueEngine.get  # the reference method
+    else:
+        assert type(store.get.__self__).__name__ == "HotPath"
+    store.close()
+
+
+# Keys and values of the right kind and of wrong kinds (a bool for an int, a str for bytes, ...): the
+# fast paths must hand every case they do not own to the reference path, which raises the typed error.
+ANY_KEY = st.one_of(st.sampled_from(["a", "b", "c", "d", "e", "f", ""]), st.integers(-3, 3), st.booleans(),
+                    st.sampled_from([b"a", b"b", b"c", b"", 2**64, -2**63 - 1, 1.0, None]))
+ANY_VALUE = st.one_of(st.integers(-3, 3), st.sampled_from([2**63 - 1, -2**63, 2**63, -2**63 - 1, True, None]),
+                      st.binary(max_size=3), st.text(max_size=2), st.lists(st.integers(0, 2), max_size=2))
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("get"), ANY_KEY),
+    st.tuples(st.just("put"), st.tuples(ANY_KEY, ANY_VALUE)),
+    st.tuples(st.just("delete"), ANY_KEY),
+    st.tuples(st.just("flush"), st.none()),
+    st.tuples(st.just("get_kw"), ANY_KEY),
+    st.tuples(st.just("put_args"), st.integers(0, 3)),
+), max_size=60)
+
+
+def _run(store: Any, ops: list[tuple[str, Any]]) -> list[Any]:
+    """Every operation's result or error type (and message)."""
+    out: list[Any] = []
+    for op, arg in ops:
+        try:
+            if op == "get":
+                result = store.get(arg)
+            elif op == "get_kw":
+                result = store.get(key=arg)
+            elif op == "put":
+                result = store.put(*arg)
+            elif op == "put_args":  # a wrong number of arguments: the same TypeError either way
+                result = store.put(*(["a"] * arg))
+            elif op == "delete":
+                result = store.delete(arg)
+            else:
+                result = store.flush()
+            out.append(("ok", result))
+        except (LocalStateError, TypeError) as exc:
+            out.append((type(exc).__name__, str(exc).replace("KeyValueEngine.", "")))
+    return out
+
+
+def _normalise(results: list[Any]) -> list[Any]:
+    # A TypeError about the call's arity names the function; the C method and the reference method
+    # name it differently but both reject the same calls.
+    return [(kind, "arity" if kind == "TypeError" and "argument" in message else message)
+            if kind != "ok" else (kind, message) for kind, message in results]
+
+
+@pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "int"), ("bytes", "bytes"),
+                                                   ("string", "json"), ("string", "bytes"), ("json", "int")])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(ops=OPS)
+def test_c_and_reference_get_put_behave_alike(tmp_path_factory, key_serde, value_serde, ops) -> None:
+    stores = [_open(tmp_path_factory.mktemp("native"), key_serde, value_serde, native=True),
+              _open(tmp_path_factory.mktemp("python"), key_serde, value_serde, native=False)]
+    try:
+        results = [_run(store, ops) for store in stores]
+        assert _normalise(results[0]) == _normalise(results[1])
+        for store in stores:
+            store.flush()
+        logged = [[(r.key, r.value) for r in store._logged.changelog.read(0)] for store in stores]
+        assert logged[0] == logged[1]
+        states = [sorted(store.all(), key=repr) for store in stores]  # json keys mix types
+        assert states[0] == states[1]
+        assert stores[0].spills == stores[1].spills
+        assert (stores[0]._cache.young, stores[0]._cache.old) == (stores[1]._cache.young, stores[1]._cache.old)
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c", "reference"])
+def test_spill_and_rotation(tmp_path: Path, native: bool) -> None:
+    """The counting pattern (get + put of the same key) over more keys than the cache holds and more
+    changes than a spill allows: exact counts after a flush, from the cache and from the backend."""
+    store = _open(tmp_path, "string", "int", native=native, cache_size=8, write_batch_size=5)
+    expected: dict[str, int] = {}
+    for i in range(2_000):
+        key = f"k{(i * 7919) % 37}"
+        store.put(key, (store.get(key) or 0) + 1)
+        expected[key] = expected.get(key, 0) + 1
+        if i % 250 == 0:
+            store.flush()
+    store.flush()
+    assert store.spills > 0
+    assert {k: store.get(k) for k in expected} == expected
+    store._cache.clear()
+    assert dict(store.all()) == expected
+    store.close()
+
+
+def test_a_hot_path_made_without_init_refuses_to_run() -> None:
+    hot_path = _hotpath().HotPath
+    blank = hot_path.__new__(hot_path)
+    with pytest.raises(RuntimeError, match="before __init__"):
+        blank.get("a")
+    with pytest.raises(RuntimeError, match="before __init__"):
+        blank.put("a", 1)
