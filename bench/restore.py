@@ -36,7 +36,8 @@ from typing import Callable
 
 from bench.report import Report, peak_rss_mb
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
-from localstate.changelog.file.format import HEADER, HEADER_SIZE, list_segments, segment_name
+from localstate.changelog.framing import HEADER, HEADER_SIZE
+from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.engine import StoreContext
 from localstate.core.recovery import recover_store
 from localstate.core.serdes import BytesSerde

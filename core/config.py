@@ -106,6 +106,12 @@ SPARK_OPTIONS = {
 }
 """Every ``[spark]`` key; unknown keys are reported with a did-you-mean."""
 
+REMOVED_SPARK_OPTIONS = {
+    "keep_open": lambda value: f"write worker_affinity = {'true' if value else 'false'} instead (the one switch of "
+                               "the local-master tuning, kept instances included)",
+}
+"""``[spark]`` keys of earlier versions, with what to write instead."""
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -366,7 +372,7 @@ def _spark(data: Mapping[str, Any], problems: list[ConfigProblem], add) -> dict[
     its own defaults to absent ones)."""
     raw = _table(data, "spark", add)
     try:
-        checked = validate_options(SPARK_OPTIONS, raw, "spark")
+        checked = validate_options(SPARK_OPTIONS, raw, "spark", removed=REMOVED_SPARK_OPTIONS)
     except ConfigError as exc:
         problems.extend(exc.problems)
         return {}

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from localstate.core.changelog import CompactionStats
 from localstate.errors import ChangelogCorruptError, ChangelogError, LocalStateError
 
-from .format import HEADER, HEADER_SIZE, list_segments, segment_name
+from localstate.changelog.framing import HEADER, HEADER_SIZE
+from .format import list_segments, segment_name
 from localstate.core.fsutil import fsync_dir, open_nofollow, write_atomic
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ from localstate.errors import ChangelogCorruptError, InputError, InvalidNameErro
 from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_regular_file,
                                           resolve_path)
 
-from .format import HEADER, HEADER_SIZE, find_valid_after, list_segments, segment_name, walk
+from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
+from .format import list_segments, segment_name
 from .partition import LOCK_FILE, FileChangelogPartition
 from .system import FileChangelogSystem
 

@@ -850,10 +850,10 @@ def foreach_batch(job: JobConfig | str | os.PathLike[str], *, key: str, sink: Ca
     foreachBatch's batch id) and its outputs to ``sink(outputs, batch_id)``. Make the sink idempotent
     per batch id (overwrite a per-batch location, Delta's ``txnAppId``/``txnVersion``): after a failure
     Spark calls it again for the same batch, with the same rows. The Python workers keep their
-    partitions' instances open between micro-batches (``keep_open=False`` to not): after the query
-    stops, :func:`release` closes them."""
+    partitions' instances open between micro-batches unless the job sets ``[spark] worker_affinity =
+    false`` (or ``keep_open=False`` is passed): after the query stops, :func:`release` closes them."""
     job = _job(job)
-    options.setdefault("keep_open", True)
+    options.setdefault("keep_open", bool(job.spark.get("worker_affinity", True)))
 
     def handle(df: Any, batch_id: int) -> None:
         sink(run_batch(df, job, key=key, batch_id=int(batch_id), **options), int(batch_id))

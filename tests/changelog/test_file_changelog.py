@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
-from localstate.changelog.file.format import HEADER_SIZE, list_segments, segment_name
+from localstate.changelog.framing import HEADER_SIZE
+from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.changelog import ChangelogRecord
 from localstate.errors import ChangelogError, ConfigError, InvalidNameError
 

@@ -16,6 +16,8 @@ from localstate.core.backend import SortedRun, coalesce_sorted, has_deletes, sor
 from localstate.core.changelog import RecordColumns
 from localstate.core.logged import _sorted_chunks
 
+from native_support import coalesced_reference, run_columns  # tests/ is on sys.path (tests/conftest.py)
+
 # Few distinct bytes and lengths around 8 after a shared prefix, so that ties on the radix bytes,
 # zero padding, keys that are prefixes of others and repeated keys are all common.
 KEYS = st.one_of(st.binary(max_size=12), st.lists(st.sampled_from([b"\x00", b"a", b"\xff"]), max_size=11)
@@ -25,27 +27,12 @@ VALUES = st.one_of(st.none(), st.binary(max_size=4))
 RUNS = st.lists(st.lists(st.tuples(PREFIXED, VALUES), max_size=25), max_size=6)
 
 
-def _reference(runs: list[list[tuple[bytes, bytes | None]]]) -> tuple[list[bytes], list, tuple[int, int], int]:
-    merged: dict[bytes, bytes | None] = {}
-    for run in runs:
-        merged.update(run)
-    keys = sorted(merged)
-    values = [merged[k] for k in keys]
-    sizes = [len(k) for k in keys] or [0]
-    nbytes = sum(sizes) + sum(len(v) for v in values if v is not None)
-    return keys, values, (min(sizes), max(sizes)), nbytes
-
-
-def _columns(runs: list[list[tuple[bytes, bytes | None]]]) -> tuple[list[list[bytes]], list[list]]:
-    return [[k for k, _ in run] for run in runs], [[v for _, v in run] for run in runs]
-
-
 def test_the_latest_of_many_equal_keys_wins_over_a_big_run() -> None:
     """100k records over 1,000 keys spread across runs: only the last write of each key survives."""
     runs = [[(b"user-%06d" % ((r * 7919 + i) % 1000), b"%d:%d" % (r, i)) for i in range(10_000)] for r in range(10)]
     runs[-1].append((b"user-000007", None))  # a tombstone last: kept as the key's final state
-    keys, values, sizes, nbytes = _reference(runs)
-    run = coalesce_sorted(*_columns(runs))
+    keys, values, sizes, nbytes = coalesced_reference(runs)
+    run = coalesce_sorted(*run_columns(runs))
     assert len(run) == 1000
     assert (run.key_column, run.value_column, run.key_sizes, run.nbytes) == (keys, values, sizes, nbytes)
     assert run.deletes == values.count(None) and has_deletes(run) == (None in values)

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from localstate.changelog.file import FileChangelogSystem
-from localstate.changelog.file.format import HEADER_SIZE, list_segments, segment_name
+from localstate.changelog.framing import HEADER_SIZE
+from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.config import parse_job_config
 from localstate.core.streams import open_input
 from localstate.errors import InputError

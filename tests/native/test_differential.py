@@ -44,7 +44,7 @@ from localstate.engines.kv import KeyValueEngineFactory
 from localstate.engines.kv import engine as engine_module
 from localstate.errors import LocalStateError
 from localstate.native import pure_python_requested
-from native_support import native_module
+from native_support import coalesced_reference, native_module, run_columns
 
 PURE = pure_python_requested()
 
@@ -371,21 +371,6 @@ def test_other_keys_and_mappings_take_pythons_sort() -> None:
     assert sorted_items(Run({b"b": 1, b"a": 2})) == [(b"a", 2), (b"b", 1)]
 
 
-def _reference(runs: list[list[tuple[bytes, bytes | None]]]) -> tuple[list[bytes], list, tuple[int, int], int]:
-    merged: dict[bytes, bytes | None] = {}
-    for run in runs:
-        merged.update(run)
-    keys = sorted(merged)
-    values = [merged[k] for k in keys]
-    sizes = [len(k) for k in keys] or [0]
-    nbytes = sum(sizes) + sum(len(v) for v in values if v is not None)
-    return keys, values, (min(sizes), max(sizes)), nbytes
-
-
-def _columns(runs: list[list[tuple[bytes, bytes | None]]]) -> tuple[list[list[bytes]], list[list]]:
-    return [[k for k, _ in run] for run in runs], [[v for _, v in run] for run in runs]
-
-
 def _framed(run: list[tuple[bytes, bytes | None]]) -> RecordColumns:
     """``run`` in the changelog framing, read back framed (decode_frames: spans into the bytes read, no
     object per record), as the restore reads a segment."""
@@ -396,7 +381,7 @@ def _framed(run: list[tuple[bytes, bytes | None]]) -> RecordColumns:
 
 
 def _assert_coalesced(key_runs, value_runs, runs) -> None:
-    keys, values, sizes, nbytes = _reference(runs)
+    keys, values, sizes, nbytes = coalesced_reference(runs)
     c_keys, c_values, shortest, longest, c_bytes, c_deletes = _sorting().coalesce_sorted(key_runs, value_runs)
     assert (c_keys, c_values, (shortest, longest), c_bytes, c_deletes) == (keys, values, sizes, nbytes,
                                                                            values.count(None))
@@ -416,14 +401,14 @@ def _assert_coalesced(key_runs, value_runs, runs) -> None:
 @settings(max_examples=300, deadline=None)
 @given(RUNS)
 def test_coalesce_to_the_last_value_in_bytes_order(runs) -> None:
-    _assert_coalesced(*_columns(runs), runs)
+    _assert_coalesced(*run_columns(runs), runs)
 
 
 @settings(max_examples=200, deadline=None)
 @given(RUNS, st.lists(st.booleans(), min_size=6, max_size=6))
 def test_framed_runs_coalesce_like_their_columns(runs, framed) -> None:
     """Runs still framed in their bytes, mixed with plain column runs (as a carried-over chunk is)."""
-    key_runs, value_runs = _columns(runs)
+    key_runs, value_runs = run_columns(runs)
     for index, run in enumerate(runs):
         if framed[index]:
             key_runs[index], value_runs[index] = _framed(run).framed, None

@@ -18,6 +18,7 @@ from localstate.core.layout import checkpoint_store, open_changelog_system
 from localstate.runtime.instance import TaskInstance
 from localstate.runtime.spark import instances
 from localstate.runtime.spark.affinity import WorkerAffinity
+from localstate.runtime.spark.context import worker_affinity
 from localstate.runtime.spark.runner import SparkJobRunner, run_partition
 from localstate.core.streams import open_output
 from localstate.runtime.sink import StreamSink
@@ -192,3 +193,27 @@ def test_driver_records_the_last_partition_each_worker_ran_as_the_one_it_keeps(t
                      {"partition": 2, "pid": 10, "finished": 2.0},
                      {"partition": None, "pid": 12, "attempt": 0}])
     assert affinity.keepers == {1: 11, 2: 10, 3: 12}
+
+
+def test_without_worker_affinity_every_batch_opens_its_partitions_and_counts_stay_exact(tmp_path, spark_context):
+    """``[spark] worker_affinity = false``: the plain path (plan -> one task per partition -> save):
+    nothing is kept open between batches, no slot claims anything, and the state is the same."""
+    path = _bad_input_job(tmp_path, "skip")
+    path.write_text(path.read_text().replace("[spark]\n", "[spark]\nworker_affinity = false\n", 1))
+    job = load_job_config(path)
+    assert job.spark["worker_affinity"] is False
+    runner = SparkJobRunner(job, context=spark_context, batch_size=8, progress=None)
+    assert not runner.keep_open
+    assert all(not plan.keep_open for plan in runner.plan(0)[0])
+    summary = runner.run()
+    assert len(summary.batches) > 2
+    assert sum(b.reused for b in summary.batches) == 0            # every batch reopened its partitions
+    assert final_counts(job) == dict(Counter(f"k{i % 7}" for i in range(60)))
+    assert not (runner.checkpoints.root / "claims").exists()                 # no slot ever claimed a partition
+
+
+def test_worker_affinity_is_on_by_default_on_local_masters_only(tmp_path):
+    job = load_job_config(_bad_input_job(tmp_path, "skip"))
+    assert worker_affinity(job, "local[2]") and worker_affinity(job, "local[2,4]")
+    assert not worker_affinity(job, "spark://127.0.0.1:7077")
+    assert SparkJobRunner(job, context=object(), progress=None).keep_open
