@@ -187,15 +187,23 @@ def test_quick_jit_goes_to_local_driver_jvms_of_localstate_run_only(monkeypatch,
 
     asked: list[dict] = []
 
-    def record(master, app_name="localstate", conf=None, *, quick_jit=False):  # noqa: ANN001, ANN202
-        asked.append({"master": master, "quick_jit": quick_jit})
+    def record(master, app_name="localstate", conf=None, *, quick_jit=False, affinity=True):  # noqa: ANN001, ANN202
+        asked.append({"master": master, "quick_jit": quick_jit, "affinity": affinity})
         return "context"
 
     monkeypatch.setattr(driver, "spark_context", record)
     job = load_job_config(_counting_job(tmp_path, "quick-jit"))
     runner = SparkJobRunner(job, master="local[2]", progress=None)
     assert runner.context == "context"
-    assert asked == [{"master": "local[2]", "quick_jit": True}]
+    assert asked == [{"master": "local[2]", "quick_jit": True, "affinity": True}]
+    # Without worker affinity the driver JVM and the local Spark settings are Spark's own.
+    asked.clear()
+    path = _counting_job(tmp_path / "plain", "plain")
+    path.write_text(path.read_text().replace("[spark]\n", "[spark]\nworker_affinity = false\n", 1))
+    assert SparkJobRunner(load_job_config(path), master="local[2]", progress=None).context == "context"
+    assert asked == [{"master": "local[2]", "quick_jit": False, "affinity": False}]
+    assert "spark.python.unix.domain.socket.enabled" not in dict(spark_conf("local[2]", affinity=False).getAll())
+    assert dict(spark_conf("local[2]").getAll())["spark.python.unix.domain.socket.enabled"] == "true"
 
 
 def test_a_worker_freezes_its_imports_once_and_still_collects_what_comes_later(spark_context, tmp_path):
