@@ -285,12 +285,14 @@ def check_input_position(source: InputStream, partition: int, position: int | No
     if position is None:
         return
     where = getattr(source.job, "source", None) or ""
+    place = source.location()
+    found = {} if place is None else {"topic" if place[0] == "kafka" else place[0]: place[1]}
     if position > end:
         raise InputPositionError(
             f"input {source.name!r} partition {partition}: the checkpoint's position {position} is past the "
             f"input's end {end}: the input was replaced, truncated or re-created under the job, and reading on "
             f"would skip the {end} record(s) it holds now", input=source.name, partition=partition,
-            position=position, end=end, hint=seek_hint(where, source.name, partition))
+            position=position, end=end, hint=seek_hint(where, source.name, partition), **found)
     if position > 0 and isinstance(source, RetainedStart):
         start = source.start_offset(partition)
         if position < start:
@@ -299,7 +301,7 @@ def check_input_position(source: InputStream, partition: int, position: int | No
                 f"first record the input still holds ({start}): records {position}..{start - 1} were deleted "
                 f"before the job read them", input=source.name, partition=partition, position=position, end=end,
                 start=start, hint=seek_hint(where, source.name, partition)
-                + f"; --to-start moves to {start}, accepting the loss")
+                + f"; --to-start moves to {start}, accepting the loss", **found)
 
 
 def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:

@@ -81,7 +81,9 @@ def test_jsonl_replaced_by_a_shorter_file_is_a_typed_error(tmp_path: Path) -> No
     replacement = tmp_path / "new.jsonl"
     replacement.write_text(_lines(5, prefix="new"))
     os.replace(replacement, tmp_path / "data" / "0.jsonl")  # a new file (new inode) under the same name
-    _assert_position_error(_plan_error(job), 10, 5, job_file)
+    error = _plan_error(job)
+    _assert_position_error(error, 10, 5, job_file)
+    assert error.context["path"] == str((tmp_path / "data").resolve())
 
 
 def test_jsonl_truncated_in_place_is_a_typed_error(tmp_path: Path) -> None:
