@@ -367,3 +367,15 @@ def test_missing_input_directory_in_the_cli_is_a_config_error(tmp_path: Path) ->
 
     with pytest.raises(ConfigError, match="inputs.events.path"):
         require_input_paths(load_job_config(job_file))
+
+
+def test_a_replaced_jsonl_file_is_never_read_from_a_byte_position_of_the_old_one(tmp_path: Path) -> None:
+    """A reused Python worker remembers where its previous batch stopped (file, line -> byte); a
+    file replaced under the same name must be read from its own lines, not from that byte."""
+    _job_file, job = _job(tmp_path, lines=8)
+    source = open_input(job, "events")
+    assert [r.key for r in source.read(0, 0, 5)] == ["k0", "k1", "k2", "k3", "k4"]  # remembers line 5's byte
+    replacement = tmp_path / "new.jsonl"
+    replacement.write_text("".join(json.dumps({"key": f"longer-key-{i}", "value": i}) + "\n" for i in range(8)))
+    os.replace(replacement, tmp_path / "data" / "0.jsonl")
+    assert [r.key for r in source.read(0, 5, 8)] == ["longer-key-5", "longer-key-6", "longer-key-7"]
