@@ -37,6 +37,7 @@ __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry
            "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
            "resolve_stream", "changelog_partitions", "changelog_records", "open_changelog_reader",
            "checkpoint_manifest", "checkpoint_location", "committed_contents", "stream_location", "dir_size",
+           "InputPartitionInfo", "input_partitions",
            "decoder",
            "raw_value", "to_jsonable"]
 
@@ -165,6 +166,70 @@ def require_state(job: JobConfig) -> dict[int, Checkpoint | None]:
                                  "state directory", path=str(job_dir(job)),
                                  hint="run it first (`localstate run JOB`), or check job.state_dir in the config")
     return checkpoints
+
+
+# -- input partitions ---------------------------------------------------------------------------------
+
+@dataclass
+class InputPartitionInfo:
+    """One input partition against the checkpoint: where the job is, where the input ends, what
+    is still being appended, and what is wrong (a position the input does not hold any more)."""
+
+    input: str
+    partition: int
+    position: int | None
+    """the checkpointed next offset; None when no checkpoint names one (the job starts at 0)"""
+    end: int | None
+    """the input's current end; None when it could not be read (see ``problem``)"""
+    pending_bytes: int = 0
+    """bytes of an unterminated last record (:class:`~localstate.core.streams.base.PendingTail`)"""
+    pending_since: float | None = None
+    """when those bytes last changed (epoch seconds), None when there are none"""
+    problem: str | None = None
+    """why the position does not fit the input (InputPositionError), or why the end is unknown"""
+
+    @property
+    def lag(self) -> int | None:
+        """Records the input holds past the position; None when the end is unknown or the position
+        is past it."""
+        if self.end is None:
+            return None
+        lag = self.end - (self.position or 0)
+        return lag if lag >= 0 else None
+
+
+def input_partitions(job: JobConfig, checkpoints: dict[int, Checkpoint | None],
+                     partitions: list[int] | None = None) -> list[InputPartitionInfo]:
+    """Each input partition against its checkpointed position, read-only: the inputs' ends as the
+    planner of ``localstate run`` finds them (files are only read; a Kafka input asks its broker),
+    the same position check (a problem here is the InputPositionError a run would raise), and the
+    unterminated bytes at their ends. An input that cannot be opened or read is reported in
+    ``problem``, never raised."""
+    from localstate.core.streams import open_input
+    from localstate.core.streams.base import PendingTail, check_input_position
+
+    found = []
+    for name in sorted(job.inputs):
+        try:
+            source = open_input(job, name)
+        except LocalStateError as exc:
+            found += [InputPartitionInfo(name, p, None, None, problem=exc.message)
+                      for p in (partitions if partitions is not None else range(job.partitions))]
+            continue
+        for partition in (partitions if partitions is not None else range(job.partitions)):
+            checkpoint = checkpoints.get(partition)
+            position = checkpoint.inputs.get(name) if checkpoint is not None else None
+            info = InputPartitionInfo(name, partition, position, None)
+            try:
+                info.end = source.end_offset(partition)
+                if isinstance(source, PendingTail):
+                    info.pending_bytes = source.pending_bytes(partition)
+                    info.pending_since = source.pending_since(partition) if info.pending_bytes else None
+                check_input_position(source, partition, position, info.end)
+            except LocalStateError as exc:
+                info.problem = exc.message
+            found.append(info)
+    return found
 
 
 # -- store partitions --------------------------------------------------------------------------------

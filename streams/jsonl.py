@@ -11,7 +11,7 @@ import json
 import json.scanner
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
 
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.fsutil import open_nofollow, os_error
@@ -32,8 +32,9 @@ _DECODER = STRICT_JSON
 # and json_problem are the json serde's: what it could not encode again (NaN, Infinity, 1e400, lone
 # surrogates, deep nesting) is an undecodable record here, where on_error can still handle it.
 _SCAN = json.scanner.c_make_scanner(_DECODER) if json.scanner.c_make_scanner else _DECODER.scan_once
-_POSITIONS: dict[tuple[str, int], int] = {}
-"""(file, line offset) -> byte position, remembered by this process for the next batch."""
+_POSITIONS: dict[tuple[str, int, int], int] = {}
+"""(file, inode, line offset) -> byte position, remembered by this process for the next batch (the
+inode: a file replaced under the job is never read from a position remembered in the old one)."""
 
 
 def _text(exc: BaseException) -> str:
@@ -45,33 +46,56 @@ def _file(directory: Path, partition: int) -> Path:
     return directory / f"{int(partition)}.jsonl"
 
 
-_LINES: dict[str, tuple[int, int, int]] = {}
-"""file -> (inode, bytes counted, newlines in them): input files only grow, so count only new bytes."""
+_LINES: dict[str, tuple[int, int, int, int]] = {}
+"""file -> (inode, bytes counted, newlines in them, byte after the last newline): input files only
+grow, so count only new bytes."""
 
 
-def _complete_lines(path: Path, cache: bool = False, stream: str | None = None, partition: int = 0) -> int:
-    """Complete lines in ``path`` (0 when absent). With ``stream`` (an input), the file must be a
-    regular file (InputError otherwise, see :func:`open_regular_file`)."""
+class _Scan(NamedTuple):
+    """What :func:`_scan_lines` found in a file."""
+
+    lines: int
+    """complete lines (each ends with its newline)"""
+    pending: int
+    """bytes after the last newline: a line still being appended"""
+    mtime: float
+    """the file's modification time (epoch seconds); 0.0 when it does not exist"""
+
+
+def _scan_lines(path: Path, cache: bool = False, stream: str | None = None, partition: int = 0) -> _Scan:
+    """Complete lines and unterminated bytes of ``path`` (zeros when absent). With ``stream`` (an
+    input), the file must be a regular file (InputError otherwise, see :func:`open_regular_file`).
+    With ``cache``, only the bytes appended since the previous call are read (same inode, not shorter)."""
     try:
         if stream is not None:
             opened = open_regular_file(path, stream=stream, partition=partition)
             if opened is None:
-                return 0
+                return _Scan(0, 0, 0.0)
         else:
             opened = open(path, "rb")
         with opened as handle:
             stat = os.fstat(handle.fileno())
             seen = _LINES.get(str(path)) if cache else None
+            base, lines, tail = 0, 0, 0
             if seen is not None and seen[0] == stat.st_ino and seen[1] <= stat.st_size:
                 handle.seek(seen[1])
-                lines = seen[2] + handle.read().count(b"\n")
-            else:
-                lines = handle.read().count(b"\n")
+                base, lines, tail = seen[1], seen[2], seen[3]
+            data = handle.read()
+            lines += data.count(b"\n")
+            last = data.rfind(b"\n")
+            if last >= 0:
+                tail = base + last + 1
+            size = base + len(data)
             if cache:
-                _LINES[str(path)] = (stat.st_ino, stat.st_size, lines)
-            return lines
+                _LINES[str(path)] = (stat.st_ino, size, lines, tail)
+            return _Scan(lines, size - tail, stat.st_mtime)
     except FileNotFoundError:
-        return 0
+        return _Scan(0, 0, 0.0)
+
+
+def _complete_lines(path: Path, cache: bool = False, stream: str | None = None, partition: int = 0) -> int:
+    """Complete lines in ``path`` (0 when absent); see :func:`_scan_lines`."""
+    return _scan_lines(path, cache, stream, partition).lines
 
 
 def write_jsonl(directory: str | os.PathLike[str], partition: int, records: list[dict[str, Any]]) -> None:
@@ -110,6 +134,15 @@ class JsonLinesInput(InputStream):
     def end_offset(self, partition: int) -> int:
         return _complete_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition)
 
+    def pending_bytes(self, partition: int) -> int:
+        """Bytes of a last line without its newline yet (an append in progress; :class:`PendingTail`)."""
+        return _scan_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition).pending
+
+    def pending_since(self, partition: int) -> float | None:
+        """The file's modification time while it ends in an unterminated line, else None."""
+        scan = _scan_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition)
+        return scan.mtime if scan.pending else None
+
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         path = _file(self.directory, partition)
         if start >= end:
@@ -124,7 +157,8 @@ class JsonLinesInput(InputStream):
             # Resume at the byte where this worker's previous batch stopped instead of re-scanning
             # every earlier line (Python workers are reused across batches).
             offset, position = 0, 0
-            hint = _POSITIONS.get((str(path), start))
+            inode = os.fstat(handle.fileno()).st_ino
+            hint = _POSITIONS.get((str(path), inode, start))
             if hint is not None:
                 handle.seek(hint)
                 offset, position = start, hint
@@ -162,7 +196,7 @@ class JsonLinesInput(InputStream):
                 position += len(line)
             if len(_POSITIONS) > 4096:
                 _POSITIONS.clear()
-            _POSITIONS[(str(path), offset)] = position
+            _POSITIONS[(str(path), inode, offset)] = position
 
 
 class JsonLinesOutput(OutputStream):

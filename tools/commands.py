@@ -1,4 +1,5 @@
-"""Subcommands of the ``localstate`` CLI that belong to the core: ``plugins`` and ``validate``."""
+"""Subcommands of the ``localstate`` CLI that belong to the core: ``plugins``, ``validate``, ``reset``,
+``seek``, ``compact`` and ``inspect``."""
 
 from __future__ import annotations
 
@@ -221,6 +222,102 @@ def _reset_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 reset.arguments = _reset_arguments  # type: ignore[attr-defined]
+
+
+@command("seek", "move a job's checkpointed position in one input, on purpose: after the input was replaced, "
+                 "truncated or re-created (--to-end: only records appended from now on; --to-start: all it holds)")
+def seek(args: argparse.Namespace) -> int:
+    """Rewrite the checkpointed position of ``--input`` in each partition's checkpoint (``--partition``:
+    one), through CheckpointStore: atomic, with the generation raised by one (a driver of a running
+    job that saves a checkpoint it planned before is then fenced, FencedError, instead of writing the
+    old position back). Every partition's instance lock is taken first: a partition a live job holds
+    is refused and nothing is changed. Nothing but the checkpoints (in the state directory, or where
+    the changelog system keeps them) is written; without ``--yes`` nothing at all."""
+    from dataclasses import replace
+
+    from localstate.core.checkpoint import Checkpoint
+    from localstate.core.layout import checkpoint_store
+    from localstate.core.options import did_you_mean
+    from localstate.core.streams import open_input
+    from localstate.core.streams.base import RetainedStart
+    from localstate.errors import FencedError, StateNotFoundError
+    from localstate.runtime.views import load_checkpoints
+    from localstate.tools.validation import require_input_paths
+
+    job = load_job_config(args.job, plugins=args.plugins)
+    name = args.input
+    if name not in job.inputs:
+        raise StateNotFoundError(f"job {job.name!r} has no input {name!r}" + did_you_mean(name, sorted(job.inputs)),
+                                 input=name, hint=f"the job's inputs: {', '.join(sorted(job.inputs)) or '(none)'}")
+    if args.partition is not None and not 0 <= args.partition < job.partitions:
+        raise StateNotFoundError(f"job {job.name!r} has partitions 0..{job.partitions - 1}, not {args.partition}",
+                                 partition=args.partition, hint="pick a partition below job.partitions")
+    partitions = [args.partition] if args.partition is not None else list(range(job.partitions))
+    require_input_paths(job)  # a mistyped path would look like an empty input: --to-end would move to 0
+    source = open_input(job, name)
+    found = load_checkpoints(job)  # read-only: nothing is created before --yes
+    if not any(found.get(p) is not None for p in partitions):
+        raise StateNotFoundError(f"job {job.name!r} has no checkpoint for partition(s) {partitions} in "
+                                 f"{job.state_dir}: there is no position to move",
+                                 hint="a job that never committed starts every input at its beginning; check "
+                                      "the job file's state_dir")
+    moves: dict[int, int] = {}
+    for partition in partitions:
+        checkpoint = found.get(partition)
+        if checkpoint is None:
+            print(f"partition {partition}: no checkpoint (never committed): nothing to move")
+            continue
+        end = source.end_offset(partition)
+        start = min(source.start_offset(partition), end) if isinstance(source, RetainedStart) else 0
+        target = end if args.to_end else start
+        current = checkpoint.inputs.get(name)
+        moves[partition] = target
+        state = "" if current is None or start <= current <= end else " (outside what the input holds)"
+        print(f"partition {partition}: input {name!r} position {'-' if current is None else current}{state} -> "
+              f"{target} (the input holds offsets {start}..{end})")
+    if not args.yes:
+        print("re-run with --yes to move the position(s); stop the job first")
+        return 0
+    store = checkpoint_store(job)
+    locked: list[int] = []
+    try:
+        for partition in moves:
+            try:
+                store.lock(partition)
+            except FencedError as exc:
+                raise FencedError(f"partition {partition} of job {job.name!r} is held by a running job (its instance "
+                                  f"lock in {store.root}): nothing was moved", partition=partition,
+                                  path=str(store.root),
+                                  hint="stop the job (wait for `localstate run` to end), then run seek again") from exc
+            locked.append(partition)
+        for partition, target in moves.items():
+            checkpoint = store.load(partition)  # again, under the lock: the latest committed one
+            if checkpoint is None:
+                continue
+            moved: Checkpoint = replace(checkpoint, generation=checkpoint.generation + 1,
+                                        inputs={**checkpoint.inputs, name: target})
+            store.save(moved, expect_generation=checkpoint.generation)
+            print(f"partition {partition}: input {name!r} moved to {target} (generation {moved.generation})")
+    finally:
+        for partition in locked:
+            store.unlock(partition)
+    return 0
+
+
+def _seek_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="job config (TOML)")
+    parser.add_argument("--input", required=True, metavar="NAME", help="the input whose position moves")
+    parser.add_argument("--partition", type=_count, default=None, help="only this partition (default: all)")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to-end", action="store_true",
+                       help="to the input's current end: records already there are never processed")
+    where.add_argument("--to-start", action="store_true",
+                       help="to the first record the input holds (0; Kafka: the log start): all of it is "
+                            "processed again")
+    parser.add_argument("--yes", action="store_true", help="really move (default: show what would move)")
+
+
+seek.arguments = _seek_arguments  # type: ignore[attr-defined]
 
 
 @command("compact", "compact a job's file changelogs up to the checkpointed offsets (last record per key)")

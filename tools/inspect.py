@@ -13,6 +13,7 @@ from localstate.core.config import JobConfig
 from localstate.errors import ConfigError, StateNotFoundError
 
 from localstate.runtime.views import changelog_partitions, changelog_records, changelog_root, checkpoint_location, decoder, job_dir, require_state, resolve_stream, store_config, store_entries, store_partitions, store_serdes, stream_location, to_jsonable
+from localstate.runtime.views import InputPartitionInfo, input_partitions
 
 __all__ = ["run_inspect"]
 
@@ -115,9 +116,34 @@ def _key_filter(job: JobConfig, args: argparse.Namespace) -> Callable[[Any], boo
     return select
 
 
+def _print_inputs(inputs: list[InputPartitionInfo]) -> None:
+    """The overview's input table: checkpointed position, end, lag and unterminated bytes per input
+    partition, then each problem (a position the input does not hold) and each unterminated tail."""
+    import time
+
+    if not inputs:
+        return
+    print("inputs:")
+    dash = lambda value: "-" if value is None else str(value)  # noqa: E731
+    rows = [("INPUT", "PART", "POSITION", "END", "LAG", "UNTERMINATED_BYTES")]
+    rows += [(i.input, str(i.partition), dash(i.position), dash(i.end), dash(i.lag), str(i.pending_bytes))
+             for i in inputs]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for i in inputs:
+        if i.problem:
+            print(f"  {i.input}[{i.partition}]: {i.problem}")
+        if i.pending_bytes:
+            age = f", unchanged for {time.time() - i.pending_since:.0f}s" if i.pending_since is not None else ""
+            print(f"  {i.input}[{i.partition}]: {i.pending_bytes:,} byte(s) of an unterminated record at offset "
+                  f"{dash(i.end)}{age} (an append in progress: not read until complete)")
+
+
 def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: bool) -> int:
     checkpoints = require_state(job)
     stores = [info for name in sorted(job.stores) for info in store_partitions(job, name, checkpoints, partitions)]
+    inputs = input_partitions(job, checkpoints, partitions)
     changelogs = changelog_root(job)
     if as_json:
         print(json.dumps({
@@ -132,6 +158,9 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
                         "local_offset": i.local_offset, "keys": i.keys, "checkpoint_offset": i.checkpoint_offset,
                         "changelog_end": i.changelog_end, "notes": i.notes} for i in stores],
             "inputs": {n: stream_location(job, "inputs", n) for n in job.inputs},
+            "input_partitions": [{"input": i.input, "partition": i.partition, "position": i.position, "end": i.end,
+                                  "lag": i.lag, "pending_bytes": i.pending_bytes, "pending_since": i.pending_since,
+                                  "problem": i.problem} for i in inputs],
             "outputs": {n: stream_location(job, "outputs", n) for n in job.outputs},
         }, sort_keys=True))
         return 0
@@ -168,6 +197,7 @@ def _inspect_overview(job: JobConfig, partitions: list[int] | None, as_json: boo
     for i in stores:
         for note in i.notes:
             print(f"  {i.store}[{i.partition}]: {note}")
+    _print_inputs(inputs)
     for section in ("inputs", "outputs"):
         names = job.inputs if section == "inputs" else job.outputs
         for name in names:

@@ -33,6 +33,7 @@ def partition_count(text: str) -> int:
 
 @command("run", "run a job on Spark in micro-batches until its inputs are consumed")
 def run(args: argparse.Namespace) -> int:
+    from localstate.runtime.spark.plan import lag_text
     from localstate.runtime.spark.runner import SparkJobRunner
 
     from localstate.runtime.views import changelog_root, job_dir, stream_location
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     summary = runner.run(batches=args.batches)
     rate = summary.records_in / summary.seconds if summary.seconds else 0.0
     print(f"done: {len(summary.batches)} batch(es), {summary.records_in:,} records in, {summary.records_out:,} out, "
-          f"{summary.seconds:.1f}s ({rate:,.0f} rec/s), lag {summary.lag:,}", flush=True)
+          f"{summary.seconds:.1f}s ({rate:,.0f} rec/s), {lag_text(summary.lag, summary.pending_bytes)}", flush=True)
     if runner.cluster and summary.warm_fraction is not None:
         print(f"warm local state: {summary.warm_fraction:.0%} of the tasks with state found it on their executor")
     for name in job.outputs:

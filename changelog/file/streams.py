@@ -122,13 +122,28 @@ class FileLogInput(_FileLog, InputStream):
         """The offset after the last valid record of the last segment. A record that fails its check
         with valid records after it is damage, not the end of the data: an InputError (never a
         silent stop that would leave every later record unread, on every run)."""
+        return self._scan_end(partition)[0]
+
+    def pending_bytes(self, partition: int) -> int:
+        """Bytes of an incomplete last record (an append in progress, or a writer that stopped
+        mid-record; :class:`~localstate.core.streams.base.PendingTail`): not read until complete."""
+        return self._scan_end(partition)[1]
+
+    def pending_since(self, partition: int) -> float | None:
+        """The last segment's modification time while it ends in an incomplete record, else None."""
+        _end, pending, mtime = self._scan_end(partition)
+        return mtime if pending else None
+
+    def _scan_end(self, partition: int) -> tuple[int, int, float]:
+        """``(end offset, bytes after the last valid record, last segment's mtime)`` of ``partition``
+        (see :meth:`end_offset`); zeros when it does not exist."""
         if not self._check_partition(partition):
-            return 0
+            return 0, 0, 0.0
         directory = self.system.partition_dir(self.stream, partition)
         while True:
             bases = list_segments(directory)
             if not bases:
-                return 0
+                return 0, 0, 0.0
             base = bases[-1]
             path = directory / segment_name(base)
             try:
@@ -151,7 +166,7 @@ class FileLogInput(_FileLog, InputStream):
                                  stream=self.name, partition=partition, offset=next_offset, segment=str(path),
                                  byte=pos + bad, hint=_DAMAGED_HINT)
             self._tails[partition] = (base, stat.st_ino, pos + valid_end, next_offset)
-            return next_offset
+            return next_offset, len(data) - valid_end, stat.st_mtime
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         if start >= end:

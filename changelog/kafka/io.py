@@ -16,7 +16,7 @@ from localstate.errors import InputError, LocalStateError, OutputError
 
 from .client import bootstrap_servers, kafka_error
 
-__all__ = ["TopicWriter", "consumer_settings", "listed_ends", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "ensure_topic",
+__all__ = ["TopicWriter", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "ensure_topic",
            "produce", "pooled_consumer", "release_consumer", "close_clients"]
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,16 @@ def listed_ends(consumer: Any, topic: str, partitions: Sequence[int], *,
 
     tps = [TopicPartition(topic, p) for p in partitions]
     reported = consumer.end_offsets(tps) if timeout_ms is None else consumer.end_offsets(tps, timeout_ms=timeout_ms)
+    return {tp.partition: int(reported.get(tp) or 0) for tp in tps}
+
+
+def start_offsets(consumer: Any, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+    """ListOffsets(earliest) of each partition: its log start offset, below which records were
+    deleted (retention, DeleteRecords). Raises kafka-python errors."""
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in partitions]
+    reported = consumer.beginning_offsets(tps)
     return {tp.partition: int(reported.get(tp) or 0) for tp in tps}
 
 

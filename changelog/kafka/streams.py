@@ -37,7 +37,7 @@ from localstate.errors import ConfigError, InputError, LocalStateError, OutputEr
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
 from .io import (TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce, read_range,
-                 read_records, release_consumer, remember_topic, topic_checked, topic_partitions)
+                 read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_partitions)
 
 __all__ = ["KafkaStreams", "KafkaInput", "KafkaOutput", "TopicWriter", "end_offsets", "read_range", "read_records",
            "topic_partitions", "ensure_topic", "produce", "copy_input_to_topic", "pooled_consumer", "release_consumer",
@@ -106,6 +106,7 @@ class KafkaInput(InputStream):
         self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
         self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
         self._ends: dict[int, int] = {}
+        self._starts: dict[int, int] = {}
         self._served: set[int] | None = None
 
     # driver side ------------------------------------------------------------------------------
@@ -140,6 +141,14 @@ class KafkaInput(InputStream):
         self._served.add(partition)
         return self._ends.get(partition, 0)
 
+    def start_offset(self, partition: int) -> int:
+        """The partition's log start offset as of the last :meth:`end_offset` probe (probing now if
+        there was none): records below it were deleted (retention, DeleteRecords, a re-created topic
+        that starts higher). See :class:`~localstate.core.streams.base.RetainedStart`."""
+        if self._served is None:
+            self._refresh()
+        return min(self._starts.get(partition, 0), self._ends.get(partition, 0))
+
     def _refresh(self) -> None:
         consumer, ok = None, False
         try:
@@ -147,6 +156,7 @@ class KafkaInput(InputStream):
             self.check_topic(consumer)
             self._ends = end_offsets(consumer, self.topic, range(self.job.partitions), self._ends,
                                      timeout=self.config["probe_timeout"])
+            self._starts = start_offsets(consumer, self.topic, range(self.job.partitions))
             ok = True
         except LocalStateError:
             ok = True

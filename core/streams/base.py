@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, Na
 
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.options import Option, did_you_mean, validate_options
-from localstate.errors import ConfigError, ConfigProblem, InputError, LocalStateError, OutputError, PluginNotFoundError
+from localstate.errors import ConfigError, ConfigProblem, InputError, InputPositionError, LocalStateError, OutputError, \
+    PluginNotFoundError
 
 if TYPE_CHECKING:
     from localstate.core.config import JobConfig, StreamConfig
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
            "overlap_problems", "open_input", "open_output", "check_regular_file", "open_regular_file",
-           "check_output_file"]
+           "check_output_file", "PendingTail", "RetainedStart", "PENDING_TAIL_WARN_AFTER", "check_input_position",
+           "seek_hint"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -230,6 +232,76 @@ class DirectoryInput(Protocol):
 
     def input_directory(self) -> Path:
         """The directory the input reads (absolute, or relative to the working directory)."""
+
+
+#: Seconds an unterminated tail (see :class:`PendingTail`) may stay unchanged before ``localstate run``
+#: logs a WARNING naming the input, partition and byte count. Shorter: an append in progress.
+PENDING_TAIL_WARN_AFTER = 30.0
+
+
+@runtime_checkable
+class PendingTail(Protocol):
+    """An input whose last record can be caught half-written: a file being appended to (``jsonl``:
+    a last line without its newline; ``file``: an incomplete last record). Those bytes are an append
+    still in progress and are not read yet (:meth:`InputStream.end_offset` stops before them), but
+    they are counted, so that a run can show them next to its lag and warn when they stay
+    incomplete (a writer that stopped mid-record). Optional: inputs that cannot have such a tail do
+    not implement it."""
+
+    def pending_bytes(self, partition: int) -> int:
+        """Bytes after the last complete record of ``partition`` (0: none, or no such partition)."""
+
+    def pending_since(self, partition: int) -> float | None:
+        """When those bytes last changed (epoch seconds: the file's modification time); None when
+        there are none."""
+
+
+@runtime_checkable
+class RetainedStart(Protocol):
+    """An input that may delete its oldest records under a job (Kafka: retention, DeleteRecords): the
+    first offset it still holds. Optional: an input that never deletes records starts at 0."""
+
+    def start_offset(self, partition: int) -> int:
+        """Offset of the first record ``partition`` still holds (its log start offset)."""
+
+
+def seek_hint(source: str, input_name: str, partition: int) -> str:
+    """What to do about a checkpointed position that does not fit input ``input_name`` any more
+    (job file ``source``): restore the input, or move the position on purpose with ``localstate seek``."""
+    job = source or "job.toml"
+    return (f"restore the input's records as they were, or move the position on purpose: `localstate seek {job} "
+            f"--input {input_name} --partition {partition} --to-end --yes` continues with records appended from now "
+            f"on, `--to-start --yes` processes everything the input holds now (see docs/spark.md, \"When an input "
+            f"changes under a job\")")
+
+
+def check_input_position(source: InputStream, partition: int, position: int | None, end: int) -> None:
+    """Raise :class:`~localstate.errors.InputPositionError` if ``position`` (the checkpointed next
+    offset of ``source``'s ``partition``; None: the checkpoint names none) does not fit the input as
+    it is now: past ``end`` (its current end: the input was replaced, truncated or recreated), or,
+    for a :class:`RetainedStart` input, below the first record it still holds (the records between
+    were deleted unread). Planning ``max(position, end)`` instead would report lag 0 and never read
+    the records the input holds now; reading from a deleted position would skip the deleted ones."""
+    if position is None:
+        return
+    where = getattr(source.job, "source", None) or ""
+    place = source.location()
+    found = {} if place is None else {"topic" if place[0] == "kafka" else place[0]: place[1]}
+    if position > end:
+        raise InputPositionError(
+            f"input {source.name!r} partition {partition}: the checkpoint's position {position} is past the "
+            f"input's end {end}: the input was replaced, truncated or re-created under the job, and reading on "
+            f"would skip the {end} record(s) it holds now", input=source.name, partition=partition,
+            position=position, end=end, hint=seek_hint(where, source.name, partition), **found)
+    if position > 0 and isinstance(source, RetainedStart):
+        start = source.start_offset(partition)
+        if position < start:
+            raise InputPositionError(
+                f"input {source.name!r} partition {partition}: the checkpoint's position {position} is below the "
+                f"first record the input still holds ({start}): records {position}..{start - 1} were deleted "
+                f"before the job read them", input=source.name, partition=partition, position=position, end=end,
+                start=start, hint=seek_hint(where, source.name, partition)
+                + f"; --to-start moves to {start}, accepting the loss", **found)
 
 
 def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:

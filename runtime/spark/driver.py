@@ -31,6 +31,7 @@ from localstate.runtime.spark.failures import spark_failure
 from localstate.runtime.spark.instances import clear_requests
 from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import open_input
+from localstate.core.streams.base import PENDING_TAIL_WARN_AFTER, PendingTail, check_input_position
 from localstate.runtime.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
@@ -138,6 +139,9 @@ class SparkJobRunner:
         self.affinity: WorkerAffinity | None = None
         """this run's worker affinity (local masters, ``keep_open``), else None"""
         self.run_id = uuid.uuid4().hex
+        self.pending_bytes = 0
+        """bytes of unterminated input tails (:class:`PendingTail`) found by the last :meth:`plan`"""
+        self._tails_warned: set[tuple[str, int, int]] = set()
         self.checkpoints = checkpoint_store(job)
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
         self.sink_check = StreamSink(job)  # validates [outputs.*] on the driver, before any task runs
@@ -176,27 +180,66 @@ class SparkJobRunner:
         return saved if saved is not None else self.checkpoints.load(partition)
 
     def plan(self, batch: int) -> tuple[list[PartitionPlan], int]:
-        """Plans for the partitions with input to process, and the total lag before the batch."""
-        plans, lag = [], 0
+        """Plans for the partitions with input to process, and the total lag before the batch.
+
+        A checkpointed input position that does not fit the input any more (past its end: the input
+        was replaced, truncated or re-created; below its first retained record) raises
+        InputPositionError before anything runs, never a plan that silently reads nothing. Bytes of
+        unterminated input tails are counted into :attr:`pending_bytes` (and logged once they stay
+        unchanged for :data:`PENDING_TAIL_WARN_AFTER` seconds)."""
+        plans, lag, pending = [], 0, 0
         for partition in range(self.job.partitions):
             loaded = self.committed(partition)
             checkpoint = loaded or Checkpoint(partition)
             ranges = {}
             for name, source in self.inputs.items():
                 start, end = checkpoint.inputs.get(name, 0), source.end_offset(partition)
-                lag += max(0, end - start)
+                check_input_position(source, partition, checkpoint.inputs.get(name), end)
+                if isinstance(source, PendingTail):
+                    pending += self._pending_tail(name, source, partition, end)
+                lag += end - start
                 if self.batch_size is not None:
                     # No input can give more than the limit; an exact range also lets a reader run
                     # to its end (the jsonl reader then remembers where the next batch starts).
                     end = min(end, start + int(self.batch_size))
-                ranges[name] = (start, max(start, end))
+                ranges[name] = (start, end)
             if any(end > start for start, end in ranges.values()):
                 self._committed[partition] = loaded
                 plans.append(PartitionPlan(
                     batch, partition, ranges, self.batch_size, self.fault, self.run_id, self.keep_open,
                     cluster=self.cluster, committed=asdict(loaded) if self.cluster and loaded is not None else None,
                     checkpoint_where=str(self.checkpoints.path(partition)) if self.cluster else ""))
+        self.pending_bytes = pending
         return plans, lag
+
+    def check_inputs(self) -> None:
+        """Check every partition's checkpointed input positions against the inputs as they are now
+        (InputPositionError, see :func:`check_input_position`), without planning anything: what
+        :meth:`run` does before it starts Spark."""
+        for partition in range(self.job.partitions):
+            checkpoint = self.committed(partition)
+            if checkpoint is None:
+                continue
+            for name, source in self.inputs.items():
+                if name in checkpoint.inputs:
+                    check_input_position(source, partition, checkpoint.inputs[name], source.end_offset(partition))
+
+    def _pending_tail(self, name: str, source: PendingTail, partition: int, end: int) -> int:
+        """Unterminated bytes at the end of ``source``'s ``partition`` (an append in progress: not
+        read, never an error). Logs a WARNING once per run and tail when they have not changed for
+        :data:`PENDING_TAIL_WARN_AFTER` seconds (a writer that stopped mid-record)."""
+        pending = source.pending_bytes(partition)
+        if not pending:
+            return 0
+        since = source.pending_since(partition)
+        age = time.time() - since if since is not None else 0.0
+        if age > PENDING_TAIL_WARN_AFTER and (name, partition, end) not in self._tails_warned:
+            self._tails_warned.add((name, partition, end))
+            log.warning("input %r partition %d: %d byte(s) of an unterminated record at offset %d, unchanged for %.0fs "
+                        "(warned after %.0fs): they are not read until their writer completes the record (a jsonl "
+                        "line needs its newline); if the writer stopped, complete or remove them",
+                        name, partition, pending, end, age, PENDING_TAIL_WARN_AFTER)
+        return pending
 
     def run_batch(self, batch: int, plans: list[PartitionPlan]) -> BatchResult:
         """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
@@ -343,9 +386,11 @@ class SparkJobRunner:
     def run(self, batches: int | None = None) -> RunSummary:
         """Run until every input is consumed (or ``batches`` batches ran)."""
         summary = RunSummary()
+        self._saved.clear()  # a run plans its first batch from disk (a restarted driver does too)
+        self.check_inputs()  # before Spark starts: an input changed under the job fails fast
         self.context  # start Spark before timing anything
         self.run_id = uuid.uuid4().hex
-        self._saved.clear()  # a run plans its first batch from disk (a restarted driver does too)
+        self._tails_warned.clear()
         if self.keep_open:
             self.affinity = self.affinity_class(self.context, self.checkpoints.root / "claims" / self.run_id)
         partitions = range(self.job.partitions)
@@ -361,6 +406,7 @@ class SparkJobRunner:
                 planning = time.perf_counter()
                 plans, lag = self.plan(batch)
                 planned = time.perf_counter()
+                summary.pending_bytes = self.pending_bytes
                 if not plans:
                     break
                 roll = compaction is not None and compaction.due()
@@ -378,6 +424,7 @@ class SparkJobRunner:
                 result.driver_seconds["plan"] = planned - planning
                 result.seconds += planned - planning
                 result.lag = lag - result.records_in
+                result.pending_bytes = self.pending_bytes
                 summary.batches.append(result)
                 if self.progress is not None:
                     self.progress(progress_line(result, len(plans)))

@@ -27,7 +27,8 @@ from localstate.runtime.spark.instances import (BatchInstance, Lease, checkin, c
                                                open_planned, task_context)
 from localstate.runtime.spark.plan import PartitionPlan
 from localstate.core.streams import open_input
-from localstate.core.streams.base import InputRecord, InputStream
+from localstate.core.streams.base import InputRecord, InputStream, seek_hint
+from localstate.errors import InputPositionError
 
 __all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt", "PlannedPartition"]
 
@@ -47,6 +48,8 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
     (the order does not depend on batch boundaries); at most ``plan.limit`` records."""
     partition = plan.partition
     names = sorted(plan.ranges)
+    for name in names:
+        _check_position(instance, plan, name, inputs[name])
     streams = [inputs[name].read(partition, instance.position(name), plan.ranges[name][1]) for name in names]
     if len(streams) == 1:  # the common case needs no merge (and no sort key per record)
         items: Iterator[tuple[str, InputRecord]] = zip(repeat(names[0]), streams[0])
@@ -57,6 +60,19 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
     if plan.limit is not None and planned > plan.limit:
         items = islice(items, plan.limit)
     return items
+
+
+def _check_position(instance: BatchInstance, plan: PartitionPlan, name: str, source: InputStream) -> None:
+    """The instance must start input ``name`` inside the planned range: an instance ahead of the
+    planned end (its checkpoint moved under the driver, or the input shrank) would read nothing and
+    report the batch done. InputPositionError instead, as the planner raises."""
+    position, end = instance.position(name), plan.ranges[name][1]
+    if position > end:
+        raise InputPositionError(
+            f"input {name!r} partition {plan.partition}: the task instance is at position {position}, past the "
+            f"planned end {end}: its checkpoint and the driver's plan disagree (the input shrank, or the "
+            f"checkpoint was moved while the job ran)", input=name, partition=plan.partition, position=position,
+            end=end, hint=seek_hint(getattr(source.job, "source", None) or "", name, plan.partition))
 
 
 def plan_fault(plan: PartitionPlan) -> CrashAt | None:

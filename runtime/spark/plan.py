@@ -8,7 +8,7 @@ from typing import Any
 
 from localstate.runtime.partition_task import TASK_PHASES
 
-__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "TASK_PHASES", "DRIVER_PHASES", "progress_line"]
+__all__ = ["PartitionPlan", "BatchResult", "RunSummary", "TASK_PHASES", "DRIVER_PHASES", "progress_line", "lag_text"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ class BatchResult:
     skipped: int = 0
     dead_lettered: int = 0
     lag: int = 0
+    pending_bytes: int = 0
+    """bytes of unterminated input tails when the batch was planned (appends in progress, not read yet)"""
     seconds: float = 0.0
     restore_seconds: float = 0.0
     replayed: int = 0
@@ -79,6 +81,9 @@ class RunSummary:
     """closing the instances kept open in the workers, at the end of the run"""
     compaction_rounds: int = 0
     """changelog compaction rounds completed while the job ran (:class:`BatchCompaction`)"""
+    pending_bytes: int = 0
+    """bytes of unterminated input tails at the run's last plan: records still being appended (a jsonl
+    line without its newline, an incomplete file-log record), not read and not in :attr:`lag`"""
 
     @property
     def warm_fraction(self) -> float | None:
@@ -113,6 +118,11 @@ class RunSummary:
         return out
 
 
+def lag_text(lag: int, pending_bytes: int) -> str:
+    """``lag N``, with ``(+B bytes unterminated)`` when input tails are still being appended."""
+    return f"lag {lag:,}" + (f" (+{pending_bytes:,} bytes unterminated)" if pending_bytes else "")
+
+
 def progress_line(result: BatchResult, tasks: int) -> str:
     rate = result.records_in / result.seconds if result.seconds else 0.0
     extra = f" skipped {result.skipped:,}" if result.skipped else ""
@@ -121,4 +131,4 @@ def progress_line(result: BatchResult, tasks: int) -> str:
     extra += f" warm {result.warm}/{result.stateful}" if result.stateful else ""
     extra += f" ({result.failed_attempts} failed task attempt(s) retried)" if result.failed_attempts else ""
     return (f"batch {result.batch}: {tasks} task(s), in {result.records_in:,} out {result.records_out:,} in "
-            f"{result.seconds:.2f}s ({rate:,.0f} rec/s), lag {result.lag:,}{extra}")
+            f"{result.seconds:.2f}s ({rate:,.0f} rec/s), {lag_text(result.lag, result.pending_bytes)}{extra}")

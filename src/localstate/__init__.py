@@ -8,7 +8,8 @@ The public surface, in two parts:
   :class:`StorageEngine`, :class:`StorageEngineFactory`, :class:`StoreContext`, :class:`Option`,
   :class:`Serde`, the changelog contract (:class:`ChangelogSystem`, :class:`ChangelogPartition`,
   :class:`ChangelogWriter`, :class:`ChangelogRecord`), the stream contract (:class:`StreamSystem`,
-  :class:`InputStream`, :class:`OutputStream`, :class:`InputRecord`) and the backend contract
+  :class:`InputStream`, :class:`OutputStream`, :class:`InputRecord`, and the optional input protocols
+  :class:`PendingTail` and :class:`RetainedStart`) and the backend contract
   (:class:`KVBackend`, :class:`DirectoryBackend`, :class:`SortedRun`, ``Item``).
 
 Everything else is internal. See ``docs/`` for the architecture and guides.
@@ -24,7 +25,7 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
-from localstate.core.streams import InputRecord, InputStream, OutputStream, StreamSystem
+from localstate.core.streams import InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem
 from localstate.core.task import Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
 from localstate.errors import LocalStateError
 
@@ -63,6 +64,8 @@ __all__ = [
     "InputStream",
     "OutputStream",
     "InputRecord",
+    "PendingTail",
+    "RetainedStart",
     # plugin authors: storage backends
     "KVBackend",
     "DirectoryBackend",

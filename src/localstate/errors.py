@@ -31,6 +31,7 @@ __all__ = [
     "StateNotFoundError",
     "ExecutorError",
     "InputError",
+    "InputPositionError",
     "SchemaError",
     "BatchOrderError",
     "OutputError",
@@ -208,6 +209,27 @@ class ExecutorError(LocalStateError):
 
 class InputError(LocalStateError):
     """An input record could not be decoded or routed."""
+
+
+class InputPositionError(InputError):
+    """A checkpointed input position does not fit the input as it is now: it is past the input's
+    end (the input was replaced, truncated or recreated under the job) or below the first record
+    the input still holds (records deleted under it, e.g. by Kafka retention). Nothing was read:
+    reading on would silently skip the new records, or the deleted ones.
+
+    ``input`` (also ``stream`` in the context), ``partition``, ``position`` (the checkpointed one),
+    ``end`` (the end found) and ``start`` (the first offset still held, when that is the problem;
+    else None) are attributes and context."""
+
+    def __init__(self, message: str, *, input: str, partition: int, position: int, end: int,  # noqa: A002
+                 start: int | None = None, hint: str | None = None, **context: Any) -> None:
+        self.input = input
+        self.partition = partition
+        self.position = position
+        self.end = end
+        self.start = start
+        super().__init__(message, hint=hint, stream=input, partition=partition, position=position, end=end,
+                         start=start, **context)
 
 
 class SchemaError(InputError):

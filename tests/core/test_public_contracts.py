@@ -26,6 +26,8 @@ CONTRACTS = {
     "InputStream": "localstate.core.streams.base",
     "OutputStream": "localstate.core.streams.base",
     "InputRecord": "localstate.core.streams.base",
+    "PendingTail": "localstate.core.streams.base",
+    "RetainedStart": "localstate.core.streams.base",
     # storage backends
     "KVBackend": "localstate.core.backend",
     "DirectoryBackend": "localstate.core.backend",

@@ -1,0 +1,115 @@
+"""A Kafka input topic that changes under a job (issue #37), on a real broker (Tansu): the topic is
+deleted and re-created with fewer records than the checkpoint says were read. The planner raises an
+InputPositionError naming the input, partition, position and end (never ``done ... lag 0`` with the
+new records unread), ``inspect`` shows it, and ``localstate seek`` moves the position on purpose.
+
+The other Kafka case, records deleted below the position (a log start offset above it: retention,
+DeleteRecords), is checked by the same code through ``KafkaInput.start_offset`` (ListOffsets
+earliest); Tansu does not implement DeleteRecords, so here only the log start of a live topic is
+read (0), and tests/core/test_input_changes.py covers the check itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
+from localstate.changelog.kafka.streams import ensure_topic, produce
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.config import load_job_config
+from localstate.core.layout import checkpoint_store
+from localstate.core.options import validate_options
+from localstate.core.streams import open_input
+from localstate.errors import InputPositionError
+from localstate.runtime.spark.driver import SparkJobRunner
+from localstate.tools.cli import main
+
+pytestmark = pytest.mark.kafka
+
+SPARK_TESTS = Path(__file__).resolve().parents[1] / "spark"
+
+
+def _settings(servers: str) -> dict[str, Any]:
+    return client_settings(validate_options(CONNECTION_OPTIONS, {"bootstrap_servers": servers}, "test"))
+
+
+def _fill(settings: dict[str, Any], topic: str, count: int) -> None:
+    assert ensure_topic(settings, topic, 1, -1, create=True) == 1
+    produce(settings, topic, [(f"k{i}".encode(), json.dumps({"i": i}).encode(), 0) for i in range(count)])
+
+
+def _recreate(broker, topic: str) -> None:  # noqa: ANN001
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    try:
+        admin.delete_topics([topic])
+    finally:
+        admin.close()
+
+
+def _job_file(tmp_path: Path, broker, topic: str) -> Path:  # noqa: ANN001
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[job]
+name = "kafka-positions"
+partitions = 1
+task = "count_task:CountByKey"
+state_dir = "state"
+
+[inputs.events]
+system = "kafka"
+bootstrap_servers = "{broker.bootstrap_servers}"
+topic = "{topic}"
+
+[outputs.counts-out]
+system = "file"
+path = "out"
+
+[stores.counts]
+engine = "kv"
+backend = "memory"
+key_serde = "string"
+value_serde = "int"
+changelog = false
+
+[spark]
+pythonpath = ["{SPARK_TESTS}"]
+""")
+    return path
+
+
+def test_recreated_topic_with_fewer_records_is_a_typed_error(tmp_path: Path, kafka_broker, topic_prefix,  # noqa: ANN001
+                                                            capsys: pytest.CaptureFixture) -> None:
+    settings = _settings(kafka_broker.bootstrap_servers)
+    topic = topic_prefix + "events"
+    _fill(settings, topic, 10)
+    job_file = _job_file(tmp_path, kafka_broker, topic)
+    job = load_job_config(job_file)
+    source = open_input(job, "events")
+    assert (source.end_offset(0), source.start_offset(0)) == (10, 0)
+    checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": 10}))
+    assert SparkJobRunner(job, progress=None).plan(0) == ([], 0)  # all read: nothing to do
+
+    _recreate(kafka_broker, topic)
+    _fill(settings, topic, 4)
+    runner = SparkJobRunner(job, progress=None)  # a new run (a new driver): it plans from the broker
+    with pytest.raises(InputPositionError) as changed:
+        runner.plan(0)
+    error = changed.value
+    assert (error.input, error.partition, error.position, error.end) == ("events", 0, 10, 4)
+    assert error.context["topic"] == topic
+    assert "localstate seek" in error.hint and "--input events" in error.hint
+
+    capsys.readouterr()
+    assert main(["inspect", str(job_file), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["input_partitions"]
+    assert (row["position"], row["end"], row["lag"]) == (10, 4, None) and "past the input's end 4" in row["problem"]
+
+    assert main(["seek", str(job_file), "--input", "events", "--to-start", "--yes"]) == 0
+    assert checkpoint_store(job).load(0).inputs == {"events": 0}
+    plans, lag = SparkJobRunner(job, progress=None).plan(0)
+    assert lag == 4 and plans[0].ranges == {"events": (0, 4)}
