@@ -166,11 +166,14 @@ class JobConfig:
 
 
 def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
-                    registry: Registry | None = None, collect: list[ConfigProblem] | None = None) -> JobConfig:
+                    registry: Registry | None = None, collect: list[ConfigProblem] | None = None,
+                    data: Mapping[str, Any] | None = None) -> JobConfig:
     """Read and validate a job file. ``plugins`` is the operator's policy file: it wins over the job's
-    own. ``collect`` as in :func:`parse_job_config` (an unreadable file still raises)."""
+    own. ``collect`` as in :func:`parse_job_config` (an unreadable file still raises). ``data``: the
+    file's content as the caller already parsed it (``read_toml_file``), so it is not parsed twice."""
     path = Path(path)
-    data = read_toml_file(path, "job config")
+    if data is None:
+        data = read_toml_file(path, "job config")
     return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry,
                             collect=collect)
 

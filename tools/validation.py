@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from localstate.core.config import JobConfig, load_job_config
+from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["JobCheck", "check_job", "input_path_problems", "require_input_paths", "spark_notes"]
@@ -38,7 +40,8 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
     from localstate.core.task import add_task_paths, load_task_class
 
     problems: list[ConfigProblem] = []
-    job = load_job_config(path, plugins=plugins, collect=problems)
+    data = read_toml_file(path, "job config")  # parsed once: a job with 10k stores is a big file
+    job = load_job_config(path, plugins=plugins, collect=problems, data=data)
     check = JobCheck(job, problems)
     # Stream constructors only validate (they connect to nothing), so this is safe without a broker.
     inputs, outputs = {}, {}
@@ -68,7 +71,8 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
         except ConfigError as exc:
             problems.extend(exc.problems)
             check.task_error = exc
-    check.notes.extend(spark_notes(job))
+    raw_job = data.get("job")
+    check.notes.extend(spark_notes(job, raw_job=raw_job if isinstance(raw_job, dict) else {}))
     return check
 
 
@@ -107,10 +111,11 @@ def require_input_paths(job: JobConfig) -> None:
                           hint="fix the path, or create the input first (e.g. the example's make_input.py)")
 
 
-def spark_notes(job: JobConfig, master: str | None = None) -> list[str]:
+def spark_notes(job: JobConfig, master: str | None = None, *, raw_job: Mapping[str, Any] | None = None) -> list[str]:
     """Settings the Spark runner does not use, said out loud rather than silently ignored; on a
-    cluster ``master``, what needs a shared file system (the file changelog)."""
-    raw = _raw_job_table(job.source)
+    cluster ``master``, what needs a shared file system (the file changelog). ``raw_job``: the
+    file's ``[job]`` table as written, if the caller has it (else the file is read again)."""
+    raw = _raw_job_table(job.source) if raw_job is None else raw_job
     notes = [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
              "it applies to the in-process runtime and the TaskTestDriver"
              for key in ("commit_interval", "commit_every", "pipelined_commits") if key in raw]
