@@ -18,7 +18,7 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["JobCheck", "check_job", "input_path_problems", "require_input_paths", "spark_notes"]
+__all__ = ["IMPORT_TIMEOUT", "JobCheck", "check_job", "input_path_problems", "require_input_paths", "spark_notes"]
 
 
 @dataclass
@@ -32,8 +32,17 @@ class JobCheck:
     """why the task class did not load (it carries the traceback of the task's module)"""
 
 
-def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> JobCheck:
-    """Check the job file at ``path`` in full; raises only when the file itself cannot be read."""
+IMPORT_TIMEOUT = 60.0
+"""Seconds ``localstate validate`` waits for the task module to import (``--import-timeout``)."""
+
+
+def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
+              import_timeout: float | None = IMPORT_TIMEOUT) -> JobCheck:
+    """Check the job file at ``path`` in full; raises only when the file itself cannot be read.
+
+    ``import_timeout``: give up on a task module still importing after that many seconds (a
+    :class:`~localstate.errors.TaskImportTimeout` problem at ``job.task``; the import goes on in a
+    daemon thread, see :func:`~localstate.core.task.load_task_class`); None waits for ever."""
     from localstate.core.streams import open_input, open_output
     from localstate.core.layout import state_places
     from localstate.core.streams.base import overlap_problems
@@ -67,7 +76,7 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
     if task.count(":") == 1 and all(task.split(":")):  # an absent or malformed task is already reported
         add_task_paths(job)
         try:
-            load_task_class(job.task)
+            load_task_class(job.task, timeout=import_timeout)
         except ConfigError as exc:
             problems.extend(exc.problems)
             check.task_error = exc
