@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 from localstate.core.names import name_problem
 from localstate.core.options import Option, did_you_mean, parse_duration, parse_path, validate_options
-from localstate.core.policy import PluginPolicy
+from localstate.core.policy import PluginPolicy, job_folder
 from localstate.core.registry import Registry, registry_for
 from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
@@ -159,6 +159,10 @@ class JobConfig:
     source: str | None = None
     log_level: str | None = None
     """``job.log_level`` (upper case), applied to the ``localstate`` loggers by :func:`apply_log_level`."""
+    base_dir: Path | None = None
+    """the absolute folder every relative path of the job is resolved against
+    (:func:`~localstate.core.policy.job_folder` of the job file); None: the job was given without
+    one (a dict without ``base_dir``), and relative paths are relative to the current directory"""
 
     @property
     def registry(self) -> Registry:
@@ -174,7 +178,7 @@ def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[
     path = Path(path)
     if data is None:
         data = read_toml_file(path, "job config")
-    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry,
+    return parse_job_config(data, base_dir=job_folder(path), source=str(path), plugins=plugins, registry=registry,
                             collect=collect)
 
 
@@ -187,7 +191,7 @@ def job_policy(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] 
     if job_plugins is not None and not isinstance(job_plugins, str):
         raise ConfigError.at("job.plugins", "must be the name of a policy file next to the job file",
                              source=str(path))
-    return PluginPolicy.discover(plugins, job_dir=path.parent, job_plugins=job_plugins)
+    return PluginPolicy.discover(plugins, job_dir=job_folder(path), job_plugins=job_plugins)
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
@@ -197,7 +201,11 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
 
     With ``collect``, problems are appended to it instead of raised, and a best-effort JobConfig is
     returned (invalid stores left out, invalid scalars at their defaults) so that ``validate`` can go
-    on checking inputs, outputs and the task in the same run."""
+    on checking inputs, outputs and the task in the same run.
+
+    ``base_dir``: the job's folder (:func:`~localstate.core.policy.job_folder` of the job file), which
+    every relative path of the job is resolved against and where its policy is looked up; None: the
+    current directory, and no job folder policy."""
     job_dir = Path(base_dir) if base_dir is not None else None
     base_dir = Path(base_dir or Path.cwd())
     problems: list[ConfigProblem] = collect if collect is not None else []
@@ -322,7 +330,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, pipelined_commits=pipelined_commits, window_interval=window_interval,
         allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark, policy=policy,
-        source=source, log_level=log_level)
+        source=source, log_level=log_level, base_dir=job_dir.absolute().resolve() if job_dir is not None else None)
 
 
 def apply_log_level(job: JobConfig) -> None:

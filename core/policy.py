@@ -50,7 +50,7 @@ from localstate.errors import ConfigError, ConfigProblem
 
 __all__ = ["GROUPS", "BUILTIN_DISTRIBUTION", "LOCAL_DISTRIBUTION", "ENV_VAR", "POLICY_FILE", "PluginPolicy",
            "PolicyLocation", "DiscoveredPlugin", "builtin_names", "discovered_plugins", "find_policy_file",
-           "invalidate_discovery", "is_builtin_entry_point", "locate_policy", "normalize_distribution"]
+           "invalidate_discovery", "is_builtin_entry_point", "job_folder", "locate_policy", "normalize_distribution"]
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +150,17 @@ def invalidate_discovery() -> None:
 
 
 # -- locating the file --------------------------------------------------------------------------
+def job_folder(job_file: str | os.PathLike[str]) -> Path:
+    """The job's folder: the one base every relative path of a job is resolved against (``state_dir``,
+    ``[job] plugins`` and ``plugins.toml``, the task module's ``sys.path`` entry, ``[spark]
+    pythonpath``, input and output paths). It is the directory that holds the job file *as given*:
+    when ``job.toml`` is a symlink, the folder of the link, not of its target (the file's own link
+    is never followed, so the operator's folder decides the policy and the state, never whoever
+    controls the target's folder). Symlinks among the folder's own ancestors are resolved as the OS
+    resolves them; the result is absolute."""
+    return Path(job_file).absolute().parent.resolve()
+
+
 @dataclass(frozen=True)
 class PolicyLocation:
     """Which policy file governs, and why: ``origin`` is ``--plugins``, ``$LOCALSTATE_PLUGINS``,

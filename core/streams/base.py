@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, Na
 
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.options import Option, did_you_mean, validate_options
+from localstate.core.policy import job_folder
 from localstate.errors import ConfigError, ConfigProblem, InputError, LocalStateError, OutputError, PluginNotFoundError
 
 if TYPE_CHECKING:
@@ -62,8 +63,11 @@ class InputRecord(NamedTuple):
 
 
 def base_dir(job: JobConfig) -> Path:
-    """The directory relative paths in a job file are relative to (the file's own directory)."""
-    return Path(job.source).resolve().parent if job.source else Path.cwd()
+    """The directory relative paths in a job file are relative to: the job's folder, the one rule of
+    :func:`~localstate.core.policy.job_folder` (a symlinked job file: the link's folder)."""
+    if job.base_dir is not None:
+        return job.base_dir
+    return job_folder(job.source) if job.source else Path.cwd()
 
 
 def resolve_path(job: JobConfig, value: str) -> Path:
