@@ -315,6 +315,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         if store is not None:
             stores[store_name] = store
 
+    _shared_changelogs(stores, add)
+
     inputs = _streams(data, "inputs", add)
     outputs = _streams(data, "outputs", add)
     spark = _spark(data, problems, add)
@@ -394,6 +396,21 @@ def _check_state_layout(name: Any, changelog_options: Mapping[str, Mapping[str, 
     if parts and parts[0] == name:
         add("job.name", f"job name {name!r} is the file changelog's directory ([changelogs.file] path = "
                         f"{path!r}) in the state directory; rename the job or move the changelogs")
+
+
+def _shared_changelogs(stores: Mapping[str, StoreConfig], add) -> None:  # noqa: ANN001
+    """Each logged store needs a changelog stream of its own: a changelog partition has one writer
+    (two stores on one stream would fail the run with "already open for writing", and could only
+    restore each other's records). Reported at every sharing store's ``changelog``."""
+    owners: dict[str, list[str]] = {}
+    for store in stores.values():
+        if store.changelog is not None:
+            owners.setdefault(store.changelog, []).append(store.name)
+    for stream, names in sorted(owners.items()):
+        for name in names if len(names) > 1 else ():
+            others = ", ".join(repr(other) for other in names if other != name)
+            add(f"stores.{name}.changelog", f"changelog stream {stream!r} is also the changelog of store {others}: "
+                                            "each store needs its own (name another with changelog = \"...\")")
 
 
 def _table(data: Mapping[str, Any], key: str, add) -> dict[str, Any]:  # noqa: ANN001

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from localstate.core.config import JobConfig, StreamConfig
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
-           "overlap_problems", "open_input", "open_output", "check_regular_file", "open_regular_file",
+           "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file", "open_regular_file",
            "check_output_file"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
@@ -244,6 +244,12 @@ def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
     # String prefixes, not Path.parents: a job with thousands of changelogs compares every pair.
     first, second = os.path.join(str(Path(a[1])), ""), os.path.join(str(Path(b[1])), "")
     return first.startswith(second) or second.startswith(first)
+
+
+def places_overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two places in :meth:`InputStream.location` form are the same Kafka topic, or the same
+    directory or one inside the other."""
+    return _overlap(a, b)
 
 
 def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, OutputStream],
