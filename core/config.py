@@ -38,7 +38,7 @@ from typing import Any, Mapping
 
 from localstate.core.names import name_problem
 from localstate.core.options import Option, did_you_mean, parse_duration, parse_path, validate_options
-from localstate.core.policy import PluginPolicy
+from localstate.core.policy import PluginPolicy, job_folder
 from localstate.core.registry import Registry, registry_for
 from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
@@ -165,6 +165,10 @@ class JobConfig:
     source: str | None = None
     log_level: str | None = None
     """``job.log_level`` (upper case), applied to the ``localstate`` loggers by :func:`apply_log_level`."""
+    base_dir: Path | None = None
+    """the absolute folder every relative path of the job is resolved against
+    (:func:`~localstate.core.policy.job_folder` of the job file); None: the job was given without
+    one (a dict without ``base_dir``), and relative paths are relative to the current directory"""
 
     @property
     def registry(self) -> Registry:
@@ -172,12 +176,15 @@ class JobConfig:
 
 
 def load_job_config(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
-                    registry: Registry | None = None, collect: list[ConfigProblem] | None = None) -> JobConfig:
+                    registry: Registry | None = None, collect: list[ConfigProblem] | None = None,
+                    data: Mapping[str, Any] | None = None) -> JobConfig:
     """Read and validate a job file. ``plugins`` is the operator's policy file: it wins over the job's
-    own. ``collect`` as in :func:`parse_job_config` (an unreadable file still raises)."""
+    own. ``collect`` as in :func:`parse_job_config` (an unreadable file still raises). ``data``: the
+    file's content as the caller already parsed it (``read_toml_file``), so it is not parsed twice."""
     path = Path(path)
-    data = read_toml_file(path, "job config")
-    return parse_job_config(data, base_dir=path.parent, source=str(path), plugins=plugins, registry=registry,
+    if data is None:
+        data = read_toml_file(path, "job config")
+    return parse_job_config(data, base_dir=job_folder(path), source=str(path), plugins=plugins, registry=registry,
                             collect=collect)
 
 
@@ -190,7 +197,7 @@ def job_policy(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] 
     if job_plugins is not None and not isinstance(job_plugins, str):
         raise ConfigError.at("job.plugins", "must be the name of a policy file next to the job file",
                              source=str(path))
-    return PluginPolicy.discover(plugins, job_dir=path.parent, job_plugins=job_plugins)
+    return PluginPolicy.discover(plugins, job_dir=job_folder(path), job_plugins=job_plugins)
 
 
 def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, source: str | None = None,
@@ -200,7 +207,11 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
 
     With ``collect``, problems are appended to it instead of raised, and a best-effort JobConfig is
     returned (invalid stores left out, invalid scalars at their defaults) so that ``validate`` can go
-    on checking inputs, outputs and the task in the same run."""
+    on checking inputs, outputs and the task in the same run.
+
+    ``base_dir``: the job's folder (:func:`~localstate.core.policy.job_folder` of the job file), which
+    every relative path of the job is resolved against and where its policy is looked up; None: the
+    current directory, and no job folder policy."""
     job_dir = Path(base_dir) if base_dir is not None else None
     base_dir = Path(base_dir or Path.cwd())
     problems: list[ConfigProblem] = collect if collect is not None else []
@@ -310,6 +321,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         if store is not None:
             stores[store_name] = store
 
+    _shared_changelogs(stores, add)
+
     inputs = _streams(data, "inputs", add)
     outputs = _streams(data, "outputs", add)
     spark = _spark(data, problems, add)
@@ -325,7 +338,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, pipelined_commits=pipelined_commits, window_interval=window_interval,
         allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark, policy=policy,
-        source=source, log_level=log_level)
+        source=source, log_level=log_level, base_dir=job_dir.absolute().resolve() if job_dir is not None else None)
 
 
 def apply_log_level(job: JobConfig) -> None:
@@ -389,6 +402,21 @@ def _check_state_layout(name: Any, changelog_options: Mapping[str, Mapping[str, 
     if parts and parts[0] == name:
         add("job.name", f"job name {name!r} is the file changelog's directory ([changelogs.file] path = "
                         f"{path!r}) in the state directory; rename the job or move the changelogs")
+
+
+def _shared_changelogs(stores: Mapping[str, StoreConfig], add) -> None:  # noqa: ANN001
+    """Each logged store needs a changelog stream of its own: a changelog partition has one writer
+    (two stores on one stream would fail the run with "already open for writing", and could only
+    restore each other's records). Reported at every sharing store's ``changelog``."""
+    owners: dict[str, list[str]] = {}
+    for store in stores.values():
+        if store.changelog is not None:
+            owners.setdefault(store.changelog, []).append(store.name)
+    for stream, names in sorted(owners.items()):
+        for name in names if len(names) > 1 else ():
+            others = ", ".join(repr(other) for other in names if other != name)
+            add(f"stores.{name}.changelog", f"changelog stream {stream!r} is also the changelog of store {others}: "
+                                            "each store needs its own (name another with changelog = \"...\")")
 
 
 def _table(data: Mapping[str, Any], key: str, add) -> dict[str, Any]:  # noqa: ANN001

@@ -39,6 +39,8 @@ import importlib.metadata as metadata
 import logging
 import os
 import re
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -47,8 +49,8 @@ from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem
 
 __all__ = ["GROUPS", "BUILTIN_DISTRIBUTION", "LOCAL_DISTRIBUTION", "ENV_VAR", "POLICY_FILE", "PluginPolicy",
-           "PolicyLocation", "builtin_names", "find_policy_file", "is_builtin_entry_point", "locate_policy",
-           "normalize_distribution"]
+           "PolicyLocation", "DiscoveredPlugin", "builtin_names", "discovered_plugins", "find_policy_file",
+           "invalidate_discovery", "is_builtin_entry_point", "job_folder", "locate_policy", "normalize_distribution"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,16 +76,91 @@ def normalize_distribution(name: str) -> str:
 def is_builtin_entry_point(ep: metadata.EntryPoint) -> bool:
     """True only for localstate's own plugins: the distribution is named ``localstate`` *and* the
     target lives in the ``localstate`` package (a look-alike distribution cannot claim built-in)."""
-    dist = ep.dist.name if ep.dist else ""
-    return normalize_distribution(dist) == BUILTIN_DISTRIBUTION and ep.value.strip().startswith("localstate.")
+    return _is_builtin(ep.dist.name if ep.dist else "", ep.value)
+
+
+def _is_builtin(distribution: str, target: str) -> bool:
+    return normalize_distribution(distribution) == BUILTIN_DISTRIBUTION and target.strip().startswith("localstate.")
 
 
 def builtin_names(group: str) -> frozenset[str]:
     """Names of the built-in plugins of ``group`` (short group name, e.g. ``engines``)."""
-    return frozenset(ep.name for ep in metadata.entry_points(group=GROUPS[group]) if is_builtin_entry_point(ep))
+    return frozenset(found.name for found in discovered_plugins(group) if found.builtin)
+
+
+# -- discovery: once per process ----------------------------------------------------------------
+@dataclass(frozen=True)
+class DiscoveredPlugin:
+    """One installed entry point of a localstate group, as found on disk, before any policy: its
+    distribution's metadata read once (``ep.dist.name`` parses the METADATA file on every access)."""
+
+    name: str
+    target: str
+    """'module:attr'"""
+    distribution: str
+    """the distribution's name as installed, or ``(unknown)``"""
+    version: str
+    builtin: bool
+    """see :func:`is_builtin_entry_point`"""
+
+
+_discovery_lock = threading.Lock()
+_discovery: tuple[tuple[str, ...], dict[str, tuple[DiscoveredPlugin, ...]]] | None = None
+
+
+def discovered_plugins(group: str) -> tuple[DiscoveredPlugin, ...]:
+    """Every installed entry point of ``group`` (short name), in discovery order.
+
+    Guarantee: ``importlib.metadata.entry_points()`` is scanned once per process for all groups
+    together, and again only when ``sys.path`` has changed since (an entry added or removed, as a
+    plugin installed into a new directory at run time) or after :func:`invalidate_discovery`.
+    Thread safe. Scanning costs milliseconds per call, so a job with thousands of stores must
+    never scan per store (issue #37: 3.4 ms per store)."""
+    global _discovery
+    key = tuple(sys.path)
+    snapshot = _discovery
+    if snapshot is not None and snapshot[0] == key:
+        return snapshot[1].get(group, ())
+    with _discovery_lock:
+        snapshot = _discovery
+        if snapshot is None or snapshot[0] != key:
+            found: dict[str, tuple[DiscoveredPlugin, ...]] = {}
+            everything = metadata.entry_points()  # one scan; select() is the version-proof way to filter it
+            for short, full in GROUPS.items():
+                items = []
+                for ep in everything.select(group=full):
+                    # dist.name and dist.version parse the METADATA file on every access: once each here.
+                    dist = ep.dist
+                    name = dist.name if dist else ""
+                    items.append(DiscoveredPlugin(ep.name, ep.value, name or "(unknown)",
+                                                  dist.version if dist else "", _is_builtin(name, ep.value)))
+                found[short] = tuple(items)
+            snapshot = _discovery = (key, found)
+    return snapshot[1].get(group, ())
+
+
+def invalidate_discovery() -> None:
+    """Forget what :func:`discovered_plugins` found, so the next lookup scans the installed
+    distributions again. Call it after installing or removing a plugin distribution into a
+    directory already on ``sys.path`` while the process runs (changing ``sys.path`` itself is
+    noticed without it). Registries built before re-derive their plugin lists on next use."""
+    global _discovery
+    with _discovery_lock:
+        _discovery = None
 
 
 # -- locating the file --------------------------------------------------------------------------
+def job_folder(job_file: str | os.PathLike[str]) -> Path:
+    """The job's folder: the one base every relative path of a job is resolved against (``state_dir``,
+    ``[job] plugins`` and ``plugins.toml``, the task module's ``sys.path`` entry, ``[spark]
+    pythonpath``, input and output paths). It is the directory that holds the job file *as given*:
+    when ``job.toml`` is a symlink, the folder of the link, not of its target (the file's own link
+    is never followed, so the operator's folder decides the policy and the state, never whoever
+    controls the target's folder). Symlinks among the folder's own ancestors are resolved as the OS
+    resolves them; the result is absolute."""
+    return Path(job_file).absolute().parent.resolve()
+
+
 @dataclass(frozen=True)
 class PolicyLocation:
     """Which policy file governs, and why: ``origin`` is ``--plugins``, ``$LOCALSTATE_PLUGINS``,

@@ -9,7 +9,6 @@ error; it breaks only the stores that use it.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as metadata
 import logging
 import sys
 import threading
@@ -22,8 +21,8 @@ from localstate.core.backend import KVBackend
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogSystem
 from localstate.core.engine import StorageEngineFactory
 from localstate.core.options import did_you_mean
-from localstate.core.policy import (BUILTIN_DISTRIBUTION, GROUPS, LOCAL_DISTRIBUTION, PluginPolicy,
-                                    is_builtin_entry_point, normalize_distribution)
+from localstate.core.policy import (BUILTIN_DISTRIBUTION, GROUPS, LOCAL_DISTRIBUTION, DiscoveredPlugin, PluginPolicy,
+                                    discovered_plugins, normalize_distribution)
 from localstate.core.serdes import Serde
 from localstate.errors import ConfigError, PluginLoadError, PluginNotFoundError, PluginRefusedError
 
@@ -66,27 +65,38 @@ class Registry:
         self.policy = policy or PluginPolicy()
         self._loaded: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+        self._available: dict[str, tuple[tuple[DiscoveredPlugin, ...], tuple[PluginInfo, ...]]] = {}
+        """group -> (the discovery it was derived from, the plugins with the policy's decisions)"""
 
     # -- discovery (no imports) ----------------------------------------------------------------
     def available(self, group: str) -> list[PluginInfo]:
-        """Every plugin of ``group``, allowed or not, sorted by name."""
+        """Every plugin of ``group``, allowed or not, sorted by name.
+
+        The installed entry points are discovered once per process (:func:`discovered_plugins`) and
+        the policy is applied to them once per registry: a lookup per store costs a dict access.
+        A new discovery (``sys.path`` changed, :func:`invalidate_discovery`) is noticed here."""
+        found = discovered_plugins(group)
+        cached = self._available.get(group)
+        if cached is None or cached[0] is not found:
+            cached = self._available[group] = (found, tuple(self._decide_all(group, found)))
+        return list(cached[1])
+
+    def _decide_all(self, group: str, found: tuple[DiscoveredPlugin, ...]) -> list[PluginInfo]:
         infos = []
-        entry_points = list(metadata.entry_points(group=GROUPS[group]))
-        builtins = {ep.name for ep in entry_points if is_builtin_entry_point(ep)}
-        for ep in entry_points:
-            dist = ep.dist.name if ep.dist else "(unknown)"
-            version = ep.dist.version if ep.dist else ""
-            if is_builtin_entry_point(ep):
+        builtins = {plugin.name for plugin in found if plugin.builtin}
+        for plugin in found:
+            dist = plugin.distribution
+            if plugin.builtin:
                 dist = BUILTIN_DISTRIBUTION
             elif normalize_distribution(dist) == BUILTIN_DISTRIBUTION:
                 # Named like localstate but pointing outside it: never treated as a built-in.
                 dist = f"{dist} (look-alike, not localstate)"
-            if ep.name in builtins and dist != BUILTIN_DISTRIBUTION:
+            if plugin.name in builtins and dist != BUILTIN_DISTRIBUTION:
                 # An installed plugin cannot take over a built-in name (that needs an explicit alias).
-                allowed, reason = False, f"takes the name of the built-in {group[:-1]} {ep.name!r}; refused"
+                allowed, reason = False, f"takes the name of the built-in {group[:-1]} {plugin.name!r}; refused"
             else:
-                allowed, reason = self.policy.decide(group, ep.name, dist)
-            infos.append(PluginInfo(group, ep.name, ep.value, dist, version, allowed, reason))
+                allowed, reason = self.policy.decide(group, plugin.name, dist)
+            infos.append(PluginInfo(group, plugin.name, plugin.target, dist, plugin.version, allowed, reason))
         for local_group, name, target in self.policy.local:
             if local_group == group:
                 allowed, reason = self.policy.decide(group, name, LOCAL_DISTRIBUTION)

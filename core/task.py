@@ -16,12 +16,16 @@
 from __future__ import annotations
 
 import importlib
+import logging
+import sys
+import threading
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar, overload, \
     runtime_checkable
 
-from localstate.errors import ConfigError, ConfigProblem
+from localstate.errors import ConfigError, ConfigProblem, TaskImportInterrupted, TaskImportTimeout
 
 if TYPE_CHECKING:
     from localstate.core.config import JobConfig
@@ -30,6 +34,13 @@ __all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskConte
            "load_task_class", "add_task_paths"]
 
 StoreT = TypeVar("StoreT")
+
+log = logging.getLogger(__name__)
+
+IMPORT_WARN_AFTER = 5.0
+"""Seconds a task module may take to import before a WARNING names it (and where it is running);
+repeated every :data:`IMPORT_WARN_EVERY` seconds while the import goes on."""
+IMPORT_WARN_EVERY = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,16 +177,27 @@ class StreamTask(ABC):
         """Called when the task instance stops cleanly."""
 
 
-def load_task_class(spec: str | type | Callable[[], StreamTask]) -> Callable[[], StreamTask]:
-    """Resolve ``module:Class`` (or pass a class or factory through) to a zero-argument factory."""
+def load_task_class(spec: str | type | Callable[[], StreamTask], *,
+                    timeout: float | None = None) -> Callable[[], StreamTask]:
+    """Resolve ``module:Class`` (or pass a class or factory through) to a zero-argument factory.
+
+    A module that fails to import is a ConfigError at ``job.task`` naming it. A module that is slow
+    to import is watched: after :data:`IMPORT_WARN_AFTER` seconds a WARNING names the module, its
+    file and the line its module-level code is running. Ctrl-C during the import raises
+    :class:`~localstate.errors.TaskImportInterrupted` (a KeyboardInterrupt naming the module).
+
+    ``timeout`` (seconds; None: wait as long as it takes): import on a daemon helper thread and give
+    up after that long with :class:`~localstate.errors.TaskImportTimeout`; the import itself cannot
+    be stopped and goes on in the background, so the caller should end soon after (``localstate
+    validate`` does). Without it the module is imported on the calling thread, as Python would."""
     if not isinstance(spec, str):
         return spec
     module_name, _, attr = spec.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = _import_task_module(module_name, timeout)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TaskImportTimeout):
         raise
     except BaseException as exc:  # user code can fail to import in any way, sys.exit() included
         raise _load_error(spec, module_name, exc) from exc
@@ -183,6 +205,98 @@ def load_task_class(spec: str | type | Callable[[], StreamTask]) -> Callable[[],
         raise ConfigError([ConfigProblem("job.task", f"{spec!r} is not a StreamTask subclass")],
                           hint="subclass localstate.StreamTask")
     return obj
+
+
+def _import_task_module(name: str, timeout: float | None) -> Any:
+    """Import module ``name`` under an :class:`_ImportWatch` (see :func:`load_task_class`)."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and not getattr(getattr(loaded, "__spec__", None), "_initializing", False):
+        return importlib.import_module(name)  # imported already: nothing to watch
+    if timeout is None:
+        with _ImportWatch(name, threading.get_ident()) as watch:
+            try:
+                return importlib.import_module(name)
+            except KeyboardInterrupt as exc:
+                # The failed import took the module out of sys.modules: its file is in the traceback.
+                raise TaskImportInterrupted(name, watch.path() or _module_file(exc, name)) from None
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["module"] = importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread as it is
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"localstate-import-{name}", daemon=True)
+    with _ImportWatch(name, None) as watch:
+        worker.start()
+        watch.ident = worker.ident
+        try:
+            worker.join(timeout)
+        except KeyboardInterrupt:
+            raise TaskImportInterrupted(name, watch.path()) from None
+        if worker.is_alive():
+            raise TaskImportTimeout(name, timeout, path=watch.path(), blocked_at=watch.blocked_at())
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["module"]
+
+
+def _module_file(exc: BaseException, module: str) -> str | None:
+    """The file of module ``module`` if its module-level code is among ``exc``'s traceback frames."""
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == module:
+            return frame.f_code.co_filename
+        tb = tb.tb_next
+    return None
+
+
+class _ImportWatch:
+    """While a task module is imported: a daemon watchdog thread that logs a WARNING naming the module
+    after :data:`IMPORT_WARN_AFTER` seconds, and every :data:`IMPORT_WARN_EVERY` seconds after, until
+    the import ends (the watch is left). It only reads: it never interrupts the import."""
+
+    def __init__(self, module: str, ident: int | None) -> None:
+        self.module = module
+        self.ident = ident
+        """the thread doing the import (its stack says where the import is)"""
+        self._done = threading.Event()
+        self._started = time.monotonic()
+
+    def __enter__(self) -> "_ImportWatch":
+        log.debug("importing task module %r", self.module)
+        threading.Thread(target=self._watch, name=f"localstate-import-watch-{self.module}", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _watch(self) -> None:
+        wait = IMPORT_WARN_AFTER
+        while not self._done.wait(wait):
+            at = self.blocked_at()
+            log.warning("still importing task module %r (%s) after %.0fs%s: a task module should not block "
+                        "when imported", self.module, self.path() or "file not found yet",
+                        time.monotonic() - self._started, f", running {at}" if at else "")
+            wait = IMPORT_WARN_EVERY
+
+    def path(self) -> str | None:
+        """The module's file, once the import has found it (None before)."""
+        module = sys.modules.get(self.module)
+        spec = getattr(module, "__spec__", None)
+        return getattr(module, "__file__", None) or getattr(spec, "origin", None)
+
+    def blocked_at(self) -> str | None:
+        """``file:line`` of the innermost module-level code the importing thread is running (the task
+        module, or a module it imports), or None."""
+        frame = sys._current_frames().get(self.ident) if self.ident is not None else None
+        while frame is not None:
+            if frame.f_code.co_name == "<module>" and not frame.f_code.co_filename.startswith("<"):
+                return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            frame = frame.f_back
+        return None
 
 
 def _load_error(spec: str, module_name: str, exc: BaseException) -> ConfigError:

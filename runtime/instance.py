@@ -157,7 +157,7 @@ class TaskInstance:
         try:
             return self._open_locked()
         except BaseException:
-            self.abandon()
+            self._release_after_failure()
             raise
 
     def _open_locked(self) -> list[StoreRecovery]:
@@ -335,8 +335,9 @@ class TaskInstance:
 
     def close(self, commit: bool = True) -> None:
         """Stop cleanly: optionally commit, wait for the pipelined commit in flight to be saved (its
-        error is raised), close the task; the stores and the partition lock are released whatever
-        fails."""
+        error is raised), close the task; the stores and every lock (each changelog partition's writer
+        lock, the partition lock) are released whatever fails. The first error is raised: a failed
+        commit's rather than a store that then failed to close too (that one is logged)."""
         try:
             if self._open and commit:
                 self.commit()
@@ -347,13 +348,59 @@ class TaskInstance:
                 except (Exception, SystemExit) as exc:
                     raise_task_error(exc, "close()", partition=self.partition,
                                      hint="fix the task's close(); what was committed stays committed")
-        finally:
-            self.abandon()  # a failed commit too lets go of the stores and the partition lock
+        except BaseException:
+            self._release_after_failure()  # a failed commit too lets go of the stores and the locks
+            raise
+        self.abandon()
 
     def abandon(self) -> None:
         """Drop everything without committing (what a crash does, minus the process dying). A
         pipelined commit in flight finishes first (saved if its writes land, else dropped, logged):
-        a later instance's generation must come after any checkpoint this one saves."""
+        a later instance's generation must come after any checkpoint this one saves.
+
+        Guarantee: every store is closed and every lock this instance holds (each changelog
+        partition's writer lock, the partition lock) is released, even when closing a store fails
+        (a full disk, an engine's bug): a new instance of the partition can then open in this
+        process. The first error is raised afterwards; any later one is logged."""
+        errors = self._release_all()
+        if errors:
+            raise errors[0]
+
+    def _release_after_failure(self) -> None:
+        """Release everything while another error is on its way up: that one stays the error raised,
+        and what failed here is logged."""
+        released = self._release_all()
+        if released:
+            log.warning("task partition %d: releasing the instance after a failure also failed: %s: %s",
+                        self.partition, type(released[0]).__name__, released[0])
+
+    def _release_all(self) -> list[BaseException]:
+        """Close and release everything (see :meth:`abandon`), each step attempted whatever failed
+        before it. Returns the errors, in order; all but the first are logged here."""
+        errors: list[BaseException] = []
+
+        def attempt(step: Callable[[], Any], what: str) -> None:
+            try:
+                step()
+            except BaseException as exc:  # noqa: BLE001 - every lock is released first, then it is raised
+                if errors:
+                    log.warning("task partition %d: %s also failed while releasing the instance: %s: %s",
+                                self.partition, what, type(exc).__name__, exc)
+                errors.append(exc)
+
+        attempt(self._drop_saves, "waiting for the commits in flight")
+        stores = list(self.stores.items())
+        self.stores.clear()
+        for name, store in stores:
+            attempt(store.engine.close, f"closing store {name!r}")
+            if store.changelog is not None:
+                attempt(store.changelog.close, f"closing the changelog of store {name!r}")
+        attempt(lambda: self.checkpoints.unlock(self.partition), "releasing the partition lock")
+        self._open = False
+        return errors
+
+    def _drop_saves(self) -> None:
+        """Let the pipelined commits in flight finish (logged if not saved) and stop the committer."""
         saves, self._saves = list(self._saves), deque()
         concurrent.futures.wait(saves)
         for save in saves:
@@ -363,13 +410,6 @@ class TaskInstance:
         if self._committer is not None:
             self._committer.shutdown(wait=True)
             self._committer = None
-        for store in self.stores.values():
-            store.engine.close()
-            if store.changelog is not None:
-                store.changelog.close()
-        self.stores.clear()
-        self.checkpoints.unlock(self.partition)
-        self._open = False
 
     # -- processing ----------------------------------------------------------------------------
     def position(self, stream: str) -> int:

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any, Callable, Sequence
 
-from localstate.errors import LocalStateError
+from localstate.errors import LocalStateError, TaskImportInterrupted
 
 __all__ = ["main", "build_parser", "command"]
 
@@ -94,8 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"localstate {args.command}: error: {exc}", file=sys.stderr)
         _print_traceback(exc, args.verbose)
         return 1
-    except KeyboardInterrupt:
-        print(f"localstate {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        # TaskImportInterrupted says what was still importing: "interrupted while importing task module ..."
+        print(f"localstate {args.command}: {exc if isinstance(exc, TaskImportInterrupted) else 'interrupted'}",
+              file=sys.stderr)
         return 130
 
 

@@ -52,14 +52,16 @@ plugins.arguments = lambda parser: parser.add_argument(  # type: ignore[attr-def
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
     from localstate.tools.validation import check_job
-    from localstate.errors import ConfigError
+    from localstate.errors import ConfigError, TaskImportTimeout
 
     # Every stage runs even when an earlier one failed: one run shows every problem.
-    check = check_job(args.job, plugins=args.plugins)
+    check = check_job(args.job, plugins=args.plugins, import_timeout=args.import_timeout)
     for note in check.notes:
         print(f"{args.job}: warning: {note}", file=sys.stderr)
     if check.problems:
-        error = ConfigError(check.problems, source=str(args.job))
+        # A task module that hung has its own advice (don't block at import, or --import-timeout).
+        hint = check.task_error.hint if isinstance(check.task_error, TaskImportTimeout) else None
+        error = ConfigError(check.problems, source=str(args.job), hint=hint)
         if check.task_error is not None:  # keep where the task's module failed, for the CLI to print
             task_error = check.task_error
             error.traceback, error.traceback_summary = task_error.traceback, task_error.traceback_summary
@@ -71,7 +73,26 @@ def validate(args: argparse.Namespace) -> int:
     return 0
 
 
-validate.arguments = lambda parser: parser.add_argument("job", help="job config (TOML)")  # type: ignore[attr-defined]
+def _validate_arguments(parser: argparse.ArgumentParser) -> None:
+    from localstate.tools.validation import IMPORT_TIMEOUT
+
+    parser.add_argument("job", help="job config (TOML)")
+    parser.add_argument("--import-timeout", type=_seconds, default=IMPORT_TIMEOUT, metavar="SECONDS",
+                        help=f"give up on a task module still importing after SECONDS (default {IMPORT_TIMEOUT:g})")
+
+
+def _seconds(text: str) -> float:
+    """argparse type of a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+validate.arguments = _validate_arguments  # type: ignore[attr-defined]
 
 
 @command("reset", "delete a job's checkpoints, local stores and changelogs, to start over from scratch")

@@ -37,11 +37,12 @@ def run(args: argparse.Namespace) -> int:
     from localstate.runtime.spark.runner import SparkJobRunner
 
     from localstate.runtime.views import changelog_root, job_dir, stream_location
-    from localstate.tools.validation import require_input_paths, spark_notes
+    from localstate.tools.validation import require_input_paths, require_own_changelogs, spark_notes
 
     job = load_job_config(args.job, plugins=args.plugins)
     # A mistyped input path would otherwise run as an empty input and exit 0.
     require_input_paths(job)
+    require_own_changelogs(job)  # else refused later, at the first task, with a misleading message
     master = args.master or str(job.spark.get("master", "local[*]"))
     for note in spark_notes(job, master):
         print(f"warning: {note}", file=sys.stderr)

@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from localstate.core.config import JobConfig, load_job_config
+from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["JobCheck", "check_job", "input_path_problems", "require_input_paths", "spark_notes"]
+__all__ = ["IMPORT_TIMEOUT", "JobCheck", "changelog_input_problems", "check_job", "require_own_changelogs",
+           "input_path_problems", "require_input_paths", "spark_notes"]
 
 
 @dataclass
@@ -30,15 +33,25 @@ class JobCheck:
     """why the task class did not load (it carries the traceback of the task's module)"""
 
 
-def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None) -> JobCheck:
-    """Check the job file at ``path`` in full; raises only when the file itself cannot be read."""
+IMPORT_TIMEOUT = 60.0
+"""Seconds ``localstate validate`` waits for the task module to import (``--import-timeout``)."""
+
+
+def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
+              import_timeout: float | None = IMPORT_TIMEOUT) -> JobCheck:
+    """Check the job file at ``path`` in full; raises only when the file itself cannot be read.
+
+    ``import_timeout``: give up on a task module still importing after that many seconds (a
+    :class:`~localstate.errors.TaskImportTimeout` problem at ``job.task``; the import goes on in a
+    daemon thread, see :func:`~localstate.core.task.load_task_class`); None waits for ever."""
     from localstate.core.streams import open_input, open_output
     from localstate.core.layout import state_places
     from localstate.core.streams.base import overlap_problems
     from localstate.core.task import add_task_paths, load_task_class
 
     problems: list[ConfigProblem] = []
-    job = load_job_config(path, plugins=plugins, collect=problems)
+    data = read_toml_file(path, "job config")  # parsed once: a job with 10k stores is a big file
+    job = load_job_config(path, plugins=plugins, collect=problems, data=data)
     check = JobCheck(job, problems)
     # Stream constructors only validate (they connect to nothing), so this is safe without a broker.
     inputs, outputs = {}, {}
@@ -60,15 +73,17 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
         except LocalStateError as exc:
             problems.append(ConfigProblem(f"outputs.{name}", exc.message))
     problems.extend(overlap_problems(inputs, outputs, state_places(job)))  # an output over an input destroys it
+    problems.extend(changelog_input_problems(job, inputs))
     task = job.task
     if task.count(":") == 1 and all(task.split(":")):  # an absent or malformed task is already reported
         add_task_paths(job)
         try:
-            load_task_class(job.task)
+            load_task_class(job.task, timeout=import_timeout)
         except ConfigError as exc:
             problems.extend(exc.problems)
             check.task_error = exc
-    check.notes.extend(spark_notes(job))
+    raw_job = data.get("job")
+    check.notes.extend(spark_notes(job, raw_job=raw_job if isinstance(raw_job, dict) else {}))
     return check
 
 
@@ -86,6 +101,61 @@ def _input_directory(stream: object) -> Path | None:
     from localstate.core.streams.base import DirectoryInput
 
     return stream.input_directory() if isinstance(stream, DirectoryInput) else None
+
+
+def changelog_input_problems(job: JobConfig, inputs: Mapping[str, Any] | None = None) -> list[ConfigProblem]:
+    """Stores whose changelog stream lives where one of the job's inputs reads (a Kafka changelog
+    topic ``<topic_prefix><stream>`` named like an input topic, or a changelog directory an input
+    reads), each at ``stores.<store>.changelog``: the store would take the input's records for its
+    own history, and the first run refuses to start ("no checkpoint ... holds N record(s)").
+    ``inputs``: the job's opened inputs, if the caller has them. Needs no broker: the places come
+    from the configuration alone."""
+    from localstate.core.changelog import StreamLocations
+    from localstate.core.layout import open_changelog_system
+    from localstate.core.streams import open_input
+    from localstate.core.streams.base import places_overlap
+
+    streams = {store.name: store.changelog for store in job.stores.values() if store.changelog is not None}
+    if not streams or not job.inputs:
+        return []
+    if inputs is None:
+        inputs = {}
+        for name in job.inputs:
+            try:
+                inputs[name] = open_input(job, name)
+            except LocalStateError:
+                continue  # reported by the input's own validation
+    try:
+        system = open_changelog_system(job)
+    except LocalStateError:
+        return []  # an unusable changelog system is reported by its own validation
+    try:
+        if not isinstance(system, StreamLocations):
+            return []
+        places = {store: system.stream_location(stream) for store, stream in streams.items()}
+    except LocalStateError:
+        return []  # a bad stream name is reported at the store already
+    finally:
+        system.close()
+    problems = []
+    for store, place in sorted(places.items()):
+        for name, stream in sorted(inputs.items()):
+            other = stream.location()
+            if other is not None and places_overlap(place, other):
+                where = f"Kafka topic {place[1]!r}" if place[0] == "kafka" else f"directory {place[1]}"
+                problems.append(ConfigProblem(
+                    f"stores.{store}.changelog",
+                    f"changelog stream {streams[store]!r} is {where}, where input {name!r} reads: the store would "
+                    "restore the input's records as its state (name the changelog apart from the job's inputs, "
+                    "or set a [changelogs.kafka] topic_prefix)"))
+    return problems
+
+
+def require_own_changelogs(job: JobConfig) -> None:
+    """Refuse to run a job whose store changelog is one of its inputs (:func:`changelog_input_problems`)."""
+    problems = changelog_input_problems(job)
+    if problems:
+        raise ConfigError(problems, source=job.source, hint="give each store a changelog stream of its own")
 
 
 def input_path_problems(job: JobConfig) -> list[ConfigProblem]:
@@ -107,10 +177,11 @@ def require_input_paths(job: JobConfig) -> None:
                           hint="fix the path, or create the input first (e.g. the example's make_input.py)")
 
 
-def spark_notes(job: JobConfig, master: str | None = None) -> list[str]:
+def spark_notes(job: JobConfig, master: str | None = None, *, raw_job: Mapping[str, Any] | None = None) -> list[str]:
     """Settings the Spark runner does not use, said out loud rather than silently ignored; on a
-    cluster ``master``, what needs a shared file system (the file changelog)."""
-    raw = _raw_job_table(job.source)
+    cluster ``master``, what needs a shared file system (the file changelog). ``raw_job``: the
+    file's ``[job]`` table as written, if the caller has it (else the file is read again)."""
+    raw = _raw_job_table(job.source) if raw_job is None else raw_job
     notes = [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
              "it applies to the in-process runtime and the TaskTestDriver"
              for key in ("commit_interval", "commit_every", "pipelined_commits") if key in raw]

@@ -273,10 +273,12 @@ class FileChangelogPartition(ChangelogPartition):
             return
         self._closed = True
         self._buf = bytearray()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        self._release()
+        try:
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                os.close(fd)
+        finally:
+            self._release()  # the writer lock is released even if closing the segment failed
 
     def __enter__(self) -> "FileChangelogPartition":
         return self

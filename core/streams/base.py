@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, Na
 
 from localstate.core.changelog import PLUGIN_API_VERSION
 from localstate.core.options import Option, did_you_mean, validate_options
+from localstate.core.policy import job_folder
 from localstate.errors import ConfigError, ConfigProblem, InputError, InputPositionError, LocalStateError, OutputError, \
     PluginNotFoundError
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from localstate.core.config import JobConfig, StreamConfig
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
-           "overlap_problems", "open_input", "open_output", "check_regular_file", "open_regular_file",
+           "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file", "open_regular_file",
            "check_output_file", "PendingTail", "RetainedStart", "PENDING_TAIL_WARN_AFTER", "check_input_position",
            "seek_hint"]
 
@@ -64,8 +65,11 @@ class InputRecord(NamedTuple):
 
 
 def base_dir(job: JobConfig) -> Path:
-    """The directory relative paths in a job file are relative to (the file's own directory)."""
-    return Path(job.source).resolve().parent if job.source else Path.cwd()
+    """The directory relative paths in a job file are relative to: the job's folder, the one rule of
+    :func:`~localstate.core.policy.job_folder` (a symlinked job file: the link's folder)."""
+    if job.base_dir is not None:
+        return job.base_dir
+    return job_folder(job.source) if job.source else Path.cwd()
 
 
 def resolve_path(job: JobConfig, value: str) -> Path:
@@ -309,8 +313,15 @@ def _overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
         return False
     if a[0] != "path":
         return a[1] == b[1]
-    first, second = Path(a[1]), Path(b[1])
-    return first == second or first in second.parents or second in first.parents
+    # String prefixes, not Path.parents: a job with thousands of changelogs compares every pair.
+    first, second = os.path.join(str(Path(a[1])), ""), os.path.join(str(Path(b[1])), "")
+    return first.startswith(second) or second.startswith(first)
+
+
+def places_overlap(a: tuple[str, str], b: tuple[str, str]) -> bool:
+    """Whether two places in :meth:`InputStream.location` form are the same Kafka topic, or the same
+    directory or one inside the other."""
+    return _overlap(a, b)
 
 
 def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, OutputStream],

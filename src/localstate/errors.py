@@ -40,6 +40,8 @@ __all__ = [
     "CheckpointIOError",
     "OutputIOError",
     "StoreIOError",
+    "TaskImportTimeout",
+    "TaskImportInterrupted",
 ]
 
 
@@ -115,6 +117,33 @@ class ConfigError(LocalStateError):
     @classmethod
     def at(cls, path: str, message: str, **kwargs: Any) -> "ConfigError":
         return cls([ConfigProblem(path, message)], **kwargs)
+
+
+class TaskImportTimeout(ConfigError):
+    """Importing the task module (``job.task``) did not finish in time: the module blocks while being
+    imported (waits on a lock, a socket, a FIFO, ...). A task-loading failure like any other, at
+    ``job.task``; ``module``, ``path`` (its file, None if not known yet), ``seconds`` (the timeout) and
+    ``blocked_at`` (``file:line`` of the module-level code still running, or None) say which."""
+
+    def __init__(self, module: str, seconds: float, *, path: str | None = None, blocked_at: str | None = None,
+                 source: str | None = None) -> None:
+        self.module, self.seconds, self.path, self.blocked_at = module, seconds, path, blocked_at
+        where = f" ({path})" if path else ""
+        at = f", still running {blocked_at}" if blocked_at else ""
+        super().__init__([ConfigProblem("job.task", f"importing task module {module!r}{where} did not finish "
+                                                    f"within {seconds:g}s{at}")], source=source,
+                         hint="a task module must not block when imported (connect, wait or read input in the "
+                              "task's init() instead); raise the limit with --import-timeout if it is only slow")
+
+
+class TaskImportInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) arrived while the task module was being imported: a KeyboardInterrupt (it is
+    never swallowed) that says which module was still importing. ``module`` and ``path`` (its file,
+    None if not known yet)."""
+
+    def __init__(self, module: str, path: str | None = None) -> None:
+        self.module, self.path = module, path
+        super().__init__(f"interrupted while importing task module {module!r}" + (f" ({path})" if path else ""))
 
 
 class InvalidNameError(ConfigError):
