@@ -47,3 +47,24 @@ def test_own_local2_session_warns_once_and_errors_unwrap(tmp_path):
     ("spark://host:7077", {"spark.task.maxFailures": "1"}, 1), ("yarn", {"spark.task.maxFailures": "2"}, 2)])
 def test_task_attempts_of_a_master(master, conf, attempts):
     assert task_attempts(master, conf) == attempts
+
+
+def test_unwrap_error_reads_the_python_error_out_of_spark_text():
+    import localstate.spark
+    from localstate.errors import ExecutorError, SerdeError, TaskError
+
+    def spark_text(error_line: str) -> Exception:
+        return RuntimeError("[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function "
+                            "in foreach batch sink.\nTraceback (most recent call last):\n"
+                            '  File "/app/query.py", line 3, in handle\n    sink(run_batch(df))\n'
+                            f"{error_line}\n\tat org.apache.spark.sql.execution.Foo(Foo.scala:1)\n")
+
+    serde = localstate.spark.unwrap_error(spark_text("localstate.errors.SerdeError: store 'counts': cannot encode"))
+    assert type(serde) is SerdeError and "store 'counts'" in str(serde) and "org.apache" not in str(serde)
+    died = localstate.spark.unwrap_error(spark_text("localstate.errors.ExecutorError: Spark batch 3 failed"))
+    assert type(died) is ExecutorError
+    assert localstate.spark.unwrap_error(spark_text("ValueError: not ours")) is None
+    assert localstate.spark.unwrap_error(RuntimeError("no traceback")) is None
+    assert localstate.spark.unwrap_error(None) is None
+    own = TaskError("boom")
+    assert localstate.spark.unwrap_error(own) is own
