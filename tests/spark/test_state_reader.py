@@ -179,9 +179,9 @@ def test_one_spark_partition_per_job_partition(spark, spark_run):
 def test_heap_store_rows_are_typed(spark, spark_run):
     job_file, committed, uncommitted = spark_run
     top = read(spark, job_file, store="top")
-    # item through the key serde, the score as a double, no payload (tests/spark/test_state_reader_columns.py
-    # checks every engine's columns against the engine)
-    assert top.schema.simpleString() == "struct<partition:int,item:string,score:double,payload:string>"
+    # item through the key serde, the score as a double, no payload (value_serde bytes: binary);
+    # tests/spark/test_state_reader_columns.py checks every engine's columns against the engine
+    assert top.schema.simpleString() == "struct<partition:int,item:string,score:double,payload:binary>"
     rows = top.collect()
     items = {p: sorted(r["item"] for r in rows if r["partition"] == p) for p in committed}
     pushed = {p: sorted({u for u, v in records(p, 0, 60) if v != "forget"}) for p in committed}

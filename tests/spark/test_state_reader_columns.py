@@ -72,7 +72,13 @@ k = 16
 [stores.docs]
 engine = "search"
 key_serde = "string"
-fields = { title = { type = "text", stored = true }, views = { type = "int" }, ratio = { type = "float" }, at = { type = "date" }, tags = { type = "string" } }
+
+[stores.docs.fields]
+title = { type = "text", stored = true }
+views = { type = "int" }
+ratio = { type = "float" }
+at = { type = "date" }
+tags = { type = "string" }
 """
 STORES = ("top", "buffer", "visitors", "seen", "latency", "docs")
 
