@@ -82,7 +82,9 @@ def main() -> None:
     # starts) and task retries (local[N,F]: F attempts per task; plain local[N] never retries, so a
     # killed Python worker would end the query).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = SparkSession.builder.master("local[2,4]").appName("localstate-rate-counts").getOrCreate()
+    spark = (SparkSession.builder.master("local[2,4]").appName("localstate-rate-counts")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
     try:
         run(spark, seconds=args.seconds, batches=args.batches, rows_per_second=args.rows_per_second,
             out=args.out, checkpoint=args.checkpoint, trigger=args.trigger)
