@@ -18,7 +18,7 @@ from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, Chang
 from localstate.core.options import Option, validate_options
 from localstate.core.serdes import Serde
 
-__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore"]
+__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "SerdeColumn", "StateColumns"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,30 @@ class ColumnRestore(Protocol):
     last record per key wins, tombstones delete, nothing re-logged. Recovery uses it when offered."""
 
     def restore_columns(self, columns: Iterable[RecordColumns]) -> None: ...
+
+
+@dataclass(frozen=True)
+class SerdeColumn:
+    """A column decoded with one of the store's serdes, as the state reader shows it: ``type`` is its
+    Spark type (``bigint``, ``string``, ``binary``; ``string`` holding JSON text for any other serde)
+    and ``decode(data)`` turns the serialized bytes into the column's value."""
+
+    type: str
+    decode: Callable[[bytes], Any]
+
+
+@dataclass(frozen=True)
+class StateColumns:
+    """How the state reader (``spark.read.format("localstate")``, docs/state-reader.md) shows a store
+    partition's committed contents as typed columns (offered by
+    :meth:`StorageEngineFactory.state_columns`).
+
+    ``schema`` is the Spark DDL of the columns after ``partition`` (``"item string, score double"``);
+    ``rows(entries)`` turns one store partition's committed changelog records (the last record per
+    key, tombstones dropped, in key byte order) into one tuple per row, in the schema's order."""
+
+    schema: str
+    rows: Callable[[list[tuple[bytes, bytes]]], Iterable[tuple]]
 
 
 class StorageEngine(ABC):
@@ -129,3 +153,10 @@ class StorageEngineFactory(ABC):
     @abstractmethod
     def create(self, context: StoreContext) -> StorageEngine:
         """Open (or create) the engine for ``context.store`` partition ``context.partition``."""
+
+    def state_columns(self, store: str, options: Mapping[str, Any], key: SerdeColumn,
+                      value: SerdeColumn) -> StateColumns | None:
+        """Optional: the typed columns the state reader shows this engine's committed contents in,
+        given the store's validated ``options`` and its ``key`` and ``value`` serde columns. None
+        (the default): one row per changelog key, ``key`` and ``value`` decoded with the serdes."""
+        return None

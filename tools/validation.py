@@ -19,7 +19,7 @@ from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["IMPORT_TIMEOUT", "JobCheck", "changelog_input_problems", "check_job", "require_own_changelogs",
-           "input_path_problems", "require_input_paths", "spark_notes"]
+           "input_path_problems", "require_input_paths", "spark_notes", "shared_path_notes"]
 
 
 @dataclass
@@ -83,7 +83,8 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
             problems.extend(exc.problems)
             check.task_error = exc
     raw_job = data.get("job")
-    check.notes.extend(spark_notes(job, raw_job=raw_job if isinstance(raw_job, dict) else {}))
+    check.notes.extend(spark_notes(job, str(job.spark["master"]) if job.spark.get("master") else None,
+                                   raw_job=raw_job if isinstance(raw_job, dict) else {}))
     return check
 
 
@@ -179,8 +180,10 @@ def require_input_paths(job: JobConfig) -> None:
 
 def spark_notes(job: JobConfig, master: str | None = None, *, raw_job: Mapping[str, Any] | None = None) -> list[str]:
     """Settings the Spark runner does not use, said out loud rather than silently ignored; on a
-    cluster ``master``, what needs a shared file system (the file changelog). ``raw_job``: the
-    file's ``[job]`` table as written, if the caller has it (else the file is read again)."""
+    cluster ``master`` (``validate``: the job's ``[spark] master``), what needs a shared file system:
+    the file changelog, path-based inputs and outputs, a task module next to the job file
+    (:func:`shared_path_notes`). ``raw_job``: the file's ``[job]`` table as written, if the caller has
+    it (else the file is read again)."""
     raw = _raw_job_table(job.source) if raw_job is None else raw_job
     notes = [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
              "it applies to the in-process runtime and the TaskTestDriver"
@@ -191,7 +194,54 @@ def spark_notes(job: JobConfig, master: str | None = None, *, raw_job: Mapping[s
                      "on a file system every executor and the driver see at the same path, with working flock; "
                      "use changelog = \"objectstore\" (S3, HDFS, a shared directory) or \"kafka\" to need none "
                      "(see docs/cluster.md)")
+    if cluster:
+        notes.extend(shared_path_notes(job, str(master)))
     return notes
+
+
+def shared_path_notes(job: JobConfig, master: str) -> list[str]:
+    """On a cluster ``master``: every path-based input and output (read and written by the executors
+    at the driver's path) and the task module when it is imported from the job file's folder or a
+    ``[spark] pythonpath`` folder (imported from that path on every executor). Whether another host
+    sees the same directory cannot be told from here, so each is named with what it needs: a file
+    system every host mounts at that path, or (the task module) an installed package."""
+    from localstate.core.streams import open_input, open_output
+
+    notes = []
+    for section, names, opener in (("inputs", job.inputs, open_input), ("outputs", job.outputs, open_output)):
+        for name in names:
+            try:
+                place = opener(job, name).location()
+            except Exception:  # noqa: BLE001 - a stream that cannot be opened is reported elsewhere
+                continue
+            if place is not None and place[0] == "path":
+                verb = "read" if section == "inputs" else "write"
+                notes.append(f"{section}.{name}: on a cluster ({master}) the executors {verb} {place[1]}, the "
+                             "driver's path: it must be on a file system every host mounts at that path "
+                             "(see docs/cluster.md)")
+    folder = _task_folder(job)
+    if folder is not None:
+        notes.append(f"job.task: on a cluster ({master}) every executor imports {job.task.split(':')[0]!r} from "
+                     f"{folder}, the driver's path: put that folder on a file system every host mounts at that path, "
+                     "or install the module on every host (pip install, or spark.submit.pyFiles) (see docs/cluster.md)")
+    return notes
+
+
+def _task_folder(job: JobConfig) -> Path | None:
+    """The job file's folder or ``[spark] pythonpath`` folder the task module is found in, else None
+    (an installed module, or one that cannot be found)."""
+    from localstate.core.streams.base import base_dir
+
+    module = job.task.split(":")[0]
+    if not module:
+        return None
+    folders = [base_dir(job)] + [base_dir(job) / Path(p) for p in job.spark.get("pythonpath", [])]
+    top = module.split(".")[0]
+    for folder in folders:
+        folder = folder.resolve()
+        if (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file():
+            return folder
+    return None
 
 
 def _raw_job_table(source: str | None) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Mapping
 
-from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.engines.heap.options import (HEAP_KINDS, HEAP_OPTIONS, REMOVED_HEAP_OPTIONS, backend_options_of,
                                              max_lateness_of)
@@ -49,3 +49,11 @@ class HeapEngineFactory(StorageEngineFactory):
             return ReorderBufferEngine(context)
         from localstate.engines.heap.topn import TopNEngine
         return TopNEngine(context)
+
+    def state_columns(self, store: str, options: Mapping[str, Any], key: SerdeColumn,
+                      value: SerdeColumn) -> StateColumns:
+        """``item, score, payload`` (top-N) or ``timestamp, seq, event`` (reorder buffer):
+        :func:`~localstate.engines.heap.columns.heap_columns`."""
+        from localstate.engines.heap.columns import heap_columns
+
+        return heap_columns({**options, "kind": kind_of(store, options)}, key, value)

@@ -19,7 +19,7 @@ import tantivy
 
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.corruption import corrupt_reason, store_corrupt, wipe_local
-from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.logged import ChangelogCommit
 from localstate.core.fsutil import errno_in_text, os_error_hint, write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
@@ -575,3 +575,10 @@ class SearchEngineFactory(StorageEngineFactory):
         return SearchEngine(context, specs, default_fields,
                             writer_memory=parse_size(context.options.get("writer_memory", "128MB")),
                             writer_threads=int(context.options.get("writer_threads", 1)))
+
+    def state_columns(self, store: str, options: Mapping[str, Any], key: SerdeColumn,
+                      value: SerdeColumn) -> StateColumns:
+        """One row per document: :func:`~localstate.engines.search.columns.search_columns`."""
+        from localstate.engines.search.columns import search_columns
+
+        return search_columns(store, options, key)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Mapping
 
 from localstate.core.registry import open_store_backend
-from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
@@ -123,3 +123,10 @@ class SketchEngineFactory(StorageEngineFactory):
         except BaseException:
             logged.close()
             raise
+
+    def state_columns(self, store: str, options: Mapping[str, Any], key: SerdeColumn,
+                      value: SerdeColumn) -> StateColumns:
+        """One row per sketch: :func:`~localstate.engines.sketch.columns.sketch_columns`."""
+        from localstate.engines.sketch.columns import sketch_columns
+
+        return sketch_columns(options, key)

@@ -14,11 +14,12 @@ on a SparkSession you already have (the test does, twice on one session).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import threading
 import time
 from pathlib import Path
 
-from localstate.runtime.spark.context import spark_context
 from localstate.spark import foreach_batch, release
 
 HERE = Path(__file__).resolve().parent
@@ -76,7 +77,14 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    spark = SparkSession(spark_context("local[2]", "localstate-rate-counts"))
+    # What the DataFrame step needs of a session (docs/spark-users.md, "The session"): Python workers
+    # that can import localstate (this interpreter: PySpark reads PYSPARK_PYTHON when the session
+    # starts) and task retries (local[N,F]: F attempts per task; plain local[N] never retries, so a
+    # killed Python worker would end the query).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[2,4]").appName("localstate-rate-counts")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
     try:
         run(spark, seconds=args.seconds, batches=args.batches, rows_per_second=args.rows_per_second,
             out=args.out, checkpoint=args.checkpoint, trigger=args.trigger)

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
+import re
 import pickle
 import shutil
 import time
@@ -72,6 +74,8 @@ from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateErro
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
            "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes", "ARROW_BATCH_ROWS", "partition_column",
            "MURMUR2_CLASS", "routed", "jvm_has_murmur2"]
+
+log = logging.getLogger(__name__)
 
 OUTPUT_SCHEMA = "partition INT, batch_id BIGINT, seq BIGINT, stream STRING, key STRING, value STRING"
 """The rows :func:`run_batch` returns, one per message the task sent: the job partition that sent it,
@@ -703,6 +707,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     # A fresh exchange directory per call: a batch Spark executes again exchanges from scratch.
     exchange = safe_join(checkpoints.root, "exchange", uuid.uuid4().hex) if keep_open else None
     context = spark.sparkContext
+    _per_context(context, "retries checked", lambda: warn_without_retries(context))
     application = _per_context(context, "application", lambda: context.applicationId)
     task = _BatchTask(spec, batch_id, f"dataframe:{application}", keep_open, fault,
                       None if exchange is None else str(exchange))
@@ -754,6 +759,46 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     if progress is not None:
         progress(report)
     return batch_outputs(spark, job, batch_id, committed)
+
+
+_LOCAL_MASTER = re.compile(r"local(?:\[\s*([^,\]]+)\s*(?:,\s*(\d+)\s*)?\])?$")
+
+
+def task_attempts(master: str, conf: Mapping[str, str]) -> int | None:
+    """How many times Spark runs a failed task of a context with ``master`` and ``conf`` (1: never
+    retried). Local masters take it from the master string alone (``local[N,F]``: F; ``local``,
+    ``local[N]``, ``local[*]``: 1, whatever ``spark.task.maxFailures`` says); other masters from
+    ``spark.task.maxFailures`` (default 4). None: a master this cannot read."""
+    match = _LOCAL_MASTER.match(master.strip())
+    if match is not None:
+        return int(match[2]) if match[2] else 1
+    try:
+        return int(conf.get("spark.task.maxFailures", "4"))
+    except ValueError:
+        return None
+
+
+def warn_without_retries(context: Any) -> bool:
+    """Log one WARNING (:func:`run_batch` calls this once per SparkContext) when ``context`` never
+    retries a failed task: the first killed Python worker, lost executor or transient I/O error then
+    fails the query, where a retry would recover the partition to its checkpoint. Returns whether it
+    warned."""
+    master = str(context.master)
+    conf = dict(context.getConf().getAll())
+    attempts = task_attempts(master, conf)
+    if attempts is None or attempts > 1:
+        return False
+    match = _LOCAL_MASTER.match(master.strip())
+    if match is not None:
+        threads = (match[1] or "1").strip()
+        advice = (f"use master 'local[{threads},4]' (local[N,F]: F attempts per task; spark.task.maxFailures "
+                  "does not apply to local masters)")
+    else:
+        advice = "set spark.task.maxFailures to 4 (Spark's default) or more"
+    log.warning("localstate: this SparkContext (master %s) never retries a failed task, so the first killed "
+                "Python worker or lost executor fails the query instead of being retried from the partition's "
+                "checkpoint; %s. See docs/spark-users.md, \"The session\".", master, advice)
+    return True
 
 
 def routed(df: Any, spec: DataFrameSpec, jvm: bool | None = None) -> Any:

@@ -154,8 +154,8 @@ def python_error(exc: BaseException) -> LocalStateError | None:
         return None
     frames, type_name, message = _parse(python)
     cls = _typed(type_name)
-    if cls is ExecutorError:
-        return None
+    if cls is ExecutorError and type_name.rpartition(".")[2] != "ExecutorError":
+        return None  # not a localstate error (an ExecutorError itself, e.g. run_batch's, is one)
     trace = describe_frames(frames, type_name.rpartition(".")[2] or type_name, message, python)
     return attach(_rebuilt(cls, message), trace)
 

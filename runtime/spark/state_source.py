@@ -31,6 +31,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig, load_job_config
+from localstate.core.engine import SerdeColumn, StateColumns
 from localstate.runtime.views import (changelog_partitions, changelog_records, checkpoint_manifest,
                                      committed_contents, decoder, load_checkpoints, require_state,
                                      store_config, store_serdes, to_jsonable)
@@ -39,12 +40,12 @@ from localstate.core.serdes import Serde
 from localstate.errors import ConfigError, SerdeError, StateNotFoundError
 
 __all__ = ["StateDataSource", "ReadOptions", "View", "StateView", "ChangeFeedView", "CheckpointsView",
-           "ChangelogView", "SOURCE_NAME", "column_types", "load_view"]
+           "ChangelogView", "SOURCE_NAME", "column_types", "load_view", "state_columns"]
 
 SOURCE_NAME = "localstate"
 
-#: Serdes whose decoded values have a native Spark type (kv stores only); any other serde's values,
-#: and every key and value of the other engines, are a string column holding JSON text.
+#: Serdes whose decoded values have a native Spark type (kv stores, and the serde columns of the other
+#: engines' typed columns); any other serde's values are a string column holding JSON text.
 _NATIVE_TYPES = {"int": "bigint", "string": "string", "bytes": "binary"}
 
 
@@ -287,6 +288,41 @@ def column_types(config: StoreConfig) -> tuple[str, str]:
     return _NATIVE_TYPES.get(config.key_serde, "string"), _NATIVE_TYPES.get(config.value_serde, "string")
 
 
+def _serde_column(serde: Serde | None, native: str | None, store: str) -> SerdeColumn:
+    """The column of values decoded with ``serde``: a native Spark type for the ``int``, ``string``
+    and ``bytes`` serdes (``native``: the serde's name when its column is to be native; a value the
+    serde refuses is a SerdeError naming the store and the record), else JSON text (bytes the serde
+    cannot decode, or that have no serde: ``{"hex": ...}``)."""
+    if serde is None or native not in _NATIVE_TYPES:
+        lenient = decoder(serde)
+        return SerdeColumn("string", lambda data: json.dumps(to_jsonable(lenient(data)), sort_keys=True))
+    if native == "bytes":
+        return SerdeColumn("binary", bytes)
+
+    def strict(data: bytes) -> Any:
+        try:
+            return serde.deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - any serde failure is reported the same way
+            problem = exc.message if isinstance(exc, SerdeError) else f"{type(exc).__name__}: {exc}"
+            raise SerdeError(f"store {store!r}: {problem}", store=store,
+                             hint="check that the store's serde matches what was written; "
+                                  '.option("raw", "true") reads the bytes') from exc
+    return SerdeColumn(_NATIVE_TYPES[native], strict)
+
+
+def _with_where(column: SerdeColumn) -> Any:
+    """``column.decode`` taking the record's place too (``{"partition": p, "offset": o}``), added to a
+    SerdeError's context."""
+    def decode(data: bytes, where: dict[str, Any]) -> Any:
+        try:
+            return column.decode(data)
+        except SerdeError as exc:
+            exc.context.update(where)
+            exc.args = (exc._render(),)
+            raise
+    return decode
+
+
 class _Decoding:
     """Decodes a store's key and value bytes into its columns: native for int/string/bytes serdes of a
     kv store (a value the serde refuses is a SerdeError naming the record), JSON text otherwise
@@ -298,42 +334,56 @@ class _Decoding:
         self.key_type, self.value_type = column_types(config)
         key_serde, value_serde = store_serdes(resolved.job, config)
         native = config.engine == "kv"
-        self.key = self._decode(key_serde, config.key_serde if native else None)
-        self.value = self._decode(value_serde, config.value_serde if native else None)
+        self.key = _with_where(_serde_column(key_serde, config.key_serde if native else None, config.name))
+        self.value = _with_where(_serde_column(value_serde, config.value_serde if native else None, config.name))
 
-    def _decode(self, serde: Serde | None, native: str | None):  # noqa: ANN202
-        """``native``: the serde's name when its column has a native type."""
-        if serde is None or native not in _NATIVE_TYPES:
-            lenient = decoder(serde)
-            return lambda data, where: json.dumps(to_jsonable(lenient(data)), sort_keys=True)
-        if native == "bytes":
-            return lambda data, where: bytes(data)
 
-        def strict(data: bytes, where: dict[str, Any]) -> Any:
-            try:
-                return serde.deserialize(data)
-            except Exception as exc:  # noqa: BLE001 - any serde failure is reported the same way
-                problem = exc.message if isinstance(exc, SerdeError) else f"{type(exc).__name__}: {exc}"
-                raise SerdeError(f"store {self.store!r}: {problem}", store=self.store, **where,
-                                 hint="check that the store's serde matches what was written; "
-                                      '.option("raw", "true") reads the bytes') from exc
-        return strict
+def state_columns(job: JobConfig, config: StoreConfig) -> StateColumns | None:
+    """The typed columns the store's engine offers for its committed contents
+    (:meth:`~localstate.core.engine.StorageEngineFactory.state_columns`: heap, sketch and search do),
+    its key and value decoded as for a kv store (native ``int``/``string``/``bytes``, else JSON
+    text); None: the engine offers none (kv stores, and third-party engines without them)."""
+    registry = job.registry
+    factory = registry.engine_factory(config.engine)
+    serdes = []
+    for name in (config.key_serde, config.value_serde):
+        try:
+            serdes.append(registry.serde(name, allow_pickle=job.allow_pickle))
+        except Exception:  # noqa: BLE001 - a refused serde (pickle without allow_pickle): JSON of the bytes
+            serdes.append(None)
+    key = _serde_column(serdes[0], config.key_serde, config.name)
+    value = _serde_column(serdes[1], config.value_serde, config.name)
+    return factory.state_columns(config.name, dict(config.options), key, value)
 
 
 class StateView(View):
-    """``view = "state"``: the store's committed contents, one row per live key."""
+    """``view = "state"``: the store's committed contents: the engine's typed columns where it offers
+    them (:func:`state_columns`), else one row per live key."""
 
     def __init__(self, resolved: Resolved) -> None:
         super().__init__(resolved)
-        self.decoding = None if resolved.options.raw else _Decoding(resolved)
+        raw = resolved.options.raw
+        self.columns = None if raw else state_columns(resolved.job, resolved.store)
+        self.decoding = None if raw or self.columns is not None else _Decoding(resolved)
 
     def schema(self) -> str:
+        if self.columns is not None:
+            return f"partition int, {self.columns.schema}"
         if self.decoding is None:
             return "partition int, key_bytes binary, value_bytes binary"
         return f"partition int, key {self.decoding.key_type}, value {self.decoding.value_type}"
 
     def rows(self, piece: Slice) -> Iterator[tuple]:
         entries = committed_contents(self.resolved.job, self.resolved.store, piece.partition, piece.checkpoint)
+        if self.columns is not None:
+            try:
+                for row in self.columns.rows(entries):
+                    yield (piece.partition, *row)
+            except SerdeError as exc:
+                exc.context.setdefault("partition", piece.partition)
+                exc.args = (exc._render(),)
+                raise
+            return
         if self.decoding is None:
             for key, value in entries:
                 yield piece.partition, key, value

@@ -5,7 +5,8 @@ The public surface, in two parts:
 * for **task authors**: :class:`StreamTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
   :class:`Coordinator`, :class:`KeyValueStore`, :class:`TaskTestDriver`, and the errors in :mod:`localstate.errors`;
 * for **plugin authors** (engines, changelog systems, stream systems, backends, serdes):
-  :class:`StorageEngine`, :class:`StorageEngineFactory`, :class:`StoreContext`, :class:`Option`,
+  :class:`StorageEngine`, :class:`StorageEngineFactory`, :class:`StoreContext` (and, for the state
+  reader's typed columns, :class:`StateColumns`, :class:`SerdeColumn`), :class:`Option`,
   :class:`Serde`, the changelog contract (:class:`ChangelogSystem`, :class:`ChangelogPartition`,
   :class:`ChangelogWriter`, :class:`ChangelogRecord`), the stream contract (:class:`StreamSystem`,
   :class:`InputStream`, :class:`OutputStream`, :class:`InputRecord`, and the optional input protocols
@@ -22,7 +23,7 @@ from localstate import errors
 from localstate.core.backend import DirectoryBackend, Item, KVBackend, SortedRun
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem, ChangelogWriter
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
 from localstate.core.streams import InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem
@@ -54,6 +55,8 @@ __all__ = [
     "StorageEngine",
     "StorageEngineFactory",
     "StoreContext",
+    "StateColumns",
+    "SerdeColumn",
     # plugin authors: changelog systems
     "ChangelogPartition",
     "ChangelogRecord",

@@ -16,6 +16,11 @@ or, with localstate's typed errors raised before Spark plans anything::
 
     counts = localstate.spark.read_state(spark, "/abs/path/job.toml", store="counts")
 
+A localstate error raised inside a streaming query (a batch's SchemaError, TaskError, SerdeError...)
+reaches you wrapped in Spark's ``StreamingQueryException``; :func:`unwrap_error` gives it back::
+
+    error = localstate.spark.unwrap_error(query.exception())
+
 Options, views and the column types: docs/state-reader.md.
 """
 
@@ -27,7 +32,8 @@ from localstate.runtime.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, fo
 from localstate.runtime.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
 from localstate.errors import LocalStateError
 
-__all__ = ["run_batch", "foreach_batch", "release", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state", "SOURCE_NAME"]
+__all__ = ["run_batch", "foreach_batch", "release", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state",
+           "unwrap_error", "SOURCE_NAME"]
 
 
 def register(spark: Any) -> None:
@@ -55,12 +61,31 @@ def read_state(spark: Any, job: str, store: str | None = None, **options: Any) -
         raise _typed(exc) from None
 
 
+def unwrap_error(exc: BaseException | None) -> LocalStateError | None:
+    """The localstate error behind ``exc``, or None if there is none.
+
+    ``exc`` may be a localstate error itself (returned as it is), or an exception Spark raised
+    around one: ``StreamingQueryException`` (``query.exception()``, or what ``awaitTermination()``
+    raises) when a micro-batch's ``foreach_batch``/``run_batch`` failed, ``AnalysisException`` or a
+    failed action's exception from the state reader. Spark carries the Python error only as text,
+    so the error returned is rebuilt from it: its type (``SchemaError``, ``TaskError``,
+    ``SerdeError``, ``BatchOrderError``, ... of :mod:`localstate.errors`), its message with its
+    context and hint, and the Python traceback (``error.traceback``). None when ``exc`` is None or
+    holds no error of :mod:`localstate.errors` (a worker that died, an error of Spark's own, a
+    subclass your own code defines)."""
+    if exc is None:
+        return None
+    if isinstance(exc, LocalStateError):
+        return exc
+    from localstate.runtime.spark.failures import python_error
+
+    return python_error(exc)
+
+
 def _option_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _typed(exc: Exception) -> Exception:
-    from localstate.runtime.spark.failures import python_error
-
-    error = python_error(exc)
+    error = unwrap_error(exc)
     return error if isinstance(error, LocalStateError) else exc

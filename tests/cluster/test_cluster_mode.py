@@ -130,8 +130,8 @@ def test_cluster_master_and_file_changelog_warning(tmp_path):
     job = load_job_config(write_job(tmp_path / "job", "local[2]", state_dir=tmp_path / "state"))
     assert not is_cluster_master("local[2]") and is_cluster_master("spark://h:7077") and is_cluster_master("yarn")
     assert not any("cluster" in note for note in spark_notes(job, "local[2]"))
-    notes = [note for note in spark_notes(job, "spark://h:7077") if "docs/cluster.md" in note]
-    assert len(notes) == 1 and str(tmp_path / "state") in notes[0]
+    notes = [note for note in spark_notes(job, "spark://h:7077") if note.startswith("job.changelog")]
+    assert len(notes) == 1 and str(tmp_path / "state") in notes[0] and "docs/cluster.md" in notes[0]
 
 
 def test_fresh_partition_with_changelog_records_but_no_checkpoint_is_refused(cluster_job, tmp_path):
