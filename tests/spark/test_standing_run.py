@@ -302,3 +302,35 @@ def test_failed_attempt_reasons_are_read_once_and_fill_in_silent_deaths(tmp_path
     assert reasons[1]["message"] == "Python worker exited unexpectedly (attempt 1 of partition 1)"
     assert not list(folder.iterdir())  # read once: deleted
     assert failed_attempt_reasons(folder, 4) == []
+
+
+def test_stop_abandons_a_batch_that_outlives_the_grace(tmp_path, spark_context):
+    job_file = write_counting_job(tmp_path, "standing-abandon", job={"task": "standing_task:SlowOnce"},
+                                  store={"backend": "memory"})
+    data = tmp_path / "data"
+    keys = ["a", "b", "c"]
+    append(data, keys)
+    job = load_job_config(job_file)
+    lines: list[str] = []
+    runner = SparkJobRunner(job, context=spark_context, progress=lines.append)
+    runner.stop_grace = 1.0
+    summaries: list[Any] = []
+    thread = threading.Thread(target=lambda: summaries.append(runner.run(until_drained=False)), daemon=True)
+    thread.start()
+    try:
+        marker = tmp_path / "slow.marker"
+        deadline = time.monotonic() + START_TIMEOUT
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.05)
+        append(data, ["a", "d"], {"marker": str(marker), "sleep": 60})
+        keys += ["a", "d"]
+        wait_for_file(marker)
+    finally:
+        runner.stop()
+        thread.join(timeout=STOP_TIMEOUT)
+    assert not thread.is_alive()
+    [summary] = summaries
+    assert summary.stopped and summary.abandoned == 1 and summary.batch_count == 1
+    # Nothing of the abandoned batch is committed: a new run processes it again, exactly once.
+    assert SparkJobRunner(job, context=spark_context, progress=None).run().records_in == 2
+    assert_exact(job_file, keys)
