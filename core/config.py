@@ -103,6 +103,9 @@ SPARK_OPTIONS = {
                                   "tuning that goes with it (default true; false: one plain task per partition)"),
     "pythonpath": Option(list, default=None, parse=_pythonpath, doc="extra folders for the task's imports"),
     "conf": Option(dict, default=None, parse=_spark_conf, doc="Spark configuration, key -> string/number/bool"),
+    "trigger": Option((int, float, str), default=None, parse=parse_duration,
+                      doc="processing-time trigger of `localstate run`: a batch starts at most once per this "
+                          "interval, e.g. '500ms' (default: as soon as input is there)"),
 }
 """Every ``[spark]`` key; unknown keys are reported with a did-you-mean."""
 

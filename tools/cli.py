@@ -1,6 +1,8 @@
 """The ``localstate`` command line.
 
-Exit codes: 0 success, 1 a localstate error (message on stderr), 2 usage error.
+Exit codes: 0 success (``localstate run`` stopped by SIGTERM or SIGINT included), 1 a localstate error
+(message on stderr), 2 usage error, 130 interrupted (Ctrl-C outside a run's batches, or a second
+SIGINT during a run's stop), 143 a second SIGTERM during a run's stop.
 """
 
 from __future__ import annotations

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+from typing import Any, Callable
 
 from localstate.tools.cli import command
 from localstate.core.config import apply_log_level, load_job_config
 
-__all__ = ["positive_int", "partition_count"]
+__all__ = ["positive_int", "partition_count", "install_stop_handlers", "STOP_SIGNALS"]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What stops ``localstate run`` cleanly; the same signal again aborts at once (exit 128 + signal)."""
 
 
 def positive_int(text: str) -> int:
@@ -31,7 +37,45 @@ def partition_count(text: str) -> int:
     return value
 
 
-@command("run", "run a job on Spark in micro-batches until its inputs are consumed")
+def install_stop_handlers(runner: Any) -> Callable[[], None]:
+    """SIGTERM/SIGINT handlers for a run of ``runner`` (a SparkJobRunner) in this process's main
+    thread: the first signal calls ``runner.stop()`` (the running batch completes and is committed,
+    or is abandoned after ``runner.stop_grace`` seconds; kept instances are released; the run
+    returns), a second one exits at once with 128 + the signal number (nothing uncommitted is ever
+    visible, so the state stays exact). Install them after the SparkContext exists: PySpark installs
+    its own SIGINT handler (cancel every job, raise KeyboardInterrupt) when it creates one. Returns
+    a function that puts the previous handlers back. Library use installs nothing: call
+    ``runner.stop()`` yourself."""
+    received: list[int] = []
+
+    def say(text: str) -> None:
+        # os.write, not print: a handler may run in the middle of the main thread's own print.
+        try:
+            os.write(2, f"localstate run: {text}\n".encode())
+        except OSError:
+            pass
+
+    def handle(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if received:
+            say(f"{name} again: aborting now (state stays at the last committed batch)")
+            os._exit(128 + signum)
+        received.append(signum)
+        say(f"{name}: stopping (a running batch gets {runner.stop_grace:.0f}s to complete, else it is abandoned; "
+            f"{name} again aborts at once)")
+        runner.stop()
+
+    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore
+
+
+@command("run", "run a job on Spark in micro-batches: standing (waits for new input) until SIGTERM/SIGINT, or "
+                "--until-drained")
 def run(args: argparse.Namespace) -> int:
     from localstate.runtime.spark.plan import lag_text
     from localstate.runtime.spark.runner import SparkJobRunner
@@ -51,10 +95,26 @@ def run(args: argparse.Namespace) -> int:
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)
     print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
           flush=True)
-    summary = runner.run(batches=args.batches)
+    runner.check_inputs()  # before Spark starts: an input changed under the job fails fast
+    context = runner.context  # first: PySpark installs its SIGINT handler when it makes the context
+    restore = install_stop_handlers(runner)
+    try:
+        if not args.until_drained:
+            trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger else ""
+            print(f"standing: waiting for new input when there is none{trigger}; stop with SIGTERM or Ctrl-C "
+                  f"(or run with --until-drained)", flush=True)
+        summary = runner.run(batches=args.batches, until_drained=args.until_drained)
+    finally:
+        try:
+            context.stop()
+        finally:
+            restore()
     rate = summary.records_in / summary.seconds if summary.seconds else 0.0
-    print(f"done: {len(summary.batches)} batch(es), {summary.records_in:,} records in, {summary.records_out:,} out, "
-          f"{summary.seconds:.1f}s ({rate:,.0f} rec/s), {lag_text(summary.lag, summary.pending_bytes)}", flush=True)
+    ended = "stopped" if summary.stopped else "done"
+    abandoned = f" (batch {summary.abandoned} abandoned, not committed)" if summary.abandoned is not None else ""
+    print(f"{ended}: {summary.batch_count} batch(es){abandoned}, {summary.records_in:,} records in, "
+          f"{summary.records_out:,} out, {summary.seconds:.1f}s ({rate:,.0f} rec/s), "
+          f"{lag_text(summary.lag, summary.pending_bytes)}", flush=True)
     if runner.cluster and summary.warm_fraction is not None:
         print(f"warm local state: {summary.warm_fraction:.0%} of the tasks with state found it on their executor")
     for name in job.outputs:
@@ -73,6 +133,9 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default=None, help="Spark master (default: [spark] master, else local[*]; "
                         "local masters get 4 task attempts)")
     parser.add_argument("--batches", type=positive_int, default=None, help="stop after N micro-batches (>= 1)")
+    parser.add_argument("--until-drained", action="store_true",
+                        help="stop once every input is consumed (default: stand, waiting for new input, until "
+                             "SIGTERM or SIGINT)")
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="records per partition per micro-batch (default: [spark] batch_size, else all)")
 

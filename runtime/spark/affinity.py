@@ -70,8 +70,8 @@ class WorkerAffinity:
         """Slots for a batch of ``planned`` partitions: one per partition, or, if the run has more
         live Python workers than that (up to the context's parallelism), one per worker, so that the
         workers keeping the partitions open get a slot."""
-        live = sum(1 for pid in self.workers if is_alive(pid))
-        return max(planned, min(self.cores, live))
+        self.workers = {pid for pid in self.workers if is_alive(pid)}  # workers die and are replaced
+        return max(planned, min(self.cores, len(self.workers)))
 
     def record(self, results: Iterable[Mapping[str, Any]]) -> None:
         """Which worker keeps which partition open after a committed batch: a worker keeps the last
@@ -84,6 +84,13 @@ class WorkerAffinity:
                 latest[r["pid"]] = max(latest.get(r["pid"], (float("-inf"), -1)), (r["finished"], r["partition"]))
         self.keepers = {p: pid for p, pid in self.keepers.items() if pid not in latest}
         self.keepers.update((partition, pid) for pid, (_, partition) in latest.items())
+
+    def give_back(self, checkpoints: CheckpointStore, job: JobConfig) -> None:
+        """A standing run that has been idle a while: every kept instance is asked back and closed
+        cleanly (Spark stops Python workers idle for a minute, which would kill them in their stores);
+        the next batch opens its partitions again (local files reused, caches cold)."""
+        release_partitions(checkpoints, range(job.partitions))
+        self.keepers.clear()
 
     def release(self, checkpoints: CheckpointStore, job: JobConfig) -> None:
         """End of the run: every kept instance of the job is given back (no instance outlives the run)."""

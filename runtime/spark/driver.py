@@ -6,17 +6,23 @@ What a batch costs besides its tasks is kept small (``python -m bench scaling`` 
 JobConfig reaches the workers once per run (a Spark broadcast), plans are the only per-batch payload,
 failed attempts are counted from the results (no status-tracker round trips), the partitions'
 checkpoints are saved concurrently, and a run plans from the checkpoints it saved itself (read from
-disk once, at the start of each run)."""
+disk once, at the start of each run).
+
+A run either ends when its inputs are drained (``run(until_drained=True)``, the default for library
+callers) or *stands*: it waits for new input, polling the inputs' end offsets every
+:data:`IDLE_POLL` seconds on the driver (no Spark job while idle), until :meth:`SparkJobRunner.stop`."""
 
 from __future__ import annotations
 
 import logging
 import pickle
+import shutil
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from localstate.core.changelog import Compactable
@@ -27,7 +33,7 @@ from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_ma
 from localstate.runtime.spark.context import spark_context, worker_affinity
 from localstate.runtime.spark.affinity import WorkerAffinity
 from localstate.runtime.spark.executor import run_partition
-from localstate.runtime.spark.failures import spark_failure
+from localstate.runtime.spark.failures import failed_attempt_reasons, log_failed_attempts, spark_failure
 from localstate.runtime.spark.instances import clear_requests
 from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import open_input
@@ -36,9 +42,23 @@ from localstate.runtime.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
 
-__all__ = ["SparkJobRunner", "BatchCompaction"]
+__all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "STOP_GRACE", "IDLE_GIVE_BACK", "KEPT_BATCHES"]
 
 log = logging.getLogger(__name__)
+
+IDLE_POLL = 0.2
+"""Seconds between two looks at the inputs' end offsets while a standing run has nothing to do."""
+
+STOP_GRACE = 10.0
+"""Seconds a batch running when :meth:`SparkJobRunner.stop` is called may take to complete (and be
+committed); then its Spark job group is cancelled and nothing of it is committed."""
+
+IDLE_GIVE_BACK = 45.0
+"""Seconds of idleness after which a standing run asks its kept instances back (closed cleanly):
+Spark stops Python workers that were idle for a minute, which would kill them in their stores."""
+
+KEPT_BATCHES = 1000
+"""Batches a standing run keeps in :attr:`RunSummary.batches` (older ones are only counted)."""
 
 
 class BatchCompaction:
@@ -141,7 +161,18 @@ class SparkJobRunner:
         self.run_id = uuid.uuid4().hex
         self.pending_bytes = 0
         """bytes of unterminated input tails (:class:`PendingTail`) found by the last :meth:`plan`"""
-        self._tails_warned: set[tuple[str, int, int]] = set()
+        self._tails_warned: dict[tuple[str, int], int] = {}
+        """(input, partition) -> the offset of the unterminated tail last warned about"""
+        trigger = job.spark.get("trigger")
+        self.trigger = float(trigger) if trigger is not None else 0.0
+        """``[spark] trigger``: a batch starts at most once per this many seconds (0: at once)"""
+        self.poll_interval = IDLE_POLL
+        self.stop_grace = STOP_GRACE
+        self._stop = threading.Event()
+        self._running: str | None = None
+        """the job group of the batch whose Spark job runs now, if any"""
+        self._attempts: Path | None = None
+        """local masters: where this run's failed task attempts leave their reasons"""
         self.checkpoints = checkpoint_store(job)
         self.inputs = {name: open_input(job, name) for name in sorted(job.inputs)}
         self.sink_check = StreamSink(job)  # validates [outputs.*] on the driver, before any task runs
@@ -208,7 +239,8 @@ class SparkJobRunner:
                 plans.append(PartitionPlan(
                     batch, partition, ranges, self.batch_size, self.fault, self.run_id, self.keep_open,
                     cluster=self.cluster, committed=asdict(loaded) if self.cluster and loaded is not None else None,
-                    checkpoint_where=str(self.checkpoints.path(partition)) if self.cluster else ""))
+                    checkpoint_where=str(self.checkpoints.path(partition)) if self.cluster else "",
+                    attempts=str(self._attempts) if self._attempts is not None else ""))
         self.pending_bytes = pending
         return plans, lag
 
@@ -233,8 +265,8 @@ class SparkJobRunner:
             return 0
         since = source.pending_since(partition)
         age = time.time() - since if since is not None else 0.0
-        if age > PENDING_TAIL_WARN_AFTER and (name, partition, end) not in self._tails_warned:
-            self._tails_warned.add((name, partition, end))
+        if age > PENDING_TAIL_WARN_AFTER and self._tails_warned.get((name, partition)) != end:
+            self._tails_warned[(name, partition)] = end
             log.warning("input %r partition %d: %d byte(s) of an unterminated record at offset %d, unchanged for %.0fs "
                         "(warned after %.0fs): they are not read until their writer completes the record (a jsonl "
                         "line needs its newline); if the writer stopped, complete or remove them",
@@ -247,20 +279,31 @@ class SparkJobRunner:
         group = f"localstate-{self.run_id}-{batch}"
         self.context.setJobGroup(group, f"localstate {self.job.name} batch {batch}")
         shipped = self._ship_job()
-        if self.cluster:
-            # One task per plan, preferring the executor that holds its partition's warm state.
-            placement = self._placement()
-            results = placement.rdd(plans).mapPartitions(
-                lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
-        elif self.affinity is not None:
-            results = self.affinity.run(batch, plans, shipped)
-        else:
-            rdd = self.context.parallelize(plans, len(plans))
-            results = rdd.mapPartitions(lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
+        self._running = group
+        try:
+            if self.cluster:
+                # One task per plan, preferring the executor that holds its partition's warm state.
+                placement = self._placement()
+                results = placement.rdd(plans).mapPartitions(
+                    lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
+            elif self.affinity is not None:
+                results = self.affinity.run(batch, plans, shipped)
+            else:
+                rdd = self.context.parallelize(plans, len(plans))
+                results = rdd.mapPartitions(
+                    lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
+        except BaseException:
+            self._running = None
+            log_failed_attempts(failed_attempt_reasons(self._attempts, batch), retried=False)
+            raise
+        self._running = None
         collected = time.perf_counter()
         # A task's successful attempt number is the count of its attempts that failed before it
-        # (Spark numbers them 0, 1, ...; speculation is off): no status-tracker round trips.
+        # (Spark numbers them 0, 1, ...; speculation is off): no status-tracker round trips. Why
+        # each failed: what the attempts left in the attempts folder, else their worker died.
         failed_attempts = sum(r.get("attempt", 0) for r in results)
+        reasons = failed_attempt_reasons(self._attempts, batch, results)
+        log_failed_attempts(reasons)
         results = [r for r in results if r["partition"] is not None]  # spare slots ran nothing
         errors = [r for r in results if "error" in r]
         if errors:
@@ -275,7 +318,8 @@ class SparkJobRunner:
         saved = time.perf_counter()
         if self.affinity is not None:
             self.affinity.record(results)
-        out = BatchResult(batch, seconds=saved - started, tasks=len(results), failed_attempts=failed_attempts)
+        out = BatchResult(batch, seconds=saved - started, tasks=len(results), failed_attempts=failed_attempts,
+                          failed_attempt_reasons=reasons)
         for r in results:
             out.records_in += r["in"]
             out.records_out += r["out"]
@@ -383,14 +427,59 @@ class SparkJobRunner:
             changelogs.close()
             sink.close()
 
-    def run(self, batches: int | None = None) -> RunSummary:
-        """Run until every input is consumed (or ``batches`` batches ran)."""
-        summary = RunSummary()
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop, from any thread or a signal handler (``localstate run`` calls it on
+        SIGTERM/SIGINT): no further batch is planned; a batch running now may complete, and be
+        committed, for up to :attr:`stop_grace` seconds, then its Spark job group is cancelled and
+        nothing of it is committed. :meth:`run` then releases the kept instances and returns its
+        summary (``stopped`` set). A stopped runner stays stopped: a later :meth:`run` returns at once."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        threading.Thread(target=self._cancel_after_grace, name="localstate-stop", daemon=True).start()
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stop.is_set()
+
+    def _cancel_after_grace(self) -> None:
+        deadline = time.monotonic() + self.stop_grace
+        while self._running is not None:
+            if time.monotonic() >= deadline:
+                group = self._running
+                if group is None:
+                    return
+                log.warning("stopping: the running batch did not complete within %.0fs of the stop; cancelling it "
+                            "(nothing of it is committed)", self.stop_grace)
+                try:
+                    self.context.cancelJobGroup(group)
+                except Exception:  # noqa: BLE001 - a context already stopped: the batch failed anyway
+                    log.debug("cancelling job group %s failed", group, exc_info=True)
+                return
+            time.sleep(0.05)
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking up at once on :meth:`stop`; True if stopped."""
+        return self._stop.wait(seconds) if seconds > 0 else self._stop.is_set()
+
+    def run(self, batches: int | None = None, until_drained: bool = True) -> RunSummary:
+        """Run batches until every input is consumed (``until_drained``, the default), or, with
+        ``until_drained=False``, stand: when there is nothing to do, look at the inputs' end offsets
+        every :attr:`poll_interval` seconds on the driver (no Spark job) and run the next batch as soon
+        as records were appended. Either way the run ends after ``batches`` batches, or on
+        :meth:`stop`. ``[spark] trigger`` paces the batches: one starts at most once per trigger
+        interval."""
+        summary = RunSummary(keep=None if until_drained else KEPT_BATCHES)
         self._saved.clear()  # a run plans its first batch from disk (a restarted driver does too)
         self.check_inputs()  # before Spark starts: an input changed under the job fails fast
         self.context  # start Spark before timing anything
         self.run_id = uuid.uuid4().hex
         self._tails_warned.clear()
+        if not self.cluster:
+            attempts = self.checkpoints.root / "attempts"
+            shutil.rmtree(attempts, ignore_errors=True)  # what a killed driver's run left
+            self._attempts = attempts / self.run_id
         if self.keep_open:
             self.affinity = self.affinity_class(self.context, self.checkpoints.root / "claims" / self.run_id)
         partitions = range(self.job.partitions)
@@ -401,14 +490,27 @@ class SparkJobRunner:
         compaction = BatchCompaction.for_job(self.job)
         started = time.perf_counter()
         batch = 0
+        last_start = float("-inf")
+        idle_since: float | None = None
         try:
-            while batches is None or batch < batches:
+            while (batches is None or batch < batches) and not self._stop.is_set():
+                if self._wait(last_start + self.trigger - time.monotonic()):
+                    break
                 planning = time.perf_counter()
                 plans, lag = self.plan(batch)
                 planned = time.perf_counter()
                 summary.pending_bytes = self.pending_bytes
                 if not plans:
-                    break
+                    if until_drained:
+                        break
+                    now = time.monotonic()
+                    idle_since = now if idle_since is None else idle_since
+                    if self.affinity is not None and self.affinity.keepers and now - idle_since >= IDLE_GIVE_BACK:
+                        self.affinity.give_back(self.checkpoints, self.job)
+                    self._wait(self.poll_interval)
+                    continue
+                idle_since = None
+                last_start = time.monotonic()
                 roll = compaction is not None and compaction.due()
                 if roll:
                     plans = [replace(plan, roll_changelogs=True) for plan in plans]
@@ -417,6 +519,11 @@ class SparkJobRunner:
                 except LocalStateError:
                     raise
                 except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
+                    if self._stop.is_set():  # cancelled by stop(): abandoned, nothing of it committed
+                        log.warning("batch %d abandoned on stop: nothing of it is committed", batch)
+                        log.debug("the abandoned batch's Spark error", exc_info=True)
+                        summary.abandoned = batch
+                        break
                     log.debug("Spark batch %d failed", batch, exc_info=True)
                     raise spark_failure(exc, batch) from None
                 if roll:
@@ -425,11 +532,12 @@ class SparkJobRunner:
                 result.seconds += planned - planning
                 result.lag = lag - result.records_in
                 result.pending_bytes = self.pending_bytes
-                summary.batches.append(result)
+                summary.add(result)
                 if self.progress is not None:
                     self.progress(progress_line(result, len(plans)))
                 batch += 1
         finally:
+            summary.stopped = self._stop.is_set()
             if compaction is not None:
                 compaction.close()  # waits for a running round
                 summary.compaction_rounds = compaction.rounds.runs
@@ -438,6 +546,8 @@ class SparkJobRunner:
                 self.affinity.release(self.checkpoints, self.job)
                 self.affinity = None
                 summary.release_seconds = time.perf_counter() - releasing
+            if self._attempts is not None:
+                shutil.rmtree(self._attempts, ignore_errors=True)
             self._end_run()
         summary.seconds = time.perf_counter() - started
         return summary

@@ -21,7 +21,7 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.runtime.faults import CrashAt
 from localstate.runtime.partition_task import PartitionTask, fault_for
-from localstate.runtime.spark.failures import executor_failure
+from localstate.runtime.spark.failures import executor_failure, record_failed_attempt
 from localstate.runtime.spark.cluster import is_warm
 from localstate.runtime.spark.instances import (BatchInstance, Lease, checkin, checkout, claim, kept_partition,
                                                open_planned, task_context)
@@ -118,7 +118,12 @@ def run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     try:
         return _run_partition(job, plan)
     except (Exception, SystemExit) as exc:
-        return {"partition": plan.partition, "error": executor_failure(exc, plan.batch, plan.partition)}
+        try:
+            error = executor_failure(exc, plan.batch, plan.partition)
+        except BaseException:  # re-raised for Spark to retry: say why first (local masters)
+            record_failed_attempt(plan.attempts, plan.batch, plan.partition, task_attempt(), exc)
+            raise
+        return {"partition": plan.partition, "error": error}
 
 
 def task_attempt() -> int:
@@ -161,7 +166,11 @@ def run_slot(job: JobConfig, plans: Mapping[int, PartitionPlan], claims: Path, s
     worker keeps (``keepers``: partition -> worker pid) to it, and run it. A spare slot that finds
     every partition claimed returns ``{"partition": None, ...}`` at once."""
     any_plan = next(iter(plans.values()))
-    partition = claim(claims, sorted(plans), slot, kept_partition(job, any_plan.run_id), keepers)
+    try:
+        partition = claim(claims, sorted(plans), slot, kept_partition(job, any_plan.run_id), keepers)
+    except BaseException as exc:  # a claims directory that cannot be written: Spark retries the slot
+        record_failed_attempt(any_plan.attempts, any_plan.batch, None, task_attempt(), exc)
+        raise
     if partition is None:
         return {"partition": None, "pid": os.getpid(), "attempt": task_attempt()}
     return run_partition(job, plans[partition])

@@ -15,16 +15,25 @@ error, taking the Python traceback out of the Java exception's text.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import pickle
 import re
+import socket
 import traceback
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 from localstate import errors
 from localstate.core.tracebacks import attach, describe, describe_frames
 from localstate.errors import (ChangelogError, CheckpointError, ConfigError, ExecutorError, FencedError, InputError,
                                LocalStateError, OutputError, PluginError, RestoreError, SerdeError, StoreError,
                                TaskError)
 
-__all__ = ["executor_failure", "spark_failure", "python_error", "python_traceback", "RETRYABLE"]
+__all__ = ["executor_failure", "spark_failure", "python_error", "python_traceback", "RETRYABLE",
+           "record_failed_attempt", "failed_attempt_reasons", "log_failed_attempts"]
+
+log = logging.getLogger(__name__)
 
 RETRYABLE: tuple[type[BaseException], ...] = (OSError, MemoryError, FencedError, ChangelogError, CheckpointError,
                                              RestoreError, OutputError)
@@ -184,3 +193,67 @@ def _java_reason(text: str) -> str | None:
             if reason:
                 return reason[:500]
     return None
+
+
+# -- failed task attempts: why each one failed ------------------------------------------------------
+_MESSAGE_LIMIT = 500
+
+
+def record_failed_attempt(directory: str, batch: int, partition: int | None, attempt: int,
+                          exc: BaseException) -> None:
+    """Executor side, local masters: before an attempt re-raises ``exc`` for Spark to retry, leave its
+    reason for the driver in ``directory`` (one small JSON file per attempt, written aside and renamed),
+    which reads and deletes it after the batch (:func:`failed_attempt_reasons`). Never raises: the
+    attempt's own error is what matters."""
+    if not directory:
+        return
+    try:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        reason = {"batch": batch, "partition": partition, "attempt": attempt, "type": type(exc).__name__,
+                  "message": message[:_MESSAGE_LIMIT], "host": socket.gethostname(), "pid": os.getpid()}
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"{batch}-{partition if partition is not None else 'slot'}-{attempt}-{os.getpid()}.json"
+        partial = folder / f".{name}.partial"
+        partial.write_text(json.dumps(reason))
+        partial.replace(folder / name)
+    except Exception:  # noqa: BLE001 - a full or read-only disk: the attempt's count still reaches the driver
+        pass
+
+
+def failed_attempt_reasons(directory: Path | None, batch: int,
+                           results: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Driver side, after batch ``batch``: the reasons its failed attempts left in ``directory``
+    (read, then deleted), plus one per attempt that the successful ``results`` count (a result's
+    ``attempt`` = attempts of its task that failed before it) but that left nothing: its Python worker
+    died (killed, out of memory, a crash in native code) before it could say why."""
+    reasons: list[dict[str, Any]] = []
+    if directory is not None and directory.is_dir():
+        for path in sorted(directory.glob(f"{batch}-*.json")):
+            try:
+                reasons.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                pass
+            path.unlink(missing_ok=True)
+    told = {(r.get("partition"), r.get("attempt")) for r in reasons}
+    host = socket.gethostname() if directory is not None else None
+    for result in results:
+        partition = result.get("partition")
+        for attempt in range(int(result.get("attempt", 0) or 0)):
+            if (partition, attempt) not in told and partition is not None:
+                where = "Python worker exited unexpectedly" if directory is not None else \
+                    "failed on an executor (its reason is not collected on cluster masters)"
+                reasons.append({"batch": batch, "partition": partition, "attempt": attempt, "type": "WorkerExited",
+                                "message": f"{where} (attempt {attempt} of partition {partition})", "host": host})
+    reasons.sort(key=lambda r: (r.get("partition") if r.get("partition") is not None else -1, r.get("attempt", 0)))
+    return reasons
+
+
+def log_failed_attempts(reasons: Iterable[Mapping[str, Any]], retried: bool = True) -> None:
+    """One WARNING per failed attempt: type, message, host, partition, batch; no Java stack."""
+    for r in reasons:
+        partition = r.get("partition")
+        log.warning("batch %s: task attempt %s of %s failed%s: %s: %s%s", r.get("batch"), r.get("attempt"),
+                    f"partition {partition}" if partition is not None else "a slot",
+                    f" on {r['host']}" if r.get("host") else "", r.get("type"), r.get("message") or "",
+                    " (Spark retried it)" if retried else "")

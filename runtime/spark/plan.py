@@ -37,6 +37,9 @@ class PartitionPlan:
     """cluster mode: the partition's committed checkpoint (as a dict), None if it has none yet"""
     checkpoint_where: str = ""
     """cluster mode: where the driver keeps the checkpoint (for error messages)"""
+    attempts: str = ""
+    """local masters: the folder where an attempt that fails and is retried writes its reason for the
+    driver (:func:`~.failures.record_failed_attempt`); "" = not recorded"""
 
 
 #: Phases on the driver, per batch.
@@ -58,6 +61,10 @@ class BatchResult:
     tasks: int = 0
     failed_attempts: int = 0
     """task attempts that failed and were retried by Spark (a killed worker, an I/O error)"""
+    failed_attempt_reasons: list[dict[str, Any]] = field(default_factory=list)
+    """why each of those attempts failed, one dict per attempt: ``batch``, ``partition``, ``attempt``,
+    ``type``, ``message``, ``host`` (``pid`` when the attempt reported it itself); an attempt whose
+    Python worker died without a word has ``type`` ``"WorkerExited"``"""
     reused: int = 0
     """tasks that found their partition's instance still open in their worker"""
     stateful: int = 0
@@ -76,6 +83,8 @@ class BatchResult:
 @dataclass
 class RunSummary:
     batches: list[BatchResult] = field(default_factory=list)
+    """the run's batches; with :attr:`keep`, only the latest ``keep`` (older ones are folded into
+    :attr:`folded`, so that a standing run's summary does not grow with every batch)"""
     seconds: float = 0.0
     release_seconds: float = 0.0
     """closing the instances kept open in the workers, at the end of the run"""
@@ -85,20 +94,53 @@ class RunSummary:
     """bytes of unterminated input tails at the run's last plan: records still being appended (a jsonl
     line without its newline, an incomplete file-log record), not read and not in :attr:`lag`"""
 
+    stopped: bool = False
+    """the run ended because it was asked to stop (:meth:`SparkJobRunner.stop`, a signal)"""
+    abandoned: int | None = None
+    """the batch a stop abandoned (its Spark job cancelled, nothing of it committed), if any"""
+    keep: int | None = None
+    """keep at most this many batches in :attr:`batches` (None: all)"""
+    folded: BatchResult | None = None
+    """the totals of the batches dropped from :attr:`batches` (``batch`` = how many)"""
+
+    def add(self, result: BatchResult) -> None:
+        """Append a batch; beyond :attr:`keep`, fold the oldest into :attr:`folded`."""
+        self.batches.append(result)
+        if self.keep is not None and len(self.batches) > self.keep:
+            oldest = self.batches.pop(0)
+            folded = self.folded = self.folded or BatchResult(0)
+            folded.batch += 1
+            for name in ("records_in", "records_out", "skipped", "dead_lettered", "seconds", "restore_seconds",
+                         "replayed", "trimmed", "tasks", "failed_attempts", "reused", "stateful", "warm",
+                         "busiest_task"):
+                setattr(folded, name, getattr(folded, name) + getattr(oldest, name))
+            for name in ("task_seconds", "driver_seconds"):
+                totals = getattr(folded, name)
+                for key, value in getattr(oldest, name).items():
+                    totals[key] = totals.get(key, 0.0) + value
+
+    def _all(self) -> list[BatchResult]:
+        return ([self.folded] if self.folded is not None else []) + self.batches
+
+    @property
+    def batch_count(self) -> int:
+        """Batches the run committed (those folded away included)."""
+        return len(self.batches) + (self.folded.batch if self.folded is not None else 0)
+
     @property
     def warm_fraction(self) -> float | None:
         """Fraction of the tasks with committed state that found it warm in their local stores (no
         replay, no rebuild); None if no task had state to find."""
-        stateful = sum(b.stateful for b in self.batches)
-        return sum(b.warm for b in self.batches) / stateful if stateful else None
+        stateful = sum(b.stateful for b in self._all())
+        return sum(b.warm for b in self._all()) / stateful if stateful else None
 
     @property
     def records_in(self) -> int:
-        return sum(b.records_in for b in self.batches)
+        return sum(b.records_in for b in self._all())
 
     @property
     def records_out(self) -> int:
-        return sum(b.records_out for b in self.batches)
+        return sum(b.records_out for b in self._all())
 
     @property
     def lag(self) -> int:
@@ -108,9 +150,10 @@ class RunSummary:
         """Where the wall time went, in seconds that add up to about :attr:`seconds`: driver phases,
         Spark overhead, and the task phases (summed over all tasks, then scaled to the batches'
         critical paths, i.e. their busiest tasks: the tasks of one batch run in parallel)."""
-        out = {name: sum(b.driver_seconds.get(name, 0.0) for b in self.batches) for name in DRIVER_PHASES}
-        busy = sum(b.busiest_task for b in self.batches)
-        summed = {name: sum(b.task_seconds.get(name, 0.0) for b in self.batches) for name in TASK_PHASES}
+        batches = self._all()
+        out = {name: sum(b.driver_seconds.get(name, 0.0) for b in batches) for name in DRIVER_PHASES}
+        busy = sum(b.busiest_task for b in batches)
+        summed = {name: sum(b.task_seconds.get(name, 0.0) for b in batches) for name in TASK_PHASES}
         total = sum(summed.values())
         for name, value in summed.items():
             out[name] = value / total * busy if total else 0.0

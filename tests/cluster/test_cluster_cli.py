@@ -20,9 +20,9 @@ EVENTS = 8000
 
 def test_run_on_standalone_cluster(tmp_path, live_cluster):
     job_file = windowed_counts_job(tmp_path, EVENTS)
-    done = subprocess.run(cli_command("run", str(job_file), "--master", live_cluster.url, "--batch-size",
-                                      str(EVENTS // 2)), env=live_cluster.env, capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run(cli_command("run", str(job_file), "--until-drained", "--master", live_cluster.url,
+                                      "--batch-size", str(EVENTS // 2)), env=live_cluster.env, capture_output=True,
+                          text=True, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "lag 0" in done.stdout
     job = load_job_config(job_file)

@@ -128,7 +128,8 @@ def test_valid_spark_table_keeps_only_given_keys_and_flattens_conf():
     assert job.spark == {"master": "local[2]", "batch_size": 10, "worker_affinity": False, "pythonpath": ["lib"],
                          "conf": {"spark.executor.memory": "2g", "spark.task.maxFailures": 4}}
     assert parse_job_config(with_job()).spark == {}
-    assert set(SPARK_OPTIONS) == {"master", "batch_size", "worker_affinity", "pythonpath", "conf"}
+    assert set(SPARK_OPTIONS) == {"master", "batch_size", "worker_affinity", "pythonpath", "conf", "trigger"}
+    assert parse_job_config({**with_job(), "spark": {"trigger": "500ms"}}).spark == {"trigger": 0.5}
 
 
 # -- [job] keys ------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_readme_job_runs_as_shown_and_counts_exactly(tmp_path):
     assert validated.returncode == 0, validated.stderr
     assert "warning" not in validated.stderr                       # nothing in it is ignored on Spark
 
-    result = _cli("run", "job.toml", "--master", "local[2]", cwd=tmp_path)
+    result = _cli("run", "job.toml", "--master", "local[2]", "--until-drained", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out_dir = tmp_path / "work" / "out" / "counts"
     assert f"output counts: {out_dir}" in result.stdout

@@ -1,0 +1,93 @@
+"""A standing ``localstate run`` on a Kafka (Tansu) topic: records produced after the start are
+processed by the same run; Ctrl-C (SIGINT to the whole process group, as a terminal sends it) in the
+middle of a batch stops it cleanly with exit 0, and the restarted job's outputs are exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
+from localstate.changelog.kafka.streams import ensure_topic, produce
+from localstate.core.options import validate_options
+from tests.spark.test_spark_runtime import cli_command
+from tests.spark.test_standing_run import (STOP_TIMEOUT, assert_exact, standing, wait_for_counts, wait_for_file)
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+
+SPARK_TESTS = Path(__file__).resolve().parents[1] / "spark"
+
+
+def _job_file(tmp_path: Path, servers: str, topic: str) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[job]
+name = "standing-kafka"
+partitions = 1
+task = "standing_task:SlowOnce"
+state_dir = "state"
+
+[inputs.events]
+system = "kafka"
+bootstrap_servers = "{servers}"
+topic = "{topic}"
+
+[outputs.counts-out]
+system = "file"
+path = "out"
+
+[stores.counts]
+engine = "kv"
+backend = "memory"
+key_serde = "string"
+value_serde = "int"
+
+[spark]
+pythonpath = ["{SPARK_TESTS}"]
+""")
+    return path
+
+
+def test_standing_run_on_kafka_follows_produced_records_and_stops_on_ctrl_c(tmp_path, kafka_broker, topic_prefix):
+    settings = client_settings(validate_options(CONNECTION_OPTIONS, {"bootstrap_servers": kafka_broker.bootstrap_servers},
+                                                "test"))
+    topic = topic_prefix + "events"
+    assert ensure_topic(settings, topic, 1, -1, create=True) == 1
+
+    def send(keys: list[str], value: Any = 0) -> None:
+        produce(settings, topic, [(key.encode(), json.dumps(value).encode(), 0) for key in keys])
+
+    keys = [f"u{i % 4}" for i in range(10)]
+    send(keys)
+    job_file = _job_file(tmp_path, kafka_broker.bootstrap_servers, topic)
+    process, lines = standing(job_file, start_new_session=True)  # its own process group, as in a terminal
+    try:
+        lines.wait_for("batch 0:")
+        more = [f"u{i % 3}" for i in range(9)]
+        send(more)  # produced after the start: processed by the same run
+        keys += more
+        wait_for_counts(job_file, Counter(keys))
+        marker = tmp_path / "slow.marker"
+        send(["u1"], {"marker": str(marker), "sleep": 3})
+        keys.append("u1")
+        wait_for_file(marker)
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C: the driver, its JVM and the Python workers' group leader
+        assert process.wait(timeout=STOP_TIMEOUT) == 0
+    finally:
+        process.kill()
+        process.wait()
+    stdout, stderr = lines.rest(), process.stderr.read()  # type: ignore[union-attr]
+    assert "stopped:" in stdout and "SIGINT: stopping" in stderr, stdout + stderr[-3000:]
+    send(["u7", "u7"])
+    keys += ["u7", "u7"]
+    done = subprocess.run(cli_command("run", str(job_file), "--master", "local[2]", "--until-drained"),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert_exact(job_file, keys)
