@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Iterator, Mapping
 
 from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.options import Option, parse_path
+from localstate.core.options import Option, parse_path, parse_size
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, SerdeError, UnsafePathError
 
 from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_regular_file,
@@ -20,7 +20,7 @@ from localstate.core.streams.base import (InputRecord, InputStream, OutputStream
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
 from .format import list_segments, segment_name
-from .partition import LOCK_FILE, FileChangelogPartition
+from .partition import DEFAULT_SEGMENT_BYTES, LOCK_FILE, FileChangelogPartition
 from .system import FileChangelogSystem
 
 __all__ = ["FileLogStreams", "FileLogInput", "FileLogOutput", "truncate_log"]
@@ -66,7 +66,10 @@ class _FileLog:
     def _setup(self, job: JobConfig, name: str) -> None:
         self.root = resolve_path(job, self.config["path"])
         self.stream = self.config["stream"] or name
-        self.system = FileChangelogSystem({"path": str(self.root), "fsync": True}, job.state_dir)
+        segment_bytes = self.config.get("segment_bytes")
+        self.system = FileChangelogSystem({"path": str(self.root), "fsync": True,
+                                           **({"segment_bytes": segment_bytes} if segment_bytes else {})},
+                                          job.state_dir)
         registry = job.registry
         self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
         self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
@@ -209,7 +212,13 @@ class FileLogInput(_FileLog, InputStream):
 
 class FileLogOutput(_FileLog, OutputStream):
     system = "file"
-    options = _SERDE_OPTIONS
+    options: ClassVar[Mapping[str, Option]] = {
+        **_SERDE_OPTIONS,
+        "segment_bytes": Option((int, str), default=DEFAULT_SEGMENT_BYTES, parse=parse_size, minimum=1,
+                                doc="roll a partition to a new segment file once its active one holds this many "
+                                    "bytes ('64MiB'); segments are never deleted (rollback truncates the one holding "
+                                    "the checkpoint's offset and deletes the later ones)"),
+    }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
