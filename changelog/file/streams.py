@@ -13,7 +13,8 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_path, parse_size
-from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, SerdeError, UnsafePathError
+from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
+    UnsafePathError
 
 from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_regular_file,
                                           resolve_path)
@@ -240,7 +241,18 @@ class FileLogOutput(_FileLog, OutputStream):
 
     def truncate(self, partition: int, position: int) -> int:
         writer = self._writer(partition)
-        if writer.flush() > position:
+        end = writer.flush()
+        if end < position:
+            directory = self.system.partition_dir(self.stream, partition)
+            bases = list_segments(directory)
+            if len(bases) > 1:  # a rolled output holds less than the checkpoint names: damaged by hand
+                last = directory / segment_name(bases[-1])
+                raise OutputError(f"output segment {last} ends at offset {end}, but the checkpoint names offset "
+                                  f"{position}: a segment was truncated or deleted by hand", stream=self.name,
+                                  partition=partition, path=str(last), offset=end,
+                                  hint="restore the segments from a backup; localstate only deletes or truncates "
+                                       "output segments written after the last checkpoint (rollback)")
+        if end > position:
             # Truncate under the writer's lock, then reopen so its in-memory end is re-read.
             directory = self.system.partition_dir(self.stream, partition)
             lock = open_nofollow(directory / LOCK_FILE, os.O_RDWR)

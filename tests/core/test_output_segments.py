@@ -166,3 +166,13 @@ def test_a_segment_damaged_by_hand_is_a_typed_error_naming_it(tmp_path, damage):
             start(path)
         assert "by hand" in str(info.value)
         assert str(segments[-2] if damage == "delete-last" else victim) in str(info.value)
+
+
+def test_a_file_output_segment_deleted_by_hand_is_a_typed_error(tmp_path):
+    path = job_file(tmp_path, "file")
+    run_batches(path, BATCHES)
+    segments = segment_files(tmp_path, "file")
+    segments[-1].unlink()
+    with pytest.raises(OutputError) as info:
+        start(path)
+    assert "by hand" in str(info.value) and str(segments[-2]) in str(info.value)
