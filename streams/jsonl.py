@@ -3,6 +3,12 @@
 Each line is ``{"key": ..., "value": ..., "ts": ...}``; the offset of a record is its line number.
 A last line without its newline is an append in progress and is not read. As an output, a task
 partition appends (and fsyncs) to its own file; rollback truncates to a line count.
+
+An output partition rolls into segments once its active file holds ``segment_bytes``: the first
+segment is ``<partition>.jsonl`` (offsets from 0), each later one ``<partition>.<base:020d>.jsonl``,
+whose first line is offset ``base`` of the partition. Offsets (the checkpoint's output position)
+stay global line numbers across segments; readers (:func:`read_jsonl`, the ``jsonl`` input) see
+the segments as one stream.
 """
 
 from __future__ import annotations
@@ -10,14 +16,15 @@ from __future__ import annotations
 import json
 import json.scanner
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
 
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.fsutil import open_nofollow, os_error
-from localstate.core.options import Option, parse_path
+from localstate.core.fsutil import fsync_dir, open_nofollow, os_error
+from localstate.core.options import Option, parse_path, parse_size
 from localstate.core.serdes import STRICT_JSON, json_problem
-from localstate.errors import InputError, OutputIOError
+from localstate.errors import InputError, OutputError, OutputIOError
 
 from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_output_file,
                                           open_regular_file, resolve_path)
@@ -44,6 +51,36 @@ def _text(exc: BaseException) -> str:
 
 def _file(directory: Path, partition: int) -> Path:
     return directory / f"{int(partition)}.jsonl"
+
+
+#: Default size at which an output partition's active segment is closed and a new one started.
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+_SEGMENT_RE = re.compile(r"^(\d+)\.(\d{20})\.jsonl$")
+
+
+def _segment_file(directory: Path, partition: int, base: int) -> Path:
+    """The segment of ``partition`` whose first line is offset ``base`` (the first one: ``<p>.jsonl``)."""
+    return _file(directory, partition) if base == 0 else directory / f"{int(partition)}.{base:020d}.jsonl"
+
+
+def _segments(directory: Path, partition: int) -> list[tuple[int, Path]]:
+    """``(base offset, path)`` of every segment of ``partition``, by base; the first segment
+    (``<p>.jsonl``, base 0) is listed if it exists. One directory listing; [] if there is none."""
+    out: list[tuple[int, Path]] = []
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    first = f"{int(partition)}.jsonl"
+    for name in names:
+        if name == first:
+            out.append((0, directory / name))
+            continue
+        match = _SEGMENT_RE.match(name)
+        if match and int(match.group(1)) == int(partition) and int(match.group(2)) > 0:
+            out.append((int(match.group(2)), directory / name))
+    out.sort()
+    return out
 
 
 _LINES: dict[str, tuple[int, int, int, int]] = {}
@@ -108,11 +145,29 @@ def write_jsonl(directory: str | os.PathLike[str], partition: int, records: list
 
 
 def read_jsonl(directory: str | os.PathLike[str], partition: int) -> list[dict[str, Any]]:
-    path = _file(Path(directory), partition)
-    if not path.exists():
-        return []
-    with open(path, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.endswith("\n")]
+    """Every complete line of ``<directory>/<partition>.jsonl`` and its later segments, as one
+    stream. A segment missing, or holding other than the lines up to the next segment's base, is an
+    OutputError naming the file (a segment deleted or truncated by hand)."""
+    out: list[dict[str, Any]] = []
+    segments = _segments(Path(directory), partition)
+    for index, (base, path) in enumerate(segments):
+        if len(out) != base:
+            _segment_gap(path, partition, base, len(out), segments[index - 1][1] if index else None)
+        with open(path, encoding="utf-8") as handle:
+            out.extend(json.loads(line) for line in handle if line.endswith("\n"))
+    return out
+
+
+def _segment_gap(path: Path, partition: int, base: int, found: int, previous: Path | None,
+                 stream: str | None = None) -> None:
+    """Raise the OutputError of segments that do not join: ``path`` starts at line ``base`` but the
+    segments before it hold ``found`` lines."""
+    culprit = previous if previous is not None else _file(path.parent, partition)
+    raise OutputError(f"output segment {culprit} holds {'no file' if previous is None else 'lines'} up to offset "
+                      f"{found}, but the next segment {path.name} starts at {base}: a segment was deleted or "
+                      f"truncated by hand", stream=stream, partition=partition, path=str(culprit),
+                      hint="restore the segment from a backup; localstate only deletes or truncates output "
+                           "segments written after the last checkpoint (rollback)")
 
 
 class JsonLinesInput(InputStream):
@@ -131,22 +186,41 @@ class JsonLinesInput(InputStream):
     def input_directory(self) -> Path:
         return self.directory
 
+    def _last_segment(self, partition: int) -> tuple[int, Path]:
+        """``(base, path)`` of the partition's last segment (a rolled output read as an input), or
+        the plain ``<p>.jsonl``."""
+        segments = _segments(self.directory, partition)
+        return segments[-1] if segments else (0, _file(self.directory, partition))
+
     def end_offset(self, partition: int) -> int:
-        return _complete_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition)
+        base, path = self._last_segment(partition)
+        return base + _complete_lines(path, cache=True, stream=self.name, partition=partition)
 
     def pending_bytes(self, partition: int) -> int:
         """Bytes of a last line without its newline yet (an append in progress; :class:`PendingTail`)."""
-        return _scan_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition).pending
+        _base, path = self._last_segment(partition)
+        return _scan_lines(path, cache=True, stream=self.name, partition=partition).pending
 
     def pending_since(self, partition: int) -> float | None:
         """The file's modification time while it ends in an unterminated line, else None."""
-        scan = _scan_lines(_file(self.directory, partition), cache=True, stream=self.name, partition=partition)
+        _base, path = self._last_segment(partition)
+        scan = _scan_lines(path, cache=True, stream=self.name, partition=partition)
         return scan.mtime if scan.pending else None
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
-        path = _file(self.directory, partition)
         if start >= end:
             return
+        segments = _segments(self.directory, partition) or [(0, _file(self.directory, partition))]
+        for index, (base, path) in enumerate(segments):
+            following = segments[index + 1][0] if index + 1 < len(segments) else None
+            if base >= end:
+                break
+            if following is not None and following <= start:
+                continue
+            yield from self._read_file(path, partition, base, start, end if following is None else min(end, following))
+
+    def _read_file(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[InputRecord]:
+        """The records ``[start, end)`` of one segment whose first line is offset ``base``."""
         handle = open_regular_file(path, stream=self.name, partition=partition)
         if handle is None:
             raise InputError(f"input file {path} is missing but offsets up to {end} were planned",
@@ -156,7 +230,7 @@ class JsonLinesInput(InputStream):
         with handle:
             # Resume at the byte where this worker's previous batch stopped instead of re-scanning
             # every earlier line (Python workers are reused across batches).
-            offset, position = 0, 0
+            offset, position = base, 0
             inode = os.fstat(handle.fileno()).st_ino
             hint = _POSITIONS.get((str(path), inode, start))
             if hint is not None:
@@ -204,31 +278,83 @@ class JsonLinesOutput(OutputStream):
     options: ClassVar[Mapping[str, Option]] = {
         "path": Option(str, parse=parse_path, doc="directory receiving <partition>.jsonl files (relative to the job file)"),
         "fsync": Option(bool, default=True, doc="fsync at every commit (durable outputs)"),
+        "segment_bytes": Option((int, str), default=DEFAULT_SEGMENT_BYTES, parse=parse_size, minimum=1,
+                                doc="roll a partition into a new segment file <partition>.<offset>.jsonl once its "
+                                    "active one holds this many bytes ('64MiB'); segments are never deleted"),
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
+        self.segment_bytes: int = self.config["segment_bytes"]
 
     def location(self) -> tuple[str, str]:
         return "path", str(self.directory.resolve())
 
+    def _active(self, partition: int) -> tuple[int, Path]:
+        """``(base, path)`` of the segment appends go to: the last one (``<p>.jsonl`` until it rolls)."""
+        segments = _segments(self.directory, partition)
+        return segments[-1] if segments else (0, _file(self.directory, partition))
+
     def end_offset(self, partition: int) -> int:
-        path = _file(self.directory, partition)
+        base, path = self._active(partition)
         check_output_file(path, stream=self.name, partition=partition)
         try:
-            return _complete_lines(path)
+            return base + _complete_lines(path)
         except OSError as exc:
             raise os_error(exc, "read output", path, OutputIOError, stream=self.name, partition=partition) from exc
 
     def truncate(self, partition: int, position: int) -> int:
-        path = _file(self.directory, partition)
-        check_output_file(path, stream=self.name, partition=partition)
+        segments = _segments(self.directory, partition)
+        for _base, path in segments:
+            check_output_file(path, stream=self.name, partition=partition)
+        if len(segments) <= 1 and (not segments or segments[0][0] == 0):
+            path = _file(self.directory, partition)
+            check_output_file(path, stream=self.name, partition=partition)
+            try:
+                return self._truncate(path, position)
+            except OSError as exc:
+                raise os_error(exc, "roll back output", path, OutputIOError, stream=self.name,
+                               partition=partition) from exc
         try:
-            return self._truncate(path, position)
+            return self._truncate_segments(partition, segments, position)
         except OSError as exc:
-            raise os_error(exc, "roll back output", path, OutputIOError, stream=self.name,
+            raise os_error(exc, "roll back output", self.directory, OutputIOError, stream=self.name,
                            partition=partition) from exc
+
+    def _truncate_segments(self, partition: int, segments: list[tuple[int, Path]], position: int) -> int:
+        """Roll a segmented partition back to ``position``: delete the segments that start at or after
+        it (all written after the checkpoint; the newest first, so an interruption leaves a prefix),
+        then truncate the one holding it. The segment holding ``position`` and the one before it must
+        join up to it: otherwise a segment was deleted or truncated by hand (OutputError naming it)."""
+        kept = [(base, path) for base, path in segments if base == 0 or base < position]
+        if not kept or kept[0][0] != 0:
+            if position > 0 or kept:
+                first = _file(self.directory, partition)
+                raise OutputError(f"output segment {first} is missing but later segments exist: it was deleted by "
+                                  "hand", stream=self.name, partition=partition, path=str(first),
+                                  hint="restore the segment from a backup; localstate only deletes or truncates "
+                                       "output segments written after the last checkpoint (rollback)")
+        base, path = kept[-1] if kept else (0, _file(self.directory, partition))
+        lines = _complete_lines(path)
+        if base + lines < position:
+            raise OutputError(f"output segment {path} holds lines up to offset {base + lines}, but the checkpoint "
+                              f"names offset {position}: the segment was truncated, or a segment after it deleted, "
+                              "by hand", stream=self.name, partition=partition, path=str(path), offset=base + lines,
+                              hint="restore the segments from a backup; localstate only deletes or truncates output "
+                                   "segments written after the last checkpoint (rollback)")
+        if len(kept) > 1:
+            previous_base, previous = kept[-2]
+            if previous_base + _complete_lines(previous) != base:
+                _segment_gap(path, partition, base, previous_base + _complete_lines(previous), previous, self.name)
+        removed = False
+        for segment_base, segment in reversed(segments):
+            if segment_base > 0 and segment_base >= position:
+                segment.unlink()
+                removed = True
+        if removed:
+            fsync_dir(self.directory)
+        return base + self._truncate(path, position - base)
 
     @staticmethod
     def _truncate(path: Path, position: int) -> int:
@@ -249,11 +375,21 @@ class JsonLinesOutput(OutputStream):
         return lines
 
     def append(self, partition: int, items: list[tuple[Any, Any]]) -> int:
-        path = _file(self.directory, partition)
+        base, path = self._active(partition)
         check_output_file(path, stream=self.name, partition=partition)
         try:
             if items:
                 self.directory.mkdir(parents=True, exist_ok=True)
+                try:
+                    full = os.stat(path).st_size >= self.segment_bytes
+                except FileNotFoundError:
+                    full = False
+                if full:
+                    # Roll: the next segment starts at this partition's end offset. Rollback deletes
+                    # it again if the checkpoint of this batch is never written.
+                    base = base + _complete_lines(path)
+                    path = _segment_file(self.directory, partition, base)
+                    check_output_file(path, stream=self.name, partition=partition)
                 text = "".join(json.dumps({"key": k, "value": v}, separators=(",", ":"), sort_keys=True) + "\n"
                                for k, v in items)
                 with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:
@@ -261,14 +397,23 @@ class JsonLinesOutput(OutputStream):
                     handle.flush()
                     if self.config["fsync"]:
                         os.fsync(handle.fileno())
-            return _complete_lines(path)
+                if full and self.config["fsync"]:
+                    fsync_dir(self.directory)
+            return base + _complete_lines(path)
         except OSError as exc:
             # A partial line may be left behind; the next run's rollback truncates to the checkpoint.
             raise os_error(exc, "append to output", path, OutputIOError, stream=self.name,
                            partition=partition) from exc
 
     def read(self, partition: int) -> Iterator[tuple[Any, Any]]:
-        for record in read_jsonl(self.directory, partition):
+        """Every record of every segment of ``partition``, as one stream (OutputError naming a
+        segment deleted or truncated by hand)."""
+        try:
+            records = read_jsonl(self.directory, partition)
+        except OutputError as exc:
+            exc.context.setdefault("stream", self.name)
+            raise
+        for record in records:
             yield record["key"], record["value"]
 
 

@@ -12,15 +12,16 @@ from typing import Any, ClassVar, Iterator, Mapping
 
 from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.options import Option, parse_path
-from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, SerdeError, UnsafePathError
+from localstate.core.options import Option, parse_path, parse_size
+from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
+    UnsafePathError
 
 from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_regular_file,
                                           resolve_path)
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
 from .format import list_segments, segment_name
-from .partition import LOCK_FILE, FileChangelogPartition
+from .partition import DEFAULT_SEGMENT_BYTES, LOCK_FILE, FileChangelogPartition
 from .system import FileChangelogSystem
 
 __all__ = ["FileLogStreams", "FileLogInput", "FileLogOutput", "truncate_log"]
@@ -66,7 +67,10 @@ class _FileLog:
     def _setup(self, job: JobConfig, name: str) -> None:
         self.root = resolve_path(job, self.config["path"])
         self.stream = self.config["stream"] or name
-        self.system = FileChangelogSystem({"path": str(self.root), "fsync": True}, job.state_dir)
+        segment_bytes = self.config.get("segment_bytes")
+        self.system = FileChangelogSystem({"path": str(self.root), "fsync": True,
+                                           **({"segment_bytes": segment_bytes} if segment_bytes else {})},
+                                          job.state_dir)
         registry = job.registry
         self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
         self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
@@ -209,7 +213,13 @@ class FileLogInput(_FileLog, InputStream):
 
 class FileLogOutput(_FileLog, OutputStream):
     system = "file"
-    options = _SERDE_OPTIONS
+    options: ClassVar[Mapping[str, Option]] = {
+        **_SERDE_OPTIONS,
+        "segment_bytes": Option((int, str), default=DEFAULT_SEGMENT_BYTES, parse=parse_size, minimum=1,
+                                doc="roll a partition to a new segment file once its active one holds this many "
+                                    "bytes ('64MiB'); segments are never deleted (rollback truncates the one holding "
+                                    "the checkpoint's offset and deletes the later ones)"),
+    }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
@@ -231,7 +241,18 @@ class FileLogOutput(_FileLog, OutputStream):
 
     def truncate(self, partition: int, position: int) -> int:
         writer = self._writer(partition)
-        if writer.flush() > position:
+        end = writer.flush()
+        if end < position:
+            directory = self.system.partition_dir(self.stream, partition)
+            bases = list_segments(directory)
+            if len(bases) > 1:  # a rolled output holds less than the checkpoint names: damaged by hand
+                last = directory / segment_name(bases[-1])
+                raise OutputError(f"output segment {last} ends at offset {end}, but the checkpoint names offset "
+                                  f"{position}: a segment was truncated or deleted by hand", stream=self.name,
+                                  partition=partition, path=str(last), offset=end,
+                                  hint="restore the segments from a backup; localstate only deletes or truncates "
+                                       "output segments written after the last checkpoint (rollback)")
+        if end > position:
             # Truncate under the writer's lock, then reopen so its in-memory end is re-read.
             directory = self.system.partition_dir(self.stream, partition)
             lock = open_nofollow(directory / LOCK_FILE, os.O_RDWR)

@@ -40,7 +40,8 @@ def _nothing_in_flight() -> None:
 class ObjectStoreChangelogPartition(ChangelogPartition):
     """Appends buffer in memory; each :meth:`flush` writes them as ONE new delta object. The chain
     (snapshot + deltas) is what the checkpoint's manifest says (:meth:`adopt`), extended by this
-    writer's flushes; every ``snapshot_every`` flushes a compacted snapshot of the chain is built and
+    writer's flushes; once the chain holds ``snapshot_every`` deltas after its snapshot (counted from the
+    chain, so a writer opened fresh for each batch snapshots too) a compacted snapshot of it is built and
     written in the background from the bytes this writer keeps (no reads from storage unless the
     chain was adopted from another host), and the next :meth:`manifest` names it instead of the
     deltas it covers. With ``compactor="process"`` the snapshot is built and written by a compactor
@@ -107,10 +108,17 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self._next = chain.end
             self._bodies = {}
             self._ready = None
-            self._since_snapshot = 0
+            # Paced by the durable history, not by this writer's age: the deltas the committed chain
+            # already holds after its snapshot count (on a cluster every batch opens a new writer).
+            self._since_snapshot = len(chain.deltas or ())
             epoch = self._epoch
         if self._feeder is not None:
             self._feeder.submit(self._tell_child, "adopt", epoch, chain.end == 0)
+        if self.writable and not self._closed and self._since_snapshot >= self.snapshot_every:
+            # A chain already due for a snapshot (a writer opened fresh, as on a cluster every batch):
+            # compact it now, in the background while the batch is processed; the manifest at the
+            # end of the batch names the snapshot (it waits for it rather than name too long a tail).
+            self._start_snapshot()
 
     def manifest(self) -> dict[str, Any]:
         """The chain up to the flushed end, every object of it durably written (waits for the delta
@@ -136,7 +144,25 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         if self._buf:
             raise ChangelogError("manifest() with unflushed records", stream=self.stream, partition=self.partition,
                                  hint="flush the changelog before preparing a checkpoint (the runtime does)")
+        if len(self._chain.deltas or ()) > self.snapshot_every and self.writable and not self._closed:
+            self._catch_up_snapshot()
         return self._chain.to_manifest()
+
+    def _catch_up_snapshot(self) -> None:
+        """Bound the chain a manifest names to ``snapshot_every`` deltas after its snapshot: wait for
+        the snapshot being built (started at the flush or the adopt that made the chain due), or
+        build one now if none is running. A snapshot that fails (logged) or that
+        ``snapshot_min_records`` holds back leaves the longer chain: a snapshot is an optimisation."""
+        for _attempt in range(2):
+            running = self._snapshotting
+            if running is None or running.done():
+                self._start_snapshot()
+                running = self._snapshotting
+            if running is not None:
+                concurrent.futures.wait([running])
+            self._install_snapshot()
+            if running is None or len(self._chain.deltas or ()) <= self.snapshot_every:
+                return
 
     def stored_history(self) -> StoredHistory | None:
         """Every delta and snapshot object under this partition's prefix, committed or not (one
@@ -264,8 +290,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def _start_snapshot(self) -> None:
         """Compact the current chain into a snapshot in the background, unless one is running or
-        waiting to be named. The tail a restore reads is thus at most about ``2 * snapshot_every``
-        flushes: :meth:`flush` waits for a snapshot that falls further behind."""
+        waiting to be named. A manifest never names more than ``snapshot_every`` deltas after its
+        snapshot: :meth:`_flushed_manifest` waits for (or builds) the snapshot that would exceed it."""
         if self._snapshotting is not None and not self._snapshotting.done():
             return
         if self._ready is not None or not self._chain.deltas:
