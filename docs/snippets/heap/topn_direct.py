@@ -1,4 +1,6 @@
+import tempfile
 from pathlib import Path
+
 from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.core.engine import StoreContext
 from localstate.core.serdes import StringSerde, JsonSerde
@@ -6,8 +8,7 @@ from localstate.engines.heap import HeapEngineFactory
 
 factory = HeapEngineFactory()
 options = factory.validate_options("trending", {"order": "max", "capacity": 3})
-Path("/tmp/heap-demo").mkdir(exist_ok=True)
-context = StoreContext(job="demo", store="trending", partition=0, directory=Path("/tmp/heap-demo"),
+context = StoreContext(job="demo", store="trending", partition=0, directory=Path(tempfile.mkdtemp()),
                        options=options, key_serde=StringSerde(), value_serde=JsonSerde(),
                        changelog=MemoryChangelogPartition())
 top = factory.create(context)
