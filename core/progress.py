@@ -29,7 +29,7 @@ class RestoreProgress:
         self._last_log = self.started
         self._bar = None
         if total is not None and total >= PROGRESS_THRESHOLD and sys.stderr.isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # lazy: only a restore big enough for a bar, on a terminal, needs it
 
             self._bar = tqdm(total=total, desc=f"restore {label}", unit="rec", unit_scale=True, leave=False)
 

@@ -22,9 +22,12 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar, overload, \
     runtime_checkable
 
+from localstate.core.streams.base import base_dir
+from localstate.core.tracebacks import attach, describe
 from localstate.errors import ConfigError, ConfigProblem, TaskImportInterrupted, TaskImportTimeout
 
 if TYPE_CHECKING:
@@ -302,8 +305,6 @@ class _ImportWatch:
 def _load_error(spec: str, module_name: str, exc: BaseException) -> ConfigError:
     """The ConfigError for a task that failed to load, naming the module and, when the failure is
     in the user's module, its file and line."""
-    from localstate.core.tracebacks import attach, describe
-
     trace = describe(exc)
     if isinstance(exc, SystemExit):
         what = f"module {module_name!r} called sys.exit({exc.code!r}) while being imported"
@@ -320,11 +321,6 @@ def _load_error(spec: str, module_name: str, exc: BaseException) -> ConfigError:
 def add_task_paths(job: "JobConfig") -> None:
     """Put the job file's directory and ``[spark] pythonpath`` entries on ``sys.path``, so that
     ``job.task = "module:Class"`` finds a module kept next to the job file."""
-    import sys
-    from pathlib import Path
-
-    from localstate.core.streams.base import base_dir
-
     for path in [base_dir(job), *(Path(p) for p in job.spark.get("pythonpath", []))]:
         path = path if path.is_absolute() else base_dir(job) / path
         if str(path) not in sys.path:

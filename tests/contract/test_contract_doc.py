@@ -1,5 +1,5 @@
 """docs/contract.md's example (a toy third-party engine and its contract test) run for real, the way
-an engine author runs it: the two code blocks written to files and run with pytest. Also: the suite
+an engine author runs it: the two files the page includes (docs/snippets/contract/), run with pytest. Also: the suite
 fails on engines that break the contract (each check can fail)."""
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ import pytest
 from localstate.testing.contract import (check_close_discards, check_compactable, check_flush_reopen,
                                       check_local_offset, check_restore)
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
+# docs/contract.md includes these two files (``--8<--``).
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "snippets" / "contract"
 
 
 def doc_files(directory: Path) -> dict[str, Path]:
-    """Write every ```python block of the doc that starts with ``# <file>.py`` to ``directory``."""
+    """Copy the doc's two example files to ``directory``."""
     files = {}
-    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
-        first = block.splitlines()[0]
-        if re.fullmatch(r"# \w+\.py", first):
-            path = directory / first[2:]
-            path.write_text(block)
-            files[path.name] = path
+    for name in ("toy_engine.py", "test_toy_contract.py"):
+        path = directory / name
+        path.write_text((EXAMPLE / name).read_text())
+        files[name] = path
     return files
 
 

@@ -360,9 +360,8 @@ def test_tie_break_depends_on_doc_ids_not_insertion_order(tmp_path: Path) -> Non
 
 
 def test_docs_example_runs(capsys) -> None:
-    import re
-    text = (Path(__file__).parents[2] / "docs" / "search.md").read_text()
-    exec(compile(re.findall(r"```python\n(.*?)```", text, re.S)[0], "docs/search.md", "exec"), {})
+    path = Path(__file__).parents[2] / "docs" / "snippets" / "search" / "engine_direct.py"  # in docs/search.md
+    exec(compile(path.read_text(), str(path), "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "[]" and out[2].startswith("a1 ") and out[-1] == "2 2"
 
