@@ -33,6 +33,7 @@ def partition_count(text: str) -> int:
 
 @command("run", "run a job on Spark in micro-batches until its inputs are consumed")
 def run(args: argparse.Namespace) -> int:
+    from localstate.runtime.progress import ProgressObserver
     from localstate.runtime.spark.plan import lag_text
     from localstate.runtime.spark.runner import SparkJobRunner
 
@@ -51,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)
     print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
           flush=True)
-    summary = runner.run(batches=args.batches)
+    observer = ProgressObserver.watch(runner)  # progress.jsonl, the live.json heartbeat, [job] metrics_port
+    if observer.metrics is not None:
+        print(f"metrics: http://{job.metrics_host}:{observer.metrics.port}/metrics", flush=True)
+    try:
+        summary = runner.run(batches=args.batches)
+    finally:
+        observer.close()
     rate = summary.records_in / summary.seconds if summary.seconds else 0.0
     print(f"done: {len(summary.batches)} batch(es), {summary.records_in:,} records in, {summary.records_out:,} out, "
           f"{summary.seconds:.1f}s ({rate:,.0f} rec/s), {lag_text(summary.lag, summary.pending_bytes)}", flush=True)
