@@ -638,8 +638,9 @@ def main(argv: list[str]) -> int:
             if rate in peer:
                 report.add(f"Structured Streaming {rate:,}/s", **peer[rate])
             if rate in mine and rate in peer and mine[rate]["p50_ms"] > 0:
-                report.ratio(f"p50 latency: Spark / localstate at {rate:,}/s", peer[rate]["p50_ms"] / mine[rate]["p50_ms"])
-                report.ratio(f"p99 latency: Spark / localstate at {rate:,}/s", peer[rate]["p99_ms"] / mine[rate]["p99_ms"])
+                for q in ("p50", "p99"):
+                    report.ratio(f"{q} latency: Spark / localstate at {rate:,}/s",
+                                 peer[rate][f"{q}_ms"] / mine[rate][f"{q}_ms"])
         report.add("idle CPU, localstate", cpu_pct_of_core=idle_mine)
         if not args.no_peer:
             report.add("idle CPU, Structured Streaming", cpu_pct_of_core=idle_peer)

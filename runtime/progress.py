@@ -119,6 +119,8 @@ class StoreStats:
     keys_interval: float = 60.0
     _keys: dict[str, int | None] = field(default_factory=dict)
     _keys_at: float = float("-inf")
+    _system: Any = False
+    """the job's changelog system once opened (None: not a local one), False: not opened yet"""
 
     def collect(self) -> dict[str, dict[str, Any]]:
         from localstate.core.changelog import LocalStreams
@@ -128,45 +130,52 @@ class StoreStats:
         refresh = now - self._keys_at >= self.keys_interval
         if refresh:
             self._keys_at = now
-        system = None
-        if any(store.changelog for store in self.job.stores.values()):
+        if self._system is False and any(store.changelog for store in self.job.stores.values()):
+            # Opened once: only a system keeping its streams in local files has segment sizes to read.
+            self._system = None
             try:
                 system = open_changelog_system(self.job)
+                if isinstance(system, LocalStreams):
+                    self._system = system
+                else:
+                    system.close()
             except Exception:  # noqa: BLE001 - figures are best effort, never a failed run
                 log.debug("cannot open the changelog system for progress figures", exc_info=True)
+        system = self._system or None
         out: dict[str, dict[str, Any]] = {}
-        try:
-            for name, store in sorted(self.job.stores.items()):
-                backend = store.options.get("backend")
-                local = changelog = 0
-                keys: int | None = None
-                for partition in range(self.job.partitions):
-                    directory = store_directory(self.job, name, partition)
-                    if directory.is_dir():
-                        local += _dir_bytes(directory)
-                        if refresh and store.engine == "kv":
-                            try:
-                                found = _estimate_keys(directory, backend if isinstance(backend, str) else None)
-                            except Exception:  # noqa: BLE001
-                                log.debug("key estimate of %s failed", directory, exc_info=True)
-                                found = None
-                            if found is not None:
-                                keys = (keys or 0) + found
-                    if store.changelog and isinstance(system, LocalStreams):
+        for name, store in sorted(self.job.stores.items()):
+            backend = store.options.get("backend")
+            local = changelog = 0
+            keys: int | None = None
+            for partition in range(self.job.partitions):
+                directory = store_directory(self.job, name, partition)
+                if directory.is_dir():
+                    local += _dir_bytes(directory)
+                    if refresh and store.engine == "kv":
                         try:
-                            changelog += sum(size for _, size in system.segments(store.changelog, partition))
+                            found = _estimate_keys(directory, backend if isinstance(backend, str) else None)
                         except Exception:  # noqa: BLE001
-                            pass
-                if refresh:
-                    self._keys[name] = keys
-                out[name] = {"engine": store.engine, "backend": backend, "bytes": local,
-                             "changelog_bytes": changelog if isinstance(system, LocalStreams) and store.changelog
-                             else None,
-                             "keys_estimate": self._keys.get(name)}
-        finally:
-            if system is not None:
-                system.close()
+                            log.debug("key estimate of %s failed", directory, exc_info=True)
+                            found = None
+                        if found is not None:
+                            keys = (keys or 0) + found
+                if store.changelog and isinstance(system, LocalStreams):
+                    try:
+                        changelog += sum(size for _, size in system.segments(store.changelog, partition))
+                    except Exception:  # noqa: BLE001
+                        pass
+            if refresh:
+                self._keys[name] = keys
+            out[name] = {"engine": store.engine, "backend": backend, "bytes": local,
+                         "changelog_bytes": changelog if isinstance(system, LocalStreams) and store.changelog
+                         else None,
+                         "keys_estimate": self._keys.get(name)}
         return out
+
+    def close(self) -> None:
+        system, self._system = self._system, False
+        if system:
+            system.close()
 
 
 # -- the progress object --------------------------------------------------------------------------------
@@ -343,7 +352,7 @@ class Heartbeat:
                 "heartbeat_interval": self.interval}
         with self._lock:
             self.directory.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, json.dumps(body, sort_keys=True).encode())
+            write_atomic(self.path, json.dumps(body, sort_keys=True).encode(), durable=False)
 
     def beat(self, batch: int | None = None) -> None:
         if batch is not None:
@@ -393,6 +402,7 @@ class ProgressObserver:
         self.heartbeat = Heartbeat(self.directory, run_id if isinstance(run_id, str) else "") if heartbeat else None
         self.last: dict[str, Any] | None = None
         self._previous_end: float | None = None
+        self._positions: dict[int, dict[str, int]] = {}
 
     @classmethod
     def watch(cls, runner: Any, **options: Any) -> "ProgressObserver":
@@ -430,6 +440,7 @@ class ProgressObserver:
         return self
 
     def close(self) -> None:
+        self.stores.close()
         if self.heartbeat is not None:
             self.heartbeat.stop()
         if self.metrics is not None:
@@ -451,17 +462,13 @@ class ProgressObserver:
         ended = time.time()
         positions = None
         if self.positions is not None:
-            positions = {}
-            for plan in plans:
-                checkpoint = self.positions(plan.partition)
-                if checkpoint is not None:
-                    positions[plan.partition] = dict(checkpoint.inputs)
-            # Partitions without work this batch keep their positions: their lag counts too.
-            for partition in range(self.job.partitions):
-                if partition not in positions:
-                    checkpoint = self.positions(partition)
-                    if checkpoint is not None:
-                        positions[partition] = dict(checkpoint.inputs)
+            # Only planned partitions moved; the others keep the positions seen before (read once):
+            # their lag counts too.
+            for partition in [plan.partition for plan in plans] + [
+                    p for p in range(self.job.partitions) if p not in self._positions]:
+                checkpoint = self.positions(partition)
+                self._positions[partition] = dict(checkpoint.inputs) if checkpoint is not None else {}
+            positions = {p: inputs for p, inputs in self._positions.items() if inputs}
         run_id = self.run_id() if callable(self.run_id) else self.run_id
         progress = ProgressReport.from_batch(self.job, result, plans, run_id=run_id, ended=ended,
                                              previous_end=self._previous_end, positions=positions,
@@ -516,7 +523,8 @@ def read_last_progress(job: JobConfig) -> dict[str, Any] | None:
     return None
 
 
-def is_live(live: Mapping[str, Any] | None, *, now: float | None = None, stale: float = HEARTBEAT_STALE) -> tuple[bool, str]:
+def is_live(live: Mapping[str, Any] | None, *, now: float | None = None,
+            stale: float = HEARTBEAT_STALE) -> tuple[bool, str]:
     """Whether the run ``live`` describes is alive, and why (or why not)."""
     if not live:
         return False, "no run has recorded a heartbeat"

@@ -74,3 +74,25 @@ def test_two_registries_in_one_process():
     first.observe({"batch": 0, "rows_in": 5, "rows_out": 1, "duration_ms": 10.0, "inputs": {}, "state": {}})
     assert first.registry.get_sample_value("localstate_rows_in_total", {"job": "a", "input": ""}) == 5
     assert second.registry.get_sample_value("localstate_rows_in_total", {"job": "a", "input": ""}) is None
+
+
+def test_status_of_a_live_run(tmp_path, capsys):
+    from localstate.core.config import load_job_config
+    from localstate.runtime.progress import progress_directory
+    from localstate.tools.cli import main
+
+    (tmp_path / "data").mkdir()
+    job_file = tmp_path / "job.toml"
+    job_file.write_text('[job]\nname = "live"\ntask = "x:Y"\n[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
+    job = load_job_config(job_file)
+    beat = Heartbeat(progress_directory(job), "run-7", interval=0.05)
+    beat.start()
+    try:
+        assert main(["status", str(job_file), "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["live"] is True and status["run"]["run_id"] == "run-7"
+        assert status["last_progress"] is None
+    finally:
+        beat.stop()
+    assert main(["status", str(job_file)]) == 3
+    assert "not running" in capsys.readouterr().out
