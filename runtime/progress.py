@@ -530,7 +530,7 @@ def is_live(live: Mapping[str, Any] | None, *, now: float | None = None,
         return False, "no run has recorded a heartbeat"
     now = time.time() if now is None else now
     if live.get("state") != "running":
-        return False, f"the last run stopped ({_iso(float(live.get('heartbeat', 0)))})"
+        return False, f"the last run stopped at {_iso(float(live.get('heartbeat', 0)))}"
     age = now - float(live.get("heartbeat", 0))
     if live.get("host") != socket.gethostname():
         alive = age <= stale

@@ -80,7 +80,7 @@ def _print(status: dict[str, Any]) -> None:
     else:
         print(f"last batch {last['batch']} at {last['timestamp']} ({status['last_batch_age_s']:.0f}s ago): "
               f"in {last['rows_in']:,} out {last['rows_out']:,} in {last['duration_ms'] / 1000:.2f}s, "
-              f"{lag_text(last['lag'], last.get('pending_bytes', 0))} then"
+              f"then {lag_text(last['lag'], last.get('pending_bytes', 0))}"
               + (f", {last['failed_attempts']} failed attempt(s) retried" if last.get("failed_attempts") else ""))
         for reason in last.get("failed_attempt_reasons") or []:
             print(f"  failed attempt: {reason}")
