@@ -47,7 +47,8 @@ __all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_c
            "SPARK_OPTIONS", "LOG_LEVELS", "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
-             "state_dir", "local_dir", "allow_pickle", "plugins", "log_level", "pipelined_commits"}
+             "state_dir", "local_dir", "allow_pickle", "plugins", "log_level", "pipelined_commits",
+             "metrics_port", "metrics_host"}
 _STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
 _SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark"}
 
@@ -168,6 +169,10 @@ class JobConfig:
     source: str | None = None
     log_level: str | None = None
     """``job.log_level`` (upper case), applied to the ``localstate`` loggers by :func:`apply_log_level`."""
+    metrics_port: int | None = None
+    """``job.metrics_port``: the driver's Prometheus endpoint (``localstate run``); None: off"""
+    metrics_host: str = "127.0.0.1"
+    """``job.metrics_host``: the address the endpoint binds to"""
     base_dir: Path | None = None
     """the absolute folder every relative path of the job is resolved against
     (:func:`~localstate.core.policy.job_folder` of the job file); None: the job was given without
@@ -295,6 +300,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
     elif _path_problem("job.state_dir", state_dir, add):
         state_dir = "state"
     local_dir = _local_dir(job.get("local_dir"), add)
+    metrics_port, metrics_host = _metrics(job, add)
 
     changelog_system = job.get("changelog", "file")
     changelog_options: dict[str, dict[str, Any]] = {}
@@ -341,7 +347,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, pipelined_commits=pipelined_commits, window_interval=window_interval,
         allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark, policy=policy,
-        source=source, log_level=log_level, base_dir=job_dir.absolute().resolve() if job_dir is not None else None)
+        source=source, log_level=log_level, metrics_port=metrics_port, metrics_host=metrics_host,
+        base_dir=job_dir.absolute().resolve() if job_dir is not None else None)
 
 
 def apply_log_level(job: JobConfig) -> None:
@@ -355,6 +362,20 @@ def apply_log_level(job: JobConfig) -> None:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
+
+
+def _metrics(job: Mapping[str, Any], add) -> tuple[int | None, str]:  # noqa: ANN001
+    """``job.metrics_port`` (an integer 1..65535, or unset: no endpoint) and ``job.metrics_host`` (a
+    host name or address, default 127.0.0.1)."""
+    port = job.get("metrics_port")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535):
+        add("job.metrics_port", f"must be a TCP port from 1 to 65535 (the driver's Prometheus endpoint), got {port!r}")
+        port = None
+    host = job.get("metrics_host", "127.0.0.1")
+    if not isinstance(host, str) or not host.strip() or any(ord(ch) < 0x21 for ch in host):
+        add("job.metrics_host", f"must be a host name or address to bind the metrics endpoint to, got {host!r}")
+        host = "127.0.0.1"
+    return port, host
 
 
 def _local_dir(value: Any, add) -> str | None:  # noqa: ANN001

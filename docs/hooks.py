@@ -52,6 +52,10 @@ JOB_KEYS: dict[str, tuple[str, str, str]] = {
                   "DEBUG (any case)"),
     "pipelined_commits": ("boolean", "`true`", "let the in-process runtime pipeline commits when every logged "
                           "store's changelog writes in the background (the `objectstore` changelog)"),
+    "metrics_port": ("integer, 1..65535", "unset (off)", "`localstate run` serves Prometheus metrics on this port "
+                     "of the driver (see [operations.md](../operations.md#metrics))"),
+    "metrics_host": ("string", "`\"127.0.0.1\"`", "the address the metrics endpoint binds to (`0.0.0.0`: every "
+                     "interface, e.g. for a Kubernetes scrape)"),
 }
 
 STORE_KEYS: dict[str, tuple[str, str, str]] = {

@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMAND_MODULES = ("localstate.tools.commands", "localstate.tools.run", "localstate.demo.commands")
+_COMMAND_MODULES = ("localstate.tools.commands", "localstate.tools.run", "localstate.tools.status",
+                    "localstate.demo.commands")
 
 
 def _load_commands() -> None:

@@ -77,6 +77,7 @@ def install_stop_handlers(runner: Any) -> Callable[[], None]:
 @command("run", "run a job on Spark in micro-batches: standing (waits for new input) until SIGTERM/SIGINT, or "
                 "--until-drained")
 def run(args: argparse.Namespace) -> int:
+    from localstate.runtime.progress import ProgressObserver
     from localstate.runtime.spark.plan import lag_text
     from localstate.runtime.spark.runner import SparkJobRunner
 
@@ -96,19 +97,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
           flush=True)
     runner.check_inputs()  # before Spark starts: an input changed under the job fails fast
-    context = runner.context  # first: PySpark installs its SIGINT handler when it makes the context
-    restore = install_stop_handlers(runner)
+    observer = ProgressObserver.watch(runner)  # progress.jsonl, the live.json heartbeat, [job] metrics_port
     try:
-        if not args.until_drained:
-            trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger else ""
-            print(f"standing: waiting for new input when there is none{trigger}; stop with SIGTERM or Ctrl-C "
-                  f"(or run with --until-drained)", flush=True)
-        summary = runner.run(batches=args.batches, until_drained=args.until_drained)
-    finally:
+        if observer.metrics is not None:
+            print(f"metrics: http://{job.metrics_host}:{observer.metrics.port}/metrics", flush=True)
+        context = runner.context  # first: PySpark installs its SIGINT handler when it makes the context
+        restore = install_stop_handlers(runner)
         try:
-            context.stop()
+            if not args.until_drained:
+                trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger else ""
+                print(f"standing: waiting for new input when there is none{trigger}; stop with SIGTERM or Ctrl-C "
+                      f"(or run with --until-drained)", flush=True)
+            summary = runner.run(batches=args.batches, until_drained=args.until_drained)
         finally:
-            restore()
+            try:
+                context.stop()
+            finally:
+                restore()
+    finally:
+        observer.close()
     rate = summary.records_in / summary.seconds if summary.seconds else 0.0
     ended = "stopped" if summary.stopped else "done"
     abandoned = f" (batch {summary.abandoned} abandoned, not committed)" if summary.abandoned is not None else ""

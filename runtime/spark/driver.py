@@ -138,8 +138,12 @@ class SparkJobRunner:
 
     def __init__(self, job: JobConfig, *, context: Any = None, master: str | None = None,
                  batch_size: int | None = None, fault: dict[str, Any] | None = None,
-                 progress: Callable[[str], None] | None = print, keep_open: bool | None = None) -> None:
+                 progress: Callable[[str], None] | None = print, keep_open: bool | None = None,
+                 on_batch: Callable[[BatchResult, list[PartitionPlan]], None] | None = None) -> None:
         self.job = job
+        self.on_batch = on_batch
+        """called after each committed batch with its result and plans (``localstate run``: progress.jsonl,
+        metrics; :mod:`localstate.runtime.progress`)"""
         self.master = master or str(job.spark.get("master", "local[*]"))
         self._context = context
         self.batch_size = batch_size if batch_size is not None else job.spark.get("batch_size")
@@ -535,6 +539,8 @@ class SparkJobRunner:
                 summary.add(result)
                 if self.progress is not None:
                     self.progress(progress_line(result, len(plans)))
+                if self.on_batch is not None:
+                    self.on_batch(result, plans)
                 batch += 1
         finally:
             summary.stopped = self._stop.is_set()

@@ -1,0 +1,659 @@
+"""A standing job: end-to-end latency at fixed input rates next to Spark Structured Streaming, idle
+CPU, and a soak run with worker kills.
+
+    python -m bench standing [--json] [--quick] [--rates 1000,10000,50000] [--seconds S]
+                             [--idle-seconds I] [--no-peer]
+    python -m bench standing --minutes N [--kill-every SECONDS] [--rate R]      # soak (default 30, 10k/s)
+
+Latency: events ``{"key": "user-%05d", "value": 1, "ts": i}`` (user ``i % users``) are appended to the
+job's JSON-lines input at a fixed rate, in ticks of ``--tick`` seconds; the job (a count per user in a
+RocksDB kv store, ``window()`` at the end of every batch sends each changed user's count to a ``jsonl``
+output) is driven as a subprocess, ``localstate run JOB --master local[2]``. A watcher polls the
+output files every 5 ms: when ``(user, count)`` appears, every event of that user up to its
+``count``-th is visible, and its latency is the time from its append (after the write returned) to
+then. p50 and p99 per rate, over every event of the rate's window (an event never seen counts as
+``missing``).
+
+Standing or bounded: if ``localstate run --help`` lists ``--until-drained``, ``run`` follows new input
+(one process, stopped with SIGTERM at the end). Otherwise ``run`` stops when its inputs are consumed,
+and the bench loops it (a new process, SparkContext and JVM per run): latencies then include a run's
+start, which the output says (``mode``).
+
+The peer: a Structured Streaming query in its own process (``local[2]``, the RocksDB state store with
+changelog checkpointing, ``spark.sql.shuffle.partitions=2`` as in ../shared/peers/spark_peer.py):
+``groupBy("key").count()``, output mode update, default trigger, over a JSON file source that gets the
+same events, one new file per tick (written hidden, then renamed into place); each micro-batch's rows
+are appended by ``foreachBatch`` as the same ``{"key","value"}`` lines to one file the same watcher
+polls. Each system is warmed up (untimed) until its output shows a first batch of events.
+
+Idle CPU: after the rates, no new input for ``--idle-seconds``; CPU seconds of the process tree (the
+driver, its JVM, the Python workers) over that time, as % of one core.
+
+Soak (``--minutes N``): ``--rate`` events/s (default 10k) for N minutes, a Python worker SIGKILLed
+every ``--kill-every`` seconds (default 300); RSS of the driver processes (Python driver + JVM) and of
+the Python workers sampled every 5 s, first third vs last third; open fds of the driver processes;
+checkpoint bytes; restore records/ms from progress.jsonl; at the end (job stopped) every user's count
+in the store (``localstate inspect --store counts``) and the last count per user in the outputs equal
+the counts of the events written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.report import Report
+from localstate.core.partitioner import partition_for
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-c", "import sys; from localstate.tools.cli import main; sys.exit(main())"]
+
+TASK = '''
+from localstate import StreamTask
+
+
+class DirtyCounts(StreamTask):
+    """Counts per user; at the end of every batch, each changed user's count goes to ``counts``."""
+
+    def init(self, context):
+        self.counts = context.store("counts")
+        self.dirty = {}
+
+    def process(self, envelope, collector, coordinator):
+        count = (self.counts.get(envelope.key) or 0) + 1
+        self.counts.put(envelope.key, count)
+        self.dirty[envelope.key] = count
+
+    def window(self, collector, coordinator):
+        for key, count in self.dirty.items():
+            collector.send("counts", key, count)
+        self.dirty.clear()
+'''
+
+JOB = '''
+[job]
+name = "standing-bench"
+partitions = 2
+task = "standing_task:DirtyCounts"
+window_interval = "0s"
+state_dir = "state"
+
+[inputs.events]
+system = "jsonl"
+path = "data"
+
+[outputs.counts]
+system = "jsonl"
+path = "out"
+
+[stores.counts]
+engine = "kv"
+backend = "rocksdb"
+key_serde = "string"
+value_serde = "int"
+
+[spark]
+master = "local[2]"
+pythonpath = ["."]
+'''
+
+
+# -- processes ---------------------------------------------------------------------------------------------
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            tree.setdefault(parent, []).append(int(entry))
+    return tree
+
+
+def _tree(pid: int) -> list[int]:
+    tree, found, frontier = _children(), [pid], [pid]
+    while frontier:
+        frontier = [c for p in frontier for c in tree.get(p, [])]
+        found += frontier
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(pid: int) -> dict[int, float]:
+    return {p: _cpu(p) for p in _tree(pid)}
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def _roles(pid: int) -> tuple[list[int], list[int]]:
+    """(driver processes: the Python driver and its JVM; Python workers: everything below the JVM that
+    runs pyspark's daemon or worker)."""
+    driver, workers = [], []
+    for p in _tree(pid):
+        line = _cmdline(p)
+        if "pyspark.daemon" in line or "pyspark.worker" in line:
+            workers.append(p)
+        elif p == pid or "java" in line.split(" ", 1)[0]:
+            driver.append(p)
+    return driver, workers
+
+
+def _worker_to_kill(pid: int) -> int | None:
+    """A forked Python worker (a pyspark.daemon whose parent is a pyspark.daemon too)."""
+    tree = _children()
+    for p in _tree(pid):
+        if "pyspark.daemon" in _cmdline(p):
+            kids = [c for c in tree.get(p, []) if "pyspark.daemon" in _cmdline(c)]
+            if kids:
+                return kids[-1]
+    return None
+
+
+# -- input and output ----------------------------------------------------------------------------------------
+
+class Events:
+    """Appends events at a fixed rate; remembers when each became visible."""
+
+    def __init__(self, root: Path, users: int, capacity: int, ss: bool, tick: float) -> None:
+        self.root, self.users, self.ss, self.tick = root, users, ss, tick
+        self.appended = np.full(capacity, np.nan)
+        self.count = 0
+        self.owner = [partition_for(f"user-{u:05d}", 2) for u in range(users)]
+        self.files = 0
+
+    def write(self, n: int) -> None:
+        start, end = self.count, self.count + n
+        lines: list[list[str]] = [[], []]
+        for i in range(start, end):
+            u = i % self.users
+            lines[0 if self.ss else self.owner[u]].append(f'{{"key":"user-{u:05d}","value":1,"ts":{i}}}\n')
+        if self.ss:
+            hidden = self.root / "ss-in" / f".part-{self.files:06d}.json"
+            hidden.write_text("".join(lines[0]))
+            os.replace(hidden, self.root / "ss-in" / f"part-{self.files:06d}.json")
+            self.files += 1
+        else:
+            for p in (0, 1):
+                if lines[p]:
+                    with open(self.root / "job" / "data" / f"{p}.jsonl", "a") as handle:
+                        handle.write("".join(lines[p]))
+        self.appended[start:end] = time.time()
+        self.count = end
+
+    def run(self, rate: float, seconds: float, stop: threading.Event | None = None) -> tuple[int, int]:
+        """Events of [start, end) appended at ``rate`` for ``seconds``."""
+        first, began, ticks = self.count, time.monotonic(), int(round(seconds / self.tick))
+        carry = 0.0
+        for k in range(ticks):
+            if stop is not None and stop.is_set():
+                break
+            delay = began + k * self.tick - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            carry += rate * self.tick
+            n = int(carry)
+            carry -= n
+            if n:
+                self.write(n)
+        return first, self.count
+
+
+class Watcher(threading.Thread):
+    """Polls output files for ``{"key","value"}`` lines and records when each event became visible."""
+
+    def __init__(self, files: list[Path], events: Events) -> None:
+        super().__init__(daemon=True)
+        self.files, self.events = files, events
+        self.offsets = {f: 0 for f in files}
+        self.seen = np.zeros(events.users, dtype=np.int64)
+        self.visible = np.full(events.appended.shape[0], np.nan)
+        self.stop = threading.Event()
+
+    def poll(self) -> None:
+        now = time.time()
+        users = self.events.users
+        for path in self.files:
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                continue
+            if size < self.offsets[path]:
+                self.offsets[path] = size  # rolled back (a retried batch): read what is written next
+            if size == self.offsets[path]:
+                continue
+            with open(path, "rb") as handle:
+                handle.seek(self.offsets[path])
+                data = handle.read(size - self.offsets[path])
+            cut = data.rfind(b"\n") + 1
+            self.offsets[path] += cut
+            for line in data[:cut].splitlines():
+                record = json.loads(line)
+                u, count = int(record["key"][5:]), int(record["value"])
+                if count > self.seen[u]:
+                    index = np.arange(self.seen[u], count) * users + u
+                    index = index[index < self.visible.shape[0]]
+                    fresh = index[np.isnan(self.visible[index])]
+                    self.visible[fresh] = now
+                    self.seen[u] = count
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.poll()
+            time.sleep(0.005)
+        self.poll()
+
+    def caught_up(self, upto: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if upto == 0 or not np.isnan(self.visible[:upto]).any():
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def _latency(events: Events, watcher: Watcher, first: int, end: int) -> dict[str, float]:
+    appended, visible = events.appended[first:end], watcher.visible[first:end]
+    ok = ~np.isnan(visible)
+    lat = (visible[ok] - appended[ok]) * 1000.0
+    return {"events": int(end - first), "missing": int((~ok).sum()),
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+            "max_ms": float(lat.max()) if lat.size else float("nan")}
+
+
+# -- the systems -----------------------------------------------------------------------------------------------
+
+def standing_supported() -> bool:
+    """Whether ``localstate run`` follows new input (it knows ``--until-drained``)."""
+    done = subprocess.run(CLI + ["run", "--help"], capture_output=True, text=True, timeout=120)
+    return "--until-drained" in done.stdout
+
+
+class Localstate:
+    """``localstate run`` as a subprocess: one standing process, or bounded runs looped."""
+
+    def __init__(self, root: Path, standing: bool, log: Path) -> None:
+        self.root, self.standing, self.log = root, standing, log
+        self.job = root / "job" / "job.toml"
+        self.proc: subprocess.Popen | None = None
+        self.runs = 0
+        self._stop = threading.Event()
+        self._loop: threading.Thread | None = None
+        self.failures: list[int] = []
+
+    def _start_one(self) -> subprocess.Popen:
+        self.runs += 1
+        handle = open(self.log, "a")
+        return subprocess.Popen(CLI + ["run", str(self.job), "--master", "local[2]"], stdout=handle,
+                                stderr=subprocess.STDOUT, cwd=self.root / "job", start_new_session=True)
+
+    def start(self) -> None:
+        if self.standing:
+            self.proc = self._start_one()
+            return
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                self.proc = self._start_one()
+                code = self.proc.wait()
+                if code != 0:
+                    self.failures.append(code)
+                    time.sleep(1.0)
+
+        self._loop = threading.Thread(target=loop, daemon=True)
+        self._loop.start()
+        while self.proc is None:
+            time.sleep(0.01)
+
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+    def stop(self) -> int:
+        self._stop.set()
+        code = 0
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM if self.standing else signal.SIGINT)
+            try:
+                code = self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                code = self.proc.wait()
+        if self._loop is not None:
+            self._loop.join(timeout=180)
+        return code
+
+
+SS_QUERY = '''
+import json, sys, time
+from pyspark.sql import SparkSession
+root = sys.argv[1]
+spark = (SparkSession.builder.master("local[2]").appName("standing-peer")
+         .config("spark.sql.shuffle.partitions", "2")
+         .config("spark.sql.streaming.stateStore.providerClass",
+                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+         .config("spark.ui.enabled", "false").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+out = open(root + "/ss-out.jsonl", "a")
+
+def sink(frame, batch_id):
+    rows = frame.collect()
+    out.write("".join(json.dumps({"key": r["key"], "value": int(r["count"])}) + "\\n" for r in rows))
+    out.flush()
+
+events = spark.readStream.schema("key string, value long, ts long").json(root + "/ss-in")
+query = (events.groupBy("key").count().writeStream.outputMode("update").foreachBatch(sink)
+         .option("checkpointLocation", root + "/ss-checkpoint").start())
+print("started", flush=True)
+query.awaitTermination()
+'''
+
+
+class StructuredStreaming:
+    def __init__(self, root: Path, log: Path) -> None:
+        self.root, self.log = root, log
+        (root / "ss-in").mkdir()
+        (root / "ss_query.py").write_text(SS_QUERY)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(self.root / "ss_query.py"), str(self.root)],
+                                     stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+    def pid(self) -> int:
+        return self.proc.pid if self.proc is not None else 0
+
+    def stop(self) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+
+# -- the measurements ------------------------------------------------------------------------------------------
+
+def _setup(root: Path) -> None:
+    job = root / "job"
+    (job / "data").mkdir(parents=True)
+    (job / "out").mkdir()
+    for p in (0, 1):
+        (job / "data" / f"{p}.jsonl").touch()
+    (job / "standing_task.py").write_text(TASK)
+    (job / "job.toml").write_text(JOB)
+
+
+def _warm(events: Events, watcher: Watcher, system, n: int = 2000, timeout: float = 300.0) -> bool:
+    """Start-up, untimed: until the output shows the first ``n`` events."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if events.count < n:
+            events.write(n - events.count)
+        if watcher.caught_up(events.count, 1.0):
+            return True
+        proc = getattr(system, "proc", None)
+        looped = isinstance(system, Localstate) and not system.standing
+        if proc is not None and proc.poll() is not None and not looped:
+            return False
+    return False
+
+
+def _idle_cpu(system, seconds: float) -> float:
+    """CPU of the system's process tree over ``seconds`` without new input, % of one core. Looped
+    bounded runs: the runs that ended in the window count by their own CPU (reaped children), their
+    JVMs only while they were seen live (a floor)."""
+    def reaped() -> float:
+        times = os.times()
+        return times.children_user + times.children_system
+
+    seen: dict[int, float] = {}
+    base: dict[int, float] = {}
+    before_reaped = reaped()
+    deadline = time.monotonic() + seconds
+    while True:
+        for p, cpu in _tree_cpu(system.pid()).items():
+            base.setdefault(p, cpu)
+            seen[p] = cpu
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    used = sum(cpu - base[p] for p, cpu in seen.items())
+    if isinstance(system, Localstate) and not system.standing:
+        used += reaped() - before_reaped
+    return 100.0 * used / seconds
+
+
+def _measure(system_name: str, root: Path, rates: list[int], seconds: float, idle: float, users: int,
+             tick: float, standing: bool) -> tuple[dict, dict[int, dict], float]:
+    capacity = int(sum(rates) * seconds * 1.1) + 200_000
+    ss = system_name == "spark"
+    events = Events(root, users, capacity, ss, tick)
+    log = root / f"{system_name}.log"
+    system = StructuredStreaming(root, log) if ss else Localstate(root, standing, log)
+    watcher = Watcher([root / "ss-out.jsonl"] if ss else [root / "job" / "out" / f"{p}.jsonl" for p in (0, 1)],
+                      events)
+    watcher.start()
+    info: dict = {"warm": False}
+    per_rate: dict[int, dict] = {}
+    idle_pct = float("nan")
+    started = time.monotonic()
+    system.start()
+    try:
+        info["warm"] = _warm(events, watcher, system)
+        info["startup_s"] = time.monotonic() - started
+        if not info["warm"]:
+            return info, per_rate, idle_pct
+        for rate in rates:
+            first, end = events.run(rate, seconds)
+            watcher.caught_up(end, 60.0)
+            per_rate[rate] = _latency(events, watcher, first, end)
+        idle_pct = _idle_cpu(system, idle)
+    finally:
+        info["exit"] = system.stop()
+        watcher.stop.set()
+        watcher.join()
+        if isinstance(system, Localstate):
+            info["runs"] = system.runs
+    return info, per_rate, idle_pct
+
+
+def _expected_counts(total: int, users: int) -> np.ndarray:
+    return np.bincount(np.arange(total) % users, minlength=users)
+
+
+def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: float, users: int, tick: float,
+          standing: bool) -> bool:
+    seconds = minutes * 60.0
+    events = Events(root, users, int(rate * seconds * 1.1) + 200_000, False, tick)
+    system = Localstate(root, standing, root / "localstate-soak.log")
+    watcher = Watcher([root / "job" / "out" / f"{p}.jsonl" for p in (0, 1)], events)
+    watcher.start()
+    system.start()
+    samples: list[tuple[float, float, float, int]] = []
+    kills = 0
+    stop = threading.Event()
+    try:
+        if not _warm(events, watcher, system):
+            report.notes.append("soak: the job never produced output; see " + str(system.log))
+            return False
+        writer = threading.Thread(target=events.run, args=(rate, seconds, stop), daemon=True)
+        began = time.monotonic()
+        writer.start()
+        next_kill = began + kill_every
+        while writer.is_alive():
+            time.sleep(5.0 if writer.is_alive() else 0)
+            driver, workers = _roles(system.pid())
+            samples.append((time.monotonic() - began, sum(map(_rss_mb, driver)), sum(map(_rss_mb, workers)),
+                            sum(map(_fds, driver))))
+            if time.monotonic() >= next_kill:
+                victim = _worker_to_kill(system.pid())
+                if victim is not None:
+                    os.kill(victim, signal.SIGKILL)
+                    kills += 1
+                next_kill += kill_every
+        drained = watcher.caught_up(events.count, 120.0)
+    finally:
+        stop.set()
+        code = system.stop()
+        watcher.stop.set()
+        watcher.join()
+    # Exactness, with the job stopped: the store and the outputs against the events written.
+    expected = _expected_counts(events.count, users)
+    dump = subprocess.run(CLI + ["inspect", str(system.job), "--store", "counts", "--json", "--limit", "0"],
+                          capture_output=True, text=True, timeout=600)
+    state = np.zeros(users, dtype=np.int64)
+    for line in dump.stdout.splitlines():
+        record = json.loads(line)
+        state[int(record["key"][5:])] = int(record["value"])
+    outputs = np.zeros(users, dtype=np.int64)
+    for p in (0, 1):
+        for line in (root / "job" / "out" / f"{p}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            outputs[int(record["key"][5:])] = int(record["value"])
+    state_ok, outputs_ok = bool(np.array_equal(state, expected)), bool(np.array_equal(outputs, expected))
+    third = max(1, len(samples) // 3)
+    first, last = samples[:third], samples[-third:]
+    mean = lambda rows, i: float(np.mean([r[i] for r in rows])) if rows else float("nan")  # noqa: E731
+    progress = root / "job" / "state" / "standing-bench" / "progress"
+    restores = []
+    for path in sorted(progress.glob("progress.jsonl*")):
+        for line in path.read_text().splitlines():
+            p = json.loads(line)
+            if p["state"]["restore"]["records"] or p["state"]["cold_tasks"]:
+                restores.append((p["state"]["restore"]["records"], p["state"]["restore"]["ms"]))
+    checkpoint_bytes = sum(f.stat().st_size for f in (root / "job" / "state" / "standing-bench" / "checkpoints")
+                           .rglob("*") if f.is_file())
+    state_bytes = sum(f.stat().st_size for f in (root / "job" / "state").rglob("*") if f.is_file())
+    lat = _latency(events, watcher, 0, events.count)
+    report.add("soak", minutes=minutes, events=events.count, rate=rate, worker_kills=kills,
+               driver_rss_first_mb=mean(first, 1), driver_rss_last_mb=mean(last, 1),
+               driver_rss_growth_pct=100.0 * (mean(last, 1) / mean(first, 1) - 1) if first else float("nan"),
+               workers_rss_first_mb=mean(first, 2), workers_rss_last_mb=mean(last, 2),
+               workers_rss_growth_pct=100.0 * (mean(last, 2) / mean(first, 2) - 1) if first else float("nan"),
+               driver_fds_first=int(mean(first, 3)), driver_fds_last=int(mean(last, 3)),
+               checkpoint_bytes=checkpoint_bytes, state_dir_bytes=state_bytes,
+               restores=len(restores), restore_records=sum(r for r, _ in restores),
+               restore_ms_max=max((ms for _, ms in restores), default=0.0),
+               p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], drained=drained, exit=code,
+               state_exact=state_ok, outputs_exact=outputs_ok)
+    return state_ok and outputs_ok and drained
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench standing")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="short windows (6 s per rate, 5 s idle)")
+    parser.add_argument("--rates", default="1000,10000,50000", help="events/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per rate (default 30; --quick 6)")
+    parser.add_argument("--idle-seconds", type=float, default=None, help="idle CPU window (default 30; --quick 5)")
+    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--tick", type=float, default=0.1, help="seconds between appends (one file each for Spark)")
+    parser.add_argument("--no-peer", action="store_true", help="skip Structured Streaming")
+    parser.add_argument("--minutes", type=float, nargs="?", const=30.0, default=None,
+                        help="soak mode: N minutes (default 30) at --rate with worker kills")
+    parser.add_argument("--rate", type=int, default=10_000, help="soak: events/s")
+    parser.add_argument("--kill-every", type=float, default=300.0, help="soak: seconds between worker SIGKILLs")
+    parser.add_argument("--keep", action="store_true", help="keep the temp folder (its path is printed)")
+    args = parser.parse_args(argv)
+    rates = [int(r) for r in args.rates.split(",") if r]
+    seconds = args.seconds if args.seconds is not None else (6.0 if args.quick else 30.0)
+    idle = args.idle_seconds if args.idle_seconds is not None else (5.0 if args.quick else 30.0)
+    standing = standing_supported()
+    mode = "standing (one localstate run process)" if standing else \
+        "bounded runs looped (localstate run has no --until-drained here: every run starts a JVM)"
+    tmp = tempfile.mkdtemp(prefix="bench-standing-")
+    root = Path(tmp)
+    ok = True
+    if args.minutes is not None:
+        report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode, "minutes": args.minutes,
+                                          "rate": args.rate, "kill_every_s": args.kill_every})
+        _setup(root)
+        ok = _soak(report, root, args.minutes, args.rate, args.kill_every, args.users, args.tick, standing)
+    else:
+        report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode, "seconds_per_rate": seconds,
+                                     "tick_s": args.tick, "users": args.users, "idle_s": idle})
+        _setup(root)
+        info, mine, idle_mine = _measure("localstate", root, rates, seconds, idle, args.users, args.tick, standing)
+        if not info["warm"]:
+            report.notes.append(f"localstate produced no output; see {root / 'localstate.log'}")
+            ok = False
+        peer: dict[int, dict] = {}
+        idle_peer = float("nan")
+        if not args.no_peer:
+            peer_info, peer, idle_peer = _measure("spark", root, rates, seconds, idle, args.users, args.tick, True)
+            if not peer_info["warm"]:
+                report.notes.append(f"Structured Streaming produced no output; see {root / 'spark.log'}")
+        for rate in rates:
+            if rate in mine:
+                report.add(f"localstate {rate:,}/s", **mine[rate])
+                ok = ok and mine[rate]["missing"] == 0
+            if rate in peer:
+                report.add(f"Structured Streaming {rate:,}/s", **peer[rate])
+            if rate in mine and rate in peer and mine[rate]["p50_ms"] > 0:
+                for q in ("p50", "p99"):
+                    report.ratio(f"{q} latency: Spark / localstate at {rate:,}/s",
+                                 peer[rate][f"{q}_ms"] / mine[rate][f"{q}_ms"])
+        report.add("idle CPU, localstate", cpu_pct_of_core=idle_mine)
+        if not args.no_peer:
+            report.add("idle CPU, Structured Streaming", cpu_pct_of_core=idle_peer)
+        report.notes.append(f"startup (until the first output) localstate {info.get('startup_s', float('nan')):.1f}s, "
+                            f"runs {info.get('runs')}; excluded from the latencies")
+        if not standing:
+            report.notes.append("bounded mode: latency includes starting a run (JVM, SparkContext) per loop; idle CPU "
+                                "is the loop of runs finding nothing to do")
+    if args.keep:
+        report.notes.append(f"kept {root}")
+    else:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    report.emit(args.json)
+    return 0 if ok else 1

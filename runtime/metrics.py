@@ -1,0 +1,151 @@
+"""A Prometheus endpoint on the driver (``[job] metrics_port``): the figures of each batch's progress
+object (:mod:`localstate.runtime.progress`) as counters, gauges and histograms, in a registry of
+their own (never ``prometheus_client``'s global one, so that several jobs or tests can run in one
+process), served over HTTP on ``metrics_host`` (default ``127.0.0.1``).
+
+Every metric carries the label ``job``; :data:`METRICS` lists them (docs/operations.md too)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Mapping
+
+__all__ = ["JobMetrics", "METRICS", "DEFAULT_HOST"]
+
+log = logging.getLogger("localstate.metrics")
+
+DEFAULT_HOST = "127.0.0.1"
+
+#: name -> (type, extra labels, help)
+METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "localstate_batches_total": ("counter", (), "micro-batches committed"),
+    "localstate_rows_in_total": ("counter", ("input",), "input records processed, per input"),
+    "localstate_rows_out_total": ("counter", (), "records sent to outputs"),
+    "localstate_rows_skipped_total": ("counter", (), "bad input records skipped (on_error = skip)"),
+    "localstate_rows_dead_lettered_total": ("counter", (), "bad input records sent to a dead-letter output"),
+    "localstate_failed_attempts_total": ("counter", (), "task attempts that failed and were retried by Spark"),
+    "localstate_restored_records_total": ("counter", (), "changelog records replayed to restore stores"),
+    "localstate_input_lag_records": ("gauge", ("input", "partition"),
+                                     "records of the input partition not processed yet (after the last batch)"),
+    "localstate_input_unterminated_bytes": ("gauge", ("input", "partition"),
+                                            "bytes of an unterminated last record (an append in progress)"),
+    "localstate_lag_records": ("gauge", (), "records not processed yet, all inputs (after the last batch)"),
+    "localstate_last_batch_duration_seconds": ("gauge", (), "wall time of the last batch"),
+    "localstate_last_batch_timestamp_seconds": ("gauge", (), "when the last batch was committed (epoch seconds)"),
+    "localstate_last_batch_id": ("gauge", (), "id of the last committed batch"),
+    "localstate_store_bytes": ("gauge", ("store",), "bytes of the store's local directories on the driver host"),
+    "localstate_store_keys": ("gauge", ("store",), "the kv backend's key estimate (RocksDB, LMDB)"),
+    "localstate_changelog_bytes": ("gauge", ("store",), "bytes of the store's changelog segments (local systems)"),
+    "localstate_warm_tasks": ("gauge", (), "tasks of the last batch that found their state warm"),
+    "localstate_cold_tasks": ("gauge", (), "tasks of the last batch that restored state (cold)"),
+    "localstate_batch_duration_seconds": ("histogram", (), "wall time of a batch"),
+    "localstate_commit_duration_seconds": ("histogram", (), "a batch's commit: checkpoint save plus the mean "
+                                           "task's changelog, store flush and outputs"),
+    "localstate_restore_duration_seconds": ("histogram", (), "time tasks spent restoring stores in a batch"),
+}
+
+_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class JobMetrics:
+    """The metrics of one job in a dedicated ``CollectorRegistry``; :meth:`observe` takes a progress
+    object; :meth:`serve` starts the HTTP endpoint, :meth:`close` stops it."""
+
+    def __init__(self, job: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.job = job
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.metrics: dict[str, Any] = {}
+        for name, (kind, labels, help_text) in METRICS.items():
+            names = ("job", *labels)
+            if kind == "counter":
+                # prometheus_client appends _total itself
+                self.metrics[name] = Counter(name[: -len("_total")], help_text, names, registry=self.registry)
+            elif kind == "gauge":
+                self.metrics[name] = Gauge(name, help_text, names, registry=self.registry)
+            else:
+                self.metrics[name] = Histogram(name, help_text, names, buckets=_BUCKETS, registry=self.registry)
+        self.server: Any = None
+        self.thread: threading.Thread | None = None
+        self.port: int | None = None
+
+    def _m(self, name: str, **labels: Any) -> Any:
+        return self.metrics[name].labels(job=self.job, **{k: str(v) for k, v in labels.items()})
+
+    def observe(self, progress: Mapping[str, Any]) -> None:
+        """Add one batch's progress object."""
+        self._m("localstate_batches_total").inc()
+        inputs = progress.get("inputs") or {}
+        counted = 0
+        for name, entry in inputs.items():
+            rows = entry.get("rows")
+            if rows is not None:
+                self._m("localstate_rows_in_total", input=name).inc(rows)
+                counted += rows
+            for partition, lag in (entry.get("lag_by_partition") or {}).items():
+                self._m("localstate_input_lag_records", input=name, partition=partition).set(lag)
+            for partition, pending in (entry.get("pending_bytes_by_partition") or {}).items():
+                self._m("localstate_input_unterminated_bytes", input=name, partition=partition).set(pending)
+        if not counted and progress.get("rows_in"):  # rows per input unknown: all under input=""
+            self._m("localstate_rows_in_total", input="").inc(progress["rows_in"])
+        self._m("localstate_rows_out_total").inc(progress.get("rows_out", 0))
+        self._m("localstate_rows_skipped_total").inc(progress.get("skipped", 0))
+        self._m("localstate_rows_dead_lettered_total").inc(progress.get("dead_lettered", 0))
+        self._m("localstate_failed_attempts_total").inc(progress.get("failed_attempts", 0))
+        state = progress.get("state") or {}
+        restore = state.get("restore") or {}
+        self._m("localstate_restored_records_total").inc(restore.get("records", 0))
+        self._m("localstate_lag_records").set(progress.get("lag", 0))
+        seconds = float(progress.get("duration_ms", 0.0)) / 1000.0
+        self._m("localstate_last_batch_duration_seconds").set(seconds)
+        self._m("localstate_last_batch_id").set(progress.get("batch", 0))
+        from datetime import datetime
+
+        stamp = progress.get("timestamp")
+        if stamp:
+            self._m("localstate_last_batch_timestamp_seconds").set(
+                datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+        for store, figures in (state.get("stores") or {}).items():
+            if figures.get("bytes") is not None:
+                self._m("localstate_store_bytes", store=store).set(figures["bytes"])
+            if figures.get("keys_estimate") is not None:
+                self._m("localstate_store_keys", store=store).set(figures["keys_estimate"])
+            if figures.get("changelog_bytes") is not None:
+                self._m("localstate_changelog_bytes", store=store).set(figures["changelog_bytes"])
+        self._m("localstate_warm_tasks").set(state.get("warm_tasks", 0))
+        self._m("localstate_cold_tasks").set(state.get("cold_tasks", 0))
+        self._m("localstate_batch_duration_seconds").observe(seconds)
+        self._m("localstate_commit_duration_seconds").observe(float(state.get("commit_ms", 0.0)) / 1000.0)
+        self._m("localstate_restore_duration_seconds").observe(float(restore.get("ms", 0.0)) / 1000.0)
+
+    __call__ = observe
+
+    def serve(self, port: int, host: str = DEFAULT_HOST) -> int:
+        """Serve ``/metrics`` on ``host:port`` (port 0: a free one) in a daemon thread; returns the port."""
+        from prometheus_client import start_http_server
+
+        started = start_http_server(port, addr=host, registry=self.registry)
+        if isinstance(started, tuple):  # prometheus_client >= 0.20 returns (server, thread)
+            self.server, self.thread = started
+            self.port = int(self.server.server_address[1])
+        else:
+            self.port = port
+        log.info("metrics of job %r on http://%s:%d/metrics", self.job, host, self.port)
+        return self.port
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+            self.thread = None
+
+    def __enter__(self) -> "JobMetrics":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
