@@ -45,7 +45,7 @@ CODE_LANGUAGES = {"python", "toml"}
 # Shell blocks: their `localstate` and `python -m bench` commands are checked against the code.
 SHELL_LANGUAGES = {"bash", "console"}
 # Anything else a page may use (output samples, pictures, signatures: not runnable).
-OTHER_LANGUAGES = {"text"}
+OTHER_LANGUAGES = {"text", "ini", "yaml"}  # ini, yaml: other tools' files (a systemd unit, a Kubernetes manifest)
 
 #: ``(page, first line of the block)`` -> why a python/toml block is neither included nor checked.
 #: Keep it short: the way out of this list is a file under docs/snippets/ and a check below.
@@ -277,6 +277,7 @@ COMPILE = {
     "state_reader/register.py": "needs a SparkSession (`spark`) and a job that ran",
     "state_reader/read_state.py": "needs a SparkSession (`spark`) and a job (`job`) that ran",
     "state_reader/try_it.py": "starts Spark on the windowed_counts example's state",
+    "operations/run_job.py": "runs under spark-submit on a cluster",
 }
 
 
@@ -416,6 +417,7 @@ FRAGMENTS: dict[str, tuple[Path, Path, dict]] = {
     "search/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "sketch/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "spark/worker_affinity.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
+    "operations/metrics.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     # a plugin's store: validated with that plugin installed as a local plugin of the job's policy
     "plugins/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     # not jobs: test_plugin_packaging_files checks these two
