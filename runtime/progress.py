@@ -35,6 +35,7 @@ from localstate.core.fsutil import write_atomic
 from localstate.core.layout import job_directory, store_directory
 from localstate.core.names import safe_join
 from localstate.core.streams.base import PendingTail
+from localstate.runtime.views import dir_size
 from localstate.runtime.spark.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
 
 __all__ = ["ProgressReport", "ProgressLog", "Heartbeat", "ProgressObserver", "StoreStats", "BatchObserver",
@@ -73,19 +74,6 @@ def _ms(seconds: float) -> float:
 
 
 # -- per-store estimates ----------------------------------------------------------------------------------
-
-def _dir_bytes(path: Path) -> int:
-    total = 0
-    for folder, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                stat = os.lstat(os.path.join(folder, name))
-            except FileNotFoundError:
-                continue
-            if not os.path.islink(os.path.join(folder, name)):
-                total += stat.st_size
-    return total
-
 
 def _estimate_keys(directory: Path, backend: str | None) -> int | None:
     """The kv backend's own key estimate of a local store partition, read-only: LMDB's entry count,
@@ -150,7 +138,7 @@ class StoreStats:
             for partition in range(self.job.partitions):
                 directory = store_directory(self.job, name, partition)
                 if directory.is_dir():
-                    local += _dir_bytes(directory)
+                    local += dir_size(directory)
                     if refresh and store.engine == "kv":
                         try:
                             found = _estimate_keys(directory, backend if isinstance(backend, str) else None)

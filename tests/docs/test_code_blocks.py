@@ -327,6 +327,10 @@ def check_job_file(job_file: Path) -> None:
     for table in data.get("inputs", {}).values():  # the input files a job reads: there, as after make_input.py
         if isinstance(table.get("path"), str) and "://" not in table["path"]:
             (job_file.parent / table["path"]).mkdir(parents=True, exist_ok=True)
+    # Another test may have imported a module of the same name (every first task is `my_tasks`):
+    # set it aside, so the job's own module beside its file is the one validated.
+    task_module = str(data.get("job", {}).get("task", "")).partition(":")[0]
+    shadowed = sys.modules.pop(task_module, None) if task_module else None
     saved_path, saved_modules = list(sys.path), set(sys.modules)
     try:
         check = check_job(job_file)
@@ -336,6 +340,8 @@ def check_job_file(job_file: Path) -> None:
             module = sys.modules[name]
             if str(getattr(module, "__file__", "") or "").startswith(str(job_file.parent)):
                 del sys.modules[name]
+        if shadowed is not None:
+            sys.modules[task_module] = shadowed
     assert not check.problems, "\n".join(f"{p.path}: {p.message}" for p in check.problems)
 
 

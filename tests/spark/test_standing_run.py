@@ -334,3 +334,45 @@ def test_stop_abandons_a_batch_that_outlives_the_grace(tmp_path, spark_context):
     # Nothing of the abandoned batch is committed: a new run processes it again, exactly once.
     assert SparkJobRunner(job, context=spark_context, progress=None).run().records_in == 2
     assert_exact(job_file, keys)
+
+
+def test_standing_run_reads_a_half_written_line_once_it_is_finished(tmp_path, spark_context):
+    """A jsonl writer appends half a line, then finishes it 5 s later: a standing run waits for the
+    unterminated tail (counted in the lag as bytes, never read as a record) and processes the
+    record exactly once when its newline arrives."""
+    job_file = write_counting_job(tmp_path, "standing-half-line", store={"backend": "memory"})
+    data = tmp_path / "data"
+    keys = [f"k{i % 3}" for i in range(9)]
+    append(data, keys)
+    late = "k1"
+    target = data / f"{partition_for(late, PARTITIONS)}.jsonl"
+    line = '{"key": "%s", "value": 0, "ts": 0.0}\n' % late
+    half = len(line) // 2
+    job = load_job_config(job_file)
+    lines: list[str] = []
+    runner = SparkJobRunner(job, context=spark_context, progress=lines.append)
+    summaries: list[Any] = []
+    thread = threading.Thread(target=lambda: summaries.append(runner.run(until_drained=False)), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while last_counts(job_file) != Counter(keys) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert last_counts(job_file) == Counter(keys)
+        with target.open("a") as out:  # the writer's first half: no newline yet
+            out.write(line[:half])
+        pending = [runner.inputs["events"].pending_bytes(p) for p in range(PARTITIONS)]
+        assert sum(pending) == half                       # visible as unterminated bytes, not as a record
+        time.sleep(5)
+        assert last_counts(job_file) == Counter(keys)     # nothing read from the half line meanwhile
+        with target.open("a") as out:                     # 5 s later the writer finishes the line
+            out.write(line[half:])
+        keys.append(late)
+        while last_counts(job_file) != Counter(keys) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        runner.stop()
+        thread.join(timeout=STOP_TIMEOUT)
+    assert not thread.is_alive()
+    assert summaries and summaries[0].stopped
+    assert_exact(job_file, keys)                          # the late record counted once, nothing twice
