@@ -63,16 +63,17 @@ def _changelog(tmp: Path, kind: str = "file") -> tuple[Any, str]:
 
 def _engine(tmp: Path, p: dict[str, Any]) -> tuple[Any, Any, str]:
     """A kv store with the engine's default options, except those named in ``p`` (backend,
-    cache_size, write_batch_size, ``extra``)."""
+    cache_size, write_batch_size, ``extra``; ``value_serde``: ``"int"`` (default) or ``"json"``)."""
     from localstate.core.engine import StoreContext
-    from localstate.core.serdes import IntSerde, StringSerde
+    from localstate.core.serdes import IntSerde, JsonSerde, StringSerde
     from localstate.engines.kv import KeyValueEngineFactory
     factory = KeyValueEngineFactory()
     raw = {k: p[k] for k in ("backend", "cache_size", "write_batch_size") if k in p}
     options = factory.validate_options("bench", {**raw, **p.get("extra", {})})
     changelog, kind = _changelog(tmp, p.get("changelog", "file"))
     (tmp / "store").mkdir()
-    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), IntSerde(), changelog)
+    vserde = JsonSerde() if p.get("value_serde") == "json" else IntSerde()
+    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), vserde, changelog)
     return factory.create(ctx), changelog, kind
 
 
