@@ -144,6 +144,8 @@ class KeyValueEngine(StorageEngine):
         self._logged = LoggedStore(context, self._backend, write_behind=bool(opts["write_behind"]))
         self._backend_failed = self._logged.failed
         self._closed = False
+        self._hot_merge: Any = None
+        self._merge_op = "add"
         self._bind_hot_path()
 
     # -- keys ------------------------------------------------------------------------------------
@@ -217,8 +219,10 @@ class KeyValueEngine(StorageEngine):
                                put_slow=KeyValueEngine.put.__get__(self),
                                int_values=self._int_values, int_min=INT_MIN, int_max=INT_MAX,
                                vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
-                               hold_encoded=self._hold_encoded)
+                               hold_encoded=self._hold_encoded, merge_slow=self._merge_slow)
         self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        if self._int_values and self._key_class is not _NoClass:
+            self._hot_merge = hot.merge  # merge_many's per-row loop in C (int values need no encoding)
 
     def _slow_key(self, key: Any) -> bytes:
         """Encode ``key`` through the serde after the fast path refused it (raises the SerdeError)."""
@@ -472,13 +476,21 @@ class KeyValueEngine(StorageEngine):
         keys fold in order, so float sums round the same), but each distinct key is read once (one
         backend read for the misses), written and encoded once. Checked as :meth:`put_many` (nothing
         applied on an error; ``TypeError`` from the operation itself, e.g. ``str + int``, as the loop
-        would raise it). ``results=True`` returns each row's new value (the running value), in order."""
+        would raise it). ``results=True`` returns each row's new value (the running value), in order.
+
+        With the int value serde and the C extension the per-row loop runs in C (each row a dict
+        lookup, an add and two dict stores; nothing to encode): rows before a failing row are then
+        applied, as in the per-key loop. Either way a failure fails the task's batch, rolled back to
+        the last commit."""
         if op not in MERGE_OPS:
             raise InvalidValueError(f"merge_many: unknown op {op!r}; use one of {', '.join(MERGE_OPS)}",
                                     hint="op='add', 'min' or 'max'", **self._ctx())
         keys = keys if isinstance(keys, list) else list(keys)
         deltas = deltas if isinstance(deltas, list) else list(deltas)
         self._same_length(keys, deltas, "deltas")
+        if self._hot_merge is not None:
+            self._merge_op = op
+            return self._hot_merge(keys, deltas, MERGE_OPS.index(op), results)
         ckeys = self._write_keys(keys)
         distinct = list(dict.fromkeys(ckeys))
         current = dict(zip(distinct, self._lookup_many(distinct)))
@@ -504,6 +516,19 @@ class KeyValueEngine(StorageEngine):
                     out.append(value)
         self._apply(current, self._held_many(current))
         return out
+
+    def _merge_slow(self, key: Any, delta: Any) -> Any:
+        """One row of :meth:`merge_many` through :meth:`get`/:meth:`put` (the C loop's fallback)."""
+        value = self.get(key)
+        op = self._merge_op
+        if value is None:
+            value = delta
+        elif op == "add":
+            value = value + delta
+        elif (delta < value) if op == "min" else (delta > value):
+            value = delta
+        self.put(key, value)
+        return value
 
     def _same_length(self, keys: list[Any], values: list[Any], what: str) -> None:
         if len(keys) != len(values):
