@@ -6,7 +6,9 @@ raw LMDB / raw rocksdict, and Quix Streams' RocksDB state (measured by ../shared
 with a Python that has quixstreams; never a dependency of this project).
 
 The hot set also runs as a BatchTask (``batch_task`` rows): Arrow batches of 4096 events, counted
-with ``merge_many``, or first aggregated in Arrow (``group_by``) and merged per distinct key.
+with ``merge_many``, or first aggregated in Arrow (``group_by``) and merged per distinct key; and
+through the runtime (``runtime`` rows: a TaskInstance's feed loop, a per-record task against a batch
+task, commit and checkpoint every 10k records).
 
 Cold set: K keys (default 500k, ``--cold-keys 5000000`` for the issue's target size), two passes
 (create, then increment every key once more), 100k-entry cache, against raw rocksdict with one
@@ -117,6 +119,10 @@ def main(argv: list[str]) -> int:
                 {**hot, "backend": backend, "cache_size": args.cache_size})
             run(f"hot: kv {backend} batch task, arrow group_by", "batch_task",
                 {**hot, "backend": backend, "cache_size": args.cache_size, "aggregate": True})
+        for backend in ("rocksdb", "lmdb"):
+            for batch in (False, True):
+                run(f"hot: runtime {backend}, {'batch task' if batch else 'per-record task'}", "task_feed",
+                    {**hot, "backend": backend, "cache_size": args.cache_size, "batch": batch})
         run("hot: kv rocksdb, no changelog", "engine",
             {**hot, "backend": "rocksdb", "cache_size": args.cache_size, "changelog": "none"})
         if not args.skip_spills:
@@ -143,6 +149,13 @@ def main(argv: list[str]) -> int:
                 report.ratio(f"hot {backend} {variant} / dict (cpu time)", cpu[label] / cpu["hot: dict"])
                 if quix is not None:
                     report.ratio(f"hot {backend} {variant} / quixstreams", figures[label] / quix, ">= 10")
+            for variant in ("per-record task", "batch task"):
+                label = f"hot: runtime {backend}, {variant}"
+                report.ratio(f"hot runtime {backend}, {variant} / dict", figures[label] / d,
+                             ">= 0.30" if variant == "batch task" else None)
+                if quix is not None:
+                    report.ratio(f"hot runtime {backend}, {variant} / quixstreams", figures[label] / quix,
+                                 ">= 10" if variant == "batch task" else None)
         report.ratio("hot memory / dict", figures["hot: kv memory"] / d)
         report.ratio("hot rocksdb without changelog / dict", figures["hot: kv rocksdb, no changelog"] / d)
         report.ratio("hot rocksdb / raw rocksdict WriteBatch", figures["hot: kv rocksdb"]

@@ -194,6 +194,60 @@ def batch_task(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     return result
 
 
+def task_feed(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
+    """The counting workload through the runtime: a TaskInstance (kv store ``counts``, file changelog,
+    checkpoints) fed ``InputRecord``s by its one feed loop, a commit every ``commit_every`` records,
+    with the per-record task (``batch`` false: ``process()`` per record, get + put) or the batch task
+    (``batch`` true: Arrow batches of up to 4096 rows, one ``merge_many`` each). No outputs."""
+    import pyarrow as pa
+
+    from localstate.core.config import parse_job_config
+    from localstate.core.layout import open_changelog_system
+    from localstate.core.streams.base import InputRecord
+    from localstate.core.task import BatchTask, StreamTask, record_batch
+    from localstate.runtime.instance import TaskInstance
+
+    class Count(StreamTask):
+        def init(self, context: Any) -> None:
+            self.counts = context.store("counts")
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            counts = self.counts
+            counts.put(envelope.key, (counts.get(envelope.key) or 0) + 1)
+
+    class CountBatch(BatchTask):
+        def init(self, context: Any) -> None:
+            self.counts = context.store("counts")
+
+        def process_batch(self, batch: pa.RecordBatch, collector: Any, coordinator: Any) -> None:
+            keys = batch.column("key").to_pylist()
+            self.counts.merge_many(keys, [1] * len(keys))
+
+    record_batch(["events"], [0], ["k"], [None], [None])  # pyarrow's first inference imports more: not measured
+    job = parse_job_config({
+        "job": {"name": "bench", "partitions": 1, "task": "unused:Unused", "state_dir": str(tmp / "state"),
+                "commit_interval": 10 ** 9},
+        "stores": {"counts": {"engine": "kv", "backend": p["backend"], "key_serde": "string", "value_serde": "int",
+                              "cache_size": p.get("cache_size", 100_000)}},
+        "changelogs": {"file": {}}}, base_dir=tmp)
+    changelogs = open_changelog_system(job)
+    instance = TaskInstance(job, 0, changelogs, task_factory=CountBatch if p.get("batch") else Count)
+    instance.open()
+    every = p["commit_every"]
+    records = [("events", InputRecord(i, k, None, None)) for i, k in enumerate(ks)]
+    with _Clock() as clock:
+        for start in range(0, len(records), every):
+            instance.feed(records[start:start + every])
+            instance.commit()
+    kv = instance.stores["counts"].engine
+    kv._cache.clear()
+    total = sum(v for _, v in kv.all())
+    assert total == len(ks), (total, len(ks))
+    instance.close(commit=False)
+    changelogs.close()
+    return {**clock.figures(), "changelog": "file"}
+
+
 def ideal_limit(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     """../shared/peers/ideal_limit.py's plain-Python durable limit (``p["backend"]``: rocksdb,
     rocksdb_tuned or lmdb), run in this process on the same key list."""
@@ -280,6 +334,7 @@ CASES: dict[str, Callable[[Path, dict[str, Any], list[str]], dict[str, Any]]] = 
     "engine": engine_counts,
     "engine_sliced": engine_sliced,
     "batch_task": batch_task,
+    "task_feed": task_feed,
     "ideal": ideal_limit,
     "rocksdict_batch": raw_rocksdict_batch,
     "lmdb_raw": raw_lmdb,
