@@ -69,3 +69,19 @@ def test_dataframe_step_batch_task_matches_the_per_record_task(spark, tmp_path):
         for row in sorted(out, key=lambda r: (r.partition, r.seq)):
             by_partition.setdefault(row.partition, []).append(json.loads(row.value)[2])
         assert all(ts == sorted(ts) for ts in by_partition.values())
+
+
+def test_native_path_batch_task_survives_a_killed_worker(tmp_path, spark_context):
+    """A Python worker SIGKILLed in the middle of a batch task's batch: Spark retries the task, the
+    partition recovers to its checkpoint and the whole batch is delivered again; counts stay exact."""
+    from .test_batch_overhead import _counting_job, _exactly_once, _expected
+
+    path = _counting_job(tmp_path, "killed-batch")
+    path.write_text(path.read_text().replace("count_task:CountByKey", "count_task:CountByKeyBatch"))
+    job = load_job_config(path)
+    marker = tmp_path / "killed-once"
+    fault = {"partition": 0, "batch": 1, "after": 3, "marker": str(marker)}
+    summary = SparkJobRunner(job, context=spark_context, batch_size=10, fault=fault, progress=None).run()
+    assert marker.exists(), "the worker of partition 0 should have been SIGKILLed in batch 1"
+    assert [b.failed_attempts for b in summary.batches] == [0, 1, 0, 0]
+    assert _exactly_once(job) == _expected(tmp_path)
