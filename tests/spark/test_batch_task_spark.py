@@ -85,3 +85,30 @@ def test_native_path_batch_task_survives_a_killed_worker(tmp_path, spark_context
     assert marker.exists(), "the worker of partition 0 should have been SIGKILLed in batch 1"
     assert [b.failed_attempts for b in summary.batches] == [0, 1, 0, 0]
     assert _exactly_once(job) == _expected(tmp_path)
+
+
+def test_dataframe_rows_become_one_arrow_batch(tmp_path):
+    """The DataFrame step's batch, built from the Arrow rows (no Spark needed): value column or a
+    struct of all columns, the order column as seconds, offsets from the partition's position."""
+    import datetime
+
+    import pyarrow as pa
+
+    from localstate.runtime.spark.dataframe import DataFrameSpec, _arrow_rows
+
+    job = job_config(tmp_path / "state")
+    when = [datetime.datetime(2026, 1, 1, 0, 0, s) for s in (1, 2)]
+    table = pa.table({"user": ["a", "b"], "page": ["/x", None], "at": pa.array(when, pa.timestamp("us"))})
+    [rows] = _arrow_rows(DataFrameSpec(job, key="user", order_by="at", columns=("user", "page", "at"),
+                                       ts="timestamp"), table, 7)
+    batch = rows.batch
+    assert rows.stream == "dataframe" and rows.start == 7
+    assert batch.schema.names == ["key", "value", "timestamp", "offset"]
+    assert batch.column("offset").to_pylist() == [7, 8]
+    assert batch.column("value").field("page").to_pylist() == ["/x", None]
+    epoch = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc).timestamp()
+    assert batch.column("timestamp").to_pylist() == [epoch + 1, epoch + 2]
+    [rows] = _arrow_rows(DataFrameSpec(job, key="user", value="page", columns=("user", "page", "at")), table, 0)
+    assert rows.batch.column("value").to_pylist() == ["/x", None]
+    assert rows.batch.column("timestamp").null_count == 2
+    assert _arrow_rows(DataFrameSpec(job, key="user", columns=("user",)), table.slice(0, 0), 0) == []
