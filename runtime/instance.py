@@ -496,6 +496,7 @@ class TaskInstance:
                 if chunk[0].__class__ is ArrowRows:
                     for rows in chunk:
                         count = rows.batch.num_rows
+                        crash_points("process", count)
                         if count:
                             self._deliver(rows.batch, rows.stream, rows.start, count)
                             self.positions[rows.stream] = rows.start + count
@@ -503,6 +504,7 @@ class TaskInstance:
                         if autocommit and self._after_batch(count):
                             return stats
                     continue
+                crash_points("process", len(chunk))  # reached once per record, good or bad, as per record
                 names, chosen = zip(*chunk)
                 offsets, keys, values, times, errors, _raws = zip(*chosen)
                 if errors.count(None) != len(errors):  # bad records: on_error per row, left out of the batch
@@ -540,7 +542,6 @@ class TaskInstance:
     def _deliver(self, batch: Any, stream: str, offset: int, rows: int) -> None:
         """``process_batch()`` of one batch (``rows`` rows, the first at ``stream``/``offset``); a
         failure becomes a TaskError naming the user's frame and the batch's first row."""
-        crash_points("process", rows)
         try:
             self.task.process_batch(batch, self.collector, self.coordinator)  # type: ignore[union-attr]
         except (Exception, SystemExit) as exc:
