@@ -46,6 +46,8 @@ SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("kv memory", "engine_sliced", {"backend": "memory"}),
     ("kv rocksdb write_behind", "engine_sliced", {"backend": "rocksdb", "extra": {"write_behind": True}}),
     ("kv lmdb write_behind", "engine_sliced", {"backend": "lmdb", "extra": {"write_behind": True}}),
+    ("kv rocksdb json", "engine_sliced", {"backend": "rocksdb", "value_serde": "json"}),
+    ("kv lmdb json", "engine_sliced", {"backend": "lmdb", "value_serde": "json"}),
     ("kv rocksdb pure-python", "engine_sliced", {"backend": "rocksdb", "pure_python": True}),
     ("kv lmdb pure-python", "engine_sliced", {"backend": "lmdb", "pure_python": True}),
 ]

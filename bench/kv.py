@@ -5,6 +5,11 @@ increments, commit (flush) every 10k, changelog on. Compared in the same run wit
 raw LMDB / raw rocksdict, and Quix Streams' RocksDB state (measured by ../shared/peers/quix_state.py
 with a Python that has quixstreams; never a dependency of this project).
 
+The hot set also runs as a BatchTask (``batch_task`` rows): Arrow batches of 4096 events, counted
+with ``merge_many``, or first aggregated in Arrow (``group_by``) and merged per distinct key; and
+through the runtime (``runtime`` rows: a TaskInstance's feed loop, a per-record task against a batch
+task, commit and checkpoint every 10k records).
+
 Cold set: K keys (default 500k, ``--cold-keys 5000000`` for the issue's target size), two passes
 (create, then increment every key once more), 100k-entry cache, against raw rocksdict with one
 WriteBatch per commit. Every measurement runs in a fresh process (bench/kv_cases.py), so each
@@ -109,6 +114,15 @@ def main(argv: list[str]) -> int:
         run("hot: raw rocksdict, WriteBatch per commit", "rocksdict_batch", hot)
         for backend in ("rocksdb", "lmdb", "memory"):
             run(f"hot: kv {backend}", "engine", {**hot, "backend": backend, "cache_size": args.cache_size})
+        for backend in ("rocksdb", "lmdb"):
+            run(f"hot: kv {backend} batch task", "batch_task",
+                {**hot, "backend": backend, "cache_size": args.cache_size})
+            run(f"hot: kv {backend} batch task, arrow group_by", "batch_task",
+                {**hot, "backend": backend, "cache_size": args.cache_size, "aggregate": True})
+        for backend in ("rocksdb", "lmdb"):
+            for batch in (False, True):
+                run(f"hot: runtime {backend}, {'batch task' if batch else 'per-record task'}", "task_feed",
+                    {**hot, "backend": backend, "cache_size": args.cache_size, "batch": batch})
         run("hot: kv rocksdb, no changelog", "engine",
             {**hot, "backend": "rocksdb", "cache_size": args.cache_size, "changelog": "none"})
         if not args.skip_spills:
@@ -128,6 +142,20 @@ def main(argv: list[str]) -> int:
                 report.ratio(f"hot {backend} / quixstreams", figures[f"hot: kv {backend}"] / quix, ">= 10")
         for backend in ("rocksdb", "lmdb"):
             report.ratio(f"hot {backend} / dict (cpu time)", cpu[f"hot: kv {backend}"] / cpu["hot: dict"])
+        for backend in ("rocksdb", "lmdb"):
+            for variant in ("batch task", "batch task, arrow group_by"):
+                label = f"hot: kv {backend} {variant}"
+                report.ratio(f"hot {backend} {variant} / dict", figures[label] / d, ">= 0.30")
+                report.ratio(f"hot {backend} {variant} / dict (cpu time)", cpu[label] / cpu["hot: dict"])
+                if quix is not None:
+                    report.ratio(f"hot {backend} {variant} / quixstreams", figures[label] / quix, ">= 10")
+            for variant in ("per-record task", "batch task"):
+                label = f"hot: runtime {backend}, {variant}"
+                report.ratio(f"hot runtime {backend}, {variant} / dict", figures[label] / d,
+                             ">= 0.30" if variant == "batch task" else None)
+                if quix is not None:
+                    report.ratio(f"hot runtime {backend}, {variant} / quixstreams", figures[label] / quix,
+                                 ">= 10" if variant == "batch task" else None)
         report.ratio("hot memory / dict", figures["hot: kv memory"] / d)
         report.ratio("hot rocksdb without changelog / dict", figures["hot: kv rocksdb, no changelog"] / d)
         report.ratio("hot rocksdb / raw rocksdict WriteBatch", figures["hot: kv rocksdb"]

@@ -63,16 +63,17 @@ def _changelog(tmp: Path, kind: str = "file") -> tuple[Any, str]:
 
 def _engine(tmp: Path, p: dict[str, Any]) -> tuple[Any, Any, str]:
     """A kv store with the engine's default options, except those named in ``p`` (backend,
-    cache_size, write_batch_size, ``extra``)."""
+    cache_size, write_batch_size, ``extra``; ``value_serde``: ``"int"`` (default) or ``"json"``)."""
     from localstate.core.engine import StoreContext
-    from localstate.core.serdes import IntSerde, StringSerde
+    from localstate.core.serdes import IntSerde, JsonSerde, StringSerde
     from localstate.engines.kv import KeyValueEngineFactory
     factory = KeyValueEngineFactory()
     raw = {k: p[k] for k in ("backend", "cache_size", "write_batch_size") if k in p}
     options = factory.validate_options("bench", {**raw, **p.get("extra", {})})
     changelog, kind = _changelog(tmp, p.get("changelog", "file"))
     (tmp / "store").mkdir()
-    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), IntSerde(), changelog)
+    vserde = JsonSerde() if p.get("value_serde") == "json" else IntSerde()
+    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), vserde, changelog)
     return factory.create(ctx), changelog, kind
 
 
@@ -142,8 +143,109 @@ def engine_sliced(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]
     assert total == len(ks), (total, len(ks))
     result = {**clock.figures(), "changelog": kind, "records": kv.local_offset(), "spills": kv.spills}
     kv.close()
-    changelog.close()
+    getattr(changelog, "close", lambda: None)()
     return result
+
+
+def batch_task(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
+    """The counting workload as a BatchTask: each commit interval's events arrive as Arrow batches of
+    ``batch_rows`` rows (built by ``core.task.record_batch``, as the native input path builds them from
+    its records), the task's ``process_batch`` counts them, one flush per ``commit_every`` events.
+    ``aggregate``: the task first counts its batch's keys in Arrow (``group_by``), then ``merge_many``s
+    the distinct keys; else ``merge_many`` of every row's key with delta 1 (what
+    ``tests/spark/count_task.py``'s CountByKeyBatch does, without the outputs)."""
+    import pyarrow as pa
+
+    from localstate.core.task import BatchTask, Collector, Coordinator, record_batch
+    kv, changelog, kind = _engine(tmp, p)
+    aggregate = p.get("aggregate", False)
+
+    class CountBatch(BatchTask):
+        def process_batch(self, batch: Any, collector: Any, coordinator: Any) -> None:
+            if aggregate:
+                counted = pa.Table.from_batches([batch]).group_by("key").aggregate([("key", "count")])
+                kv.merge_many(counted.column("key").to_pylist(), counted.column("key_count").to_pylist())
+            else:
+                keys = batch.column("key").to_pylist()
+                kv.merge_many(keys, [1] * len(keys))
+
+    task, collector, coordinator = CountBatch(), Collector(), Coordinator()
+    every, rows = p["commit_every"], p.get("batch_rows", 4096)
+    streams = ["events"]
+    # pyarrow's first type inference and group_by import more modules: not part of the measurement
+    pa.Table.from_batches([record_batch(streams, [0], ["k"], [None], [None])]).group_by("key").aggregate(
+        [("key", "count")])
+    with _Clock() as clock:
+        for start in range(0, len(ks), every):
+            end = min(start + every, len(ks))
+            for first in range(start, end, rows):
+                last = min(first + rows, end)
+                keys = ks[first:last]
+                n = last - first
+                batch = record_batch(streams, list(range(first, last)), keys, [None] * n, [None] * n)
+                task.process_batch(batch, collector, coordinator)
+            kv.flush()
+    kv._cache.clear()
+    total = sum(v for _, v in kv.all())
+    assert total == len(ks), (total, len(ks))
+    result = {**clock.figures(), "changelog": kind, "records": kv.local_offset(), "spills": kv.spills}
+    kv.close()
+    getattr(changelog, "close", lambda: None)()
+    return result
+
+
+def task_feed(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
+    """The counting workload through the runtime: a TaskInstance (kv store ``counts``, file changelog,
+    checkpoints) fed ``InputRecord``s by its one feed loop, a commit every ``commit_every`` records,
+    with the per-record task (``batch`` false: ``process()`` per record, get + put) or the batch task
+    (``batch`` true: Arrow batches of up to 4096 rows, one ``merge_many`` each). No outputs."""
+    import pyarrow as pa
+
+    from localstate.core.config import parse_job_config
+    from localstate.core.layout import open_changelog_system
+    from localstate.core.streams.base import InputRecord
+    from localstate.core.task import BatchTask, StreamTask, record_batch
+    from localstate.runtime.instance import TaskInstance
+
+    class Count(StreamTask):
+        def init(self, context: Any) -> None:
+            self.counts = context.store("counts")
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            counts = self.counts
+            counts.put(envelope.key, (counts.get(envelope.key) or 0) + 1)
+
+    class CountBatch(BatchTask):
+        def init(self, context: Any) -> None:
+            self.counts = context.store("counts")
+
+        def process_batch(self, batch: pa.RecordBatch, collector: Any, coordinator: Any) -> None:
+            keys = batch.column("key").to_pylist()
+            self.counts.merge_many(keys, [1] * len(keys))
+
+    record_batch(["events"], [0], ["k"], [None], [None])  # pyarrow's first inference imports more: not measured
+    job = parse_job_config({
+        "job": {"name": "bench", "partitions": 1, "task": "unused:Unused", "state_dir": str(tmp / "state"),
+                "commit_interval": 10 ** 9},
+        "stores": {"counts": {"engine": "kv", "backend": p["backend"], "key_serde": "string", "value_serde": "int",
+                              "cache_size": p.get("cache_size", 100_000)}},
+        "changelogs": {"file": {}}}, base_dir=tmp)
+    changelogs = open_changelog_system(job)
+    instance = TaskInstance(job, 0, changelogs, task_factory=CountBatch if p.get("batch") else Count)
+    instance.open()
+    every = p["commit_every"]
+    records = [("events", InputRecord(i, k, None, None)) for i, k in enumerate(ks)]
+    with _Clock() as clock:
+        for start in range(0, len(records), every):
+            instance.feed(records[start:start + every])
+            instance.commit()
+    kv = instance.stores["counts"].engine
+    kv._cache.clear()
+    total = sum(v for _, v in kv.all())
+    assert total == len(ks), (total, len(ks))
+    instance.close(commit=False)
+    changelogs.close()
+    return {**clock.figures(), "changelog": "file"}
 
 
 def ideal_limit(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
@@ -231,6 +333,8 @@ CASES: dict[str, Callable[[Path, dict[str, Any], list[str]], dict[str, Any]]] = 
     "dict": hot_dict,
     "engine": engine_counts,
     "engine_sliced": engine_sliced,
+    "batch_task": batch_task,
+    "task_feed": task_feed,
     "ideal": ideal_limit,
     "rocksdict_batch": raw_rocksdict_batch,
     "lmdb_raw": raw_lmdb,

@@ -22,6 +22,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar, overload, \
     runtime_checkable
@@ -31,10 +32,12 @@ from localstate.core.tracebacks import attach, describe
 from localstate.errors import ConfigError, ConfigProblem, TaskImportInterrupted, TaskImportTimeout
 
 if TYPE_CHECKING:
+    import pyarrow
+
     from localstate.core.config import JobConfig
 
-__all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "KeyValueStore",
-           "load_task_class", "add_task_paths"]
+__all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "BatchTask",
+           "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch"]
 
 StoreT = TypeVar("StoreT")
 
@@ -66,6 +69,37 @@ class OutgoingMessage:
     partition: int | None = None
 
 
+def _message_maker() -> Callable[[str, Any, Any], OutgoingMessage]:
+    """``OutgoingMessage(stream, key, value)`` at about half the constructor's cost (the slots set
+    through their descriptors, as ``runtime.records.make_envelope`` does for envelopes)."""
+    slots = OutgoingMessage.__dict__
+    if not all(name in slots for name in ("stream", "key", "value", "partition")):
+        return OutgoingMessage
+    s_stream, s_key, s_value, s_partition = (slots[n].__set__ for n in ("stream", "key", "value", "partition"))
+    new = object.__new__
+
+    def make(stream: str, key: Any, value: Any) -> OutgoingMessage:
+        message = new(OutgoingMessage)
+        s_stream(message, stream)
+        s_key(message, key)
+        s_value(message, value)
+        s_partition(message, None)
+        return message
+
+    return make
+
+
+_message = _message_maker()
+
+
+def _py_list(values: Any) -> list[Any]:
+    """A list of Python objects from a list, a pyarrow Array/ChunkedArray or any iterable."""
+    if isinstance(values, list):
+        return values
+    to_pylist = getattr(values, "to_pylist", None)
+    return to_pylist() if to_pylist is not None else list(values)
+
+
 class Collector:
     """Collects the task's output messages; they are delivered at commit."""
 
@@ -77,6 +111,14 @@ class Collector:
         outputs write it to the producing task's partition, Kafka outputs by key; ``partition`` is
         recorded on the message, but no built-in output uses it (docs/task-api.md)."""
         self.pending.append(OutgoingMessage(stream, key, value, partition))
+
+    def send_batch(self, stream: str, keys: Iterable[Any], values: Iterable[Any]) -> None:
+        """``send(stream, key, value)`` for each pair, in order (lists, pyarrow arrays or iterables of
+        equal length): how a :class:`BatchTask` emits a column of results."""
+        keys, values = _py_list(keys), _py_list(values)
+        if len(keys) != len(values):
+            raise ValueError(f"send_batch({stream!r}): {len(keys)} keys but {len(values)} values")
+        self.pending.extend(map(_message, repeat(stream), keys, values))
 
     def take(self) -> list[OutgoingMessage]:
         pending, self.pending = self.pending, []
@@ -180,6 +222,66 @@ class StreamTask(ABC):
         """Called when the task instance stops cleanly."""
 
 
+BATCH_COLUMNS = ("key", "value", "timestamp", "offset")
+"""The columns of every batch a :class:`BatchTask` receives, in this order; ``stream`` follows when
+the batch holds rows of several inputs (or the job has several)."""
+
+
+class BatchTask(StreamTask):
+    """A task that receives its input as Arrow columns: one call per batch of a partition's rows.
+
+    ``process_batch(batch, collector, coordinator)`` gets a ``pyarrow.RecordBatch`` with the columns
+    :data:`BATCH_COLUMNS` (``key``, ``value``, ``timestamp`` float64 seconds or null, ``offset``
+    int64), plus ``stream`` (string) when the job has several inputs; rows in the order a
+    :class:`StreamTask` would see them. ``init``, ``window``, ``close``, the stores, the collector and
+    the coordinator are a StreamTask's. A commit never splits a batch, and a retry re-delivers whole
+    batches (docs/task-api.md, "Batch tasks")."""
+
+    @abstractmethod
+    def process_batch(self, batch: "pyarrow.RecordBatch", collector: Collector, coordinator: Coordinator) -> None:
+        """Handle a batch of input rows, in order."""
+
+    def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
+        """One record as a one-row batch (the runtime calls :meth:`process_batch` itself)."""
+        batch = record_batch([envelope.stream], [envelope.offset], [envelope.key], [envelope.value],
+                             [envelope.timestamp])
+        self.process_batch(batch, collector, coordinator)
+
+
+def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values: list[Any],
+                 timestamps: list[float | None], *, with_stream: bool = False) -> "pyarrow.RecordBatch":
+    """The batch a :class:`BatchTask` receives for rows given as Python lists (one entry per row;
+    ``streams`` may be one name for all). Keys and values are typed by pyarrow's inference; a column
+    it cannot type (mixed types) holds each value's JSON text instead, with field metadata
+    ``{"localstate.encoding": "json"}``. ``stream`` is added with ``with_stream`` or when the rows
+    come from several streams; a batch of one stream names it in the schema metadata
+    (``localstate.stream``)."""
+    import pyarrow as pa  # imported when used: only batch tasks need pyarrow, and core stays light to import
+
+    several = with_stream or len(set(streams)) > 1
+    (key, key_meta), (value, value_meta) = _column(pa, keys), _column(pa, values)
+    arrays = [key, value, pa.array(timestamps, pa.float64()), pa.array(offsets, pa.int64())]
+    fields = [pa.field("key", key.type, metadata=key_meta), pa.field("value", value.type, metadata=value_meta),
+              pa.field("timestamp", pa.float64()), pa.field("offset", pa.int64())]
+    if several:
+        arrays.append(pa.array(streams if len(streams) == len(offsets) else streams * len(offsets), pa.string()))
+        fields.append(pa.field("stream", pa.string()))
+    metadata = None if several or not streams else {"localstate.stream": streams[0]}
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
+    """``(pa.array(values), None)``, or their JSON text and field metadata saying so when pyarrow
+    cannot type them."""
+    try:
+        return pa.array(values), None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+        import json  # only for columns pyarrow cannot type
+
+        text = [None if v is None else json.dumps(v, default=str, sort_keys=True) for v in values]
+        return pa.array(text, pa.string()), {"localstate.encoding": "json"}
+
+
 def load_task_class(spec: str | type | Callable[[], StreamTask], *,
                     timeout: float | None = None) -> Callable[[], StreamTask]:
     """Resolve ``module:Class`` (or pass a class or factory through) to a zero-argument factory.
@@ -205,8 +307,8 @@ def load_task_class(spec: str | type | Callable[[], StreamTask], *,
     except BaseException as exc:  # user code can fail to import in any way, sys.exit() included
         raise _load_error(spec, module_name, exc) from exc
     if not (isinstance(obj, type) and issubclass(obj, StreamTask)):
-        raise ConfigError([ConfigProblem("job.task", f"{spec!r} is not a StreamTask subclass")],
-                          hint="subclass localstate.StreamTask")
+        raise ConfigError([ConfigProblem("job.task", f"{spec!r} is not a StreamTask subclass (BatchTask is one)")],
+                          hint="subclass localstate.StreamTask, or localstate.BatchTask for Arrow batches")
     return obj
 
 

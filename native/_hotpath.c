@@ -14,6 +14,12 @@
  *              int in [int_min, int_max] or (other values) not None and accepted by vfast: stored
  *              in young and in the pending map (the encoded bytes there when hold_encoded), then
  *              spill() when the pending map holds more than batch keys. Anything else: put_slow.
+ *   merge(keys, deltas, op, results):  KeyValueEngine.merge_many's per-row loop for the int serde
+ *              (op 0 add, 1 min, 2 max): for each row, a key of exactly the key class in the young
+ *              generation holding an exact int, and an exact int delta, gets its new value stored in
+ *              young and the pending map when it is in the int serde's range (spill() as put does);
+ *              any other row calls merge_slow(key, delta) (the engine's per-key read-modify-write).
+ *              Returns the list of each row's new value with results, else None.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +30,7 @@ typedef struct {
     PyObject *key_class;               /* the key serde's native class */
     PyObject *spill, *reference_get, *missed, *put_slow;
     PyObject *vfast, *slow_value, *errors; /* non-int values: fast encoder, its fallback, its errors */
+    PyObject *merge_slow;              /* merge's per-row fallback (None: merge is refused) */
     Py_ssize_t batch;
     long long int_min, int_max;
     int int_values, hold_encoded;
@@ -41,6 +48,7 @@ static int hotpath_traverse(HotPath *self, visitproc visit, void *arg) {
     Py_VISIT(self->vfast);
     Py_VISIT(self->slow_value);
     Py_VISIT(self->errors);
+    Py_VISIT(self->merge_slow);
     return 0;
 }
 
@@ -56,6 +64,7 @@ static int hotpath_clear(HotPath *self) {
     Py_CLEAR(self->vfast);
     Py_CLEAR(self->slow_value);
     Py_CLEAR(self->errors);
+    Py_CLEAR(self->merge_slow);
     return 0;
 }
 
@@ -68,22 +77,22 @@ static void hotpath_dealloc(HotPath *self) {
 static int hotpath_init(HotPath *self, PyObject *args, PyObject *kwargs) {
     static char *names[] = {"young", "old", "dirty", "key_class", "batch", "spill", "reference_get", "missed",
                             "put_slow", "int_values", "int_min", "int_max", "vfast", "slow_value",
-                            "errors", "hold_encoded", NULL};
+                            "errors", "hold_encoded", "merge_slow", NULL};
     PyObject *young, *old, *dirty, *key_class, *spill, *reference_get, *missed, *put_slow, *vfast, *slow_value,
-        *errors;
+        *errors, *merge_slow = Py_None;
     Py_ssize_t batch;
     int int_values, hold_encoded;
     long long int_min, int_max;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!nOOOOpLLOOOp:HotPath", names, &PyDict_Type, &young,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!nOOOOpLLOOOp|O:HotPath", names, &PyDict_Type, &young,
                                      &PyDict_Type, &old, &PyDict_Type, &dirty, &PyType_Type, &key_class, &batch,
                                      &spill, &reference_get, &missed, &put_slow, &int_values, &int_min, &int_max,
-                                     &vfast, &slow_value, &errors, &hold_encoded))
+                                     &vfast, &slow_value, &errors, &hold_encoded, &merge_slow))
         return -1;
     PyObject *held[] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast, slow_value,
-                        errors};
+                        errors, merge_slow};
     PyObject **slots[] = {&self->young, &self->old, &self->dirty, &self->key_class, &self->spill,
                           &self->reference_get, &self->missed, &self->put_slow, &self->vfast, &self->slow_value,
-                          &self->errors};
+                          &self->errors, &self->merge_slow};
     for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++) {
         Py_INCREF(held[i]);
         Py_XSETREF(*slots[i], held[i]);
@@ -178,11 +187,95 @@ static PyObject *hotpath_put(HotPath *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* One row of merge: the new value (a new reference), or NULL with an exception set. */
+static PyObject *merge_row(HotPath *self, PyObject *key, PyObject *delta, int op) {
+    if ((PyObject *)Py_TYPE(key) == self->key_class && self->int_values && PyLong_CheckExact(delta)) {
+        PyObject *current = PyDict_GetItemWithError(self->young, key);
+        if (current == NULL && PyErr_Occurred()) return NULL;
+        if (current != NULL && PyLong_CheckExact(current)) {
+            PyObject *value;
+            if (op == 0) {
+                value = PyNumber_Add(current, delta);
+                if (value == NULL) return NULL;
+            } else {
+                int less = PyObject_RichCompareBool(delta, current, op == 1 ? Py_LT : Py_GT);
+                if (less < 0) return NULL;
+                value = Py_NewRef(less ? delta : current);
+            }
+            if (int_in_range(self, value)) {
+                if (PyDict_SetItem(self->young, key, value) < 0 || PyDict_SetItem(self->dirty, key, value) < 0) {
+                    Py_DECREF(value);
+                    return NULL;
+                }
+                if (PyDict_GET_SIZE(self->dirty) > self->batch) {
+                    PyObject *done = PyObject_CallNoArgs(self->spill);
+                    if (done == NULL) {
+                        Py_DECREF(value);
+                        return NULL;
+                    }
+                    Py_DECREF(done);
+                }
+                return value;
+            }
+            Py_DECREF(value); /* out of range: the reference path raises the typed error */
+        }
+    }
+    return PyObject_CallFunctionObjArgs(self->merge_slow, key, delta, NULL);
+}
+
+static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(self)) return NULL;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "merge(keys, deltas, op, results)");
+        return NULL;
+    }
+    if (self->merge_slow == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "HotPath.merge without merge_slow");
+        return NULL;
+    }
+    PyObject *keys = args[0], *deltas = args[1];
+    if (!PyList_CheckExact(keys) || !PyList_CheckExact(deltas) || PyList_GET_SIZE(keys) != PyList_GET_SIZE(deltas)) {
+        PyErr_SetString(PyExc_TypeError, "merge: keys and deltas must be lists of equal length");
+        return NULL;
+    }
+    long op = PyLong_AsLong(args[2]);
+    if (op == -1 && PyErr_Occurred()) return NULL;
+    int results = PyObject_IsTrue(args[3]);
+    if (results < 0) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = results ? PyList_New(n) : NULL;
+    if (results && out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* the lists may change size under a fallback's feet (user objects' __eq__): index checked */
+        if (i >= PyList_GET_SIZE(keys) || i >= PyList_GET_SIZE(deltas)) {
+            PyErr_SetString(PyExc_RuntimeError, "merge: keys or deltas changed size");
+            Py_XDECREF(out);
+            return NULL;
+        }
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i)), *delta = Py_NewRef(PyList_GET_ITEM(deltas, i));
+        PyObject *value = merge_row(self, key, delta, (int)op);
+        Py_DECREF(key);
+        Py_DECREF(delta);
+        if (value == NULL) {
+            Py_XDECREF(out);
+            return NULL;
+        }
+        if (results)
+            PyList_SET_ITEM(out, i, value);
+        else
+            Py_DECREF(value);
+    }
+    if (results) return out;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef hotpath_methods[] = {
     {"get", (PyCFunction)(void (*)(void))hotpath_get, METH_FASTCALL | METH_KEYWORDS,
      "The value of key, or None (KeyValueEngine.get)."},
     {"put", (PyCFunction)(void (*)(void))hotpath_put, METH_FASTCALL | METH_KEYWORDS,
      "Set key to value (KeyValueEngine.put)."},
+    {"merge", (PyCFunction)(void (*)(void))hotpath_merge, METH_FASTCALL,
+     "merge(keys, deltas, op, results): KeyValueEngine.merge_many's per-row loop for the int serde."},
     {NULL, NULL, 0, NULL},
 };
 

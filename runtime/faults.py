@@ -105,6 +105,14 @@ def crash_point(point: str) -> None:
         _armed[point].reached()
 
 
+def crash_points(point: str, times: int) -> None:
+    """:func:`crash_point` ``times`` times (a batch of records reaching ``process`` one by one)."""
+    if point in _armed:
+        reached = _armed[point].reached
+        for _ in range(times):
+            reached()
+
+
 @contextmanager
 def armed(spec: CrashAt | None) -> Iterator[None]:
     """Arm ``spec`` for the extent of the block (``None``: arm nothing). What was armed at this point

@@ -40,13 +40,14 @@ from localstate.core.config import JobConfig
 from localstate.core.corruption import wipe_local
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
-from localstate.runtime.faults import crash_point
-from localstate.runtime.records import CHUNK, PROCESS_HINT, FeedStats, InputPolicy, apply_on_error, make_envelope
+from localstate.runtime.faults import crash_point, crash_points
+from localstate.runtime.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, FeedStats, InputPolicy, \
+    apply_on_error, make_envelope
 from localstate.core.fsutil import ensure_dir, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
-from localstate.core.task import Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, TaskContext, \
-    load_task_class
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, \
+    TaskContext, load_task_class, record_batch
 from localstate.core.tracebacks import raise_task_error
 from localstate.errors import StoreCorruptError, StoreIOError
 
@@ -425,7 +426,12 @@ class TaskInstance:
         InputError); the input's position advances past it. With ``autocommit`` the instance commits
         between records as configured (``commit_every``/``commit_interval``, coordinator requests)
         and stops when the task asks to shut down; without it (a Spark batch) nothing commits until
-        the caller does, and nothing runs between records but the loop itself."""
+        the caller does, and nothing runs between records but the loop itself.
+
+        A :class:`BatchTask` gets the same records as Arrow batches (:meth:`_feed_batches`); the items
+        may then also be :class:`ArrowRows`."""
+        if isinstance(self.task, BatchTask):
+            return self._feed_batches(records, policies, autocommit)
         stats = FeedStats()
         policies = policies or {}
         items = iter(records)
@@ -444,6 +450,8 @@ class TaskInstance:
                 reading += clock() - started
                 if not chunk:
                     break
+                if chunk[0].__class__ is ArrowRows:  # rows held as Arrow (the DataFrame step)
+                    chunk = [pair for rows in chunk for pair in rows.records()]
                 for name, record in chunk:
                     point("process")
                     n += 1
@@ -463,6 +471,88 @@ class TaskInstance:
             stats.records = n
             stats.read_seconds = reading
         return stats
+
+    def _feed_batches(self, records: Iterable[Any], policies: Mapping[str, InputPolicy] | None,
+                      autocommit: bool) -> FeedStats:
+        """:meth:`feed` for a BatchTask (see :mod:`localstate.runtime.records`): up to
+        :data:`BATCH_ROWS` records at a time become one Arrow batch (bad records get their input's
+        ``on_error``, per row, and are left out of it), :class:`ArrowRows` items are delivered as they
+        are; the inputs' positions advance past each whole batch, and with ``autocommit`` commits
+        happen only between batches."""
+        stats = FeedStats()
+        policies = policies or {}
+        items = iter(records)
+        clock = time.perf_counter
+        several = len(self.job.inputs) > 1
+        reading = 0.0
+        n = 0
+        try:
+            while True:
+                started = clock()
+                chunk = list(islice(items, BATCH_ROWS))
+                reading += clock() - started
+                if not chunk:
+                    break
+                if chunk[0].__class__ is ArrowRows:
+                    for rows in chunk:
+                        count = rows.batch.num_rows
+                        crash_points("process", count)
+                        if count:
+                            self._deliver(rows.batch, rows.stream, rows.start, count)
+                            self.positions[rows.stream] = rows.start + count
+                        n += count
+                        if autocommit and self._after_batch(count):
+                            return stats
+                    continue
+                crash_points("process", len(chunk))  # reached once per record, good or bad, as per record
+                names, chosen = zip(*chunk)
+                offsets, keys, values, times, errors, _raws = zip(*chosen)
+                if errors.count(None) != len(errors):  # bad records: on_error per row, left out of the batch
+                    good = []
+                    for name, record in chunk:
+                        if record.error is None:
+                            good.append((name, record))
+                        else:
+                            apply_on_error(policies.get(name), self, name, record, stats)
+                    if good:
+                        good_names, good_records = zip(*good)
+                        g_offsets, keys, values, times, _e, _r = zip(*good_records)
+                    else:
+                        good_names, g_offsets = (), ()
+                else:
+                    good_names, g_offsets = names, offsets
+                if g_offsets:
+                    batch = record_batch(list(good_names), list(g_offsets), list(keys), list(values), list(times),
+                                         with_stream=several)
+                    self._deliver(batch, good_names[0], g_offsets[0], len(g_offsets))
+                positions = self.positions
+                if len(set(names)) == 1:
+                    positions[names[0]] = offsets[-1] + 1
+                else:
+                    for name, offset in zip(names, offsets):
+                        positions[name] = offset + 1
+                n += len(chunk)
+                if autocommit and self._after_batch(len(chunk)):
+                    return stats
+        finally:
+            stats.records = n
+            stats.read_seconds = reading
+        return stats
+
+    def _deliver(self, batch: Any, stream: str, offset: int, rows: int) -> None:
+        """``process_batch()`` of one batch (``rows`` rows, the first at ``stream``/``offset``); a
+        failure becomes a TaskError naming the user's frame and the batch's first row."""
+        try:
+            self.task.process_batch(batch, self.collector, self.coordinator)  # type: ignore[union-attr]
+        except (Exception, SystemExit) as exc:
+            raise_task_error(exc, "process_batch()", stream=stream, partition=self.partition, offset=offset,
+                             rows=rows, hint=PROCESS_HINT)
+
+    def _after_batch(self, rows: int) -> bool:
+        """Between two batches of an autocommitting feed: commit if due; True stops the feed."""
+        self.processed_since_commit += rows
+        self._after_call()
+        return self.coordinator.shutdown_requested
 
     def process(self, envelope: Envelope) -> bool:
         """Process one record unless the checkpoint already covers it. May commit afterwards."""

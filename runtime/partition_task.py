@@ -99,7 +99,10 @@ class PartitionTask(ABC):
 
     @abstractmethod
     def records(self, lease: OpenPartition) -> Iterable[tuple[str, "InputRecord"]]:
-        """The batch's ``(input, record)`` pairs in processing order, from the instance's positions."""
+        """The batch's ``(input, record)`` pairs in processing order, from the instance's positions (or
+        :class:`~localstate.runtime.records.ArrowRows`, rows held as Arrow already, which a BatchTask
+        gets as they are). A BatchTask gets the pairs built into Arrow batches by the feed loop: a
+        commit never splits one, and a retry of the batch re-delivers all of them."""
 
     def policies(self) -> Mapping[str, InputPolicy] | None:
         """Each input's bad-record policy (None: every input fails on a bad record)."""

@@ -13,6 +13,14 @@ For each ``(stream, InputRecord)`` the loop, in order:
 3. advances the input's position past the record (what the next checkpoint stores);
 4. optionally (``after_record``) lets the caller commit or stop between records.
 
+For a :class:`~localstate.core.task.BatchTask` the same loop delivers batches instead of records: it
+pulls up to :data:`BATCH_ROWS` records at a time, applies ``on_error`` to the bad ones (per row, as
+above), builds one Arrow batch of the good ones (:func:`~localstate.core.task.record_batch`), reaches
+the ``process`` crash point once per row, calls ``task.process_batch()`` and advances each input's
+position past the whole batch at once; ``after_record`` runs after each batch, so a commit never
+splits a batch. A runtime that holds its rows as Arrow already (the DataFrame step) passes
+:class:`ArrowRows` items instead of records: delivered as they are, no Python object per row.
+
 It is the runtime's hot loop, so it keeps the costs per record to what the work needs: envelopes
 built by :func:`make_envelope`, records pulled in chunks (reading is timed per chunk, not per
 record), the task's bound method and the instance's containers held in locals, and no per-record
@@ -33,7 +41,7 @@ if TYPE_CHECKING:  # the stream contract is only named here: this module stays l
     from localstate.core.streams.base import InputRecord
 
 __all__ = ["InputPolicy", "OnError", "FeedStats", "apply_on_error", "make_envelope", "safe_text", "PROCESS_HINT",
-           "CHUNK"]
+           "CHUNK", "BATCH_ROWS", "ArrowRows"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +51,31 @@ CHUNK = 256
 """Records pulled from the input at a time. Small on purpose: a chunk's records must die before
 Python's cyclic GC promotes them to its oldest generation, or every few thousand records trigger a
 full collection of the worker's heap."""
+
+
+BATCH_ROWS = 4096
+"""Records pulled at a time for a BatchTask, hence the most rows of a batch built from records: large
+enough to spread the per-batch costs (building Arrow arrays, one Python call), small enough to keep a
+worker's memory flat."""
+
+
+@dataclass(frozen=True)
+class ArrowRows:
+    """A batch of one input's rows held as Arrow already (the DataFrame step): ``batch`` has the
+    BatchTask columns (:data:`~localstate.core.task.BATCH_COLUMNS`), its offsets run from ``start``
+    without gaps. Fed to a BatchTask as it is; a StreamTask gets its rows as records."""
+
+    stream: str
+    batch: Any
+    """a ``pyarrow.RecordBatch``"""
+    start: int
+
+    def records(self) -> list[tuple[str, "InputRecord"]]:
+        """The rows as ``(stream, InputRecord)`` (for a StreamTask)."""
+        from localstate.core.streams.base import InputRecord  # the stream contract; imported when used
+
+        columns = [self.batch.column(name).to_pylist() for name in ("offset", "key", "value", "timestamp")]
+        return [(self.stream, InputRecord(*row)) for row in zip(*columns)]
 
 
 FAIL = "fail"

@@ -33,7 +33,7 @@ from localstate.runtime.records import InputPolicy, OnError
 from localstate.core.layout import open_changelog_system
 from localstate.runtime.instance import MemorySink, TaskInstance
 from localstate.core.streams.base import InputRecord
-from localstate.core.task import Envelope, StreamTask
+from localstate.core.task import BatchTask, Envelope, StreamTask
 
 __all__ = ["TaskTestDriver"]
 
@@ -44,7 +44,7 @@ class TaskTestDriver:
     policies, ``{stream: {"on_error": "fail" | "skip" | "dead_letter", "dead_letter": output}}``
     (undeclared inputs fail on a bad record, the default of ``[inputs.*]``)."""
 
-    def __init__(self, task: type[StreamTask] | Callable[[], StreamTask] | str, *,
+    def __init__(self, task: type[StreamTask] | type[BatchTask] | Callable[[], StreamTask] | str, *,
                  stores: Mapping[str, Mapping[str, Any]] | None = None, partitions: int = 1,
                  state_dir: str | Path | None = None, changelog: str = "file",
                  changelog_options: Mapping[str, Any] | None = None, commit_every: int | None = None,
@@ -134,12 +134,36 @@ class TaskTestDriver:
 
     def send(self, stream: str, key: Any, value: Any, *, partition: int | None = None,
              timestamp: float | None = None) -> Envelope:
-        """Append a record to input ``stream`` (partitioned by key, like Kafka) and process it."""
+        """Append a record to input ``stream`` (partitioned by key, like Kafka) and process it (a
+        :class:`BatchTask` gets it as a one-row batch)."""
         if partition is None:
             partition = partition_for(key, self.job.partitions)
         record = self._append(stream, partition, InputRecord(0, key, value,
                                                               time.time() if timestamp is None else timestamp))
         return Envelope(stream, partition, record.offset, key, value, record.ts)
+
+    def send_batch(self, stream: str, keys: Iterable[Any], values: Iterable[Any], *, partition: int | None = None,
+                   timestamps: Iterable[float | None] | None = None) -> list[Envelope]:
+        """Append records ``zip(keys, values)`` to input ``stream`` (each to its key's partition, or all
+        to ``partition``) and feed each partition's records in one call: a :class:`BatchTask` gets
+        them as one batch per partition (up to ``BATCH_ROWS`` rows), a StreamTask one by one."""
+        keys, values = list(keys), list(values)
+        now = time.time()
+        times = [now] * len(keys) if timestamps is None else list(timestamps)
+        if not len(keys) == len(values) == len(times):
+            raise ValueError(f"send_batch: {len(keys)} keys, {len(values)} values, {len(times)} timestamps")
+        grouped: dict[int, list[InputRecord]] = {}
+        sent = []
+        for key, value, ts in zip(keys, values, times):
+            p = partition_for(key, self.job.partitions) if partition is None else partition
+            log = self.inputs.setdefault((stream, p), [])
+            record = InputRecord(len(log), key, value, ts)
+            log.append(record)
+            grouped.setdefault(p, []).append(record)
+            sent.append(Envelope(stream, p, record.offset, key, value, ts))
+        for p, records in grouped.items():
+            self.instances[p].feed(((stream, record) for record in records), self.policies, autocommit=True)
+        return sent
 
     def send_bad(self, stream: str, raw: str, error: str = "could not decode the record", *, partition: int = 0,
                  timestamp: float | None = None) -> InputRecord:
@@ -149,8 +173,18 @@ class TaskTestDriver:
 
     def feed(self, stream: str, records: Iterable[InputRecord], *, partition: int = 0) -> list[InputRecord]:
         """Append ``records`` (good ones and bad ones, ``error`` set) to ``stream``'s partition, in
-        order, and feed them; their offsets are the log's (the given ones are ignored)."""
-        return [self._append(stream, partition, record) for record in records]
+        order, and feed them; their offsets are the log's (the given ones are ignored). A StreamTask
+        gets them one by one, a BatchTask in one batch (up to ``BATCH_ROWS`` rows)."""
+        if not isinstance(self.instances[partition].task, BatchTask):
+            return [self._append(stream, partition, record) for record in records]
+        log = self.inputs.setdefault((stream, partition), [])
+        appended = []
+        for record in records:
+            record = record._replace(offset=len(log))
+            log.append(record)
+            appended.append(record)
+        self.instances[partition].feed(((stream, record) for record in appended), self.policies, autocommit=True)
+        return appended
 
     def _append(self, stream: str, partition: int, record: InputRecord) -> InputRecord:
         log = self.inputs.setdefault((stream, partition), [])

@@ -26,6 +26,7 @@ from localstate.core.codecs import FAST_ERRORS
 from localstate.core.engine import StoreContext
 from localstate.engines.heap.base import HeapEngineBase
 from localstate.engines.heap.codec import SCORE_HEADER, check_number, decode_score_value
+from localstate.errors import InvalidValueError
 
 
 __all__ = ["Entry", "TopNEngine"]
@@ -192,6 +193,26 @@ class TopNEngine(HeapEngineBase):
             if out is not None:
                 evicted.append(out)
         return evicted
+
+    def push_many(self, items: Iterable[Any], scores: Iterable[Any], payloads: Iterable[Any] | None = None) -> list[Entry]:
+        """:meth:`push` of each ``(item, score[, payload])`` of the columns, in order (lists, pyarrow
+        arrays or iterables of equal length; for a batch task's columns); returns the evicted entries.
+        Not coalesced: with a ``capacity``, which entries are evicted depends on every push's order."""
+        items = items.to_pylist() if hasattr(items, "to_pylist") else list(items)
+        scores = scores.to_pylist() if hasattr(scores, "to_pylist") else list(scores)
+        if payloads is None:
+            columns: Iterable[tuple[Any, ...]] = zip(items, scores)
+            count = len(scores)
+        else:
+            payloads = payloads.to_pylist() if hasattr(payloads, "to_pylist") else list(payloads)
+            columns = zip(items, scores, payloads)
+            count = min(len(scores), len(payloads))
+        if not len(items) == count == len(scores):
+            raise InvalidValueError(f"push_many: columns of different lengths ({len(items)} items, {len(scores)} "
+                                    f"scores{'' if payloads is None else f', {len(payloads)} payloads'})",
+                                    hint="pass one score (and payload) per item", store=self.context.store,
+                                    partition=self.context.partition)
+        return self.push_all(columns)
 
     def remove(self, item: Any) -> Entry | None:
         """Remove ``item``; returns its entry, or None if it was absent."""

@@ -2,8 +2,9 @@
 ordered backend.
 
 Layers, top to bottom: object cache (``cache.GenerationalCache``: bounded, read-your-writes) and
-pending changes (the coalesced map of keys changed since the last spill/flush, holding the value
-*objects*) -> serdes, applied once per changed key at the spill/flush -> the logged-store layer
+pending changes (the coalesced map of keys changed since the last spill/flush, holding each value's
+bytes, encoded once at its put; the int serde's values as objects, packed at the flush) -> the
+logged-store layer
 (``localstate.core.logged``: changelog first, then one atomic backend write with the offset) -> a
 backend plugin (``localstate.core.backend``).
 
@@ -16,10 +17,10 @@ only ``1`` is a key, under json they are three keys.
 Guarantees (see ``localstate.core.engine``):
 
 * ``put`` raises the typed error for a key or value the serdes refuse, or a key of a size the
-  backend cannot hold, before anything is logged (values are checked at put and encoded at flush).
-* ``flush()`` appends one record per key changed since the previous flush, holding the value's
-  state at that flush (a value mutated after its put is committed as mutated: what ``get``
-  returned), flushes the changelog (end offset ``n``), then writes the changes *and* ``n`` in one
+  backend cannot hold, before anything is logged. A value is encoded once, at its put (the check
+  is the encoding): what is logged is the value as it was put.
+* ``flush()`` appends one record per key changed since the previous flush (the bytes of its last
+  put), flushes the changelog (end offset ``n``), then writes the changes *and* ``n`` in one
   atomic backend write.
 * A spill (``write_batch_size`` pending keys before a commit) first appends and flushes the
   changelog, then writes the backend *without* touching the recorded offset, so local state never
@@ -28,9 +29,9 @@ Guarantees (see ``localstate.core.engine``):
 
 Performance: ``get``/``put`` run in C where the extension ``localstate.native._hotpath`` is built
 (see ``_bind_hot_path``), else they are the methods below (the reference): a cache hit is one
-dict lookup, a put of a cached key two dict stores (and a class/range check of an int value); no key
-or value is encoded until the flush, which sorts the changed keys once and encodes them with one
-C-level ``map`` per column (``core/codecs.py``), then hands the changelog and the backend one
+dict lookup, a put of a cached key two dict stores (and a class/range check of an int value, or
+the value's one encoding); no key is encoded until the flush, which sorts the changed keys once and
+encodes them (and int values) with one C-level ``map`` per column (``core/codecs.py``), then hands the changelog and the backend one
 key-sorted list (cheap RocksDB memtable inserts, LMDB bulk put).
 
 Write-behind (option ``write_behind``): the flush's backend write runs on the logged store's
@@ -42,6 +43,7 @@ the backend settles first (``_settle``).
 from __future__ import annotations
 
 import weakref
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -71,7 +73,10 @@ class _NoClass:
 
 # Public methods replaced by a StoreClosedError raiser on close(), so the hot path needs no check.
 _API = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "prefix", "all",
-        "approximate_count", "restore", "flush", "local_offset")
+        "approximate_count", "restore", "flush", "local_offset", "get_many", "put_many", "merge_many")
+
+#: ``merge_many`` operations: ``new = op(current, delta)`` (``delta`` alone for an absent key).
+MERGE_OPS = ("add", "min", "max")
 
 
 _TRUSTED_SERDES = (BytesSerde, StringSerde, IntSerde, JsonSerde, PickleSerde)
@@ -115,8 +120,13 @@ class KeyValueEngine(StorageEngine):
         self._encode_keys = many_encoder(kserde) if self._key_class is not _NoClass else list
         self._encode_values = many_encoder(vserde)
         self._int_values = inline_int_class(vserde) is int  # exact ints: checked by class and range
-        # bytes values are held as the serde's bytes (a bytearray put is copied, as the serde does)
-        self._hold_encoded = type(vserde) is BytesSerde
+        # Values are encoded once, at put, and the pending map holds those bytes (a bytearray put is
+        # copied, as the bytes serde does); only the int serde's values are held as objects (an exact
+        # int is checked by class and range, and packed at the flush, cheaper than packing it twice).
+        self._hold_encoded = not self._int_values
+        # a pending value's object again, for a read that misses the cache but finds the key pending
+        # (None: the held bytes are the object, as with the bytes serde)
+        self._decode_held = None if type(vserde) is BytesSerde or self._int_values else self._vde_fast
         self._cache = GenerationalCache(int(opts["cache_size"]))
         self._batch = int(opts["write_batch_size"])
         self._restore_batch = int(opts["restore_batch_size"])
@@ -134,6 +144,8 @@ class KeyValueEngine(StorageEngine):
         self._logged = LoggedStore(context, self._backend, write_behind=bool(opts["write_behind"]))
         self._backend_failed = self._logged.failed
         self._closed = False
+        self._hot_merge: Any = None
+        self._merge_op = "add"
         self._bind_hot_path()
 
     # -- keys ------------------------------------------------------------------------------------
@@ -169,9 +181,8 @@ class KeyValueEngine(StorageEngine):
         return ckey, kb
 
     def _held_value(self, key: Any, value: Any) -> Any:
-        """``value`` as the pending map holds it, after checking that the serde encodes it (typed
-        SerdeError at put, not at flush): the object itself (encoded at flush), or for the bytes
-        serde its bytes."""
+        """``value`` as the pending map holds it, encoded once (typed SerdeError at put, not at flush):
+        its bytes, or for the int serde the object itself (packed at the flush)."""
         if value is None:
             raise self._none_value(key)
         try:
@@ -179,6 +190,13 @@ class KeyValueEngine(StorageEngine):
         except FAST_ERRORS:
             vb = self._slow_value(key, value)
         return vb if self._hold_encoded else value
+
+    def _decode_pending(self, ckey: Any, vb: bytes) -> Any:
+        """The object of a pending value held encoded (read after the cache lost it)."""
+        try:
+            return self._decode_held(vb)  # type: ignore[misc]
+        except FAST_ERRORS:
+            return self._decode_value(self._key_bytes(ckey), vb)
 
     def _bind_hot_path(self) -> None:
         """Install the C ``get``/``put`` (``localstate.native._hotpath``) on this instance, when built.
@@ -201,8 +219,10 @@ class KeyValueEngine(StorageEngine):
                                put_slow=KeyValueEngine.put.__get__(self),
                                int_values=self._int_values, int_min=INT_MIN, int_max=INT_MAX,
                                vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
-                               hold_encoded=self._hold_encoded)
+                               hold_encoded=self._hold_encoded, merge_slow=self._merge_slow)
         self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        if self._int_values and self._key_class is not _NoClass:
+            self._hot_merge = hot.merge  # merge_many's per-row loop in C (int values need no encoding)
 
     def _slow_key(self, key: Any) -> bytes:
         """Encode ``key`` through the serde after the fast path refused it (raises the SerdeError)."""
@@ -276,6 +296,8 @@ class KeyValueEngine(StorageEngine):
             return value
         value = self._dirty.get(ckey, _MISS)
         if value is not _MISS:
+            if value is not None and self._decode_held is not None:
+                value = self._decode_pending(ckey, value)
             cache.insert(ckey, value)
             return value
         if self._key_class is _NoClass:  # as _key_bytes, inline: this is every miss of the C hot path too
@@ -322,6 +344,8 @@ class KeyValueEngine(StorageEngine):
                     if self._min_key <= len(kb) <= self._max_key:
                         misses.append((key, ckey, kb))
                     continue
+                if value is not None and self._decode_held is not None:
+                    value = self._decode_pending(ckey, value)
             if value is not None:
                 result[key] = value
         if misses:
@@ -339,8 +363,8 @@ class KeyValueEngine(StorageEngine):
 
     # -- writes ----------------------------------------------------------------------------------
     def put(self, key: Any, value: Any) -> None:
-        """Set ``key`` to ``value`` (not None). Logged at the next flush, coalesced per key; what is
-        logged is the value's state at that flush (the object ``get`` returns)."""
+        """Set ``key`` to ``value`` (not None). Logged at the next flush, coalesced per key; the value is
+        encoded now, once: what is logged is the value as it was put."""
         if value is None:
             raise self._none_value(key)
         young = self._cache.young
@@ -404,12 +428,14 @@ class KeyValueEngine(StorageEngine):
         One pass: sort the cache keys (the order of their encodings, see ``codecs.native_class``),
         encode keys and values with one C-level map each. Key order makes the backend write several
         times cheaper (RocksDB inserts each key into its memtable skiplist starting from the previous
-        insert's position; LMDB touches each B-tree page once). Raises the typed SerdeError, before
-        anything is logged, for a value that no longer encodes (an object mutated after its put)."""
+        insert's position; LMDB touches each B-tree page once). Values are held encoded since their
+        put, but for the int serde's (packed here)."""
         dirty = self._dirty
         ckeys = sorted(dirty)
         values = list(map(dirty.__getitem__, ckeys))
         kbs = self._encode_keys(ckeys)
+        if self._hold_encoded:  # encoded at put: bytes, or None for a delete
+            return ckeys, list(zip(kbs, values))
         try:
             if self._tombstones:
                 present = [v for v in values if v is not None]
@@ -422,6 +448,209 @@ class KeyValueEngine(StorageEngine):
                              hint="do not mutate a value after put() into something its serde cannot "
                                   "encode", **self._ctx()) from exc
         return ckeys, list(zip(kbs, vbs))
+
+    # -- batched operations ----------------------------------------------------------------------
+    def get_many(self, keys: Iterable[Any]) -> list[Any]:
+        """The values of ``keys``, in order (None for an absent key): ``[get(k) for k in keys]``, with
+        the cache looked up in one C-level pass and one backend read (``KVBackend.get_many``) for the
+        distinct keys neither cached nor pending."""
+        keys = keys if isinstance(keys, list) else list(keys)
+        return self._lookup_many(self._read_keys(keys))
+
+    def put_many(self, keys: Iterable[Any], values: Iterable[Any]) -> None:
+        """``put(k, v)`` for each pair, in order, coalesced: a key given several times keeps its last
+        value, and only that value is encoded (once). Every key and surviving value is checked before
+        anything is applied: a SerdeError or InvalidValueError (a None value, a key the backend cannot
+        hold) applies none of the batch."""
+        keys = keys if isinstance(keys, list) else list(keys)
+        values = values if isinstance(values, list) else list(values)
+        self._same_length(keys, values, "values")
+        latest = dict(zip(self._write_keys(keys), values))
+        self._apply(latest, self._held_many(latest))
+
+    def merge_many(self, keys: Iterable[Any], deltas: Iterable[Any], op: str = "add", *,
+                   results: bool = False) -> list[Any] | None:
+        """Read-modify-write of many keys in one pass: for each ``(key, delta)`` in order, the key's value
+        becomes ``delta`` if it is absent, else ``current + delta`` (``op="add"``), ``min(current,
+        delta)`` or ``max(current, delta)``. Exactly the per-key ``put(k, op(get(k), d))`` loop (repeated
+        keys fold in order, so float sums round the same), but each distinct key is read once (one
+        backend read for the misses), written and encoded once. Checked as :meth:`put_many` (nothing
+        applied on an error; ``TypeError`` from the operation itself, e.g. ``str + int``, as the loop
+        would raise it). ``results=True`` returns each row's new value (the running value), in order.
+
+        With the int value serde and the C extension the per-row loop runs in C (each row a dict
+        lookup, an add and two dict stores; nothing to encode): rows before a failing row are then
+        applied, as in the per-key loop. Either way a failure fails the task's batch, rolled back to
+        the last commit."""
+        if op not in MERGE_OPS:
+            raise InvalidValueError(f"merge_many: unknown op {op!r}; use one of {', '.join(MERGE_OPS)}",
+                                    hint="op='add', 'min' or 'max'", **self._ctx())
+        keys = keys if isinstance(keys, list) else list(keys)
+        deltas = deltas if isinstance(deltas, list) else list(deltas)
+        self._same_length(keys, deltas, "deltas")
+        if self._hot_merge is not None:
+            self._merge_op = op
+            return self._hot_merge(keys, deltas, MERGE_OPS.index(op), results)
+        ckeys = self._write_keys(keys)
+        distinct = list(dict.fromkeys(ckeys))
+        current = dict(zip(distinct, self._lookup_many(distinct)))
+        out: list[Any] | None = [] if results else None
+        if op == "add":
+            if out is None:
+                for ckey, delta in zip(ckeys, deltas):
+                    value = current[ckey]
+                    current[ckey] = delta if value is None else value + delta
+            else:
+                append = out.append
+                for ckey, delta in zip(ckeys, deltas):
+                    value = current[ckey]
+                    current[ckey] = value = delta if value is None else value + delta
+                    append(value)
+        else:
+            smaller = op == "min"
+            for ckey, delta in zip(ckeys, deltas):
+                value = current[ckey]
+                if value is None or (delta < value if smaller else delta > value):
+                    value = current[ckey] = delta
+                if out is not None:
+                    out.append(value)
+        self._apply(current, self._held_many(current))
+        return out
+
+    def _merge_slow(self, key: Any, delta: Any) -> Any:
+        """One row of :meth:`merge_many` through :meth:`get`/:meth:`put` (the C loop's fallback)."""
+        value = self.get(key)
+        op = self._merge_op
+        if value is None:
+            value = delta
+        elif op == "add":
+            value = value + delta
+        elif (delta < value) if op == "min" else (delta > value):
+            value = delta
+        self.put(key, value)
+        return value
+
+    def _same_length(self, keys: list[Any], values: list[Any], what: str) -> None:
+        if len(keys) != len(values):
+            raise InvalidValueError(f"{len(keys)} keys but {len(values)} {what}", hint=f"pass one {what[:-1]} per key",
+                                    **self._ctx())
+
+    def _read_keys(self, keys: list[Any]) -> list[Any]:
+        """The cache keys of ``keys`` (the list itself when every key is of exactly the key class)."""
+        kc = self._key_class
+        if kc is not _NoClass and set(map(type, keys)) <= {kc}:
+            return keys
+        return list(map(self._canonical, keys))
+
+    def _write_keys(self, keys: list[Any]) -> list[Any]:
+        """:meth:`_read_keys` of keys to write, each distinct key checked as :meth:`put` checks it (a
+        key in the young cache generation was checked when it entered the cache)."""
+        kc = self._key_class
+        if kc is not _NoClass and set(map(type, keys)) <= {kc}:
+            young = self._cache.young
+            for key in dict.fromkeys(keys).keys() - young.keys():
+                self._checked_key(key)
+            return keys
+        checked = self._checked_key
+        return [checked(key)[0] for key in keys]
+
+    def _lookup_many(self, ckeys: list[Any]) -> list[Any]:
+        """:meth:`get` of each cache key, in order (None: absent): the young generation in one C-level
+        pass, then :meth:`_get_missed_many` for the distinct keys it missed."""
+        values = list(map(self._cache.young.get, ckeys, repeat(_MISS)))
+        missed = [i for i, value in enumerate(values) if value is _MISS]
+        if missed:
+            found = self._get_missed_many(list(dict.fromkeys([ckeys[i] for i in missed])))
+            for i in missed:
+                values[i] = found[ckeys[i]]
+        return values
+
+    def _get_missed_many(self, ckeys: list[Any]) -> dict[Any, Any]:
+        """:meth:`_get_missed` of distinct cache keys, with one backend read for those found neither in
+        the old generation, the pending changes nor the in-flight commit."""
+        cache = self._cache
+        old, young, dirty, inflight = cache.old, cache.young, self._dirty, self._inflight
+        found: dict[Any, Any] = {}
+        fetch: list[tuple[Any, bytes]] = []
+        for ckey in ckeys:
+            value = old.pop(ckey, _MISS)
+            if value is not _MISS:
+                young[ckey] = value
+                found[ckey] = value
+                continue
+            value = dirty.get(ckey, _MISS)
+            if value is not _MISS:
+                if value is not None and self._decode_held is not None:
+                    value = self._decode_pending(ckey, value)
+                cache.insert(ckey, value)
+                found[ckey] = value
+                continue
+            kb = self._key_bytes(ckey)
+            if not self._min_key <= len(kb) <= self._max_key:
+                found[ckey] = None  # the backend cannot hold such a key: it cannot exist
+                continue
+            vb = inflight.get(ckey, _MISS) if inflight else _MISS
+            if vb is _MISS:
+                fetch.append((ckey, kb))
+                continue
+            value = None if vb is None else self._decode_stored(kb, vb)
+            cache.insert(ckey, value)
+            found[ckey] = value
+        if fetch:
+            if self._inflight and not self._backend.concurrent_reads:
+                self._settle()
+            try:
+                stored = self._backend.get_many([kb for _, kb in fetch])
+            except Exception as exc:
+                raise self._backend_failed(exc) from exc
+            for (ckey, kb), vb in zip(fetch, stored):
+                value = None if vb is None else self._decode_stored(kb, vb)
+                cache.insert(ckey, value)
+                found[ckey] = value
+        return found
+
+    def _decode_stored(self, kb: bytes, vb: bytes) -> Any:
+        try:
+            return self._vde_fast(vb)
+        except FAST_ERRORS:
+            return self._decode_value(kb, vb)
+
+    def _held_many(self, latest: dict[Any, Any]) -> dict[Any, Any]:
+        """``{cache key: value as the pending map holds it}`` for the batch's surviving values, each
+        checked (encoded) once, as :meth:`_held_value`; raises before anything is applied."""
+        values = list(latest.values())
+        kinds = set(map(type, values))
+        if self._int_values and kinds <= {int} and (not values or (INT_MIN <= min(values) and max(values) <= INT_MAX)):
+            return latest  # exact ints in range: held as objects, packed at the flush
+        if type(None) in kinds:
+            for key, value in latest.items():
+                if value is None:
+                    raise self._none_value(key)
+        if self._hold_encoded:
+            try:
+                encoded = list(map(self._vfast, values))
+            except FAST_ERRORS:
+                encoded = [self._held_value(key, value) for key, value in latest.items()]
+            return dict(zip(latest, encoded))
+        return {key: self._held_value(key, value) for key, value in latest.items()}
+
+    def _apply(self, latest: dict[Any, Any], held: dict[Any, Any]) -> None:
+        """Write a checked batch: the objects into the cache, the held values into the pending map."""
+        cache = self._cache
+        young = cache.young
+        if latest.keys() - young.keys():
+            insert = cache.insert
+            for ckey, value in latest.items():
+                if ckey in young:
+                    young[ckey] = value
+                else:
+                    insert(ckey, value)
+        else:
+            young.update(latest)
+        dirty = self._dirty
+        dirty.update(held)
+        if len(dirty) > self._batch:
+            self._spill()
 
     # -- iteration -------------------------------------------------------------------------------
     def range(self, start: Any = None, end: Any = None, reverse: bool = False) -> "KVIterator":

@@ -66,9 +66,10 @@ from localstate.core.layout import checkpoint_store, job_directory, open_changel
 from localstate.runtime.spark.failures import executor_failure, spark_failure
 from localstate.runtime.spark.exchange import RowExchange
 from localstate.runtime.partition_task import PartitionTask, fault_for
+from localstate.runtime.records import ArrowRows
 from localstate.runtime.spark.instances import Lease, checkin, checkout, kept_partition, release_partitions
 from localstate.core.streams.base import InputRecord
-from localstate.core.task import OutgoingMessage, add_task_paths, load_task_class
+from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
@@ -553,6 +554,43 @@ def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, 
     return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, times))
 
 
+def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows]:
+    """The rows as one BatchTask batch (columns :data:`~localstate.core.task.BATCH_COLUMNS`), built
+    from the Arrow columns as they are: no Python object per row. ``value`` is the ``value`` column,
+    or a struct of every input column; ``timestamp`` the order column in seconds (float64) when it is
+    numeric, a timestamp or a date, else null."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = rows.combine_chunks()
+    n = table.num_rows
+    if not n:
+        return []
+
+    def column(name: str) -> Any:
+        chunks = table.column(name).chunks
+        return chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks)
+
+    key = column(spec.key)
+    if spec.value is not None:
+        value = column(spec.value)
+    else:
+        value = pa.StructArray.from_arrays([column(name) for name in spec.columns], names=list(spec.columns))
+    if spec.ts == "number":
+        times = pc.cast(column(spec.order_by), pa.float64())  # type: ignore[arg-type]
+    elif spec.ts == "timestamp":
+        micros = pc.cast(pc.cast(column(spec.order_by), "timestamp[us]"), "int64")  # type: ignore[arg-type]
+        times = pc.divide(pc.cast(micros, pa.float64()), 1e6)
+    else:
+        times = pa.nulls(n, pa.float64())
+    offsets = pa.array(np.arange(start, start + n, dtype=np.int64))
+    schema = pa.schema([pa.field("key", key.type), pa.field("value", value.type),
+                        pa.field("timestamp", pa.float64()), pa.field("offset", pa.int64())],
+                       metadata={"localstate.stream": spec.stream})
+    return [ArrowRows(spec.stream, pa.RecordBatch.from_arrays([key, value, times, offsets], schema=schema), start)]
+
+
 def _query_batch(batch: int) -> int | None:
     """The micro-batch id Spark gave this task (:data:`BATCH_ID_PROPERTY`), None outside a streaming
     query; BatchOrderError naming both ids if it is not ``batch`` (the driver passed another query's
@@ -592,9 +630,12 @@ class DataFramePartition(PartitionTask):
         outputs = cast(BatchOutputs, lease.sink.inner)  # run ids of this path are its own: see run_batch
         outputs.begin(self.task.batch, lease.instance.batch)
 
-    def records(self, lease: Lease) -> Iterator[tuple[str, InputRecord]]:
+    def records(self, lease: Lease) -> Iterable[Any]:
         spec = self.task.spec
-        return _records(spec, self.rows, lease.instance.position(spec.stream))
+        start = lease.instance.position(spec.stream)
+        if isinstance(lease.instance.task, BatchTask):  # Arrow end to end
+            return _arrow_rows(spec, self.rows, start)
+        return _records(spec, self.rows, start)
 
     def end(self, lease: Lease) -> None:
         lease.instance.batch = self.task.batch

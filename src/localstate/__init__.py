@@ -2,7 +2,7 @@
 
 The public surface, in two parts:
 
-* for **task authors**: :class:`StreamTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
+* for **task authors**: :class:`StreamTask`, :class:`BatchTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
   :class:`Coordinator`, :class:`KeyValueStore`, :class:`TaskTestDriver`, and the errors in :mod:`localstate.errors`;
 * for **plugin authors** (engines, changelog systems, stream systems, backends, serdes):
   :class:`StorageEngine`, :class:`StorageEngineFactory`, :class:`StoreContext` (and, for the state
@@ -27,7 +27,7 @@ from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, Sto
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
 from localstate.core.streams import InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem
-from localstate.core.task import Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
 from localstate.errors import LocalStateError
 
 try:
@@ -39,6 +39,7 @@ __all__ = [
     "__version__",
     # task authors
     "StreamTask",
+    "BatchTask",
     "TaskContext",
     "KeyValueStore",
     "Envelope",

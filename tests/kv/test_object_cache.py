@@ -1,9 +1,9 @@
 """The kv engine's object-keyed cache and pending map (engines/kv/cache.py, engine.py): keys of the
-built-in string/int/bytes serdes are held as objects of exactly the serde's class, values as objects
-encoded at flush. Checked against a dict model (hypothesis, every backend, a tiny cache so eviction
+built-in string/int/bytes serdes are held as objects of exactly the serde's class, values as their bytes
+(int values as objects, packed at flush). Checked against a dict model (hypothesis, every backend, a tiny cache so eviction
 happens), plus the edge cases the design must keep: keys that compare equal but encode differently
-never alias, bad keys and values still raise typed errors at put, a value mutated after put is
-committed in its state at flush, and write-behind reads see the in-flight commit."""
+never alias, bad keys and values still raise typed errors at put, a value is encoded once at its put
+(a mutation after it is not logged), and write-behind reads see the in-flight commit."""
 
 from __future__ import annotations
 
@@ -242,33 +242,45 @@ def test_bad_values_and_keys_raise_at_put_on_the_fast_path(tmp_path: Path, backe
 # -- mutation after put -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_value_mutated_after_put_is_committed_as_of_the_flush(tmp_path: Path, backend: str) -> None:
+def test_a_value_mutated_after_put_is_committed_as_it_was_put(tmp_path: Path, backend: str) -> None:
     changelog = MemoryChangelogPartition("m", 0)
     directory = tmp_path / "store"
     directory.mkdir()
     kv = open_store(directory, changelog, backend, StringSerde(), JsonSerde(), cache_size=100)
     value = {"n": 1}
-    kv.put("k", value)
+    kv.put("k", value)               # encoded now, once
     value["n"] = 2
-    assert kv.get("k") == {"n": 2}  # get returns the object put ...
-    kv.flush()                       # ... and the flush logs its state now
+    assert kv.get("k") == {"n": 2}  # get returns the cached object ...
+    kv.flush()                       # ... but the flush logs the bytes of the put
     [record] = list(changelog.read(0))
-    assert JsonSerde().deserialize(record.value) == {"n": 2}
+    assert JsonSerde().deserialize(record.value) == {"n": 1}
     kv._cache.clear()
-    assert kv.get("k") == {"n": 2}
-    # mutated into something the serde cannot encode: the flush raises, typed, before logging anything
+    assert kv.get("k") == {"n": 1}
+    # put again after mutating: the new state is logged; a value the serde refuses fails at put
     value = kv.get("k")
+    value["n"] = 3
     kv.put("k", value)
     value["bad"] = {1, 2}
-    with pytest.raises(SerdeError) as info:
-        kv.flush()
-    assert info.value.context["store"] == "cached"
-    assert changelog.end_offset() == 1
-    del value["bad"]
     kv.flush()
+    assert changelog.end_offset() == 2
+    with pytest.raises(SerdeError) as info:
+        kv.put("k", value)
+    assert info.value.context["store"] == "cached"
+    kv.flush()
+    assert changelog.end_offset() == 2  # the refused put logged nothing
     kv.close()
     kv = restored(open_store(directory, changelog, backend, StringSerde(), JsonSerde()), changelog)
-    assert kv.get("k") == {"n": 2}
+    assert kv.get("k") == {"n": 3}
+    kv.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pending_value_read_after_eviction_is_decoded(tmp_path: Path, backend: str) -> None:
+    kv = open_store(tmp_path, MemoryChangelogPartition("e", 0), backend, StringSerde(), JsonSerde(), cache_size=2)
+    kv.put_all((f"k{i}", {"i": i}) for i in range(10))   # most are evicted from the cache, still pending
+    assert kv.get("k0") == {"i": 0}
+    assert kv.get_all(["k1", "k2"]) == {"k1": {"i": 1}, "k2": {"i": 2}}
+    assert kv.get_many(["k3", "k3", "zz"]) == [{"i": 3}, {"i": 3}, None]
     kv.close()
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
+import pyarrow as pa
+
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, StreamTask, TaskContext
 
 
 class CountByKey(StreamTask):
@@ -15,3 +17,14 @@ class CountByKey(StreamTask):
         count = (self.counts.get(envelope.key) or 0) + 1
         self.counts.put(envelope.key, count)
         collector.send("counts-out", envelope.key, count)
+
+
+class CountByKeyBatch(BatchTask):
+    """:class:`CountByKey` as a batch task: the same counts and the same outputs, one batch at a time."""
+
+    def init(self, context: TaskContext) -> None:
+        self.counts = context.store("counts")
+
+    def process_batch(self, batch: pa.RecordBatch, collector: Collector, coordinator: Coordinator) -> None:
+        keys = batch.column("key").to_pylist()
+        collector.send_batch("counts-out", keys, self.counts.merge_many(keys, [1] * len(keys), results=True))

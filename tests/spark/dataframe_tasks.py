@@ -8,7 +8,7 @@ from typing import Any
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.layout import open_changelog_system
 from localstate.runtime.instance import TaskInstance
-from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, StreamTask, TaskContext
 
 HERE = Path(__file__).resolve().parent
 
@@ -28,9 +28,26 @@ class CountAndRank(StreamTask):
         collector.send("counts", envelope.key, [count, envelope.value["page"], envelope.timestamp])
 
 
-def job_config(state_dir: Path, partitions: int = 2, name: str = "df-counts") -> JobConfig:
+class CountAndRankBatch(BatchTask):
+    """:class:`CountAndRank` as a batch task (the same state and outputs)."""
+
+    def init(self, context: TaskContext) -> None:
+        self.counts = context.store("counts")
+        self.top = context.store("top")
+
+    def process_batch(self, batch: Any, collector: Collector, coordinator: Coordinator) -> None:
+        keys = batch.column("key").to_pylist()
+        counts = self.counts.merge_many(keys, [1] * len(keys), results=True)
+        for key, count in zip(keys, counts):
+            self.top.push(key, count)
+        pages = batch.column("value").field("page").to_pylist()
+        collector.send_batch("counts", keys, list(map(list, zip(counts, pages, batch.column("timestamp").to_pylist()))))
+
+
+def job_config(state_dir: Path, partitions: int = 2, name: str = "df-counts",
+               task: str = "dataframe_tasks:CountAndRank") -> JobConfig:
     return parse_job_config({
-        "job": {"name": name, "partitions": partitions, "task": "dataframe_tasks:CountAndRank",
+        "job": {"name": name, "partitions": partitions, "task": task,
                 "state_dir": str(state_dir)},
         "spark": {"pythonpath": [str(HERE)]},
         "stores": {

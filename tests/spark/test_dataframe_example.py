@@ -1,4 +1,5 @@
-"""examples/dataframe keeps working: the rate source counted per user through foreach_batch, run
+"""examples/dataframe keeps working, with its per-record and its batch task: the rate source counted
+per user through foreach_batch, run
 twice on the same checkpoint (on the tests' one SparkContext: the example's ``run``; ``main`` only
 adds its own SparkSession); the JSON sink and the state are exact against plain Python."""
 
@@ -27,11 +28,14 @@ def _load_example(example: Path):
     return module
 
 
-def test_rate_counts_example(spark_context, tmp_path, capsys):
+@pytest.mark.parametrize("task", ["CountPerUser", "CountPerUserBatch"])
+def test_rate_counts_example(spark_context, tmp_path, capsys, task):
     from pyspark.sql import SparkSession
 
     example = tmp_path / "dataframe"
     shutil.copytree(EXAMPLE, example, ignore=shutil.ignore_patterns("state", "out", "checkpoint", "__pycache__"))
+    job_file = example / "job.toml"
+    job_file.write_text(job_file.read_text().replace('"counting:CountPerUser"', f'"counting:{task}"'))
     rate_counts = _load_example(example)
     spark = SparkSession(spark_context)
     for _ in range(2):  # the second run continues from the query checkpoint and the job's state
