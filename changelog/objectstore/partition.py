@@ -322,6 +322,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             snapshot = self._snapshot_in_child(objects, bodies, epoch) if self._use_child else None
             body: bytes | None = None
             if snapshot is None:
+                if self._closed:  # nothing is written for a closed writer (no manifest could name it)
+                    return
                 snapshot, body = self._builder.build(objects, epoch, bodies)
             else:
                 self.compactor_snapshots += 1
@@ -487,14 +489,18 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def close(self) -> None:
         """Wait for the delta PUT in flight (a failure is only logged: nothing names the object
-        before a manifest), kill the compactor subprocess (a snapshot in flight is never named),
-        then drop the buffers."""
+        before a manifest), kill the compactor subprocess or wait for an in-process snapshot (a
+        snapshot in flight is never named), then drop the buffers. Nothing of this writer is written
+        after close returns."""
         with self._lock:
             self._closed = True
         self._stop_child()
+        # The feeder's calls to the killed child end at once; an in-process snapshot cannot be
+        # killed: let it end here, so that nothing of this writer is written after close() returns
+        # (an unnamed object would only wait for garbage collection).
         for pool in (self._feeder, self._snapshot_pool):
             if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
+                pool.shutdown(wait=True, cancel_futures=True)
         try:
             self.settle()
         except ChangelogError as exc:

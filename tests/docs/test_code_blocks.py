@@ -188,6 +188,7 @@ RUN = {
     "plugins/acme_dict/__init__.py": None,
     "plugins/sized_dict.py": None,
     "task_api/typed_stores.py": None,
+    "task_api/batch_task.py": None,
 }
 
 
@@ -243,6 +244,20 @@ def test_typed_store_access(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
             driver.send("views", page, {})
         driver.commit()
         assert [(e.item, e.score) for e in driver.store("trending").top(2)] == [("/a", 3.0), ("/b", 2.0)]
+
+
+def test_batch_task(tmp_path: Path) -> None:
+    """docs/task-api.md, "Batch tasks": the batch task counts exactly as a per-record count would."""
+    from localstate.testing.driver import TaskTestDriver
+
+    task = runpy.run_path(str(SNIPPETS / "task_api" / "batch_task.py"))["CountPerUserBatch"]
+    stores = {"counts": {"engine": "kv", "key_serde": "string", "value_serde": "int"}}
+    users = ["ann", "bob", "ann", "cy", "ann", "bob"]
+    with TaskTestDriver(task, stores=stores, state_dir=tmp_path) as driver:
+        driver.send_batch("views", users, [{}] * len(users))
+        driver.commit()
+        assert {u: driver.store("counts").get(u) for u in set(users)} == {"ann": 3, "bob": 2, "cy": 1}
+        assert driver.outputs("counts") == [("ann", 1), ("bob", 1), ("ann", 2), ("cy", 1), ("ann", 3), ("bob", 2)]
 
 
 def localstate_names(tree: ast.AST) -> Iterator[tuple[str, str | None]]:
