@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB_KEYS: dict[str, tuple[str, str, str]] = {
     "name": ("string", "required", "the job's name: its directory in `state_dir`, the default changelog stream names"),
     "partitions": ("integer, 1..100000", "`1`", "job partitions: input partition *p* feeds task partition *p*"),
-    "task": ("string", "required", "the task class as `module:Class` (a `StreamTask` subclass); the module is "
-             "imported from the job file's folder"),
+    "task": ("string", "required", "the task class as `module:Class` (a `StreamTask` or `BatchTask` subclass); "
+             "the module is imported from the job file's folder"),
     "commit_interval": ("duration", "`\"5s\"`", "time between commits of the in-process runtime and the "
                         "TaskTestDriver (not `localstate run`: Spark commits once per micro-batch)"),
     "commit_every": ("integer >= 1", "unset", "records between commits of the in-process runtime and the "

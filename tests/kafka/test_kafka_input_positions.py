@@ -11,12 +11,14 @@ read (0), and tests/core/test_input_changes.py covers the check itself."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
+from localstate.changelog.kafka.io import close_clients
 from localstate.changelog.kafka.streams import ensure_topic, produce
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
@@ -42,13 +44,21 @@ def _fill(settings: dict[str, Any], topic: str, count: int) -> None:
 
 
 def _recreate(broker, topic: str) -> None:  # noqa: ANN001
+    """Delete ``topic`` and wait until the broker no longer lists it; then drop this process's pooled
+    clients, as a new driver process starts without them (their cached metadata would still name the
+    deleted topic, and a produce to it would auto-create it with the broker's default partitions)."""
     from kafka.admin import KafkaAdminClient
 
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
     try:
         admin.delete_topics([topic])
+        deadline = time.monotonic() + 30
+        while topic in admin.list_topics() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert topic not in admin.list_topics()
     finally:
         admin.close()
+    close_clients()
 
 
 def _job_file(tmp_path: Path, broker, topic: str) -> Path:  # noqa: ANN001
