@@ -106,6 +106,18 @@ def hot_dict(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     return best
 
 
+def _counted_and_closed(kv: Any, changelog: Any, kind: str, clock: "_Clock", events: int) -> dict[str, Any]:
+    """Check the counts add up to ``events`` (read from the backend, cache dropped), then close the
+    engine and its changelog; returns the case's figures."""
+    kv._cache.clear()
+    total = sum(v for _, v in kv.all())
+    assert total == events, (total, events)
+    result = {**clock.figures(), "changelog": kind, "records": kv.local_offset(), "spills": kv.spills}
+    kv.close()
+    getattr(changelog, "close", lambda: None)()
+    return result
+
+
 def engine_counts(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     """get + put per event, flush (commit) every ``commit_every`` events."""
     kv, changelog, kind = _engine(tmp, p)
@@ -138,13 +150,7 @@ def engine_sliced(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]
             for k in ks[start:start + every]:
                 put(k, (get(k) or 0) + 1)
             flush()
-    kv._cache.clear()
-    total = sum(v for _, v in kv.all())
-    assert total == len(ks), (total, len(ks))
-    result = {**clock.figures(), "changelog": kind, "records": kv.local_offset(), "spills": kv.spills}
-    kv.close()
-    getattr(changelog, "close", lambda: None)()
-    return result
+    return _counted_and_closed(kv, changelog, kind, clock, len(ks))
 
 
 def batch_task(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
@@ -185,13 +191,7 @@ def batch_task(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
                 batch = record_batch(streams, list(range(first, last)), keys, [None] * n, [None] * n)
                 task.process_batch(batch, collector, coordinator)
             kv.flush()
-    kv._cache.clear()
-    total = sum(v for _, v in kv.all())
-    assert total == len(ks), (total, len(ks))
-    result = {**clock.figures(), "changelog": kind, "records": kv.local_offset(), "spills": kv.spills}
-    kv.close()
-    getattr(changelog, "close", lambda: None)()
-    return result
+    return _counted_and_closed(kv, changelog, kind, clock, len(ks))
 
 
 def task_feed(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
 from localstate.changelog.kafka.io import close_clients
 from localstate.changelog.kafka.streams import ensure_topic, produce
@@ -31,7 +32,6 @@ from localstate.tools.cli import main
 
 pytestmark = pytest.mark.kafka
 
-SPARK_TESTS = Path(__file__).resolve().parents[1] / "spark"
 
 
 def _settings(servers: str) -> dict[str, Any]:
@@ -62,34 +62,8 @@ def _recreate(broker, topic: str) -> None:  # noqa: ANN001
 
 
 def _job_file(tmp_path: Path, broker, topic: str) -> Path:  # noqa: ANN001
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "kafka-positions"
-partitions = 1
-task = "count_task:CountByKey"
-state_dir = "state"
-
-[inputs.events]
-system = "kafka"
-bootstrap_servers = "{broker.bootstrap_servers}"
-topic = "{topic}"
-
-[outputs.counts-out]
-system = "file"
-path = "out"
-
-[stores.counts]
-engine = "kv"
-backend = "memory"
-key_serde = "string"
-value_serde = "int"
-changelog = false
-
-[spark]
-pythonpath = ["{SPARK_TESTS}"]
-""")
-    return path
+    return write_counting_job(tmp_path, "kafka-positions", partitions=1, job={"task": "count_task:CountByKey"},
+                              kafka={"bootstrap_servers": broker.bootstrap_servers, "topic": topic}, store={"backend": "memory", "changelog": False})
 
 
 def test_recreated_topic_with_fewer_records_is_a_typed_error(tmp_path: Path, kafka_broker, topic_prefix,  # noqa: ANN001

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
 from localstate.changelog.kafka.streams import ensure_topic, produce
 from localstate.core.options import validate_options
@@ -22,37 +23,11 @@ from tests.spark.test_standing_run import (STOP_TIMEOUT, assert_exact, standing,
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
-SPARK_TESTS = Path(__file__).resolve().parents[1] / "spark"
 
 
 def _job_file(tmp_path: Path, servers: str, topic: str) -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "standing-kafka"
-partitions = 1
-task = "standing_task:SlowOnce"
-state_dir = "state"
-
-[inputs.events]
-system = "kafka"
-bootstrap_servers = "{servers}"
-topic = "{topic}"
-
-[outputs.counts-out]
-system = "file"
-path = "out"
-
-[stores.counts]
-engine = "kv"
-backend = "memory"
-key_serde = "string"
-value_serde = "int"
-
-[spark]
-pythonpath = ["{SPARK_TESTS}"]
-""")
-    return path
+    return write_counting_job(tmp_path, "standing-kafka", partitions=1, job={"task": "standing_task:SlowOnce"},
+                              kafka={"bootstrap_servers": servers, "topic": topic}, store={"backend": "memory"})
 
 
 def test_standing_run_on_kafka_follows_produced_records_and_stops_on_ctrl_c(tmp_path, kafka_broker, topic_prefix):
