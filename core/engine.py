@@ -17,6 +17,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol, runtime
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter, RecordColumns
 from localstate.core.options import Option, validate_options
 from localstate.core.serdes import Serde
+from localstate.core.time import SYSTEM_TIME, TimeSource
 
 __all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "SerdeColumn", "StateColumns"]
 
@@ -39,6 +40,9 @@ class StoreContext:
     logged: bool = True
     """False when the store has ``changelog = false`` (not fault tolerant)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    time: TimeSource = SYSTEM_TIME
+    """The partition's clock and watermark (:mod:`localstate.core.time`): what a store with a TTL
+    reads to decide what has expired. The runtime passes the task partition's time source."""
 
     def describe(self) -> dict[str, Any]:
         """Context for error messages."""

@@ -1,0 +1,83 @@
+"""Time as tasks and stores see it: the two time domains, the watermark, and timers.
+
+*Event time* is the time carried by the records (``Envelope.timestamp``, seconds since the epoch).
+It advances with a per-partition **watermark**: the largest event timestamp seen so far minus the
+job's allowed lateness. The watermark never goes back and is saved in every checkpoint.
+
+*Processing time* is the runtime's wall clock (seconds since the epoch).
+
+Timers and TTL read time through a :class:`TimeSource`; the runtime hands each task partition one
+(its timer service) and each store the same one (:attr:`StoreContext.time`), so a test driver that
+advances time moves both together.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["EVENT_TIME", "PROCESSING_TIME", "TIME_DOMAINS", "TimeSource", "SystemTime", "SYSTEM_TIME", "Timers",
+           "current_time"]
+
+EVENT_TIME = "event"
+PROCESSING_TIME = "processing"
+TIME_DOMAINS = (EVENT_TIME, PROCESSING_TIME)
+
+
+@runtime_checkable
+class TimeSource(Protocol):
+    """The current time of one task partition, in both domains."""
+
+    def processing_time(self) -> float:
+        """Seconds since the epoch by the runtime's clock."""
+        ...
+
+    @property
+    def watermark(self) -> float | None:
+        """The partition's event time (seconds since the epoch); None before any timestamped record."""
+        ...
+
+
+class SystemTime:
+    """The time source outside a task partition: the wall clock, and no event time yet."""
+
+    def processing_time(self) -> float:
+        return time.time()
+
+    @property
+    def watermark(self) -> float | None:
+        return None
+
+
+SYSTEM_TIME = SystemTime()
+
+
+def current_time(source: TimeSource, domain: str) -> float | None:
+    """``source``'s time in ``domain`` (:data:`EVENT_TIME` or :data:`PROCESSING_TIME`)."""
+    if domain == PROCESSING_TIME:
+        return source.processing_time()
+    if domain == EVENT_TIME:
+        return source.watermark
+    raise ValueError(f"unknown time domain {domain!r}; expected one of {', '.join(TIME_DOMAINS)}")
+
+
+@runtime_checkable
+class Timers(TimeSource, Protocol):
+    """A task partition's timers (``context.timers``): per-key timers in either domain, kept in a
+    logged store and committed with the other stores. A timer is identified by (domain, key,
+    timestamp): registering it twice keeps one. It fires once, through ``StreamTask.on_timer``, when
+    its domain's time reaches its timestamp, in timestamp order; its firing, the outputs it sends and
+    its deletion are committed together."""
+
+    def register_event_time(self, key: Any, timestamp: float) -> None: ...
+
+    def register_processing_time(self, key: Any, timestamp: float) -> None: ...
+
+    def delete_event_time(self, key: Any, timestamp: float) -> None: ...
+
+    def delete_processing_time(self, key: Any, timestamp: float) -> None: ...
+
+    @property
+    def firing_domain(self) -> str | None:
+        """The domain of the timer being fired (inside ``on_timer``), else None."""
+        ...
