@@ -21,7 +21,8 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterable, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
     ManifestedChangelog, ManifestedStreams, ReadOnlyPartitions
@@ -30,6 +31,7 @@ from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
 from localstate.core.names import safe_join
 from localstate.core.layout import open_changelog_system, store_directory
+from localstate.core.engine import LiveEntries
 from localstate.core.serdes import Serde
 from localstate.errors import ChangelogError, CheckpointError, LocalStateError, StateNotFoundError
 
@@ -583,7 +585,35 @@ def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
             reader.close()
     finally:
         system.close()
-    return [(key, latest[key]) for key in sorted(latest) if latest[key] is not None]  # type: ignore[misc]
+    entries = [(key, latest[key]) for key in sorted(latest) if latest[key] is not None]
+    live = live_filter(job, config, checkpoint)
+    return entries if live is None else list(live(entries))  # type: ignore[arg-type]
+
+
+class _ReaderTime:
+    """The time a reader of stored state judges expiry by: the clock, and the watermark the checkpoint
+    saved (None when it saved none: nothing has expired in event time)."""
+
+    def __init__(self, checkpoint: Checkpoint | None) -> None:
+        self._watermark = getattr(checkpoint, "watermark", None)
+
+    def processing_time(self) -> float:
+        return time.time()
+
+    @property
+    def watermark(self) -> float | None:
+        return self._watermark
+
+
+def live_filter(job: JobConfig, config: StoreConfig, checkpoint: Checkpoint | None
+                ) -> Callable[[Iterable[tuple[bytes, bytes]]], Iterator[tuple[bytes, bytes]]] | None:
+    """The store's filter of stored entries to the live ones, values as their serde wrote them
+    (:class:`~localstate.core.engine.LiveEntries`: a kv store with ``ttl`` drops expired entries and
+    the expiry of each value); None when stored entries are shown as they are."""
+    factory = job.registry.engine_factory(config.engine)
+    if not isinstance(factory, LiveEntries):
+        return None
+    return factory.live_entries(config.name, dict(config.options), _ReaderTime(checkpoint))
 
 
 def _missing_records(config: StoreConfig, partition: int, upto: int, end: int) -> ChangelogError:
@@ -668,8 +698,9 @@ def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint 
                             "changelog up to the checkpoint instead", store, partition, backend,
                             type(exc).__name__, exc)
         if local is not None:
+            live = live_filter(job, config, checkpoints.get(partition))
             try:
-                for kb, vb in local.scan():
+                for kb, vb in (local.scan() if live is None else live(local.scan())):
                     key = decode_key(kb)
                     if key_filter is None or key_filter(key):
                         yield Entry(partition, key, decode_value(vb), "local")

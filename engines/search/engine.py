@@ -549,6 +549,9 @@ class SearchEngineFactory(StorageEngineFactory):
     """``engine = "search"``: a tantivy full-text index; schema from the store's ``fields`` table."""
 
     description = "full-text search index (tantivy): add/delete/get documents, BM25-ranked search"
+    unsupported_options: ClassVar[Mapping[str, str]] = {
+        "ttl": "the index has no expiry per document yet (docs/time/ttl.md); delete old documents from "
+               "the task, e.g. with a timer"}
     options: ClassVar[Mapping[str, Option]] = {
         "fields": Option(dict, doc="the index schema: field name -> { type = text|string|int|float|date, "
                                    "stored, indexed, tokenizer, fast, required }"),
