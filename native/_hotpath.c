@@ -20,6 +20,16 @@
  *              young and the pending map when it is in the int serde's range (spill() as put does);
  *              any other row calls merge_slow(key, delta) (the engine's per-key read-modify-write).
  *              Returns the list of each row's new value with results, else None.
+ *
+ * TtlHotPath: the same get/put for a store with ttl (engines/kv/ttl.py, TtlKeyValueEngine), whose
+ * cache entries are (value, expiry) pairs (None: known absent) and whose pending map holds each
+ * value's stored bytes: its expiry (8 bytes, a big-endian double) then its encoding.
+ *
+ *   get(key):  as HotPath.get, the cache entry found (missed(key) returns one), then the value if
+ *              the entry is live: clock() is None (no time yet) or clock() < expiry; else None.
+ *   put(key, value):  key of exactly the key class, in the young generation, value not None and
+ *              encoded by vfast to bytes: young[key] = (value, now + ttl) (expiry +inf while clock()
+ *              is None), dirty[key] = expiry + encoding, spill() past batch keys. Else put_slow.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -293,18 +303,225 @@ static PyTypeObject HotPathType = {
     .tp_methods = hotpath_methods,
 };
 
+
+/* ---- TtlHotPath ------------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *young, *old, *dirty, *key_class;
+    PyObject *spill, *reference_get, *missed, *put_slow;
+    PyObject *vfast, *slow_value, *errors, *clock;
+    Py_ssize_t batch;
+    double ttl;
+} TtlHotPath;
+
+#define TTL_SLOTS(X) X(young) X(old) X(dirty) X(key_class) X(spill) X(reference_get) X(missed) X(put_slow) \
+    X(vfast) X(slow_value) X(errors) X(clock)
+
+static int ttl_traverse(TtlHotPath *self, visitproc visit, void *arg) {
+#define VISIT(name) Py_VISIT(self->name);
+    TTL_SLOTS(VISIT)
+#undef VISIT
+    return 0;
+}
+
+static int ttl_clear(TtlHotPath *self) {
+#define CLEAR(name) Py_CLEAR(self->name);
+    TTL_SLOTS(CLEAR)
+#undef CLEAR
+    return 0;
+}
+
+static void ttl_dealloc(TtlHotPath *self) {
+    PyObject_GC_UnTrack(self);
+    ttl_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int ttl_init(TtlHotPath *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"young", "old", "dirty", "key_class", "batch", "spill", "reference_get", "missed",
+                            "put_slow", "vfast", "slow_value", "errors", "clock", "ttl", NULL};
+    PyObject *young, *old, *dirty, *key_class, *spill, *reference_get, *missed, *put_slow, *vfast, *slow_value,
+        *errors, *clock;
+    Py_ssize_t batch;
+    double ttl;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!nOOOOOOOOd:TtlHotPath", names, &PyDict_Type, &young,
+                                     &PyDict_Type, &old, &PyDict_Type, &dirty, &PyType_Type, &key_class, &batch,
+                                     &spill, &reference_get, &missed, &put_slow, &vfast, &slow_value, &errors,
+                                     &clock, &ttl))
+        return -1;
+    PyObject *held[] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast, slow_value,
+                        errors, clock};
+    PyObject **slots[] = {&self->young, &self->old, &self->dirty, &self->key_class, &self->spill,
+                          &self->reference_get, &self->missed, &self->put_slow, &self->vfast, &self->slow_value,
+                          &self->errors, &self->clock};
+    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++) {
+        Py_INCREF(held[i]);
+        Py_XSETREF(*slots[i], held[i]);
+    }
+    self->batch = batch;
+    self->ttl = ttl;
+    return 0;
+}
+
+/* The clock's time: 0 with *none set when it is None (nothing expires), -1 with an exception set. */
+static int ttl_now(TtlHotPath *self, double *now, int *none) {
+    PyObject *t = PyObject_CallNoArgs(self->clock);
+    if (t == NULL) return -1;
+    *none = t == Py_None;
+    if (!*none) {
+        *now = PyFloat_AsDouble(t);
+        if (*now == -1.0 && PyErr_Occurred()) {
+            Py_DECREF(t);
+            return -1;
+        }
+    }
+    Py_DECREF(t);
+    return 0;
+}
+
+static PyObject *ttl_get(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (self->young == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "TtlHotPath used before __init__");
+        return NULL;
+    }
+    if (nargs != 1 || kwnames != NULL)
+        return PyObject_Vectorcall(self->reference_get, args, (size_t)nargs, kwnames);
+    PyObject *key = args[0];
+    if ((PyObject *)Py_TYPE(key) != self->key_class) return PyObject_CallOneArg(self->reference_get, key);
+    PyObject *entry = PyDict_GetItemWithError(self->young, key);
+    if (entry != NULL) {
+        Py_INCREF(entry);
+    } else {
+        if (PyErr_Occurred()) return NULL;
+        entry = PyDict_GetItemWithError(self->old, key);
+        if (entry != NULL) { /* old.pop(key); young[key] = entry */
+            Py_INCREF(entry);
+            if (PyDict_DelItem(self->old, key) < 0 || PyDict_SetItem(self->young, key, entry) < 0) {
+                Py_DECREF(entry);
+                return NULL;
+            }
+        } else {
+            if (PyErr_Occurred()) return NULL;
+            entry = PyObject_CallOneArg(self->missed, key);
+            if (entry == NULL) return NULL;
+        }
+    }
+    if (entry == Py_None) return entry;
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) {
+        Py_DECREF(entry);
+        PyErr_SetString(PyExc_RuntimeError, "TtlHotPath: a cache entry is not a (value, expiry) pair");
+        return NULL;
+    }
+    double now, expiry = PyFloat_AsDouble(PyTuple_GET_ITEM(entry, 1));
+    int none;
+    if ((expiry == -1.0 && PyErr_Occurred()) || ttl_now(self, &now, &none) < 0) {
+        Py_DECREF(entry);
+        return NULL;
+    }
+    PyObject *value = (none || now < expiry) ? Py_NewRef(PyTuple_GET_ITEM(entry, 0)) : Py_NewRef(Py_None);
+    Py_DECREF(entry);
+    return value;
+}
+
+static PyObject *ttl_put(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (self->young == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "TtlHotPath used before __init__");
+        return NULL;
+    }
+    if (nargs != 2 || kwnames != NULL)
+        return PyObject_Vectorcall(self->put_slow, args, (size_t)nargs, kwnames);
+    PyObject *key = args[0], *value = args[1];
+    int fast = (PyObject *)Py_TYPE(key) == self->key_class && value != Py_None;
+    if (fast) {
+        fast = PyDict_Contains(self->young, key);
+        if (fast < 0) return NULL;
+    }
+    if (!fast) return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
+    PyObject *encoded = PyObject_CallOneArg(self->vfast, value);
+    if (encoded == NULL) {
+        if (!PyErr_ExceptionMatches(self->errors)) return NULL;
+        PyErr_Clear();
+        encoded = PyObject_CallFunctionObjArgs(self->slow_value, key, value, NULL);
+        if (encoded == NULL) return NULL;
+    }
+    if (!PyBytes_CheckExact(encoded)) { /* not plain bytes: the reference path decides */
+        Py_DECREF(encoded);
+        return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
+    }
+    double now;
+    int none;
+    if (ttl_now(self, &now, &none) < 0) {
+        Py_DECREF(encoded);
+        return NULL;
+    }
+    double expiry = none ? Py_HUGE_VAL : now + self->ttl;
+    Py_ssize_t n = PyBytes_GET_SIZE(encoded);
+    PyObject *stored = PyBytes_FromStringAndSize(NULL, 8 + n);
+    PyObject *when = PyFloat_FromDouble(expiry);
+    PyObject *entry = (stored != NULL && when != NULL) ? PyTuple_Pack(2, value, when) : NULL;
+    Py_XDECREF(when);
+    if (entry == NULL || PyFloat_Pack8(expiry, PyBytes_AS_STRING(stored), 0) < 0) {
+        Py_DECREF(encoded);
+        Py_XDECREF(stored);
+        Py_XDECREF(entry);
+        return NULL;
+    }
+    memcpy(PyBytes_AS_STRING(stored) + 8, PyBytes_AS_STRING(encoded), (size_t)n);
+    Py_DECREF(encoded);
+    int rc = PyDict_SetItem(self->young, key, entry);
+    if (rc == 0) rc = PyDict_SetItem(self->dirty, key, stored);
+    Py_DECREF(entry);
+    Py_DECREF(stored);
+    if (rc < 0) return NULL;
+    if (PyDict_GET_SIZE(self->dirty) > self->batch) {
+        PyObject *done = PyObject_CallNoArgs(self->spill);
+        if (done == NULL) return NULL;
+        Py_DECREF(done);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ttl_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))ttl_get, METH_FASTCALL | METH_KEYWORDS,
+     "The live value of key, or None (TtlKeyValueEngine.get)."},
+    {"put", (PyCFunction)(void (*)(void))ttl_put, METH_FASTCALL | METH_KEYWORDS,
+     "Set key to value, expiring ttl from now (TtlKeyValueEngine.put)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TtlHotPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "localstate.native._hotpath.TtlHotPath",
+    .tp_doc = "The get/put fast paths of a kv store with ttl (see engines/kv/ttl.py).",
+    .tp_basicsize = sizeof(TtlHotPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ttl_init,
+    .tp_dealloc = (destructor)ttl_dealloc,
+    .tp_traverse = (traverseproc)ttl_traverse,
+    .tp_clear = (inquiry)ttl_clear,
+    .tp_methods = ttl_methods,
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_hotpath", "The kv engine's get/put fast paths in C (see engine.py).", -1, NULL,
     NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    if (PyType_Ready(&HotPathType) < 0) return NULL;
+    if (PyType_Ready(&HotPathType) < 0 || PyType_Ready(&TtlHotPathType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&HotPathType);
     if (PyModule_AddObject(m, "HotPath", (PyObject *)&HotPathType) < 0) {
         Py_DECREF(&HotPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&TtlHotPathType);
+    if (PyModule_AddObject(m, "TtlHotPath", (PyObject *)&TtlHotPathType) < 0) {
+        Py_DECREF(&TtlHotPathType);
         Py_DECREF(m);
         return NULL;
     }

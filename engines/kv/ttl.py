@@ -43,7 +43,8 @@ from localstate.core.backend import SortedRun
 from localstate.core.codecs import FAST_ERRORS
 from localstate.core.engine import StoreContext
 from localstate.core.time import EVENT_TIME, SystemTime, TimeSource
-from localstate.engines.kv.engine import _MISS, _HOTPATH, KeyValueEngine, KVIterator, _NoClass
+from localstate.engines.kv import engine as kv_engine
+from localstate.engines.kv.engine import _MISS, KeyValueEngine, KVIterator, _NoClass
 from localstate.errors import SerdeError
 
 __all__ = ["TtlKeyValueEngine", "EXPIRY", "live_entries", "clock_of", "stamp", "NEVER"]
@@ -152,10 +153,11 @@ class TtlKeyValueEngine(KeyValueEngine):
         their ttl mode (cache entries are pairs, the pending map holds stamped bytes)."""
         self._int_values = False
         self._hold_encoded = True
-        if _HOTPATH is None or not hasattr(_HOTPATH, "TtlHotPath") or self._refresh_on_read:
-            return
+        native = kv_engine._HOTPATH
+        if native is None or self._refresh_on_read:
+            return  # reads that refresh write: the reference get does that
         cache = self._cache
-        hot = _HOTPATH.TtlHotPath(young=cache.young, old=cache.old, dirty=self._dirty, key_class=self._key_class,
+        hot = native.TtlHotPath(young=cache.young, old=cache.old, dirty=self._dirty, key_class=self._key_class,
                                   batch=self._batch, spill=self._spill,
                                   reference_get=TtlKeyValueEngine.get.__get__(self), missed=self._get_missed,
                                   put_slow=TtlKeyValueEngine.put.__get__(self), vfast=self._vfast,
