@@ -63,7 +63,9 @@ def _changelog(tmp: Path, kind: str = "file") -> tuple[Any, str]:
 
 def _engine(tmp: Path, p: dict[str, Any]) -> tuple[Any, Any, str]:
     """A kv store with the engine's default options, except those named in ``p`` (backend,
-    cache_size, write_batch_size, ``extra``; ``value_serde``: ``"int"`` (default) or ``"json"``)."""
+    cache_size, write_batch_size, ``extra``; ``value_serde``: ``"int"`` (default) or ``"json"``;
+    ``clock``: ``"task"`` hands the store a time source whose clock is a Python method, as a task
+    partition's is, instead of the default wall clock)."""
     from localstate.core.engine import StoreContext
     from localstate.core.serdes import IntSerde, JsonSerde, StringSerde
     from localstate.engines.kv import KeyValueEngineFactory
@@ -73,8 +75,20 @@ def _engine(tmp: Path, p: dict[str, Any]) -> tuple[Any, Any, str]:
     changelog, kind = _changelog(tmp, p.get("changelog", "file"))
     (tmp / "store").mkdir()
     vserde = JsonSerde() if p.get("value_serde") == "json" else IntSerde()
-    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), vserde, changelog)
+    extra = {"time": _TaskClock()} if p.get("clock") == "task" else {}
+    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), vserde, changelog, **extra)
     return factory.create(ctx), changelog, kind
+
+
+class _TaskClock:
+    """A time source read through Python methods (what a runtime's per-partition source costs)."""
+
+    def processing_time(self) -> float:
+        return time.time()
+
+    @property
+    def watermark(self) -> float | None:
+        return None
 
 
 class _Clock:

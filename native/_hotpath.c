@@ -21,15 +21,14 @@
  *              any other row calls merge_slow(key, delta) (the engine's per-key read-modify-write).
  *              Returns the list of each row's new value with results, else None.
  *
- * TtlHotPath: the same get/put for a store with ttl (engines/kv/ttl.py, TtlKeyValueEngine), whose
- * cache entries are (value, expiry) pairs (None: known absent) and whose pending map holds each
- * value's stored bytes: its expiry (8 bytes, a big-endian double) then its encoding.
+ * TtlHotPath (a HotPath subtype): the same get/put for a store with ttl (engines/kv/ttl.py), whose
+ * cache keeps each cached value's expiry in the dict `expiry` and whose store time is set by
+ * set_time(now, write_expiry) at each refresh (now None: no time yet, nothing expires).
  *
- *   get(key):  as HotPath.get, the cache entry found (missed(key) returns one), then the value if
- *              the entry is live: clock() is None (no time yet) or clock() < expiry; else None.
- *   put(key, value):  key of exactly the key class, in the young generation, value not None and
- *              encoded by vfast to bytes: young[key] = (value, now + ttl) (expiry +inf while clock()
- *              is None), dirty[key] = expiry + encoding, spill() past batch keys. Else put_slow.
+ *   get(key):  key of exactly the key class: HotPath.get's lookup, then None instead of a value
+ *              whose expiry[key] <= now. Any other key: reference_get(key) (which checks).
+ *   put(key, value):  HotPath.put's fast path, also storing expiry[key] = write_expiry; anything
+ *              else put_slow (which does the same).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -170,23 +169,14 @@ static int int_in_range(HotPath *self, PyObject *value) {
     return !overflow && self->int_min <= v && v <= self->int_max;
 }
 
-static PyObject *hotpath_put(HotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (uninitialised(self)) return NULL;
-    if (nargs != 2 || kwnames != NULL)
-        return PyObject_Vectorcall(self->put_slow, args, (size_t)nargs, kwnames);
-    PyObject *key = args[0], *value = args[1];
-    int fast = (PyObject *)Py_TYPE(key) == self->key_class &&
-               (self->int_values ? int_in_range(self, value) : value != Py_None);
-    if (fast) {
-        int cached = PyDict_Contains(self->young, key);
-        if (cached < 0) return NULL;
-        fast = cached;
-    }
-    if (!fast) return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
+/* The fast path of put for a key in the young generation: young[key] = value, dirty[key] = its
+ * pending entry (and expiry[key] = when, for a ttl store: expiry not NULL), spill() past batch keys. */
+static PyObject *put_cached(HotPath *self, PyObject *key, PyObject *value, PyObject *expiry, PyObject *when) {
     PyObject *entry = pending_entry(self, key, value);
     if (entry == NULL) return NULL;
     int rc = PyDict_SetItem(self->young, key, value);
     if (rc == 0) rc = PyDict_SetItem(self->dirty, key, entry);
+    if (rc == 0 && expiry != NULL) rc = PyDict_SetItem(expiry, key, when);
     Py_DECREF(entry);
     if (rc < 0) return NULL;
     if (PyDict_GET_SIZE(self->dirty) > self->batch) {
@@ -195,6 +185,25 @@ static PyObject *hotpath_put(HotPath *self, PyObject *const *args, Py_ssize_t na
         Py_DECREF(done);
     }
     Py_RETURN_NONE;
+}
+
+/* Whether put(key, value) takes the fast path: 1 yes, 0 no, -1 error. */
+static int put_is_fast(HotPath *self, PyObject *key, PyObject *value) {
+    int fast = (PyObject *)Py_TYPE(key) == self->key_class &&
+               (self->int_values ? int_in_range(self, value) : value != Py_None);
+    if (fast) fast = PyDict_Contains(self->young, key);
+    return fast;
+}
+
+static PyObject *hotpath_put(HotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (uninitialised(self)) return NULL;
+    if (nargs != 2 || kwnames != NULL)
+        return PyObject_Vectorcall(self->put_slow, args, (size_t)nargs, kwnames);
+    PyObject *key = args[0], *value = args[1];
+    int fast = put_is_fast(self, key, value);
+    if (fast < 0) return NULL;
+    if (!fast) return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
+    return put_cached(self, key, value, NULL, NULL);
 }
 
 /* One row of merge: the new value (a new reference), or NULL with an exception set. */
@@ -307,29 +316,23 @@ static PyTypeObject HotPathType = {
 /* ---- TtlHotPath ------------------------------------------------------------------------------ */
 
 typedef struct {
-    PyObject_HEAD
-    PyObject *young, *old, *dirty, *key_class;
-    PyObject *spill, *reference_get, *missed, *put_slow;
-    PyObject *vfast, *slow_value, *errors, *clock;
-    Py_ssize_t batch;
-    double ttl;
+    HotPath base;
+    PyObject *expiry;      /* cache key -> expiry (float) of its cached value */
+    PyObject *when;        /* the expiry of a value written now (float) */
+    double now;
+    int has_now;
 } TtlHotPath;
 
-#define TTL_SLOTS(X) X(young) X(old) X(dirty) X(key_class) X(spill) X(reference_get) X(missed) X(put_slow) \
-    X(vfast) X(slow_value) X(errors) X(clock)
-
 static int ttl_traverse(TtlHotPath *self, visitproc visit, void *arg) {
-#define VISIT(name) Py_VISIT(self->name);
-    TTL_SLOTS(VISIT)
-#undef VISIT
-    return 0;
+    Py_VISIT(self->expiry);
+    Py_VISIT(self->when);
+    return hotpath_traverse(&self->base, visit, arg);
 }
 
 static int ttl_clear(TtlHotPath *self) {
-#define CLEAR(name) Py_CLEAR(self->name);
-    TTL_SLOTS(CLEAR)
-#undef CLEAR
-    return 0;
+    Py_CLEAR(self->expiry);
+    Py_CLEAR(self->when);
+    return hotpath_clear(&self->base);
 }
 
 static void ttl_dealloc(TtlHotPath *self) {
@@ -338,155 +341,86 @@ static void ttl_dealloc(TtlHotPath *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* TtlHotPath(expiry=dict, **HotPath's arguments); its time is unset (nothing expires) until set_time. */
 static int ttl_init(TtlHotPath *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"young", "old", "dirty", "key_class", "batch", "spill", "reference_get", "missed",
-                            "put_slow", "vfast", "slow_value", "errors", "clock", "ttl", NULL};
-    PyObject *young, *old, *dirty, *key_class, *spill, *reference_get, *missed, *put_slow, *vfast, *slow_value,
-        *errors, *clock;
-    Py_ssize_t batch;
-    double ttl;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!O!O!O!nOOOOOOOOd:TtlHotPath", names, &PyDict_Type, &young,
-                                     &PyDict_Type, &old, &PyDict_Type, &dirty, &PyType_Type, &key_class, &batch,
-                                     &spill, &reference_get, &missed, &put_slow, &vfast, &slow_value, &errors,
-                                     &clock, &ttl))
+    PyObject *expiry = kwargs == NULL ? NULL : PyDict_GetItemString(kwargs, "expiry");
+    if (expiry == NULL || !PyDict_Check(expiry)) {
+        PyErr_SetString(PyExc_TypeError, "TtlHotPath: expiry= must be a dict");
         return -1;
-    PyObject *held[] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast, slow_value,
-                        errors, clock};
-    PyObject **slots[] = {&self->young, &self->old, &self->dirty, &self->key_class, &self->spill,
-                          &self->reference_get, &self->missed, &self->put_slow, &self->vfast, &self->slow_value,
-                          &self->errors, &self->clock};
-    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++) {
-        Py_INCREF(held[i]);
-        Py_XSETREF(*slots[i], held[i]);
     }
-    self->batch = batch;
-    self->ttl = ttl;
+    PyObject *rest = PyDict_Copy(kwargs);
+    if (rest == NULL) return -1;
+    int rc = PyDict_DelItemString(rest, "expiry");
+    if (rc == 0) rc = hotpath_init(&self->base, args, rest);
+    Py_DECREF(rest);
+    if (rc < 0) return -1;
+    Py_INCREF(expiry);
+    Py_XSETREF(self->expiry, expiry);
+    PyObject *never = PyFloat_FromDouble(Py_HUGE_VAL);
+    if (never == NULL) return -1;
+    Py_XSETREF(self->when, never);
+    self->has_now = 0;
     return 0;
 }
 
-/* The clock's time: 0 with *none set when it is None (nothing expires), -1 with an exception set. */
-static int ttl_now(TtlHotPath *self, double *now, int *none) {
-    PyObject *t = PyObject_CallNoArgs(self->clock);
-    if (t == NULL) return -1;
-    *none = t == Py_None;
-    if (!*none) {
-        *now = PyFloat_AsDouble(t);
-        if (*now == -1.0 && PyErr_Occurred()) {
-            Py_DECREF(t);
-            return -1;
-        }
+static PyObject *ttl_set_time(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyFloat_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_time(now: float | None, write_expiry: float)");
+        return NULL;
     }
-    Py_DECREF(t);
-    return 0;
+    if (args[0] == Py_None) {
+        self->has_now = 0;
+    } else {
+        double now = PyFloat_AsDouble(args[0]);
+        if (now == -1.0 && PyErr_Occurred()) return NULL;
+        self->now = now;
+        self->has_now = 1;
+    }
+    Py_INCREF(args[1]);
+    Py_XSETREF(self->when, args[1]);
+    Py_RETURN_NONE;
 }
 
 static PyObject *ttl_get(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (self->young == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "TtlHotPath used before __init__");
-        return NULL;
-    }
-    if (nargs != 1 || kwnames != NULL)
-        return PyObject_Vectorcall(self->reference_get, args, (size_t)nargs, kwnames);
-    PyObject *key = args[0];
-    if ((PyObject *)Py_TYPE(key) != self->key_class) return PyObject_CallOneArg(self->reference_get, key);
-    PyObject *entry = PyDict_GetItemWithError(self->young, key);
-    if (entry != NULL) {
-        Py_INCREF(entry);
-    } else {
-        if (PyErr_Occurred()) return NULL;
-        entry = PyDict_GetItemWithError(self->old, key);
-        if (entry != NULL) { /* old.pop(key); young[key] = entry */
-            Py_INCREF(entry);
-            if (PyDict_DelItem(self->old, key) < 0 || PyDict_SetItem(self->young, key, entry) < 0) {
-                Py_DECREF(entry);
-                return NULL;
-            }
-        } else {
-            if (PyErr_Occurred()) return NULL;
-            entry = PyObject_CallOneArg(self->missed, key);
-            if (entry == NULL) return NULL;
+    HotPath *base = &self->base;
+    if (uninitialised(base)) return NULL;
+    if (nargs != 1 || kwnames != NULL || (PyObject *)Py_TYPE(args[0]) != base->key_class)
+        return PyObject_Vectorcall(base->reference_get, args, (size_t)nargs, kwnames);
+    PyObject *value = hotpath_get(base, args, nargs, kwnames);
+    if (value == NULL || value == Py_None || !self->has_now) return value;
+    PyObject *expiry = PyDict_GetItemWithError(self->expiry, args[0]);
+    if (expiry == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(value);
+            return NULL;
         }
+        return value; /* no expiry kept: the reference found it live (e.g. a cache of size 0) */
     }
-    if (entry == Py_None) return entry;
-    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) {
-        Py_DECREF(entry);
-        PyErr_SetString(PyExc_RuntimeError, "TtlHotPath: a cache entry is not a (value, expiry) pair");
-        return NULL;
+    if (self->now >= PyFloat_AS_DOUBLE(expiry)) {
+        Py_DECREF(value);
+        Py_RETURN_NONE;
     }
-    double now, expiry = PyFloat_AsDouble(PyTuple_GET_ITEM(entry, 1));
-    int none;
-    if ((expiry == -1.0 && PyErr_Occurred()) || ttl_now(self, &now, &none) < 0) {
-        Py_DECREF(entry);
-        return NULL;
-    }
-    PyObject *value = (none || now < expiry) ? Py_NewRef(PyTuple_GET_ITEM(entry, 0)) : Py_NewRef(Py_None);
-    Py_DECREF(entry);
     return value;
 }
 
 static PyObject *ttl_put(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    if (self->young == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "TtlHotPath used before __init__");
-        return NULL;
-    }
+    HotPath *base = &self->base;
+    if (uninitialised(base)) return NULL;
     if (nargs != 2 || kwnames != NULL)
-        return PyObject_Vectorcall(self->put_slow, args, (size_t)nargs, kwnames);
-    PyObject *key = args[0], *value = args[1];
-    int fast = (PyObject *)Py_TYPE(key) == self->key_class && value != Py_None;
-    if (fast) {
-        fast = PyDict_Contains(self->young, key);
-        if (fast < 0) return NULL;
-    }
-    if (!fast) return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
-    PyObject *encoded = PyObject_CallOneArg(self->vfast, value);
-    if (encoded == NULL) {
-        if (!PyErr_ExceptionMatches(self->errors)) return NULL;
-        PyErr_Clear();
-        encoded = PyObject_CallFunctionObjArgs(self->slow_value, key, value, NULL);
-        if (encoded == NULL) return NULL;
-    }
-    if (!PyBytes_CheckExact(encoded)) { /* not plain bytes: the reference path decides */
-        Py_DECREF(encoded);
-        return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
-    }
-    double now;
-    int none;
-    if (ttl_now(self, &now, &none) < 0) {
-        Py_DECREF(encoded);
-        return NULL;
-    }
-    double expiry = none ? Py_HUGE_VAL : now + self->ttl;
-    Py_ssize_t n = PyBytes_GET_SIZE(encoded);
-    PyObject *stored = PyBytes_FromStringAndSize(NULL, 8 + n);
-    PyObject *when = PyFloat_FromDouble(expiry);
-    PyObject *entry = (stored != NULL && when != NULL) ? PyTuple_Pack(2, value, when) : NULL;
-    Py_XDECREF(when);
-    if (entry == NULL || PyFloat_Pack8(expiry, PyBytes_AS_STRING(stored), 0) < 0) {
-        Py_DECREF(encoded);
-        Py_XDECREF(stored);
-        Py_XDECREF(entry);
-        return NULL;
-    }
-    memcpy(PyBytes_AS_STRING(stored) + 8, PyBytes_AS_STRING(encoded), (size_t)n);
-    Py_DECREF(encoded);
-    int rc = PyDict_SetItem(self->young, key, entry);
-    if (rc == 0) rc = PyDict_SetItem(self->dirty, key, stored);
-    Py_DECREF(entry);
-    Py_DECREF(stored);
-    if (rc < 0) return NULL;
-    if (PyDict_GET_SIZE(self->dirty) > self->batch) {
-        PyObject *done = PyObject_CallNoArgs(self->spill);
-        if (done == NULL) return NULL;
-        Py_DECREF(done);
-    }
-    Py_RETURN_NONE;
+        return PyObject_Vectorcall(base->put_slow, args, (size_t)nargs, kwnames);
+    int fast = put_is_fast(base, args[0], args[1]);
+    if (fast < 0) return NULL;
+    if (!fast) return PyObject_Vectorcall(base->put_slow, args, 2, NULL);
+    return put_cached(base, args[0], args[1], self->expiry, self->when);
 }
 
 static PyMethodDef ttl_methods[] = {
     {"get", (PyCFunction)(void (*)(void))ttl_get, METH_FASTCALL | METH_KEYWORDS,
      "The live value of key, or None (TtlKeyValueEngine.get)."},
     {"put", (PyCFunction)(void (*)(void))ttl_put, METH_FASTCALL | METH_KEYWORDS,
-     "Set key to value, expiring ttl from now (TtlKeyValueEngine.put)."},
+     "Set key to value, expiring at the store's write expiry (TtlKeyValueEngine.put)."},
+    {"set_time", (PyCFunction)(void (*)(void))ttl_set_time, METH_FASTCALL,
+     "set_time(now, write_expiry): the store time (None: none yet) and the expiry of a write."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,12 +8,16 @@ changelog, a compacted changelog or an object-store snapshot brings back each en
 nothing expired becomes visible again. A store *without* ``ttl`` is the plain
 :class:`~localstate.engines.kv.engine.KeyValueEngine`, unchanged.
 
-Visibility. An entry is visible while ``now < expiry``, ``now`` read from the store's time source
-(:attr:`StoreContext.time`) at each read: processing time (``ttl_time = "processing"``) or the
-watermark (``"event"``; before the first watermark nothing expires, and a write then is stamped to
-never expire until it is written again under a watermark). Every read path checks: ``get``,
-``get_all``/``get_many``, ``merge_many``'s reads, ``range``/``prefix``/``all`` (iterators take ``now``
-once, when they open).
+Time. The store reads its time source (:attr:`StoreContext.time`, processing time or, with
+``ttl_time = "event"``, the watermark) at open, at a restore and at every flush, i.e. once per
+commit, as Spark's transformWithState judges TTL by its micro-batch's timestamp: between two commits
+the store's time stands still. An entry written in a commit interval expires ``ttl`` after the time
+read at the interval's start; it is visible while that store time is before its expiry. (Reading a
+clock per access would cost more than the whole cached get.) In event time, before the first
+watermark nothing expires, and what is written then counts from the first watermark the store reads.
+
+Visibility. Every read path checks the expiry against the store time: ``get``, ``get_all`` and
+``get_many``, ``merge_many``'s reads, ``range``/``prefix``/``all`` and their iterators.
 
 Update type (``ttl_update``): ``on_write`` (Flink's OnCreateAndWrite): every put restarts the ttl;
 ``on_read_and_write``: a get of a live entry restarts it too, and logs the entry again.
@@ -26,9 +30,10 @@ bounded by ``ttl_sweep`` whatever the store's size; a full pass over ``n`` entri
 expired before them, time moving forward), and the state reader and ``localstate inspect`` filter
 with :func:`live_entries`.
 
-Cache. The object cache holds ``(value, expiry)`` pairs (None: known absent), so a cache hit checks
-the deadline with no further lookup and memory stays bounded by ``cache_size``; the pending map holds
-the stored bytes (expiry and value), ready for the changelog.
+Cache. Cached values stay plain objects, as without ttl; the cache keeps the expiry of each cached
+value beside it (:class:`ExpiringCache`, bounded with the cache), so a cache hit costs one more dict
+lookup and a put one more dict store. The pending map holds values as without ttl: every pending
+value of a commit interval shares the interval's expiry, stamped on all of them at the flush.
 """
 
 from __future__ import annotations
@@ -44,32 +49,28 @@ from localstate.core.codecs import FAST_ERRORS
 from localstate.core.engine import StoreContext
 from localstate.core.time import EVENT_TIME, SystemTime, TimeSource
 from localstate.engines.kv import engine as kv_engine
-from localstate.engines.kv.engine import _MISS, KeyValueEngine, KVIterator, _NoClass
+from localstate.engines.kv.cache import GenerationalCache
+from localstate.engines.kv.engine import _MISS, INT_MAX, INT_MIN, KeyValueEngine, KVIterator, _NoClass
 from localstate.errors import SerdeError
 
-__all__ = ["TtlKeyValueEngine", "EXPIRY", "live_entries", "clock_of", "stamp", "NEVER"]
+__all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "live_entries", "clock_of"]
 
 #: The expiry prefix of every stored value of a ttl store: a big-endian double, seconds.
 EXPIRY = struct.Struct(">d")
 _PACK, _UNPACK = EXPIRY.pack, EXPIRY.unpack_from
 _WIDTH = EXPIRY.size
-#: The expiry of an entry written in event time before the first watermark.
+#: The expiry of what is written in event time before the first watermark (until restamped).
 NEVER = math.inf
 
 
 def clock_of(source: TimeSource, domain: str) -> Callable[[], float | None]:
-    """The cheapest callable returning ``source``'s current time in ``domain`` (None: no time yet,
-    nothing expires): ``time.time`` itself for the wall clock."""
+    """A callable returning ``source``'s current time in ``domain`` (None: no time yet, nothing
+    expires)."""
     if domain == EVENT_TIME:
         return lambda: source.watermark
     if type(source) is SystemTime:
         return time.time
     return source.processing_time
-
-
-def stamp(expiry: float, vb: bytes) -> bytes:
-    """The stored form of serialized value ``vb`` expiring at ``expiry``."""
-    return _PACK(expiry) + vb
 
 
 def live_entries(options: Mapping[str, Any], source: TimeSource
@@ -86,6 +87,39 @@ def live_entries(options: Mapping[str, Any], source: TimeSource
             if now is None or now < _UNPACK(vb)[0]:
                 yield kb, vb[_WIDTH:]
     return live
+
+
+class ExpiringCache(GenerationalCache):
+    """The object cache of a ttl store: :class:`GenerationalCache` plus ``expiry``, the expiry of each
+    cached value (cached Nones, known absences, need none), forgotten with its entry (rotation,
+    discard, clear), so it stays bounded with the cache."""
+
+    __slots__ = ("expiry",)
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.expiry: dict[Any, float] = {}
+
+    def rotate(self) -> None:
+        old, expiry = self.old, self.expiry
+        if old:
+            for key in old:
+                expiry.pop(key, None)
+            old.clear()
+            return
+        old.update(self.young)
+        self.young.clear()
+        for key in list(islice(old, len(old) // 2)):
+            del old[key]
+            expiry.pop(key, None)
+
+    def discard(self, key: Any) -> None:
+        super().discard(key)
+        self.expiry.pop(key, None)
+
+    def clear(self) -> None:
+        super().clear()
+        self.expiry.clear()
 
 
 class _LiveBackendIterator:
@@ -111,84 +145,119 @@ class _LiveBackendIterator:
 
 class TtlKeyValueEngine(KeyValueEngine):
     """A :class:`KeyValueEngine` whose entries expire ``ttl`` seconds after they were last written (see
-    the module docstring): same API and guarantees, plus ``now >= expiry`` reads as absent."""
+    the module docstring): same API and guarantees, plus an expired entry reads as absent."""
+
+    _cache_class = ExpiringCache
+    _cache: ExpiringCache
 
     def __init__(self, context: StoreContext) -> None:
         options = context.options
         self._ttl = float(options["ttl"])
-        self._domain = options.get("ttl_time", "processing")
         self._refresh_on_read = options.get("ttl_update", "on_write") == "on_read_and_write"
         self._sweep_limit = int(options.get("ttl_sweep", 1_000))
-        self._now = clock_of(context.time, self._domain)
+        self._clock = clock_of(context.time, options.get("ttl_time", "processing"))
         self._sweep_from: bytes | None = None
+        self._hot: Any = None
+        self._now: float | None = None
+        self._write_expiry = NEVER
         self.swept = 0
         """Expired entries the sweeps deleted since open (statistics)."""
         super().__init__(context)
+        self.refresh_time()
 
     # -- time --------------------------------------------------------------------------------------
-    def _expiry(self) -> float:
-        """The expiry of an entry written now."""
-        now = self._now()
-        return NEVER if now is None else now + self._ttl
+    def refresh_time(self) -> None:
+        """Read the time source: the store's time until the next refresh (each flush and restore does
+        one). What was written while there was no time yet (event time before the first watermark)
+        counts from the first time read."""
+        now = self._clock()
+        was_timeless = self._now is None
+        self._now = None if now is None else float(now)
+        self._write_expiry = NEVER if now is None else now + self._ttl
+        if was_timeless and now is not None and self._dirty:
+            expiry = self._cache.expiry
+            for ckey in self._dirty.keys() & expiry.keys():
+                expiry[ckey] = self._write_expiry
+        if self._hot is not None:
+            self._hot.set_time(self._now, self._write_expiry)
 
-    def _entry(self, kb: bytes, stored: bytes) -> tuple[Any, float]:
-        """``(value object, expiry)`` of a stored value."""
+    @property
+    def store_time(self) -> float | None:
+        """The store's current time (read at the last open, restore or flush; None: none yet)."""
+        return self._now
+
+    def _live(self, ckey: Any, value: Any) -> Any:
+        """``value`` (cached under ``ckey``) if it is live at the store time, else None."""
+        now = self._now
+        if value is None or now is None or now < self._cache.expiry.get(ckey, NEVER):
+            return value
+        return None
+
+    def _stored_value(self, ckey: Any, kb: bytes, stored: bytes) -> Any:
+        """The object of a stored (stamped) value, cached with its expiry; None, cached as such, when
+        it has expired."""
+        expiry = _UNPACK(stored)[0]
+        cache = self._cache
+        now = self._now
+        if now is not None and now >= expiry:
+            cache.insert(ckey, None)
+            return None
         vb = stored[_WIDTH:]
         try:
             value = self._vde_fast(vb)
         except FAST_ERRORS:
             value = self._decode_value(kb, vb)
-        return value, _UNPACK(stored)[0]
-
-    def _visible(self, entry: Any) -> Any:
-        """The value of cache entry ``entry`` if it is live now, else None."""
-        if entry is None:
-            return None
-        now = self._now()
-        return entry[0] if now is None or now < entry[1] else None
+        cache.insert(ckey, value)
+        if ckey in cache.young:
+            cache.expiry[ckey] = expiry
+        return value
 
     # -- the C fast paths ------------------------------------------------------------------------------
     def _bind_hot_path(self) -> None:
-        """Values are held encoded with their expiry (never as int objects), and the C get/put run in
-        their ttl mode (cache entries are pairs, the pending map holds stamped bytes)."""
-        self._int_values = False
-        self._hold_encoded = True
+        """The C get/put in their ttl mode (``TtlHotPath``: the expiry checked on a cache hit, set on a
+        put), when built; a store whose reads refresh the ttl keeps the reference get/put (a read
+        writes)."""
         native = kv_engine._HOTPATH
         if native is None or self._refresh_on_read:
-            return  # reads that refresh write: the reference get does that
+            return
         cache = self._cache
-        hot = native.TtlHotPath(young=cache.young, old=cache.old, dirty=self._dirty, key_class=self._key_class,
-                                  batch=self._batch, spill=self._spill,
-                                  reference_get=TtlKeyValueEngine.get.__get__(self), missed=self._get_missed,
-                                  put_slow=TtlKeyValueEngine.put.__get__(self), vfast=self._vfast,
-                                  slow_value=self._slow_value, errors=FAST_ERRORS, clock=self._now, ttl=self._ttl)
-        self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        self._hot = native.TtlHotPath(
+            young=cache.young, old=cache.old, dirty=self._dirty, expiry=cache.expiry, key_class=self._key_class,
+            batch=self._batch, spill=self._spill, reference_get=TtlKeyValueEngine.get.__get__(self),
+            missed=self._get_missed, put_slow=TtlKeyValueEngine.put.__get__(self), int_values=self._int_values,
+            int_min=INT_MIN, int_max=INT_MAX, vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
+            hold_encoded=self._hold_encoded)
+        self._hot.set_time(self._now, self._write_expiry)
+        self.get, self.put = self._hot.get, self._hot.put  # type: ignore[method-assign]
 
     # -- reads -------------------------------------------------------------------------------------
     def get(self, key: Any) -> Any:
-        """The value of ``key`` if present and not expired, else None."""
+        """The value of ``key`` if present and live at the store time, else None."""
         ckey = key if key.__class__ is self._key_class else self._canonical(key)
-        entry = self._cache.young.get(ckey, _MISS)
-        if entry is _MISS:
-            entry = self._get_missed(ckey)
-        value = self._visible(entry)
+        value = self._cache.young.get(ckey, _MISS)
+        if value is _MISS:
+            value = self._get_missed(ckey)
+        value = self._live(ckey, value)
         if value is not None and self._refresh_on_read:
             self.put(key, value)
         return value
 
     def _get_missed(self, ckey: Any) -> Any:
-        """The cache entry of ``ckey`` after a miss in the young generation (None: absent), looked up
-        as :meth:`KeyValueEngine._get_missed` does and cached."""
+        """As :meth:`KeyValueEngine._get_missed`, reading stamped values and caching their expiry; an
+        expired stored value reads (and is cached) as None."""
         cache = self._cache
-        entry = cache.old.pop(ckey, _MISS)
-        if entry is not _MISS:
-            cache.young[ckey] = entry
-            return entry
+        value = cache.old.pop(ckey, _MISS)
+        if value is not _MISS:
+            cache.young[ckey] = value
+            return value
         held = self._dirty.get(ckey, _MISS)
-        if held is not _MISS:
-            entry = None if held is None else self._entry(self._key_bytes(ckey), held)
-            cache.insert(ckey, entry)
-            return entry
+        if held is not _MISS:  # written in this commit interval: live, expiring with the interval
+            if held is not None and self._decode_held is not None:
+                held = self._decode_pending(ckey, held)
+            cache.insert(ckey, held)
+            if held is not None and ckey in cache.young:
+                cache.expiry[ckey] = self._write_expiry
+            return held
         kb = self._key_bytes(ckey)
         if not self._min_key <= len(kb) <= self._max_key:
             return None
@@ -202,9 +271,10 @@ class TtlKeyValueEngine(KeyValueEngine):
                 vb = self._backend.get(kb)
             except Exception as exc:
                 raise self._backend_failed(exc) from exc
-        entry = None if vb is None else self._entry(kb, vb)
-        cache.insert(ckey, entry)
-        return entry
+        if vb is None:
+            cache.insert(ckey, None)
+            return None
+        return self._stored_value(ckey, kb, vb)
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         """Values of ``keys`` as a dict; absent and expired keys are left out."""
@@ -213,97 +283,63 @@ class TtlKeyValueEngine(KeyValueEngine):
 
     def get_many(self, keys: Iterable[Any]) -> list[Any]:
         """The values of ``keys``, in order (None: absent or expired)."""
+        keys = keys if isinstance(keys, list) else list(keys)
         values = super().get_many(keys)
         if self._refresh_on_read:
-            keys = keys if isinstance(keys, list) else list(keys)
             live = [(key, value) for key, value in zip(keys, values) if value is not None]
             if live:
                 self.put_many([key for key, _ in live], [value for _, value in live])
         return values
 
     def _lookup_many(self, ckeys: list[Any]) -> list[Any]:
-        entries = list(map(self._cache.young.get, ckeys, [_MISS] * len(ckeys)))
-        missed = [i for i, entry in enumerate(entries) if entry is _MISS]
-        if missed:
-            found = self._get_missed_many(list(dict.fromkeys([ckeys[i] for i in missed])))
-            for i in missed:
-                entries[i] = found[ckeys[i]]
-        now = self._now()
+        values = super()._lookup_many(ckeys)
+        now = self._now
         if now is None:
-            return [None if entry is None else entry[0] for entry in entries]
-        return [None if entry is None or now >= entry[1] else entry[0] for entry in entries]
+            return values
+        expiry = self._cache.expiry
+        return [None if value is None or now >= expiry.get(ckey, NEVER) else value
+                for ckey, value in zip(ckeys, values)]
 
     def _get_missed_many(self, ckeys: list[Any]) -> dict[Any, Any]:
-        # one backend read for the keys neither cached nor pending (as the base class), as entries
-        found: dict[Any, Any] = {}
-        fetch: list[tuple[Any, bytes]] = []
-        for ckey in ckeys:
-            if ckey in self._cache.old or ckey in self._dirty or self._inflight:
-                found[ckey] = self._get_missed(ckey)
-                continue
-            kb = self._key_bytes(ckey)
-            if not self._min_key <= len(kb) <= self._max_key:
-                found[ckey] = None
-            else:
-                fetch.append((ckey, kb))
-        if fetch:
-            try:
-                stored = self._backend.get_many([kb for _, kb in fetch])
-            except Exception as exc:
-                raise self._backend_failed(exc) from exc
-            for (ckey, kb), vb in zip(fetch, stored):
-                entry = None if vb is None else self._entry(kb, vb)
-                self._cache.insert(ckey, entry)
-                found[ckey] = entry
-        return found
+        # the misses of a batched read, one at a time (the reference: a batched read of a ttl store
+        # needs each stored value's expiry)
+        return {ckey: self._get_missed(ckey) for ckey in ckeys}
 
     # -- writes --------------------------------------------------------------------------------------
     def put(self, key: Any, value: Any) -> None:
-        """Set ``key`` to ``value`` (not None), expiring ``ttl`` from now."""
-        if value is None:
-            raise self._none_value(key)
-        young = self._cache.young
-        if key.__class__ is self._key_class and key in young:
-            ckey = key
-            vb = self._held_value(key, value)
-            expiry = self._expiry()
-            young[ckey] = (value, expiry)
-        else:
-            ckey, _ = self._checked_key(key)
-            vb = self._held_value(key, value)
-            expiry = self._expiry()
-            self._cache.insert(ckey, (value, expiry))
-        dirty = self._dirty
-        dirty[ckey] = _PACK(expiry) + vb
-        if len(dirty) > self._batch:
-            self._spill()
-
-    def _held_many(self, latest: dict[Any, Any]) -> dict[Any, Any]:
-        """The stamped bytes of each value of a checked batch (all expiring ``ttl`` from now)."""
-        held = super()._held_many(latest)  # the values' bytes (checked: _hold_encoded is set)
-        prefix = _PACK(self._expiry())
-        return {ckey: prefix + vb for ckey, vb in held.items()}
+        """Set ``key`` to ``value`` (not None), expiring ``ttl`` after the store time."""
+        KeyValueEngine.put(self, key, value)
+        ckey = key if key.__class__ is self._key_class else self._canonical(key)
+        if ckey in self._cache.young:
+            self._cache.expiry[ckey] = self._write_expiry
 
     def _apply(self, latest: dict[Any, Any], held: dict[Any, Any]) -> None:
-        cache = self._cache
-        for ckey, value in latest.items():
-            cache.insert(ckey, (value, _UNPACK(held[ckey])[0]))
-        dirty = self._dirty
-        dirty.update(held)
-        if len(dirty) > self._batch:
-            self._spill()
+        super()._apply(latest, held)
+        young, expiry, when = self._cache.young, self._cache.expiry, self._write_expiry
+        for ckey in latest:
+            if ckey in young:
+                expiry[ckey] = when
+
+    def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
+        """The pending changes as :meth:`KeyValueEngine._pending_items` encodes them, each value stamped
+        with the commit interval's expiry (every pending value was written in it)."""
+        ckeys, kbs, vbs = self._pending_columns()
+        stamp = _PACK(self._write_expiry).__add__
+        if self._tombstones:
+            stamped = [None if vb is None else stamp(vb) for vb in vbs]
+        else:
+            stamped = list(map(stamp, vbs))
+        return ckeys, list(zip(kbs, stamped))
 
     # -- iteration ---------------------------------------------------------------------------------------
     def _iterate(self, start: bytes | None, end: bytes | None, reverse: bool) -> KVIterator:
-        """Live entries only, as of ``now`` when the iterator opens (a pending expired value hides the
-        key, as a pending delete does)."""
+        """Live entries only, at the store time (pending values are all live: written at it)."""
         self._settle()
-        now = self._now()
+        now = self._now
         if (start is not None and end is not None and start >= end) or not self._dirty:
             pending: list[tuple[bytes, bytes | None]] = []
         else:
-            pending = [(k, None if v is None or (now is not None and now >= _UNPACK(v)[0]) else v[_WIDTH:])
-                       for k, v in self._pending_items()[1]
+            pending = [(k, None if v is None else v[_WIDTH:]) for k, v in self._pending_items()[1]
                        if (start is None or k >= start) and (end is None or k < end)]
             if reverse:
                 pending.reverse()
@@ -313,17 +349,25 @@ class TtlKeyValueEngine(KeyValueEngine):
         return iterator
 
     # -- restore and flush -------------------------------------------------------------------------------
+    def restore(self, records: Iterable[Any]) -> None:
+        self.refresh_time()
+        super().restore(records)
+
+    def restore_columns(self, columns: Iterable[Any]) -> None:
+        self.refresh_time()
+        super().restore_columns(columns)
+
     def _prepare_restored(self, chunk: Mapping[bytes, bytes | None]) -> Mapping[bytes, bytes | None]:
         """As the base class, less the records already expired: their key's older records expired
         before them (time moves forward), so none can become visible; the sweep deletes what local
         state still holds of them."""
         chunk = super()._prepare_restored(chunk)
-        now = self._now()
-        if now is None or not chunk:
+        if not chunk:
             return chunk
         values = chunk.values()
         self._check_stamped(values)
-        if all(v is None or now < _UNPACK(v)[0] for v in values):
+        now = self._now
+        if now is None or all(v is None or now < _UNPACK(v)[0] for v in values):
             return chunk
         kept = {k: v for k, v in chunk.items() if v is None or now < _UNPACK(v)[0]}
         if isinstance(chunk, SortedRun):
@@ -345,21 +389,24 @@ class TtlKeyValueEngine(KeyValueEngine):
                     **self._ctx())
 
     def flush(self) -> None:
-        """Sweep (see :meth:`sweep`), then flush as the base class: the sweep's tombstones are logged
-        with this flush's changes."""
+        """Sweep (see :meth:`sweep`), flush as the base class (the sweep's tombstones are logged with
+        this commit's changes, every value stamped with the interval's expiry), then read the time
+        source for the next interval."""
+        if self._now is None:
+            self.refresh_time()  # event time: the first watermark, if one came during the interval
         self.sweep()
         super().flush()
+        self.refresh_time()
 
     def sweep(self, limit: int | None = None) -> int:
         """Delete the expired entries among the next ``limit`` (default ``ttl_sweep``) entries of the
         backend, from where the previous sweep stopped (wrapping at the end): a tombstone each,
         logged at the next flush. Returns how many it deleted."""
-        now = self._now()
+        now = self._now
         if now is None:
             return 0
         limit = self._sweep_limit if limit is None else limit
         self._settle()
-        dirty, cache = self._dirty, self._cache
         iterator = self._backend.iterate(self._sweep_from, None, False)
         examined = 0
         expired: list[bytes] = []
@@ -374,14 +421,14 @@ class TtlKeyValueEngine(KeyValueEngine):
             iterator.close()
         self._sweep_from = None if examined < limit or last is None else last + b"\x00"
         deleted = 0
-        if expired:
-            for ckey in (self._cache_keys(expired) if self._key_class is not _NoClass else expired):
-                if ckey in dirty:
-                    continue  # a pending write or delete supersedes the stored entry
-                dirty[ckey] = None
-                cache.discard(ckey)
-                deleted += 1
-            if deleted:
-                self._tombstones = True
+        dirty, cache = self._dirty, self._cache
+        for ckey in (self._cache_keys(expired) if self._key_class is not _NoClass else expired):
+            if ckey in dirty:
+                continue  # a pending write or delete supersedes the stored entry
+            dirty[ckey] = None
+            cache.insert(ckey, None)
+            deleted += 1
+        if deleted:
+            self._tombstones = True
         self.swept += deleted
         return deleted

@@ -87,20 +87,34 @@ def test_the_plain_engine_without_ttl(opener: TtlOpener) -> None:
     assert opener.records() == [(b"k", b"1")]  # no expiry in the stored format
 
 
-def test_expired_entries_are_invisible_before_and_after_flush(opener: TtlOpener) -> None:
+def _commit_at(kv: KeyValueEngine, opener: TtlOpener, seconds: float) -> None:
+    """Move the clock ``seconds`` on and commit: the store reads its time at each flush."""
+    opener.time.advance_processing_time(seconds)
+    kv.flush()
+
+
+def test_expired_entries_are_invisible(opener: TtlOpener) -> None:
     kv = opener()
     assert isinstance(kv, TtlKeyValueEngine)
     kv.put("k1", {"n": 1})
-    opener.time.advance_processing_time(4)
-    kv.put("k2", 2)
+    _commit_at(kv, opener, 4)  # k1 expires at 1010
+    kv.put("k2", 2)  # written at store time 1004: expires at 1014
     assert _visible(kv, ["k1", "k2"]) == {"k1": {"n": 1}, "k2": 2}
-    opener.time.advance_processing_time(6)  # k1 written 10s ago: expired
+    _commit_at(kv, opener, 6)
+    assert kv.store_time == 1_010.0
     assert _visible(kv, ["k1", "k2"]) == {"k2": 2}
-    kv.flush()
-    assert _visible(kv, ["k1", "k2"]) == {"k2": 2}
-    opener.time.advance_processing_time(4)
+    _commit_at(kv, opener, 4)
     assert _visible(kv, ["k1", "k2"]) == {}
     assert kv.merge_many(["k2"], [5], results=True) == [5]  # an expired value counts as absent
+
+
+def test_time_stands_still_between_commits(opener: TtlOpener) -> None:
+    kv = opener()
+    kv.put("k", 1)
+    opener.time.advance_processing_time(30)
+    assert kv.get("k") == 1  # the store time is the last commit's until the next one
+    kv.flush()
+    assert kv.get("k") is None
 
 
 def test_expiry_is_seen_past_the_object_cache_and_backend(opener: TtlOpener) -> None:
@@ -109,20 +123,33 @@ def test_expiry_is_seen_past_the_object_cache_and_backend(opener: TtlOpener) -> 
     kv.flush()
     assert _visible(kv, [f"k{i}" for i in range(5)]) == {f"k{i}": i for i in range(5)}
     opener.time.advance_processing_time(10)
+    kv.refresh_time()  # without a flush: nothing swept, the backend still holds them
     assert _visible(kv, [f"k{i}" for i in range(5)]) == {}
+
+
+def test_an_evicted_entry_is_checked_again_from_the_backend(opener: TtlOpener) -> None:
+    kv = opener(cache_size=4, write_batch_size=2)  # spills, rotations: entries leave the cache
+    for i in range(12):
+        kv.put(f"k{i:02d}", i)
+    _commit_at(kv, opener, 5)
+    for i in range(12, 20):
+        kv.put(f"k{i:02d}", i)
+    _commit_at(kv, opener, 5)  # k00..k11 expired, k12..k19 live
+    assert _visible(kv, [f"k{i:02d}" for i in range(20)]) == {f"k{i:02d}": i for i in range(12, 20)}
+    assert len(kv._cache.expiry) <= 4  # the kept expiries are bounded with the cache
 
 
 def test_a_write_restarts_the_ttl(opener: TtlOpener) -> None:
     kv = opener()
     kv.put("k", 1)
-    opener.time.advance_processing_time(8)
+    _commit_at(kv, opener, 8)
     kv.put("k", 2)
-    opener.time.advance_processing_time(8)
+    _commit_at(kv, opener, 8)
     assert kv.get("k") == 2
     kv.put_many(["k"], [3])
-    opener.time.advance_processing_time(9.5)
+    _commit_at(kv, opener, 9.5)
     assert kv.get("k") == 3
-    opener.time.advance_processing_time(0.5)
+    _commit_at(kv, opener, 0.5)
     assert kv.get("k") is None
 
 
@@ -130,30 +157,27 @@ def test_reads_refresh_with_on_read_and_write(opener: TtlOpener) -> None:
     kv = opener(ttl_update="on_read_and_write")
     kv.put("k", 1)
     for _ in range(3):
-        opener.time.advance_processing_time(8)
-        assert kv.get("k") == 1  # each read restarts the ttl
-    kv.flush()
-    opener.time.advance_processing_time(8)
+        _commit_at(kv, opener, 8)
+        assert kv.get("k") == 1  # each read restarts the ttl (and logs the entry again)
+    _commit_at(kv, opener, 8)
     assert kv.get_many(["k"]) == [1]
-    opener.time.advance_processing_time(10)
+    _commit_at(kv, opener, 10)
     assert kv.get("k") is None
 
 
 def test_sweep_purges_with_tombstones_and_is_bounded(opener: TtlOpener) -> None:
     kv = opener(ttl_sweep=3)
     kv.put_all([(f"k{i}", i) for i in range(7)])
-    kv.flush()
-    opener.time.advance_processing_time(5)
+    _commit_at(kv, opener, 5)
     kv.put("k9", 9)
-    opener.time.advance_processing_time(5)  # k0..k6 expired, k9 live
-    assert opener.records()[-1] == (b"k6", EXPIRY.pack(1_000.0 + 10) + b"6")
+    assert opener.records()[-1] == (b"k6", EXPIRY.pack(1_000.0 + 10) + b"6")  # the expiry travels
+    _commit_at(kv, opener, 5)  # the store time becomes 1010: k0..k6 expired, k9 live
     flushed = len(opener.records())
-    kv.flush()  # the sweep examines 3 entries: k0..k2
+    kv.flush()  # the sweep examines 3 entries, from where the previous one stopped (after k2)
     tombstones = [key for key, value in opener.records()[flushed:] if value is None]
-    assert tombstones == [b"k0", b"k1", b"k2"]
-    kv.flush()
-    kv.flush()
-    kv.flush()
+    assert tombstones == [b"k3", b"k4", b"k5"]
+    for _ in range(3):
+        kv.flush()
     tombstones = sorted(key for key, value in opener.records()[flushed:] if value is None)
     assert tombstones == [f"k{i}".encode() for i in range(7)]
     assert kv.swept == 7
@@ -164,31 +188,29 @@ def test_sweep_purges_with_tombstones_and_is_bounded(opener: TtlOpener) -> None:
 def test_a_pending_write_wins_over_the_sweep(opener: TtlOpener) -> None:
     kv = opener()
     kv.put("k", 1)
-    kv.flush()
-    opener.time.advance_processing_time(10)
-    kv.put("k", 2)  # rewritten after it expired, before the sweep finds it
+    _commit_at(kv, opener, 10)
+    kv.put("k", 2)  # rewritten after it expired, before the sweep found it
     kv.flush()
     assert opener.records()[-1][0] == b"k" and opener.records()[-1][1] is not None
     assert kv.get("k") == 2
 
 
 def test_no_comeback_after_restore_from_the_changelog(opener: TtlOpener, tmp_path: Path) -> None:
-    kv = opener()
+    kv = opener(ttl_sweep=1)
     kv.put_all([("old1", 1), ("old2", 2)])
-    kv.flush()
-    opener.time.advance_processing_time(6)
+    _commit_at(kv, opener, 6)
     kv.put("new", 3)
     kv.flush()
     kv.close()
-    opener.time.advance_processing_time(5)  # old1, old2 expired; nothing swept yet
+    opener.time.advance_processing_time(5)  # old1, old2 expired; nothing swept
     shutil.rmtree(opener.directory)
     opener.directory.mkdir()  # local state lost: everything from the changelog
     restored = opener()
     opener.restore_all(restored)
+    assert restored.backend.get(b"old1") is None  # expired records are not even restored
     restored.flush()
     assert _visible(restored, ["new", "old1", "old2"]) == {"new": 3}
-    assert restored.backend.get(b"old1") is None  # expired records are not even restored
-    opener.time.advance_processing_time(10)
+    _commit_at(restored, opener, 10)
     assert _visible(restored, ["new", "old1", "old2"]) == {}
 
 
@@ -207,17 +229,19 @@ def test_no_comeback_from_local_state_after_reopen(opener: TtlOpener) -> None:
 
 def test_event_time_ttl_follows_the_watermark(opener: TtlOpener) -> None:
     kv = opener(ttl_time="event", ttl="1m")
-    kv.put("before", 1)  # no watermark yet: does not expire until written under one
+    kv.put("first", 1)  # no watermark yet: counts from the first one the store reads
     opener.time.advance_watermark(100.0)
+    kv.flush()
+    assert kv.store_time == 100.0
     kv.put("k", 2)
     opener.time.advance_processing_time(1_000_000)  # the clock does not matter
-    assert _visible(kv, ["before", "k"]) == {"before": 1, "k": 2}
-    opener.time.advance_watermark(160.0)
-    assert _visible(kv, ["before", "k"]) == {"before": 1}
     kv.flush()
-    kv.flush()  # the first flush logged k (already expired); the second's sweep deletes it
-    assert any(key == b"k" and value is None for key, value in opener.records())
-    assert not any(key == b"before" and value is None for key, value in opener.records())
+    assert _visible(kv, ["first", "k"]) == {"first": 1, "k": 2}
+    opener.time.advance_watermark(160.0)
+    kv.flush()
+    assert _visible(kv, ["first", "k"]) == {}
+    kv.flush()
+    assert sorted(key for key, value in opener.records() if value is None) == [b"first", b"k"]
 
 
 def test_int_values_and_keys(opener: TtlOpener) -> None:
@@ -226,8 +250,9 @@ def test_int_values_and_keys(opener: TtlOpener) -> None:
         kv.put(i, (kv.get(i) or 0) + 1)
         kv.put(i, kv.get(i) + 1)
     assert kv.merge_many([0, 1, 5], [10, 10, 10], results=True) == [12, 12, 10]
-    kv.flush()
-    opener.time.advance_processing_time(10)
+    _commit_at(kv, opener, 9)
+    assert kv.get_many([0, 1, 2, 5]) == [12, 12, 2, 10]
+    _commit_at(kv, opener, 1)
     assert kv.get_many([0, 1, 2, 5]) == [None] * 4
 
 

@@ -530,8 +530,9 @@ def _run(store: Any, ops: list[tuple[str, Any]]) -> list[Any]:
                 result = store.put(*(["a"] * arg))
             elif op == "delete":
                 result = store.delete(arg)
-            elif op == "tick":
-                result = store.context.time.advance_processing_time(arg)
+            elif op == "tick":  # the clock moves; the store reads it (as at a commit)
+                store.context.time.advance_processing_time(arg)
+                result = store.refresh_time()
             else:
                 result = store.flush()
             out.append(("ok", result))
