@@ -168,16 +168,21 @@ class TtlKeyValueEngine(KeyValueEngine):
     # -- time --------------------------------------------------------------------------------------
     def refresh_time(self) -> None:
         """Read the time source: the store's time until the next refresh (each flush and restore does
-        one). What was written while there was no time yet (event time before the first watermark)
-        counts from the first time read."""
+        one; a task or test may call it to move the store's time between commits). Pending writes of
+        the ending interval are spilled first (logged with its expiry), as every pending value must
+        share one expiry; but what was written while there was no time yet (event time before the
+        first watermark) counts from the first time read."""
         now = self._clock()
         was_timeless = self._now is None
+        write_expiry = NEVER if now is None else now + self._ttl
+        if self._dirty and not was_timeless and write_expiry != self._write_expiry:
+            self._spill()
         self._now = None if now is None else float(now)
-        self._write_expiry = NEVER if now is None else now + self._ttl
+        self._write_expiry = write_expiry
         if was_timeless and now is not None and self._dirty:
             expiry = self._cache.expiry
             for ckey in self._dirty.keys() & expiry.keys():
-                expiry[ckey] = self._write_expiry
+                expiry[ckey] = write_expiry
         if self._hot is not None:
             self._hot.set_time(self._now, self._write_expiry)
 
