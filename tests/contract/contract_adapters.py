@@ -325,5 +325,7 @@ ALL_ADAPTERS: list[EngineAdapter] = [
     SearchAdapter(),
 ]
 
-#: The crash test adds kv stores whose flushes write thousands of keys (long flush windows to kill in).
-CRASH_ADAPTERS: list[EngineAdapter] = ALL_ADAPTERS + [KvAdapter("rocksdb", bulk=3000), KvAdapter("lmdb", bulk=3000)]
+#: The crash test adds kv stores whose flushes write thousands of keys (long flush windows to kill in),
+#: and leaves out the expiring ttl stores (their clock lives in the adapter, and each crash child
+#: would start it again from zero).
+CRASH_ADAPTERS: list[EngineAdapter] = [a for a in ALL_ADAPTERS if not getattr(a, "expiring", False)] + [KvAdapter("rocksdb", bulk=3000), KvAdapter("lmdb", bulk=3000)]
