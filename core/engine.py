@@ -90,10 +90,16 @@ class LiveEntries(Protocol):
     kv store with ``ttl`` stores each value with its expiry) say how a reader of stored entries (the
     state reader, ``localstate inspect``) gets the live ones. ``live_entries`` returns a filter of a
     store partition's stored ``(key, value)`` pairs to the visible ones, each value as its serde wrote
-    it, as of ``time``'s current time; None: every stored entry is live and stored as is."""
+    it, as of ``time``'s current time; None: every stored entry is live and stored as is.
+    ``stored_value`` splits one stored value."""
 
     def live_entries(self, store: str, options: Mapping[str, Any], time: TimeSource
                      ) -> Callable[[Iterable[tuple[bytes, bytes]]], Iterator[tuple[bytes, bytes]]] | None: ...
+
+    def stored_value(self, options: Mapping[str, Any], data: bytes) -> tuple[bytes, float | None]:
+        """One stored value (a changelog record's) as its serde wrote it, and when it expires (None:
+        never), for tools that show the records themselves."""
+        ...
 
 
 class StorageEngine(ABC):

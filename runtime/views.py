@@ -36,7 +36,7 @@ from localstate.core.serdes import Serde
 from localstate.errors import ChangelogError, CheckpointError, LocalStateError, StateNotFoundError
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
-           "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
+           "load_checkpoints", "require_state", "live_filter", "value_splitter", "store_config", "store_partitions", "store_serdes", "store_entries",
            "resolve_stream", "changelog_partitions", "changelog_records", "open_changelog_reader",
            "checkpoint_manifest", "checkpoint_location", "committed_contents", "stream_location", "dir_size",
            "InputPartitionInfo", "input_partitions",
@@ -588,6 +588,18 @@ def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
     entries = [(key, latest[key]) for key in sorted(latest) if latest[key] is not None]
     live = live_filter(job, config, checkpoint)
     return entries if live is None else list(live(entries))  # type: ignore[arg-type]
+
+
+def value_splitter(job: JobConfig, config: StoreConfig | None) -> Callable[[bytes], tuple[bytes, float | None]] | None:
+    """For a store whose stored values carry more than the serde's bytes (a kv store with ``ttl``):
+    a function splitting a stored value into those bytes and its expiry; None for every other store."""
+    if config is None:
+        return None
+    factory = job.registry.engine_factory(config.engine)
+    options = dict(config.options)
+    if not isinstance(factory, LiveEntries) or factory.live_entries(config.name, options, _ReaderTime(None)) is None:
+        return None
+    return lambda data: factory.stored_value(options, data)
 
 
 class _ReaderTime:

@@ -14,7 +14,7 @@ from localstate.core.time import TimeSource
 from localstate.core.options import Option
 from localstate.engines.kv.engine import KeyValueEngine, KVIterator
 from localstate.engines.kv.options import KV_OPTIONS, ROCKSDB_PASSTHROUGH, check_kv_options
-from localstate.engines.kv.ttl import TtlKeyValueEngine, live_entries
+from localstate.engines.kv.ttl import TtlKeyValueEngine, live_entries, split_stored
 
 __all__ = ["KeyValueEngineFactory", "KeyValueEngine", "TtlKeyValueEngine", "KVIterator", "KV_OPTIONS",
            "ROCKSDB_PASSTHROUGH"]
@@ -41,3 +41,7 @@ class KeyValueEngineFactory(StorageEngineFactory):
                      ) -> Callable[[Iterable[tuple[bytes, bytes]]], Iterator[tuple[bytes, bytes]]] | None:
         """A ttl store's live entries without their expiry (``core.engine.LiveEntries``)."""
         return live_entries(options, time)
+
+    def stored_value(self, options: Mapping[str, Any], data: bytes) -> tuple[bytes, float | None]:
+        """A ttl store's stored value without its expiry, and the expiry; any other store's as is."""
+        return split_stored(data) if options.get("ttl") is not None else (data, None)

@@ -53,7 +53,7 @@ from localstate.engines.kv.cache import GenerationalCache
 from localstate.engines.kv.engine import _MISS, INT_MAX, INT_MIN, KeyValueEngine, KVIterator, _NoClass
 from localstate.errors import SerdeError
 
-__all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "live_entries", "clock_of"]
+__all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "live_entries", "clock_of", "split_stored"]
 
 #: The expiry prefix of every stored value of a ttl store: a big-endian double, seconds.
 EXPIRY = struct.Struct(">d")
@@ -71,6 +71,11 @@ def clock_of(source: TimeSource, domain: str) -> Callable[[], float | None]:
     if type(source) is SystemTime:
         return time.time
     return source.processing_time
+
+
+def split_stored(data: bytes) -> tuple[bytes, float]:
+    """A ttl store's stored value: ``(the serde's bytes, expiry)``."""
+    return data[_WIDTH:], _UNPACK(data)[0]
 
 
 def live_entries(options: Mapping[str, Any], source: TimeSource
