@@ -51,7 +51,7 @@ from localstate.core.time import EVENT_TIME, SystemTime, TimeSource
 from localstate.engines.kv import engine as kv_engine
 from localstate.engines.kv.cache import GenerationalCache
 from localstate.engines.kv.engine import _MISS, INT_MAX, INT_MIN, KeyValueEngine, KVIterator, _NoClass
-from localstate.errors import SerdeError
+from localstate.errors import ConfigError
 
 __all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "live_entries", "clock_of", "split_stored"]
 
@@ -61,6 +61,15 @@ _PACK, _UNPACK = EXPIRY.pack, EXPIRY.unpack_from
 _WIDTH = EXPIRY.size
 #: The expiry of what is written in event time before the first watermark (until restamped).
 NEVER = math.inf
+
+
+def _stamped(stored: bytes) -> bool:
+    """Whether ``stored`` starts with a plausible expiry: never (+inf), or seconds since the epoch up
+    to year 33658 (a value written without ttl reads as a huge, tiny, negative or NaN double)."""
+    if len(stored) < _WIDTH:
+        return False
+    expiry = _UNPACK(stored)[0]
+    return expiry == NEVER or 1e-6 <= expiry <= 1e12
 
 
 def clock_of(source: TimeSource, domain: str) -> Callable[[], float | None]:
@@ -168,6 +177,11 @@ class TtlKeyValueEngine(KeyValueEngine):
         self.swept = 0
         """Expired entries the sweeps deleted since open (statistics)."""
         super().__init__(context)
+        try:
+            self._check_local_state()
+        except BaseException:
+            self.close()  # release the backend (its lock) before the error leaves the constructor
+            raise
         self.refresh_time()
 
     # -- time --------------------------------------------------------------------------------------
@@ -389,14 +403,28 @@ class TtlKeyValueEngine(KeyValueEngine):
         return kept
 
     def _check_stamped(self, values: Iterable[bytes | None]) -> None:
+        """ConfigError when a stored value carries no plausible expiry: the store's state was written
+        without ttl (adding or removing ttl changes the stored format)."""
         for vb in values:
-            if vb is not None and len(vb) < _WIDTH:
-                raise SerdeError(
-                    f"store {self._store!r} has ttl but its changelog holds a {len(vb)}-byte value without "
-                    f"an expiry: the store was written without ttl",
-                    hint=f"adding or removing ttl changes how store {self._store!r} is stored: reset the "
-                         f"store's state (`localstate reset`) or give the ttl store a new name",
-                    **self._ctx())
+            if vb is not None and not _stamped(vb):
+                raise ConfigError.at(
+                    f"stores.{self._store}.ttl",
+                    f"store {self._store!r} (partition {self._partition}) has ttl, but its state holds a "
+                    f"value written without ttl ({vb[:16]!r}): adding or removing ttl changes how the "
+                    f"store's values are stored",
+                    hint=f"start store {self._store!r} over (`localstate reset`, or a new store name), or "
+                         f"remove ttl again")
+
+    def _check_local_state(self) -> None:
+        """At open: the first stored entry must carry an expiry (local state written without ttl is
+        refused as the changelog's would be)."""
+        iterator = self._backend.iterate(None, None, False)
+        try:
+            first = next(iterator, None)
+        finally:
+            iterator.close()
+        if first is not None:
+            self._check_stamped([first[1]])
 
     def flush(self) -> None:
         """Sweep (see :meth:`sweep`), flush as the base class (the sweep's tombstones are logged with

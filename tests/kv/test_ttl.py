@@ -289,14 +289,18 @@ def test_engines_without_ttl_refuse_it(engine: str, options: dict[str, Any]) -> 
     assert "stores.recent.ttl" in str(err.value) and "does not support" in str(err.value)
 
 
-def test_a_store_written_without_ttl_is_refused_with_ttl(opener: TtlOpener) -> None:
+@pytest.mark.parametrize("value", [1, 123456789, "x", "a longer string", {"user": "ann"}, [1, 2, 3]])
+def test_a_store_written_without_ttl_is_refused_with_ttl(opener: TtlOpener, value: Any) -> None:
     plain = opener(ttl=None)
-    plain.put("k", 1)
+    plain.put("k", value)
     plain.flush()
     plain.close()
+    if opener.backend != "memory":  # its local state is refused at open
+        with pytest.raises(ConfigError, match="written without ttl") as err:
+            opener()
+        assert "stores.events.ttl" in str(err.value)
     shutil.rmtree(opener.directory)
     opener.directory.mkdir()
     kv = opener()
-    from localstate.errors import SerdeError
-    with pytest.raises(SerdeError, match="without ttl"):
+    with pytest.raises(ConfigError, match="written without ttl"):  # and so are its changelog records
         opener.restore_all(kv)
