@@ -312,6 +312,20 @@ class KeyValueEngine(StorageEngine):
                 kb = self._slow_key(ckey)
         if not self._min_key <= len(kb) <= self._max_key:
             return None  # the backend cannot hold such a key: it cannot exist
+        vb = self._stored_bytes(ckey, kb)
+        if vb is None:
+            value = None
+        else:
+            try:
+                value = self._vde_fast(vb)
+            except FAST_ERRORS:
+                value = self._decode_value(kb, vb)
+        cache.insert(ckey, value)
+        return value
+
+    def _stored_bytes(self, ckey: Any, kb: bytes) -> bytes | None:
+        """The stored value of ``ckey`` (serialized ``kb``): from the in-flight commit (write-behind),
+        else the backend (settling first when it cannot read beside a background write)."""
         vb = _MISS
         if self._inflight:
             vb = self._inflight.get(ckey, _MISS)
@@ -322,15 +336,7 @@ class KeyValueEngine(StorageEngine):
                 vb = self._backend.get(kb)
             except Exception as exc:
                 raise self._backend_failed(exc) from exc
-        if vb is None:
-            value = None
-        else:
-            try:
-                value = self._vde_fast(vb)
-            except FAST_ERRORS:
-                value = self._decode_value(kb, vb)
-        cache.insert(ckey, value)
-        return value
+        return vb  # type: ignore[return-value]
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         """Values of ``keys`` as a dict; absent keys are left out."""

@@ -115,16 +115,11 @@ class ExpiringCache(GenerationalCache):
         self.expiry: dict[Any, float] = {}
 
     def rotate(self) -> None:
-        old, expiry = self.old, self.expiry
-        if old:
-            for key in old:
-                expiry.pop(key, None)
-            old.clear()
-            return
-        old.update(self.young)
-        self.young.clear()
-        for key in list(islice(old, len(old) // 2)):
-            del old[key]
+        old = self.old
+        dropped = list(old) if old else list(islice(self.young, len(self.young) // 2))  # what rotate drops
+        super().rotate()
+        expiry = self.expiry
+        for key in dropped:
             expiry.pop(key, None)
 
     def discard(self, key: Any) -> None:
@@ -285,16 +280,7 @@ class TtlKeyValueEngine(KeyValueEngine):
         kb = self._key_bytes(ckey)
         if not self._min_key <= len(kb) <= self._max_key:
             return None
-        vb = _MISS
-        if self._inflight:
-            vb = self._inflight.get(ckey, _MISS)
-            if vb is _MISS and not self._backend.concurrent_reads:
-                self._settle()
-        if vb is _MISS:
-            try:
-                vb = self._backend.get(kb)
-            except Exception as exc:
-                raise self._backend_failed(exc) from exc
+        vb = self._stored_bytes(ckey, kb)
         if vb is None:
             cache.insert(ckey, None)
             return None

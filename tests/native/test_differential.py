@@ -557,19 +557,26 @@ def test_c_and_reference_get_put_behave_alike(tmp_path_factory, key_serde, value
     stores = [_open(tmp_path_factory.mktemp("native"), key_serde, value_serde, native=True),
               _open(tmp_path_factory.mktemp("python"), key_serde, value_serde, native=False)]
     try:
-        results = [_run(store, ops) for store in stores]
-        assert _normalise(results[0]) == _normalise(results[1])
-        for store in stores:
-            store.flush()
-        logged = [[(r.key, r.value) for r in store._logged.changelog.read(0)] for store in stores]
-        assert logged[0] == logged[1]
-        states = [sorted(store.all(), key=repr) for store in stores]  # json keys mix types
-        assert states[0] == states[1]
-        assert stores[0].spills == stores[1].spills
-        assert (stores[0]._cache.young, stores[0]._cache.old) == (stores[1]._cache.young, stores[1]._cache.old)
+        _assert_alike(stores, ops)
     finally:
         for store in stores:
             store.close()
+
+
+def _assert_alike(stores: list[Any], ops: list[tuple[str, Any]]) -> None:
+    """The C store and the reference store answer ``ops`` alike and end alike: results, logged
+    records, contents, spills, and the cache (with ttl, the cached expiries too)."""
+    results = [_run(store, ops) for store in stores]
+    assert _normalise(results[0]) == _normalise(results[1])
+    for store in stores:
+        store.flush()
+    logged = [[(r.key, r.value) for r in store._logged.changelog.read(0)] for store in stores]
+    assert logged[0] == logged[1]
+    states = [sorted(store.all(), key=repr) for store in stores]  # json keys mix types
+    assert states[0] == states[1]
+    assert stores[0].spills == stores[1].spills
+    assert (stores[0]._cache.young, stores[0]._cache.old) == (stores[1]._cache.young, stores[1]._cache.old)
+    assert getattr(stores[0]._cache, "expiry", None) == getattr(stores[1]._cache, "expiry", None)
 
 
 @pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "int"), ("bytes", "bytes"),
@@ -588,14 +595,7 @@ def test_c_and_reference_get_put_behave_alike_with_ttl(tmp_path_factory, key_ser
     try:
         if not PURE:
             assert type(stores[0].get.__self__).__name__ == "TtlHotPath"
-        results = [_run(store, ops) for store in stores]
-        assert _normalise(results[0]) == _normalise(results[1])
-        for store in stores:
-            store.flush()
-        logged = [[(r.key, r.value) for r in store._logged.changelog.read(0)] for store in stores]
-        assert logged[0] == logged[1]
-        assert sorted(stores[0].all(), key=repr) == sorted(stores[1].all(), key=repr)
-        assert (stores[0]._cache.young, stores[0]._cache.old) == (stores[1]._cache.young, stores[1]._cache.old)
+        _assert_alike(stores, ops)
     finally:
         for store in stores:
             store.close()
