@@ -26,7 +26,8 @@ Cleanup. Each flush first runs a sweep that examines at most ``ttl_sweep`` backe
 where the previous sweep stopped (wrapping at the end of the key space), and deletes the expired
 ones it finds, with a tombstone each in that flush's changelog records. The cost per commit is
 bounded by ``ttl_sweep`` whatever the store's size; a full pass over ``n`` entries takes
-``n / ttl_sweep`` flushes. A restore drops records already expired (every older record of their key
+``n / ttl_sweep`` flushes. A complete pass also learns a lower bound of every stored expiry (the
+horizon), before which the sweep examines nothing. A restore drops records already expired (every older record of their key
 expired before them, time moving forward), and the state reader and ``localstate inspect`` filter
 with :func:`live_entries`.
 
@@ -166,11 +167,16 @@ class TtlKeyValueEngine(KeyValueEngine):
         self._sweep_limit = int(options.get("ttl_sweep", 1_000))
         self._clock = clock_of(context.time, options.get("ttl_time", "processing"))
         self._sweep_from: bytes | None = None
+        # the sweep's horizon (see sweep): -inf, unknown, until a pass over the whole store completes
+        self._horizon = -math.inf
+        self._pass_start, self._pass_min = -math.inf, NEVER
         self._hot: Any = None
         self._now: float | None = None
         self._write_expiry = NEVER
         self.swept = 0
         """Expired entries the sweeps deleted since open (statistics)."""
+        self.examined = 0
+        """Stored entries the sweeps examined since open (statistics)."""
         super().__init__(context)
         try:
             self._check_local_state()
@@ -360,12 +366,18 @@ class TtlKeyValueEngine(KeyValueEngine):
 
     # -- restore and flush -------------------------------------------------------------------------------
     def restore(self, records: Iterable[Any]) -> None:
-        self.refresh_time()
+        self._restoring()
         super().restore(records)
 
     def restore_columns(self, columns: Iterable[Any]) -> None:
-        self.refresh_time()
+        self._restoring()
         super().restore_columns(columns)
+
+    def _restoring(self) -> None:
+        """Before a restore: read the time (expired records are skipped), and forget the sweep's
+        horizon (restored entries may expire before it)."""
+        self.refresh_time()
+        self._horizon, self._sweep_from = -math.inf, None
 
     def _prepare_restored(self, chunk: Mapping[bytes, bytes | None]) -> Mapping[bytes, bytes | None]:
         """As the base class, less the records already expired: their key's older records expired
@@ -425,25 +437,38 @@ class TtlKeyValueEngine(KeyValueEngine):
     def sweep(self, limit: int | None = None) -> int:
         """Delete the expired entries among the next ``limit`` (default ``ttl_sweep``) entries of the
         backend, from where the previous sweep stopped (wrapping at the end): a tombstone each,
-        logged at the next flush. Returns how many it deleted."""
+        logged at the next flush. Returns how many it deleted.
+
+        Nothing is examined while the store time is before the *horizon*, a lower bound of every
+        stored expiry learnt by the last complete pass: the smallest expiry it saw, or, for what
+        was written since the pass began, the pass's start time plus ttl. So a store whose entries
+        are all younger than ttl costs its commits nothing."""
         now = self._now
-        if now is None:
+        if now is None or now < self._horizon:
             return 0
         limit = self._sweep_limit if limit is None else limit
         self._settle()
+        if self._sweep_from is None:  # a new pass
+            self._pass_start, self._pass_min = now, NEVER
+            if self._backend.approximate_count() == 0:  # nothing stored: the pass ends at once
+                self._horizon = now + self._ttl        # (and a memory backend builds no key index)
+                return 0
         iterator = self._backend.iterate(self._sweep_from, None, False)
-        examined = 0
-        expired: list[bytes] = []
-        last: bytes | None = None
         try:
-            for kb, vb in islice(iterator, limit):
-                examined += 1
-                last = kb
-                if now >= _UNPACK(vb)[0]:
-                    expired.append(kb)
+            entries = list(islice(iterator, limit))
         finally:
             iterator.close()
-        self._sweep_from = None if examined < limit or last is None else last + b"\x00"
+        self.examined += len(entries)
+        expiries = [_UNPACK(vb)[0] for _, vb in entries]
+        expired = [kb for (kb, _), expiry in zip(entries, expiries) if now >= expiry]
+        live = [expiry for expiry in expiries if now < expiry]
+        if live:
+            self._pass_min = min(self._pass_min, min(live))
+        if len(entries) < limit:  # the pass is complete: every stored expiry is known to be later
+            self._sweep_from = None
+            self._horizon = min(self._pass_min, self._pass_start + self._ttl)
+        else:
+            self._sweep_from = entries[-1][0] + b"\x00"
         deleted = 0
         dirty, cache = self._dirty, self._cache
         for ckey in (self._cache_keys(expired) if self._key_class is not _NoClass else expired):

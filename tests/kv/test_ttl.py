@@ -173,9 +173,9 @@ def test_sweep_purges_with_tombstones_and_is_bounded(opener: TtlOpener) -> None:
     assert opener.records()[-1] == (b"k6", EXPIRY.pack(1_000.0 + 10) + b"6")  # the expiry travels
     _commit_at(kv, opener, 5)  # the store time becomes 1010: k0..k6 expired, k9 live
     flushed = len(opener.records())
-    kv.flush()  # the sweep examines 3 entries, from where the previous one stopped (after k2)
+    kv.flush()  # the first sweep with anything to find (the horizon, 1010, reached): 3 entries
     tombstones = [key for key, value in opener.records()[flushed:] if value is None]
-    assert tombstones == [b"k3", b"k4", b"k5"]
+    assert tombstones == [b"k0", b"k1", b"k2"]
     for _ in range(3):
         kv.flush()
     tombstones = sorted(key for key, value in opener.records()[flushed:] if value is None)
@@ -183,6 +183,22 @@ def test_sweep_purges_with_tombstones_and_is_bounded(opener: TtlOpener) -> None:
     assert kv.swept == 7
     assert kv.approximate_count() == 1
     assert dict(kv.all()) == {"k9": 9}
+
+
+def test_the_sweep_examines_nothing_before_its_horizon(opener: TtlOpener) -> None:
+    kv = opener(ttl_sweep=2)
+    kv.put_all([(f"k{i}", i) for i in range(5)])
+    kv.flush()  # written at 1000 into an empty store: nothing stored can expire before 1010
+    for _ in range(5):
+        _commit_at(kv, opener, 2)  # the sweeps at store time 1000..1008 examine nothing
+    assert kv.examined == 0 and kv.store_time == 1_010.0
+    for _ in range(3):
+        kv.flush()  # a pass of 2 + 2 + 1 entries
+    assert kv.swept == 5 and kv.examined == 5
+    kv.put("k9", 9)
+    for _ in range(3):
+        _commit_at(kv, opener, 2)  # the new horizon: what was written since the pass began expires at 1020 or later
+    assert kv.examined == 5
 
 
 def test_a_pending_write_wins_over_the_sweep(opener: TtlOpener) -> None:
