@@ -218,25 +218,6 @@ class TtlKeyValueEngine(KeyValueEngine):
             return value
         return None
 
-    def _stored_value(self, ckey: Any, kb: bytes, stored: bytes) -> Any:
-        """The object of a stored (stamped) value, cached with its expiry; None, cached as such, when
-        it has expired."""
-        expiry = _UNPACK(stored)[0]
-        cache = self._cache
-        now = self._now
-        if now is not None and now >= expiry:
-            cache.insert(ckey, None)
-            return None
-        vb = stored[_WIDTH:]
-        try:
-            value = self._vde_fast(vb)
-        except FAST_ERRORS:
-            value = self._decode_value(kb, vb)
-        cache.insert(ckey, value)
-        if ckey in cache.young:
-            cache.expiry[ckey] = expiry
-        return value
-
     # -- the C fast paths ------------------------------------------------------------------------------
     def _bind_hot_path(self) -> None:
         """The C get/put in their ttl mode (``TtlHotPath``: the expiry checked on a cache hit, set on a
@@ -283,14 +264,33 @@ class TtlKeyValueEngine(KeyValueEngine):
             if held is not None and ckey in cache.young:
                 cache.expiry[ckey] = self._write_expiry
             return held
-        kb = self._key_bytes(ckey)
+        if self._key_class is _NoClass:  # as _key_bytes, inline (every miss of the C get comes here)
+            kb = ckey
+        else:
+            try:
+                kb = self._kfast(ckey)
+            except FAST_ERRORS:
+                kb = self._slow_key(ckey)
         if not self._min_key <= len(kb) <= self._max_key:
             return None
         vb = self._stored_bytes(ckey, kb)
         if vb is None:
             cache.insert(ckey, None)
             return None
-        return self._stored_value(ckey, kb, vb)
+        expiry, = _UNPACK(vb)
+        now = self._now
+        if now is not None and now >= expiry:
+            cache.insert(ckey, None)
+            return None
+        vb = vb[_WIDTH:]
+        try:
+            value = self._vde_fast(vb)
+        except FAST_ERRORS:
+            value = self._decode_value(kb, vb)
+        if cache.size:  # insert puts it in the young generation
+            cache.insert(ckey, value)
+            cache.expiry[ckey] = expiry
+        return value
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         """Values of ``keys`` as a dict; absent and expired keys are left out."""
@@ -416,6 +416,8 @@ class TtlKeyValueEngine(KeyValueEngine):
     def _check_local_state(self) -> None:
         """At open: the first stored entry must carry an expiry (local state written without ttl is
         refused as the changelog's would be)."""
+        if self._backend.approximate_count() == 0:
+            return  # nothing stored (and a memory backend builds no key index for nothing)
         iterator = self._backend.iterate(None, None, False)
         try:
             first = next(iterator, None)
