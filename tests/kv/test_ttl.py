@@ -320,3 +320,17 @@ def test_a_store_written_without_ttl_is_refused_with_ttl(opener: TtlOpener, valu
     kv = opener()
     with pytest.raises(ConfigError, match="written without ttl"):  # and so are its changelog records
         opener.restore_all(kv)
+
+
+def test_write_behind(opener: TtlOpener) -> None:
+    """With the backend write of each commit on a background thread, reads of the in-flight commit
+    see its expiries too, and the sweep settles before it scans."""
+    kv = opener(write_behind=True, cache_size=0)
+    kv.put_all([(f"k{i}", i) for i in range(4)])
+    _commit_at(kv, opener, 5)
+    kv.put("k9", 9)
+    assert _visible(kv, ["k0", "k1", "k2", "k3", "k9"]) == {"k0": 0, "k1": 1, "k2": 2, "k3": 3, "k9": 9}
+    _commit_at(kv, opener, 5)  # store time 1010: k0..k3 expired
+    assert _visible(kv, ["k0", "k1", "k2", "k3", "k9"]) == {"k9": 9}
+    kv.flush()
+    assert sorted(key for key, value in opener.records() if value is None) == [b"k0", b"k1", b"k2", b"k3"]
