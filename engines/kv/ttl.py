@@ -27,9 +27,9 @@ where the previous sweep stopped (wrapping at the end of the key space), and del
 ones it finds, with a tombstone each in that flush's changelog records. The cost per commit is
 bounded by ``ttl_sweep`` whatever the store's size; a full pass over ``n`` entries takes
 ``n / ttl_sweep`` flushes. A complete pass also learns a lower bound of every stored expiry (the
-horizon), before which the sweep examines nothing. A restore drops records already expired (every older record of their key
-expired before them, time moving forward), and the state reader and ``localstate inspect`` filter
-with :func:`live_entries`.
+horizon), before which the sweep examines nothing. A restore drops records already expired (every
+older record of their key expired before them, time moving forward), and the state reader and
+``localstate inspect`` filter with :func:`live_entries`.
 
 Cache. Cached values stay plain objects, as without ttl; the cache keeps the expiry of each cached
 value beside it (:class:`ExpiringCache`, bounded with the cache), so a cache hit costs one more dict
