@@ -89,3 +89,23 @@ def test_the_views_hide_expired_entries(tmp_path):
     for from_changelog in (False, True):
         entries = store_entries(job, "sessions", checkpoints, from_changelog=from_changelog)
         assert {entry.key: entry.value for entry in entries} == {key: {"user": key} for key in "abc"}
+
+
+def test_the_state_reader_views_show_values_without_their_expiry(tmp_path):
+    """The state reader's rows (its views run here without a Spark session: the same code its tasks
+    run): the committed state and the change feed of a ttl store decode as a plain store's do."""
+    from localstate.runtime.spark.state_source import ReadOptions, load_view
+
+    job_file = _run_job(tmp_path)
+    rows = {}
+    for store in ("sessions", "plain"):
+        for feed in (False, True):
+            options = {"job": str(job_file), "store": store}
+            if feed:
+                options.update(view="changelog", readChangeFeed="true")
+            view, _ = load_view(ReadOptions.parse(options))
+            rows[store, feed] = [row for piece in view.slices() for row in view.rows(piece)]
+    for feed in (False, True):
+        assert rows["sessions", feed] == rows["plain", feed]
+    assert sorted(row[1] for row in rows["sessions", False]) == ["a", "b", "c"]
+    assert [json.loads(row[3]) for row in rows["sessions", True]] == [{"user": key} for key in "abc"]
