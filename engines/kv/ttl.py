@@ -42,11 +42,11 @@ from __future__ import annotations
 import math
 import struct
 import time
-from itertools import islice
+from itertools import islice, repeat
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from localstate.core.backend import SortedRun
-from localstate.core.codecs import FAST_ERRORS
+from localstate.core.codecs import FAST_ERRORS, INT_BIAS
 from localstate.core.engine import StoreContext
 from localstate.core.time import EVENT_TIME, SystemTime, TimeSource
 from localstate.engines.kv import engine as kv_engine
@@ -60,6 +60,9 @@ __all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "live_entrie
 EXPIRY = struct.Struct(">d")
 _PACK, _UNPACK = EXPIRY.pack, EXPIRY.unpack_from
 _WIDTH = EXPIRY.size
+#: A stored value of the int serde (held as ints, see KeyValueEngine): expiry and biased value in one
+#: struct, so the flush packs and a miss unpacks each in one call.
+_STAMPED_INT = struct.Struct(">dQ")
 #: The expiry of what is written in event time before the first watermark (until restamped).
 NEVER = math.inf
 
@@ -277,16 +280,22 @@ class TtlKeyValueEngine(KeyValueEngine):
         if vb is None:
             cache.insert(ckey, None)
             return None
-        expiry, = _UNPACK(vb)
+        if self._int_values and len(vb) == 16:
+            expiry, value = _STAMPED_INT.unpack(vb)
+            value -= INT_BIAS
+        else:
+            expiry, = _UNPACK(vb)
+            value = _MISS
         now = self._now
         if now is not None and now >= expiry:
             cache.insert(ckey, None)
             return None
-        vb = vb[_WIDTH:]
-        try:
-            value = self._vde_fast(vb)
-        except FAST_ERRORS:
-            value = self._decode_value(kb, vb)
+        if value is _MISS:
+            vb = vb[_WIDTH:]
+            try:
+                value = self._vde_fast(vb)
+            except FAST_ERRORS:
+                value = self._decode_value(kb, vb)
         if cache.size:  # insert puts it in the young generation
             cache.insert(ckey, value)
             cache.expiry[ckey] = expiry
@@ -339,6 +348,12 @@ class TtlKeyValueEngine(KeyValueEngine):
     def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
         """The pending changes as :meth:`KeyValueEngine._pending_items` encodes them, each value stamped
         with the commit interval's expiry (every pending value was written in it)."""
+        if self._int_values and not self._tombstones:  # ints held as objects: pack and stamp at once
+            dirty = self._dirty
+            ckeys = sorted(dirty)
+            values = map(INT_BIAS.__add__, map(dirty.__getitem__, ckeys))
+            return ckeys, list(zip(self._encode_keys(ckeys), map(_STAMPED_INT.pack, repeat(self._write_expiry),
+                                                                  values)))
         ckeys, kbs, vbs = self._pending_columns()
         stamp = _PACK(self._write_expiry).__add__
         if self._tombstones:
