@@ -18,10 +18,10 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-import time
 from typing import Any, Callable, Iterable, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
@@ -36,7 +36,8 @@ from localstate.core.serdes import Serde
 from localstate.errors import ChangelogError, CheckpointError, LocalStateError, StateNotFoundError
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
-           "load_checkpoints", "require_state", "live_filter", "value_splitter", "store_config", "store_partitions", "store_serdes", "store_entries",
+           "load_checkpoints", "require_state", "live_filter", "value_splitter", "store_config", "store_partitions",
+           "store_serdes", "store_entries",
            "resolve_stream", "changelog_partitions", "changelog_records", "open_changelog_reader",
            "checkpoint_manifest", "checkpoint_location", "committed_contents", "stream_location", "dir_size",
            "InputPartitionInfo", "input_partitions",
@@ -590,7 +591,8 @@ def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
     return entries if live is None else list(live(entries))  # type: ignore[arg-type]
 
 
-def value_splitter(job: JobConfig, config: StoreConfig | None) -> Callable[[bytes], tuple[bytes, float | None]] | None:
+def value_splitter(job: JobConfig, config: StoreConfig | None
+                   ) -> Callable[[bytes], tuple[bytes, float | None]] | None:
     """For a store whose stored values carry more than the serde's bytes (a kv store with ``ttl``):
     a function splitting a stored value into those bytes and its expiry; None for every other store."""
     if config is None:
