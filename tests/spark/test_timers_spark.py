@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the task module, as the Python workers import it
 from timer_task import window_end  # noqa: E402
 
+from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from localstate.core.config import load_job_config, parse_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.layout import checkpoint_store
@@ -30,36 +31,11 @@ START_TIMEOUT = 180.0
 
 
 def job_file(tmp_path: Path, task: str, partitions: int = 2) -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "timers"
-partitions = {partitions}
-task = "timer_task:{task}"
-state_dir = "state"
-
-[time]
-timers = true
-allowed_lateness = "{LATENESS}s"
-
-[inputs.events]
-system = "jsonl"
-path = "data"
-
-[outputs.windows]
-system = "jsonl"
-path = "out"
-
-[stores.counts]
-engine = "kv"
-backend = "rocksdb"
-key_serde = "string"
-value_serde = "int"
-
-[spark]
-pythonpath = ["{HERE}"]
-""")
-    return path
+    """A counting job (tests/counting_job.py) running ``timer_task:<task>`` with timers, its windows
+    (or reports) written to the JSON-lines output ``windows`` in ``out``."""
+    return write_counting_job(tmp_path, "timers", partitions=partitions, job={"task": f"timer_task:{task}"},
+                              store={"backend": "rocksdb"}, outputs={"windows": {"system": "jsonl", "path": "windows"}},
+                              time={"timers": True, "allowed_lateness": f"{LATENESS}s"})
 
 
 def events(seed: int, n: int) -> list[tuple[str, float]]:
@@ -85,7 +61,7 @@ def test_event_time_timers_on_the_native_path_fire_once_with_exact_counts(tmp_pa
     summary = SparkJobRunner(job, context=spark_context, batch_size=70, progress=None).run()
     assert summary.batch_count >= 6
     for p, records in per_partition.items():
-        fired = [(r["key"], r["value"]) for r in read_jsonl(tmp_path / "out", p)]
+        fired = [(r["key"], r["value"]) for r in read_jsonl(tmp_path / "windows", p)]
         assert fired == expected_windows(records)
         checkpoint = checkpoint_store(job).load(p)
         assert checkpoint.watermark == max(ts for _, ts in records) - LATENESS
@@ -132,12 +108,12 @@ def test_a_standing_run_fires_a_due_processing_time_timer_without_input(tmp_path
     thread.start()
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while len(read_jsonl(tmp_path / "out", 0) if (tmp_path / "out").exists() else []) < 2 \
+        while len(read_jsonl(tmp_path / "windows", 0) if (tmp_path / "windows").exists() else []) < 2 \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         while len(lines) < 2 and time.monotonic() < deadline:  # the timer's batch, saved
             time.sleep(0.1)
-        reported = [(r["key"], r["value"]) for r in read_jsonl(tmp_path / "out", 0)]
+        reported = [(r["key"], r["value"]) for r in read_jsonl(tmp_path / "windows", 0)]
         assert sorted(reported) == [("a", "idle"), ("b", "idle")]
         batches = len(lines)
         time.sleep(3)  # idle with no timer pending: no batch (the poll finds nothing to plan)
