@@ -1,6 +1,7 @@
 """Fault injection for crash tests: the one mechanism is the *crash point*. Code that must survive a
 crash calls :func:`crash_point` at the moments a process could die: ``process`` (before each input
-record is fed, good or bad), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed,
+record is fed, good or bad), ``timer_fire`` (before each timer fires), ``after_timers`` (after a round of firings), ``mid_flush``
+(some stores flushed), ``after_flush`` (stores flushed,
 checkpoint not yet written), ``commit_pending`` (a pipelined commit's objects written, its
 checkpoint not yet saved; reached on the committer thread), ``after_checkpoint``. An *armed* point
 SIGKILLs this process the n-th time it is reached (1-based).
@@ -52,8 +53,10 @@ class CrashAt:
 
     @classmethod
     def from_plan_fault(cls, fault: Mapping[str, Any]) -> "CrashAt":
-        """The point a Spark plan's ``{"partition", "batch", "after", "marker"}`` fault arms."""
-        return cls.after_records(int(fault["after"]), fault.get("marker"))
+        """The point a Spark plan's ``{"partition", "batch", "after", "marker"}`` fault arms: die after
+        ``after`` records, or, with ``"point": "timer_fire"``, after ``after`` timers fired."""
+        point = fault.get("point", "process")
+        return cls(point, int(fault["after"]) + 1, fault.get("marker"))
 
 
 class _Armed:

@@ -67,6 +67,22 @@ def test_event_time_timers_on_the_native_path_fire_once_with_exact_counts(tmp_pa
         assert checkpoint.watermark == max(ts for _, ts in records) - LATENESS
 
 
+def test_a_worker_killed_while_timers_fire_is_retried_and_each_timer_fires_once(tmp_path, spark_context):
+    path = job_file(tmp_path, "WindowCount")
+    per_partition = {p: events(p + 7, 300) for p in range(2)}
+    for p, records in per_partition.items():
+        write_jsonl(tmp_path / "data", p, [{"key": k, "value": 1, "ts": ts} for k, ts in records])
+    job = load_job_config(path)
+    marker = tmp_path / "killed-once"
+    # 100 records are 10s of event time: the watermark passes a window's end in every batch.
+    fault = {"partition": 0, "batch": 1, "point": "timer_fire", "after": 1, "marker": str(marker)}
+    summary = SparkJobRunner(job, context=spark_context, batch_size=100, fault=fault, progress=None).run()
+    assert marker.exists(), "the worker of partition 0 should have been SIGKILLed firing a timer in batch 1"
+    assert [b.failed_attempts for b in summary.batches] == [0, 1, 0]
+    for p, records in per_partition.items():
+        assert [(r["key"], r["value"]) for r in read_jsonl(tmp_path / "windows", p)] == expected_windows(records)
+
+
 def test_event_time_timers_in_the_dataframe_step(spark_context, tmp_path):
     from pyspark.sql import SparkSession
 
