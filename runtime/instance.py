@@ -477,14 +477,14 @@ class TaskInstance:
                     n += 1
                     if record.error is None:
                         ts = record.ts
-                        if ts is not None and ts > partition_time.high:
-                            partition_time.high = ts  # the watermark's input, before process() reads it
                         try:
                             process(envelope(name, partition, record.offset, record.key, record.value, ts),
                                     collector, coordinator)
                         except (Exception, SystemExit) as exc:
                             raise_task_error(exc, "process()", stream=name, partition=partition,
                                              offset=record.offset, hint=PROCESS_HINT)
+                        if ts is not None and ts > partition_time.high:
+                            partition_time.high = ts  # after process(): it saw the watermark before the record
                     else:
                         apply_on_error(policies.get(name), self, name, record, stats)
                     positions[name] = record.offset + 1
@@ -521,8 +521,8 @@ class TaskInstance:
                         count = rows.batch.num_rows
                         crash_points("process", count)
                         if count:
-                            self._observe_column(rows.batch)
                             self._deliver(rows.batch, rows.stream, rows.start, count)
+                            self._observe_column(rows.batch)
                             self.positions[rows.stream] = rows.start + count
                         n += count
                         if autocommit and self._after_batch(count):
@@ -546,10 +546,10 @@ class TaskInstance:
                 else:
                     good_names, g_offsets = names, offsets
                 if g_offsets:
-                    self._observe(times)
                     batch = record_batch(list(good_names), list(g_offsets), list(keys), list(values), list(times),
                                          with_stream=several)
                     self._deliver(batch, good_names[0], g_offsets[0], len(g_offsets))
+                    self._observe(times)  # after the batch: process_batch() saw the watermark before it
                 positions = self.positions
                 if len(set(names)) == 1:
                     positions[names[0]] = offsets[-1] + 1

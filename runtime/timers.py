@@ -5,7 +5,8 @@ and the :class:`~localstate.core.time.TimeSource` of its stores (``StoreContext.
 
 *Watermark*: the largest event timestamp the partition has seen minus ``[time] allowed_lateness``,
 never below the watermark of the checkpoint it was opened from (so it never goes back across
-restarts either). The feed loop reports the largest timestamp of what it fed (:meth:`observe`).
+restarts either). The feed loop raises :attr:`PartitionTime.high` after each record (a batch task:
+after each batch), so the task sees the watermark from before the record (or batch) it processes.
 
 *Timers* are state: each is an entry of the logged kv store :data:`~localstate.core.config.TIMER_STORE`
 (raw bytes, recovered, flushed and checkpointed with the other stores), keyed

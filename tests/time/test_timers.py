@@ -356,3 +356,30 @@ def test_an_on_timer_failure_is_a_task_error_naming_the_timer() -> None:
             d.advance_event_time(5.0)
         assert "on_timer()" in str(caught.value) and "'a'" in str(caught.value)
         d.crash()
+
+
+class SeesWatermark(StreamTask):
+    def init(self, context):
+        self.timers = context.timers
+
+    def process(self, envelope, collector, coordinator):
+        collector.send("seen", envelope.timestamp, self.timers.watermark)
+
+
+class SeesWatermarkBatch(BatchTask):
+    def init(self, context):
+        self.timers = context.timers
+
+    def process_batch(self, batch, collector, coordinator):
+        collector.send("seen", batch.num_rows, self.timers.watermark)
+
+
+def test_a_task_sees_the_watermark_from_before_its_record_or_batch() -> None:
+    with driver(SeesWatermark) as d:
+        for ts in (10.0, 20.0, 15.0, 17.0):
+            d.send("in", "k", None, timestamp=ts)
+        assert d.outputs("seen", pending=True) == [(10.0, None), (20.0, 8.0), (15.0, 18.0), (17.0, 18.0)]
+    with driver(SeesWatermarkBatch) as d:
+        d.send_batch("in", ["a", "b"], [1, 2], timestamps=[10.0, 30.0])
+        d.send_batch("in", ["a"], [1], timestamps=[12.0])
+        assert d.outputs("seen", pending=True) == [(2, None), (1, 28.0)]
