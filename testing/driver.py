@@ -117,6 +117,8 @@ class TaskTestDriver:
             instance = self.instances[partition]
             instance.feed(((stream, record) for record in log[instance.position(stream):]), self.policies,
                           autocommit=True)
+        for instance in self.instances.values():
+            instance.fire_timers()  # as after a send: timers the replayed records made due
         return self.recoveries
 
     def close(self) -> None:
