@@ -16,7 +16,7 @@ import pytest
 from localstate.streams.jsonl import read_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timer_crash_job import LATENESS, input_record  # noqa: E402
+from timer_crash_job import LATENESS, clock_at, input_record  # noqa: E402
 
 CHILD = Path(__file__).resolve().parent / "timer_crash_job.py"
 RECORDS, COMMIT_EVERY = 160, 20
@@ -24,13 +24,15 @@ RECORDS, COMMIT_EVERY = 160, 20
 
 def model(records: int, commit_every: int) -> list[tuple[str, list[float]]]:
     """Plain Python: the outputs of an uninterrupted run (timers fire at each commit, every
-    ``commit_every`` records, and at close, in (timestamp, key) order)."""
+    ``commit_every`` records, and at close: event time, then processing time, each in (timestamp,
+    key) order)."""
     timers: set[tuple[float, str]] = set()
+    processing: set[tuple[float, str]] = set()
     counts: dict[str, int] = {}
     out: list[tuple[str, list[float]]] = []
     high = -math.inf
 
-    def fire() -> None:
+    def fire(position: int) -> None:
         watermark = high - LATENESS
         while timers and min(timers)[0] <= watermark:
             ts, key = min(timers)
@@ -38,18 +40,25 @@ def model(records: int, commit_every: int) -> list[tuple[str, list[float]]]:
             out.append((key, [ts, counts.get(key)]))
             if key.endswith("0") and ts == int(ts):
                 timers.add((ts + 1.5, key))
+        now = clock_at(position)
+        while processing and min(processing)[0] <= now:
+            ts, key = min(processing)
+            processing.discard((ts, key))
+            out.append((key, [ts, "processing"]))
 
     for i in range(records):
         key, ts = input_record(i)
         counts[key] = counts.get(key, 0) + 1
         high = max(high, ts)
         timers.add((ts + 5, key))
+        if i % 5 == 0:
+            processing.add((clock_at(i) + 3, key))
         if i % 4 == 3:
             previous_key, previous_ts = input_record(i - 1)
             timers.discard((previous_ts + 5, previous_key))
         if (i + 1) % commit_every == 0:
-            fire()
-    fire()
+            fire(i + 1)
+    fire(records)
     return out
 
 
@@ -70,7 +79,8 @@ def test_the_model_fires_timers_pending_across_commits_and_while_firing() -> Non
     fired = model(RECORDS, COMMIT_EVERY)
     assert len(fired) > 100
     assert any(ts != int(ts) for _, (ts, _) in fired)          # timers registered while firing
-    assert len({(key, ts) for key, (ts, _) in fired}) == len(fired)
+    assert len({(key, ts, kind == "processing") for key, (ts, kind) in fired}) == len(fired)
+    assert 20 < sum(kind == "processing" for _, (_, kind) in fired) < RECORDS // 5  # the last ones stay pending
 
 
 @pytest.mark.slow

@@ -22,7 +22,9 @@ LATENESS = 3.0
 class TimerTask(StreamTask):
     """Per record: count the key, and set a timer 5s (event time) after the record that reports the
     count then; every 4th record cancels the timer its predecessor set. A firing also sets a follow-up
-    timer 1s later for keys ending in "0", the first time (timers registered while firing)."""
+    timer 1s later for keys ending in "0", the first time (timers registered while firing). Every 5th record also sets a processing-time timer 3 seconds ahead
+of the partition's clock, which here is its input position (0.1 s a record: deterministic across
+restarts)."""
 
     def init(self, context):
         self.counts = context.kv("counts")
@@ -31,14 +33,24 @@ class TimerTask(StreamTask):
     def process(self, envelope, collector, coordinator):
         self.counts.put(envelope.key, (self.counts.get(envelope.key) or 0) + 1)
         self.timers.register_event_time(envelope.key, envelope.timestamp + 5)
+        if envelope.offset % 5 == 0:
+            self.timers.register_processing_time(envelope.key, self.timers.processing_time() + 3)
         if envelope.offset % 4 == 3:
             previous_key, previous_ts = input_record(envelope.offset - 1)
             self.timers.delete_event_time(previous_key, previous_ts + 5)
 
     def on_timer(self, key, timestamp, collector, coordinator):
+        if self.timers.firing_domain == "processing":
+            collector.send("fired", key, [timestamp, "processing"])
+            return
         collector.send("fired", key, [timestamp, self.counts.get(key)])
         if key.endswith("0") and timestamp == int(timestamp):
             self.timers.register_event_time(key, timestamp + 1.5)
+
+
+def clock_at(position: int) -> float:
+    """The partition's processing time once ``position`` records were processed."""
+    return 1000 + position * 0.1
 
 
 def input_record(i: int) -> tuple[str, float]:
@@ -58,7 +70,8 @@ def job(state_dir: str, commit_every: int):
 def main() -> None:
     state_dir, records, commit_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     config = job(state_dir, commit_every)
-    instance = TaskInstance(config, 0, open_changelog_system(config), StreamSink(config), TimerTask)
+    instance = TaskInstance(config, 0, open_changelog_system(config), StreamSink(config), TimerTask,
+                            processing_clock=lambda: clock_at(instance.position("input")))
     instance.open()
     for i in range(instance.position("input"), records):
         key, ts = input_record(i)
