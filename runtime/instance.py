@@ -116,9 +116,6 @@ class TaskInstance:
     sink: OutputSink = field(default_factory=MemorySink)
     task_factory: Callable[[], StreamTask] | str | None = None
     clock: Callable[[], float] = time.monotonic
-    processing_clock: Callable[[], float] = time.time
-    """processing time (seconds since the epoch) for timers and the stores' TTL: the wall clock
-    unless given (the TaskTestDriver's is moved by the test)"""
     checkpoints: CheckpointStore | None = None
     """where checkpoints are read and written: the job's :class:`CheckpointStore` unless given (on a
     cluster, the driver's checkpoint as the plan carries it, see :mod:`localstate.runtime.spark.cluster`)"""
@@ -129,6 +126,9 @@ class TaskInstance:
     has been recovered, and in every checkpoint this instance prepares; at the next open on this host
     local state is kept only if the committed checkpoint names the attempt that last wrote it, else it
     is discarded and rebuilt (it may hold an uncommitted attempt's writes at the committed offsets)"""
+    processing_clock: Callable[[], float] = time.time
+    """processing time (seconds since the epoch) for timers and the stores' TTL: the wall clock
+    unless given (the TaskTestDriver's is moved by the test)"""
 
     def __post_init__(self) -> None:
         self.task_factory = load_task_class(self.task_factory or self.job.task)
