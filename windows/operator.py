@@ -1,0 +1,195 @@
+"""The windowed aggregation operator: assigns records to windows, keeps each window's aggregate in
+the job's stores, and emits it through the task's collector, closed by event-time timers.
+
+    class HourlyPageViews(StreamTask):
+        def init(self, context):
+            self.hourly = WindowedAggregation(context, Tumbling("1h"), count(), store="counts",
+                                              output="hourly-counts")
+
+        def process(self, envelope, collector, coordinator):
+            self.hourly.add(envelope.key, envelope.value, envelope.timestamp, collector)
+
+        def on_timer(self, key, timestamp, collector, coordinator):
+            self.hourly.on_timer(key, timestamp, collector)
+
+Guarantees (with the runtime's timers, which are state committed with the stores):
+
+* a window is **closed** once the partition's watermark reaches its end plus ``lateness``; a record
+  whose windows are all closed is *late*: dropped, counted (:attr:`WindowedAggregation.late`) and,
+  with ``late_output``, sent there as it came;
+* ``emit = "final"``: each window's aggregate is sent once, by the event-time timer at its end plus
+  ``lateness``; ``emit = "update"``: after each record, the aggregate of every window it changed;
+* a window's state is deleted when its timer fires, in both modes, so state holds open windows only.
+
+Exactly once: the firing, its output and the deletions are one commit (the timers' guarantee).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from localstate.core.task import Collector, KeyValueStore, TaskContext
+from localstate.errors import ConfigError
+from localstate.windows.aggregations import Aggregation, WindowState
+from localstate.windows.kinds import Hopping, Session, Window, WindowKind, duration, overlaps
+
+__all__ = ["WindowedAggregation", "EMIT_MODES", "default_shape"]
+
+EMIT_MODES = ("final", "update")
+
+Shape = Callable[[Any, Window, Any], Any]
+
+
+def default_shape(key: Any, window: Window, value: Any) -> dict[str, Any]:
+    """The value sent for a window: ``{"start", "end", "value"}`` (seconds; the aggregate)."""
+    return {"start": window.start, "end": window.end, "value": value}
+
+
+def _key_text(key: Any) -> str:
+    return key if isinstance(key, str) else json.dumps(key, sort_keys=True)
+
+
+class WindowedAggregation:
+    """One windowed aggregation of a task partition: ``window`` (:class:`Tumbling`,
+    :class:`Hopping`, :class:`Session`) over event time, ``aggregate`` (from
+    :mod:`localstate.windows.aggregations`) kept in store ``store``, results sent to ``output`` as
+    ``(key, shape(key, window, aggregate))``.
+
+    ``lateness`` (seconds or a duration string) keeps windows open that long past their end for
+    out-of-order records; ``emit`` is ``"final"`` or ``"update"``; ``late_output`` names an output
+    that receives late records. Session windows also keep, per key, the list of its open sessions
+    in a kv store with a ``json`` value serde: ``index_store`` (default: ``store``)."""
+
+    def __init__(self, context: TaskContext, window: WindowKind, aggregate: Aggregation, *, store: str,
+                 output: str, emit: str = "final", lateness: Any = 0.0, late_output: str | None = None,
+                 shape: Shape = default_shape, index_store: str | None = None) -> None:
+        if emit not in EMIT_MODES:
+            raise ConfigError.at(f"stores.{store}", f"window emit mode {emit!r} is not one of {', '.join(EMIT_MODES)}",
+                                 hint='emit = "final" sends each window once, when it closes; "update" on each change')
+        self.window = window
+        self.aggregate = aggregate
+        self.store_name = store
+        self.output = output
+        self.final = emit == "final"
+        self.lateness = duration("window.lateness", lateness, positive=False)
+        self.late_output = late_output
+        self.shape = shape
+        self.state: WindowState = aggregate.bind(context.store(store))
+        self.timers = context.timers
+        self.metrics = context.metrics
+        self.late = 0
+        """Late records seen by this task instance (dropped; also in ``context.metrics``)."""
+        self._metric = f"windows.{store}.late_records"
+        self.index: KeyValueStore | None = None
+        if isinstance(window, Session):
+            self.index = context.kv(index_store or store)
+
+    # -- records ---------------------------------------------------------------------------------
+    def add(self, key: Any, value: Any, timestamp: float, collector: Collector) -> None:
+        """Aggregate one record (its event time ``timestamp``) into its windows."""
+        if self.index is not None:
+            self._add_to_session(key, value, timestamp, collector)
+            return
+        window = self.window
+        assert isinstance(window, Hopping)
+        watermark = self.timers.watermark
+        lateness = self.lateness
+        text = _key_text(key)
+        taken = False
+        for index in window.indexes(timestamp):
+            start = window.offset + index * window.advance
+            closes = start + window.size + lateness
+            if watermark is not None and closes <= watermark:
+                continue  # this window is closed (a hopping record may still fit a later one)
+            taken = True
+            name = f"{index}|{text}"
+            if self.state.add(name, value):
+                self.timers.register_event_time(key, closes)
+            if not self.final:
+                collector.send(self.output, key,
+                               self.shape(key, Window(start, start + window.size), self.state.result(name)))
+        if not taken:
+            self._late(key, value, collector)
+
+    def _late(self, key: Any, value: Any, collector: Collector) -> None:
+        self.late += 1
+        self.metrics[self._metric] = self.metrics.get(self._metric, 0) + 1
+        if self.late_output is not None:
+            collector.send(self.late_output, key, value)
+
+    def _add_to_session(self, key: Any, value: Any, timestamp: float, collector: Collector) -> None:
+        window = self.window
+        assert isinstance(window, Session) and self.index is not None
+        watermark, lateness = self.timers.watermark, self.lateness
+        text = _key_text(key)
+        index_key = f"sessions|{text}"
+        sessions: list[list[float]] = self.index.get(index_key) or []
+        opened = window.window(timestamp)
+        # Sessions already closed (their timer due, maybe not fired yet) take no more records.
+        merging = [s for s in sessions if (watermark is None or s[1] + lateness > watermark) and overlaps(s, opened)]
+        if not merging and watermark is not None and opened.end + lateness <= watermark:
+            self._late(key, value, collector)
+            return
+        start = min([opened.start, *(s[0] for s in merging)])
+        end = max([opened.end, *(s[1] for s in merging)])
+        name = f"{start!r}|{text}"
+        for s in sorted(merging):
+            if s[1] + lateness != end + lateness:
+                self.timers.delete_event_time(key, s[1] + lateness)
+            old = f"{s[0]!r}|{text}"
+            if old != name:
+                self.state.merge(name, old)
+                self.state.delete(old)
+        self.state.add(name, value)
+        self.timers.register_event_time(key, end + lateness)
+        kept = [s for s in sessions if s not in merging]
+        self.index.put(index_key, sorted([*kept, [start, end]]))
+        if not self.final:
+            collector.send(self.output, key, self.shape(key, Window(start, end), self.state.result(name)))
+
+    # -- timers ----------------------------------------------------------------------------------
+    def on_timer(self, key: Any, timestamp: float, collector: Collector) -> bool:
+        """Close this aggregation's window of ``key`` that the event-time timer at ``timestamp``
+        closes: send it (``emit = "final"``) and delete its state. False when no window of this
+        aggregation closes then (the timer is another one's)."""
+        if self.index is not None:
+            return self._close_session(key, timestamp, collector)
+        window = self.window
+        assert isinstance(window, Hopping)
+        lateness = self.lateness
+        guess = round((timestamp - lateness - window.size - window.offset) / window.advance)
+        for index in (guess, guess - 1, guess + 1):
+            start = window.offset + index * window.advance
+            if start + window.size + lateness == timestamp:
+                break
+        else:
+            return False
+        name = f"{index}|{_key_text(key)}"
+        if self.final:
+            result = self.state.result(name)
+            if result is None:
+                return False
+            collector.send(self.output, key, self.shape(key, Window(start, start + window.size), result))
+        self.state.delete(name)
+        return True
+
+    def _close_session(self, key: Any, timestamp: float, collector: Collector) -> bool:
+        assert self.index is not None
+        text = _key_text(key)
+        index_key = f"sessions|{text}"
+        sessions: list[list[float]] = self.index.get(index_key) or []
+        closing = [s for s in sessions if s[1] + self.lateness == timestamp]
+        if not closing:
+            return False
+        start, end = closing[0]
+        name = f"{start!r}|{text}"
+        if self.final:
+            collector.send(self.output, key, self.shape(key, Window(start, end), self.state.result(name)))
+        self.state.delete(name)
+        kept = [s for s in sessions if s is not closing[0]]
+        if kept:
+            self.index.put(index_key, kept)
+        else:
+            self.index.delete(index_key)
+        return True
