@@ -55,6 +55,9 @@ class Hopping(WindowKind):
     size: float
     advance: float
     offset: float
+    hops: int
+    """``size / advance`` when it is a whole number (then window ``i`` ends where window ``i + hops``
+    starts, so windows tile exactly in floating point), else 0"""
 
     def __init__(self, size: Any, advance: Any, offset: Any = 0.0) -> None:
         object.__setattr__(self, "size", duration("window.size", size))
@@ -64,10 +67,14 @@ class Hopping(WindowKind):
             raise ConfigError.at("window.advance", f"advance {advance!r} is longer than the window size {size!r}: "
                                  "records between windows would belong to none",
                                  hint="make advance at most the size (equal: tumbling windows)")
+        hops = round(self.size / self.advance)
+        object.__setattr__(self, "hops", hops if math.isclose(hops * self.advance, self.size, rel_tol=1e-12) else 0)
 
     def window(self, index: int) -> Window:
         """Window number ``index``."""
         start = self.offset + index * self.advance
+        if self.hops:
+            return Window(start, self.offset + (index + self.hops) * self.advance)
         return Window(start, start + self.size)
 
     def indexes(self, ts: float) -> range:
@@ -85,11 +92,12 @@ class Hopping(WindowKind):
             last -= 1
         return range(first, last + 1)
 
-    def index_of_end(self, end: float) -> int | None:
-        """The number of the window that ends at ``end`` exactly, or None."""
-        guess = round((end - self.size - self.offset) / self.advance)
-        for index in (guess, guess - 1, guess + 1):
-            if self.window(index).end == end:
+    def index_closing_at(self, timestamp: float, lateness: float) -> int | None:
+        """The number of the window whose ``end + lateness`` is ``timestamp`` exactly (computed as
+        the operator computes its timer), or None."""
+        guess = round((timestamp - lateness - self.size - self.offset) / self.advance)
+        for index in (guess, guess - 1, guess + 1, guess - 2, guess + 2):
+            if self.window(index).end + lateness == timestamp:
                 return index
         return None
 

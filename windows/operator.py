@@ -98,8 +98,8 @@ class WindowedAggregation:
         text = _key_text(key)
         taken = False
         for index in window.indexes(timestamp):
-            start = window.offset + index * window.advance
-            closes = start + window.size + lateness
+            bounds = window.window(index)
+            closes = bounds[1] + lateness
             if watermark is not None and closes <= watermark:
                 continue  # this window is closed (a hopping record may still fit a later one)
             taken = True
@@ -107,8 +107,7 @@ class WindowedAggregation:
             if self.state.add(name, value):
                 self.timers.register_event_time(key, closes)
             if not self.final:
-                collector.send(self.output, key,
-                               self.shape(key, Window(start, start + window.size), self.state.result(name)))
+                collector.send(self.output, key, self.shape(key, bounds, self.state.result(name)))
         if not taken:
             self._late(key, value, collector)
 
@@ -157,20 +156,15 @@ class WindowedAggregation:
             return self._close_session(key, timestamp, collector)
         window = self.window
         assert isinstance(window, Hopping)
-        lateness = self.lateness
-        guess = round((timestamp - lateness - window.size - window.offset) / window.advance)
-        for index in (guess, guess - 1, guess + 1):
-            start = window.offset + index * window.advance
-            if start + window.size + lateness == timestamp:
-                break
-        else:
+        index = window.index_closing_at(timestamp, self.lateness)
+        if index is None:
             return False
         name = f"{index}|{_key_text(key)}"
         if self.final:
             result = self.state.result(name)
             if result is None:
                 return False
-            collector.send(self.output, key, self.shape(key, Window(start, start + window.size), result))
+            collector.send(self.output, key, self.shape(key, window.window(index), result))
         self.state.delete(name)
         return True
 
