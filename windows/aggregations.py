@@ -19,6 +19,7 @@ the estimates.
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
@@ -270,8 +271,10 @@ class _Quantiles(Aggregation):
     def reference(self, values: list[Any]) -> Any:
         if not values:
             return None
+        # The smallest value whose normalised rank reaches q: what a KLL sketch answers while it
+        # holds every value (fewer than its k), and approximates beyond.
         ordered = sorted(float(self.of(v)) for v in values)
-        return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in self.qs]
+        return [ordered[max(0, math.ceil(q * len(ordered)) - 1)] for q in self.qs]
 
 
 class _KllState(WindowState):
