@@ -52,11 +52,13 @@ def _quix(params: dict[str, Any]) -> dict[str, float] | None:
                           "--commit-every", str(params["commit_every"]), "--rate", str(params["rate"]),
                           "--window", str(params["window"]), "--start", str(params["start"])],
                          capture_output=True, text=True, check=False, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    match = re.search(r"([\d,]+) ops/s\t([\d.]+) s\twindows (\d+)\tcounted (\d+)", out.stdout)
+    match = re.search(r"([\d,]+) ops/s\t([\d.]+) s\tcpu ([\d.]+) s\twindows (\d+)\tcounted (\d+)", out.stdout)
     if out.returncode != 0 or not match:
         return None
-    return {"ops_per_s": float(match.group(1).replace(",", "")), "seconds": float(match.group(2)),
-            "windows": int(match.group(3)), "counted": int(match.group(4))}
+    seconds, cpu = float(match.group(2)), float(match.group(3))
+    return {"ops_per_s": float(match.group(1).replace(",", "")), "seconds": seconds, "cpu_seconds": cpu,
+            "cpu_ops_per_s": params["events"] / max(cpu, 1e-9), "windows": int(match.group(4)),
+            "counted": int(match.group(5))}
 
 
 def main(argv: list[str]) -> int:
@@ -96,7 +98,10 @@ def main(argv: list[str]) -> int:
                                 f"the dict {expected['windows']} counting {expected['counted']}")
     if quix is not None:
         for backend in ("rocksdb", "lmdb"):
-            report.ratio(f"windows {backend} / quixstreams",
-                         figures[f"localstate windows, kv {backend}"]["ops_per_s"] / quix["ops_per_s"], ">= 5")
+            ours = figures[f"localstate windows, kv {backend}"]
+            report.ratio(f"windows {backend} / quixstreams", ours["ops_per_s"] / quix["ops_per_s"], ">= 5")
+            # per CPU second: steadier when other jobs share the machine (as bench kv reports)
+            report.ratio(f"windows {backend} / quixstreams, per CPU second",
+                         ours["cpu_ops_per_s"] / quix["cpu_ops_per_s"])
     report.emit(args.json)
     return 0

@@ -55,6 +55,17 @@ class WindowState(ABC):
     def delete(self, name: str) -> None:
         """Forget window ``name`` (a changelog tombstone at the next commit)."""
 
+    @abstractmethod
+    def names(self, prefix: str) -> list[str]:
+        """The names of the windows with state whose name starts with ``prefix``, in order."""
+
+    def take(self, prefix: str) -> list[tuple[str, Any]]:
+        """``(name, result)`` of every window named ``prefix...``, in name order, each deleted."""
+        taken = [(name, self.result(name)) for name in self.names(prefix)]
+        for name, _ in taken:
+            self.delete(name)
+        return taken
+
 
 class Aggregation(ABC):
     """A window aggregation: what the windowed operator keeps per window, and in which engine."""
@@ -103,10 +114,11 @@ class Fold(Aggregation):
 
 
 class _KvFold(WindowState):
-    __slots__ = ("get", "put", "remove", "step", "combine", "finish")
+    __slots__ = ("store", "get", "put", "remove", "step", "combine", "finish")
 
     def __init__(self, store: KeyValueStore, fold: Fold) -> None:
         # Bound methods once: add() runs per record and window.
+        self.store = store
         self.get, self.put, self.remove = store.get, store.put, store.delete
         self.step, self.combine, self.finish = fold.step, fold.combine, fold.finish
 
@@ -128,6 +140,18 @@ class _KvFold(WindowState):
 
     def delete(self, name: str) -> None:
         self.remove(name)
+
+    def names(self, prefix: str) -> list[str]:
+        with self.store.prefix(prefix) as entries:  # type: ignore[attr-defined]
+            return [name for name, _ in entries]
+
+    def take(self, prefix: str) -> list[tuple[str, Any]]:
+        # One scan reads the accumulators too.
+        with self.store.prefix(prefix) as entries:  # type: ignore[attr-defined]
+            found = list(entries)
+        finish = self.finish
+        self.store.delete_all([name for name, _ in found])
+        return [(name, finish(acc)) for name, acc in found]
 
 
 def _count_step(acc: Any, value: Any) -> int:
@@ -181,6 +205,8 @@ class HyperLogLogStore(Protocol):
 
     def delete(self, name: Any) -> None: ...
 
+    def names(self) -> list[Any]: ...
+
 
 @runtime_checkable
 class QuantilesStore(Protocol):
@@ -195,6 +221,8 @@ class QuantilesStore(Protocol):
     def merge(self, into: Any, *sources: Any) -> None: ...
 
     def delete(self, name: Any) -> None: ...
+
+    def names(self) -> list[Any]: ...
 
 
 @runtime_checkable
@@ -252,6 +280,9 @@ class _HllState(WindowState):
     def delete(self, name: str) -> None:
         self.store.delete(name)
 
+    def names(self, prefix: str) -> list[str]:
+        return sorted(name for name in self.store.names() if name.startswith(prefix))
+
 
 def distinct_count(of: Extract = _identity) -> Aggregation:
     """The number of distinct ``of(value)`` in the window, estimated by a HyperLogLog per window
@@ -295,6 +326,9 @@ class _KllState(WindowState):
 
     def delete(self, name: str) -> None:
         self.store.delete(name)
+
+    def names(self, prefix: str) -> list[str]:
+        return sorted(name for name in self.store.names() if name.startswith(prefix))
 
 
 def quantiles(qs: Iterable[float], of: Extract = _identity) -> Aggregation:
@@ -381,6 +415,9 @@ class _HeapState(WindowState):
     def delete(self, name: str) -> None:
         for item, _ in self._items(name):
             self.store.remove(item)
+
+    def names(self, prefix: str) -> list[str]:
+        return sorted({entry.item.split(_SEP, 1)[0] for entry in self.store if entry.item.startswith(prefix)})
 
 
 def top_n(n: int, item: Extract = _identity, score: Extract | None = None) -> Aggregation:

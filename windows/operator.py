@@ -21,6 +21,12 @@ Guarantees (with the runtime's timers, which are state committed with the stores
   ``lateness``; ``emit = "update"``: after each record, the aggregate of every window it changed;
 * a window's state is deleted when its timer fires, in both modes, so state holds open windows only.
 
+Timers: an aligned window (tumbling, hopping) closes for every key at once, so the operator keeps
+**one event-time timer per window**, registered for the key ``"windows:<store>"`` (a str: the job's
+``[time] timer_key_serde`` must encode strings, as the default ``json`` does), and its firing
+closes the window's entries of every key with one prefix scan of the store. A session window is
+per key, and has a timer per key and session, registered for the record's key.
+
 Exactly once: the firing, its output and the deletions are one commit (the timers' guarantee).
 """
 
@@ -48,7 +54,13 @@ def default_shape(key: Any, window: Window, value: Any) -> dict[str, Any]:
 
 
 def _key_text(key: Any) -> str:
-    return key if isinstance(key, str) else json.dumps(key, sort_keys=True)
+    """A key as it is written in window names: a str as it is, anything else as \\x00 + JSON."""
+    return key if isinstance(key, str) else "\x00" + json.dumps(key, sort_keys=True)
+
+
+def _key_of(text: str) -> Any:
+    """The key :func:`_key_text` wrote as ``text``."""
+    return json.loads(text[1:]) if text.startswith("\x00") else text
 
 
 class WindowedAggregation:
@@ -82,6 +94,11 @@ class WindowedAggregation:
         self.late = 0
         """Late records seen by this task instance (dropped; also in ``context.metrics``)."""
         self._metric = f"windows.{store}.late_records"
+        self.timer_key = f"windows:{store}"
+        """the key an aligned window's timer is registered for"""
+        self._registered: set[float] = set()
+        # closing times this instance registered a timer for (registering again is a no-op, so a
+        # restart that forgets them registers each open window's timer once more: harmless)
         self.index: KeyValueStore | None = None
         if isinstance(window, Session):
             self.index = context.kv(index_store or store)
@@ -111,8 +128,10 @@ class WindowedAggregation:
                 continue  # this window is closed (a hopping record may still fit a later one)
             taken = True
             name = f"{index}|{text}"
-            if self.state.add(name, value):
-                self.timers.register_event_time(key, closes)
+            self.state.add(name, value)
+            if closes not in self._registered:
+                self.timers.register_event_time(self.timer_key, closes)
+                self._registered.add(closes)
             if not self.final:
                 collector.send(self.output, key, self.shape(key, bounds, self.state.result(name)))
         if not taken:
@@ -137,10 +156,10 @@ class WindowedAggregation:
             self._late(key, value, collector)
             return
         name = f"{index}|{key}" if key.__class__ is str else f"{index}|{_key_text(key)}"
-        acc = self._get(name)
-        self._put(name, self._step(acc, value))
-        if acc is None:
-            self.timers.register_event_time(key, closes)
+        self._put(name, self._step(self._get(name), value))
+        if closes not in self._registered:
+            self.timers.register_event_time(self.timer_key, closes)
+            self._registered.add(closes)
         if not self.final:
             collector.send(self.output, key, self.shape(key, window.window(index), self.state.result(name)))
 
@@ -182,23 +201,27 @@ class WindowedAggregation:
 
     # -- timers ----------------------------------------------------------------------------------
     def on_timer(self, key: Any, timestamp: float, collector: Collector) -> bool:
-        """Close this aggregation's window of ``key`` that the event-time timer at ``timestamp``
-        closes: send it (``emit = "final"``) and delete its state. False when no window of this
-        aggregation closes then (the timer is another one's)."""
+        """Close the windows this aggregation's timer ``(key, timestamp)`` closes (an aligned
+        window's entries of every key, or ``key``'s session): send them (``emit = "final"``) and
+        delete their state. False when the timer is not one of this aggregation's."""
         if self.index is not None:
             return self._close_session(key, timestamp, collector)
         window = self.window
         assert isinstance(window, Hopping)
+        if key != self.timer_key:
+            return False
         index = window.index_closing_at(timestamp, self.lateness)
         if index is None:
             return False
-        name = f"{index}|{_key_text(key)}"
+        self._registered.discard(timestamp)
+        closed = self.state.take(f"{index}|")
         if self.final:
-            result = self.state.result(name)
-            if result is None:
-                return False
-            collector.send(self.output, key, self.shape(key, window.window(index), result))
-        self.state.delete(name)
+            bounds = window.window(index)
+            cut = len(str(index)) + 1
+            send, shape, output = collector.send, self.shape, self.output
+            for name, result in closed:
+                owner = _key_of(name[cut:])
+                send(output, owner, shape(owner, bounds, result))
         return True
 
     def _close_session(self, key: Any, timestamp: float, collector: Collector) -> bool:
