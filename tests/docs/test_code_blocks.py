@@ -321,6 +321,8 @@ TESTED_ELSEWHERE = {
     "contract/test_toy_contract.py": "tests/contract/test_contract_doc.py",
     "search/engine_direct.py": "tests/search/test_search_engine.py",
     "sketch/engine_direct.py": "tests/sketch/test_store.py",
+    "examples/windowed_counts/windowed_counts.py": "tests/windows/test_examples.py",
+    "time/page_stats.py": "tests/windows/test_docs_snippets.py",
 }
 
 
@@ -373,6 +375,8 @@ FIRST = SNIPPETS / "first_task"
 JOBS = {
     "spark/job.toml": WINDOWED / "windowed_counts.py",
     "examples/task_api/job.toml": ROOT / "examples" / "task_api" / "word_counts.py",
+    "examples/windowed_counts/job.toml": WINDOWED / "windowed_counts.py",
+    "time/page_stats.toml": SNIPPETS / "time" / "page_stats.py",
 }
 
 
@@ -386,7 +390,7 @@ def merge(base: dict, fragment: dict) -> dict:
     ([stores.x], [inputs.x], [changelogs.x], ...) whole."""
     merged = copy.deepcopy(base)
     for section, table in fragment.items():
-        if section in ("job", "spark"):
+        if section in ("job", "spark", "time"):
             merged.setdefault(section, {}).update(table)
         else:
             merged.setdefault(section, {}).update(copy.deepcopy(table))
@@ -414,7 +418,7 @@ def dump_toml(data: dict) -> str:
 
     out = []
     for section, table in data.items():
-        if section in ("job", "spark"):
+        if section in ("job", "spark", "time"):
             out += [f"[{section}]", *(f"{json_key(k)} = {value(v)}" for k, v in table.items()), ""]
         else:
             for name, sub in table.items():
