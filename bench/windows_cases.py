@@ -26,13 +26,14 @@ def timestamps(p: dict[str, Any]) -> list[float]:
 
 def runtime(tmp: Path, p: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     """A per-record StreamTask with a :class:`~localstate.windows.WindowedAggregation` (tumbling
-    count, ``emit = "final"``) through a TaskInstance's feed loop: kv store on ``backend``, timers
+    count, ``emit = "final"``), or with ``batch`` a BatchTask calling ``add_batch`` on Arrow batches
+    of up to 4096 rows, through a TaskInstance's feed loop: kv store on ``backend``, timers
     in their logged store, file changelog, a commit and checkpoint every ``commit_every`` records
     (the batch boundary where due timers fire)."""
     from localstate.core.config import parse_job_config
     from localstate.core.layout import open_changelog_system
     from localstate.core.streams.base import InputRecord
-    from localstate.core.task import StreamTask
+    from localstate.core.task import BatchTask, StreamTask
     from localstate.runtime.instance import MemorySink, TaskInstance
     from localstate.windows import Tumbling, WindowedAggregation, count
 
@@ -48,6 +49,16 @@ def runtime(tmp: Path, p: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         def on_timer(self, key: Any, timestamp: float, collector: Any, coordinator: Any) -> None:
             self.windows.on_timer(key, timestamp, collector)
 
+    class TumblingCountBatch(BatchTask):
+        def init(self, context: Any) -> None:
+            self.windows = WindowedAggregation(context, Tumbling(size), count(), store="counts", output="windows")
+
+        def process_batch(self, batch: Any, collector: Any, coordinator: Any) -> None:
+            self.windows.add_batch(batch.column("key"), batch.column("value"), batch.column("timestamp"), collector)
+
+        def on_timer(self, key: Any, timestamp: float, collector: Any, coordinator: Any) -> None:
+            self.windows.on_timer(key, timestamp, collector)
+
     job = parse_job_config({
         "job": {"name": "bench", "partitions": 1, "task": "unused:Unused", "state_dir": str(tmp / "state"),
                 "commit_interval": 10 ** 9},
@@ -57,7 +68,7 @@ def runtime(tmp: Path, p: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         "changelogs": {"file": {}}}, base_dir=tmp)
     changelogs = open_changelog_system(job)
     sink = MemorySink()
-    instance = TaskInstance(job, 0, changelogs, sink, task_factory=TumblingCount)
+    instance = TaskInstance(job, 0, changelogs, sink, task_factory=TumblingCountBatch if p.get("batch") else TumblingCount)
     instance.open()
     every = p["commit_every"]
     records = [("events", InputRecord(i, k, None, ts)) for i, (k, ts) in enumerate(zip(keys, timestamps(p)))]

@@ -58,6 +58,14 @@ def _key_text(key: Any) -> str:
     return key if isinstance(key, str) else "\x00" + json.dumps(key, sort_keys=True)
 
 
+def _as_list(values: Any) -> list[Any]:
+    """A list from a list, a pyarrow array or any iterable."""
+    if isinstance(values, list):
+        return values
+    to_pylist = getattr(values, "to_pylist", None)
+    return to_pylist() if to_pylist is not None else list(values)
+
+
 def _key_of(text: str) -> Any:
     """The key :func:`_key_text` wrote as ``text``."""
     return json.loads(text[1:]) if text.startswith("\x00") else text
@@ -99,25 +107,93 @@ class WindowedAggregation:
         self._registered: set[float] = set()
         # closing times this instance registered a timer for (registering again is a no-op, so a
         # restart that forgets them registers each open window's timer once more: harmless)
+        config = getattr(context, "config", None)
+        self._allowed_lateness = getattr(getattr(config, "time", None), "allowed_lateness", 0.0)
+        self._batch_watermark = self.timers.watermark
+        """the watermark :meth:`add_batch` judges a batch's first row by (see there)"""
         self.index: KeyValueStore | None = None
+        self._tumbling_fold = False
+        self._add_at: Callable[[Any, Any, float, float | None, Collector], None]
         if isinstance(window, Session):
             self.index = context.kv(index_store or store)
+            self._add_at = self._add_to_session
         elif isinstance(window, Hopping) and window.hops == 1 and isinstance(aggregate, Fold):
             # The common case (a tumbling fold) runs a path with the window arithmetic inlined and
             # the store's get/put called directly: it is per record, and most of the operator's cost.
-            store_api = context.kv(store)
-            self._get, self._put, self._step = store_api.get, store_api.put, aggregate.step
-            self.add = self._add_tumbling  # type: ignore[method-assign]
+            self._kv = context.kv(store)
+            self._get, self._put, self._step = self._kv.get, self._kv.put, aggregate.step
+            self._tumbling_fold = True
+            self._add_at = self._add_tumbling
+        else:
+            self._add_at = self._add_aligned
 
     # -- records ---------------------------------------------------------------------------------
     def add(self, key: Any, value: Any, timestamp: float, collector: Collector) -> None:
-        """Aggregate one record (its event time ``timestamp``) into its windows."""
-        if self.index is not None:
-            self._add_to_session(key, value, timestamp, collector)
+        """Aggregate one record (its event time ``timestamp``) into its windows, judged by the
+        partition's watermark now (the runtime has raised it by this record already)."""
+        self._add_at(key, value, timestamp, self.timers.watermark, collector)
+
+    def add_batch(self, keys: Any, values: Any, timestamps: Any, collector: Collector) -> None:
+        """:meth:`add` for each row of a batch, in order (lists or Arrow arrays; what a
+        :class:`~localstate.core.task.BatchTask` receives), with the same results as per-record
+        calls: the runtime raises the watermark by a whole batch before delivering it, so each row
+        is judged by the watermark it would have had, the one after the previous batch raised row by
+        row (``[time] allowed_lateness`` included). A tumbling ``count()`` with ``emit = "final"``
+        runs vectorised: window numbers and lateness in numpy, the counts in one ``merge_many``."""
+        keys, stamps = _as_list(keys), _as_list(timestamps)
+        if not len(keys) == len(values) == len(stamps):
+            raise ValueError(f"add_batch: {len(keys)} keys, {len(values)} values, {len(stamps)} timestamps")
+        if not stamps:
             return
+        import numpy as np  # only batches need it
+
+        ts = np.asarray(stamps, dtype=np.float64)
+        marks = np.maximum.accumulate(ts) - self._allowed_lateness
+        if self._batch_watermark is not None:
+            marks = np.maximum(marks, self._batch_watermark)
+        if self._tumbling_fold and self.final and self.aggregate.name == "count" and \
+                getattr(self._kv, "merge_many", None) is not None:
+            self._count_batch(keys, values, ts, marks, collector)
+        else:
+            add_at = self._add_at
+            for key, value, stamp, mark in zip(keys, _as_list(values), stamps, marks.tolist()):
+                add_at(key, value, stamp, mark, collector)
+        self._batch_watermark = float(marks[-1])
+
+    def _count_batch(self, keys: list[Any], values: list[Any], ts: Any, marks: Any, collector: Collector) -> None:
+        """:meth:`add_batch` of a tumbling count, emit final: the window arithmetic of
+        :meth:`_add_tumbling` on arrays (the same float operations, so the same windows)."""
+        import numpy as np
+
+        window = self.window
+        size, offset = window.size, window.offset  # type: ignore[attr-defined]
+        index = np.floor((ts - offset) / size)
+        index -= offset + index * size > ts  # division rounded up: the window before
+        end = offset + (index + 1) * size
+        after = ~(ts < end)  # rounded down: the window after
+        index += after
+        end = offset + (index + 1) * size
+        closes = end + self.lateness
+        late = closes <= marks
+        numbers = index.astype(np.int64).tolist()
+        if late.any():
+            for row in np.flatnonzero(late).tolist():
+                value = values[row]  # values are read for late rows only (a count needs none)
+                self._late(keys[row], value.as_py() if hasattr(value, "as_py") else value, collector)
+            keep = np.flatnonzero(~late).tolist()
+            keys, numbers = [keys[i] for i in keep], [numbers[i] for i in keep]
+            closes = closes[~late]
+        names = [f"{n}|{k}" if k.__class__ is str else f"{n}|{_key_text(k)}" for n, k in zip(numbers, keys)]
+        self._kv.merge_many(names, [1] * len(names))  # type: ignore[attr-defined]
+        registered = self._registered
+        for close in set(closes.tolist()) - registered:
+            self.timers.register_event_time(self.timer_key, close)
+            registered.add(close)
+
+    def _add_aligned(self, key: Any, value: Any, timestamp: float, watermark: float | None,
+                     collector: Collector) -> None:
         window = self.window
         assert isinstance(window, Hopping)
-        watermark = self.timers.watermark
         lateness = self.lateness
         text = _key_text(key)
         taken = False
@@ -137,9 +213,10 @@ class WindowedAggregation:
         if not taken:
             self._late(key, value, collector)
 
-    def _add_tumbling(self, key: Any, value: Any, timestamp: float, collector: Collector) -> None:
-        """:meth:`add` for a tumbling window and a fold: the same rules, the window computed inline
-        exactly as :meth:`Hopping.window` computes it."""
+    def _add_tumbling(self, key: Any, value: Any, timestamp: float, watermark: float | None,
+                      collector: Collector) -> None:
+        """:meth:`_add_aligned` for a tumbling window and a fold: the same rules, the window computed
+        inline exactly as :meth:`Hopping.window` computes it."""
         window = self.window
         size, offset = window.size, window.offset  # type: ignore[attr-defined]
         index = floor((timestamp - offset) / size)
@@ -151,7 +228,6 @@ class WindowedAggregation:
             index += 1
             end = offset + (index + 1) * size
         closes = end + self.lateness
-        watermark = self.timers.watermark
         if watermark is not None and closes <= watermark:
             self._late(key, value, collector)
             return
@@ -169,10 +245,11 @@ class WindowedAggregation:
         if self.late_output is not None:
             collector.send(self.late_output, key, value)
 
-    def _add_to_session(self, key: Any, value: Any, timestamp: float, collector: Collector) -> None:
+    def _add_to_session(self, key: Any, value: Any, timestamp: float, watermark: float | None,
+                        collector: Collector) -> None:
         window = self.window
         assert isinstance(window, Session) and self.index is not None
-        watermark, lateness = self.timers.watermark, self.lateness
+        lateness = self.lateness
         text = _key_text(key)
         index_key = f"sessions|{text}"
         sessions: list[list[float]] = self.index.get(index_key) or []

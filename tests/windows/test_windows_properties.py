@@ -94,3 +94,53 @@ def test_windows_match_the_reference(tmp_path_factory: pytest.TempPathFactory, s
     else:
         assert sent == wanted
     assert late == (expected.late if side_output else [])
+
+
+def batch_windowed_task(kind: str, aggregate: str, emit: str, lateness: float) -> type:
+    from localstate.core.task import BatchTask
+
+    class WindowedBatch(BatchTask):
+        def init(self, context: Any) -> None:
+            self.windows = WindowedAggregation(context, KINDS[kind], AGGREGATES[aggregate], store="windows",
+                                               output="out", emit=emit, lateness=lateness, late_output="late")
+
+        def process_batch(self, batch: Any, collector: Any, coordinator: Any) -> None:
+            self.windows.add_batch(batch.column("key"), batch.column("value"), batch.column("timestamp"), collector)
+
+        def on_timer(self, key: Any, timestamp: float, collector: Any, coordinator: Any) -> None:
+            assert self.windows.on_timer(key, timestamp, collector), (key, timestamp)
+
+    return WindowedBatch
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=records, cuts=st.lists(st.integers(min_value=1, max_value=60), max_size=6),
+       kind=st.sampled_from(sorted(KINDS)), aggregate=st.sampled_from(["count", "sum"]),
+       emit=st.sampled_from(["final", "update"]), lateness=st.sampled_from([0.0, 4.0]),
+       allowed_lateness=st.sampled_from([0.0, 3.0]), crash=st.booleans())
+def test_batch_tasks_match_the_reference_whatever_the_batches(
+        tmp_path_factory: pytest.TempPathFactory, stream: list[tuple[str, int, float]], cuts: list[int], kind: str,
+        aggregate: str, emit: str, lateness: float, allowed_lateness: float, crash: bool) -> None:
+    """add_batch judges each row by the watermark it would have had per record: the outputs are
+    the reference's however the stream is cut into batches (the tumbling count runs vectorised)."""
+    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    task = batch_windowed_task(kind, aggregate, emit, lateness)
+    with TaskTestDriver(task, job=job(tmp_path_factory.mktemp("b"), allowed_lateness)) as driver:
+        for number, (start, end) in enumerate(zip(bounds, bounds[1:])):
+            chunk = stream[start:end]
+            driver.send_batch("events", [k for k, _, _ in chunk], [v for _, v, _ in chunk], partition=0,
+                              timestamps=[ts for *_, ts in chunk])
+            if crash and number == 0:
+                driver.commit()
+            if crash and number == 1:
+                driver.crash()
+                driver.restart()
+        driver.commit()
+        sent = [(k, v["start"], v["end"], v["value"]) for k, v in driver.outputs("out")]
+        late = driver.outputs("late")
+    marks = watermarks([ts for _, _, ts in stream], allowed_lateness)
+    expected = reference_windows([(k, v, ts, w) for (k, v, ts), w in zip(stream, marks)], KINDS[kind],
+                                 AGGREGATES[aggregate], emit=emit, lateness=lateness, final_watermark=marks[-1])
+    wanted = [(k, w.start, w.end, value) for k, w, value in expected.outputs]
+    assert (Counter(sent) == Counter(wanted)) if emit == "final" else (sent == wanted)
+    assert late == expected.late
