@@ -191,38 +191,34 @@ def reduce(function: Callable[[Any, Any], Any], of: Extract = _identity) -> Fold
 
 # -- estimates in sketch and heap stores ----------------------------------------------------------
 
+class _NamedSketches(Protocol):
+    """What every sketch store offers the windows: named sketches, merged and deleted by name."""
+
+    def exists(self, name: Any) -> bool: ...
+
+    def merge(self, into: Any, *sources: Any) -> None: ...
+
+    def delete(self, name: Any) -> None: ...
+
+    def names(self) -> list[Any]: ...
+
+
 @runtime_checkable
-class HyperLogLogStore(Protocol):
+class HyperLogLogStore(_NamedSketches, Protocol):
     """What a sketch store of ``kind = "hll"`` offers the windows."""
 
     def add(self, name: Any, item: Any) -> None: ...
 
     def count(self, name: Any) -> float: ...
 
-    def exists(self, name: Any) -> bool: ...
-
-    def merge(self, into: Any, *sources: Any) -> None: ...
-
-    def delete(self, name: Any) -> None: ...
-
-    def names(self) -> list[Any]: ...
-
 
 @runtime_checkable
-class QuantilesStore(Protocol):
+class QuantilesStore(_NamedSketches, Protocol):
     """What a sketch store of ``kind = "quantiles"`` offers the windows."""
 
     def add(self, name: Any, value: float) -> None: ...
 
     def quantiles(self, name: Any, qs: Iterable[float]) -> Any: ...
-
-    def exists(self, name: Any) -> bool: ...
-
-    def merge(self, into: Any, *sources: Any) -> None: ...
-
-    def delete(self, name: Any) -> None: ...
-
-    def names(self) -> list[Any]: ...
 
 
 @runtime_checkable
@@ -261,17 +257,10 @@ class _DistinctCount(Aggregation):
         return len({self.of(v) for v in values}) if values else None
 
 
-class _HllState(WindowState):
-    def __init__(self, store: HyperLogLogStore, of: Extract) -> None:
-        self.store, self.of = store, of
+class _SketchState(WindowState):
+    """A window state of one named sketch per window (HLL, KLL): merged and deleted by name."""
 
-    def add(self, name: str, value: Any) -> bool:
-        new = not self.store.exists(name)
-        self.store.add(name, self.of(value))
-        return new
-
-    def result(self, name: str) -> Any:
-        return round(self.store.count(name)) if self.store.exists(name) else None
+    store: Any
 
     def merge(self, into: str, source: str) -> None:
         if self.store.exists(source):
@@ -282,6 +271,19 @@ class _HllState(WindowState):
 
     def names(self, prefix: str) -> list[str]:
         return sorted(name for name in self.store.names() if name.startswith(prefix))
+
+
+class _HllState(_SketchState):
+    def __init__(self, store: HyperLogLogStore, of: Extract) -> None:
+        self.store, self.of = store, of
+
+    def add(self, name: str, value: Any) -> bool:
+        new = not self.store.exists(name)
+        self.store.add(name, self.of(value))
+        return new
+
+    def result(self, name: str) -> Any:
+        return round(self.store.count(name)) if self.store.exists(name) else None
 
 
 def distinct_count(of: Extract = _identity) -> Aggregation:
@@ -308,7 +310,7 @@ class _Quantiles(Aggregation):
         return [ordered[max(0, math.ceil(q * len(ordered)) - 1)] for q in self.qs]
 
 
-class _KllState(WindowState):
+class _KllState(_SketchState):
     def __init__(self, store: QuantilesStore, aggregation: _Quantiles) -> None:
         self.store, self.qs, self.of = store, list(aggregation.qs), aggregation.of
 
@@ -319,16 +321,6 @@ class _KllState(WindowState):
 
     def result(self, name: str) -> Any:
         return [float(x) for x in self.store.quantiles(name, self.qs)] if self.store.exists(name) else None
-
-    def merge(self, into: str, source: str) -> None:
-        if self.store.exists(source):
-            self.store.merge(into, source)
-
-    def delete(self, name: str) -> None:
-        self.store.delete(name)
-
-    def names(self, prefix: str) -> list[str]:
-        return sorted(name for name in self.store.names() if name.startswith(prefix))
 
 
 def quantiles(qs: Iterable[float], of: Extract = _identity) -> Aggregation:
