@@ -25,7 +25,8 @@ Timers: an aligned window (tumbling, hopping) closes for every key at once, so t
 **one event-time timer per window**, registered for the key ``"windows:<store>"`` (a str: the job's
 ``[time] timer_key_serde`` must encode strings, as the default ``json`` does), and its firing
 closes the window's entries of every key with one prefix scan of the store. A session window is
-per key, and has a timer per key and session, registered for the record's key.
+per key, and has a timer per key and session, registered for ``"windows:<store>|<key>"``. Timers
+of one aggregation never collide with another's or with the task's own.
 
 Exactly once: the firing, its output and the deletions are one commit (the timers' guarantee).
 """
@@ -103,7 +104,7 @@ class WindowedAggregation:
         """Late records seen by this task instance (dropped; also in ``context.metrics``)."""
         self._metric = f"windows.{store}.late_records"
         self.timer_key = f"windows:{store}"
-        """the key an aligned window's timer is registered for"""
+        """the key an aligned window's timer is registered for (a session's: this, ``|`` and its key)"""
         self._registered: set[float] = set()
         # closing times this instance registered a timer for (registering again is a no-op, so a
         # restart that forgets them registers each open window's timer once more: harmless)
@@ -262,15 +263,16 @@ class WindowedAggregation:
         start = min([opened.start, *(s[0] for s in merging)])
         end = max([opened.end, *(s[1] for s in merging)])
         name = f"{start!r}|{text}"
+        timer_key = f"{self.timer_key}|{text}"
         for s in sorted(merging):
             if s[1] + lateness != end + lateness:
-                self.timers.delete_event_time(key, s[1] + lateness)
+                self.timers.delete_event_time(timer_key, s[1] + lateness)
             old = f"{s[0]!r}|{text}"
             if old != name:
                 self.state.merge(name, old)
                 self.state.delete(old)
         self.state.add(name, value)
-        self.timers.register_event_time(key, end + lateness)
+        self.timers.register_event_time(timer_key, end + lateness)
         kept = [s for s in sessions if s not in merging]
         self.index.put(index_key, sorted([*kept, [start, end]]))
         if not self.final:
@@ -282,7 +284,10 @@ class WindowedAggregation:
         window's entries of every key, or ``key``'s session): send them (``emit = "final"``) and
         delete their state. False when the timer is not one of this aggregation's."""
         if self.index is not None:
-            return self._close_session(key, timestamp, collector)
+            prefix = self.timer_key + "|"
+            if not (isinstance(key, str) and key.startswith(prefix)):
+                return False
+            return self._close_session(_key_of(key[len(prefix):]), timestamp, collector)
         window = self.window
         assert isinstance(window, Hopping)
         if key != self.timer_key:
