@@ -144,3 +144,28 @@ def test_batch_tasks_match_the_reference_whatever_the_batches(
     wanted = [(k, w.start, w.end, value) for k, w, value in expected.outputs]
     assert (Counter(sent) == Counter(wanted)) if emit == "final" else (sent == wanted)
     assert late == expected.late
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=records, kind=st.sampled_from(sorted(KINDS)), emit=st.sampled_from(["final", "update"]),
+       lateness=st.sampled_from([0.0, 4.0]))
+def test_advancing_event_time_closes_every_window_and_empties_the_stores(
+        tmp_path_factory: pytest.TempPathFactory, stream: list[tuple[str, int, float]], kind: str, emit: str,
+        lateness: float) -> None:
+    """With event time moved past every window (TaskTestDriver.advance_event_time), every window the
+    reference opened is sent (final) and every window's state is gone from the store."""
+    task = windowed_task(kind, "count", emit, lateness, None)
+    with TaskTestDriver(task, job=job(tmp_path_factory.mktemp("a"), 0.0)) as driver:
+        for key, value, ts in stream:
+            driver.send("events", key, value, timestamp=ts)
+        driver.advance_event_time(BASE + 10_000)
+        driver.commit()
+        sent = [(k, v["start"], v["end"], v["value"]) for k, v in driver.outputs("out")]
+        with driver.store("windows").all() as left:
+            assert list(left) == []
+    marks = watermarks([ts for _, _, ts in stream])
+    expected = reference_windows([(k, v, ts, w) for (k, v, ts), w in zip(stream, marks)], KINDS[kind], count(),
+                                 emit=emit, lateness=lateness, final_watermark=BASE + 10_000)
+    assert not expected.open
+    wanted = [(k, w.start, w.end, value) for k, w, value in expected.outputs]
+    assert (Counter(sent) == Counter(wanted)) if emit == "final" else (sent == wanted)
