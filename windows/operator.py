@@ -55,7 +55,8 @@ def default_shape(key: Any, window: Window, value: Any) -> dict[str, Any]:
 
 
 def _key_text(key: Any) -> str:
-    """A key as it is written in window names: a str as it is, anything else as \\x00 + JSON."""
+    """A key as it is written in window names: a str as it is, anything else as \\x00 + JSON (so
+    a key sent for a window is the JSON value of the key: a tuple comes back as a list)."""
     return key if isinstance(key, str) else "\x00" + json.dumps(key, sort_keys=True)
 
 
@@ -254,16 +255,22 @@ class WindowedAggregation:
         text = _key_text(key)
         index_key = f"sessions|{text}"
         sessions: list[list[float]] = self.index.get(index_key) or []
+        timer_key = f"{self.timer_key}|{text}"
+        if watermark is not None and any(s[1] + lateness <= watermark for s in sessions):
+            # Sessions already closed, their timer due but not fired yet (timers fire at batch
+            # boundaries): close them now, as their timer would, so they take no more records.
+            for s in [s for s in sessions if s[1] + lateness <= watermark]:
+                self.timers.delete_event_time(timer_key, s[1] + lateness)
+                self._close_session(key, s[1] + lateness, collector)
+            sessions = self.index.get(index_key) or []
         opened = window.window(timestamp)
-        # Sessions already closed (their timer due, maybe not fired yet) take no more records.
-        merging = [s for s in sessions if (watermark is None or s[1] + lateness > watermark) and overlaps(s, opened)]
+        merging = [s for s in sessions if overlaps(s, opened)]
         if not merging and watermark is not None and opened.end + lateness <= watermark:
             self._late(key, value, collector)
             return
         start = min([opened.start, *(s[0] for s in merging)])
         end = max([opened.end, *(s[1] for s in merging)])
         name = f"{start!r}|{text}"
-        timer_key = f"{self.timer_key}|{text}"
         for s in sorted(merging):
             if s[1] + lateness != end + lateness:
                 self.timers.delete_event_time(timer_key, s[1] + lateness)

@@ -169,3 +169,22 @@ def test_advancing_event_time_closes_every_window_and_empties_the_stores(
     assert not expected.open
     wanted = [(k, w.start, w.end, value) for k, w, value in expected.outputs]
     assert (Counter(sent) == Counter(wanted)) if emit == "final" else (sent == wanted)
+
+
+def test_a_session_closed_within_a_batch_takes_no_more_records(tmp_path: Path) -> None:
+    """Timers fire at batch boundaries: within one batch a session can be closed (its end passed by
+    the watermark) before its timer fires. It is sent then, and a record at its very start that
+    joins a later session does not land in it."""
+    stream = [("k", 1, BASE + 0), ("k", 1, BASE + 40), ("k", 1, BASE + 12), ("k", 1, BASE + 0)]
+    KINDS["session30"] = Session(30)
+    try:
+        task = windowed_task("session30", "count", "final", 0.0, "late")
+        with TaskTestDriver(task, job=job(tmp_path, 0.0)) as driver:
+            driver.send_batch("events", [k for k, _, _ in stream], [v for _, v, _ in stream], partition=0,
+                              timestamps=[ts for *_, ts in stream])
+            driver.advance_event_time(BASE + 1000)
+            driver.commit()
+            sent = sorted((v["start"] - BASE, v["end"] - BASE, v["value"]) for _, v in driver.outputs("out"))
+    finally:
+        del KINDS["session30"]
+    assert sent == [(0.0, 30.0, 1), (0.0, 70.0, 3)]
