@@ -46,6 +46,8 @@ __all__ = ["WindowedAggregation", "EMIT_MODES", "default_shape"]
 
 EMIT_MODES = ("final", "update")
 
+_NOW = object()  # "the partition's watermark now" (the default of the per-record paths)
+
 Shape = Callable[[Any, Window, Any], Any]
 
 
@@ -115,7 +117,7 @@ class WindowedAggregation:
         """the watermark :meth:`add_batch` judges a batch's first row by (see there)"""
         self.index: KeyValueStore | None = None
         self._tumbling_fold = False
-        self._add_at: Callable[[Any, Any, float, float | None, Collector], None]
+        self._add_at: Callable[[Any, Any, float, Collector, float | None], None]
         if isinstance(window, Session):
             self.index = context.kv(index_store or store)
             self._add_at = self._add_to_session
@@ -124,8 +126,9 @@ class WindowedAggregation:
             # the store's get/put called directly: it is per record, and most of the operator's cost.
             self._kv = context.kv(store)
             self._get, self._put, self._step = self._kv.get, self._kv.put, aggregate.step
+            self._size, self._offset = window.size, window.offset
             self._tumbling_fold = True
-            self._add_at = self._add_tumbling
+            self._add_at = self.add = self._add_tumbling  # type: ignore[method-assign]
         else:
             self._add_at = self._add_aligned
 
@@ -133,7 +136,7 @@ class WindowedAggregation:
     def add(self, key: Any, value: Any, timestamp: float, collector: Collector) -> None:
         """Aggregate one record (its event time ``timestamp``) into its windows, judged by the
         partition's watermark now (the runtime has raised it by this record already)."""
-        self._add_at(key, value, timestamp, self.timers.watermark, collector)
+        self._add_at(key, value, timestamp, collector, self.timers.watermark)
 
     def add_batch(self, keys: Any, values: Any, timestamps: Any, collector: Collector) -> None:
         """:meth:`add` for each row of a batch, in order (lists or Arrow arrays; what a
@@ -159,7 +162,7 @@ class WindowedAggregation:
         else:
             add_at = self._add_at
             for key, value, stamp, mark in zip(keys, _as_list(values), stamps, marks.tolist()):
-                add_at(key, value, stamp, mark, collector)
+                add_at(key, value, stamp, collector, mark)
         self._batch_watermark = float(marks[-1])
 
     def _count_batch(self, keys: list[Any], values: list[Any], ts: Any, marks: Any, collector: Collector) -> None:
@@ -192,8 +195,8 @@ class WindowedAggregation:
             self.timers.register_event_time(self.timer_key, close)
             registered.add(close)
 
-    def _add_aligned(self, key: Any, value: Any, timestamp: float, watermark: float | None,
-                     collector: Collector) -> None:
+    def _add_aligned(self, key: Any, value: Any, timestamp: float, collector: Collector,
+                     watermark: float | None) -> None:
         window = self.window
         assert isinstance(window, Hopping)
         lateness = self.lateness
@@ -215,12 +218,14 @@ class WindowedAggregation:
         if not taken:
             self._late(key, value, collector)
 
-    def _add_tumbling(self, key: Any, value: Any, timestamp: float, watermark: float | None,
-                      collector: Collector) -> None:
-        """:meth:`_add_aligned` for a tumbling window and a fold: the same rules, the window computed
-        inline exactly as :meth:`Hopping.window` computes it."""
-        window = self.window
-        size, offset = window.size, window.offset  # type: ignore[attr-defined]
+    def _add_tumbling(self, key: Any, value: Any, timestamp: float, collector: Collector,
+                      watermark: Any = _NOW) -> None:
+        """:meth:`_add_aligned` for a tumbling window and a fold (and :meth:`add` itself then, the
+        watermark read here): the same rules, the window computed inline exactly as
+        :meth:`Hopping.window` computes it."""
+        if watermark is _NOW:
+            watermark = self.timers.watermark
+        size, offset = self._size, self._offset
         index = floor((timestamp - offset) / size)
         end = offset + (index + 1) * size
         if offset + index * size > timestamp:  # division rounded up: the window before
@@ -239,7 +244,7 @@ class WindowedAggregation:
             self.timers.register_event_time(self.timer_key, closes)
             self._registered.add(closes)
         if not self.final:
-            collector.send(self.output, key, self.shape(key, window.window(index), self.state.result(name)))
+            collector.send(self.output, key, self.shape(key, self.window.window(index), self.state.result(name)))
 
     def _late(self, key: Any, value: Any, collector: Collector) -> None:
         self.late += 1
@@ -247,8 +252,8 @@ class WindowedAggregation:
         if self.late_output is not None:
             collector.send(self.late_output, key, value)
 
-    def _add_to_session(self, key: Any, value: Any, timestamp: float, watermark: float | None,
-                        collector: Collector) -> None:
+    def _add_to_session(self, key: Any, value: Any, timestamp: float, collector: Collector,
+                        watermark: float | None) -> None:
         window = self.window
         assert isinstance(window, Session) and self.index is not None
         lateness = self.lateness
