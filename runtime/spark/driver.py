@@ -10,7 +10,9 @@ disk once, at the start of each run).
 
 A run either ends when its inputs are drained (``run(until_drained=True)``, the default for library
 callers) or *stands*: it waits for new input, polling the inputs' end offsets every
-:data:`IDLE_POLL` seconds on the driver (no Spark job while idle), until :meth:`SparkJobRunner.stop`."""
+:data:`IDLE_POLL` seconds on the driver (no Spark job while idle), until :meth:`SparkJobRunner.stop`. A
+standing run also plans a partition whose next processing-time timer (:attr:`Checkpoint.next_timer`)
+is due, input or not, and wakes up for it; with neither input nor a due timer it starts no job."""
 
 from __future__ import annotations
 
