@@ -91,3 +91,27 @@ def test_tumbling_count_through_the_dataframe_step_matches_the_reference(spark, 
     assert expected_windows and expected_late, "the input must close windows and hold late rows"
     assert windows == expected_windows
     assert late == expected_late
+
+
+def test_windowed_counts_batch_task_on_the_native_path_exact(tmp_path, spark_context):
+    """The windowed-counts example's batch task (``add_batch``) through the native Spark path: the
+    same closed (user, hour) counts as plain Python, each sent once."""
+    import shutil
+
+    from localstate.core.config import load_job_config
+    from localstate.runtime.spark.runner import SparkJobRunner
+
+    from .test_spark_runtime import EXAMPLES, actual_hourly, expected_hourly
+
+    shutil.copytree(EXAMPLES / "windowed_counts", tmp_path / "job", ignore=shutil.ignore_patterns(".work", "__pycache__"))
+    job_file = tmp_path / "job" / "job.toml"
+    source = job_file.read_text()
+    assert 'task = "windowed_counts:HourlyPageViews"' in source and "events = 20000" in source
+    job_file.write_text(source.replace('task = "windowed_counts:HourlyPageViews"',
+                                       'task = "windowed_counts:HourlyPageViewsBatch"')
+                              .replace("events = 20000", "events = 12000"))
+    job = load_job_config(job_file)
+    summary = SparkJobRunner(job, context=spark_context, batch_size=5000, progress=None).run()
+    assert summary.lag == 0 and len(summary.batches) == 3
+    expected = expected_hourly(job)
+    assert expected and actual_hourly(job) == expected
