@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 from localstate.core.task import KeyValueStore
+from localstate.errors import ConfigError
 
 __all__ = ["Aggregation", "WindowState", "Fold", "count", "sum_of", "min_of", "max_of", "reduce",
            "distinct_count", "quantiles", "top_n", "HyperLogLogStore", "QuantilesStore", "TopNStore"]
@@ -74,9 +75,9 @@ class Aggregation(ABC):
     """The engine kind of the store it keeps its state in (``kv``, ``sketch``, ``heap``)."""
 
     @abstractmethod
-    def bind(self, store: Any) -> WindowState:
-        """The state of this aggregation in ``store`` (the store's typed API, checked to be of the
-        right kind; a ConfigError naming the store otherwise)."""
+    def bind(self, store: Any, name: str) -> WindowState:
+        """The state of this aggregation in ``store``, the job's store ``name`` (its typed API,
+        checked to be of the right kind: a ConfigError naming the store otherwise)."""
 
     @abstractmethod
     def reference(self, values: list[Any]) -> Any:
@@ -100,8 +101,8 @@ class Fold(Aggregation):
         self.combine = combine
         self.finish = finish
 
-    def bind(self, store: Any) -> WindowState:
-        return _KvFold(_typed(store, KeyValueStore, "kv", self.name), self)
+    def bind(self, store: Any, name: str) -> WindowState:
+        return _KvFold(_typed(store, name, KeyValueStore, "kv", self.name), self)
 
     def reference(self, values: list[Any]) -> Any:
         acc = None
@@ -234,13 +235,14 @@ class TopNStore(Protocol):
     def __iter__(self) -> Any: ...
 
 
-def _typed(store: Any, protocol: type, engine: str, aggregation: str) -> Any:
-    from localstate.errors import ConfigError
-
+def _typed(store: Any, name: str, protocol: type, engine: str, aggregation: str) -> Any:
+    """``store`` if it offers ``protocol``, else a ConfigError at ``stores.<name>.engine``."""
     if not isinstance(store, protocol):
-        raise ConfigError.at("stores", f"the {aggregation} window aggregation needs a {engine} store "
-                             f"({protocol.__name__}), but its store is a {type(store).__name__}",
-                             hint=f"declare the window's store with engine = {engine!r}")
+        raise ConfigError.at(f"stores.{name}.engine", f"the {aggregation} window aggregation keeps its state in "
+                             f"store {name!r}, which must be a {engine} store ({protocol.__name__}); the job's "
+                             f"engine gives a {type(store).__name__}",
+                             hint=f"declare [stores.{name}] with engine = {engine.split()[0]!r}, or give the "
+                                  f"aggregation a store of that kind")
     return store
 
 
@@ -250,8 +252,8 @@ class _DistinctCount(Aggregation):
     def __init__(self, of: Extract) -> None:
         self.of = of
 
-    def bind(self, store: Any) -> WindowState:
-        return _HllState(_typed(store, HyperLogLogStore, "sketch (kind = \"hll\")", "distinct_count"), self.of)
+    def bind(self, store: Any, name: str) -> WindowState:
+        return _HllState(_typed(store, name, HyperLogLogStore, 'sketch (kind = "hll")', "distinct_count"), self.of)
 
     def reference(self, values: list[Any]) -> Any:
         return len({self.of(v) for v in values}) if values else None
@@ -298,8 +300,8 @@ class _Quantiles(Aggregation):
     def __init__(self, qs: tuple[float, ...], of: Extract) -> None:
         self.qs, self.of = qs, of
 
-    def bind(self, store: Any) -> WindowState:
-        return _KllState(_typed(store, QuantilesStore, "sketch (kind = \"quantiles\")", "quantiles"), self)
+    def bind(self, store: Any, name: str) -> WindowState:
+        return _KllState(_typed(store, name, QuantilesStore, 'sketch (kind = "quantiles")', "quantiles"), self)
 
     def reference(self, values: list[Any]) -> Any:
         if not values:
@@ -338,8 +340,8 @@ class _TopN(Aggregation):
     def __init__(self, n: int, item: Extract, score: Extract | None) -> None:
         self.n, self.item, self.score = n, item, score
 
-    def bind(self, store: Any) -> WindowState:
-        return _HeapState(_typed(store, TopNStore, "heap (kind = \"topn\")", "top_n"), self)
+    def bind(self, store: Any, name: str) -> WindowState:
+        return _HeapState(_typed(store, name, TopNStore, 'heap (kind = "topn")', "top_n"), self)
 
     def reference(self, values: list[Any]) -> Any:
         if not values:

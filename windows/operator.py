@@ -90,7 +90,8 @@ class WindowedAggregation:
                  output: str, emit: str = "final", lateness: Any = 0.0, late_output: str | None = None,
                  shape: Shape = default_shape, index_store: str | None = None) -> None:
         if emit not in EMIT_MODES:
-            raise ConfigError.at(f"stores.{store}", f"window emit mode {emit!r} is not one of {', '.join(EMIT_MODES)}",
+            raise ConfigError.at("window.emit", f"the window aggregation of store {store!r}: emit mode {emit!r} is not "
+                                 f"one of {', '.join(EMIT_MODES)}",
                                  hint='emit = "final" sends each window once, when it closes; "update" on each change')
         self.window = window
         self.aggregate = aggregate
@@ -100,7 +101,7 @@ class WindowedAggregation:
         self.lateness = duration("window.lateness", lateness, positive=False)
         self.late_output = late_output
         self.shape = shape
-        self.state: WindowState = aggregate.bind(context.store(store))
+        self.state: WindowState = aggregate.bind(context.store(store), store)
         self.timers = context.timers
         self.metrics = context.metrics
         self.late = 0

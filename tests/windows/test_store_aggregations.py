@@ -103,9 +103,27 @@ def test_session_distinct_counts_merge_their_sketches(tmp_path: Path) -> None:
 
 
 def test_an_aggregation_on_a_store_of_another_kind_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(ConfigError) as caught:
         run(tmp_path, Tumbling(60), count(), "hll", views(5, 5, 3))
-    error = caught.value
-    while not isinstance(error, ConfigError) and error.__cause__ is not None:
-        error = error.__cause__
-    assert isinstance(error, ConfigError) and "needs a kv store" in str(error)
+    assert caught.value.problems[0].path == "stores.hll.engine"
+    assert "must be a kv store" in str(caught.value)
+
+
+@pytest.mark.parametrize(("options", "where"), [
+    ({"emit": "sometimes"}, "window.emit"),
+    ({"lateness": "-5s"}, "window.lateness"),
+    ({"lateness": "soon"}, "window.lateness"),
+])
+def test_bad_operator_options_are_config_errors(tmp_path: Path, options: dict, where: str) -> None:
+    class Bad(StreamTask):
+        def init(self, context: Any) -> None:
+            WindowedAggregation(context, Tumbling(60), count(), store="index", output="out", **options)
+
+        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
+            raise AssertionError("not reached")
+
+    job = parse_job_config({"job": {"name": "w", "partitions": 1, "task": "unused:Unused", "state_dir": str(tmp_path)},
+                            "time": {"timers": True}, "stores": STORES, "changelogs": {"file": {}}}, base_dir=tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        TaskTestDriver(Bad, job=job)
+    assert caught.value.problems[0].path == where
