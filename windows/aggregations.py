@@ -40,9 +40,8 @@ class WindowState(ABC):
     """An aggregation's per-window state in one store partition. Window names are strings."""
 
     @abstractmethod
-    def add(self, name: str, value: Any) -> bool:
-        """Add a record's value to window ``name``; True when the window had no state before (the
-        operator then registers the timer that closes it)."""
+    def add(self, name: str, value: Any) -> None:
+        """Add a record's value to window ``name``."""
 
     @abstractmethod
     def result(self, name: str) -> Any:
@@ -123,10 +122,8 @@ class _KvFold(WindowState):
         self.get, self.put, self.remove = store.get, store.put, store.delete
         self.step, self.combine, self.finish = fold.step, fold.combine, fold.finish
 
-    def add(self, name: str, value: Any) -> bool:
-        acc = self.get(name)
-        self.put(name, self.step(acc, value))
-        return acc is None
+    def add(self, name: str, value: Any) -> None:
+        self.put(name, self.step(self.get(name), value))
 
     def result(self, name: str) -> Any:
         acc = self.get(name)
@@ -279,10 +276,8 @@ class _HllState(_SketchState):
     def __init__(self, store: HyperLogLogStore, of: Extract) -> None:
         self.store, self.of = store, of
 
-    def add(self, name: str, value: Any) -> bool:
-        new = not self.store.exists(name)
+    def add(self, name: str, value: Any) -> None:
         self.store.add(name, self.of(value))
-        return new
 
     def result(self, name: str) -> Any:
         return round(self.store.count(name)) if self.store.exists(name) else None
@@ -316,10 +311,8 @@ class _KllState(_SketchState):
     def __init__(self, store: QuantilesStore, aggregation: _Quantiles) -> None:
         self.store, self.qs, self.of = store, list(aggregation.qs), aggregation.of
 
-    def add(self, name: str, value: Any) -> bool:
-        new = not self.store.exists(name)
+    def add(self, name: str, value: Any) -> None:
         self.store.add(name, float(self.of(value)))
-        return new
 
     def result(self, name: str) -> Any:
         return [float(x) for x in self.store.quantiles(name, self.qs)] if self.store.exists(name) else None
@@ -376,7 +369,7 @@ class _HeapState(WindowState):
     def __init__(self, store: TopNStore, aggregation: _TopN) -> None:
         self.store, self.n, self.item, self.score = store, aggregation.n, aggregation.item, aggregation.score
 
-    def add(self, name: str, value: Any) -> bool:
+    def add(self, name: str, value: Any) -> None:
         item = f"{name}{_SEP}{_item_text(self.item(value))}"
         old = self.store.score(item)
         if self.score is None:
@@ -385,7 +378,6 @@ class _HeapState(WindowState):
             score = float(self.score(value))
             if old is None or score > old:
                 self.store.push(item, score)
-        return True  # a window's first item is not cheap to tell: the timer is registered again (a no-op)
 
     def _items(self, name: str) -> list[tuple[str, float]]:
         prefix = name + _SEP
