@@ -506,7 +506,10 @@ def _time(data: Mapping[str, Any], job_name: Any, allow_pickle: bool, registry: 
     elif problem := name_problem(changelog, "changelog stream"):
         add("time.timer_changelog", problem)
         return config
-    options = {"backend": checked["timer_backend"]} if checked["timer_backend"] is not None else {}
+    # Timers are written and scanned, never read by key: no object cache.
+    options: dict[str, Any] = {"cache_size": 0}
+    if checked["timer_backend"] is not None:
+        options["backend"] = checked["timer_backend"]
     try:
         validated = registry.engine_factory("kv").validate_options(TIMER_STORE, options)
     except ConfigError as exc:

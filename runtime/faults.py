@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-__all__ = ["crash_point", "CrashAt", "armed", "TESTING_SWITCH", "CRASH_SPEC", "parse_crash_spec"]
+__all__ = ["crash_point", "crash_points", "is_armed", "CrashAt", "armed", "TESTING_SWITCH", "CRASH_SPEC", "parse_crash_spec"]
 
 CRASH_SPEC = "LOCALSTATE_CRASH_AT"
 TESTING_SWITCH = "LOCALSTATE_TESTING"
@@ -103,6 +103,11 @@ def crash_point(point: str) -> None:
     """SIGKILL this process if ``point`` is armed and its count is reached."""
     if point in _armed:
         _armed[point].reached()
+
+
+def is_armed(point: str) -> bool:
+    """Whether ``point`` is armed now (a loop may then skip calling :func:`crash_point` per item)."""
+    return point in _armed
 
 
 def crash_points(point: str, times: int) -> None:

@@ -40,7 +40,7 @@ from localstate.core.config import TIMER_STORE, JobConfig
 from localstate.core.corruption import wipe_local
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
-from localstate.runtime.faults import crash_point, crash_points
+from localstate.runtime.faults import crash_point, crash_points, is_armed
 from localstate.runtime.timers import PartitionTime
 from localstate.runtime.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, FeedStats, InputPolicy, \
     apply_on_error, make_envelope
@@ -583,19 +583,18 @@ class TaskInstance:
         points: ``timer_fire`` before each timer, ``after_timers`` after a round that fired any."""
         if not self.time.due():
             return 0
-        fired = self.time.fire(self._on_timer, _before_timer)
+        fired = self.time.fire(self.task.on_timer, (self.collector, self.coordinator),  # type: ignore[union-attr]
+                               self._timer_failed, _before_timer if is_armed("timer_fire") else None)
         if fired:
             self.timers_fired += fired
             crash_point("after_timers")
         return fired
 
-    def _on_timer(self, key: Any, timestamp: float) -> None:
-        try:
-            self.task.on_timer(key, timestamp, self.collector, self.coordinator)  # type: ignore[union-attr]
-        except (Exception, SystemExit) as exc:
-            raise_task_error(exc, "on_timer()", partition=self.partition,
-                             hint=f"fix the task's on_timer() (it failed for key {key!r} at {timestamp!r}); "
-                                  "state and timers are rolled back to the last commit on restart")
+    def _timer_failed(self, exc: BaseException, key: Any, timestamp: float) -> None:
+        """The task's ``on_timer`` raised ``exc`` for the timer of ``key`` at ``timestamp``: a TaskError."""
+        raise_task_error(exc, "on_timer()", partition=self.partition,
+                         hint=f"fix the task's on_timer() (it failed for key {key!r} at {timestamp!r}); "
+                              "state and timers are rolled back to the last commit on restart")
 
     def _deliver(self, batch: Any, stream: str, offset: int, rows: int) -> None:
         """``process_batch()`` of one batch (``rows`` rows, the first at ``stream``/``offset``); a

@@ -27,19 +27,21 @@ both back, and the timer fires again after recovery, its earlier outputs trimmed
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import struct
 from itertools import islice
 from typing import Any, Callable
 
+from localstate.core.codecs import FAST_ERRORS, fast_codec
 from localstate.core.config import TIMER_STORE, JobConfig
-from localstate.core.serdes import Serde
+from localstate.core.serdes import JsonSerde, Serde
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME
 from localstate.errors import ConfigError, InvalidValueError
 
 __all__ = ["PartitionTime", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK"]
 
-SCAN_CHUNK = 4096
+SCAN_CHUNK = 16384
 """Due timers read from the store per scan while firing (bounded memory for a million due timers)."""
 
 _PREFIX = {EVENT_TIME: b"e", PROCESSING_TIME: b"p"}
@@ -47,6 +49,14 @@ _SIGN = 1 << 63
 _ALL = (1 << 64) - 1
 _u64 = struct.Struct(">Q")
 _f64 = struct.Struct(">d")
+_pack_u64, _unpack_u64, _pack_f64, _unpack_f64 = _u64.pack, _u64.unpack, _f64.pack, _f64.unpack
+
+
+_json_text = json.JSONDecoder().decode
+
+
+def _json_decode(data: bytes) -> Any:
+    return _json_text(data.decode("utf-8"))
 
 
 def encode_timestamp(ts: float) -> bytes:
@@ -68,17 +78,25 @@ def _after(encoded: bytes) -> bytes:
 
 
 class _Round:
-    """A firing in progress in one domain: the due timers read so far, as a heap of store keys."""
+    """A firing in progress in one domain: the due timers of the current scan (in key order), and a
+    heap of the due timers registered while firing below the scan's end."""
 
-    __slots__ = ("domain", "now", "last", "heap", "pending")
+    __slots__ = ("domain", "now", "last", "heap", "pending", "deleted", "ahead")
 
     def __init__(self, domain: str, now: float) -> None:
         self.domain = domain
         self.now = now
         self.last = b""
-        """the greatest store key read so far: a due timer registered at or below it joins the heap"""
+        """the greatest store key the current scan covers: a due timer registered at or below it joins
+        the heap (the next scan reads those above it)"""
         self.heap: list[bytes] = []
         self.pending: set[bytes] = set()
+        """registered while firing and not fired yet (the heap may hold deleted ones: skipped)"""
+        self.deleted: set[bytes] = set()
+        """deleted while firing (a scanned timer among them is skipped)"""
+        self.ahead = False
+        """a timer above the scan's end was registered or deleted while firing (the next scan, which
+        reads the backend, must see it: the store is flushed first)"""
 
 
 class PartitionTime:
@@ -101,10 +119,14 @@ class PartitionTime:
         """the largest event timestamp fed since open (the feed loop raises it)"""
         self._store: Any = None
         self._key_serde: Serde | None = None
+        self._encode_key: Callable[[Any], bytes] | None = None
+        self._decode_key: Callable[[bytes], Any] | None = None
         self._earliest: dict[str, float | None] = {EVENT_TIME: None, PROCESSING_TIME: None}
         self._round: _Round | None = None
         self._firing_domain: str | None = None
         self._task_fires = True
+        self._usable = False
+        """timers kept and ``on_timer`` defined: registering may go ahead"""
 
     # -- time ------------------------------------------------------------------------------------
     def processing_time(self) -> float:
@@ -135,7 +157,13 @@ class PartitionTime:
         ``task_fires``: the task overrides ``on_timer`` (registering is refused otherwise)."""
         self._store = store
         self._key_serde = key_serde
+        self._encode_key, self._decode_key = fast_codec(key_serde)
+        if type(key_serde) is JsonSerde:
+            # The store holds only keys this service encoded: the serde's checks of foreign data
+            # (what its serialize would refuse) cannot fail, and cost as much as the decoding.
+            self._decode_key = _json_decode
         self._task_fires = task_fires
+        self._usable = task_fires
         for domain in _PREFIX:
             self._earliest[domain] = self._first(domain)
 
@@ -164,9 +192,9 @@ class PartitionTime:
     def delete_processing_time(self, key: Any, timestamp: float) -> None:
         self._delete(PROCESSING_TIME, key, timestamp)
 
-    def _entry(self, domain: str, key: Any, timestamp: Any) -> tuple[float, bytes]:
-        store = self._store
-        if store is None:
+    def _check_usable(self, domain: str) -> None:
+        """Raise why this partition cannot take timers (none kept, or no ``on_timer``), if so."""
+        if self._store is None:
             raise ConfigError.at("time.timers", f"the task of partition {self._partition} registered a {domain}-time "
                                  f"timer, but job {self._job.name!r} keeps no timers",
                                  hint="add a [time] table with timers = true to the job config")
@@ -174,23 +202,37 @@ class PartitionTime:
             raise ConfigError.at("job.task", f"the task registers timers but does not define on_timer(); a timer "
                                  f"that fires would have nowhere to go",
                                  hint="override on_timer(self, key, timestamp, collector, coordinator) in the task")
-        if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-            raise InvalidValueError(f"a {domain}-time timer needs a finite timestamp (seconds since the epoch), "
-                                    f"got {timestamp!r} for key {key!r}", store=TIMER_STORE,
-                                    partition=self._partition,
-                                    hint="pass a number such as envelope.timestamp + 60")
+
+    def _entry(self, domain: str, key: Any, timestamp: Any) -> tuple[float, bytes]:
+        """``(timestamp as float, store key)`` of a timer; typed errors for what cannot be one."""
+        if not self._usable:
+            self._check_usable(domain)
+        if timestamp.__class__ is not float or timestamp - timestamp != 0.0:  # not a finite float: look closer
+            if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+                raise InvalidValueError(f"a {domain}-time timer needs a finite timestamp (seconds since the epoch), "
+                                        f"got {timestamp!r} for key {key!r}", store=TIMER_STORE,
+                                        partition=self._partition,
+                                        hint="pass a number such as envelope.timestamp + 60")
+            timestamp = float(timestamp)
         try:
-            kb = self._key_serde.serialize(key)  # type: ignore[union-attr]
+            kb = self._encode_key(key)  # type: ignore[misc]
+        except FAST_ERRORS:
+            kb = self._slow_key(key)
+        (bits,) = _unpack_u64(_pack_f64(timestamp + 0.0))  # encode_timestamp, inline: the per-timer path
+        return timestamp, _PREFIX[domain] + _pack_u64(bits ^ _ALL if bits & _SIGN else bits | _SIGN) + kb
+
+    def _slow_key(self, key: Any) -> bytes:
+        """``key`` encoded by the serde itself after the fast path refused it (a typed error if it cannot)."""
+        try:
+            return self._key_serde.serialize(key)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - every serde failure is reported the same way
             raise InvalidValueError(f"cannot encode the timer key {key!r} with serde "
                                     f"{self._job.time.timer_key_serde!r}: {exc}", store=TIMER_STORE,
                                     partition=self._partition,
                                     hint="set [time] timer_key_serde to a serde that encodes the task's keys") \
                 from exc
-        timestamp = float(timestamp)
-        return timestamp, _PREFIX[domain] + encode_timestamp(timestamp) + kb
 
-    def _register(self, domain: str, key: Any, timestamp: Any) -> None:
+    def _register(self, domain: str, key: Any, timestamp: Any) -> None:  # noqa: C901
         timestamp, entry = self._entry(domain, key, timestamp)
         if self._forbid_past:
             now = self._clock() if domain == PROCESSING_TIME else self.watermark
@@ -205,16 +247,23 @@ class PartitionTime:
         if earliest is None or timestamp < earliest:
             self._earliest[domain] = timestamp
         firing = self._round
-        if firing is not None and firing.domain == domain and timestamp <= firing.now and entry <= firing.last \
-                and entry not in firing.pending:
-            heapq.heappush(firing.heap, entry)  # due already, and below what the next scan reads
-            firing.pending.add(entry)
+        if firing is not None and entry > firing.last:
+            firing.ahead = True
+        elif firing is not None and firing.domain == domain and timestamp <= firing.now:
+            firing.deleted.discard(entry)
+            if entry not in firing.pending:
+                heapq.heappush(firing.heap, entry)  # due already, and below what the next scan reads
+                firing.pending.add(entry)
 
     def _delete(self, domain: str, key: Any, timestamp: Any) -> None:
         _timestamp, entry = self._entry(domain, key, timestamp)
         self._store.delete(entry)
-        if self._round is not None:
-            self._round.pending.discard(entry)
+        firing = self._round
+        if firing is not None and entry > firing.last:
+            firing.ahead = True
+        elif firing is not None and firing.domain == domain:
+            firing.pending.discard(entry)
+            firing.deleted.add(entry)
 
     def _first(self, domain: str) -> float | None:
         """The earliest timer of ``domain`` in the store, or None."""
@@ -235,53 +284,84 @@ class PartitionTime:
                 return True
         return processing is not None and processing <= self._clock()
 
-    def fire(self, on_timer: Callable[[Any, float], None], before_each: Callable[[], None]) -> int:
-        """Fire every due timer (see the module docstring); ``on_timer(key, timestamp)`` calls the
-        task, ``before_each()`` runs before each (a crash point). Returns how many fired."""
+    def fire(self, on_timer: Callable[..., None], args: tuple[Any, ...], failed: Callable[[BaseException, Any, float], None],
+             before_each: Callable[[], None] | None) -> int:
+        """Fire every due timer (see the module docstring): ``on_timer(key, timestamp, *args)`` (the
+        task's); an exception it raises goes to ``failed(exc, key, timestamp)``, which raises;
+        ``before_each()`` runs before each (a crash point; None: nothing). Returns how many fired."""
         if not self.due():
             return 0
-        fired = self._fire_domain(EVENT_TIME, self.watermark, on_timer, before_each)
-        return fired + self._fire_domain(PROCESSING_TIME, self._clock(), on_timer, before_each)
+        fired = self._fire_domain(EVENT_TIME, self.watermark, on_timer, args, failed, before_each)
+        return fired + self._fire_domain(PROCESSING_TIME, self._clock(), on_timer, args, failed, before_each)
 
-    def _fire_domain(self, domain: str, now: float | None, on_timer: Callable[[Any, float], None],
-                     before_each: Callable[[], None]) -> int:
+    def _fire_domain(self, domain: str, now: float | None, on_timer: Callable[..., None], args: tuple[Any, ...],
+                     failed: Callable[[BaseException, Any, float], None],
+                     before_each: Callable[[], None] | None) -> int:
         earliest = self._earliest[domain]
         if now is None or earliest is None or earliest > now:
             return 0
         store, prefix = self._store, _PREFIX[domain]
         end = prefix + _after(encode_timestamp(now))
-        decode_key = self._key_serde.deserialize  # type: ignore[union-attr]
+        decode_key, slow_decode = self._decode_key, self._key_serde.deserialize  # type: ignore[union-attr]
         firing = self._round = _Round(domain, now)
-        heap, pending, pop, delete = firing.heap, firing.pending, heapq.heappop, store.delete
+        heap, pending, deleted = firing.heap, firing.pending, firing.deleted
+        pop, delete = heapq.heappop, store.delete
+        unpack_u64, pack_u64, unpack_f64 = _unpack_u64, _pack_u64, _unpack_f64
         start = prefix
         fired = 0
+        # Scans read the backend directly (the cheapest way through a million timers): the store is
+        # flushed first, so the backend holds every timer registered so far. Flushing before the
+        # commit is as safe as any spill: a crash before the checkpoint rolls the store back.
+        store.flush()
+        backend = store.backend
+        self._firing_domain = domain  # only the task's on_timer runs in between: it sees the domain
         try:
             while True:
-                entries = [entry for entry, _ in islice(store.range(start, end), SCAN_CHUNK)]
-                exhausted = len(entries) < SCAN_CHUNK
-                # Read in key order: already a heap. Everything at or below `last` that is due and
-                # registered from here on joins it (see _register); the rest the next scan reads.
-                heap.extend(entries)
-                heapq.heapify(heap)
-                pending.update(entries)
-                firing.last = end if exhausted else entries[-1]
-                while heap:
-                    entry = pop(heap)
-                    if entry not in pending:
-                        continue  # deleted meanwhile, or fired already
-                    pending.discard(entry)
+                with backend.iterate(start, end) as reading:
+                    scanned = [entry for entry, _ in islice(reading, SCAN_CHUNK)]
+                exhausted = len(scanned) < SCAN_CHUNK
+                firing.last = end if exhausted else scanned[-1]
+                index, count = 0, len(scanned)
+                # Two sources in key order: the scan, and the heap of timers registered while firing.
+                while True:
+                    if heap and (index == count or heap[0] < scanned[index]):
+                        entry = pop(heap)
+                        if entry not in pending:
+                            continue  # deleted after it was registered
+                        pending.discard(entry)
+                    elif index < count:
+                        entry = scanned[index]
+                        index += 1
+                        if deleted and entry in deleted:
+                            continue
+                        if entry in pending:  # re-registered while firing: fires once, from here
+                            pending.discard(entry)
+                    else:
+                        break
                     delete(entry)
-                    before_each()
-                    self._firing_domain = domain
+                    if before_each is not None:
+                        before_each()
                     try:
-                        on_timer(decode_key(entry[9:]), decode_timestamp(entry[1:9]))
-                    finally:
-                        self._firing_domain = None
+                        key = decode_key(entry[9:])  # type: ignore[misc]
+                    except FAST_ERRORS:
+                        key = slow_decode(entry[9:])
+                    (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
+                    timestamp = unpack_f64(pack_u64(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
+                    try:
+                        on_timer(key, timestamp, *args)
+                    except (Exception, SystemExit) as exc:
+                        failed(exc, key, timestamp)
+                        raise
                     fired += 1
                 if exhausted:
                     break
                 start = firing.last + b"\x00"
+                if firing.ahead:
+                    store.flush()
+                    firing.ahead = False
+                deleted.clear()  # below the next scan's start
         finally:
             self._round = None
+            self._firing_domain = None
         self._earliest[domain] = self._first(domain)
         return fired
