@@ -332,6 +332,8 @@ TESTED_ELSEWHERE = {
     "contract/test_toy_contract.py": "tests/contract/test_contract_doc.py",
     "search/engine_direct.py": "tests/search/test_search_engine.py",
     "sketch/engine_direct.py": "tests/sketch/test_store.py",
+    "examples/windowed_counts/windowed_counts.py": "tests/windows/test_examples.py",
+    "time/page_stats.py": "tests/windows/test_docs_snippets.py",
 }
 
 
@@ -384,6 +386,8 @@ FIRST = SNIPPETS / "first_task"
 JOBS = {
     "spark/job.toml": WINDOWED / "windowed_counts.py",
     "examples/task_api/job.toml": ROOT / "examples" / "task_api" / "word_counts.py",
+    "examples/windowed_counts/job.toml": WINDOWED / "windowed_counts.py",
+    "time/page_stats.toml": SNIPPETS / "time" / "page_stats.py",
 }
 
 
