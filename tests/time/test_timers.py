@@ -383,3 +383,23 @@ def test_a_task_sees_the_watermark_from_before_its_record_or_batch() -> None:
         d.send_batch("in", ["a", "b"], [1, 2], timestamps=[10.0, 30.0])
         d.send_batch("in", ["a"], [1], timestamps=[12.0])
         assert d.outputs("seen", pending=True) == [(2, None), (1, 28.0)]
+
+
+def test_timers_on_the_objectstore_changelog_with_pipelined_commits(tmp_path) -> None:
+    options = {"url": str(tmp_path / "shared")}
+    with driver(changelog="objectstore", changelog_options=options, state_dir=tmp_path / "state") as d:
+        assert d.instances[0].pipelined
+        for i in range(20):
+            d.send("in", f"k{i % 4}", ["event", float(i)], timestamp=0.0)
+        d.commit()
+        d.advance_event_time(9.5)                                  # fires k0..k1 @0..9
+        d.commit()
+        d.advance_event_time(14.5)                                 # not committed: fires again later
+        d.crash()
+        d.restart()
+        d.advance_event_time(100.0)
+        d.commit()
+        d.instances[0].settle_commit()
+        fired = d.outputs("fired")
+        assert [ts for _, (_, ts) in fired] == [float(i) for i in range(20)]
+        assert [key for key, _ in fired] == [f"k{i % 4}" for i in range(20)]
