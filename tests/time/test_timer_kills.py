@@ -62,12 +62,12 @@ def model(records: int, commit_every: int) -> list[tuple[str, list[float]]]:
     return out
 
 
-def run_child(state: Path, crash: str | None) -> subprocess.CompletedProcess:
+def run_child(state: Path, crash: str | None, changelog: str = "file") -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("LOCALSTATE_CRASH_AT", None)
     if crash is not None:
         env["LOCALSTATE_CRASH_AT"] = crash
-    return subprocess.run([sys.executable, str(CHILD), str(state), str(RECORDS), str(COMMIT_EVERY)], env=env,
+    return subprocess.run([sys.executable, str(CHILD), str(state), str(RECORDS), str(COMMIT_EVERY), changelog], env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -102,3 +102,17 @@ def test_an_uninterrupted_run_matches_the_model(tmp_path: Path) -> None:
     finished = run_child(tmp_path / "state", None)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert outputs(tmp_path / "state") == [(key, list(value)) for key, value in model(RECORDS, COMMIT_EVERY)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crashes", [["commit_pending:3"], ["timer_fire:12", "commit_pending:2"]])
+def test_each_timer_fires_exactly_once_across_kills_with_pipelined_commits(tmp_path: Path, crashes: list[str]) -> None:
+    """The objectstore changelog: commits are pipelined, and a kill between a commit's writes and its
+    checkpoint (``commit_pending``, on the committer thread) rolls the firings of that commit back."""
+    state = tmp_path / "state"
+    for crash in crashes:
+        killed = run_child(state, crash, "objectstore")
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    finished = run_child(state, None, "objectstore")
+    assert finished.returncode == 0 and "done" in finished.stdout, finished.stderr[-3000:]
+    assert outputs(state) == [(key, list(value)) for key, value in model(RECORDS, COMMIT_EVERY)]

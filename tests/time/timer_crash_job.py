@@ -1,11 +1,13 @@
 """Child process of the timer kill tests: a job whose every record registers event-time timers (and
 deletes some), committing every N records, with exactly-once file outputs. Usage:
 
-    python timer_crash_job.py STATE_DIR RECORDS COMMIT_EVERY   # process (the rest of) the input, close
+    python timer_crash_job.py STATE_DIR RECORDS COMMIT_EVERY [CHANGELOG]   # process (the rest of) the input, close
+
+CHANGELOG is ``file`` (default) or ``objectstore`` (in STATE_DIR/shared: pipelined commits).
 
 Set LOCALSTATE_CRASH_AT=point:n (with LOCALSTATE_TESTING=1, which tests/conftest.py sets) to make it
 SIGKILL itself at a commit-protocol or firing point: ``process``, ``timer_fire``, ``after_timers``,
-``mid_flush``, ``after_flush``, ``after_checkpoint``.
+``mid_flush``, ``after_flush``, ``after_checkpoint``, and with the objectstore ``commit_pending``.
 """
 
 import sys
@@ -58,10 +60,11 @@ def input_record(i: int) -> tuple[str, float]:
     return f"k{(i * 7) % 11}", float(1000 + i + (i * 5) % 3 - 1)
 
 
-def job(state_dir: str, commit_every: int):
+def job(state_dir: str, commit_every: int, changelog: str = "file"):
     return parse_job_config({
         "job": {"name": "timers", "task": "timer_crash_job:TimerTask", "commit_every": commit_every,
-                "commit_interval": 10 ** 9, "state_dir": state_dir},
+                "commit_interval": 10 ** 9, "state_dir": state_dir, "changelog": changelog},
+        "changelogs": {"objectstore": {"url": f"{state_dir}/shared"}} if changelog == "objectstore" else {},
         "time": {"timers": True, "allowed_lateness": LATENESS, "timer_backend": "rocksdb"},
         "outputs": {"fired": {"system": "jsonl", "path": f"{state_dir}/fired"}},
         "stores": {"counts": {"engine": "kv", "backend": "lmdb", "key_serde": "string", "value_serde": "int"}}})
@@ -69,7 +72,7 @@ def job(state_dir: str, commit_every: int):
 
 def main() -> None:
     state_dir, records, commit_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    config = job(state_dir, commit_every)
+    config = job(state_dir, commit_every, sys.argv[4] if len(sys.argv) > 4 else "file")
     instance = TaskInstance(config, 0, open_changelog_system(config), StreamSink(config), TimerTask,
                             processing_clock=lambda: clock_at(instance.position("input")))
     instance.open()
