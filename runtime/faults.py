@@ -1,8 +1,8 @@
 """Fault injection for crash tests: the one mechanism is the *crash point*. Code that must survive a
 crash calls :func:`crash_point` at the moments a process could die: ``process`` (before each input
-record is fed, good or bad), ``timer_fire`` (before each timer fires), ``after_timers`` (after a round of firings), ``mid_flush``
-(some stores flushed), ``after_flush`` (stores flushed,
-checkpoint not yet written), ``commit_pending`` (a pipelined commit's objects written, its
+record is fed, good or bad), ``timer_fire`` (before each timer fires), ``after_timers`` (after a
+round of firings), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed, checkpoint
+not yet written), ``commit_pending`` (a pipelined commit's objects written, its
 checkpoint not yet saved; reached on the committer thread), ``after_checkpoint``. An *armed* point
 SIGKILLs this process the n-th time it is reached (1-based).
 
@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-__all__ = ["crash_point", "crash_points", "is_armed", "CrashAt", "armed", "TESTING_SWITCH", "CRASH_SPEC", "parse_crash_spec"]
+__all__ = ["crash_point", "crash_points", "is_armed", "CrashAt", "armed", "TESTING_SWITCH", "CRASH_SPEC",
+           "parse_crash_spec"]
 
 CRASH_SPEC = "LOCALSTATE_CRASH_AT"
 TESTING_SWITCH = "LOCALSTATE_TESTING"

@@ -285,8 +285,8 @@ class PartitionTime:
                 return True
         return processing is not None and processing <= self._clock()
 
-    def fire(self, on_timer: Callable[..., None], args: tuple[Any, ...], failed: Callable[[BaseException, Any, float], None],
-             before_each: Callable[[], None] | None) -> int:
+    def fire(self, on_timer: Callable[..., None], args: tuple[Any, ...],
+             failed: Callable[[BaseException, Any, float], None], before_each: Callable[[], None] | None) -> int:
         """Fire every due timer (see the module docstring): ``on_timer(key, timestamp, *args)`` (the
         task's); an exception it raises goes to ``failed(exc, key, timestamp)``, which raises;
         ``before_each()`` runs before each (a crash point; None: nothing). Returns how many fired."""

@@ -24,9 +24,9 @@ LATENESS = 3.0
 class TimerTask(StreamTask):
     """Per record: count the key, and set a timer 5s (event time) after the record that reports the
     count then; every 4th record cancels the timer its predecessor set. A firing also sets a follow-up
-    timer 1s later for keys ending in "0", the first time (timers registered while firing). Every 5th record also sets a processing-time timer 3 seconds ahead
-of the partition's clock, which here is its input position (0.1 s a record: deterministic across
-restarts)."""
+    timer 1s later for keys ending in "0", the first time (timers registered while firing). Every 5th
+    record also sets a processing-time timer 3 seconds ahead of the partition's clock, which here is
+    its input position (0.1 s a record: deterministic across restarts)."""
 
     def init(self, context):
         self.counts = context.kv("counts")
