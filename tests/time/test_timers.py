@@ -403,3 +403,19 @@ def test_timers_on_the_objectstore_changelog_with_pipelined_commits(tmp_path) ->
         fired = d.outputs("fired")
         assert [ts for _, (_, ts) in fired] == [float(i) for i in range(20)]
         assert [key for key, _ in fired] == [f"k{i % 4}" for i in range(20)]
+
+
+def test_arrow_rows_move_the_watermark_of_a_batch_task_after_the_batch() -> None:
+    """The DataFrame step's rows (ArrowRows) reach a BatchTask as they are; their timestamp column
+    moves the watermark once the batch is processed, and its timers fire at the boundary."""
+    from localstate.core.task import record_batch
+    from localstate.runtime.records import ArrowRows
+
+    stores = {"counts": {"engine": "kv", "key_serde": "string", "value_serde": "int"}}
+    with driver(Counted, stores=stores) as d:
+        instance = d.instances[0]
+        batch = record_batch(["df"] * 3, [0, 1, 2], ["a", "b", "a"], [1, 1, 1], [1.0, 4.0, 25.0])
+        instance.feed([ArrowRows("df", batch, 0)])
+        assert instance.time.watermark == 23.0
+        instance.fire_timers()
+        assert [(m.key, m.value) for m in instance.collector.pending] == [("a", [10.0, 1]), ("b", [10.0, 1])]
