@@ -583,7 +583,7 @@ class TaskInstance:
         points: ``timer_fire`` before each timer, ``after_timers`` after a round that fired any."""
         if not self.time.due():
             return 0
-        fired = self.time.fire(self.task.on_timer, (self.collector, self.coordinator),  # type: ignore[union-attr]
+        fired = self.time.fire(self.task.on_timer, self.collector, self.coordinator,  # type: ignore[union-attr]
                                self._timer_failed, _before_timer if is_armed("timer_fire") else None)
         if fired:
             self.timers_fired += fired

@@ -285,15 +285,17 @@ class PartitionTime:
                 return True
         return processing is not None and processing <= self._clock()
 
-    def fire(self, on_timer: Callable[..., None], args: tuple[Any, ...],
+    def fire(self, on_timer: Callable[[Any, float, Any, Any], None], collector: Any, coordinator: Any,
              failed: Callable[[BaseException, Any, float], None], before_each: Callable[[], None] | None) -> int:
-        """Fire every due timer (see the module docstring): ``on_timer(key, timestamp, *args)`` (the
-        task's); an exception it raises goes to ``failed(exc, key, timestamp)``, which raises;
-        ``before_each()`` runs before each (a crash point; None: nothing). Returns how many fired."""
+        """Fire every due timer (see the module docstring): ``on_timer(key, timestamp, collector,
+        coordinator)`` (the task's); an exception it raises goes to ``failed(exc, key, timestamp)``,
+        which raises; ``before_each()`` runs before each (a crash point; None: nothing). Returns how
+        many fired."""
         if not self.due():
             return 0
-        fired = self._fire_domain(EVENT_TIME, self.watermark, on_timer, args, failed, before_each)
-        return fired + self._fire_domain(PROCESSING_TIME, self._clock(), on_timer, args, failed, before_each)
+        fired = self._fire_domain(EVENT_TIME, self.watermark, on_timer, (collector, coordinator), failed, before_each)
+        return fired + self._fire_domain(PROCESSING_TIME, self._clock(), on_timer, (collector, coordinator), failed,
+                                         before_each)
 
     def _fire_domain(self, domain: str, now: float | None, on_timer: Callable[..., None], args: tuple[Any, ...],
                      failed: Callable[[BaseException, Any, float], None],
@@ -308,6 +310,7 @@ class PartitionTime:
         heap, pending, deleted = firing.heap, firing.pending, firing.deleted
         pop, delete = heapq.heappop, store.delete
         unpack_u64, pack_u64, unpack_f64 = _unpack_u64, _pack_u64, _unpack_f64
+        collector, coordinator = args
         start = prefix
         fired = 0
         # Scans read the backend directly (the cheapest way through a million timers): the store is
@@ -349,7 +352,7 @@ class PartitionTime:
                     (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
                     timestamp = unpack_f64(pack_u64(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
                     try:
-                        on_timer(key, timestamp, *args)
+                        on_timer(key, timestamp, collector, coordinator)
                     except (Exception, SystemExit) as exc:
                         failed(exc, key, timestamp)
                         raise
