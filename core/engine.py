@@ -21,7 +21,7 @@ from localstate.core.time import SYSTEM_TIME, TimeSource
 from localstate.errors import ConfigError
 
 __all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "SerdeColumn", "StateColumns",
-           "LiveEntries"]
+           "LiveEntries", "TimedStore"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,16 @@ class LiveEntries(Protocol):
         """One stored value (a changelog record's) as its serde wrote it, and when it expires (None:
         never), for tools that show the records themselves."""
         ...
+
+
+@runtime_checkable
+class TimedStore(Protocol):
+    """Optional engine capability: an engine that reads its time source (:attr:`StoreContext.time`)
+    at chosen moments rather than at every access (a kv store with ``ttl`` reads it once per commit).
+    ``refresh_time()`` makes it read the time now: the runtime calls it when a batch starts (the time
+    an idle partition spent waiting counts), a test driver when it moves time."""
+
+    def refresh_time(self) -> None: ...
 
 
 class StorageEngine(ABC):

@@ -38,7 +38,7 @@ from localstate.core.changelog import ChangelogPartition, ChangelogSystem, Defer
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import TIMER_STORE, JobConfig
 from localstate.core.corruption import wipe_local
-from localstate.core.engine import StorageEngine, StoreContext
+from localstate.core.engine import StorageEngine, StoreContext, TimedStore
 from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
 from localstate.runtime.faults import crash_point, crash_points, is_armed
 from localstate.runtime.timers import PartitionTime
@@ -576,6 +576,14 @@ class TaskInstance:
 
         if "timestamp" in batch.schema.names:
             self.time.observe(pc.max(batch.column("timestamp")).as_py())
+
+    def refresh_store_time(self) -> None:
+        """Make every store that reads its time once per commit (``core.engine.TimedStore``: a kv
+        store with ttl) read the partition's time now: at a batch's start and when a test driver
+        moves time."""
+        for store in self.stores.values():
+            if isinstance(store.engine, TimedStore):
+                store.engine.refresh_time()
 
     def fire_timers(self) -> int:
         """Fire every due timer through the task's ``on_timer`` (see :mod:`localstate.runtime.timers`);

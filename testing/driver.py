@@ -221,6 +221,7 @@ class TaskTestDriver:
             raise ValueError(f"the driver's clock moves forward only, got {seconds!r} seconds")
         self.now += seconds
         for instance in self.instances.values():
+            instance.refresh_store_time()
             instance.maybe_window()
             instance.fire_timers()
 
@@ -236,6 +237,7 @@ class TaskTestDriver:
         for p, instance in self.instances.items():
             if partition is None or p == partition:
                 instance.time.advance_watermark(to)
+                instance.refresh_store_time()
                 instance.fire_timers()
 
     def watermark(self, partition: int = 0) -> float | None:

@@ -9,8 +9,8 @@ nothing expired becomes visible again. A store *without* ``ttl`` is the plain
 :class:`~localstate.engines.kv.engine.KeyValueEngine`, unchanged.
 
 Time. The store reads its time source (:attr:`StoreContext.time`, processing time or, with
-``ttl_time = "event"``, the watermark) at open, at a restore and at every flush, i.e. once per
-commit, as Spark's transformWithState judges TTL by its micro-batch's timestamp: between two commits
+``ttl_time = "event"``, the watermark) at open, at a restore, at every flush and when the runtime
+starts a batch (``refresh_time``, the ``core.engine.TimedStore`` capability), i.e. once per commit, as Spark's transformWithState judges TTL by its micro-batch's timestamp: between two commits
 the store's time stands still. An entry written in a commit interval expires ``ttl`` after the time
 read at the interval's start; it is visible while that store time is before its expiry. (Reading a
 clock per access would cost more than the whole cached get.) In event time, before the first
