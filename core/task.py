@@ -270,16 +270,39 @@ def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
-def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
-    """``(pa.array(values), None)``, or their JSON text and field metadata saying so when pyarrow
-    cannot type them."""
-    try:
-        return pa.array(values), None
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
-        import json  # only for columns pyarrow cannot type
+_SCALAR_TYPES = {str: "string", int: "int64", float: "float64", bool: "bool_", bytes: "binary"}
+"""Python classes whose column pyarrow types exactly (each value comes back as it was given)."""
 
-        text = [None if v is None else json.dumps(v, default=str, sort_keys=True) for v in values]
-        return pa.array(text, pa.string()), {"localstate.encoding": "json"}
+
+def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
+    """``(array, None)`` when pyarrow holds ``values`` exactly (each value reads back as the same
+    Python value of the same class), else their JSON text and field metadata saying so.
+
+    Exactly: a column of one scalar class (str, int within 64 bits, float, bool, bytes), or of
+    dicts/lists that read back with the same JSON text. pyarrow's own inference would widen
+    ``[1, 2.5]`` to floats and give ``[{"a": 1}, {"b": 2}]`` every field in every row: a batch task
+    would then store ``1.0`` where a per-record task stores ``1``."""
+    classes = set(map(type, values))
+    classes.discard(type(None))
+    try:
+        if not classes:
+            return pa.array(values), None
+        if len(classes) == 1:
+            (cls,) = classes
+            name = _SCALAR_TYPES.get(cls)
+            if name is not None:
+                return pa.array(values, getattr(pa, name)()), None
+        if classes <= {dict, list}:
+            import json  # only for nested columns
+            array = pa.array(values)
+            if json.dumps(array.to_pylist()) == json.dumps(values):
+                return array, None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+        pass
+    import json  # only for columns pyarrow cannot hold exactly
+
+    text = [None if v is None else json.dumps(v, default=str, sort_keys=True) for v in values]
+    return pa.array(text, pa.string()), {"localstate.encoding": "json"}
 
 
 def load_task_class(spec: str | type | Callable[[], StreamTask], *,
