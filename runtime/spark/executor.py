@@ -56,7 +56,7 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
         _check_position(instance, plan, name, inputs[name])
     planned = sum(max(0, end - instance.position(name)) for name, (_, end) in plan.ranges.items())
     limited = plan.limit is not None and planned > plan.limit
-    if len(names) == 1 and not limited and isinstance(instance.task, BatchTask) \
+    if len(names) == 1 and not limited and isinstance(getattr(instance, "task", None), BatchTask) \
             and isinstance(inputs[names[0]], ColumnarInput):
         # A batch task reading one input that decodes to columns: chunks, no record tuple per row.
         name = names[0]
