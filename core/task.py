@@ -270,7 +270,7 @@ def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
-_SCALAR_TYPES = {str: "string", int: "int64", float: "float64", bool: "bool_", bytes: "binary"}
+_SCALARS = {str, int, float, bool, bytes}
 """Python classes whose column pyarrow types exactly (each value comes back as it was given)."""
 
 
@@ -287,11 +287,10 @@ def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
     try:
         if not classes:
             return pa.array(values), None
-        if len(classes) == 1:
-            (cls,) = classes
-            name = _SCALAR_TYPES.get(cls)
-            if name is not None:
-                return pa.array(values, getattr(pa, name)()), None
+        if len(classes) == 1 and classes <= _SCALARS:
+            # inferred, not typed: pyarrow builds a string column several times faster so, and the
+            # type it infers for one class is that class's (an int beyond 64 bits raises)
+            return pa.array(values), None
         if classes <= {dict, list}:
             import json  # only for nested columns
             array = pa.array(values)

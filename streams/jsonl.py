@@ -17,8 +17,10 @@ import json
 import json.scanner
 import os
 import re
+from itertools import islice, repeat
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
+from typing import Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple
 
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.fsutil import fsync_dir, open_nofollow, os_error
@@ -217,62 +219,21 @@ class JsonLinesInput(InputStream):
 
     def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
         """:meth:`read` as :class:`~localstate.core.streams.base.InputColumns` chunks (a batch task's
-        input): no record tuple per row, and with orjson installed each ordinary line parsed by it.
-        orjson and the json serde's decoder differ on a few inputs (orjson turns integers beyond 64
-        bits into floats, words its errors differently), so a line orjson may read differently, or
-        fails, goes through :func:`_decode`, which makes every row exactly what :meth:`read` yields."""
-        if start >= end:
-            return
-        offsets: list[int] = []
-        keys: list[Any] = []
-        values: list[Any] = []
-        times: list[float | None] = []
-        bad: list[InputRecord] = []
-        fast, wide = _ORJSON_LOADS, _WIDE_NUMBER.search
-        last = start
-        for offset, line in self._lines(partition, start, end):
-            record = None
-            if fast is not None and len(line) <= 512 and b"\\" not in line and wide(line) is None:
-                # Short, no escapes, no number orjson could round: orjson's value is the decoder's
-                # (and json_problem has nothing to find: no \\u escape, too short to nest too deep).
-                try:
-                    data = fast(line)
-                    key = data["key"]
-                    ts = data.get("ts")
-                    if key is None or not (ts is None or ts.__class__ is float or ts.__class__ is int):
-                        raise ValueError  # a keyless row or a ts to convert: the exact path words it
-                    if ts is not None:
-                        ts = float(ts)
-                    offsets.append(offset)
-                    keys.append(key)
-                    values.append(data.get("value"))
-                    times.append(ts)
-                except Exception:  # noqa: BLE001 - any failure, or an odd row: decided by _decode
-                    record = _decode(self.name, partition, offset, line)
-            else:
-                record = _decode(self.name, partition, offset, line)
-            if record is not None:
-                if record.error is None:
-                    offsets.append(offset)
-                    keys.append(record.key)
-                    values.append(record.value)
-                    times.append(record.ts)
-                else:
-                    bad.append(record)
-            last = offset + 1
-            if len(offsets) + len(bad) >= COLUMN_ROWS:
-                yield InputColumns(offsets, keys, values, times, bad, last)
-                offsets, keys, values, times, bad = [], [], [], [], []
-        if offsets or bad:
-            yield InputColumns(offsets, keys, values, times, bad, last)
+        input): no record tuple per row, and with orjson installed a chunk of ordinary lines parsed
+        by it in one C-level pass. orjson and the json serde's decoder differ on a few inputs (orjson
+        reads integers beyond 64 bits as floats, words its errors differently), so a chunk that holds
+        such a line, or one orjson or the checks refuse, is decoded line by line by :func:`_decode`:
+        every row is exactly what :meth:`read` yields."""
+        for path, base, first, last in self._ranges(partition, start, end):
+            for offset, lines in self._file_chunks(path, partition, base, first, last):
+                yield _columns(self.name, partition, offset, lines)
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
-        name = self.name
-        for offset, line in self._lines(partition, start, end):
-            yield _decode(name, partition, offset, line)
+        for path, base, first, last in self._ranges(partition, start, end):
+            yield from self._read_file(path, partition, base, first, last)
 
-    def _lines(self, partition: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-        """``(offset, line)`` of the complete lines ``start <= offset < end``, across segments."""
+    def _ranges(self, partition: int, start: int, end: int) -> Iterator[tuple[Path, int, int, int]]:
+        """``(segment, its base, start, end)`` of each segment holding offsets ``[start, end)``."""
         if start >= end:
             return
         segments = _segments(self.directory, partition) or [(0, _file(self.directory, partition))]
@@ -282,35 +243,138 @@ class JsonLinesInput(InputStream):
                 break
             if following is not None and following <= start:
                 continue
-            yield from self._file_lines(path, partition, base, start,
-                                        end if following is None else min(end, following))
+            yield path, base, start, end if following is None else min(end, following)
 
-    def _file_lines(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[tuple[int, bytes]]:
-        """The lines ``[start, end)`` of one segment whose first line is offset ``base``."""
+    def _open_at(self, path: Path, partition: int, base: int, start: int, end: int) -> tuple[BinaryIO, int, int, int]:
+        """``(handle, offset, byte position, inode)``: the segment opened at the line this process's
+        previous batch stopped at when that is ``start`` (Python workers are reused across batches;
+        no re-scan of every earlier line), else at its first line (offset ``base``)."""
         handle = open_regular_file(path, stream=self.name, partition=partition)
         if handle is None:
             raise InputError(f"input file {path} is missing but offsets up to {end} were planned",
                              stream=self.name, partition=partition, offset=start, path=str(path),
                              hint="input files must not be deleted while the job reads them")
+        inode = os.fstat(handle.fileno()).st_ino
+        hint = _POSITIONS.get((str(path), inode, start))
+        if hint is not None:
+            handle.seek(hint)
+            return handle, start, hint, inode
+        return handle, base, 0, inode
+
+    @staticmethod
+    def _remember(path: Path, inode: int, offset: int, position: int) -> None:
+        if len(_POSITIONS) > 4096:
+            _POSITIONS.clear()
+        _POSITIONS[(str(path), inode, offset)] = position
+
+    def _file_chunks(self, path: Path, partition: int, base: int, start: int,
+                     end: int) -> Iterator[tuple[int, list[bytes]]]:
+        """The complete lines ``[start, end)`` of one segment, as ``(first offset, lines)`` chunks of
+        at most :data:`COLUMN_ROWS` lines (each with its newline)."""
+        handle, offset, position, inode = self._open_at(path, partition, base, start, end)
         with handle:
-            # Resume at the byte where this worker's previous batch stopped instead of re-scanning
-            # every earlier line (Python workers are reused across batches).
-            offset, position = base, 0
-            inode = os.fstat(handle.fileno()).st_ino
-            hint = _POSITIONS.get((str(path), inode, start))
-            if hint is not None:
-                handle.seek(hint)
-                offset, position = start, hint
+            while offset < start:  # lines before the range: skipped, not decoded
+                line = handle.readline()
+                if not line.endswith(b"\n"):
+                    break
+                offset += 1
+                position += len(line)
+            while start <= offset < end:
+                lines = list(islice(handle, min(COLUMN_ROWS, end - offset)))
+                if lines and not lines[-1].endswith(b"\n"):
+                    lines.pop()  # an append in progress: not read
+                if not lines:
+                    break
+                yield offset, lines
+                offset += len(lines)
+                position += sum(map(len, lines))
+            self._remember(path, inode, offset, position)
+
+    def _read_file(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[InputRecord]:
+        """The records ``[start, end)`` of one segment whose first line is offset ``base``."""
+        handle, offset, position, inode = self._open_at(path, partition, base, start, end)
+        loads, scan = _DECODER.decode, _SCAN
+        with handle:
             for line in handle:
                 if offset >= end or not line.endswith(b"\n"):
                     break
                 if offset >= start:
-                    yield offset, line
+                    try:
+                        text = line.decode("utf-8")
+                        try:
+                            data, stop = scan(text, 0)
+                            if stop != len(text) - 1:
+                                raise ValueError("not one value per line")
+                        except (ValueError, StopIteration):
+                            data = loads(text)
+                        key = data["key"]
+                        if key is None:
+                            raise KeyError("key")
+                        if b"\\" in line or len(line) > 512:  # see json_problem: rarely true
+                            problem = json_problem(line, data)
+                            if problem is not None:
+                                raise ValueError(problem)
+                        ts = data.get("ts")
+                        if ts is not None:
+                            ts = float(ts)
+                            if ts - ts:  # "nan" and "inf" strings: an event time must be finite
+                                raise ValueError(f"ts {ts} is not a finite number")
+                        yield InputRecord(offset, key, data.get("value"), ts)
+                    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError,
+                            RecursionError) as exc:  # incl. UnicodeDecodeError, OverflowError
+                        reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {_text(exc)}"
+                        yield InputRecord(offset, None, None, None, reason,
+                                          line.decode("utf-8", "replace").rstrip("\n"))
                 offset += 1
                 position += len(line)
-            if len(_POSITIONS) > 4096:
-                _POSITIONS.clear()
-            _POSITIONS[(str(path), inode, offset)] = position
+            self._remember(path, inode, offset, position)
+
+
+def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
+    """The rows of ``lines`` (offsets from ``first``) as columns: with orjson, a chunk of short lines
+    without escapes or 19-digit numbers in one pass (every line an object with a non-null key and a
+    numeric or absent ts); otherwise, or if any line fails that, line by line."""
+    n = len(lines)
+    fast = _ORJSON_LOADS
+    if fast is not None:
+        blob = b"".join(lines)
+        if b"\\" not in blob and _WIDE_NUMBER.search(blob) is None and max(map(len, lines)) <= 512:
+            # Short, no escapes, no number orjson could round: orjson's value is the decoder's (and
+            # json_problem has nothing to find: no \\u escape, too short to nest too deep).
+            try:
+                rows = list(map(fast, lines))
+                keys = list(map(_KEY, rows))  # TypeError for a row that is not an object
+                if None not in keys:
+                    values = list(map(dict.get, rows, repeat("value")))
+                    times = list(map(dict.get, rows, repeat("ts")))
+                    classes = set(map(type, times))
+                    if not classes <= _PLAIN_TS:
+                        if not classes <= _NUMERIC_TS:
+                            raise ValueError("a ts to convert")  # a string, a bool: line by line
+                        times = [None if ts is None else float(ts) for ts in times]
+                    return InputColumns(list(range(first, first + n)), keys, values, times, [], first + n)
+            except Exception:  # noqa: BLE001 - any failure: the chunk goes line by line
+                pass
+    offsets: list[int] = []
+    keys = []
+    values = []
+    times = []
+    bad: list[InputRecord] = []
+    for offset, line in enumerate(lines, first):
+        record = _decode(stream, partition, offset, line)
+        if record.error is None:
+            offsets.append(offset)
+            keys.append(record.key)
+            values.append(record.value)
+            times.append(record.ts)
+        else:
+            bad.append(record)
+    return InputColumns(offsets, keys, values, times, bad, first + n)
+
+
+_KEY = itemgetter("key")
+_PLAIN_TS = {type(None), float}
+_NUMERIC_TS = {type(None), float, int}
 
 
 def _decode(stream: str, partition: int, offset: int, line: bytes) -> InputRecord:
