@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from localstate.core.config import JobConfig
 
 __all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "BatchTask",
-           "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch"]
+           "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch", "column_values"]
 
 StoreT = TypeVar("StoreT")
 
@@ -270,6 +270,20 @@ def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
+def column_values(batch: "pyarrow.RecordBatch", name: str) -> list[Any]:
+    """Column ``name`` of a batch as Python values, one per row: ``to_pylist()``, or each row's JSON
+    text decoded when the column holds JSON text (:func:`record_batch`'s columns pyarrow cannot hold
+    exactly, such as values of several shapes). The values are then those a :class:`StreamTask`'s
+    envelopes carry."""
+    field = batch.schema.field(name)
+    values = batch.column(name).to_pylist()
+    if field.metadata and field.metadata.get(b"localstate.encoding") == b"json":
+        import json  # only for JSON-text columns
+
+        return [None if text is None else json.loads(text) for text in values]
+    return values
+
+
 _SCALARS = {str, int, float, bool, bytes}
 """Python classes whose column pyarrow types exactly (each value comes back as it was given)."""
 
@@ -300,7 +314,7 @@ def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
         pass
     import json  # only for columns pyarrow cannot hold exactly
 
-    text = [None if v is None else json.dumps(v, default=str, sort_keys=True) for v in values]
+    text = [None if v is None else json.dumps(v, default=str) for v in values]  # key order as given
     return pa.array(text, pa.string()), {"localstate.encoding": "json"}
 
 

@@ -27,7 +27,8 @@ from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, Sto
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
 from localstate.core.streams import InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem
-from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext, \
+    column_values
 from localstate.errors import LocalStateError
 
 try:
@@ -40,6 +41,7 @@ __all__ = [
     # task authors
     "StreamTask",
     "BatchTask",
+    "column_values",
     "TaskContext",
     "KeyValueStore",
     "Envelope",
