@@ -27,7 +27,7 @@ from localstate.runtime.views import committed_contents, store_config
 from localstate.streams.jsonl import JsonLinesInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_poison_pills import DEEP, GOOD, HERE, POISON  # noqa: E402
+from test_poison_pills import DEEP, GOOD, POISON, _job  # noqa: E402
 
 #: Hostile lines beyond the poison pills, by what they exercise.
 HOSTILE = {
@@ -78,44 +78,11 @@ def _write_input(tmp_path: Path, system: str, lines: list[bytes]) -> None:
     writer.close()
 
 
-def _job(tmp_path: Path, system: str, on_error: str, task: str) -> Path:
-    dead = '\ndead_letter = "dead"' if on_error == "dead_letter" else ""
-    source = 'system = "jsonl"\npath = "data"' if system == "jsonl" else 'system = "file"\npath = "data"'
-    (tmp_path / "job.toml").write_text(f"""
-[job]
-name = "hostile"
-partitions = 1
-task = "poison_task:{task}"
-state_dir = "state"
-
-[inputs.events]
-{source}
-on_error = "{on_error}"{dead}
-
-[outputs.out]
-system = "file"
-path = "out"
-
-[outputs.dead]
-system = "file"
-path = "dead"
-
-[stores.last]
-engine = "kv"
-key_serde = "json"
-value_serde = "json"
-
-[spark]
-pythonpath = ["{HERE}"]
-""")
-    return tmp_path / "job.toml"
-
-
 def _run(tmp_path: Path, system: str, on_error: str, task: str, lines: list[bytes]) -> dict[str, Any]:
     """Run one batch over ``lines``; what it did: counts, store contents, outputs, dead letters."""
     tmp_path.mkdir()
     _write_input(tmp_path, system, lines)
-    job = load_job_config(_job(tmp_path, system, on_error, task))
+    job = load_job_config(_job(tmp_path, system, on_error, task, dead_path="dead"))
     end = open_input(job, "events").end_offset(0)
     result = run_partition(job, PartitionPlan(batch=0, partition=0, ranges={"events": (0, end)}, limit=None))
     release_kept()
