@@ -46,9 +46,11 @@ _DECODER = STRICT_JSON
 # and json_problem are the json serde's: what it could not encode again (NaN, Infinity, 1e400, lone
 # surrogates, deep nesting) is an undecodable record here, where on_error can still handle it.
 _SCAN = json.scanner.c_make_scanner(_DECODER) if json.scanner.c_make_scanner else _DECODER.scan_once
-_WIDE_NUMBER = re.compile(rb"[0-9]{19}")
-"""19 digits in a row: maybe an integer beyond 64 bits, which orjson reads as a float (the json serde's
-decoder as an int), so such a line is not parsed by orjson."""
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_WIDE_NUMBER = b"0" * 19
+"""19 digits in a row (once every digit reads ``0``): maybe an integer beyond 64 bits, which orjson
+reads as a float (the json serde's decoder as an int), so such a line is not parsed by orjson. A
+translate and a substring search: several times faster than a regular expression over the chunk."""
 _POSITIONS: dict[tuple[str, int, int], int] = {}
 """(file, inode, line offset) -> byte position, remembered by this process for the next batch (the
 inode: a file replaced under the job is never read from a position remembered in the old one)."""
@@ -338,7 +340,8 @@ def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Inp
     fast = _ORJSON_LOADS
     if fast is not None:
         blob = b"".join(lines)
-        if b"\\" not in blob and _WIDE_NUMBER.search(blob) is None and max(map(len, lines)) <= 512:
+        if b"\\" not in blob and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO) \
+                and max(map(len, lines)) <= 512:
             # Short, no escapes, no number orjson could round: orjson's value is the decoder's (and
             # json_problem has nothing to find: no \\u escape, too short to nest too deep).
             try:
