@@ -295,38 +295,13 @@ class JsonLinesInput(InputStream):
     def _read_file(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[InputRecord]:
         """The records ``[start, end)`` of one segment whose first line is offset ``base``."""
         handle, offset, position, inode = self._open_at(path, partition, base, start, end)
-        loads, scan = _DECODER.decode, _SCAN
+        name, decode = self.name, _decode
         with handle:
             for line in handle:
                 if offset >= end or not line.endswith(b"\n"):
                     break
                 if offset >= start:
-                    try:
-                        text = line.decode("utf-8")
-                        try:
-                            data, stop = scan(text, 0)
-                            if stop != len(text) - 1:
-                                raise ValueError("not one value per line")
-                        except (ValueError, StopIteration):
-                            data = loads(text)
-                        key = data["key"]
-                        if key is None:
-                            raise KeyError("key")
-                        if b"\\" in line or len(line) > 512:  # see json_problem: rarely true
-                            problem = json_problem(line, data)
-                            if problem is not None:
-                                raise ValueError(problem)
-                        ts = data.get("ts")
-                        if ts is not None:
-                            ts = float(ts)
-                            if ts - ts:  # "nan" and "inf" strings: an event time must be finite
-                                raise ValueError(f"ts {ts} is not a finite number")
-                        yield InputRecord(offset, key, data.get("value"), ts)
-                    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError,
-                            RecursionError) as exc:  # incl. UnicodeDecodeError, OverflowError
-                        reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {_text(exc)}"
-                        yield InputRecord(offset, None, None, None, reason,
-                                          line.decode("utf-8", "replace").rstrip("\n"))
+                    yield decode(name, partition, offset, line)
                 offset += 1
                 position += len(line)
             self._remember(path, inode, offset, position)
