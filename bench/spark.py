@@ -432,8 +432,10 @@ def main(argv: list[str]) -> int:
             report.add(f"localstate on Spark (kv/{args.backend}), all runs", events_per_s=rate)
         batch_rate = None
         for index, (seconds, summary, ok) in enumerate(batch_runs, 1):
+            tasks = sum(b.tasks for b in summary.batches)
             report.add(f"localstate on Spark, batch task (kv/{args.backend}), run {index}",
-                       events_per_s=events / seconds, seconds=seconds, batches=len(summary.batches), correct=ok)
+                       events_per_s=events / seconds, seconds=seconds, batches=len(summary.batches), correct=ok,
+                       kept_open_pct=100.0 * sum(b.reused for b in summary.batches) / max(1, tasks))
         if batch_runs:
             batch_rate = len(batch_runs) * events / sum(seconds for seconds, _, _ in batch_runs)
             report.ratio("native path: batch task / per-record task", batch_rate / rate, ">= 2")
