@@ -1,6 +1,7 @@
 """A batch task's input decoding: ``python -m bench decode [--json] [--rows N]``.
 
-One jsonl partition of ``--rows`` counting-workload lines (``{"key": ..., "value": ..., "ts": ...}``)
+One jsonl partition of ``--rows`` lines of ``bench spark``'s shape (``{"key": "user-...", "value":
+{"page": ...}, "ts": <int>}``, the counting workload's keys)
 decoded into the columns of a batch task's Arrow batches, by each candidate, in this process:
 
 * ``read() + record_batch``: the per-record reader (one InputRecord per line, the json serde's
@@ -12,6 +13,12 @@ decoded into the columns of a batch task's Arrow batches, by each candidate, in 
   line fails the file, and nested values are unified into structs, so it is not exact; a reference).
 
 Ratios against ``read() + record_batch`` measured in the same run (best of ``--repeat``).
+
+Then the native Spark path's work for one partition without Spark (``run_partition`` of one planned
+batch over the whole file: open, read and decode, the task, flush, commit preparation, close) with
+``localstate.demo:PageViewCounter`` (per record) and ``PageViewCounterBatch`` (a batch task, fed the
+input's column chunks), in CPU seconds of this process (best of ``--repeat``): what the batch task
+changes in an executor, apart from Spark's own costs and the machine's load.
 """
 
 from __future__ import annotations
@@ -34,11 +41,54 @@ def _job(tmp: Path, rows: int) -> Any:
     (tmp / "data").mkdir()
     with open(tmp / "data" / "0.jsonl", "w") as handle:
         for i in range(rows):
-            handle.write(json.dumps({"key": "user-%08d" % (i * 7919 % 50_000), "value": i % 7,
-                                     "ts": 1_700_000_000 + i / 8}, separators=(",", ":")) + "\n")
+            handle.write(json.dumps({"key": "user-%08d" % (i * 7919 % 50_000), "value": {"page": "/page/%04d" % (i % 1000)},
+                                     "ts": 1_700_000_000 + i}, separators=(",", ":")) + "\n")
     (tmp / "job.toml").write_text('[job]\nname = "decode"\npartitions = 1\ntask = "m:T"\n'
                                   '[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
     return load_job_config(tmp / "job.toml")
+
+
+def _partition_work(report: Report, tmp: Path, rows: int, repeat: int) -> None:
+    """Rows ``partition work: <task>``: CPU seconds of one native-path batch of every row, per task."""
+    from localstate.core.config import load_job_config
+    from localstate.runtime.spark.instances import release_kept
+    from localstate.runtime.spark.runner import PartitionPlan, run_partition
+
+    cpu: dict[str, float] = {}
+    for index in range(repeat):
+        for task in ("PageViewCounter", "PageViewCounterBatch"):
+            root = tmp / f"{task}-{index}"
+            root.mkdir()
+            (root / "job.toml").write_text(f"""
+[job]
+name = "decode-{task}"
+partitions = 1
+task = "localstate.demo:{task}"
+state_dir = "{root / 'state'}"
+
+[inputs.events]
+system = "jsonl"
+path = "{tmp / 'data'}"
+
+[stores.counts]
+engine = "kv"
+backend = "rocksdb"
+key_serde = "string"
+value_serde = "int"
+cache_size = 100000
+write_batch_size = 1000000
+""")
+            job = load_job_config(root / "job.toml")
+            started = time.process_time()
+            result = run_partition(job, PartitionPlan(batch=0, partition=0, ranges={"events": (0, rows)}, limit=None))
+            spent = time.process_time() - started
+            release_kept()
+            assert "error" not in result and result["in"] == rows, result
+            cpu[task] = min(cpu.get(task, float("inf")), spent)
+    for task, seconds in cpu.items():
+        report.add(f"partition work: {task}", rows_per_cpu_s=round(rows / seconds, 1), cpu_seconds=round(seconds, 3))
+    report.ratio("partition work: batch task / per-record task (cpu time)",
+                 cpu["PageViewCounter"] / cpu["PageViewCounterBatch"])
 
 
 def main(argv: list[str]) -> int:
@@ -104,6 +154,7 @@ def main(argv: list[str]) -> int:
         for label, value in figures.items():
             if label != "read() + record_batch":
                 report.ratio(f"{label} / read() + record_batch", value / base)
+        _partition_work(report, tmp, rows, args.repeat)
     report.notes.append("pyarrow.json.read_json is not exact (one bad line fails the whole read, nested "
                         "values become structs with every field, ints and floats of one field widen): a reference")
     report.emit(args.json)

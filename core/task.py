@@ -252,7 +252,8 @@ class BatchTask(StreamTask):
 def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values: list[Any],
                  timestamps: list[float | None], *, with_stream: bool = False) -> "pyarrow.RecordBatch":
     """The batch a :class:`BatchTask` receives for rows given as Python lists (one entry per row;
-    ``streams`` may be one name for all). Keys and values are typed by pyarrow's inference; a column
+    ``streams`` may be one name for all; ``keys``, ``values`` and ``timestamps`` may also be pyarrow
+    arrays, taken as they are). Keys and values are typed by pyarrow's inference; a column
     it cannot type (mixed types) holds each value's JSON text instead, with field metadata
     ``{"localstate.encoding": "json"}``. ``stream`` is added with ``with_stream`` or when the rows
     come from several streams; a batch of one stream names it in the schema metadata
@@ -261,7 +262,8 @@ def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values
 
     several = with_stream or len(set(streams)) > 1
     (key, key_meta), (value, value_meta) = _column(pa, keys), _column(pa, values)
-    arrays = [key, value, pa.array(timestamps, pa.float64()), pa.array(offsets, pa.int64())]
+    times = timestamps if isinstance(timestamps, pa.Array) else pa.array(timestamps, pa.float64())
+    arrays = [key, value, times, pa.array(offsets, pa.int64())]
     fields = [pa.field("key", key.type, metadata=key_meta), pa.field("value", value.type, metadata=value_meta),
               pa.field("timestamp", pa.float64()), pa.field("offset", pa.int64())]
     if several:
@@ -297,6 +299,8 @@ def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
     dicts/lists that read back with the same JSON text. pyarrow's own inference would widen
     ``[1, 2.5]`` to floats and give ``[{"a": 1}, {"b": 2}]`` every field in every row: a batch task
     would then store ``1.0`` where a per-record task stores ``1``."""
+    if isinstance(values, pa.Array):  # an input's Arrow column, exact already (ColumnarInput)
+        return values, None
     classes = set(map(type, values))
     classes.discard(type(None))
     try:

@@ -308,17 +308,25 @@ class JsonLinesInput(InputStream):
 
 
 def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
-    """The rows of ``lines`` (offsets from ``first``) as columns: with orjson, a chunk of short lines
-    without escapes or 19-digit numbers in one pass (every line an object with a non-null key and a
-    numeric or absent ts); otherwise, or if any line fails that, line by line."""
+    """The rows of ``lines`` (offsets from ``first``) as columns. A chunk of ordinary lines (short, no
+    escapes, no 19-digit number, valid UTF-8) is parsed whole: by Arrow's JSON reader when every line
+    is one ``{...}`` and what it reads is exact (:func:`_arrow_columns`), else by orjson line by line in
+    one C-level map (every line an object with a non-null key and a numeric or absent ts). Any other
+    chunk, or one that fails those, is decoded line by line by :func:`_decode`."""
     n = len(lines)
-    fast = _ORJSON_LOADS
-    if fast is not None:
-        blob = b"".join(lines)
-        if b"\\" not in blob and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO) \
-                and max(map(len, lines)) <= 512:
-            # Short, no escapes, no number orjson could round: orjson's value is the decoder's (and
-            # json_problem has nothing to find: no \\u escape, too short to nest too deep).
+    blob = b"".join(lines)
+    if b"\\" not in blob and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO) \
+            and max(map(len, lines)) <= 512 and _valid_utf8(blob):
+        # orjson's and Arrow's values are then the decoder's (and json_problem has nothing to find:
+        # no \\u escape, too short to nest too deep).
+        if blob[:1] == b"{" and blob.count(b"\n{") == n - 1 and blob.count(b"}\n") == n:
+            # Every line starts with { and ends with }: no value can span two lines (a } then a { is
+            # never valid JSON inside a value), so one row per line means one object per line.
+            columns = _arrow_columns(blob, n, first)
+            if columns is not None:
+                return columns
+        fast = _ORJSON_LOADS
+        if fast is not None:
             try:
                 rows = list(map(fast, lines))
                 keys = list(map(_KEY, rows))  # TypeError for a row that is not an object
@@ -348,6 +356,91 @@ def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Inp
         else:
             bad.append(record)
     return InputColumns(offsets, keys, values, times, bad, first + n)
+
+
+def _valid_utf8(blob: bytes) -> bool:
+    try:
+        blob.decode("utf-8")  # refuses what the per-line decoding refuses (bad bytes, encoded surrogates)
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
+    """The chunk's ``n`` lines parsed by Arrow's JSON reader, as Arrow columns, when that is exactly
+    what the line-by-line decoding gives; None otherwise (the caller decodes another way).
+
+    Exactly: one row per line (the caller checked that no value spans two lines; Arrow reads two objects
+    on one line as two rows, so ``n`` rows mean one per line), a non-null ``key`` column of strings or integers, a ``ts`` column of finite numbers
+    or nulls (a number ``ts`` is a float either way), and a ``value`` column (nulls: absent or
+    null, as ``dict.get``) whose every leaf is a string, an integer, a boolean or null, with structs
+    of one field and no null in a struct's field. Not exact, hence refused: floats anywhere in a value
+    (Arrow widens ``1`` beside ``2.5``, and reads ``NaN``), structs of several fields (Arrow gives each
+    row the first row's field order, and a field missing in a row becomes null), a key of another
+    type, duplicate fields and a non-object line (Arrow raises)."""
+    pa, pj, pc = _arrow()
+    if pa is None:
+        return None
+    try:
+        table = pj.read_json(pa.BufferReader(blob), read_options=pj.ReadOptions(use_threads=False,
+                                                                                  block_size=len(blob) + 1))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    names = table.schema.names
+    if table.num_rows != n or "key" not in names:
+        return None
+
+    def column(name: str) -> Any:
+        return table.column(name).combine_chunks()
+
+    key = column("key")
+    if key.null_count or key.type not in (pa.string(), pa.int64()):
+        return None
+    if "value" in names:
+        value = column("value")
+        if not _exact_arrow_type(pa, value):
+            return None
+    else:
+        value = pa.nulls(n)
+    if "ts" in names:
+        ts = column("ts")
+        if ts.type == pa.int64():
+            ts = pc.cast(ts, pa.float64())
+        elif ts.type == pa.null():
+            ts = pa.nulls(n, pa.float64())
+        elif ts.type != pa.float64() or not pc.all(pc.is_finite(ts)).as_py() in (True, None):
+            return None
+    else:
+        ts = pa.nulls(n, pa.float64())
+    return InputColumns(list(range(first, first + n)), key, value, ts, [], first + n)
+
+
+def _exact_arrow_type(pa: Any, array: Any) -> bool:
+    """Whether every row of ``array`` reads back as the json serde's decoder reads it (see
+    :func:`_arrow_columns`)."""
+    kind = array.type
+    if kind in (pa.string(), pa.int64(), pa.bool_(), pa.null()):
+        return True
+    if pa.types.is_struct(kind):
+        if kind.num_fields != 1:
+            return False
+        child = array.field(0)
+        return child.null_count == 0 and _exact_arrow_type(pa, child)
+    if pa.types.is_list(kind):
+        return _exact_arrow_type(pa, array.flatten())
+    return False
+
+
+def _arrow() -> tuple[Any, Any, Any]:
+    """pyarrow, its JSON reader and compute (imported when a batch task's input is first read), or
+    Nones without pyarrow."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.json as pj
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        return None, None, None
+    return pa, pj, pc
 
 
 _KEY = itemgetter("key")

@@ -177,7 +177,9 @@ def test_read_columns_yields_exactly_what_read_yields(tmp_path_factory: Any, lin
     records = list(source.read(0, 0, len(lines)))
     rows = []
     for chunk in source.read_columns(0, 0, len(lines)):
-        rows.extend(zip(chunk.offsets, chunk.keys, chunk.values, chunk.timestamps))
+        keys, values, times = (c.to_pylist() if hasattr(c, "to_pylist") else c  # Arrow columns or lists
+                               for c in (chunk.keys, chunk.values, chunk.timestamps))
+        rows.extend(zip(chunk.offsets, keys, values, times))
         rows.extend((r.offset, r.error, r.raw) for r in chunk.bad)
     rows.sort(key=lambda row: row[0])
     expected = [(r.offset, r.key, r.value, r.ts) if r.error is None else (r.offset, r.error, r.raw) for r in records]
@@ -186,3 +188,54 @@ def test_read_columns_yields_exactly_what_read_yields(tmp_path_factory: Any, lin
     for row in expected:  # what was read is what the json serde writes again
         if len(row) == 4:
             JsonSerde().serialize(row[2])
+
+
+_ordinary_value = st.one_of(
+    st.integers(-10 ** 6, 10 ** 6), st.text(alphabet="abc /-é", max_size=4), st.booleans(), st.none(),
+    st.lists(st.integers(0, 9), max_size=3), st.fixed_dictionaries({"page": st.text(alphabet="ab", max_size=3)}),
+    st.fixed_dictionaries({"a": st.integers(0, 3), "b": st.integers(0, 3)}), st.floats(-10, 10))
+
+
+@st.composite
+def _ordinary_lines(draw: Any) -> bytes:
+    """Mostly lines an ordinary producer writes (Arrow's reader takes such chunks whole), with now and
+    then one that must send the chunk another way: two objects on a line, an object over two lines,
+    fields in another order, a missing key, a duplicate field."""
+    fields = {"key": draw(st.one_of(st.text(alphabet="kxy", min_size=1, max_size=3), st.integers(0, 99)))}
+    if draw(st.booleans()):
+        fields["value"] = draw(_ordinary_value)
+    if draw(st.booleans()):
+        fields["ts"] = draw(st.one_of(st.integers(0, 10 ** 6), st.floats(0, 10 ** 6), st.none()))
+    odd = draw(st.integers(0, 30))
+    if odd == 1:
+        return json.dumps(fields).encode() + json.dumps(fields).encode()  # two objects on one line
+    if odd == 2:
+        return b'{"key":"s","value":[1,'  # an object continued on the next line ...
+    if odd == 3:
+        return b'2]}'                      # ... and its end
+    if odd == 4:
+        fields = dict(reversed(list(fields.items())))
+    if odd == 5:
+        fields.pop("key")
+    text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    return text[:-1] + b',"key":"dup"}' if odd == 6 else text
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(_ordinary_lines(), min_size=1, max_size=40))
+def test_read_columns_of_ordinary_lines_is_exactly_read(tmp_path_factory: Any, lines: list[bytes]) -> None:
+    test_read_columns_yields_exactly_what_read_yields.hypothesis.inner_test(tmp_path_factory, lines)
+
+
+def test_ordinary_lines_are_read_by_arrow_as_columns(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    (tmp_path / "data").mkdir()
+    lines = [json.dumps({"key": f"u{i % 7}", "value": {"page": f"/p{i}"}, "ts": 1000 + i}).encode() for i in range(50)]
+    (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    (tmp_path / "job.toml").write_text('[job]\nname = "j"\npartitions = 1\ntask = "m:T"\n'
+                                       '[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
+    [chunk] = open_input(load_job_config(tmp_path / "job.toml"), "events").read_columns(0, 0, 50)
+    assert isinstance(chunk.keys, pa.Array) and isinstance(chunk.values, pa.Array)
+    assert chunk.values.to_pylist() == [{"page": f"/p{i}"} for i in range(50)]
+    assert chunk.timestamps.to_pylist() == [float(1000 + i) for i in range(50)] and chunk.end == 50
