@@ -6,9 +6,11 @@ decoded into the columns of a batch task's Arrow batches, by each candidate, in 
 
 * ``read() + record_batch``: the per-record reader (one InputRecord per line, the json serde's
   decoder), its columns gathered as the feed loop gathers them, then ``record_batch``;
-* ``read_columns() + record_batch``: the columnar reader (orjson for ordinary lines, the serde's
-  decoder for the rest), then ``record_batch`` per chunk (what the native path now feeds);
-* ``read_columns() without orjson``: the same with the serde's decoder for every line;
+* ``read_columns() + record_batch``: the columnar reader (a chunk of ordinary lines parsed whole by
+  Arrow's JSON reader where that is exact, else by orjson per line, else by the serde's decoder per
+  line), then ``record_batch`` per chunk (what the native path now feeds);
+* ``read_columns() without orjson``: the same without orjson (chunks Arrow cannot read exactly go to
+  the serde's decoder);
 * ``pyarrow.json.read_json``: Arrow's own reader over the whole file (no per-line errors: one bad
   line fails the file, and nested values are unified into structs, so it is not exact; a reference).
 
