@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
@@ -53,6 +54,13 @@ class Checkpoint:
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     """store -> the changelog partition's manifest (:class:`~localstate.core.changelog.ManifestedChangelog`):
     the objects that hold its committed records. Empty for systems without manifests."""
+    watermark: float | None = None
+    """the partition's event time (:mod:`localstate.core.time`) at this commit: a reopened partition's
+    watermark starts here and never goes back; None before any timestamped record (and in checkpoints
+    written before watermarks existed)"""
+    next_timer: float | None = None
+    """the earliest processing-time timer pending at this commit (seconds since the epoch), None if
+    none: a standing driver runs a batch for the partition when it is due, even with no new input"""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -62,6 +70,9 @@ class Checkpoint:
             del data["attempt"]  # only cluster-mode checkpoints name their attempt
         if not data["manifests"]:
             del data["manifests"]  # nor do those of changelog systems without manifests
+        for name in ("watermark", "next_timer"):
+            if data[name] is None:
+                del data[name]  # only jobs with timestamped input or timers have them
         return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
 
     @classmethod
@@ -86,7 +97,9 @@ class Checkpoint:
                    outputs=_offsets(data.get("outputs", {}), where, "outputs"),
                    batch=None if data.get("batch") is None else _offset(data["batch"], where, "batch"),
                    attempt=_attempt(data.get("attempt"), where),
-                   manifests=_manifests(data.get("manifests", {}), where))
+                   manifests=_manifests(data.get("manifests", {}), where),
+                   watermark=_time(data.get("watermark"), where, "watermark"),
+                   next_timer=_time(data.get("next_timer"), where, "next_timer"))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
@@ -109,6 +122,15 @@ def _offsets(value: Any, where: str, field_name: str) -> dict[str, int]:
     if not isinstance(value, dict):
         raise _corrupt(where, field_name, f"expected an object of name -> offset, got {type(value).__name__}")
     return {name: _offset(offset, where, f"{field_name}.{name}") for name, offset in value.items()}
+
+
+def _time(value: Any, where: str, field_name: str) -> float | None:
+    """None, or a finite number of seconds since the epoch."""
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise _corrupt(where, field_name, f"expected a time in seconds (a finite number), got {value!r:.40}")
+    return float(value)
 
 
 def _attempt(value: Any, where: str) -> str | None:

@@ -10,10 +10,11 @@ inputs the fast path refuses, such as ``int`` subclasses, succeeds).
 
 from __future__ import annotations
 
+import json
 import struct
 from typing import Any, Callable
 
-from localstate.core.serdes import BytesSerde, IntSerde, Serde, StringSerde, ensure_bytes
+from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, Serde, StringSerde, ensure_bytes
 from localstate.errors import SerdeError
 
 __all__ = ["fast_codec", "FAST_ERRORS", "INT_PACK", "INT_BIAS", "INT_MIN", "INT_MAX", "inline_int_class",
@@ -53,6 +54,17 @@ def _int_deserialize(data: bytes, unpack: Callable[[bytes], tuple[int]] = _Q.unp
     return unpack(data)[0] - sign  # struct.error unless exactly 8 bytes
 
 
+#: JsonSerde's encoder, built once: ``json.dumps`` with arguments builds a new one per call.
+_JSON_ENCODE = json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=False, allow_nan=False).encode
+
+
+def _json_serialize(obj: Any, encode: Callable[[Any], str] = _JSON_ENCODE) -> bytes:
+    try:
+        return encode(obj).encode("utf-8")  # TypeError/ValueError where the serde raises SerdeError
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc  # the caller then calls the serde (its SerdeError)
+
+
 def fast_codec(serde: Serde) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
     """``(serialize, deserialize)`` for the hot path: fast versions for the built-in ``string`` and
     ``int`` serdes, the serde's own methods for any other serde (subclasses included)."""
@@ -61,6 +73,8 @@ def fast_codec(serde: Serde) -> tuple[Callable[[Any], bytes], Callable[[bytes], 
         return str.encode, bytes.decode
     if kind is IntSerde:
         return _int_serialize, _int_deserialize
+    if kind is JsonSerde:
+        return _json_serialize, serde.deserialize
     return serde.serialize, serde.deserialize
 
 

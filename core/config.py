@@ -43,14 +43,15 @@ from localstate.core.registry import Registry, registry_for
 from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "job_policy", "load_job_config", "parse_job_config",
-           "SPARK_OPTIONS", "LOG_LEVELS", "apply_log_level"]
+__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "TimeConfig", "job_policy", "load_job_config",
+           "parse_job_config", "SPARK_OPTIONS", "TIME_OPTIONS", "TIMER_STORE", "PAST_TIMER_POLICIES", "LOG_LEVELS",
+           "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
              "state_dir", "local_dir", "allow_pickle", "plugins", "log_level", "pipelined_commits",
              "metrics_port", "metrics_host"}
 _STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
-_SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark"}
+_SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark", "time"}
 
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 """Accepted ``job.log_level`` values (case-insensitive): the :mod:`logging` levels."""
@@ -110,6 +111,57 @@ SPARK_OPTIONS = {
 }
 """Every ``[spark]`` key; unknown keys are reported with a did-you-mean."""
 
+TIMER_STORE = "_timers"
+"""The name of the internal kv store that holds a job's timers (``[time] timers = true``): a logged
+store like the others (recovered, flushed and checkpointed with them), hidden from the task's
+``context.stores``; a user store may not take this name."""
+
+PAST_TIMER_POLICIES = ("fire", "error")
+"""``[time] past_timers``: a timer registered before its domain's current time fires at the next
+firing point (``fire``, as Flink does) or is refused with a ConfigError (``error``)."""
+
+
+def _lateness(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"must be a positive duration such as '5s' (leave it out for a watermark equal to the "
+                         f"largest event timestamp seen), got {value!r}")
+    return seconds
+
+
+TIME_OPTIONS = {
+    "allowed_lateness": Option((int, float, str), default=0.0, parse=_lateness,
+                               doc="how far event time may run out of order: the partition's watermark is the "
+                                   "largest event timestamp seen minus this (default: 0, the largest timestamp "
+                                   "seen; when given, a positive duration)"),
+    "timers": Option(bool, default=False,
+                     doc="keep per-key timers for the task (`context.timers`), in a logged kv store committed "
+                         "with the other stores"),
+    "timer_backend": Option(str, default=None,
+                            doc="the backend of the timer store (`rocksdb`, `lmdb`, `memory`; default: the kv "
+                                "engine's)"),
+    "timer_changelog": Option(str, default=None,
+                              doc="the timer store's changelog stream (default `\"<job>-timers-changelog\"`); "
+                                  "timers are always logged"),
+    "timer_key_serde": Option(str, default="json",
+                              doc="serde of the keys timers are registered for (`json`, `string`, `int`, ...)"),
+    "past_timers": Option(str, default="fire", choices=PAST_TIMER_POLICIES,
+                          doc="a timer registered before its domain's current time: `fire` at the next firing "
+                              "point (as Flink), or `error` (a ConfigError naming this option)"),
+}
+"""Every ``[time]`` key: the watermark and the timers of each task partition."""
+
+
+@dataclass(frozen=True)
+class TimeConfig:
+    """The ``[time]`` table after validation (defaults when the job has none)."""
+
+    allowed_lateness: float = 0.0
+    timers: bool = False
+    timer_key_serde: str = "json"
+    past_timers: str = "fire"
+
+
 REMOVED_SPARK_OPTIONS = {
     "keep_open": lambda value: f"write worker_affinity = {'true' if value else 'false'} instead (the one switch of "
                                "the local-master tuning, kept instances included)",
@@ -165,6 +217,9 @@ class JobConfig:
     outputs: Mapping[str, StreamConfig] = field(default_factory=dict)
     stores: Mapping[str, StoreConfig] = field(default_factory=dict)
     spark: Mapping[str, Any] = field(default_factory=dict)
+    time: TimeConfig = field(default_factory=TimeConfig)
+    """``[time]``: allowed lateness of the watermark, and the timers (their store is
+    ``stores[TIMER_STORE]`` when enabled)"""
     policy: PluginPolicy = field(default_factory=PluginPolicy)
     source: str | None = None
     log_level: str | None = None
@@ -330,6 +385,11 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         if store is not None:
             stores[store_name] = store
 
+    if TIMER_STORE in stores:
+        add(f"stores.{TIMER_STORE}", f"store name {TIMER_STORE!r} is reserved for the job's timers ([time] "
+                                     "timers = true); rename the store")
+    time_config = _time(data, name, allow_pickle, registry, stores, add, problems)
+
     _shared_changelogs(stores, add)
 
     inputs = _streams(data, "inputs", add)
@@ -346,7 +406,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(), local_dir=local_dir,
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, pipelined_commits=pipelined_commits, window_interval=window_interval,
-        allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark, policy=policy,
+        allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark, time=time_config,
+        policy=policy,
         source=source, log_level=log_level, metrics_port=metrics_port, metrics_host=metrics_host,
         base_dir=job_dir.absolute().resolve() if job_dir is not None else None)
 
@@ -414,6 +475,52 @@ def _spark(data: Mapping[str, Any], problems: list[ConfigProblem], add) -> dict[
         problems.extend(exc.problems)
         return {}
     return {key: value for key, value in checked.items() if key in raw}
+
+
+def _time(data: Mapping[str, Any], job_name: Any, allow_pickle: bool, registry: Registry,  # noqa: PLR0913
+          stores: dict[str, StoreConfig], add, problems: list[ConfigProblem]) -> TimeConfig:  # noqa: ANN001
+    """The validated ``[time]`` table; with ``timers = true`` the timer store is added to ``stores``
+    as :data:`TIMER_STORE` (a kv store of raw bytes, logged)."""
+    raw = _table(data, "time", add)
+    try:
+        checked = validate_options(TIME_OPTIONS, raw, "time")
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return TimeConfig()
+    serde = checked["timer_key_serde"]
+    try:
+        registry.serde(serde, allow_pickle=allow_pickle)
+    except ValueError as exc:
+        add("time.timer_key_serde", str(exc))
+    except LocalStateError as exc:
+        add("time.timer_key_serde", exc.message + (f" ({exc.hint})" if exc.hint else ""))
+    config = TimeConfig(checked["allowed_lateness"], checked["timers"], serde, checked["past_timers"])
+    if not config.timers:
+        for key in ("timer_backend", "timer_changelog", "timer_key_serde", "past_timers"):
+            if key in raw:
+                add(f"time.{key}", "applies to timers only: set timers = true in [time] (or remove this key)")
+        return config
+    changelog = checked["timer_changelog"]
+    if changelog is None:
+        changelog = f"{job_name}-timers-changelog" if name_problem(job_name, "job") is None else "unnamed"
+    elif problem := name_problem(changelog, "changelog stream"):
+        add("time.timer_changelog", problem)
+        return config
+    # Timers are written and scanned, never read by key: no object cache.
+    options: dict[str, Any] = {"cache_size": 0}
+    if checked["timer_backend"] is not None:
+        options["backend"] = checked["timer_backend"]
+    try:
+        validated = registry.engine_factory("kv").validate_options(TIMER_STORE, options)
+    except ConfigError as exc:
+        # The kv engine names the store's option; say which [time] key sets it.
+        problems.extend(ConfigProblem("time.timer_backend", p.message) for p in exc.problems)
+        return config
+    except LocalStateError as exc:
+        add("time.timers", exc.message + (f" ({exc.hint})" if exc.hint else ""))
+        return config
+    stores[TIMER_STORE] = StoreConfig(TIMER_STORE, "kv", validated, changelog, "bytes", "bytes")
+    return config
 
 
 def _check_state_layout(name: Any, changelog_options: Mapping[str, Mapping[str, Any]], add) -> None:  # noqa: ANN001

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     import pyarrow
 
     from localstate.core.config import JobConfig
+    from localstate.core.time import Timers
 
 __all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "BatchTask",
            "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch", "column_values"]
@@ -150,6 +151,10 @@ class TaskContext:
     stores: Mapping[str, Any]
     config: Any = None
     metrics: dict[str, float] = field(default_factory=dict)
+    timers: "Timers | None" = None
+    """the partition's timers and time (:class:`~localstate.core.time.Timers`): register and delete
+    per-key timers, read the watermark and the processing time. Registering needs ``[time] timers =
+    true`` in the job (a ConfigError naming it otherwise)."""
 
     @overload
     def store(self, name: str) -> Any: ...
@@ -218,6 +223,13 @@ class StreamTask(ABC):
 
     def window(self, collector: Collector, coordinator: Coordinator) -> None:
         """Called every ``window_interval`` (if configured)."""
+
+    def on_timer(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
+        """A timer registered through ``context.timers`` for ``key`` at ``timestamp`` fired
+        (``context.timers.firing_domain`` says in which domain). Called at a batch boundary, in
+        timestamp order, exactly once per timer: its outputs and its deletion commit together. A task
+        that registers timers must override it."""
+        raise NotImplementedError  # the runtime refuses the registration before this can be reached
 
     def close(self) -> None:
         """Called when the task instance stops cleanly."""

@@ -234,6 +234,10 @@ def config_reference() -> str:
 
     out += ["## `[spark]`", "", "Settings of `localstate run` (command-line flags win).", "", *_HEADER,
             *_option_rows("spark", "", config.SPARK_OPTIONS), ""]
+    out += ["## `[time]`", "", "The watermark and the timers of every task partition (see "
+            "[Time](../time/index.md)). With `timers = true` the job gets the internal logged kv store "
+            f"`{config.TIMER_STORE}`, a store name no `[stores.<name>]` table may take.", "", *_HEADER,
+            *_option_rows("time", "", config.TIME_OPTIONS), ""]
     return "\n".join(out)
 
 

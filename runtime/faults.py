@@ -1,7 +1,8 @@
 """Fault injection for crash tests: the one mechanism is the *crash point*. Code that must survive a
 crash calls :func:`crash_point` at the moments a process could die: ``process`` (before each input
-record is fed, good or bad), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed,
-checkpoint not yet written), ``commit_pending`` (a pipelined commit's objects written, its
+record is fed, good or bad), ``timer_fire`` (before each timer fires), ``after_timers`` (after a
+round of firings), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed, checkpoint
+not yet written), ``commit_pending`` (a pipelined commit's objects written, its
 checkpoint not yet saved; reached on the committer thread), ``after_checkpoint``. An *armed* point
 SIGKILLs this process the n-th time it is reached (1-based).
 
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-__all__ = ["crash_point", "CrashAt", "armed", "TESTING_SWITCH", "CRASH_SPEC", "parse_crash_spec"]
+__all__ = ["crash_point", "crash_points", "is_armed", "CrashAt", "armed", "TESTING_SWITCH", "CRASH_SPEC",
+           "parse_crash_spec"]
 
 CRASH_SPEC = "LOCALSTATE_CRASH_AT"
 TESTING_SWITCH = "LOCALSTATE_TESTING"
@@ -52,8 +54,10 @@ class CrashAt:
 
     @classmethod
     def from_plan_fault(cls, fault: Mapping[str, Any]) -> "CrashAt":
-        """The point a Spark plan's ``{"partition", "batch", "after", "marker"}`` fault arms."""
-        return cls.after_records(int(fault["after"]), fault.get("marker"))
+        """The point a Spark plan's ``{"partition", "batch", "after", "marker"}`` fault arms: die after
+        ``after`` records, or, with ``"point": "timer_fire"``, after ``after`` timers fired."""
+        point = fault.get("point", "process")
+        return cls(point, int(fault["after"]) + 1, fault.get("marker"))
 
 
 class _Armed:
@@ -103,6 +107,11 @@ def crash_point(point: str) -> None:
     """SIGKILL this process if ``point`` is armed and its count is reached."""
     if point in _armed:
         _armed[point].reached()
+
+
+def is_armed(point: str) -> bool:
+    """Whether ``point`` is armed now (a loop may then skip calling :func:`crash_point` per item)."""
+    return point in _armed
 
 
 def crash_points(point: str, times: int) -> None:

@@ -36,11 +36,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DeferredDurability, ManifestedChangelog, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
-from localstate.core.config import JobConfig
+from localstate.core.config import TIMER_STORE, JobConfig
 from localstate.core.corruption import wipe_local
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
-from localstate.runtime.faults import crash_point, crash_points
+from localstate.runtime.faults import crash_point, crash_points, is_armed
+from localstate.runtime.timers import PartitionTime
 from localstate.runtime.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, ColumnRows, FeedStats, \
     InputPolicy, apply_on_error, make_envelope
 from localstate.core.fsutil import ensure_dir, os_error, read_nofollow, write_atomic
@@ -62,6 +63,10 @@ PIPELINE_DEPTH = 2
 """Pipelined commits in flight at most: one being saved and one waiting behind it, so a commit does
 not wait when one save (a PUT plus the checkpoint's requests, each needing the GIL back from the
 busy task thread) takes a little longer than a batch."""
+
+
+def _before_timer() -> None:
+    crash_point("timer_fire")
 
 
 class OutputSink(Protocol):
@@ -121,6 +126,9 @@ class TaskInstance:
     has been recovered, and in every checkpoint this instance prepares; at the next open on this host
     local state is kept only if the committed checkpoint names the attempt that last wrote it, else it
     is discarded and rebuilt (it may hold an uncommitted attempt's writes at the committed offsets)"""
+    processing_clock: Callable[[], float] = time.time
+    """processing time (seconds since the epoch) for timers and the stores' TTL: the wall clock
+    unless given (the TaskTestDriver's is moved by the test)"""
 
     def __post_init__(self) -> None:
         self.task_factory = load_task_class(self.task_factory or self.job.task)
@@ -137,6 +145,9 @@ class TaskInstance:
         self.coordinator = Coordinator()
         self.recoveries: list[StoreRecovery] = []
         self.task: StreamTask | None = None
+        self.time = PartitionTime(self.job, self.partition, self.processing_clock)
+        """the partition's watermark, clock and timers (``context.timers``, each store's ``time``)"""
+        self.timers_fired = 0
         self.processed_since_commit = 0
         self.commits = 0
         self.pipelined = False
@@ -165,6 +176,8 @@ class TaskInstance:
         checkpoint = self.checkpoints.load(self.partition)
         manifests = checkpoint.manifests if checkpoint is not None else {}
         committed_attempt = checkpoint.attempt if checkpoint is not None else None
+        self.time = PartitionTime(self.job, self.partition, self.processing_clock,
+                                  checkpoint.watermark if checkpoint is not None else None)
         for name, store in self.job.stores.items():
             self.stores[name] = self._open_store(name, store, manifests.get(name), committed_attempt)
         fresh = checkpoint is None
@@ -203,8 +216,14 @@ class TaskInstance:
         # Taking a new generation fences any stale instance still writing with the old one.
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
         self.task = self._create_task()
+        timers = self.stores.get(TIMER_STORE)
+        if timers is not None:
+            self.time.attach(timers.engine, self.job.registry.serde(self.job.time.timer_key_serde,
+                                                                    allow_pickle=self.job.allow_pickle),
+                             task_fires=type(self.task).on_timer is not StreamTask.on_timer)
         context = TaskContext(self.job.name, self.partition, self.job.partitions,
-                              {name: s.engine for name, s in self.stores.items()}, self.job)
+                              {name: s.engine for name, s in self.stores.items() if name != TIMER_STORE}, self.job,
+                              timers=self.time)
         try:
             self.task.init(context)
         except (Exception, SystemExit) as exc:
@@ -268,7 +287,7 @@ class TaskInstance:
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None,
-            extra={"registry": registry})  # backends are found through the job's plugin policy
+            extra={"registry": registry}, time=self.time)  # backends are found through the job's plugin policy
         had_files = any(directory.iterdir())
         if self.attempt is None:
             # This instance writes the store without an attempt id (local mode): no attempt may later
@@ -439,6 +458,7 @@ class TaskInstance:
         process = self.task.process  # type: ignore[union-attr]
         collector, coordinator, positions = self.collector, self.coordinator, self.positions
         envelope, point, clock = make_envelope, crash_point, time.perf_counter
+        partition_time = self.time
         after_record = self._after_record if autocommit else None
         reading = 0.0
         n = 0
@@ -456,12 +476,15 @@ class TaskInstance:
                     point("process")
                     n += 1
                     if record.error is None:
+                        ts = record.ts
                         try:
-                            process(envelope(name, partition, record.offset, record.key, record.value, record.ts),
+                            process(envelope(name, partition, record.offset, record.key, record.value, ts),
                                     collector, coordinator)
                         except (Exception, SystemExit) as exc:
                             raise_task_error(exc, "process()", stream=name, partition=partition,
                                              offset=record.offset, hint=PROCESS_HINT)
+                        if ts is not None and ts > partition_time.high:
+                            partition_time.high = ts  # after process(): it saw the watermark before the record
                     else:
                         apply_on_error(policies.get(name), self, name, record, stats)
                     positions[name] = record.offset + 1
@@ -506,6 +529,7 @@ class TaskInstance:
                         crash_points("process", count)
                         if count:
                             self._deliver(rows.batch, rows.stream, rows.start, count)
+                            self._observe_column(rows.batch)
                             self.positions[rows.stream] = rows.start + count
                         n += count
                         if autocommit and self._after_batch(count):
@@ -532,6 +556,7 @@ class TaskInstance:
                     batch = record_batch(list(good_names), list(g_offsets), list(keys), list(values), list(times),
                                          with_stream=several)
                     self._deliver(batch, good_names[0], g_offsets[0], len(g_offsets))
+                    self._observe(times)  # after the batch: process_batch() saw the watermark before it
                 positions = self.positions
                 if len(set(names)) == 1:
                     positions[names[0]] = offsets[-1] + 1
@@ -560,8 +585,41 @@ class TaskInstance:
             batch = record_batch([name], columns.offsets, columns.keys, columns.values, columns.timestamps,
                                  with_stream=several)
             self._deliver(batch, name, columns.offsets[0], len(columns.offsets))
+            self._observe_column(batch)  # after the batch: process_batch() saw the watermark before it
         self.positions[name] = columns.end
         return count
+
+    def _observe(self, timestamps: Iterable[float | None]) -> None:
+        """The event timestamps of a batch about to be delivered (None: a row without one)."""
+        high = max((ts for ts in timestamps if ts is not None), default=None)
+        if high is not None:
+            self.time.observe(high)
+
+    def _observe_column(self, batch: Any) -> None:
+        """:meth:`_observe` of an Arrow batch's ``timestamp`` column."""
+        import pyarrow.compute as pc  # the Arrow rows path has pyarrow loaded already
+
+        if "timestamp" in batch.schema.names:
+            self.time.observe(pc.max(batch.column("timestamp")).as_py())
+
+    def fire_timers(self) -> int:
+        """Fire every due timer through the task's ``on_timer`` (see :mod:`localstate.runtime.timers`);
+        their outputs and deletions are part of the next commit. Returns how many fired. Crash
+        points: ``timer_fire`` before each timer, ``after_timers`` after a round that fired any."""
+        if not self.time.due():
+            return 0
+        fired = self.time.fire(self.task.on_timer, self.collector, self.coordinator,  # type: ignore[union-attr]
+                               self._timer_failed, _before_timer if is_armed("timer_fire") else None)
+        if fired:
+            self.timers_fired += fired
+            crash_point("after_timers")
+        return fired
+
+    def _timer_failed(self, exc: BaseException, key: Any, timestamp: float) -> None:
+        """The task's ``on_timer`` raised ``exc`` for the timer of ``key`` at ``timestamp``: a TaskError."""
+        raise_task_error(exc, "on_timer()", partition=self.partition,
+                         hint=f"fix the task's on_timer() (it failed for key {key!r} at {timestamp!r}); "
+                              "state and timers are rolled back to the last commit on restart")
 
     def _deliver(self, batch: Any, stream: str, offset: int, rows: int) -> None:
         """``process_batch()`` of one batch (``rows`` rows, the first at ``stream``/``offset``); a
@@ -605,6 +663,7 @@ class TaskInstance:
             self.window()
 
     def window(self) -> None:
+        self.fire_timers()
         self._last_window = self.clock()
         try:
             self.task.window(self.collector, self.coordinator)  # type: ignore[union-attr]
@@ -698,7 +757,9 @@ class TaskInstance:
     def _prepare(self, in_flight: bool) -> tuple[Checkpoint, list[Callable[[], None]]]:
         """Flush the stores, deliver the outputs, build the checkpoint. ``in_flight``: take the
         manifests of :class:`DeferredDurability` changelogs without waiting; the waits to do before
-        the checkpoint may be saved are returned with it."""
+        the checkpoint may be saved are returned with it. Due timers fire first: their outputs and
+        deletions are part of this commit."""
+        self.fire_timers()
         for index, store in enumerate(self.stores.values()):
             store.engine.flush()
             if index == 0:
@@ -744,5 +805,6 @@ class TaskInstance:
         return Checkpoint(
             partition=self.partition, generation=self.generation, inputs=dict(self.positions),
             changelogs={name: s.changelog.end_offset() for name, s in self.stores.items() if s.changelog is not None},
-            outputs=dict(outputs), batch=self.batch, attempt=self.attempt, manifests=manifests)
+            outputs=dict(outputs), batch=self.batch, attempt=self.attempt, manifests=manifests,
+            watermark=self.time.watermark, next_timer=self.time.next_processing_timer)
 

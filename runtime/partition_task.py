@@ -2,7 +2,8 @@
 
 :meth:`PartitionTask.run` is the template: open (or reuse) the partition's instance, skip if the
 batch was applied before, feed the batch's records through the one feed loop
-(:meth:`~localstate.runtime.instance.TaskInstance.feed`), run ``window()`` when due, prepare the
+(:meth:`~localstate.runtime.instance.TaskInstance.feed`), fire the timers due at the batch's end, run
+``window()`` when due, prepare the
 commit, check the instance back in, and report what happened with phase timings
 (:class:`PartitionBatch`). A runtime says only where records come from (:meth:`PartitionTask.records`)
 and how the instance is opened and given back (:meth:`PartitionTask.open`,
@@ -144,6 +145,8 @@ class PartitionTask(ABC):
             converted = clock() - opened  # eager decoding; lazy reads are counted by the feed loop
             with armed(self.fault):
                 fed = instance.feed(records, self.policies())
+                # The batch boundary: timers the batch made due (or the clock did) fire before window().
+                instance.fire_timers()
             if self.job.window_interval is not None:
                 instance.maybe_window()
             processed = clock()

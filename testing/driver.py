@@ -10,6 +10,15 @@
 Inputs are kept as a replayable log per stream partition, like Kafka: after ``restart()`` every
 record after the checkpointed position is delivered again.
 
+Time: processing time is the driver's clock (:attr:`TaskTestDriver.now`, moved by
+:meth:`~TaskTestDriver.advance`), event time each partition's watermark (moved by the records' timestamps and
+:meth:`~TaskTestDriver.advance_event_time`). Due timers fire after each send and at each advance and commit:
+
+    driver = TaskTestDriver(Task, time={"timers": True, "allowed_lateness": "5s"})
+    driver.send("clicks", "alice", 1, timestamp=100.0)
+    driver.advance_event_time(200.0)          # event-time timers up to 200 fire
+    driver.advance(60)                        # processing-time timers up to now + 60 fire
+
 Bad records (undecodable, keyless) go through the input's ``on_error`` policy exactly as on Spark,
 through the same feed loop (:meth:`~localstate.runtime.instance.TaskInstance.feed`):
 
@@ -49,7 +58,8 @@ class TaskTestDriver:
                  state_dir: str | Path | None = None, changelog: str = "file",
                  changelog_options: Mapping[str, Any] | None = None, commit_every: int | None = None,
                  window_interval: float | None = None, allow_pickle: bool = False, job_name: str = "test-job",
-                 job: JobConfig | None = None, inputs: Mapping[str, Mapping[str, str]] | None = None) -> None:
+                 job: JobConfig | None = None, inputs: Mapping[str, Mapping[str, str]] | None = None,
+                 time: Mapping[str, Any] | None = None) -> None:
         self._tmp = None
         if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="localstate-test-")
@@ -64,8 +74,8 @@ class TaskTestDriver:
             if window_interval is not None:
                 job_table["window_interval"] = window_interval
             job = parse_job_config({"job": job_table, "stores": dict(stores or {}),
-                                    "changelogs": {changelog: dict(changelog_options or {})}},
-                                   base_dir=Path(state_dir))
+                                    "changelogs": {changelog: dict(changelog_options or {})},
+                                    "time": dict(time or {})}, base_dir=Path(state_dir))
         self.job = job
         self._task = task
         self.now = 0.0
@@ -83,7 +93,8 @@ class TaskTestDriver:
     # -- lifecycle -----------------------------------------------------------------------------
     def _start(self) -> None:
         for partition in range(self.job.partitions):
-            instance = TaskInstance(self.job, partition, self.changelogs, self.sink, self._task, clock=lambda: self.now)
+            instance = TaskInstance(self.job, partition, self.changelogs, self.sink, self._task, clock=lambda: self.now,
+                                    processing_clock=lambda: self.now)
             self.recoveries += instance.open()
             self.instances[partition] = instance
 
@@ -106,6 +117,8 @@ class TaskTestDriver:
             instance = self.instances[partition]
             instance.feed(((stream, record) for record in log[instance.position(stream):]), self.policies,
                           autocommit=True)
+        for instance in self.instances.values():
+            instance.fire_timers()  # as after a send: timers the replayed records made due
         return self.recoveries
 
     def close(self) -> None:
@@ -163,6 +176,7 @@ class TaskTestDriver:
             sent.append(Envelope(stream, p, record.offset, key, value, ts))
         for p, records in grouped.items():
             self.instances[p].feed(((stream, record) for record in records), self.policies, autocommit=True)
+            self.instances[p].fire_timers()
         return sent
 
     def send_rows(self, rows: Iterable[tuple[str, Any, Any, float | None]], *,
@@ -204,6 +218,7 @@ class TaskTestDriver:
             log.append(record)
             appended.append(record)
         self.instances[partition].feed(((stream, record) for record in appended), self.policies, autocommit=True)
+        self.instances[partition].fire_timers()
         return appended
 
     def _append(self, stream: str, partition: int, record: InputRecord) -> InputRecord:
@@ -211,6 +226,7 @@ class TaskTestDriver:
         record = record._replace(offset=len(log))
         log.append(record)
         self.instances[partition].feed(((stream, record),), self.policies, autocommit=True)
+        self.instances[partition].fire_timers()  # a batch boundary: timers the record made due fire
         return record
 
     def commit(self, partition: int | None = None) -> None:
@@ -219,10 +235,32 @@ class TaskTestDriver:
                 instance.commit()
 
     def advance(self, seconds: float) -> None:
-        """Move the driver's clock forward and run windows that became due."""
+        """Move the driver's clock forward, run windows that became due and fire the processing-time
+        timers that became due (their outputs commit with the next commit)."""
+        if seconds < 0:
+            raise ValueError(f"the driver's clock moves forward only, got {seconds!r} seconds")
         self.now += seconds
         for instance in self.instances.values():
             instance.maybe_window()
+            instance.fire_timers()
+
+    def advance_processing_time(self, seconds: float) -> None:
+        """:meth:`advance`: processing time is the driver's clock (:attr:`now`, from 0.0), which moves
+        only when the test moves it."""
+        self.advance(seconds)
+
+    def advance_event_time(self, to: float, partition: int | None = None) -> None:
+        """Move the watermark of every partition (or of ``partition``) to ``to``, as if records up to
+        ``to`` plus the allowed lateness had been seen, and fire the event-time timers that became
+        due. A watermark never goes back: a ``to`` behind it changes nothing."""
+        for p, instance in self.instances.items():
+            if partition is None or p == partition:
+                instance.time.advance_watermark(to)
+                instance.fire_timers()
+
+    def watermark(self, partition: int = 0) -> float | None:
+        """The watermark of ``partition`` (None before any timestamped record)."""
+        return self.instances[partition].time.watermark
 
     def window(self, partition: int | None = None) -> None:
         for p, instance in self.instances.items():

@@ -41,14 +41,16 @@ def _table(name: str, values: Mapping[str, Any]) -> str:
 def counting_job_text(name: str, *, partitions: int = 2, job: Mapping[str, Any] | None = None,
                       events: Mapping[str, Any] | None = None, outputs: Mapping[str, Mapping[str, Any]] | None = None,
                       changelogs: Mapping[str, Mapping[str, Any]] | None = None,
-                      store: Mapping[str, Any] | None = None, kafka: Mapping[str, str] | None = None) -> str:
+                      store: Mapping[str, Any] | None = None, kafka: Mapping[str, str] | None = None,
+                      time: Mapping[str, Any] | None = None) -> str:
     """The TOML text of counting job ``name`` with ``partitions`` partitions.
 
     ``job``, ``events`` and ``store``: more (or other) options of ``[job]``, ``[inputs.events]`` and
     ``[stores.counts]`` (e.g. ``job={"changelog": "objectstore"}``, ``events={"on_error": "skip"}``,
     ``store={"backend": "memory"}``); ``outputs``: outputs besides ``counts-out`` (e.g. a dead-letter
     stream); ``changelogs``: ``[changelogs.<system>]`` tables; ``kafka``: read ``events`` from a Kafka
-    topic instead of ``data`` (``{"bootstrap_servers": ..., "topic": ...}``)."""
+    topic instead of ``data`` (``{"bootstrap_servers": ..., "topic": ...}``); ``time``: a ``[time]`` table
+    (the watermark and timers)."""
     tables = {
         "job": {"name": name, "partitions": partitions, "task": TASK, "state_dir": "state", **(job or {})},
         "inputs.events": {**({"system": "kafka", **kafka} if kafka else {"system": "jsonl", "path": "data"}),
@@ -58,6 +60,7 @@ def counting_job_text(name: str, *, partitions: int = 2, job: Mapping[str, Any] 
         **{f"changelogs.{system}": options for system, options in (changelogs or {}).items()},
         "stores.counts": {"engine": "kv", "key_serde": "string", "value_serde": "int", **(store or {})},
         "spark": {"pythonpath": [SPARK_TESTS]},
+        **({"time": dict(time)} if time else {}),
     }
     return "\n\n".join(_table(table, values) for table, values in tables.items()) + "\n"
 

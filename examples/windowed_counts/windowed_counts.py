@@ -1,38 +1,48 @@
-"""Windowed aggregation: count page views per user per event-time hour; emit each hour's counts
-once the partition's event time has moved past the hour (and forget them)."""
+"""Windowed aggregation: count page views per user per event-time hour, and emit each hour's count
+once, when the partition's watermark passes the end of the hour (then forget it). Two tasks do the
+same: ``HourlyPageViews`` per record, ``HourlyPageViewsBatch`` on Arrow batches.
+
+The window library (``localstate.windows``) keeps one count per (hour, user) in the ``counts`` store
+and registers an event-time timer for the end of each hour a user was seen in; the timer's firing
+sends the count and deletes it, in the same commit."""
 
 from __future__ import annotations
 
-from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
+from typing import Any
+
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, StreamTask, TaskContext
+from localstate.windows import Tumbling, Window, WindowedAggregation, count
 
 HOUR = 3600
 
 
+def hour_and_count(user: str, window: Window, views: int) -> dict[str, int]:
+    return {"hour": int(window.start // HOUR), "count": views}
+
+
 class HourlyPageViews(StreamTask):
     def init(self, context: TaskContext) -> None:
-        self.counts = context.store("counts")   # "<hour>|<user>" -> views
-        self.clock = context.store("clock")     # "hour" -> the open (latest) hour of this partition
+        self.hourly = WindowedAggregation(context, Tumbling(HOUR), count(), store="counts",
+                                          output="hourly-counts", shape=hour_and_count)
 
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
-        hour = int(envelope.timestamp // HOUR)
-        open_hour = self.clock.get("hour")
-        if open_hour is not None and hour < open_hour:
-            return  # late: its hour was already emitted
-        if open_hour is None or hour > open_hour:
-            self.close_hours(open_hour, hour, collector)
-            self.clock.put("hour", hour)
-        key = f"{hour:012d}|{envelope.key}"
-        self.counts.put(key, (self.counts.get(key) or 0) + 1)
+        self.hourly.add(envelope.key, envelope.value, envelope.timestamp, collector)
 
-    def close_hours(self, open_hour: int | None, hour: int, collector: Collector) -> None:
-        """Emit and forget every count of the hours in [open_hour, hour)."""
-        # Hours before open_hour were already emitted and deleted: starting the scan there
-        # saves a RocksDB iterator from stepping over their tombstones.
-        start = None if open_hour is None else f"{open_hour:012d}"
-        with self.counts.range(start, f"{hour:012d}") as closed:
-            done = []
-            for key, count in closed:
-                window, user = key.split("|", 1)
-                collector.send("hourly-counts", user, {"hour": int(window), "count": count})
-                done.append(key)
-        self.counts.delete_all(done)
+    def on_timer(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
+        self.hourly.on_timer(key, timestamp, collector)
+
+
+class HourlyPageViewsBatch(BatchTask):
+    """:class:`HourlyPageViews` on Arrow batches (``task = "windowed_counts:HourlyPageViewsBatch"``):
+    the same windows, counts and outputs; each batch's windows are computed in numpy and counted with
+    one ``merge_many``."""
+
+    def init(self, context: TaskContext) -> None:
+        self.hourly = WindowedAggregation(context, Tumbling(HOUR), count(), store="counts",
+                                          output="hourly-counts", shape=hour_and_count)
+
+    def process_batch(self, batch: Any, collector: Collector, coordinator: Coordinator) -> None:
+        self.hourly.add_batch(batch.column("key"), batch.column("value"), batch.column("timestamp"), collector)
+
+    def on_timer(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
+        self.hourly.on_timer(key, timestamp, collector)

@@ -10,7 +10,9 @@ disk once, at the start of each run).
 
 A run either ends when its inputs are drained (``run(until_drained=True)``, the default for library
 callers) or *stands*: it waits for new input, polling the inputs' end offsets every
-:data:`IDLE_POLL` seconds on the driver (no Spark job while idle), until :meth:`SparkJobRunner.stop`."""
+:data:`IDLE_POLL` seconds on the driver (no Spark job while idle), until :meth:`SparkJobRunner.stop`. A
+standing run also plans a partition whose next processing-time timer (:attr:`Checkpoint.next_timer`)
+is due, input or not, and wakes up for it; with neither input nor a due timer it starts no job."""
 
 from __future__ import annotations
 
@@ -164,6 +166,8 @@ class SparkJobRunner:
         """this run's worker affinity (local masters, ``keep_open``), else None"""
         self.run_id = uuid.uuid4().hex
         self.pending_bytes = 0
+        self.next_timer: float | None = None
+        """the earliest processing-time timer not yet due, as the last standing plan saw it (None: none)"""
         """bytes of unterminated input tails (:class:`PendingTail`) found by the last :meth:`plan`"""
         self._tails_warned: dict[tuple[str, int], int] = {}
         """(input, partition) -> the offset of the unterminated tail last warned about"""
@@ -214,8 +218,10 @@ class SparkJobRunner:
         saved = self._saved.get(partition)
         return saved if saved is not None else self.checkpoints.load(partition)
 
-    def plan(self, batch: int) -> tuple[list[PartitionPlan], int]:
-        """Plans for the partitions with input to process, and the total lag before the batch.
+    def plan(self, batch: int, timers: bool = False) -> tuple[list[PartitionPlan], int]:
+        """Plans for the partitions with input to process, and the total lag before the batch. With
+        ``timers`` (a standing run), also for the partitions whose next processing-time timer is due
+        (:attr:`Checkpoint.next_timer`), input or not: their batch fires it.
 
         A checkpointed input position that does not fit the input any more (past its end: the input
         was replaced, truncated or re-created; below its first retained record) raises
@@ -223,6 +229,8 @@ class SparkJobRunner:
         unterminated input tails are counted into :attr:`pending_bytes` (and logged once they stay
         unchanged for :data:`PENDING_TAIL_WARN_AFTER` seconds)."""
         plans, lag, pending = [], 0, 0
+        now = time.time()
+        self.next_timer = None
         for partition in range(self.job.partitions):
             loaded = self.committed(partition)
             checkpoint = loaded or Checkpoint(partition)
@@ -238,7 +246,12 @@ class SparkJobRunner:
                     # to its end (the jsonl reader then remembers where the next batch starts).
                     end = min(end, start + int(self.batch_size))
                 ranges[name] = (start, end)
-            if any(end > start for start, end in ranges.values()):
+            due = False
+            if timers and checkpoint.next_timer is not None:
+                due = checkpoint.next_timer <= now
+                if not due and (self.next_timer is None or checkpoint.next_timer < self.next_timer):
+                    self.next_timer = checkpoint.next_timer
+            if due or any(end > start for start, end in ranges.values()):
                 self._committed[partition] = loaded
                 plans.append(PartitionPlan(
                     batch, partition, ranges, self.batch_size, self.fault, self.run_id, self.keep_open,
@@ -501,7 +514,7 @@ class SparkJobRunner:
                 if self._wait(last_start + self.trigger - time.monotonic()):
                     break
                 planning = time.perf_counter()
-                plans, lag = self.plan(batch)
+                plans, lag = self.plan(batch, timers=not until_drained)
                 planned = time.perf_counter()
                 summary.pending_bytes = self.pending_bytes
                 if not plans:
@@ -511,7 +524,10 @@ class SparkJobRunner:
                     idle_since = now if idle_since is None else idle_since
                     if self.affinity is not None and self.affinity.keepers and now - idle_since >= IDLE_GIVE_BACK:
                         self.affinity.give_back(self.checkpoints, self.job)
-                    self._wait(self.poll_interval)
+                    # A processing-time timer due before the next poll wakes the loop when it is due.
+                    wait = self.poll_interval if self.next_timer is None else \
+                        min(self.poll_interval, max(0.0, self.next_timer - time.time()))
+                    self._wait(wait)
                     continue
                 idle_since = None
                 last_start = time.monotonic()

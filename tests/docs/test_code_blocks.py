@@ -189,6 +189,8 @@ RUN = {
     "plugins/sized_dict.py": None,
     "task_api/typed_stores.py": None,
     "task_api/batch_task.py": None,
+    "time/sessions.py": None,
+    "time/test_sessions.py": None,
 }
 
 
@@ -260,6 +262,15 @@ def test_batch_task(tmp_path: Path) -> None:
         assert driver.outputs("counts") == [("ann", 1), ("bob", 1), ("ann", 2), ("cy", 1), ("ann", 3), ("bob", 2)]
 
 
+def test_time_guide_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/time/index.md: the session task's own test, with its event-time timers, passes."""
+    monkeypatch.syspath_prepend(str(SNIPPETS / "time"))
+    for name in ("sessions", "test_sessions"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    tests = importlib.import_module("test_sessions")
+    tests.test_a_session_ends_after_thirty_minutes_without_a_click()
+
+
 def localstate_names(tree: ast.AST) -> Iterator[tuple[str, str | None]]:
     """``(module, attribute)`` of every ``from localstate... import x`` and ``localstate.a.b.x`` use."""
     for node in ast.walk(tree):
@@ -321,6 +332,8 @@ TESTED_ELSEWHERE = {
     "contract/test_toy_contract.py": "tests/contract/test_contract_doc.py",
     "search/engine_direct.py": "tests/search/test_search_engine.py",
     "sketch/engine_direct.py": "tests/sketch/test_store.py",
+    "examples/windowed_counts/windowed_counts.py": "tests/windows/test_examples.py",
+    "time/page_stats.py": "tests/windows/test_docs_snippets.py",
 }
 
 
@@ -373,6 +386,8 @@ FIRST = SNIPPETS / "first_task"
 JOBS = {
     "spark/job.toml": WINDOWED / "windowed_counts.py",
     "examples/task_api/job.toml": ROOT / "examples" / "task_api" / "word_counts.py",
+    "examples/windowed_counts/job.toml": WINDOWED / "windowed_counts.py",
+    "time/page_stats.toml": SNIPPETS / "time" / "page_stats.py",
 }
 
 
@@ -381,12 +396,15 @@ def test_job_file_validates(path: str, tmp_path: Path) -> None:
     check_job_file(copy_job(included_file(path), JOBS[path], tmp_path / "job"))
 
 
+_PLAIN_TABLES = ("job", "spark", "time")  # tables of values; the others are tables of named tables
+
+
 def merge(base: dict, fragment: dict) -> dict:
     """``fragment`` over ``base``: keys of [job] and [spark] one by one, named tables
     ([stores.x], [inputs.x], [changelogs.x], ...) whole."""
     merged = copy.deepcopy(base)
     for section, table in fragment.items():
-        if section in ("job", "spark"):
+        if section in _PLAIN_TABLES:
             merged.setdefault(section, {}).update(table)
         else:
             merged.setdefault(section, {}).update(copy.deepcopy(table))
@@ -414,7 +432,7 @@ def dump_toml(data: dict) -> str:
 
     out = []
     for section, table in data.items():
-        if section in ("job", "spark"):
+        if section in _PLAIN_TABLES:
             out += [f"[{section}]", *(f"{json_key(k)} = {value(v)}" for k, v in table.items()), ""]
         else:
             for name, sub in table.items():
@@ -439,6 +457,7 @@ FRAGMENTS: dict[str, tuple[Path, Path, dict]] = {
     "sketch/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "spark/worker_affinity.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "operations/metrics.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
+    "time/job.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     # a plugin's store: validated with that plugin installed as a local plugin of the job's policy
     "plugins/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     # not jobs: test_plugin_packaging_files checks these two

@@ -62,6 +62,7 @@ def accepted_keys() -> set[str]:
     keys = {f"job::{key}" for key in config._JOB_KEYS}
     keys |= {f"stores::{key}" for key in config._STORE_KEYS}
     keys |= {f"spark::{key}" for key in config.SPARK_OPTIONS}
+    keys |= {f"time::{key}" for key in config.TIME_OPTIONS}
     for name, factory in builtins("engines"):
         keys |= {f"stores:{name}:{key}" for key in factory.options}
     for name, system in builtins("changelogs"):

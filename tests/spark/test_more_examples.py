@@ -239,3 +239,32 @@ def test_search_index_example_with_worker_kill(tmp_path: Path, spark_context: An
     assert len(everything) > 100 and any(len(ids) > 3 for ids in everything.values())
     assert any(len(p) > 1 and p == sorted(p, reverse=True) and p[-1] < p[0] for p in prices.values())
     assert removed > 0
+
+
+def test_windowed_distinct_counts_example(tmp_path: Path, spark_context: Any) -> None:
+    """The windows library's distinct count (an HLL per page and hour, closed by event-time timers):
+    every closed (page, hour) emitted once, with exactly the estimate datasketch makes of exactly
+    that hour's users of that page."""
+    job, module = prepare(tmp_path, "windowed_distinct_counts")
+    hour_len = module["HOUR"]
+    precision = job.stores["visitors"].options["precision"]
+    summary = SparkJobRunner(job, context=spark_context, batch_size=9000, progress=None).run()
+    assert summary.lag == 0 and len(summary.batches) >= 3
+    merged_rows = []
+    for partition in range(job.partitions):
+        by_page: dict[tuple[str, int], set[str]] = {}
+        rows = generated(job, "page_views", partition)
+        for _, user, value in rows:
+            by_page.setdefault((value["page"], int(value["ts"] // hour_len)), set()).add(user)
+        last_ts = rows[-1][2]["ts"]  # the final watermark: hours ending at or before it are closed
+        closed = {key for key in by_page if (key[1] + 1) * hour_len <= last_ts}
+        pages = output_rows(job, "page-visitors", partition)
+        keys = [(page, value["hour"]) for page, value in pages]
+        assert len(keys) == len(set(keys)), f"partition {partition}: a (page, hour) was emitted twice"
+        assert set(keys) == closed and closed
+        for page, value in pages:
+            assert value["visitors"] == reference_estimate(by_page[(page, value["hour"])], precision), (page, value)
+        merged_rows += pages
+    # Partitions hold disjoint users: a page's hour over the job is the sum of the partitions'.
+    merged = module["merge_partitions"](merged_rows)
+    assert sum(merged.values()) == sum(value["visitors"] for _, value in merged_rows)
