@@ -197,6 +197,7 @@ class TaskTestDriver:
             sent.append(Envelope(stream, p, record.offset, key, value, ts))
         for p, pairs in grouped.items():
             self.instances[p].feed(pairs, self.policies, autocommit=True)
+            self.instances[p].fire_timers()
         return sent
 
     def send_bad(self, stream: str, raw: str, error: str = "could not decode the record", *, partition: int = 0,
