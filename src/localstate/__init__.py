@@ -29,8 +29,9 @@ from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, Sto
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
 from localstate.core.streams import InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext, \
+    column_values
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TimeSource, Timers
-from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
 from localstate.errors import LocalStateError
 
 try:
@@ -43,6 +44,7 @@ __all__ = [
     # task authors
     "StreamTask",
     "BatchTask",
+    "column_values",
     "TaskContext",
     "KeyValueStore",
     "Envelope",
