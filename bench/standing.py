@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 # before the bench stops it in order), and without this a standing `localstate run` or the Structured
 # Streaming query, with its JVM, would run on forever once the bench is gone.
 DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
-                   "os.getppid() == int(os.environ['BENCH_PARENT']) or sys.exit(143); ")
+                   "os.getppid() == int(os.environ.get('BENCH_PARENT', os.getppid())) or sys.exit(143); ")
 CLI = [sys.executable, "-c", DIE_WITH_PARENT + "from localstate.tools.cli import main; sys.exit(main())"]
 GROUP_GRACE = 30.0
 """seconds a stopped child's process group (its JVM, Python workers) gets to end after the child exited"""
