@@ -33,7 +33,8 @@ from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_ma
 from localstate.runtime.spark.context import spark_context, worker_affinity
 from localstate.runtime.spark.affinity import WorkerAffinity
 from localstate.runtime.spark.executor import run_partition
-from localstate.runtime.spark.failures import failed_attempt_reasons, log_failed_attempts, spark_failure
+from localstate.runtime.spark.failures import (failed_attempt_reasons, log_failed_attempts, merge_attempt_reasons,
+                                               spark_failure)
 from localstate.runtime.spark.instances import clear_requests
 from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import open_input
@@ -277,6 +278,12 @@ class SparkJobRunner:
                         name, partition, pending, end, age, PENDING_TAIL_WARN_AFTER)
         return pending
 
+    def _cluster_reasons(self, group: str, plans: list[PartitionPlan], batch: int) -> list[dict[str, Any]]:
+        """On a cluster master: the failed attempts of the batch's Spark job as Spark's status store
+        recorded them (type, message, host), which the executors cannot leave for the driver in a
+        folder; [] elsewhere."""
+        return self._placement().failed_attempts(group, plans, batch) if self.cluster else []
+
     def run_batch(self, batch: int, plans: list[PartitionPlan]) -> BatchResult:
         """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
         started = time.perf_counter()
@@ -298,7 +305,8 @@ class SparkJobRunner:
                     lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
         except BaseException:
             self._running = None
-            log_failed_attempts(failed_attempt_reasons(self._attempts, batch), retried=False)
+            log_failed_attempts(merge_attempt_reasons(failed_attempt_reasons(self._attempts, batch),
+                                                      self._cluster_reasons(group, plans, batch)), retried=False)
             raise
         self._running = None
         collected = time.perf_counter()
@@ -307,6 +315,8 @@ class SparkJobRunner:
         # each failed: what the attempts left in the attempts folder, else their worker died.
         failed_attempts = sum(r.get("attempt", 0) for r in results)
         reasons = failed_attempt_reasons(self._attempts, batch, results)
+        if failed_attempts:
+            reasons = merge_attempt_reasons(reasons, self._cluster_reasons(group, plans, batch))
         log_failed_attempts(reasons)
         results = [r for r in results if r["partition"] is not None]  # spare slots ran nothing
         errors = [r for r in results if "error" in r]
