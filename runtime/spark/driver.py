@@ -9,8 +9,9 @@ checkpoints are saved concurrently, and a run plans from the checkpoints it save
 disk once, at the start of each run).
 
 A run either ends when its inputs are drained (``run(until_drained=True)``, the default for library
-callers) or *stands*: it waits for new input, polling the inputs' end offsets every
-:data:`IDLE_POLL` seconds on the driver (no Spark job while idle), until :meth:`SparkJobRunner.stop`."""
+callers) or *stands*: it waits for new input, polling the inputs' end offsets on the driver every
+:data:`BUSY_POLL` seconds for :data:`BUSY_FOR` seconds after the last batch with input, then every
+:data:`IDLE_POLL` seconds (no Spark job while idle), until :meth:`SparkJobRunner.stop`."""
 
 from __future__ import annotations
 
@@ -43,12 +44,19 @@ from localstate.runtime.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
 
-__all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "STOP_GRACE", "IDLE_GIVE_BACK", "KEPT_BATCHES"]
+__all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "BUSY_POLL", "BUSY_FOR", "STOP_GRACE", "IDLE_GIVE_BACK", "KEPT_BATCHES"]
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL = 0.2
 """Seconds between two looks at the inputs' end offsets while a standing run has nothing to do."""
+
+BUSY_POLL = 0.02
+"""...for the first :data:`BUSY_FOR` seconds after the last batch that had input: while records keep
+arriving, a record appended just after a batch was planned waits at most this long for the next
+(instead of :data:`IDLE_POLL`, which is what a job without input pays, as a poll's cost)."""
+
+BUSY_FOR = 5.0
 
 STOP_GRACE = 10.0
 """Seconds a batch running when :meth:`SparkJobRunner.stop` is called may take to complete (and be
@@ -172,6 +180,7 @@ class SparkJobRunner:
         self.trigger = float(trigger) if trigger is not None else 0.0
         """``[spark] trigger``: a batch starts at most once per this many seconds (0: at once)"""
         self.poll_interval = IDLE_POLL
+        self.busy_poll_interval = BUSY_POLL
         self.stop_grace = STOP_GRACE
         self._stop = threading.Event()
         self._running: str | None = None
@@ -521,7 +530,7 @@ class SparkJobRunner:
                     idle_since = now if idle_since is None else idle_since
                     if self.affinity is not None and self.affinity.keepers and now - idle_since >= IDLE_GIVE_BACK:
                         self.affinity.give_back(self.checkpoints, self.job)
-                    self._wait(self.poll_interval)
+                    self._wait(self.busy_poll_interval if now - idle_since < BUSY_FOR else self.poll_interval)
                     continue
                 idle_since = None
                 last_start = time.monotonic()
