@@ -32,8 +32,11 @@ driver, its JVM, the Python workers) over that time, as % of one core.
 Soak (``--minutes N``): ``--rate`` events/s (default 10k) for N minutes, a Python worker SIGKILLed
 every ``--kill-every`` seconds (default: six kills a run, every 5 minutes of 30); RSS of the driver processes (Python driver + JVM) and of
 the Python workers sampled every 5 s, first third vs last third; open fds of the driver processes;
-checkpoint and changelog bytes (first third vs last third); the restore after the first kill vs the
-last (records, ms; progress.jsonl); at the end (job stopped) every user's count
+checkpoint and changelog bytes (first third vs last third), the file changelog compacted every
+``--compact-every`` seconds (default: a third of the run, its own default of 10 minutes in 30); the
+restore after the first kill vs the last (records, ms; progress.jsonl: a killed worker's retry
+usually finds its local store at the checkpoint and restores nothing) and a cold restore's read of
+partition 0's changelog before the first kill vs before the last (records, ms); at the end (job stopped) every user's count
 in the store (``localstate inspect --store counts``) and the last count per user in the outputs equal
 the counts of the events written.
 """
@@ -484,14 +487,45 @@ class StructuredStreaming:
 
 # -- the measurements ------------------------------------------------------------------------------------------
 
-def _setup(root: Path) -> None:
+def _setup(root: Path, compact_interval: float | None = None) -> None:
     job = root / "job"
     (job / "data").mkdir(parents=True)
     (job / "out").mkdir()
     for p in (0, 1):
         (job / "data" / f"{p}.jsonl").touch()
     (job / "standing_task.py").write_text(TASK)
-    (job / "job.toml").write_text(JOB)
+    compaction = f'\n[changelogs.file]\ncompact_interval = "{compact_interval:g}s"\n' if compact_interval else ""
+    (job / "job.toml").write_text(JOB + compaction)
+
+
+def _restore_probe(job_file: Path) -> tuple[int, float]:
+    """What a cold restore of partition 0's store reads, measured read-only next to the running job
+    (as ``localstate inspect`` reads): every record of its changelog up to the committed checkpoint,
+    read, decoded and reduced to the last value per key. ``(records, seconds)``."""
+    from localstate.core.config import load_job_config
+    from localstate.core.layout import open_changelog_system
+    from localstate.runtime.views import checkpoint_manifest, load_checkpoints, open_changelog_reader
+
+    job = load_job_config(job_file)
+    checkpoint = load_checkpoints(job).get(0)
+    upto = checkpoint.changelogs.get("counts", 0) if checkpoint is not None else 0
+    started = time.perf_counter()
+    records = 0
+    latest: dict[bytes, bytes | None] = {}
+    system = open_changelog_system(job)
+    try:
+        reader = open_changelog_reader(system, job.stores["counts"].changelog, 0, checkpoint_manifest(checkpoint, "counts"))
+        if reader is not None:
+            try:
+                for batch in reader.read_batches(0, upto):
+                    records += len(batch)
+                    for record in batch:
+                        latest[record.key] = record.value
+            finally:
+                reader.close()
+    finally:
+        system.close()
+    return records, time.perf_counter() - started
 
 
 def _warm(events: Events, watcher: Watcher, system, n: int = 2000, timeout: float = 300.0) -> bool:
@@ -594,6 +628,7 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     samples: list[tuple[float, float, float, int, int, int]] = []
     job_state = root / "job" / "state"
     kills = 0
+    probes: list[tuple[int, float]] = []
     stop = threading.Event()
     try:
         if not _warm(events, watcher, system):
@@ -610,6 +645,7 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
                             sum(map(_fds, driver)), _bytes(job_state / "standing-bench" / "checkpoints"),
                             _bytes(job_state / "changelogs")))
             if time.monotonic() >= next_kill:
+                probes.append(_restore_probe(system.job))  # before each kill: restore cost over the run
                 victim = _worker_to_kill(system.pid())
                 if victim is not None:
                     os.kill(victim, signal.SIGKILL)
@@ -659,6 +695,10 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
                restore_records_last=restores[-1][0] if restores else 0,
                restore_ms_first=restores[0][1] if restores else 0.0,
                restore_ms_last=restores[-1][1] if restores else 0.0,
+               cold_restore_records_first=probes[0][0] if probes else 0,
+               cold_restore_records_last=probes[-1][0] if probes else 0,
+               cold_restore_ms_first=1000 * probes[0][1] if probes else 0.0,
+               cold_restore_ms_last=1000 * probes[-1][1] if probes else 0.0,
                p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], drained=drained, exit=code,
                left_behind=system.leftovers,
                state_exact=state_ok, outputs_exact=outputs_ok)
@@ -684,6 +724,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=int, default=10_000, help="soak: events/s")
     parser.add_argument("--kill-every", type=float, default=None,
                         help="soak: seconds between worker SIGKILLs (default: a sixth of the run, 5 min of 30)")
+    parser.add_argument("--compact-every", type=float, default=None,
+                        help="soak: the file changelog's compact_interval, seconds (default: a third of the run, "
+                             "10 min of 30, its default)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (its path is printed)")
     args = parser.parse_args(argv)
     # A SIGTERM or SIGHUP of the bench stops its processes in order (the finally blocks) before it exits.
@@ -702,9 +745,12 @@ def main(argv: list[str]) -> int:
         if args.minutes is not None:
             if args.kill_every is None:
                 args.kill_every = args.minutes * 60.0 / 6
+            if args.compact_every is None:
+                args.compact_every = args.minutes * 60.0 / 3
             report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode, "minutes": args.minutes,
-                                              "rate": args.rate, "kill_every_s": args.kill_every})
-            _setup(root)
+                                              "rate": args.rate, "kill_every_s": args.kill_every,
+                                              "compact_every_s": args.compact_every})
+            _setup(root, args.compact_every)
             ok = _soak(report, root, args.minutes, args.rate, args.kill_every, args.users, args.tick, standing)
         else:
             report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode, "seconds_per_rate": seconds,
