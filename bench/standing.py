@@ -36,7 +36,7 @@ checkpoint and changelog bytes (first third vs last third), the file changelog c
 ``--compact-every`` seconds (default: a third of the run, its own default of 10 minutes in 30); the
 restore after the first kill vs the last (records, ms; progress.jsonl: a killed worker's retry
 usually finds its local store at the checkpoint and restores nothing) and a cold restore's read of
-partition 0's changelog before the first kill vs before the last (records, ms); at the end (job stopped) every user's count
+partition 0's changelog before the first kill vs before the last (records read and decoded, ms); at the end (job stopped) every user's count
 in the store (``localstate inspect --store counts``) and the last count per user in the outputs equal
 the counts of the events written.
 """
@@ -501,30 +501,16 @@ def _setup(root: Path, compact_interval: float | None = None) -> None:
 def _restore_probe(job_file: Path) -> tuple[int, float]:
     """What a cold restore of partition 0's store reads, measured read-only next to the running job
     (as ``localstate inspect`` reads): every record of its changelog up to the committed checkpoint,
-    read, decoded and reduced to the last value per key. ``(records, seconds)``."""
+    read and decoded. ``(records, seconds)``."""
     from localstate.core.config import load_job_config
-    from localstate.core.layout import open_changelog_system
-    from localstate.runtime.views import checkpoint_manifest, load_checkpoints, open_changelog_reader
+    from localstate.runtime.views import changelog_records, checkpoint_manifest, load_checkpoints
 
     job = load_job_config(job_file)
     checkpoint = load_checkpoints(job).get(0)
     upto = checkpoint.changelogs.get("counts", 0) if checkpoint is not None else 0
     started = time.perf_counter()
-    records = 0
-    latest: dict[bytes, bytes | None] = {}
-    system = open_changelog_system(job)
-    try:
-        reader = open_changelog_reader(system, job.stores["counts"].changelog, 0, checkpoint_manifest(checkpoint, "counts"))
-        if reader is not None:
-            try:
-                for batch in reader.read_batches(0, upto):
-                    records += len(batch)
-                    for record in batch:
-                        latest[record.key] = record.value
-            finally:
-                reader.close()
-    finally:
-        system.close()
+    records = sum(1 for _ in changelog_records(job, job.stores["counts"].changelog, 0, 0, upto,
+                                               checkpoint_manifest(checkpoint, "counts")))
     return records, time.perf_counter() - started
 
 
