@@ -30,15 +30,19 @@ Idle CPU: after the rates, no new input for ``--idle-seconds``; CPU seconds of t
 driver, its JVM, the Python workers) over that time, as % of one core.
 
 Soak (``--minutes N``): ``--rate`` events/s (default 10k) for N minutes, a Python worker SIGKILLed
-every ``--kill-every`` seconds (default: six kills a run, every 5 minutes of 30); RSS of the driver processes (Python driver + JVM) and of
-the Python workers sampled every 5 s, first third vs last third; open fds of the driver processes;
-checkpoint and changelog bytes (first third vs last third), the file changelog compacted every
-``--compact-every`` seconds (default: a third of the run, its own default of 10 minutes in 30); the
-restore after the first kill vs the last (records, ms; progress.jsonl: a killed worker's retry
-usually finds its local store at the checkpoint and restores nothing) and a cold restore's read of
-partition 0's changelog before the first kill vs before the last (records read and decoded, ms); at the end (job stopped) every user's count
-in the store (``localstate inspect --store counts``) and the last count per user in the outputs equal
-the counts of the events written.
+every ``--kill-every`` seconds (default: six kills a run, every 5 minutes of 30); RSS of the driver
+processes (Python driver + JVM) and of the Python workers sampled every 5 s, first third vs last
+third; open fds of the driver processes; checkpoint and changelog bytes (first third vs last third),
+the file changelog compacted every ``--compact-every`` seconds (default: a third of the run, its own
+default of 10 minutes in 30); the restore after the first kill vs the last (records, ms;
+progress.jsonl: a killed worker's retry usually finds its local store at the checkpoint and restores
+nothing) and a cold restore's read of partition 0's changelog before the first kill vs before the
+last (records read and decoded, ms); at the end (job stopped) every user's count in the store
+(``localstate inspect --store counts``) and the last count per user in the outputs equal the counts
+of the events written.
+
+Every process the bench starts dies with it, and its whole process group is gone (waited for, then
+SIGKILLed) before the bench goes on: nothing is left behind, not even a JVM whose driver has exited.
 """
 
 from __future__ import annotations
@@ -733,14 +737,15 @@ def main(argv: list[str]) -> int:
                 args.kill_every = args.minutes * 60.0 / 6
             if args.compact_every is None:
                 args.compact_every = args.minutes * 60.0 / 3
-            report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode, "minutes": args.minutes,
-                                              "rate": args.rate, "kill_every_s": args.kill_every,
-                                              "compact_every_s": args.compact_every})
+            report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode,
+                                              "minutes": args.minutes, "rate": args.rate,
+                                              "kill_every_s": args.kill_every, "compact_every_s": args.compact_every})
             _setup(root, args.compact_every)
             ok = _soak(report, root, args.minutes, args.rate, args.kill_every, args.users, args.tick, standing)
         else:
-            report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode, "seconds_per_rate": seconds,
-                                         "tick_s": args.tick, "users": args.users, "idle_s": idle})
+            report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode,
+                                         "seconds_per_rate": seconds, "tick_s": args.tick, "users": args.users,
+                                         "idle_s": idle})
             _setup(root)
             info, mine, idle_mine = _measure("localstate", root, rates, seconds, idle, args.users, args.tick, standing)
             if not info["warm"]:
@@ -769,11 +774,12 @@ def main(argv: list[str]) -> int:
                 if found.get("leftovers"):
                     report.notes.append(f"{name}: {found['leftovers']} process(es) of its group were still there "
                                         f"{GROUP_GRACE:.0f}s after it exited (SIGKILLed)")
-            report.notes.append(f"startup (until the first output) localstate {info.get('startup_s', float('nan')):.1f}s, "
+            startup = info.get("startup_s", float("nan"))
+            report.notes.append(f"startup (until the first output) localstate {startup:.1f}s, "
                                 f"runs {info.get('runs')}; excluded from the latencies")
             if not standing:
-                report.notes.append("bounded mode: latency includes starting a run (JVM, SparkContext) per loop; idle CPU "
-                                    "is the loop of runs finding nothing to do")
+                report.notes.append("bounded mode: latency includes starting a run (JVM, SparkContext) per loop; "
+                                    "idle CPU is the loop of runs finding nothing to do")
     finally:
         if not args.keep:  # also when the bench is stopped by a signal
             import shutil

@@ -39,8 +39,9 @@ from localstate.runtime.views import dir_size
 from localstate.runtime.spark.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
 
 __all__ = ["ProgressReport", "ProgressLog", "Heartbeat", "ProgressObserver", "StoreStats", "BatchObserver",
-           "progress_directory", "attempt_reason", "describe_reason", "REASON_FIELDS", "read_live", "read_last_progress", "is_live", "PROGRESS_FILE", "LIVE_FILE",
-           "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE", "COMMIT_PHASES"]
+           "progress_directory", "attempt_reason", "describe_reason", "REASON_FIELDS", "read_live",
+           "read_last_progress", "is_live", "PROGRESS_FILE", "LIVE_FILE", "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE",
+           "COMMIT_PHASES"]
 
 log = logging.getLogger("localstate.progress")
 

@@ -44,7 +44,8 @@ from localstate.runtime.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
 
-__all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "BUSY_POLL", "BUSY_FOR", "STOP_GRACE", "IDLE_GIVE_BACK", "KEPT_BATCHES"]
+__all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "BUSY_POLL", "BUSY_FOR", "STOP_GRACE", "IDLE_GIVE_BACK",
+           "KEPT_BATCHES"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ arriving, a record appended just after a batch was planned waits at most this lo
 (instead of :data:`IDLE_POLL`, which is what a job without input pays, as a poll's cost)."""
 
 BUSY_FOR = 5.0
+"""Seconds without input after which a standing run polls every :data:`IDLE_POLL` seconds again."""
 
 STOP_GRACE = 10.0
 """Seconds a batch running when :meth:`SparkJobRunner.stop` is called may take to complete (and be

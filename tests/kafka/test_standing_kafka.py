@@ -36,8 +36,8 @@ def _job_file(tmp_path: Path, servers: str, topic: str) -> Path:
 
 def _topic(kafka_broker: Any, topic: str) -> Any:
     """``send(keys, value=0)`` producing to ``topic`` (created, 1 partition)."""
-    settings = client_settings(validate_options(CONNECTION_OPTIONS, {"bootstrap_servers": kafka_broker.bootstrap_servers},
-                                                "test"))
+    servers = {"bootstrap_servers": kafka_broker.bootstrap_servers}
+    settings = client_settings(validate_options(CONNECTION_OPTIONS, servers, "test"))
     assert ensure_topic(settings, topic, 1, -1, create=True) == 1
 
     def send(keys: list[str], value: Any = 0) -> None:
