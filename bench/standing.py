@@ -31,8 +31,8 @@ driver, its JVM, the Python workers) over that time, as % of one core.
 
 Soak (``--minutes N``): ``--rate`` events/s (default 10k) for N minutes, a Python worker SIGKILLed
 every ``--kill-every`` seconds (default: six kills a run, every 5 minutes of 30); RSS of the driver
-processes (Python driver + JVM) and of the Python workers sampled every 5 s, first third vs last
-third; open fds of the driver processes; checkpoint and changelog bytes (first third vs last third),
+processes (Python driver + JVM; the JVM's alone too) and of the Python workers sampled every 5 s,
+first third vs last third; open fds of the driver processes; checkpoint and changelog bytes (first third vs last third),
 the file changelog compacted every ``--compact-every`` seconds (default: a third of the run, its own
 default of 10 minutes in 30); the restore after the first kill vs the last (records, ms;
 progress.jsonl: a killed worker's retry usually finds its local store at the checkpoint and restores
@@ -615,7 +615,7 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     watcher = Watcher([root / "job" / "out"], events)
     watcher.start()
     system.start()
-    samples: list[tuple[float, float, float, int, int, int]] = []
+    samples: list[tuple[float, float, float, int, int, int, float]] = []
     job_state = root / "job" / "state"
     kills = 0
     probes: list[tuple[int, float]] = []
@@ -633,7 +633,8 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
             driver, workers = _roles(system.pid())
             samples.append((time.monotonic() - began, sum(map(_rss_mb, driver)), sum(map(_rss_mb, workers)),
                             sum(map(_fds, driver)), _bytes(job_state / "standing-bench" / "checkpoints"),
-                            _bytes(job_state / "changelogs")))
+                            _bytes(job_state / "changelogs"),
+                            sum(_rss_mb(p) for p in driver if "java" in _cmdline(p).split(" ", 1)[0])))
             if time.monotonic() >= next_kill:
                 probes.append(_restore_probe(system.job))  # before each kill: restore cost over the run
                 victim = _worker_to_kill(system.pid())
@@ -674,6 +675,7 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     lat = _latency(events, watcher, 0, events.count)
     report.add("soak", minutes=minutes, events=events.count, rate=rate, worker_kills=kills,
                driver_rss_first_mb=mean(first, 1), driver_rss_last_mb=mean(last, 1),
+               jvm_rss_first_mb=mean(first, 6), jvm_rss_last_mb=mean(last, 6),
                driver_rss_growth_pct=100.0 * (mean(last, 1) / mean(first, 1) - 1) if first else float("nan"),
                workers_rss_first_mb=mean(first, 2), workers_rss_last_mb=mean(last, 2),
                workers_rss_growth_pct=100.0 * (mean(last, 2) / mean(first, 2) - 1) if first else float("nan"),
