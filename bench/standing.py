@@ -673,6 +673,10 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
                 restores.append((p["state"]["restore"]["records"], p["state"]["restore"]["ms"]))
     state_bytes = _bytes(job_state)
     lat = _latency(events, watcher, 0, events.count)
+    # RSS over the run (MB, one sample a minute): whether growth is a warm-up that levels off or goes on.
+    minute = [r for i, r in enumerate(samples) if i == 0 or int(r[0] // 60) != int(samples[i - 1][0] // 60)]
+    report.notes.append("RSS by minute, Python driver / JVM / Python workers (MB): " + ", ".join(
+        f"{r[0] / 60:.0f}m {r[1] - r[6]:.0f}/{r[6]:.0f}/{r[2]:.0f}" for r in minute))
     report.add("soak", minutes=minutes, events=events.count, rate=rate, worker_kills=kills,
                driver_rss_first_mb=mean(first, 1), driver_rss_last_mb=mean(last, 1),
                jvm_rss_first_mb=mean(first, 6), jvm_rss_last_mb=mean(last, 6),
