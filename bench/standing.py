@@ -30,11 +30,19 @@ Idle CPU: after the rates, no new input for ``--idle-seconds``; CPU seconds of t
 driver, its JVM, the Python workers) over that time, as % of one core.
 
 Soak (``--minutes N``): ``--rate`` events/s (default 10k) for N minutes, a Python worker SIGKILLed
-every ``--kill-every`` seconds (default 300); RSS of the driver processes (Python driver + JVM) and of
-the Python workers sampled every 5 s, first third vs last third; open fds of the driver processes;
-checkpoint bytes; restore records/ms from progress.jsonl; at the end (job stopped) every user's count
-in the store (``localstate inspect --store counts``) and the last count per user in the outputs equal
-the counts of the events written.
+every ``--kill-every`` seconds (default: six kills a run, every 5 minutes of 30); RSS of the driver
+processes (Python driver + JVM; the JVM's alone too) and of the Python workers sampled every 5 s,
+first third vs last third; open fds of the driver processes; checkpoint and changelog bytes (first third vs last third),
+the file changelog compacted every ``--compact-every`` seconds (default: a third of the run, its own
+default of 10 minutes in 30); the restore after the first kill vs the last (records, ms;
+progress.jsonl: a killed worker's retry usually finds its local store at the checkpoint and restores
+nothing) and a cold restore's read of partition 0's changelog before the first kill vs before the
+last (records read and decoded, ms); at the end (job stopped) every user's count in the store
+(``localstate inspect --store counts``) and the last count per user in the outputs equal the counts
+of the events written.
+
+Every process the bench starts dies with it, and its whole process group is gone (waited for, then
+SIGKILLed) before the bench goes on: nothing is left behind, not even a JVM whose driver has exited.
 """
 
 from __future__ import annotations
@@ -54,9 +62,18 @@ import numpy as np
 
 from bench.report import Report
 from localstate.core.partitioner import partition_for
+from localstate.streams.jsonl import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-c", "import sys; from localstate.tools.cli import main; sys.exit(main())"]
+# Every process the bench starts gets SIGTERM when the bench dies, however it dies (a SIGKILL, a
+# `timeout`): each runs in a session of its own (so that a Ctrl-C of the bench does not reach it
+# before the bench stops it in order), and without this a standing `localstate run` or the Structured
+# Streaming query, with its JVM, would run on forever once the bench is gone.
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys; ctypes.CDLL(None).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
+                   "os.getppid() == int(os.environ.get('BENCH_PARENT', os.getppid())) or sys.exit(143); ")
+CLI = [sys.executable, "-c", DIE_WITH_PARENT + "from localstate.tools.cli import main; sys.exit(main())"]
+GROUP_GRACE = 30.0
+"""seconds a stopped child's process group (its JVM, Python workers) gets to end after the child exited"""
 
 TASK = '''
 from localstate import StreamTask
@@ -194,6 +211,60 @@ def _worker_to_kill(pid: int) -> int | None:
     return None
 
 
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _spawn(command: list[str], log: Path, cwd: Path | None = None) -> subprocess.Popen:
+    """``command`` in a session of its own (its process group is its pid), dying with the bench."""
+    return subprocess.Popen(command, stdout=open(log, "a"), stderr=subprocess.STDOUT, cwd=cwd,
+                            start_new_session=True, env={**os.environ, "BENCH_PARENT": str(os.getpid())})
+
+
+def _stop_group(proc: subprocess.Popen, sig: int, timeout: float) -> tuple[int, int]:
+    """Send ``sig`` to ``proc``, wait for it (``timeout``, then SIGKILL to its whole group), then for
+    every process left in its group: a JVM whose Python driver has exited lives on for a while (its
+    shutdown hooks), reparented to init, out of reach of ``proc.wait()``. Whatever is still there after
+    :data:`GROUP_GRACE` is SIGKILLed: the bench leaves nothing behind. ``(exit code, processes
+    SIGKILLed after the grace)``."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + GROUP_GRACE
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _group_members(proc.pid)
+    if left:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return proc.returncode, len(left)
+
+
+def _group_members(group: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[2]) == group:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
 # -- input and output ----------------------------------------------------------------------------------------
 
 class Events:
@@ -244,12 +315,13 @@ class Events:
 
 
 class Watcher(threading.Thread):
-    """Polls output files for ``{"key","value"}`` lines and records when each event became visible."""
+    """Polls output files for ``{"key","value"}`` lines and records when each event became visible.
+    A directory among ``files`` stands for every ``*.jsonl`` in it (an output's later segments)."""
 
     def __init__(self, files: list[Path], events: Events) -> None:
         super().__init__(daemon=True)
         self.files, self.events = files, events
-        self.offsets = {f: 0 for f in files}
+        self.offsets: dict[Path, int] = {}
         self.seen = np.zeros(events.users, dtype=np.int64)
         self.visible = np.full(events.appended.shape[0], np.nan)
         self.stop = threading.Event()
@@ -257,11 +329,13 @@ class Watcher(threading.Thread):
     def poll(self) -> None:
         now = time.time()
         users = self.events.users
-        for path in self.files:
+        paths = [q for f in self.files for q in (sorted(f.glob("*.jsonl")) if f.is_dir() else [f])]
+        for path in paths:
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
                 continue
+            self.offsets.setdefault(path, 0)
             if size < self.offsets[path]:
                 self.offsets[path] = size  # rolled back (a retried batch): read what is written next
             if size == self.offsets[path]:
@@ -325,12 +399,11 @@ class Localstate:
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self.failures: list[int] = []
+        self.leftovers = 0  #: processes of its group SIGKILLed after the grace at the stop
 
     def _start_one(self) -> subprocess.Popen:
         self.runs += 1
-        handle = open(self.log, "a")
-        return subprocess.Popen(CLI + ["run", str(self.job), "--master", "local[2]"], stdout=handle,
-                                stderr=subprocess.STDOUT, cwd=self.root / "job", start_new_session=True)
+        return _spawn(CLI + ["run", str(self.job), "--master", "local[2]"], self.log, cwd=self.root / "job")
 
     def start(self) -> None:
         if self.standing:
@@ -356,22 +429,19 @@ class Localstate:
     def stop(self) -> int:
         self._stop.set()
         code = 0
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM if self.standing else signal.SIGINT)
-            try:
-                code = self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                code = self.proc.wait()
+        if self.proc is not None:
+            code, self.leftovers = _stop_group(self.proc, signal.SIGTERM if self.standing else signal.SIGINT, 120)
         if self._loop is not None:
             self._loop.join(timeout=180)
         return code
 
 
 SS_QUERY = '''
-import json, sys, time
+import json, signal, sys, time
 from pyspark.sql import SparkSession
-root = sys.argv[1]
+root = sys.argv[-1]
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
 spark = (SparkSession.builder.master("local[2]").appName("standing-peer")
          .config("spark.sql.shuffle.partitions", "2")
          .config("spark.sql.streaming.stateStore.providerClass",
@@ -390,7 +460,10 @@ events = spark.readStream.schema("key string, value long, ts long").json(root + 
 query = (events.groupBy("key").count().writeStream.outputMode("update").foreachBatch(sink)
          .option("checkpointLocation", root + "/ss-checkpoint").start())
 print("started", flush=True)
-query.awaitTermination()
+while not stopping and query.isActive:  # SIGTERM: stop the query and Spark, then exit (the JVM with it)
+    query.awaitTermination(0.5)
+query.stop()
+spark.stop()
 '''
 
 
@@ -400,35 +473,49 @@ class StructuredStreaming:
         (root / "ss-in").mkdir()
         (root / "ss_query.py").write_text(SS_QUERY)
         self.proc: subprocess.Popen | None = None
+        self.leftovers = 0
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(self.root / "ss_query.py"), str(self.root)],
-                                     stdout=open(self.log, "a"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = _spawn([sys.executable, "-c", DIE_WITH_PARENT + "exec(open(sys.argv[1]).read())",
+                            str(self.root / "ss_query.py"), str(self.root)], self.log)
 
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
 
     def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait()
+        if self.proc is None:
+            return 0
+        code, self.leftovers = _stop_group(self.proc, signal.SIGTERM, 60)
+        return code
 
 
 # -- the measurements ------------------------------------------------------------------------------------------
 
-def _setup(root: Path) -> None:
+def _setup(root: Path, compact_interval: float | None = None) -> None:
     job = root / "job"
     (job / "data").mkdir(parents=True)
     (job / "out").mkdir()
     for p in (0, 1):
         (job / "data" / f"{p}.jsonl").touch()
     (job / "standing_task.py").write_text(TASK)
-    (job / "job.toml").write_text(JOB)
+    compaction = f'\n[changelogs.file]\ncompact_interval = "{compact_interval:g}s"\n' if compact_interval else ""
+    (job / "job.toml").write_text(JOB + compaction)
+
+
+def _restore_probe(job_file: Path) -> tuple[int, float]:
+    """What a cold restore of partition 0's store reads, measured read-only next to the running job
+    (as ``localstate inspect`` reads): every record of its changelog up to the committed checkpoint,
+    read and decoded. ``(records, seconds)``."""
+    from localstate.core.config import load_job_config
+    from localstate.runtime.views import changelog_records, checkpoint_manifest, load_checkpoints
+
+    job = load_job_config(job_file)
+    checkpoint = load_checkpoints(job).get(0)
+    upto = checkpoint.changelogs.get("counts", 0) if checkpoint is not None else 0
+    started = time.perf_counter()
+    records = sum(1 for _ in changelog_records(job, job.stores["counts"].changelog, 0, 0, upto,
+                                               checkpoint_manifest(checkpoint, "counts")))
+    return records, time.perf_counter() - started
 
 
 def _warm(events: Events, watcher: Watcher, system, n: int = 2000, timeout: float = 300.0) -> bool:
@@ -478,7 +565,7 @@ def _measure(system_name: str, root: Path, rates: list[int], seconds: float, idl
     events = Events(root, users, capacity, ss, tick)
     log = root / f"{system_name}.log"
     system = StructuredStreaming(root, log) if ss else Localstate(root, standing, log)
-    watcher = Watcher([root / "ss-out.jsonl"] if ss else [root / "job" / "out" / f"{p}.jsonl" for p in (0, 1)],
+    watcher = Watcher([root / "ss-out.jsonl"] if ss else [root / "job" / "out"],
                       events)
     watcher.start()
     info: dict = {"warm": False}
@@ -498,11 +585,22 @@ def _measure(system_name: str, root: Path, rates: list[int], seconds: float, idl
         idle_pct = _idle_cpu(system, idle)
     finally:
         info["exit"] = system.stop()
+        info["leftovers"] = system.leftovers
         watcher.stop.set()
         watcher.join()
         if isinstance(system, Localstate):
             info["runs"] = system.runs
     return info, per_rate, idle_pct
+
+
+def _bytes(directory: Path) -> int:
+    total = 0
+    for f in directory.rglob("*"):
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except OSError:  # replaced or deleted meanwhile (an atomic checkpoint write, a compaction)
+            pass
+    return total
 
 
 def _expected_counts(total: int, users: int) -> np.ndarray:
@@ -514,11 +612,13 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     seconds = minutes * 60.0
     events = Events(root, users, int(rate * seconds * 1.1) + 200_000, False, tick)
     system = Localstate(root, standing, root / "localstate-soak.log")
-    watcher = Watcher([root / "job" / "out" / f"{p}.jsonl" for p in (0, 1)], events)
+    watcher = Watcher([root / "job" / "out"], events)
     watcher.start()
     system.start()
-    samples: list[tuple[float, float, float, int]] = []
+    samples: list[tuple[float, float, float, int, int, int, float]] = []
+    job_state = root / "job" / "state"
     kills = 0
+    probes: list[tuple[int, float]] = []
     stop = threading.Event()
     try:
         if not _warm(events, watcher, system):
@@ -532,8 +632,11 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
             time.sleep(5.0 if writer.is_alive() else 0)
             driver, workers = _roles(system.pid())
             samples.append((time.monotonic() - began, sum(map(_rss_mb, driver)), sum(map(_rss_mb, workers)),
-                            sum(map(_fds, driver))))
+                            sum(map(_fds, driver)), _bytes(job_state / "standing-bench" / "checkpoints"),
+                            _bytes(job_state / "changelogs"),
+                            sum(_rss_mb(p) for p in driver if "java" in _cmdline(p).split(" ", 1)[0])))
             if time.monotonic() >= next_kill:
+                probes.append(_restore_probe(system.job))  # before each kill: restore cost over the run
                 victim = _worker_to_kill(system.pid())
                 if victim is not None:
                     os.kill(victim, signal.SIGKILL)
@@ -555,8 +658,7 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
         state[int(record["key"][5:])] = int(record["value"])
     outputs = np.zeros(users, dtype=np.int64)
     for p in (0, 1):
-        for line in (root / "job" / "out" / f"{p}.jsonl").read_text().splitlines():
-            record = json.loads(line)
+        for record in read_jsonl(root / "job" / "out", p):  # every segment, in order
             outputs[int(record["key"][5:])] = int(record["value"])
     state_ok, outputs_ok = bool(np.array_equal(state, expected)), bool(np.array_equal(outputs, expected))
     third = max(1, len(samples) // 3)
@@ -569,22 +671,38 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
             p = json.loads(line)
             if p["state"]["restore"]["records"] or p["state"]["cold_tasks"]:
                 restores.append((p["state"]["restore"]["records"], p["state"]["restore"]["ms"]))
-    checkpoint_bytes = sum(f.stat().st_size for f in (root / "job" / "state" / "standing-bench" / "checkpoints")
-                           .rglob("*") if f.is_file())
-    state_bytes = sum(f.stat().st_size for f in (root / "job" / "state").rglob("*") if f.is_file())
+    state_bytes = _bytes(job_state)
     lat = _latency(events, watcher, 0, events.count)
+    # RSS over the run (MB, one sample a minute): whether growth is a warm-up that levels off or goes on.
+    minute = [r for i, r in enumerate(samples) if i == 0 or int(r[0] // 60) != int(samples[i - 1][0] // 60)]
+    report.notes.append("RSS by minute, Python driver / JVM / Python workers (MB): " + ", ".join(
+        f"{r[0] / 60:.0f}m {r[1] - r[6]:.0f}/{r[6]:.0f}/{r[2]:.0f}" for r in minute))
     report.add("soak", minutes=minutes, events=events.count, rate=rate, worker_kills=kills,
                driver_rss_first_mb=mean(first, 1), driver_rss_last_mb=mean(last, 1),
+               jvm_rss_first_mb=mean(first, 6), jvm_rss_last_mb=mean(last, 6),
                driver_rss_growth_pct=100.0 * (mean(last, 1) / mean(first, 1) - 1) if first else float("nan"),
                workers_rss_first_mb=mean(first, 2), workers_rss_last_mb=mean(last, 2),
                workers_rss_growth_pct=100.0 * (mean(last, 2) / mean(first, 2) - 1) if first else float("nan"),
                driver_fds_first=int(mean(first, 3)), driver_fds_last=int(mean(last, 3)),
-               checkpoint_bytes=checkpoint_bytes, state_dir_bytes=state_bytes,
-               restores=len(restores), restore_records=sum(r for r, _ in restores),
-               restore_ms_max=max((ms for _, ms in restores), default=0.0),
+               checkpoint_bytes_first=int(mean(first, 4)), checkpoint_bytes_last=int(mean(last, 4)),
+               changelog_bytes_first=int(mean(first, 5)), changelog_bytes_last=int(mean(last, 5)),
+               state_dir_bytes=state_bytes, restores=len(restores),
+               restore_records_first=restores[0][0] if restores else 0,
+               restore_records_last=restores[-1][0] if restores else 0,
+               restore_ms_first=restores[0][1] if restores else 0.0,
+               restore_ms_last=restores[-1][1] if restores else 0.0,
+               cold_restore_records_first=probes[0][0] if probes else 0,
+               cold_restore_records_last=probes[-1][0] if probes else 0,
+               cold_restore_ms_first=1000 * probes[0][1] if probes else 0.0,
+               cold_restore_ms_last=1000 * probes[-1][1] if probes else 0.0,
                p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], drained=drained, exit=code,
+               left_behind=system.leftovers,
                state_exact=state_ok, outputs_exact=outputs_ok)
     return state_ok and outputs_ok and drained
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str]) -> int:
@@ -600,9 +718,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--minutes", type=float, nargs="?", const=30.0, default=None,
                         help="soak mode: N minutes (default 30) at --rate with worker kills")
     parser.add_argument("--rate", type=int, default=10_000, help="soak: events/s")
-    parser.add_argument("--kill-every", type=float, default=300.0, help="soak: seconds between worker SIGKILLs")
+    parser.add_argument("--kill-every", type=float, default=None,
+                        help="soak: seconds between worker SIGKILLs (default: a sixth of the run, 5 min of 30)")
+    parser.add_argument("--compact-every", type=float, default=None,
+                        help="soak: the file changelog's compact_interval, seconds (default: a third of the run, "
+                             "10 min of 30, its default)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (its path is printed)")
     args = parser.parse_args(argv)
+    # A SIGTERM or SIGHUP of the bench stops its processes in order (the finally blocks) before it exits.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     rates = [int(r) for r in args.rates.split(",") if r]
     seconds = args.seconds if args.seconds is not None else (6.0 if args.quick else 30.0)
     idle = args.idle_seconds if args.idle_seconds is not None else (5.0 if args.quick else 30.0)
@@ -611,49 +736,62 @@ def main(argv: list[str]) -> int:
         "bounded runs looped (localstate run has no --until-drained here: every run starts a JVM)"
     tmp = tempfile.mkdtemp(prefix="bench-standing-")
     root = Path(tmp)
-    ok = True
-    if args.minutes is not None:
-        report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode, "minutes": args.minutes,
-                                          "rate": args.rate, "kill_every_s": args.kill_every})
-        _setup(root)
-        ok = _soak(report, root, args.minutes, args.rate, args.kill_every, args.users, args.tick, standing)
-    else:
-        report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode, "seconds_per_rate": seconds,
-                                     "tick_s": args.tick, "users": args.users, "idle_s": idle})
-        _setup(root)
-        info, mine, idle_mine = _measure("localstate", root, rates, seconds, idle, args.users, args.tick, standing)
-        if not info["warm"]:
-            report.notes.append(f"localstate produced no output; see {root / 'localstate.log'}")
-            ok = False
-        peer: dict[int, dict] = {}
-        idle_peer = float("nan")
-        if not args.no_peer:
-            peer_info, peer, idle_peer = _measure("spark", root, rates, seconds, idle, args.users, args.tick, True)
-            if not peer_info["warm"]:
-                report.notes.append(f"Structured Streaming produced no output; see {root / 'spark.log'}")
-        for rate in rates:
-            if rate in mine:
-                report.add(f"localstate {rate:,}/s", **mine[rate])
-                ok = ok and mine[rate]["missing"] == 0
-            if rate in peer:
-                report.add(f"Structured Streaming {rate:,}/s", **peer[rate])
-            if rate in mine and rate in peer and mine[rate]["p50_ms"] > 0:
-                for q in ("p50", "p99"):
-                    report.ratio(f"{q} latency: Spark / localstate at {rate:,}/s",
-                                 peer[rate][f"{q}_ms"] / mine[rate][f"{q}_ms"])
-        report.add("idle CPU, localstate", cpu_pct_of_core=idle_mine)
-        if not args.no_peer:
-            report.add("idle CPU, Structured Streaming", cpu_pct_of_core=idle_peer)
-        report.notes.append(f"startup (until the first output) localstate {info.get('startup_s', float('nan')):.1f}s, "
-                            f"runs {info.get('runs')}; excluded from the latencies")
-        if not standing:
-            report.notes.append("bounded mode: latency includes starting a run (JVM, SparkContext) per loop; idle CPU "
-                                "is the loop of runs finding nothing to do")
+    try:
+        ok = True
+        if args.minutes is not None:
+            if args.kill_every is None:
+                args.kill_every = args.minutes * 60.0 / 6
+            if args.compact_every is None:
+                args.compact_every = args.minutes * 60.0 / 3
+            report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode,
+                                              "minutes": args.minutes, "rate": args.rate,
+                                              "kill_every_s": args.kill_every, "compact_every_s": args.compact_every})
+            _setup(root, args.compact_every)
+            ok = _soak(report, root, args.minutes, args.rate, args.kill_every, args.users, args.tick, standing)
+        else:
+            report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode,
+                                         "seconds_per_rate": seconds, "tick_s": args.tick, "users": args.users,
+                                         "idle_s": idle})
+            _setup(root)
+            info, mine, idle_mine = _measure("localstate", root, rates, seconds, idle, args.users, args.tick, standing)
+            if not info["warm"]:
+                report.notes.append(f"localstate produced no output; see {root / 'localstate.log'}")
+                ok = False
+            peer: dict[int, dict] = {}
+            idle_peer = float("nan")
+            if not args.no_peer:
+                peer_info, peer, idle_peer = _measure("spark", root, rates, seconds, idle, args.users, args.tick, True)
+                if not peer_info["warm"]:
+                    report.notes.append(f"Structured Streaming produced no output; see {root / 'spark.log'}")
+            for rate in rates:
+                if rate in mine:
+                    report.add(f"localstate {rate:,}/s", **mine[rate])
+                    ok = ok and mine[rate]["missing"] == 0
+                if rate in peer:
+                    report.add(f"Structured Streaming {rate:,}/s", **peer[rate])
+                if rate in mine and rate in peer and mine[rate]["p50_ms"] > 0:
+                    for q in ("p50", "p99"):
+                        report.ratio(f"{q} latency: Spark / localstate at {rate:,}/s",
+                                     peer[rate][f"{q}_ms"] / mine[rate][f"{q}_ms"])
+            report.add("idle CPU, localstate", cpu_pct_of_core=idle_mine)
+            if not args.no_peer:
+                report.add("idle CPU, Structured Streaming", cpu_pct_of_core=idle_peer)
+            for name, found in (("localstate", info), ("Structured Streaming", peer_info if not args.no_peer else {})):
+                if found.get("leftovers"):
+                    report.notes.append(f"{name}: {found['leftovers']} process(es) of its group were still there "
+                                        f"{GROUP_GRACE:.0f}s after it exited (SIGKILLed)")
+            startup = info.get("startup_s", float("nan"))
+            report.notes.append(f"startup (until the first output) localstate {startup:.1f}s, "
+                                f"runs {info.get('runs')}; excluded from the latencies")
+            if not standing:
+                report.notes.append("bounded mode: latency includes starting a run (JVM, SparkContext) per loop; "
+                                    "idle CPU is the loop of runs finding nothing to do")
+    finally:
+        if not args.keep:  # also when the bench is stopped by a signal
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
     if args.keep:
         report.notes.append(f"kept {root}")
-    else:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
     report.emit(args.json)
     return 0 if ok else 1

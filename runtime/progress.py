@@ -39,8 +39,9 @@ from localstate.runtime.views import dir_size
 from localstate.runtime.spark.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
 
 __all__ = ["ProgressReport", "ProgressLog", "Heartbeat", "ProgressObserver", "StoreStats", "BatchObserver",
-           "progress_directory", "read_live", "read_last_progress", "is_live", "PROGRESS_FILE", "LIVE_FILE",
-           "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE", "COMMIT_PHASES"]
+           "progress_directory", "attempt_reason", "describe_reason", "REASON_FIELDS", "read_live",
+           "read_last_progress", "is_live", "PROGRESS_FILE", "LIVE_FILE", "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE",
+           "COMMIT_PHASES"]
 
 log = logging.getLogger("localstate.progress")
 
@@ -221,7 +222,7 @@ class ProgressReport:
 
         commit_tasks = sum(result.task_seconds.get(name, 0.0) for name in COMMIT_PHASES)
         commit_ms = _ms(checkpoint_s + (commit_tasks / result.tasks if result.tasks else 0.0))
-        reasons = [str(reason) for reason in getattr(result, "failed_attempt_reasons", None) or []]
+        reasons = [attempt_reason(reason) for reason in getattr(result, "failed_attempt_reasons", None) or []]
         return {
             "job": job.name,
             "run_id": run_id,
@@ -254,6 +255,32 @@ class ProgressReport:
             "failed_attempts": result.failed_attempts,
             "failed_attempt_reasons": reasons,
         }
+
+
+REASON_FIELDS = ("batch", "partition", "attempt", "type", "message", "host")
+"""the fields of a failed attempt's reason in a progress object (and their order)"""
+
+
+def attempt_reason(reason: Mapping[str, Any]) -> dict[str, Any]:
+    """A failed attempt's reason as a JSON object of :data:`REASON_FIELDS` (a missing one is None; a
+    value that is no JSON scalar becomes its text), so that an operator's tools read it as JSON."""
+    out: dict[str, Any] = {}
+    for name in REASON_FIELDS:
+        value = reason.get(name)
+        out[name] = value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+    return out
+
+
+def describe_reason(reason: Any) -> str:
+    """One line for a failed attempt's reason: ``partition P attempt A on HOST: Type: message``
+    (a reason that is not an object, as older progress files hold, is shown as it is)."""
+    if not isinstance(reason, Mapping):
+        return str(reason)
+    partition = reason.get("partition")
+    where = f"partition {partition}" if partition is not None else "a slot"
+    host = f" on {reason['host']}" if reason.get("host") else ""
+    return (f"batch {reason.get('batch')} {where} attempt {reason.get('attempt')}{host}: "
+            f"{reason.get('type')}: {reason.get('message') or ''}").rstrip(": ")
 
 
 def _input_lag(job: JobConfig, name: str, source: Any, positions: Mapping[int, Mapping[str, int]]) -> dict[str, Any]:

@@ -64,6 +64,7 @@ def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
 
 
 def _print(status: dict[str, Any]) -> None:
+    from localstate.runtime.progress import describe_reason
     from localstate.runtime.spark.plan import lag_text
 
     print(f"job {status['job']!r}: {'LIVE' if status['live'] else 'not running'} ({status['why']})")
@@ -83,7 +84,7 @@ def _print(status: dict[str, Any]) -> None:
               f"then {lag_text(last['lag'], last.get('pending_bytes', 0))}"
               + (f", {last['failed_attempts']} failed attempt(s) retried" if last.get("failed_attempts") else ""))
         for reason in last.get("failed_attempt_reasons") or []:
-            print(f"  failed attempt: {reason}")
+            print(f"  failed attempt: {describe_reason(reason)}")
     if status["lag"] is not None:
         print(f"now: {lag_text(status['lag'], status['pending_bytes'] or 0)}")
         for info in status["input_partitions"]:

@@ -200,10 +200,19 @@ class Placement:
             return {}
 
     def _record(self, group: str, plans: Sequence[Any]) -> dict[int, tuple[str, str]]:
+        ran: dict[int, tuple[str, str]] = {}
+        for task in self._tasks(group):
+            if task.status() == "SUCCESS" and 0 <= task.index() < len(plans):
+                ran[plans[task.index()].partition] = (str(task.executorId()), str(task.host()))
+        self.homes.update(ran)
+        return ran
+
+    def _tasks(self, group: str) -> Iterable[Any]:
+        """Every task attempt of job group ``group`` as Spark's status store keeps it (``TaskData``:
+        index, attempt, status, executorId, host, errorMessage), once the listener bus fed it."""
         sc = self.context._jsc.sc()
         sc.listenerBus().waitUntilEmpty(10_000)  # the status store is fed by the listener bus
         tracker = self.context.statusTracker()
-        ran: dict[int, tuple[str, str]] = {}
         for job_id in tracker.getJobIdsForGroup(group):
             info = tracker.getJobInfo(job_id)
             for stage_id in info.stageIds if info is not None else []:
@@ -211,8 +220,27 @@ class Placement:
                 if stage is None:
                     continue
                 tasks = sc.statusStore().taskList(stage_id, stage.currentAttemptId, 1 << 20)
-                for task in self._jvm.scala.jdk.javaapi.CollectionConverters.asJava(tasks):
-                    if task.status() == "SUCCESS" and 0 <= task.index() < len(plans):
-                        ran[plans[task.index()].partition] = (str(task.executorId()), str(task.host()))
-        self.homes.update(ran)
-        return ran
+                yield from self._jvm.scala.jdk.javaapi.CollectionConverters.asJava(tasks)
+
+    def failed_attempts(self, group: str, plans: Sequence[Any], batch: int) -> list[dict[str, Any]]:
+        """Why each failed attempt of the batch's Spark job (group ``group``) failed, from Spark's
+        status store on the driver: on a cluster the executors leave no reasons the driver can read
+        (:func:`~localstate.runtime.spark.failures.record_failed_attempt` writes them for local
+        masters only). One reason per failed attempt, as ``failed_attempt_reasons`` makes them; []
+        if the status store cannot be read (the reasons are a diagnosis, never needed to commit)."""
+        from localstate.runtime.spark.failures import attempt_error
+
+        try:
+            out = []
+            for task in self._tasks(group):
+                if task.status() != "FAILED" or not 0 <= task.index() < len(plans):
+                    continue
+                text = str(task.errorMessage().get()) if task.errorMessage().isDefined() else ""
+                kind, message = attempt_error(text)
+                out.append({"batch": batch, "partition": plans[task.index()].partition, "attempt": int(task.attempt()),
+                            "type": kind, "message": message, "host": str(task.host()),
+                            "executor": str(task.executorId())})
+            return out
+        except Exception:  # noqa: BLE001 - Py4J errors (a stopped context, changed internals)
+            log.debug("cannot read the failed attempts of %s from Spark's status store", group, exc_info=True)
+            return []

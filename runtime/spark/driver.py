@@ -9,8 +9,9 @@ checkpoints are saved concurrently, and a run plans from the checkpoints it save
 disk once, at the start of each run).
 
 A run either ends when its inputs are drained (``run(until_drained=True)``, the default for library
-callers) or *stands*: it waits for new input, polling the inputs' end offsets every
-:data:`IDLE_POLL` seconds on the driver (no Spark job while idle), until :meth:`SparkJobRunner.stop`. A
+callers) or *stands*: it waits for new input, polling the inputs' end offsets on the driver every
+:data:`BUSY_POLL` seconds for :data:`BUSY_FOR` seconds after the last batch with input, then every
+:data:`IDLE_POLL` seconds (no Spark job while idle), until :meth:`SparkJobRunner.stop`. A
 standing run also plans a partition whose next processing-time timer (:attr:`Checkpoint.next_timer`)
 is due, input or not, and wakes up for it; with neither input nor a due timer it starts no job."""
 
@@ -35,7 +36,8 @@ from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_ma
 from localstate.runtime.spark.context import spark_context, worker_affinity
 from localstate.runtime.spark.affinity import WorkerAffinity
 from localstate.runtime.spark.executor import run_partition
-from localstate.runtime.spark.failures import failed_attempt_reasons, log_failed_attempts, spark_failure
+from localstate.runtime.spark.failures import (failed_attempt_reasons, log_failed_attempts, merge_attempt_reasons,
+                                               spark_failure)
 from localstate.runtime.spark.instances import clear_requests
 from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import open_input
@@ -44,12 +46,21 @@ from localstate.runtime.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
 
-__all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "STOP_GRACE", "IDLE_GIVE_BACK", "KEPT_BATCHES"]
+__all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "BUSY_POLL", "BUSY_FOR", "STOP_GRACE", "IDLE_GIVE_BACK",
+           "KEPT_BATCHES"]
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL = 0.2
 """Seconds between two looks at the inputs' end offsets while a standing run has nothing to do."""
+
+BUSY_POLL = 0.02
+"""...for the first :data:`BUSY_FOR` seconds after the last batch that had input: while records keep
+arriving, a record appended just after a batch was planned waits at most this long for the next
+(instead of :data:`IDLE_POLL`, which is what a job without input pays, as a poll's cost)."""
+
+BUSY_FOR = 5.0
+"""Seconds without input after which a standing run polls every :data:`IDLE_POLL` seconds again."""
 
 STOP_GRACE = 10.0
 """Seconds a batch running when :meth:`SparkJobRunner.stop` is called may take to complete (and be
@@ -175,6 +186,7 @@ class SparkJobRunner:
         self.trigger = float(trigger) if trigger is not None else 0.0
         """``[spark] trigger``: a batch starts at most once per this many seconds (0: at once)"""
         self.poll_interval = IDLE_POLL
+        self.busy_poll_interval = BUSY_POLL
         self.stop_grace = STOP_GRACE
         self._stop = threading.Event()
         self._running: str | None = None
@@ -290,6 +302,12 @@ class SparkJobRunner:
                         name, partition, pending, end, age, PENDING_TAIL_WARN_AFTER)
         return pending
 
+    def _cluster_reasons(self, group: str, plans: list[PartitionPlan], batch: int) -> list[dict[str, Any]]:
+        """On a cluster master: the failed attempts of the batch's Spark job as Spark's status store
+        recorded them (type, message, host), which the executors cannot leave for the driver in a
+        folder; [] elsewhere."""
+        return self._placement().failed_attempts(group, plans, batch) if self.cluster else []
+
     def run_batch(self, batch: int, plans: list[PartitionPlan]) -> BatchResult:
         """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
         started = time.perf_counter()
@@ -311,7 +329,8 @@ class SparkJobRunner:
                     lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
         except BaseException:
             self._running = None
-            log_failed_attempts(failed_attempt_reasons(self._attempts, batch), retried=False)
+            log_failed_attempts(merge_attempt_reasons(failed_attempt_reasons(self._attempts, batch),
+                                                      self._cluster_reasons(group, plans, batch)), retried=False)
             raise
         self._running = None
         collected = time.perf_counter()
@@ -320,6 +339,8 @@ class SparkJobRunner:
         # each failed: what the attempts left in the attempts folder, else their worker died.
         failed_attempts = sum(r.get("attempt", 0) for r in results)
         reasons = failed_attempt_reasons(self._attempts, batch, results)
+        if failed_attempts:
+            reasons = merge_attempt_reasons(reasons, self._cluster_reasons(group, plans, batch))
         log_failed_attempts(reasons)
         results = [r for r in results if r["partition"] is not None]  # spare slots ran nothing
         errors = [r for r in results if "error" in r]
@@ -525,8 +546,9 @@ class SparkJobRunner:
                     if self.affinity is not None and self.affinity.keepers and now - idle_since >= IDLE_GIVE_BACK:
                         self.affinity.give_back(self.checkpoints, self.job)
                     # A processing-time timer due before the next poll wakes the loop when it is due.
-                    wait = self.poll_interval if self.next_timer is None else \
-                        min(self.poll_interval, max(0.0, self.next_timer - time.time()))
+                    wait = self.busy_poll_interval if now - idle_since < BUSY_FOR else self.poll_interval
+                    if self.next_timer is not None:
+                        wait = min(wait, max(0.0, self.next_timer - time.time()))
                     self._wait(wait)
                     continue
                 idle_since = None

@@ -31,7 +31,8 @@ from localstate.errors import (ChangelogError, CheckpointError, ConfigError, Exe
                                TaskError)
 
 __all__ = ["executor_failure", "spark_failure", "python_error", "python_traceback", "RETRYABLE",
-           "record_failed_attempt", "failed_attempt_reasons", "log_failed_attempts"]
+           "record_failed_attempt", "failed_attempt_reasons", "log_failed_attempts", "attempt_error",
+           "merge_attempt_reasons"]
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ def failed_attempt_reasons(directory: Path | None, batch: int,
         for attempt in range(int(result.get("attempt", 0) or 0)):
             if (partition, attempt) not in told and partition is not None:
                 where = "Python worker exited unexpectedly" if directory is not None else \
-                    "failed on an executor (its reason is not collected on cluster masters)"
+                    "failed on an executor (Spark recorded no reason for it)"
                 reasons.append({"batch": batch, "partition": partition, "attempt": attempt, "type": "WorkerExited",
                                 "message": f"{where} (attempt {attempt} of partition {partition})", "host": host})
     reasons.sort(key=lambda r: (r.get("partition") if r.get("partition") is not None else -1, r.get("attempt", 0)))
@@ -257,3 +258,37 @@ def log_failed_attempts(reasons: Iterable[Mapping[str, Any]], retried: bool = Tr
                     f"partition {partition}" if partition is not None else "a slot",
                     f" on {r['host']}" if r.get("host") else "", r.get("type"), r.get("message") or "",
                     " (Spark retried it)" if retried else "")
+
+
+_WORKER_EXITED = "Python worker exited unexpectedly"
+
+
+def attempt_error(text: str) -> tuple[str, str]:
+    """``(type, message)`` of one failed task attempt from its error text as Spark's status store
+    keeps it: the Python exception's type name and the first line of its message when the text holds
+    a Python traceback, else the Java side's reason (``ExecutorLostFailure``, a Python worker that
+    died: ``WorkerExited``, as :func:`failed_attempt_reasons` names it), without any Java frame."""
+    python = python_traceback(text)
+    if python is not None:
+        _frames, type_name, message = _parse(python)
+        first = message.strip().splitlines()[0] if message.strip() else ""
+        return type_name.rpartition(".")[2] or type_name, first[:_MESSAGE_LIMIT]
+    line = next((line.strip() for line in text.splitlines() if line.strip() and not _JAVA_FRAME.match(line)), "")
+    if _WORKER_EXITED in line:
+        return "WorkerExited", line[line.find(_WORKER_EXITED):][:_MESSAGE_LIMIT]
+    head = re.match(r"^([\w$.]+)(?::\s*|\s+|$)(.*)$", line)
+    if head is None:
+        return "Error", line[:_MESSAGE_LIMIT]
+    return head[1].rpartition(".")[2], head[2].strip()[:_MESSAGE_LIMIT]
+
+
+def merge_attempt_reasons(counted: Iterable[Mapping[str, Any]],
+                          known: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``counted`` (one reason per failed attempt the successful results count, possibly without its
+    cause) with each entry replaced by the ``known`` reason of the same partition and attempt; known
+    reasons of attempts not counted are kept too. Ordered by partition, then attempt."""
+    by_attempt = {(r.get("partition"), r.get("attempt")): dict(r) for r in counted}
+    for reason in known:
+        by_attempt[(reason.get("partition"), reason.get("attempt"))] = dict(reason)
+    return sorted(by_attempt.values(), key=lambda r: (r.get("partition") if r.get("partition") is not None else -1,
+                                                       r.get("attempt", 0)))

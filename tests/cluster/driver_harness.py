@@ -3,7 +3,8 @@ runs a job on the standalone cluster step by step, as the test asks on stdin, on
 line, and answers each with one ``RESULT <json>`` line on stdout:
 
 * ``{"run": n}``: run up to ``n`` batches (``SparkJobRunner.run(batches=n)``), answer with the
-  summary (records, lag, tasks, warm tasks, failed attempts, restored and trimmed records);
+  summary (records, lag, tasks, warm tasks, failed attempts and their reasons, restored and trimmed
+  records);
 * ``{"executors": k, "timeout": s}``: wait until ``k`` executors are alive, answer with their ids;
 * ``{"stop": true}``: stop Spark and exit.
 A failed run answers ``{"error": type, "message": text}``.
@@ -41,6 +42,7 @@ def main(job_file: str, batch_size: int) -> None:
                      "stateful": sum(b.stateful for b in summary.batches),
                      "warm": sum(b.warm for b in summary.batches), "warm_fraction": summary.warm_fraction,
                      "failed_attempts": sum(b.failed_attempts for b in summary.batches),
+                     "reasons": [r for b in summary.batches for r in b.failed_attempt_reasons],
                      "replayed": sum(b.replayed for b in summary.batches),
                      "trimmed": sum(b.trimmed for b in summary.batches),
                      "homes": {str(p): list(h) for p, h in (runner.placement.homes.items()

@@ -69,6 +69,12 @@ def test_worker_killed_mid_batch_moves_partitions_then_returns(tmp_path, spark_c
     assert survivor != worker_home
     assert set(home[0] for home in moved["homes"].values()) == {survivor}  # every partition moved there
     assert moved["replayed"] > 0  # the moved partitions were rebuilt from the changelog
+    # Why the victim's attempt failed, from Spark's status store (no executor can leave it for the
+    # driver on a cluster): the lost executor, on the killed host.
+    reasons = moved["reasons"]
+    assert len(reasons) == moved["failed_attempts"] >= 1, moved
+    assert all(r["host"] and "recorded no reason" not in r["message"] for r in reasons), reasons
+    assert any(r["partition"] == victim and r["type"] == "ExecutorLostFailure" for r in reasons), reasons
 
     alone = driver.ask({"run": 2})
     assert alone.get("batches") == 2, alone

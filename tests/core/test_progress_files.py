@@ -96,3 +96,36 @@ def test_status_of_a_live_run(tmp_path, capsys):
         beat.stop()
     assert main(["status", str(job_file)]) == 3
     assert "not running" in capsys.readouterr().out
+
+
+def test_failed_attempt_reasons_are_json_objects_in_progress_and_status(tmp_path, capsys):
+    """A retried attempt's reason is a JSON object in progress.jsonl (not the text of a Python dict),
+    and `localstate status` shows it as one line."""
+    from pathlib import Path
+
+    from localstate.core.config import load_job_config
+    from localstate.runtime.progress import REASON_FIELDS, ProgressReport, progress_directory
+    from localstate.runtime.spark.plan import BatchResult
+    from localstate.tools.cli import main
+
+    (tmp_path / "data").mkdir()
+    job_file = tmp_path / "job.toml"
+    job_file.write_text('[job]\nname = "retried"\ntask = "x:Y"\n[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
+    job = load_job_config(job_file)
+    killed = {"batch": 3, "partition": 1, "attempt": 0, "type": "WorkerExited", "host": "host-a", "pid": 4321,
+              "message": "Python worker exited unexpectedly (attempt 0 of partition 1)"}
+    odd = {"batch": 3, "partition": None, "attempt": 1, "type": "OSError", "message": Path("/x"), "host": None}
+    result = BatchResult(3, records_in=5, tasks=2, failed_attempts=2, failed_attempt_reasons=[killed, odd])
+    progress = ProgressReport.from_batch(job, result, [], run_id="r")
+    ProgressLog(progress_directory(job)).append(progress)
+
+    [line] = (progress_directory(job) / "progress.jsonl").read_text().splitlines()
+    reasons = json.loads(line)["failed_attempt_reasons"]
+    assert reasons == [{name: killed[name] for name in REASON_FIELDS},
+                       {"batch": 3, "partition": None, "attempt": 1, "type": "OSError", "message": "/x", "host": None}]
+    assert main(["status", str(job_file)]) == 3
+    text = capsys.readouterr().out
+    assert "2 failed attempt(s) retried" in text
+    assert ("failed attempt: batch 3 partition 1 attempt 0 on host-a: WorkerExited: Python worker exited "
+            "unexpectedly (attempt 0 of partition 1)") in text
+    assert "failed attempt: batch 3 a slot attempt 1: OSError: /x" in text

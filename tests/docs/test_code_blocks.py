@@ -45,7 +45,8 @@ CODE_LANGUAGES = {"python", "toml"}
 # Shell blocks: their `localstate` and `python -m bench` commands are checked against the code.
 SHELL_LANGUAGES = {"bash", "console"}
 # Anything else a page may use (output samples, pictures, signatures: not runnable).
-OTHER_LANGUAGES = {"text", "ini", "yaml"}  # ini, yaml: other tools' files (a systemd unit, a Kubernetes manifest)
+OTHER_LANGUAGES = {"text", "ini", "yaml", "json"}  # ini, yaml, json: other tools' files (a systemd unit, a Kubernetes
+# manifest, a SeaweedFS identities file)
 
 #: ``(page, first line of the block)`` -> why a python/toml block is neither included nor checked.
 #: Keep it short: the way out of this list is a file under docs/snippets/ and a check below.

@@ -2,7 +2,8 @@
 inputs are drained, stops cleanly on SIGTERM/SIGINT, and reports why failed task attempts failed.
 
 The CLI runs as a subprocess, so its signals are real: records appended after the start are processed;
-a Python worker killed mid-batch is retried and its attempt reported at WARNING; SIGTERM in the middle of
+a Python worker killed mid-batch is retried and its attempt reported at WARNING and, with its
+reason, in progress.jsonl; SIGTERM in the middle of
 a batch lets it complete and exits 0; a SIGKILLed driver resumes; after each, a bounded run
 (``--until-drained``) finishes the input and the outputs are exact against plain Python. In process: an
 idle standing run starts no Spark job, gives its kept instances back after a while, and ``stop()`` ends
@@ -10,6 +11,7 @@ it; a killed worker's attempt is in ``BatchResult.failed_attempt_reasons``."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -26,6 +28,7 @@ from counting_job import write_counting_job
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
 from localstate.core.streams import open_output
+from localstate.runtime.progress import PROGRESS_FILE, progress_directory
 from localstate.runtime.spark import driver as spark_driver
 from localstate.runtime.spark.failures import failed_attempt_reasons, record_failed_attempt
 from localstate.runtime.spark.runner import SparkJobRunner
@@ -201,6 +204,15 @@ def test_standing_jsonl_follows_appends_survives_a_killed_worker_and_stops_on_si
     # No Java stack; no Python traceback but PySpark's own note when Spark stops (an idle worker's
     # socket closed under it: "PySpark daemon failed to flush the output to the worker process").
     assert "\tat org.apache" not in stderr and "localstate/" not in stderr.partition("Traceback")[2], stderr
+    # ...and progress.jsonl records the retried attempt with its reason, a JSON object.
+    progress = [json.loads(line) for line in
+                (progress_directory(load_job_config(job_file)) / PROGRESS_FILE).read_text().splitlines()]
+    retried = [p for p in progress if p["failed_attempts"]]
+    assert len(retried) == 1 and retried[0]["failed_attempts"] == 1, [p["failed_attempts"] for p in progress]
+    [reason] = retried[0]["failed_attempt_reasons"]
+    assert reason["type"] == "WorkerExited" and reason["batch"] == retried[0]["batch"] and reason["attempt"] == 0
+    assert reason["message"] == f"Python worker exited unexpectedly (attempt 0 of partition {reason['partition']})"
+    assert reason["partition"] == partition_for("user-1", PARTITIONS)
 
     # The stopped batch was committed (or nothing of it was): a bounded run finishes the input; exact.
     append(data, ["user-9"] * 3)
