@@ -36,7 +36,7 @@ def _library_roots() -> tuple[str, ...]:
     roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib")}
     # Every folder the localstate distribution maps to a package (pyproject.toml's package-dir).
     for package in ("localstate", "localstate.core", "localstate.runtime", "localstate.tools", "localstate.testing",
-                    "localstate.native",
+                    "localstate.native", "localstate.windows",
                     "localstate.engines", "localstate.changelog",
                     "localstate.streams", "localstate.demo", "pyspark", "py4j"):
         try:
