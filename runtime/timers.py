@@ -70,6 +70,14 @@ def _json_decode(data: bytes) -> Any:
     return _json_text(data.decode("utf-8"))
 
 
+def _decode_timestamps(entries: list[bytes]) -> tuple[float, ...]:
+    """:func:`decode_timestamp` of each store key's timestamp, in three C calls and one comprehension."""
+    count = len(entries)
+    bits = struct.unpack(f">{count}Q", b"".join([entry[1:9] for entry in entries]))
+    flipped = [b & ~_SIGN if b & _SIGN else b ^ _ALL for b in bits]
+    return struct.unpack(f">{count}d", struct.pack(f">{count}Q", *flipped))
+
+
 def _json_decode_many(texts: list[bytes]) -> list[Any]:
     """The json keys of a chunk, decoded by C-level maps (no frame per key); raises (ValueError,
     StopIteration) unless each text is exactly one JSON value."""
@@ -358,6 +366,7 @@ class PartitionTime:
                     keys = decode_many([entry[9:] for entry in scanned])  # type: ignore[misc]
                 except (*FAST_ERRORS, StopIteration):
                     keys = [_UNDECODED] * len(scanned)  # one refused: each decoded as it fires
+                stamps = _decode_timestamps(scanned)
                 # The chunk's deletions in one batch, before any of its timers fires: all land in the
                 # same commit as the outputs either way. A timer re-registered while firing (pending)
                 # is deleted again as it fires; if the round stops early (an exception) the timers
@@ -374,9 +383,12 @@ class PartitionTime:
                             pending.discard(entry)
                             delete(entry)
                             key = _UNDECODED
+                            (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
+                            timestamp = unpack_f64(pack_u64(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
                         elif index < count:
                             entry = scanned[index]
                             key = keys[index]
+                            timestamp = stamps[index]
                             index += 1
                             if deleted and entry in deleted:
                                 continue
@@ -392,8 +404,6 @@ class PartitionTime:
                                 key = decode_key(entry[9:])  # type: ignore[misc]
                             except FAST_ERRORS:
                                 key = slow_decode(entry[9:])
-                        (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
-                        timestamp = unpack_f64(pack_u64(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
                         try:
                             on_timer(key, timestamp, collector, coordinator)
                         except (Exception, SystemExit) as exc:

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from localstate.core.checkpoint import Checkpoint
-from localstate.core.config import TIMER_STORE, parse_job_config
+from localstate.core.config import TIMER_STORE, TIMER_WRITE_BATCH, parse_job_config
 from localstate.core.task import BatchTask, StreamTask
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, Timers
 from localstate.errors import ConfigError, InvalidValueError
@@ -293,6 +293,7 @@ def test_the_timer_store_is_a_logged_kv_store_of_the_job() -> None:
     job = parse({"timers": True, "timer_backend": "lmdb"})
     store = job.stores[TIMER_STORE]
     assert (store.engine, store.options["backend"], store.changelog) == ("kv", "lmdb", "j-timers-changelog")
+    assert (store.options["cache_size"], store.options["write_batch_size"]) == (0, TIMER_WRITE_BATCH)
     assert job.time.allowed_lateness == 0.0 and parse({"allowed_lateness": "1m"}).time.allowed_lateness == 60.0
 
 
@@ -492,3 +493,11 @@ def test_the_json_chunk_decoding_accepts_exactly_one_json_value_per_key() -> Non
     for bad in ([b"1,[2", b"3]"], [b"\"a\" "], [b"[1"], [b"nope"], [b""], [b"\xff"]):
         with pytest.raises((ValueError, StopIteration)):
             timer_module._json_decode_many(bad)
+
+
+def test_a_chunks_timestamps_decode_as_each_one_does() -> None:
+    stamps = [-1e300, -1.5, -0.0, 0.0, 5e-324, 1.0, 1.7e9 + 0.25, 1e300, 2.0 ** 62]
+    entries = [b"e" + encode_timestamp(ts) + b'"k"' for ts in stamps]
+    assert timer_module._decode_timestamps(entries) == tuple(map(decode_timestamp, [e[1:9] for e in entries]))
+    assert timer_module._decode_timestamps(entries) == tuple(ts + 0.0 for ts in stamps)
+    assert timer_module._decode_timestamps([]) == ()
