@@ -14,11 +14,15 @@ each figure is the median over ``--rounds``. Rows:
   changelog is flushed (going past the plain-Python ideal, which writes the database inline);
 * ``kv rocksdb|lmdb pure-python``: the kv rows with ``LOCALSTATE_PURE_PYTHON=1``, i.e. without
   localstate's C extensions (record framing, get/put fast paths, bulk sort), for their effect;
+* ``kv rocksdb|lmdb|memory ttl``: the kv rows with ``ttl = "7d"`` (nothing expires during the run:
+  the cost of stamping, checking and sweeping), and ``kv rocksdb ttl task-clock`` with a time source
+  read through a Python method, as a task partition's is (the others read the wall clock directly);
 * Quix Streams' RocksDB state on the scattered workload, when a Python with quixstreams exists.
 
 Ratios: kv / ideal on the same backend (target >= 0.9; against the faster of the two RocksDB ideals),
 the same on CPU time (steadier on a shared machine), memory / rocksdb (target >= 1), write-behind /
-ideal, kv / kv pure-python (what the C extensions give), and kv / Quix (stretch >= 10).
+ideal, kv / kv pure-python (what the C extensions give), kv ttl / kv (target >= 0.9: TTL overhead at
+most 10%), and kv / Quix (stretch >= 10).
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ SYSTEMS: list[tuple[str, str, dict[str, Any]]] = [
     ("kv lmdb write_behind", "engine_sliced", {"backend": "lmdb", "extra": {"write_behind": True}}),
     ("kv rocksdb json", "engine_sliced", {"backend": "rocksdb", "value_serde": "json"}),
     ("kv lmdb json", "engine_sliced", {"backend": "lmdb", "value_serde": "json"}),
+    ("kv rocksdb ttl", "engine_sliced", {"backend": "rocksdb", "extra": {"ttl": "7d"}}),
+    ("kv lmdb ttl", "engine_sliced", {"backend": "lmdb", "extra": {"ttl": "7d"}}),
+    ("kv memory ttl", "engine_sliced", {"backend": "memory", "extra": {"ttl": "7d"}}),
+    ("kv rocksdb ttl task-clock", "engine_sliced", {"backend": "rocksdb", "extra": {"ttl": "7d"}, "clock": "task"}),
     ("kv rocksdb pure-python", "engine_sliced", {"backend": "rocksdb", "pure_python": True}),
     ("kv lmdb pure-python", "engine_sliced", {"backend": "lmdb", "pure_python": True}),
 ]
@@ -128,6 +136,12 @@ def _ratios(report: Report, name: str, wall: dict[str, float], cpu: dict[str, fl
             pure = figures.get(f"kv {backend} pure-python")
             if pure and f"kv {backend}" in figures:
                 report.ratio(f"{name}: kv {backend} / kv {backend} pure-python{suffix}", figures[f"kv {backend}"] / pure)
+        for backend in ("rocksdb", "lmdb", "memory"):
+            for variant in ("", " task-clock"):
+                with_ttl = figures.get(f"kv {backend} ttl{variant}")
+                if with_ttl and f"kv {backend}" in figures:
+                    report.ratio(f"{name}: kv {backend} ttl{variant} / kv {backend}{suffix}",
+                                 with_ttl / figures[f"kv {backend}"], ">= 0.9" if not suffix else None)
         if "kv memory" in figures and "kv rocksdb" in figures:
             report.ratio(f"{name}: kv memory / kv rocksdb{suffix}", figures["kv memory"] / figures["kv rocksdb"],
                          ">= 1" if not suffix else None)

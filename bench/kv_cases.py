@@ -63,7 +63,9 @@ def _changelog(tmp: Path, kind: str = "file") -> tuple[Any, str]:
 
 def _engine(tmp: Path, p: dict[str, Any]) -> tuple[Any, Any, str]:
     """A kv store with the engine's default options, except those named in ``p`` (backend,
-    cache_size, write_batch_size, ``extra``; ``value_serde``: ``"int"`` (default) or ``"json"``)."""
+    cache_size, write_batch_size, ``extra``; ``value_serde``: ``"int"`` (default) or ``"json"``;
+    ``clock``: ``"task"`` hands the store a time source whose clock is a Python method, as a task
+    partition's is, instead of the default wall clock)."""
     from localstate.core.engine import StoreContext
     from localstate.core.serdes import IntSerde, JsonSerde, StringSerde
     from localstate.engines.kv import KeyValueEngineFactory
@@ -73,8 +75,20 @@ def _engine(tmp: Path, p: dict[str, Any]) -> tuple[Any, Any, str]:
     changelog, kind = _changelog(tmp, p.get("changelog", "file"))
     (tmp / "store").mkdir()
     vserde = JsonSerde() if p.get("value_serde") == "json" else IntSerde()
-    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), vserde, changelog)
+    extra = {"time": _TaskClock()} if p.get("clock") == "task" else {}
+    ctx = StoreContext("bench", "bench", 0, tmp / "store", options, StringSerde(), vserde, changelog, **extra)
     return factory.create(ctx), changelog, kind
+
+
+class _TaskClock:
+    """A time source read through Python methods (what a runtime's per-partition source costs)."""
+
+    def processing_time(self) -> float:
+        return time.time()
+
+    @property
+    def watermark(self) -> float | None:
+        return None
 
 
 class _Clock:
@@ -197,15 +211,17 @@ def batch_task(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
 def task_feed(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     """The counting workload through the runtime: a TaskInstance (kv store ``counts``, file changelog,
     checkpoints) fed ``InputRecord``s by its one feed loop, a commit every ``commit_every`` records,
-    with the per-record task (``batch`` false: ``process()`` per record, get + put) or the batch task
-    (``batch`` true: Arrow batches of up to 4096 rows, one ``merge_many`` each). No outputs."""
+    with the per-record task (``batch`` false: ``process()`` per record, get + put, fed records) or the
+    batch task (``batch`` true: fed column chunks of up to 4096 rows, as an input read as columns
+    gives them; an Arrow batch and one ``merge_many`` each). No outputs."""
     import pyarrow as pa
 
     from localstate.core.config import parse_job_config
     from localstate.core.layout import open_changelog_system
-    from localstate.core.streams.base import InputRecord
+    from localstate.core.streams.base import COLUMN_ROWS, InputColumns, InputRecord
     from localstate.core.task import BatchTask, StreamTask, record_batch
     from localstate.runtime.instance import TaskInstance
+    from localstate.runtime.records import ColumnRows
 
     class Count(StreamTask):
         def init(self, context: Any) -> None:
@@ -234,11 +250,25 @@ def task_feed(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     instance = TaskInstance(job, 0, changelogs, task_factory=CountBatch if p.get("batch") else Count)
     instance.open()
     every = p["commit_every"]
-    records = [("events", InputRecord(i, k, None, None)) for i, k in enumerate(ks)]
-    with _Clock() as clock:
-        for start in range(0, len(records), every):
-            instance.feed(records[start:start + every])
-            instance.commit()
+    if p.get("batch"):
+        # As the native path feeds a batch task from an input read as columns (ColumnarInput):
+        # chunks of up to COLUMN_ROWS rows, no record tuple per row.
+        chunks = [ColumnRows("events", InputColumns(list(range(first, last)), ks[first:last], [None] * (last - first),
+                                                    [None] * (last - first), [], last))
+                  for start in range(0, len(ks), every)
+                  for first, last in ((f, min(f + COLUMN_ROWS, start + every, len(ks)))
+                                      for f in range(start, min(start + every, len(ks)), COLUMN_ROWS))]
+        per_commit = -(-every // COLUMN_ROWS)
+        with _Clock() as clock:
+            for index in range(0, len(chunks), per_commit):
+                instance.feed(chunks[index:index + per_commit])
+                instance.commit()
+    else:
+        records = [("events", InputRecord(i, k, None, None)) for i, k in enumerate(ks)]
+        with _Clock() as clock:
+            for start in range(0, len(records), every):
+                instance.feed(records[start:start + every])
+                instance.commit()
     kv = instance.stores["counts"].engine
     kv._cache.clear()
     total = sum(v for _, v in kv.all())

@@ -3,7 +3,7 @@
 ../shared/peers/spark_peer.py in a subprocess of the same run, on the same workload shape).
 
     python -m bench spark [--json] [--quick] [--events N] [--users K] [--warmup-events W] [--rounds R]
-                          [--no-peer] [--no-dataframe] [--peer PATH]
+                          [--no-peer] [--no-dataframe] [--no-batch-task] [--peer PATH]
 
 Workload: N events, user ``user-%08d`` uniform over K users (numpy default_rng(seed), as the
 peer), written untimed as pre-partitioned JSON lines; one micro-batch per N/10 events. Timed: the
@@ -88,13 +88,17 @@ def _write_events(directory: Path, events: int, users: int, seed: int, partition
     return np.bincount(uid, minlength=users)
 
 
-def _job(root: Path, data: Path, partitions: int, backend: str) -> Path:
+TASKS = {"record": "localstate.demo:PageViewCounter", "batch": "localstate.demo:PageViewCounterBatch"}
+"""The job's task: per record, or the batch task (the same counts, a batch of Arrow columns per call)."""
+
+
+def _job(root: Path, data: Path, partitions: int, backend: str, task: str = "record") -> Path:
     path = root / "job.toml"
     path.write_text(f"""
 [job]
 name = "bench-page-views"
 partitions = {partitions}
-task = "localstate.demo:PageViewCounter"
+task = "{TASKS[task]}"
 state_dir = "{root / 'state'}"
 
 [changelogs.file]
@@ -147,15 +151,15 @@ _PHASES = {
 }
 
 
-def _breakdown(report: Report, summaries: list[RunSummary]) -> None:
-    """Rows ``time: <phase>``: where the wall time of the timed runs went, summed over the runs
+def _breakdown(report: Report, summaries: list[RunSummary], prefix: str = "time") -> None:
+    """Rows ``<prefix>: <phase>``: where the wall time of the timed runs went, summed over the runs
     (tasks of a batch run in parallel; their phases are counted on each batch's critical path)."""
     seconds = sum(summary.seconds for summary in summaries)
     phases = {key: sum(summary.breakdown()[key] for summary in summaries) for key in _PHASES}
     for key, label in _PHASES.items():
-        report.add(f"time: {label}", phase_s=phases[key], share_pct=100.0 * phases[key] / seconds)
+        report.add(f"{prefix}: {label}", phase_s=phases[key], share_pct=100.0 * phases[key] / seconds)
     other = seconds - sum(phases.values())
-    report.add("time: other (driver loop, progress)", phase_s=other, share_pct=100.0 * other / seconds)
+    report.add(f"{prefix}: other (driver loop, progress)", phase_s=other, share_pct=100.0 * other / seconds)
 
 
 def _peer(script: Path, events: int, users: int, seed: int, budget: float, total: float, variants: str = "a,b,c",
@@ -213,7 +217,7 @@ def _descendants_cpu_seconds(pid: int) -> dict[int, float]:
 
 
 def _localstate(root: Path, data: Path, partitions: int, backend: str, events: int, expected: np.ndarray,
-                users: int, *, warmup: int, conf: dict[str, str] | None = None,
+                users: int, *, warmup: int, conf: dict[str, str] | None = None, task: str = "record",
                 quick_jit: bool = False, measured: dict[str, float] | None = None) -> tuple[float, RunSummary, bool]:
     """One timed run on a fresh local[2] SparkContext (started and warmed up untimed, like the
     peer's): seconds, summary, and whether every count read back equals ``expected``. ``quick_jit``:
@@ -223,14 +227,14 @@ def _localstate(root: Path, data: Path, partitions: int, backend: str, events: i
     ``workers_cpu_s``: the CPU seconds of the Python workers (the JVM's descendants) during it, i.e.
     what the tasks' work cost on this machine."""
     root.mkdir()
-    job = load_job_config(_job(root, data, partitions, backend))
+    job = load_job_config(_job(root, data, partitions, backend, task))
     context = spark_context("local[2]", "bench-localstate", conf, quick_jit=quick_jit)
     try:
         # Warm-up (untimed): start the Python workers, import everything, warm the JIT; two batches.
         warm = root / "warm"
         (warm / "data").mkdir(parents=True)
         warm_counts = _write_events(warm / "data", warmup, min(users, warmup), 1, partitions)
-        SparkJobRunner(load_job_config(_job(warm, warm / "data", partitions, backend)), context=context,
+        SparkJobRunner(load_job_config(_job(warm, warm / "data", partitions, backend, task)), context=context,
                        batch_size=max(1, -(-int(warm_counts.sum()) // (2 * partitions)) * 11 // 10),
                        progress=None).run()
         # Ten batches: the batch size is a tenth of the largest partition.
@@ -290,20 +294,21 @@ def _dataframe_query(spark, job, source: Path, checkpoint: Path, reports: list[D
 
 
 def _localstate_dataframe(root: Path, source: Path, partitions: int, backend: str, events: int,
-                          expected: np.ndarray, users: int, *, warmup: int) -> tuple[float, list[DataFrameBatch], bool]:
+                          expected: np.ndarray, users: int, *, warmup: int,
+                          task: str = "record") -> tuple[float, list[DataFrameBatch], bool]:
     """One timed run of the DataFrame path on a fresh local[2] SparkContext (started and warmed up
     untimed): seconds, the batches' reports, and whether every count read back equals ``expected``."""
     from pyspark.sql import SparkSession
 
     root.mkdir()
-    job = load_job_config(_job(root, source, partitions, backend))  # its [inputs] are not used
+    job = load_job_config(_job(root, source, partitions, backend, task))  # its [inputs] are not used
     context = spark_context("local[2]", "bench-localstate-dataframe")
     try:
         spark = SparkSession(context)
         warm = root / "warm"
         warm.mkdir()
         _write_parquet_batches(warm / "data", warmup, min(users, warmup), 1, 2)  # two micro-batches
-        warm_job = load_job_config(_job(warm, warm / "data", partitions, backend))
+        warm_job = load_job_config(_job(warm, warm / "data", partitions, backend, task))
         _dataframe_query(spark, warm_job, warm / "data", warm / "query", [])
         release(warm_job)
         reports: list[DataFrameBatch] = []
@@ -364,6 +369,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backend", default="rocksdb", choices=["rocksdb", "lmdb", "memory"])
     parser.add_argument("--no-peer", action="store_true", help="skip Spark's own stateful streaming")
     parser.add_argument("--no-dataframe", action="store_true", help="skip the DataFrame entry point")
+    parser.add_argument("--no-batch-task", action="store_true",
+                        help="skip the batch task's runs (PageViewCounterBatch on both paths)")
     parser.add_argument("--peer", type=Path, default=PEER, help="the peer script (default: ../shared/peers)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of (native path, DataFrame path), alternating; the ratio uses all of them")
@@ -394,8 +401,12 @@ def main(argv: list[str]) -> int:
         # Rounds alternate the native path and the DataFrame path, so that a change of background load
         # during the run weighs on both; the ratio uses every round's runs.
         runs, df_runs = [], []
+        batch_runs, df_batch_runs = [], []
         for round_index in range(args.rounds):
             runs.append(native(f"run{len(runs) + 1}"))
+            if not args.no_batch_task:
+                batch_runs.append(_localstate(root / f"batch{round_index + 1}", data, partitions, args.backend, events,
+                                              expected, args.users, warmup=warmup, task="batch"))
             if peer and round_index == 0:
                 # Measure localstate before and after Spark's native aggregation and compare with the
                 # mean, so that a change of background load between the two shows (both rows).
@@ -406,7 +417,11 @@ def main(argv: list[str]) -> int:
                 df_runs.append(_localstate_dataframe(root / f"dataframe{round_index + 1}", root / "parquet",
                                                      partitions, args.backend, events, expected, args.users,
                                                      warmup=warmup))
-        correct = all(ok for _, _, ok in runs) and all(ok for _, _, ok in df_runs)
+                if not args.no_batch_task:
+                    df_batch_runs.append(_localstate_dataframe(
+                        root / f"dataframe-batch{round_index + 1}", root / "parquet", partitions, args.backend,
+                        events, expected, args.users, warmup=warmup, task="batch"))
+        correct = all(ok for _, _, ok in runs + batch_runs) and all(ok for _, _, ok in df_runs + df_batch_runs)
         for index, (seconds, summary, ok) in enumerate(runs, 1):
             tasks = sum(b.tasks for b in summary.batches)
             report.add(f"localstate on Spark (kv/{args.backend}), run {index}", events_per_s=events / seconds,
@@ -415,7 +430,25 @@ def main(argv: list[str]) -> int:
         rate = len(runs) * events / sum(seconds for seconds, _, _ in runs)
         if len(runs) > 1:
             report.add(f"localstate on Spark (kv/{args.backend}), all runs", events_per_s=rate)
+        batch_rate = None
+        for index, (seconds, summary, ok) in enumerate(batch_runs, 1):
+            tasks = sum(b.tasks for b in summary.batches)
+            report.add(f"localstate on Spark, batch task (kv/{args.backend}), run {index}",
+                       events_per_s=events / seconds, seconds=seconds, batches=len(summary.batches), correct=ok,
+                       kept_open_pct=100.0 * sum(b.reused for b in summary.batches) / max(1, tasks))
+        if batch_runs:
+            batch_rate = len(batch_runs) * events / sum(seconds for seconds, _, _ in batch_runs)
+            report.ratio("native path: batch task / per-record task", batch_rate / rate, ">= 2")
+        df_batch_rate = None
+        for index, (seconds, reports, ok) in enumerate(df_batch_runs, 1):
+            report.add(f"localstate DataFrame entry point, batch task (kv/{args.backend}), run {index}",
+                       events_per_s=events / seconds, seconds=seconds, batches=len(reports), correct=ok)
+        if df_batch_runs:
+            df_batch_rate = len(df_batch_runs) * events / sum(seconds for seconds, _, _ in df_batch_runs)
+            report.ratio("DataFrame path, batch task / native path, per-record task", df_batch_rate / rate, ">= 1")
         _breakdown(report, [summary for _, summary, _ in runs])
+        if batch_runs:
+            _breakdown(report, [summary for _, summary, _ in batch_runs], prefix="batch task time")
         if df_runs:
             for index, (seconds, reports, ok) in enumerate(df_runs, 1):
                 applied = sum(len(r.applied) for r in reports)
@@ -454,6 +487,12 @@ def main(argv: list[str]) -> int:
                 report.ratio("localstate / applyInPandasWithState", rate / rates["c_apply_pandas"])
             if "a_sql_count" in rates:
                 report.ratio("localstate / Spark native groupBy().count()", rate / rates["a_sql_count"], ">= 1.5")
+                if batch_rate is not None:
+                    report.ratio("localstate batch task / Spark native groupBy().count()",
+                                 batch_rate / rates["a_sql_count"], ">= 3")
+                if df_batch_rate is not None:
+                    report.ratio("localstate DataFrame path, batch task / Spark native groupBy().count()",
+                                 df_batch_rate / rates["a_sql_count"])
             if failure:
                 report.notes.append("peer produced no figures: " + failure.replace("\n", " | ")[-500:])
             if "b_tws_pandas" not in rates and not _has_protobuf():

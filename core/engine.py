@@ -12,14 +12,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter, RecordColumns
 from localstate.core.options import Option, validate_options
 from localstate.core.serdes import Serde
 from localstate.core.time import SYSTEM_TIME, TimeSource
+from localstate.errors import ConfigError
 
-__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "SerdeColumn", "StateColumns"]
+__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "SerdeColumn", "StateColumns",
+           "LiveEntries", "TimedStore"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,34 @@ class StateColumns:
     rows: Callable[[list[tuple[bytes, bytes]]], Iterable[tuple]]
 
 
+@runtime_checkable
+class LiveEntries(Protocol):
+    """Optional factory capability: engines whose stored values are more than the serde's bytes (a
+    kv store with ``ttl`` stores each value with its expiry) say how a reader of stored entries (the
+    state reader, ``localstate inspect``) gets the live ones. ``live_entries`` returns a filter of a
+    store partition's stored ``(key, value)`` pairs to the visible ones, each value as its serde wrote
+    it, as of ``time``'s current time; None: every stored entry is live and stored as is.
+    ``stored_value`` splits one stored value."""
+
+    def live_entries(self, store: str, options: Mapping[str, Any], time: TimeSource
+                     ) -> Callable[[Iterable[tuple[bytes, bytes]]], Iterator[tuple[bytes, bytes]]] | None: ...
+
+    def stored_value(self, options: Mapping[str, Any], data: bytes) -> tuple[bytes, float | None]:
+        """One stored value (a changelog record's) as its serde wrote it, and when it expires (None:
+        never), for tools that show the records themselves."""
+        ...
+
+
+@runtime_checkable
+class TimedStore(Protocol):
+    """Optional engine capability: an engine that reads its time source (:attr:`StoreContext.time`)
+    at chosen moments rather than at every access (a kv store with ``ttl`` reads it once per commit).
+    ``refresh_time()`` makes it read the time now: the runtime calls it when a batch starts (the time
+    an idle partition spent waiting counts), a test driver when it moves time."""
+
+    def refresh_time(self) -> None: ...
+
+
 class StorageEngine(ABC):
     """One store partition's local state.
 
@@ -140,6 +170,9 @@ class StorageEngineFactory(ABC):
     #: Options this engine no longer has, mapped to what to write instead (a string, or a function
     #: of the value given): a job that still sets one gets a ConfigError saying so, not "unknown option".
     removed_options: ClassVar[Mapping[str, str | Callable[[Any], str]]] = {}
+    #: Options other engines have that this one cannot honour (e.g. ``ttl``), mapped to why: a store
+    #: that sets one gets a ConfigError at ``stores.<store>.<option>`` saying so, not "unknown option".
+    unsupported_options: ClassVar[Mapping[str, str]] = {}
     description: ClassVar[str] = ""
 
     def validate_options(self, store: str, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -147,6 +180,10 @@ class StorageEngineFactory(ABC):
 
         Override :meth:`check_options` for cross-option rules; keep this template as is.
         """
+        for name, why in self.unsupported_options.items():
+            if name in raw and name not in self.options:
+                raise ConfigError.at(f"stores.{store}.{name}", f"store {store!r} sets {name!r}, which its engine "
+                                     f"does not support: {why}", hint=f"remove {name} from store {store!r}")
         options = validate_options(self.options, raw, f"stores.{store}", removed=self.removed_options)
         self.check_options(store, options)
         return options

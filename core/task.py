@@ -23,6 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar, overload, \
     runtime_checkable
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from localstate.core.time import Timers
 
 __all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "BatchTask",
-           "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch"]
+           "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch", "column_values"]
 
 StoreT = TypeVar("StoreT")
 
@@ -263,7 +264,8 @@ class BatchTask(StreamTask):
 def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values: list[Any],
                  timestamps: list[float | None], *, with_stream: bool = False) -> "pyarrow.RecordBatch":
     """The batch a :class:`BatchTask` receives for rows given as Python lists (one entry per row;
-    ``streams`` may be one name for all). Keys and values are typed by pyarrow's inference; a column
+    ``streams`` may be one name for all; ``keys``, ``values`` and ``timestamps`` may also be pyarrow
+    arrays, taken as they are). Keys and values are typed by pyarrow's inference; a column
     it cannot type (mixed types) holds each value's JSON text instead, with field metadata
     ``{"localstate.encoding": "json"}``. ``stream`` is added with ``with_stream`` or when the rows
     come from several streams; a batch of one stream names it in the schema metadata
@@ -272,7 +274,8 @@ def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values
 
     several = with_stream or len(set(streams)) > 1
     (key, key_meta), (value, value_meta) = _column(pa, keys), _column(pa, values)
-    arrays = [key, value, pa.array(timestamps, pa.float64()), pa.array(offsets, pa.int64())]
+    times = timestamps if isinstance(timestamps, pa.Array) else pa.array(timestamps, pa.float64())
+    arrays = [key, value, times, pa.array(offsets, pa.int64())]
     fields = [pa.field("key", key.type, metadata=key_meta), pa.field("value", value.type, metadata=value_meta),
               pa.field("timestamp", pa.float64()), pa.field("offset", pa.int64())]
     if several:
@@ -282,16 +285,77 @@ def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
 
 
-def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
-    """``(pa.array(values), None)``, or their JSON text and field metadata saying so when pyarrow
-    cannot type them."""
-    try:
-        return pa.array(values), None
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
-        import json  # only for columns pyarrow cannot type
+def column_values(batch: "pyarrow.RecordBatch", name: str) -> list[Any]:
+    """Column ``name`` of a batch as Python values, one per row: ``to_pylist()``, or each row's JSON
+    text decoded when the column holds JSON text (:func:`record_batch`'s columns pyarrow cannot hold
+    exactly, such as values of several shapes). The values are then those a :class:`StreamTask`'s
+    envelopes carry."""
+    field = batch.schema.field(name)
+    values = batch.column(name).to_pylist()
+    if field.metadata and field.metadata.get(b"localstate.encoding") == b"json":
+        import json  # only for JSON-text columns
 
-        text = [None if v is None else json.dumps(v, default=str, sort_keys=True) for v in values]
-        return pa.array(text, pa.string()), {"localstate.encoding": "json"}
+        return [None if text is None else json.loads(text) for text in values]
+    return values
+
+
+_SCALARS = {str, int, float, bool, bytes}
+"""Python classes whose column pyarrow types exactly (each value comes back as it was given)."""
+
+
+def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
+    """``(array, None)`` when pyarrow holds ``values`` exactly (each value reads back as the same
+    Python value of the same class), else their JSON text and field metadata saying so.
+
+    Exactly: a column of one scalar class (str, int within 64 bits, float, bool, bytes), or of
+    dicts/lists that read back with the same JSON text. pyarrow's own inference would widen
+    ``[1, 2.5]`` to floats and give ``[{"a": 1}, {"b": 2}]`` every field in every row: a batch task
+    would then store ``1.0`` where a per-record task stores ``1``."""
+    if isinstance(values, pa.Array):  # an input's Arrow column, exact already (ColumnarInput)
+        return values, None
+    classes = set(map(type, values))
+    classes.discard(type(None))
+    try:
+        if not classes:
+            return pa.array(values), None
+        if len(classes) == 1 and classes <= _SCALARS:
+            # inferred, not typed: pyarrow builds a string column several times faster so, and the
+            # type it infers for one class is that class's (an int beyond 64 bits raises)
+            return pa.array(values), None
+        if classes == {dict}:
+            array = _struct(pa, values)
+            if array is not None:
+                return array, None
+        if classes <= {dict, list}:
+            import json  # only for nested columns
+            array = pa.array(values)
+            if json.dumps(array.to_pylist()) == json.dumps(values):
+                return array, None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+        pass
+    import json  # only for columns pyarrow cannot hold exactly
+
+    text = [None if v is None else json.dumps(v, default=str) for v in values]  # key order as given
+    return pa.array(text, pa.string()), {"localstate.encoding": "json"}
+
+
+def _struct(pa: Any, rows: list[dict[str, Any]]) -> Any:
+    """A struct column of ``rows`` built field by field when every row has the same fields in the same
+    order and each field's column is exact (:func:`_column`); else None. Cheaper than inferring the
+    struct and reading it back, which is the check for any other nested column."""
+    shapes = set(map(tuple, rows))
+    if len(shapes) != 1:
+        return None
+    (names,) = shapes
+    if not names or not all(isinstance(name, str) for name in names):
+        return None
+    arrays = []
+    for name in names:
+        array, meta = _column(pa, list(map(itemgetter(name), rows)))
+        if meta is not None:
+            return None
+        arrays.append(array)
+    return pa.StructArray.from_arrays(arrays, names=list(names))
 
 
 def load_task_class(spec: str | type | Callable[[], StreamTask], *,

@@ -28,9 +28,9 @@ from localstate.runtime.instance import TaskInstance
 from localstate.core.streams import open_output
 from localstate.runtime.sink import StreamSink
 from localstate.streams.jsonl import write_jsonl
-from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, StreamTask, TaskContext
 
-__all__ = ["DemoPipeline", "PageViewCounter", "generate_events", "expected_results", "actual_results", "run_demo", "demo_job_toml"]
+__all__ = ["DemoPipeline", "PageViewCounter", "PageViewCounterBatch", "generate_events", "expected_results", "actual_results", "run_demo", "demo_job_toml"]
 
 HOUR = 3600
 MATCH_WINDOW = 600.0   # a click attributes to an impression at most 10 minutes old
@@ -391,3 +391,17 @@ class PageViewCounter(StreamTask):
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
         counts = self.counts
         counts.put(envelope.key, (counts.get(envelope.key) or 0) + 1)
+
+
+class PageViewCounterBatch(BatchTask):
+    """:class:`PageViewCounter` as a batch task: the batch's keys counted in Arrow
+    (``value_counts``), then one ``merge_many`` of the distinct users (the same counts)."""
+
+    def init(self, context: TaskContext) -> None:
+        self.counts = context.store("counts")
+
+    def process_batch(self, batch: Any, collector: Collector, coordinator: Coordinator) -> None:
+        import pyarrow.compute as pc  # only batch tasks need pyarrow
+
+        counted = pc.value_counts(batch.column("key"))
+        self.counts.merge_many(counted.field("values").to_pylist(), counted.field("counts").to_pylist())

@@ -38,12 +38,12 @@ from localstate.core.changelog import ChangelogPartition, ChangelogSystem, Defer
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import TIMER_STORE, JobConfig
 from localstate.core.corruption import wipe_local
-from localstate.core.engine import StorageEngine, StoreContext
+from localstate.core.engine import StorageEngine, StoreContext, TimedStore
 from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
 from localstate.runtime.faults import crash_point, crash_points, is_armed
 from localstate.runtime.timers import PartitionTime
-from localstate.runtime.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, FeedStats, InputPolicy, \
-    apply_on_error, make_envelope
+from localstate.runtime.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, ColumnRows, FeedStats, \
+    InputPolicy, apply_on_error, make_envelope
 from localstate.core.fsutil import ensure_dir, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
@@ -516,6 +516,13 @@ class TaskInstance:
                 reading += clock() - started
                 if not chunk:
                     break
+                if chunk[0].__class__ is ColumnRows:
+                    for rows in chunk:
+                        count = self._feed_columns(rows, policies, stats, several)
+                        n += count
+                        if autocommit and self._after_batch(count):
+                            return stats
+                    continue
                 if chunk[0].__class__ is ArrowRows:
                     for rows in chunk:
                         count = rows.batch.num_rows
@@ -564,6 +571,24 @@ class TaskInstance:
             stats.read_seconds = reading
         return stats
 
+    def _feed_columns(self, rows: ColumnRows, policies: Mapping[str, InputPolicy], stats: FeedStats,
+                      several: bool) -> int:
+        """One chunk of an input read as columns: the ``process`` crash point per row, ``on_error``
+        per bad row (in offset order), one batch of the good rows; the position moves past the chunk.
+        Returns the rows fed."""
+        name, columns = rows.stream, rows.columns
+        count = columns.rows
+        crash_points("process", count)
+        for record in columns.bad:
+            apply_on_error(policies.get(name), self, name, record, stats)
+        if columns.offsets:
+            batch = record_batch([name], columns.offsets, columns.keys, columns.values, columns.timestamps,
+                                 with_stream=several)
+            self._deliver(batch, name, columns.offsets[0], len(columns.offsets))
+            self._observe_column(batch)  # after the batch: process_batch() saw the watermark before it
+        self.positions[name] = columns.end
+        return count
+
     def _observe(self, timestamps: Iterable[float | None]) -> None:
         """The event timestamps of a batch about to be delivered (None: a row without one)."""
         high = max((ts for ts in timestamps if ts is not None), default=None)
@@ -576,6 +601,14 @@ class TaskInstance:
 
         if "timestamp" in batch.schema.names:
             self.time.observe(pc.max(batch.column("timestamp")).as_py())
+
+    def refresh_store_time(self) -> None:
+        """Make every store that reads its time once per commit (``core.engine.TimedStore``: a kv
+        store with ttl) read the partition's time now: at a batch's start and when a test driver
+        moves time."""
+        for store in self.stores.values():
+            if isinstance(store.engine, TimedStore):
+                store.engine.refresh_time()
 
     def fire_timers(self) -> int:
         """Fire every due timer through the task's ``on_timer`` (see :mod:`localstate.runtime.timers`);

@@ -143,6 +143,7 @@ class PartitionTask(ABC):
             opened = clock()
             records = self.records(lease)
             converted = clock() - opened  # eager decoding; lazy reads are counted by the feed loop
+            instance.refresh_store_time()  # the time since the last commit (an idle wait) counts
             with armed(self.fault):
                 fed = instance.feed(records, self.policies())
                 # The batch boundary: timers the batch made due (or the clock did) fire before window().

@@ -19,7 +19,9 @@ above), builds one Arrow batch of the good ones (:func:`~localstate.core.task.re
 the ``process`` crash point once per row, calls ``task.process_batch()`` and advances each input's
 position past the whole batch at once; ``after_record`` runs after each batch, so a commit never
 splits a batch. A runtime that holds its rows as Arrow already (the DataFrame step) passes
-:class:`ArrowRows` items instead of records: delivered as they are, no Python object per row.
+:class:`ArrowRows` items instead of records: delivered as they are, no Python object per row. An
+input that reads its rows as columns (the native path's jsonl, file and Kafka inputs) comes as
+:class:`ColumnRows` items: one batch per chunk, no record tuple per good row.
 
 It is the runtime's hot loop, so it keeps the costs per record to what the work needs: envelopes
 built by :func:`make_envelope`, records pulled in chunks (reading is timed per chunk, not per
@@ -41,7 +43,7 @@ if TYPE_CHECKING:  # the stream contract is only named here: this module stays l
     from localstate.core.streams.base import InputRecord
 
 __all__ = ["InputPolicy", "OnError", "FeedStats", "apply_on_error", "make_envelope", "safe_text", "PROCESS_HINT",
-           "CHUNK", "BATCH_ROWS", "ArrowRows"]
+           "CHUNK", "BATCH_ROWS", "ArrowRows", "ColumnRows"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,18 @@ class ArrowRows:
 
         columns = [self.batch.column(name).to_pylist() for name in ("offset", "key", "value", "timestamp")]
         return [(self.stream, InputRecord(*row)) for row in zip(*columns)]
+
+
+@dataclass(frozen=True)
+class ColumnRows:
+    """A chunk of one input's rows read as columns (an input with the
+    :class:`~localstate.core.streams.base.ColumnarInput` capability, for a BatchTask): ``columns`` is
+    an :class:`~localstate.core.streams.base.InputColumns`. The feed loop applies ``on_error`` to its
+    bad rows, one by one, builds one Arrow batch of the good ones and advances the input's position
+    to ``columns.end``."""
+
+    stream: str
+    columns: Any
 
 
 FAIL = "fail"

@@ -18,10 +18,11 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
     ManifestedChangelog, ManifestedStreams, ReadOnlyPartitions
@@ -30,11 +31,13 @@ from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
 from localstate.core.names import safe_join
 from localstate.core.layout import open_changelog_system, store_directory
+from localstate.core.engine import LiveEntries
 from localstate.core.serdes import Serde
 from localstate.errors import ChangelogError, CheckpointError, LocalStateError, StateNotFoundError
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
-           "load_checkpoints", "require_state", "store_config", "store_partitions", "store_serdes", "store_entries",
+           "load_checkpoints", "require_state", "live_filter", "value_splitter", "store_config", "store_partitions",
+           "store_serdes", "store_entries",
            "resolve_stream", "changelog_partitions", "changelog_records", "open_changelog_reader",
            "checkpoint_manifest", "checkpoint_location", "committed_contents", "stream_location", "dir_size",
            "InputPartitionInfo", "input_partitions",
@@ -583,7 +586,48 @@ def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
             reader.close()
     finally:
         system.close()
-    return [(key, latest[key]) for key in sorted(latest) if latest[key] is not None]  # type: ignore[misc]
+    entries = [(key, latest[key]) for key in sorted(latest) if latest[key] is not None]
+    live = live_filter(job, config, checkpoint)
+    return entries if live is None else list(live(entries))  # type: ignore[arg-type]
+
+
+def value_splitter(job: JobConfig, config: StoreConfig | None
+                   ) -> Callable[[bytes], tuple[bytes, float | None]] | None:
+    """For a store whose stored values carry more than the serde's bytes (a kv store with ``ttl``):
+    a function splitting a stored value into those bytes and its expiry; None for every other store."""
+    if config is None:
+        return None
+    factory = job.registry.engine_factory(config.engine)
+    options = dict(config.options)
+    if not isinstance(factory, LiveEntries) or factory.live_entries(config.name, options, _ReaderTime(None)) is None:
+        return None
+    return lambda data: factory.stored_value(options, data)
+
+
+class _ReaderTime:
+    """The time a reader of stored state judges expiry by: the clock, and the watermark the checkpoint
+    saved (None when it saved none: nothing has expired in event time)."""
+
+    def __init__(self, checkpoint: Checkpoint | None) -> None:
+        self._watermark = getattr(checkpoint, "watermark", None)
+
+    def processing_time(self) -> float:
+        return time.time()
+
+    @property
+    def watermark(self) -> float | None:
+        return self._watermark
+
+
+def live_filter(job: JobConfig, config: StoreConfig, checkpoint: Checkpoint | None
+                ) -> Callable[[Iterable[tuple[bytes, bytes]]], Iterator[tuple[bytes, bytes]]] | None:
+    """The store's filter of stored entries to the live ones, values as their serde wrote them
+    (:class:`~localstate.core.engine.LiveEntries`: a kv store with ``ttl`` drops expired entries and
+    the expiry of each value); None when stored entries are shown as they are."""
+    factory = job.registry.engine_factory(config.engine)
+    if not isinstance(factory, LiveEntries):
+        return None
+    return factory.live_entries(config.name, dict(config.options), _ReaderTime(checkpoint))
 
 
 def _missing_records(config: StoreConfig, partition: int, upto: int, end: int) -> ChangelogError:
@@ -668,8 +712,9 @@ def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint 
                             "changelog up to the checkpoint instead", store, partition, backend,
                             type(exc).__name__, exc)
         if local is not None:
+            live = live_filter(job, config, checkpoints.get(partition))
             try:
-                for kb, vb in local.scan():
+                for kb, vb in (local.scan() if live is None else live(local.scan())):
                     key = decode_key(kb)
                     if key_filter is None or key_filter(key):
                         yield Entry(partition, key, decode_value(vb), "local")

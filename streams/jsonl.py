@@ -17,8 +17,10 @@ import json
 import json.scanner
 import os
 import re
+from itertools import islice, repeat
+from operator import itemgetter
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
+from typing import Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple
 
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.fsutil import fsync_dir, open_nofollow, os_error
@@ -26,8 +28,13 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError, OutputError, OutputIOError
 
-from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_output_file,
-                                          open_regular_file, resolve_path)
+from localstate.core.streams.base import (COLUMN_ROWS, InputColumns, InputRecord, InputStream, OutputStream,
+                                          StreamSystem, check_output_file, open_regular_file, resolve_path)
+
+try:  # optional (the "columnar" extra): a faster parser for a batch task's input, see read_columns
+    from orjson import loads as _ORJSON_LOADS
+except ImportError:  # pragma: no cover - without it every line takes the json serde's decoder
+    _ORJSON_LOADS = None
 
 __all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl"]
 
@@ -39,6 +46,11 @@ _DECODER = STRICT_JSON
 # and json_problem are the json serde's: what it could not encode again (NaN, Infinity, 1e400, lone
 # surrogates, deep nesting) is an undecodable record here, where on_error can still handle it.
 _SCAN = json.scanner.c_make_scanner(_DECODER) if json.scanner.c_make_scanner else _DECODER.scan_once
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_WIDE_NUMBER = b"0" * 19
+"""19 digits in a row (once every digit reads ``0``): maybe an integer beyond 64 bits, which orjson
+reads as a float (the json serde's decoder as an int), so such a line is not parsed by orjson. A
+translate and a substring search: several times faster than a regular expression over the chunk."""
 _POSITIONS: dict[tuple[str, int, int], int] = {}
 """(file, inode, line offset) -> byte position, remembered by this process for the next batch (the
 inode: a file replaced under the job is never read from a position remembered in the old one)."""
@@ -207,7 +219,23 @@ class JsonLinesInput(InputStream):
         scan = _scan_lines(path, cache=True, stream=self.name, partition=partition)
         return scan.mtime if scan.pending else None
 
+    def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
+        """:meth:`read` as :class:`~localstate.core.streams.base.InputColumns` chunks (a batch task's
+        input): no record tuple per row, and with orjson installed a chunk of ordinary lines parsed
+        by it in one C-level pass. orjson and the json serde's decoder differ on a few inputs (orjson
+        reads integers beyond 64 bits as floats, words its errors differently), so a chunk that holds
+        such a line, or one orjson or the checks refuse, is decoded line by line by :func:`_decode`:
+        every row is exactly what :meth:`read` yields."""
+        for path, base, first, last in self._ranges(partition, start, end):
+            for offset, lines in self._file_chunks(path, partition, base, first, last):
+                yield _columns(self.name, partition, offset, lines)
+
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
+        for path, base, first, last in self._ranges(partition, start, end):
+            yield from self._read_file(path, partition, base, first, last)
+
+    def _ranges(self, partition: int, start: int, end: int) -> Iterator[tuple[Path, int, int, int]]:
+        """``(segment, its base, start, end)`` of each segment holding offsets ``[start, end)``."""
         if start >= end:
             return
         segments = _segments(self.directory, partition) or [(0, _file(self.directory, partition))]
@@ -217,60 +245,237 @@ class JsonLinesInput(InputStream):
                 break
             if following is not None and following <= start:
                 continue
-            yield from self._read_file(path, partition, base, start, end if following is None else min(end, following))
+            yield path, base, start, end if following is None else min(end, following)
 
-    def _read_file(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[InputRecord]:
-        """The records ``[start, end)`` of one segment whose first line is offset ``base``."""
+    def _open_at(self, path: Path, partition: int, base: int, start: int, end: int) -> tuple[BinaryIO, int, int, int]:
+        """``(handle, offset, byte position, inode)``: the segment opened at the line this process's
+        previous batch stopped at when that is ``start`` (Python workers are reused across batches;
+        no re-scan of every earlier line), else at its first line (offset ``base``)."""
         handle = open_regular_file(path, stream=self.name, partition=partition)
         if handle is None:
             raise InputError(f"input file {path} is missing but offsets up to {end} were planned",
                              stream=self.name, partition=partition, offset=start, path=str(path),
                              hint="input files must not be deleted while the job reads them")
-        loads, scan = _DECODER.decode, _SCAN
+        inode = os.fstat(handle.fileno()).st_ino
+        hint = _POSITIONS.get((str(path), inode, start))
+        if hint is not None:
+            handle.seek(hint)
+            return handle, start, hint, inode
+        return handle, base, 0, inode
+
+    @staticmethod
+    def _remember(path: Path, inode: int, offset: int, position: int) -> None:
+        if len(_POSITIONS) > 4096:
+            _POSITIONS.clear()
+        _POSITIONS[(str(path), inode, offset)] = position
+
+    def _file_chunks(self, path: Path, partition: int, base: int, start: int,
+                     end: int) -> Iterator[tuple[int, list[bytes]]]:
+        """The complete lines ``[start, end)`` of one segment, as ``(first offset, lines)`` chunks of
+        at most :data:`COLUMN_ROWS` lines (each with its newline)."""
+        handle, offset, position, inode = self._open_at(path, partition, base, start, end)
         with handle:
-            # Resume at the byte where this worker's previous batch stopped instead of re-scanning
-            # every earlier line (Python workers are reused across batches).
-            offset, position = base, 0
-            inode = os.fstat(handle.fileno()).st_ino
-            hint = _POSITIONS.get((str(path), inode, start))
-            if hint is not None:
-                handle.seek(hint)
-                offset, position = start, hint
+            while offset < start:  # lines before the range: skipped, not decoded
+                line = handle.readline()
+                if not line.endswith(b"\n"):
+                    break
+                offset += 1
+                position += len(line)
+            while start <= offset < end:
+                lines = list(islice(handle, min(COLUMN_ROWS, end - offset)))
+                if lines and not lines[-1].endswith(b"\n"):
+                    lines.pop()  # an append in progress: not read
+                if not lines:
+                    break
+                yield offset, lines
+                offset += len(lines)
+                position += sum(map(len, lines))
+            self._remember(path, inode, offset, position)
+
+    def _read_file(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[InputRecord]:
+        """The records ``[start, end)`` of one segment whose first line is offset ``base``."""
+        handle, offset, position, inode = self._open_at(path, partition, base, start, end)
+        name, decode = self.name, _decode
+        with handle:
             for line in handle:
                 if offset >= end or not line.endswith(b"\n"):
                     break
                 if offset >= start:
-                    try:
-                        text = line.decode("utf-8")
-                        try:
-                            data, stop = scan(text, 0)
-                            if stop != len(text) - 1:
-                                raise ValueError("not one value per line")
-                        except (ValueError, StopIteration):
-                            data = loads(text)
-                        key = data["key"]
-                        if key is None:
-                            raise KeyError("key")
-                        if b"\\" in line or len(line) > 512:  # see json_problem: rarely true
-                            problem = json_problem(line, data)
-                            if problem is not None:
-                                raise ValueError(problem)
-                        ts = data.get("ts")
-                        if ts is not None:
-                            ts = float(ts)
-                            if ts - ts:  # "nan" and "inf" strings: an event time must be finite
-                                raise ValueError(f"ts {ts} is not a finite number")
-                        yield InputRecord(offset, key, data.get("value"), ts)
-                    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError,
-                            RecursionError) as exc:  # incl. UnicodeDecodeError, OverflowError
-                        reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {_text(exc)}"
-                        yield InputRecord(offset, None, None, None, reason,
-                                          line.decode("utf-8", "replace").rstrip("\n"))
+                    yield decode(name, partition, offset, line)
                 offset += 1
                 position += len(line)
-            if len(_POSITIONS) > 4096:
-                _POSITIONS.clear()
-            _POSITIONS[(str(path), inode, offset)] = position
+            self._remember(path, inode, offset, position)
+
+
+def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
+    """The rows of ``lines`` (offsets from ``first``) as columns. A chunk of ordinary lines (short, no
+    escapes, no 19-digit number, valid UTF-8) is parsed whole: by Arrow's JSON reader when every line
+    is one ``{...}`` and what it reads is exact (:func:`_arrow_columns`), else by orjson line by line in
+    one C-level map (every line an object with a non-null key and a numeric or absent ts). Any other
+    chunk, or one that fails those, is decoded line by line by :func:`_decode`."""
+    n = len(lines)
+    blob = b"".join(lines)
+    if b"\\" not in blob and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO) \
+            and max(map(len, lines)) <= 512 and _valid_utf8(blob):
+        # orjson's and Arrow's values are then the decoder's (and json_problem has nothing to find:
+        # no \\u escape, too short to nest too deep).
+        if blob[:1] == b"{" and blob.count(b"\n{") == n - 1 and blob.count(b"}\n") == n:
+            # Every line starts with { and ends with }: no value can span two lines (a } then a { is
+            # never valid JSON inside a value), so one row per line means one object per line.
+            columns = _arrow_columns(blob, n, first)
+            if columns is not None:
+                return columns
+        fast = _ORJSON_LOADS
+        if fast is not None:
+            try:
+                rows = list(map(fast, lines))
+                keys = list(map(_KEY, rows))  # TypeError for a row that is not an object
+                if None not in keys:
+                    values = list(map(dict.get, rows, repeat("value")))
+                    times = list(map(dict.get, rows, repeat("ts")))
+                    classes = set(map(type, times))
+                    if not classes <= _PLAIN_TS:
+                        if not classes <= _NUMERIC_TS:
+                            raise ValueError("a ts to convert")  # a string, a bool: line by line
+                        times = [None if ts is None else float(ts) for ts in times]
+                    return InputColumns(list(range(first, first + n)), keys, values, times, [], first + n)
+            except Exception:  # noqa: BLE001 - any failure: the chunk goes line by line
+                pass
+    offsets: list[int] = []
+    keys = []
+    values = []
+    times = []
+    bad: list[InputRecord] = []
+    for offset, line in enumerate(lines, first):
+        record = _decode(stream, partition, offset, line)
+        if record.error is None:
+            offsets.append(offset)
+            keys.append(record.key)
+            values.append(record.value)
+            times.append(record.ts)
+        else:
+            bad.append(record)
+    return InputColumns(offsets, keys, values, times, bad, first + n)
+
+
+def _valid_utf8(blob: bytes) -> bool:
+    try:
+        blob.decode("utf-8")  # refuses what the per-line decoding refuses (bad bytes, encoded surrogates)
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
+    """The chunk's ``n`` lines parsed by Arrow's JSON reader, as Arrow columns, when that is exactly
+    what the line-by-line decoding gives; None otherwise (the caller decodes another way).
+
+    Exactly: one row per line (the caller checked that no value spans two lines; Arrow reads two objects
+    on one line as two rows, so ``n`` rows mean one per line), a non-null ``key`` column of strings or integers, a ``ts`` column of finite numbers
+    or nulls (a number ``ts`` is a float either way), and a ``value`` column (nulls: absent or
+    null, as ``dict.get``) whose every leaf is a string, an integer, a boolean or null, with structs
+    of one field and no null in a struct's field. Not exact, hence refused: floats anywhere in a value
+    (Arrow widens ``1`` beside ``2.5``, and reads ``NaN``), structs of several fields (Arrow gives each
+    row the first row's field order, and a field missing in a row becomes null), a key of another
+    type, duplicate fields and a non-object line (Arrow raises)."""
+    pa, pj, pc = _arrow()
+    if pa is None:
+        return None
+    try:
+        table = pj.read_json(pa.BufferReader(blob), read_options=pj.ReadOptions(use_threads=False,
+                                                                                  block_size=len(blob) + 1))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    names = table.schema.names
+    if table.num_rows != n or "key" not in names:
+        return None
+
+    def column(name: str) -> Any:
+        return table.column(name).combine_chunks()
+
+    key = column("key")
+    if key.null_count or key.type not in (pa.string(), pa.int64()):
+        return None
+    if "value" in names:
+        value = column("value")
+        if not _exact_arrow_type(pa, value):
+            return None
+    else:
+        value = pa.nulls(n)
+    if "ts" in names:
+        ts = column("ts")
+        if ts.type == pa.int64():
+            ts = pc.cast(ts, pa.float64())
+        elif ts.type == pa.null():
+            ts = pa.nulls(n, pa.float64())
+        elif ts.type != pa.float64() or not pc.all(pc.is_finite(ts)).as_py() in (True, None):
+            return None
+    else:
+        ts = pa.nulls(n, pa.float64())
+    return InputColumns(list(range(first, first + n)), key, value, ts, [], first + n)
+
+
+def _exact_arrow_type(pa: Any, array: Any) -> bool:
+    """Whether every row of ``array`` reads back as the json serde's decoder reads it (see
+    :func:`_arrow_columns`)."""
+    kind = array.type
+    if kind in (pa.string(), pa.int64(), pa.bool_(), pa.null()):
+        return True
+    if pa.types.is_struct(kind):
+        if kind.num_fields != 1:
+            return False
+        child = array.field(0)
+        return child.null_count == 0 and _exact_arrow_type(pa, child)
+    if pa.types.is_list(kind):
+        return _exact_arrow_type(pa, array.flatten())
+    return False
+
+
+def _arrow() -> tuple[Any, Any, Any]:
+    """pyarrow, its JSON reader and compute (imported when a batch task's input is first read), or
+    Nones without pyarrow."""
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.json as pj
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        return None, None, None
+    return pa, pj, pc
+
+
+_KEY = itemgetter("key")
+_PLAIN_TS = {type(None), float}
+_NUMERIC_TS = {type(None), float, int}
+
+
+def _decode(stream: str, partition: int, offset: int, line: bytes) -> InputRecord:
+    """The record of one line (with its newline): decoded by the json serde's decoder, or, if it is
+    not a JSON object with a key (and a finite ``ts`` if any), a bad record saying why."""
+    try:
+        text = line.decode("utf-8")
+        try:
+            data, stop = _SCAN(text, 0)
+            if stop != len(text) - 1:
+                raise ValueError("not one value per line")
+        except (ValueError, StopIteration):
+            data = _DECODER.decode(text)
+        key = data["key"]
+        if key is None:
+            raise KeyError("key")
+        if b"\\" in line or len(line) > 512:  # see json_problem: rarely true
+            problem = json_problem(line, data)
+            if problem is not None:
+                raise ValueError(problem)
+        ts = data.get("ts")
+        if ts is not None:
+            ts = float(ts)
+            if ts - ts:  # "nan" and "inf" strings: an event time must be finite
+                raise ValueError(f"ts {ts} is not a finite number")
+        return InputRecord(offset, key, data.get("value"), ts)
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError,
+            RecursionError) as exc:  # incl. UnicodeDecodeError, OverflowError
+        reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {_text(exc)}"
+        return InputRecord(offset, None, None, None, reason, line.decode("utf-8", "replace").rstrip("\n"))
 
 
 class JsonLinesOutput(OutputStream):

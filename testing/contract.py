@@ -52,6 +52,7 @@ from localstate.core.changelog import ChangelogPartition, ChangelogRecord, Chang
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.recovery import recover_store
 from localstate.core.serdes import BytesSerde, Serde
+from localstate.core.time import SYSTEM_TIME, TimeSource
 
 __all__ = [
     "EngineAdapter",
@@ -125,6 +126,11 @@ class EngineAdapter(ABC):
     def value_serde(self) -> Serde:
         return BytesSerde()
 
+    def time_source(self) -> TimeSource:
+        """The time the store reads (:attr:`StoreContext.time`): the wall clock unless the adapter
+        moves its own (e.g. a ``ManualTime`` to make ttl entries expire)."""
+        return SYSTEM_TIME
+
     @abstractmethod
     def random_op(self, rng: random.Random) -> Any:
         """One random change as a plain value, drawn from ``rng`` only (not from engine state)."""
@@ -160,7 +166,8 @@ class EngineHarness:
         self.directory.mkdir(parents=True, exist_ok=True)
         context = StoreContext(job="contract", store=self.adapter.store, partition=0, directory=self.directory,
                                options=self._options, key_serde=self.adapter.key_serde(),
-                               value_serde=self.adapter.value_serde(), changelog=self.changelog)
+                               value_serde=self.adapter.value_serde(), changelog=self.changelog,
+                               time=self.adapter.time_source())
         engine = self._factory.create(context)
         self._opened.append(engine)
         return engine

@@ -179,6 +179,27 @@ class TaskTestDriver:
             self.instances[p].fire_timers()
         return sent
 
+    def send_rows(self, rows: Iterable[tuple[str, Any, Any, float | None]], *,
+                  partition: int | None = None) -> list[Envelope]:
+        """Append rows ``(stream, key, value, timestamp)`` of several inputs, in this order (each to
+        its key's partition, or all to ``partition``) and feed each partition's rows in one call: a
+        :class:`BatchTask` gets them as one batch per partition (up to ``BATCH_ROWS`` rows) whose
+        ``stream`` column names each row's input, a StreamTask one by one. (``restart()`` re-delivers
+        the uncommitted rows input by input.)"""
+        grouped: dict[int, list[tuple[str, InputRecord]]] = {}
+        sent = []
+        for stream, key, value, ts in rows:
+            p = partition_for(key, self.job.partitions) if partition is None else partition
+            log = self.inputs.setdefault((stream, p), [])
+            record = InputRecord(len(log), key, value, ts)
+            log.append(record)
+            grouped.setdefault(p, []).append((stream, record))
+            sent.append(Envelope(stream, p, record.offset, key, value, ts))
+        for p, pairs in grouped.items():
+            self.instances[p].feed(pairs, self.policies, autocommit=True)
+            self.instances[p].fire_timers()
+        return sent
+
     def send_bad(self, stream: str, raw: str, error: str = "could not decode the record", *, partition: int = 0,
                  timestamp: float | None = None) -> InputRecord:
         """Append a bad record (what an input yields for undecodable data) to ``stream`` and feed it:
@@ -221,6 +242,7 @@ class TaskTestDriver:
             raise ValueError(f"the driver's clock moves forward only, got {seconds!r} seconds")
         self.now += seconds
         for instance in self.instances.values():
+            instance.refresh_store_time()
             instance.maybe_window()
             instance.fire_timers()
 
@@ -236,6 +258,7 @@ class TaskTestDriver:
         for p, instance in self.instances.items():
             if partition is None or p == partition:
                 instance.time.advance_watermark(to)
+                instance.refresh_store_time()
                 instance.fire_timers()
 
     def watermark(self, partition: int = 0) -> float | None:

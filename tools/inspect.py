@@ -12,7 +12,7 @@ from typing import Any, Callable
 from localstate.core.config import JobConfig
 from localstate.errors import ConfigError, StateNotFoundError
 
-from localstate.runtime.views import changelog_partitions, changelog_records, changelog_root, checkpoint_location, decoder, job_dir, require_state, resolve_stream, store_config, store_entries, store_partitions, store_serdes, stream_location, to_jsonable
+from localstate.runtime.views import changelog_partitions, changelog_records, changelog_root, checkpoint_location, decoder, job_dir, require_state, resolve_stream, store_config, store_entries, store_partitions, store_serdes, stream_location, to_jsonable, value_splitter
 from localstate.runtime.views import InputPartitionInfo, input_partitions
 
 __all__ = ["run_inspect"]
@@ -63,10 +63,10 @@ def _print_changelog(job: JobConfig, args: argparse.Namespace, partitions: list[
     checkpoints = require_state(job)
     key_serde, value_serde = store_serdes(job, store) if store else (None, None)
     decode_key, decode_value = decoder(key_serde), decoder(value_serde)
+    split = value_splitter(job, store)
     for info in changelog_partitions(job, stream, store, checkpoints, partitions):
         records = list(islice(changelog_records(job, stream, info.partition, 0, info.end), max(args.records, 0)))
-        decoded = [{"offset": r.offset, "key": to_jsonable(decode_key(r.key)),
-                    "value": None if r.value is None else to_jsonable(decode_value(r.value))} for r in records]
+        decoded = [_decoded_record(r, decode_key, decode_value, split) for r in records]
         if args.json:
             print(json.dumps({"stream": stream, "partition": info.partition, "directory": None if info.directory is None else str(info.directory),
                               "exists": info.exists, "start": info.start, "end": info.end,
@@ -82,8 +82,22 @@ def _print_changelog(job: JobConfig, args: argparse.Namespace, partitions: list[
             print(f"  segment {segment.name}  {segment.bytes:,} bytes")
         for record in decoded:
             value = "(tombstone)" if record["value"] is None else json.dumps(record["value"], sort_keys=True)
-            print(f"  @{record['offset']}  {json.dumps(record['key'])}  {value}")
+            expires = f"  (expires {record['expires']})" if "expires" in record else ""
+            print(f"  @{record['offset']}  {json.dumps(record['key'])}  {value}{expires}")
     return 0
+
+
+def _decoded_record(record: Any, decode_key: Callable[[bytes], Any], decode_value: Callable[[bytes], Any],
+                    split: Callable[[bytes], tuple[bytes, float | None]] | None) -> dict[str, Any]:
+    """One changelog record for display; a ttl store's value without its expiry, shown beside it
+    (seconds since the epoch, in the store's ttl time domain)."""
+    decoded = {"offset": record.offset, "key": to_jsonable(decode_key(record.key)), "value": None}
+    if record.value is not None:
+        data = record.value
+        if split is not None:
+            data, decoded["expires"] = split(data)
+        decoded["value"] = to_jsonable(decode_value(data))
+    return decoded
 
 
 def _key_filter(job: JobConfig, args: argparse.Namespace) -> Callable[[Any], bool] | None:

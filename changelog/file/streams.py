@@ -16,8 +16,8 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
     UnsafePathError
 
-from localstate.core.streams.base import (InputRecord, InputStream, OutputStream, StreamSystem, check_regular_file,
-                                          resolve_path)
+from localstate.core.streams.base import (InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
+                                          check_regular_file, columns_of, resolve_path)
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
 from .format import list_segments, segment_name
@@ -182,6 +182,12 @@ class FileLogInput(_FileLog, InputStream):
                              partition=partition, offset=exc.context.get("offset"),
                              segment=exc.context.get("segment"), byte=exc.context.get("byte"),
                              hint=_DAMAGED_HINT) from exc
+
+    def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
+        """:meth:`read` as :class:`~localstate.core.streams.base.InputColumns` chunks (a batch task's
+        input): each record decoded by the stream's serdes as for :meth:`read`, no record tuple per
+        decodable row."""
+        return columns_of(self.read(partition, start, end))
 
     def _read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         self._check_partition(partition)

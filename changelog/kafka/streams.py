@@ -32,7 +32,8 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_duration
 from localstate.core.partitioner import partition_for
-from localstate.core.streams.base import InputRecord, InputStream, OutputStream, StreamSystem, open_input
+from localstate.core.streams.base import InputColumns, InputRecord, InputStream, OutputStream, StreamSystem, \
+    columns_of, open_input
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
@@ -169,6 +170,12 @@ class KafkaInput(InputStream):
         self._served = set()
 
     # executor side ----------------------------------------------------------------------------
+    def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
+        """:meth:`read` as :class:`~localstate.core.streams.base.InputColumns` chunks (a batch task's
+        input): each record decoded by the stream's serdes as for :meth:`read`, no record tuple per
+        decodable row."""
+        return columns_of(self.read(partition, start, end))
+
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         decode_key, decode_value = self.key_serde.deserialize, self.value_serde.deserialize
         ts_field, allow_null = self.config["ts_field"], self.config["allow_null_keys"]

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
            "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file", "open_regular_file",
            "check_output_file", "PendingTail", "RetainedStart", "PENDING_TAIL_WARN_AFTER", "check_input_position",
-           "seek_hint"]
+           "seek_hint", "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -62,6 +62,66 @@ class InputRecord(NamedTuple):
     ts: float | None = None
     error: str | None = None
     raw: str | None = None
+
+
+COLUMN_ROWS = 4096
+"""Rows per :class:`InputColumns` chunk a :class:`ColumnarInput` yields (at most)."""
+
+
+class InputColumns(NamedTuple):
+    """Consecutive records of one input partition as columns, for a batch task: the decodable rows
+    as parallel columns (``offsets`` a list, ascending; ``keys``, ``values`` and ``timestamps`` lists,
+    or pyarrow arrays holding exactly those values, ``timestamps`` as float64), and the undecodable or
+    keyless ones as
+    :class:`InputRecord` with ``error`` set, in ``bad``. ``end`` is the offset after the last row of
+    either kind (what the input's position becomes once the chunk is fed)."""
+
+    offsets: list[int]
+    keys: list[Any]
+    values: list[Any]
+    timestamps: list[float | None]
+    bad: list[InputRecord]
+    end: int
+
+    @property
+    def rows(self) -> int:
+        """Rows of either kind."""
+        return len(self.offsets) + len(self.bad)
+
+
+@runtime_checkable
+class ColumnarInput(Protocol):
+    """An optional capability of an :class:`InputStream`: its records as :class:`InputColumns`
+    chunks, for a batch task (no :class:`InputRecord` per decodable row). Chunks hold exactly the
+    rows :meth:`InputStream.read` yields, with the same values, errors and raw text, in order."""
+
+    def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
+        """The records ``start <= offset < end`` as chunks of at most :data:`COLUMN_ROWS` rows."""
+
+
+def columns_of(records: Iterator[InputRecord], rows: int = COLUMN_ROWS) -> Iterator[InputColumns]:
+    """``records`` grouped into :class:`InputColumns` chunks of at most ``rows`` rows (how an input
+    whose decoding is per record, a serde's, offers :class:`ColumnarInput`)."""
+    offsets: list[int] = []
+    keys: list[Any] = []
+    values: list[Any] = []
+    times: list[float | None] = []
+    bad: list[InputRecord] = []
+    end = None
+    for record in records:
+        if record.error is None:
+            offsets.append(record.offset)
+            keys.append(record.key)
+            values.append(record.value)
+            times.append(record.ts)
+        else:
+            bad.append(record)
+        end = record.offset + 1
+        if len(offsets) + len(bad) >= rows:
+            yield InputColumns(offsets, keys, values, times, bad, end)
+            offsets, keys, values, times, bad = [], [], [], [], []
+    if end is not None and (offsets or bad):
+        yield InputColumns(offsets, keys, values, times, bad, end)
 
 
 def base_dir(job: JobConfig) -> Path:

@@ -28,6 +28,9 @@ class HeapEngineFactory(StorageEngineFactory):
                                   "sort (reorder buffer released by watermark), persisted on a kv backend")
     options: ClassVar[Mapping[str, Option]] = HEAP_OPTIONS
     removed_options: ClassVar[Mapping[str, str | Callable[[Any], str]]] = REMOVED_HEAP_OPTIONS
+    unsupported_options: ClassVar[Mapping[str, str]] = {
+        "ttl": "a heap entry leaves by rank, pop or release, not by age (docs/time/ttl.md); expire them "
+               "from the task, e.g. with a timer"}
 
     def check_options(self, store: str, options: dict[str, Any]) -> None:
         options["kind"] = kind_of(store, options)

@@ -7,14 +7,17 @@ See docs/kv.md.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
 from localstate.core.engine import StorageEngineFactory, StoreContext
+from localstate.core.time import TimeSource
 from localstate.core.options import Option
 from localstate.engines.kv.engine import KeyValueEngine, KVIterator
 from localstate.engines.kv.options import KV_OPTIONS, ROCKSDB_PASSTHROUGH, check_kv_options
+from localstate.engines.kv.ttl import TtlKeyValueEngine, live_entries, split_stored
 
-__all__ = ["KeyValueEngineFactory", "KeyValueEngine", "KVIterator", "KV_OPTIONS", "ROCKSDB_PASSTHROUGH"]
+__all__ = ["KeyValueEngineFactory", "KeyValueEngine", "TtlKeyValueEngine", "KVIterator", "KV_OPTIONS",
+           "ROCKSDB_PASSTHROUGH"]
 
 
 class KeyValueEngineFactory(StorageEngineFactory):
@@ -28,4 +31,17 @@ class KeyValueEngineFactory(StorageEngineFactory):
         check_kv_options(store, options)
 
     def create(self, context: StoreContext) -> KeyValueEngine:
+        """A :class:`TtlKeyValueEngine` when the store sets ``ttl`` (docs/time/ttl.md), else the plain
+        engine: a store without ttl keeps its code path and stored format."""
+        if context.options.get("ttl") is not None:
+            return TtlKeyValueEngine(context)
         return KeyValueEngine(context)
+
+    def live_entries(self, store: str, options: Mapping[str, Any], time: TimeSource
+                     ) -> Callable[[Iterable[tuple[bytes, bytes]]], Iterator[tuple[bytes, bytes]]] | None:
+        """A ttl store's live entries without their expiry (``core.engine.LiveEntries``)."""
+        return live_entries(options, time)
+
+    def stored_value(self, options: Mapping[str, Any], data: bytes) -> tuple[bytes, float | None]:
+        """A ttl store's stored value without its expiry, and the expiry; any other store's as is."""
+        return split_stored(data) if options.get("ttl") is not None else (data, None)

@@ -98,6 +98,9 @@ def _checked_serialize(serde: Serde[Any], serialize: Any) -> Any:
 class KeyValueEngine(StorageEngine):
     """A key-value store partition: ``get/put/delete``, batch variants, ordered range scans."""
 
+    #: the object cache's class (a store with ttl keeps each cached entry's expiry beside it)
+    _cache_class: type[GenerationalCache] = GenerationalCache
+
     def __init__(self, context: StoreContext, backend: KVBackend | None = None) -> None:
         super().__init__(context)
         opts = {name: opt.default for name, opt in KV_OPTIONS.items()}
@@ -131,7 +134,7 @@ class KeyValueEngine(StorageEngine):
         # a pending value's object again, for a read that misses the cache but finds the key pending
         # (None: the held bytes are the object, as with the bytes serde)
         self._decode_held = None if type(vserde) is BytesSerde or self._int_values else self._vde_fast
-        self._cache = GenerationalCache(int(opts["cache_size"]))
+        self._cache = self._cache_class(int(opts["cache_size"]))
         self._batch = int(opts["write_batch_size"])
         self._restore_batch = int(opts["restore_batch_size"])
         # cache key -> value object (None: a delete) changed since the last spill/flush; encoded at flush
@@ -313,6 +316,20 @@ class KeyValueEngine(StorageEngine):
                 kb = self._slow_key(ckey)
         if not self._min_key <= len(kb) <= self._max_key:
             return None  # the backend cannot hold such a key: it cannot exist
+        vb = self._stored_bytes(ckey, kb)
+        if vb is None:
+            value = None
+        else:
+            try:
+                value = self._vde_fast(vb)
+            except FAST_ERRORS:
+                value = self._decode_value(kb, vb)
+        cache.insert(ckey, value)
+        return value
+
+    def _stored_bytes(self, ckey: Any, kb: bytes) -> bytes | None:
+        """The stored value of ``ckey`` (serialized ``kb``): from the in-flight commit (write-behind),
+        else the backend (settling first when it cannot read beside a background write)."""
         vb = _MISS
         if self._inflight:
             vb = self._inflight.get(ckey, _MISS)
@@ -323,15 +340,7 @@ class KeyValueEngine(StorageEngine):
                 vb = self._backend.get(kb)
             except Exception as exc:
                 raise self._backend_failed(exc) from exc
-        if vb is None:
-            value = None
-        else:
-            try:
-                value = self._vde_fast(vb)
-            except FAST_ERRORS:
-                value = self._decode_value(kb, vb)
-        cache.insert(ckey, value)
-        return value
+        return vb  # type: ignore[return-value]
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         """Values of ``keys`` as a dict; absent keys are left out."""
@@ -446,7 +455,14 @@ class KeyValueEngine(StorageEngine):
         self.spills += 1
 
     def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
-        """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order.
+        """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order (see
+        :meth:`_pending_columns`)."""
+        ckeys, kbs, vbs = self._pending_columns()
+        return ckeys, list(zip(kbs, vbs))
+
+    def _pending_columns(self) -> tuple[list[Any], list[bytes], list[Any]]:
+        """The pending changes, encoded now, as columns in key order: cache keys, keys, values (None:
+        a delete).
 
         One pass: sort the cache keys (the order of their encodings, see ``codecs.native_class``),
         encode keys and values with one C-level map each. Key order makes the backend write several
@@ -458,7 +474,7 @@ class KeyValueEngine(StorageEngine):
         values = list(map(dirty.__getitem__, ckeys))
         kbs = self._encode_keys(ckeys)
         if self._hold_encoded:  # encoded at put: bytes, or None for a delete
-            return ckeys, list(zip(kbs, values))
+            return ckeys, kbs, values
         try:
             if self._tombstones:
                 present = [v for v in values if v is not None]
@@ -470,7 +486,7 @@ class KeyValueEngine(StorageEngine):
             raise SerdeError(f"cannot encode a pending value of store {self._store!r} at flush: {exc.message}",
                              hint="do not mutate a value after put() into something its serde cannot "
                                   "encode", **self._ctx()) from exc
-        return ckeys, list(zip(kbs, vbs))
+        return ckeys, kbs, vbs
 
     # -- batched operations ----------------------------------------------------------------------
     def get_many(self, keys: Iterable[Any]) -> list[Any]:

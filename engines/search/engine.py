@@ -377,6 +377,27 @@ class SearchEngine(ChangelogCommit, StorageEngine):
         normalized = normalize_document(self.specs, doc, self.context.store, self.context.partition)
         self._pending[key] = (encode_document(normalized), normalized)
 
+    def add_many(self, doc_ids: Iterable[Any], docs: Iterable[Mapping[str, Any]] | Any) -> None:
+        """``add(doc_id, doc)`` for each pair, in order (a doc id given twice keeps its last document):
+        a batch task's documents at once. ``docs`` is a sequence of mappings, or a ``pyarrow``
+        RecordBatch or Table whose columns are the fields (each row a document; null fields are
+        left out, as a missing field). Every id and document is checked before any is applied: an
+        error adds none of the batch."""
+        self._check_open()
+        if hasattr(docs, "to_pylist") and hasattr(docs, "schema"):  # Arrow rows: the fields as columns
+            docs = [{name: value for name, value in row.items() if value is not None} for row in docs.to_pylist()]
+        ids = doc_ids if isinstance(doc_ids, list) else list(doc_ids)
+        docs = docs if isinstance(docs, list) else list(docs)
+        if len(ids) != len(docs):
+            raise InvalidValueError(f"add_many: {len(ids)} doc ids but {len(docs)} documents",
+                                    hint="pass one document per doc id", **self.context.describe())
+        key, specs, store, partition = self._key, self.specs, self.context.store, self.context.partition
+        staged: dict[bytes, tuple[bytes, dict[str, Any]]] = {}
+        for doc_id, doc in zip(ids, docs):
+            normalized = normalize_document(specs, doc, store, partition)
+            staged[key(doc_id)] = (encode_document(normalized), normalized)
+        self._pending.update(staged)  # the same order and contents as add() of each pair in turn
+
     def delete(self, doc_id: Any) -> None:
         """Delete ``doc_id`` (a no-op if absent). Same visibility as add()."""
         self._check_open()
@@ -549,6 +570,9 @@ class SearchEngineFactory(StorageEngineFactory):
     """``engine = "search"``: a tantivy full-text index; schema from the store's ``fields`` table."""
 
     description = "full-text search index (tantivy): add/delete/get documents, BM25-ranked search"
+    unsupported_options: ClassVar[Mapping[str, str]] = {
+        "ttl": "the index has no expiry per document yet (docs/time/ttl.md); delete old documents from "
+               "the task, e.g. with a timer"}
     options: ClassVar[Mapping[str, Option]] = {
         "fields": Option(dict, doc="the index schema: field name -> { type = text|string|int|float|date, "
                                    "stored, indexed, tokenizer, fast, required }"),

@@ -65,6 +65,10 @@ class SketchEngineFactory(StorageEngineFactory):
 
     description: ClassVar[str] = ("probabilistic sketches (HyperLogLog, Bloom filter, KLL quantiles) whose "
                                   "changelog logs changed registers/words, not inputs")
+    unsupported_options: ClassVar[Mapping[str, str]] = {
+        "ttl": "a sketch's registers merge every item ever added, so one item cannot expire from them, "
+               "and expiring whole sketches is not built (docs/time/ttl.md); keep a sketch per time "
+               "window instead"}
     options: ClassVar[Mapping[str, Option]] = {
         "kind": Option(str, doc="which sketch the store holds: hll, bloom or quantiles", choices=KINDS),
         "precision": Option(int, None, f"HLL: p, 2**p registers ({MIN_PRECISION}..{MAX_PRECISION}, default 12; "

@@ -543,8 +543,8 @@ def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, 
         values: list[Any] = rows.column(spec.value).to_pylist()
     else:
         values = _row_values(rows, spec.columns)
-    if spec.ts == "number":
-        times: Iterable[Any] = rows.column(spec.order_by).to_pylist()
+    if spec.ts == "number":  # seconds as a float, as every input gives them (and a batch task's column)
+        times: Iterable[Any] = pc.cast(rows.column(spec.order_by), "float64").to_pylist()
     elif spec.ts == "timestamp":
         column = rows.column(spec.order_by)
         micros = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()

@@ -27,7 +27,9 @@ from localstate.runtime.spark.instances import (BatchInstance, Lease, checkin, c
                                                open_planned, task_context)
 from localstate.runtime.spark.plan import PartitionPlan
 from localstate.core.streams import open_input
-from localstate.core.streams.base import InputRecord, InputStream, seek_hint
+from localstate.core.streams.base import ColumnarInput, InputRecord, InputStream, seek_hint
+from localstate.core.task import BatchTask
+from localstate.runtime.records import ColumnRows
 from localstate.errors import InputPositionError
 
 __all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt", "PlannedPartition"]
@@ -45,19 +47,28 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
                  inputs: Mapping[str, InputStream]) -> Iterator[tuple[str, InputRecord]]:
     """The plan's input records from the instance's positions, as ``(input, record)`` in processing
     order: one input as read; several merged by ``(ts, input, offset)``, a merge resumable at any cut
-    (the order does not depend on batch boundaries); at most ``plan.limit`` records."""
+    (the order does not depend on batch boundaries); at most ``plan.limit`` records. A batch task
+    reading one :class:`~localstate.core.streams.base.ColumnarInput` gets
+    :class:`~localstate.runtime.records.ColumnRows` chunks instead (the same rows)."""
     partition = plan.partition
     names = sorted(plan.ranges)
     for name in names:
         _check_position(instance, plan, name, inputs[name])
+    planned = sum(max(0, end - instance.position(name)) for name, (_, end) in plan.ranges.items())
+    limited = plan.limit is not None and planned > plan.limit
+    if len(names) == 1 and not limited and isinstance(getattr(instance, "task", None), BatchTask) \
+            and isinstance(inputs[names[0]], ColumnarInput):
+        # A batch task reading one input that decodes to columns: chunks, no record tuple per row.
+        name = names[0]
+        chunks = inputs[name].read_columns(partition, instance.position(name), plan.ranges[name][1])  # type: ignore[attr-defined]
+        return (ColumnRows(name, columns) for columns in chunks)  # type: ignore[misc]
     streams = [inputs[name].read(partition, instance.position(name), plan.ranges[name][1]) for name in names]
     if len(streams) == 1:  # the common case needs no merge (and no sort key per record)
         items: Iterator[tuple[str, InputRecord]] = zip(repeat(names[0]), streams[0])
     else:
         merged = heapq.merge(*(_keyed(s, i, n) for i, (n, s) in enumerate(zip(names, streams))), key=itemgetter(0))
         items = ((name, record) for _, name, record in merged)
-    planned = sum(max(0, end - instance.position(name)) for name, (_, end) in plan.ranges.items())
-    if plan.limit is not None and planned > plan.limit:
+    if limited:
         items = islice(items, plan.limit)
     return items
 

@@ -34,7 +34,7 @@ from localstate.core.config import JobConfig, StoreConfig, load_job_config
 from localstate.core.engine import SerdeColumn, StateColumns
 from localstate.runtime.views import (changelog_partitions, changelog_records, checkpoint_manifest,
                                      committed_contents, decoder, load_checkpoints, require_state,
-                                     store_config, store_serdes, to_jsonable)
+                                     store_config, store_serdes, to_jsonable, value_splitter)
 from localstate.core.options import did_you_mean
 from localstate.core.serdes import Serde
 from localstate.errors import ConfigError, SerdeError, StateNotFoundError
@@ -401,6 +401,8 @@ class ChangeFeedView(View):
     def __init__(self, resolved: Resolved) -> None:
         super().__init__(resolved)
         self.decoding = None if resolved.options.raw else _Decoding(resolved)
+        # a ttl store's values carry their expiry: decoded without it (raw shows the stored bytes)
+        self.split = None if self.decoding is None else value_splitter(resolved.job, resolved.store)
 
     def schema(self) -> str:
         if self.decoding is None:
@@ -422,7 +424,8 @@ class ChangeFeedView(View):
             else:
                 where = {"partition": piece.partition, "offset": record.offset}
                 key = self.decoding.key(record.key, where)
-                value = None if tombstone else self.decoding.value(record.value, where)
+                data = record.value if tombstone or self.split is None else self.split(record.value)[0]
+                value = None if tombstone else self.decoding.value(data, where)
             yield piece.partition, record.offset, key, value, tombstone, record.offset < committed
 
 

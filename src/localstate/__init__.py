@@ -3,7 +3,9 @@
 The public surface, in two parts:
 
 * for **task authors**: :class:`StreamTask`, :class:`BatchTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
-  :class:`Coordinator`, :class:`KeyValueStore`, :class:`TaskTestDriver`, and the errors in :mod:`localstate.errors`;
+  :class:`Coordinator`, :class:`KeyValueStore`, :class:`TaskTestDriver`, time (:class:`Timers`,
+  :class:`TimeSource`, :data:`EVENT_TIME`, :data:`PROCESSING_TIME`; windows in :mod:`localstate.windows`)
+  and the errors in :mod:`localstate.errors`;
 * for **plugin authors** (engines, changelog systems, stream systems, backends, serdes):
   :class:`StorageEngine`, :class:`StorageEngineFactory`, :class:`StoreContext` (and, for the state
   reader's typed columns, :class:`StateColumns`, :class:`SerdeColumn`), :class:`Option`,
@@ -27,7 +29,9 @@ from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, Sto
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
 from localstate.core.streams import InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem
-from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext
+from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext, \
+    column_values
+from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TimeSource, Timers
 from localstate.errors import LocalStateError
 
 try:
@@ -40,12 +44,17 @@ __all__ = [
     # task authors
     "StreamTask",
     "BatchTask",
+    "column_values",
     "TaskContext",
     "KeyValueStore",
     "Envelope",
     "Collector",
     "Coordinator",
     "TaskTestDriver",
+    "Timers",
+    "TimeSource",
+    "EVENT_TIME",
+    "PROCESSING_TIME",
     "LocalStateError",
     "errors",
     "JobConfig",

@@ -167,3 +167,26 @@ def test_a_commit_never_splits_a_batch() -> None:
         assert instance.commits == 1   # one commit after the whole batch, not one per two records
         checkpoint = instance.checkpoints.load(0)
         assert checkpoint.inputs == {"events": 5}
+
+
+# -- the columns hold exactly the values a per-record task gets ----------------------------------------------
+
+_json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(allow_nan=False),
+                          st.text(max_size=5))
+_json_values = st.recursive(_json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3)), max_leaves=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.one_of(st.lists(_json_values, min_size=1, max_size=8),
+                        st.lists(st.fixed_dictionaries({"page": st.text(max_size=3), "n": st.integers(0, 9)}),
+                                 min_size=1, max_size=8)))
+def test_record_batch_columns_read_back_as_the_values_given(values: list[Any]) -> None:
+    from localstate import column_values
+    from localstate.core.task import record_batch
+
+    n = len(values)
+    batch = record_batch(["s"], list(range(n)), values, values, [None] * n)
+    for name in ("key", "value"):
+        # repr: 1 and 1.0, True and 1, key order all count
+        assert repr(column_values(batch, name)) == repr(values)

@@ -45,14 +45,14 @@ POISON = [
 ]
 
 
-def _job(tmp_path: Path, system: str, on_error: str) -> Path:
+def _job(tmp_path: Path, system: str, on_error: str, task: str = "KeepLast", dead_path: str = "out") -> Path:
     dead = '\ndead_letter = "dead"' if on_error == "dead_letter" else ""
     source = 'system = "jsonl"\npath = "data"' if system == "jsonl" else 'system = "file"\npath = "data"'
     (tmp_path / "job.toml").write_text(f"""
 [job]
 name = "poison"
 partitions = 1
-task = "poison_task:KeepLast"
+task = "poison_task:{task}"
 state_dir = "state"
 
 [inputs.events]
@@ -65,7 +65,7 @@ path = "out"
 
 [outputs.dead]
 system = "file"
-path = "out"
+path = "{dead_path}"
 
 [stores.last]
 engine = "kv"

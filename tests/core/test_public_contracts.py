@@ -33,6 +33,11 @@ CONTRACTS = {
     "DirectoryBackend": "localstate.core.backend",
     "SortedRun": "localstate.core.backend",
     "Item": "localstate.core.backend",
+    # time (timers and the stores' TTL read it)
+    "Timers": "localstate.core.time",
+    "TimeSource": "localstate.core.time",
+    "EVENT_TIME": "localstate.core.time",
+    "PROCESSING_TIME": "localstate.core.time",
 }
 
 

@@ -174,6 +174,10 @@ def check_kv(out: str) -> None:
     assert lines[2] == "[('and', 2), ('bat', 1), ('cat', 1), ('hat', 1)]" and lines[3] == "['the', 'hat']", out
 
 
+def check_ttl(out: str) -> None:
+    assert out.splitlines() == ["{'pages': 3}", "None [('bob', {'pages': 1})]", "[(b'ann', None)]"], out
+
+
 def check_heap(out: str) -> None:
     assert out.splitlines()[0] == "[('/a', 40.0), ('/b', 30.0)]", out
 
@@ -184,6 +188,7 @@ RUN = {
     "changelog/file_changelog.py": check_changelog,
     "kv/engine_direct.py": check_kv,
     "heap/topn_direct.py": check_heap,
+    "time/ttl_direct.py": check_ttl,
     # not scripts: the tests named after them below use them
     "plugins/acme_dict/__init__.py": None,
     "plugins/sized_dict.py": None,
@@ -451,6 +456,7 @@ FRAGMENTS: dict[str, tuple[Path, Path, dict]] = {
     "durable/pipelined_commits.toml": (FIRST / "job.toml", FIRST / "my_tasks.py",
                                        {"changelogs": {"objectstore": {"url": "shared"}}}),
     "heap/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
+    "time/ttl_stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "kafka/changelog_job.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "kafka/streams_job.toml": (WINDOWED / "job.toml", WINDOWED / "windowed_counts.py", {}),
     "search/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),

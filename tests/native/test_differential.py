@@ -474,16 +474,17 @@ SERDES = {"string": StringSerde, "int": IntSerde, "bytes": BytesSerde, "json": J
 
 
 def _open(directory: Path, key_serde: str, value_serde: str, *, native: bool, cache_size: int = 4,
-          write_batch_size: int = 3) -> Any:
-    """A memory-backend kv store whose get/put are the C ones (``native``) or the reference methods."""
+          write_batch_size: int = 3, time: Any = None, **extra: Any) -> Any:
+    """A memory-backend kv store whose get/put are the C ones (``native``) or the reference methods
+    (``extra``: more options, e.g. ``ttl``, with ``time`` the store's time source)."""
     saved = engine_module._HOTPATH
     engine_module._HOTPATH = _hotpath() if native else None
     try:
         options = KeyValueEngineFactory().validate_options(
-            "s", {"backend": "memory", "cache_size": cache_size, "write_batch_size": write_batch_size})
+            "s", {"backend": "memory", "cache_size": cache_size, "write_batch_size": write_batch_size, **extra})
         ctx = StoreContext(job="job", store="s", partition=0, directory=directory, options=options,
                            key_serde=SERDES[key_serde](), value_serde=SERDES[value_serde](),
-                           changelog=MemoryChangelogPartition("hot", 0))
+                           changelog=MemoryChangelogPartition("hot", 0), **({"time": time} if time else {}))
         return KeyValueEngineFactory().create(ctx)
     finally:
         engine_module._HOTPATH = saved
@@ -529,6 +530,9 @@ def _run(store: Any, ops: list[tuple[str, Any]]) -> list[Any]:
                 result = store.put(*(["a"] * arg))
             elif op == "delete":
                 result = store.delete(arg)
+            elif op == "tick":  # the clock moves; the store reads it (as at a commit)
+                store.context.time.advance_processing_time(arg)
+                result = store.refresh_time()
             else:
                 result = store.flush()
             out.append(("ok", result))
@@ -553,16 +557,45 @@ def test_c_and_reference_get_put_behave_alike(tmp_path_factory, key_serde, value
     stores = [_open(tmp_path_factory.mktemp("native"), key_serde, value_serde, native=True),
               _open(tmp_path_factory.mktemp("python"), key_serde, value_serde, native=False)]
     try:
-        results = [_run(store, ops) for store in stores]
-        assert _normalise(results[0]) == _normalise(results[1])
+        _assert_alike(stores, ops)
+    finally:
         for store in stores:
-            store.flush()
-        logged = [[(r.key, r.value) for r in store._logged.changelog.read(0)] for store in stores]
-        assert logged[0] == logged[1]
-        states = [sorted(store.all(), key=repr) for store in stores]  # json keys mix types
-        assert states[0] == states[1]
-        assert stores[0].spills == stores[1].spills
-        assert (stores[0]._cache.young, stores[0]._cache.old) == (stores[1]._cache.young, stores[1]._cache.old)
+            store.close()
+
+
+def _assert_alike(stores: list[Any], ops: list[tuple[str, Any]]) -> None:
+    """The C store and the reference store answer ``ops`` alike and end alike: results, logged
+    records, contents, spills, and the cache (with ttl, the cached expiries too)."""
+    results = [_run(store, ops) for store in stores]
+    assert _normalise(results[0]) == _normalise(results[1])
+    for store in stores:
+        store.flush()
+    logged = [[(r.key, r.value) for r in store._logged.changelog.read(0)] for store in stores]
+    assert logged[0] == logged[1]
+    states = [sorted(store.all(), key=repr) for store in stores]  # json keys mix types
+    assert states[0] == states[1]
+    assert stores[0].spills == stores[1].spills
+    assert (stores[0]._cache.young, stores[0]._cache.old) == (stores[1]._cache.young, stores[1]._cache.old)
+    assert getattr(stores[0]._cache, "expiry", None) == getattr(stores[1]._cache, "expiry", None)
+
+
+@pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "int"), ("bytes", "bytes"),
+                                                   ("string", "json")])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(ops=st.lists(st.one_of(st.tuples(st.just("tick"), st.sampled_from([0.5, 2, 6])),
+                              st.tuples(st.just("get"), ANY_KEY), st.tuples(st.just("put"), st.tuples(ANY_KEY, ANY_VALUE)),
+                              st.tuples(st.just("delete"), ANY_KEY), st.tuples(st.just("flush"), st.none())),
+                    max_size=60))
+def test_c_and_reference_get_put_behave_alike_with_ttl(tmp_path_factory, key_serde, value_serde, ops) -> None:
+    """The ttl store's C get/put (``TtlHotPath``) against its reference methods, with time moving."""
+    from localstate.testing.time import ManualTime
+    stores = [_open(tmp_path_factory.mktemp(kind), key_serde, value_serde, native=kind == "native", ttl="5s",
+                    time=ManualTime(100.0)) for kind in ("native", "python")]
+    try:
+        if not PURE:
+            assert type(stores[0].get.__self__).__name__ == "TtlHotPath"
+        _assert_alike(stores, ops)
     finally:
         for store in stores:
             store.close()

@@ -1,0 +1,336 @@
+"""State TTL on the kv engine (option ``ttl``, docs/time/ttl.md): expired entries are invisible to
+every read path, purged with changelog tombstones by the bounded sweep, and never come back after a
+restore; bad ttl configuration is a ConfigError naming the store and option. Time is moved by hand
+(``ManualTime`` as ``StoreContext.time``), on all three backends."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstate.changelog.memory import MemoryChangelogPartition
+from localstate.core.engine import StoreContext
+from localstate.core.serdes import IntSerde, JsonSerde, Serde, StringSerde
+from localstate.engines.kv import KeyValueEngine, KeyValueEngineFactory, TtlKeyValueEngine
+from localstate.engines.kv.ttl import EXPIRY
+from localstate.errors import ConfigError
+from localstate.testing.time import ManualTime
+
+BACKENDS = ["rocksdb", "lmdb", "memory"]
+
+
+class TtlOpener:
+    """Opens one store partition (same directory, same in-memory changelog) with a hand-moved clock."""
+
+    def __init__(self, directory: Path, backend: str) -> None:
+        self.directory = directory
+        self.backend = backend
+        self.changelog = MemoryChangelogPartition("ttl-test", 0)
+        self.time = ManualTime(processing_time=1_000.0)
+        self.opened: list[KeyValueEngine] = []
+
+    def __call__(self, key_serde: Serde | None = None, value_serde: Serde | None = None,
+                 **options: Any) -> KeyValueEngine:
+        options.setdefault("backend", self.backend)
+        options.setdefault("ttl", "10s")
+        if options["ttl"] is None:
+            del options["ttl"]
+        validated = KeyValueEngineFactory().validate_options("events", options)
+        ctx = StoreContext(job="job", store="events", partition=0, directory=self.directory, options=validated,
+                           key_serde=key_serde or StringSerde(), value_serde=value_serde or JsonSerde(),
+                           changelog=self.changelog, time=self.time)
+        engine = KeyValueEngineFactory().create(ctx)
+        self.opened.append(engine)
+        return engine
+
+    def restore_all(self, engine: KeyValueEngine) -> None:
+        engine.restore(self.changelog.read(0))
+
+    def records(self) -> list[tuple[bytes, bytes | None]]:
+        return [(r.key, r.value) for r in self.changelog.read(0)]
+
+
+@pytest.fixture(params=BACKENDS)
+def opener(request: pytest.FixtureRequest, tmp_path: Path):
+    (tmp_path / "store").mkdir()
+    o = TtlOpener(tmp_path / "store", request.param)
+    yield o
+    for engine in o.opened:
+        engine.close()
+
+
+def _visible(kv: KeyValueEngine, keys: list[str]) -> dict[str, Any]:
+    """Every read path's view of ``keys``, each of which must agree."""
+    views = {
+        "get": {k: kv.get(k) for k in keys if kv.get(k) is not None},
+        "get_all": kv.get_all(keys),
+        "get_many": {k: v for k, v in zip(keys, kv.get_many(keys)) if v is not None},
+        "all": dict(kv.all()),
+        "all reversed": dict(kv.all(reverse=True)),
+        "range": dict(kv.range(min(keys), None)),
+        "prefix": {k: v for first in sorted({key[0] for key in keys}) for k, v in kv.prefix(first)},
+    }
+    first = views["get"]
+    for name, view in views.items():
+        assert view == first, f"{name} sees {view}, get sees {first}"
+    return first
+
+
+def test_the_plain_engine_without_ttl(opener: TtlOpener) -> None:
+    kv = opener(ttl=None)
+    assert type(kv) is KeyValueEngine
+    kv.put("k", 1)
+    kv.flush()
+    assert opener.records() == [(b"k", b"1")]  # no expiry in the stored format
+
+
+def _commit_at(kv: KeyValueEngine, opener: TtlOpener, seconds: float) -> None:
+    """Move the clock ``seconds`` on and commit: the store reads its time at each flush."""
+    opener.time.advance_processing_time(seconds)
+    kv.flush()
+
+
+def test_expired_entries_are_invisible(opener: TtlOpener) -> None:
+    kv = opener()
+    assert isinstance(kv, TtlKeyValueEngine)
+    kv.put("k1", {"n": 1})
+    _commit_at(kv, opener, 4)  # k1 expires at 1010
+    kv.put("k2", 2)  # written at store time 1004: expires at 1014
+    assert _visible(kv, ["k1", "k2"]) == {"k1": {"n": 1}, "k2": 2}
+    _commit_at(kv, opener, 6)
+    assert kv.store_time == 1_010.0
+    assert _visible(kv, ["k1", "k2"]) == {"k2": 2}
+    _commit_at(kv, opener, 4)
+    assert _visible(kv, ["k1", "k2"]) == {}
+    assert kv.merge_many(["k2"], [5], results=True) == [5]  # an expired value counts as absent
+
+
+def test_time_stands_still_between_commits(opener: TtlOpener) -> None:
+    kv = opener()
+    kv.put("k", 1)
+    opener.time.advance_processing_time(30)
+    assert kv.get("k") == 1  # the store time is the last commit's until the next one
+    kv.flush()
+    assert kv.get("k") is None
+
+
+def test_expiry_is_seen_past_the_object_cache_and_backend(opener: TtlOpener) -> None:
+    kv = opener(cache_size=0)
+    kv.put_all([(f"k{i}", i) for i in range(5)])
+    kv.flush()
+    assert _visible(kv, [f"k{i}" for i in range(5)]) == {f"k{i}": i for i in range(5)}
+    opener.time.advance_processing_time(10)
+    kv.refresh_time()  # without a flush: nothing swept, the backend still holds them
+    assert _visible(kv, [f"k{i}" for i in range(5)]) == {}
+
+
+def test_an_evicted_entry_is_checked_again_from_the_backend(opener: TtlOpener) -> None:
+    kv = opener(cache_size=4, write_batch_size=2)  # spills, rotations: entries leave the cache
+    for i in range(12):
+        kv.put(f"k{i:02d}", i)
+    _commit_at(kv, opener, 5)
+    for i in range(12, 20):
+        kv.put(f"k{i:02d}", i)
+    _commit_at(kv, opener, 5)  # k00..k11 expired, k12..k19 live
+    assert _visible(kv, [f"k{i:02d}" for i in range(20)]) == {f"k{i:02d}": i for i in range(12, 20)}
+    assert len(kv._cache.expiry) <= 4  # the kept expiries are bounded with the cache
+
+
+def test_a_write_restarts_the_ttl(opener: TtlOpener) -> None:
+    kv = opener()
+    kv.put("k", 1)
+    _commit_at(kv, opener, 8)
+    kv.put("k", 2)
+    _commit_at(kv, opener, 8)
+    assert kv.get("k") == 2
+    kv.put_many(["k"], [3])
+    _commit_at(kv, opener, 9.5)
+    assert kv.get("k") == 3
+    _commit_at(kv, opener, 0.5)
+    assert kv.get("k") is None
+
+
+def test_reads_refresh_with_on_read_and_write(opener: TtlOpener) -> None:
+    kv = opener(ttl_update="on_read_and_write")
+    kv.put("k", 1)
+    for _ in range(3):
+        _commit_at(kv, opener, 8)
+        assert kv.get("k") == 1  # each read restarts the ttl (and logs the entry again)
+    _commit_at(kv, opener, 8)
+    assert kv.get_many(["k"]) == [1]
+    _commit_at(kv, opener, 10)
+    assert kv.get("k") is None
+
+
+def test_sweep_purges_with_tombstones_and_is_bounded(opener: TtlOpener) -> None:
+    kv = opener(ttl_sweep=3)
+    kv.put_all([(f"k{i}", i) for i in range(7)])
+    _commit_at(kv, opener, 5)
+    kv.put("k9", 9)
+    assert opener.records()[-1] == (b"k6", EXPIRY.pack(1_000.0 + 10) + b"6")  # the expiry travels
+    _commit_at(kv, opener, 5)  # the store time becomes 1010: k0..k6 expired, k9 live
+    flushed = len(opener.records())
+    kv.flush()  # the first sweep with anything to find (the horizon, 1010, reached): 3 entries
+    tombstones = [key for key, value in opener.records()[flushed:] if value is None]
+    assert tombstones == [b"k0", b"k1", b"k2"]
+    for _ in range(3):
+        kv.flush()
+    tombstones = sorted(key for key, value in opener.records()[flushed:] if value is None)
+    assert tombstones == [f"k{i}".encode() for i in range(7)]
+    assert kv.swept == 7
+    assert kv.approximate_count() == 1
+    assert dict(kv.all()) == {"k9": 9}
+
+
+def test_the_sweep_examines_nothing_before_its_horizon(opener: TtlOpener) -> None:
+    kv = opener(ttl_sweep=2)
+    kv.put_all([(f"k{i}", i) for i in range(5)])
+    kv.flush()  # written at 1000 into an empty store: nothing stored can expire before 1010
+    for _ in range(5):
+        _commit_at(kv, opener, 2)  # the sweeps at store time 1000..1008 examine nothing
+    assert kv.examined == 0 and kv.store_time == 1_010.0
+    for _ in range(3):
+        kv.flush()  # a pass of 2 + 2 + 1 entries
+    assert kv.swept == 5 and kv.examined == 5
+    kv.put("k9", 9)
+    for _ in range(3):
+        _commit_at(kv, opener, 2)  # the new horizon: what was written since the pass began expires at 1020 or later
+    assert kv.examined == 5
+
+
+def test_a_pending_write_wins_over_the_sweep(opener: TtlOpener) -> None:
+    kv = opener()
+    kv.put("k", 1)
+    _commit_at(kv, opener, 10)
+    kv.put("k", 2)  # rewritten after it expired, before the sweep found it
+    kv.flush()
+    assert opener.records()[-1][0] == b"k" and opener.records()[-1][1] is not None
+    assert kv.get("k") == 2
+
+
+def test_no_comeback_after_restore_from_the_changelog(opener: TtlOpener, tmp_path: Path) -> None:
+    kv = opener(ttl_sweep=1)
+    kv.put_all([("old1", 1), ("old2", 2)])
+    _commit_at(kv, opener, 6)
+    kv.put("new", 3)
+    kv.flush()
+    kv.close()
+    opener.time.advance_processing_time(5)  # old1, old2 expired; nothing swept
+    shutil.rmtree(opener.directory)
+    opener.directory.mkdir()  # local state lost: everything from the changelog
+    restored = opener()
+    opener.restore_all(restored)
+    assert restored.backend.get(b"old1") is None  # expired records are not even restored
+    restored.flush()
+    assert _visible(restored, ["new", "old1", "old2"]) == {"new": 3}
+    _commit_at(restored, opener, 10)
+    assert _visible(restored, ["new", "old1", "old2"]) == {}
+
+
+def test_no_comeback_from_local_state_after_reopen(opener: TtlOpener) -> None:
+    if opener.backend == "memory":
+        pytest.skip("the memory backend keeps no local state")
+    kv = opener()
+    kv.put("k", 1)
+    kv.flush()
+    kv.close()
+    opener.time.advance_processing_time(10)
+    reopened = opener()
+    assert reopened.local_offset() == 1
+    assert _visible(reopened, ["k"]) == {}
+
+
+def test_event_time_ttl_follows_the_watermark(opener: TtlOpener) -> None:
+    kv = opener(ttl_time="event", ttl="1m")
+    kv.put("first", 1)  # no watermark yet: counts from the first one the store reads
+    opener.time.advance_watermark(100.0)
+    kv.flush()
+    assert kv.store_time == 100.0
+    kv.put("k", 2)
+    opener.time.advance_processing_time(1_000_000)  # the clock does not matter
+    kv.flush()
+    assert _visible(kv, ["first", "k"]) == {"first": 1, "k": 2}
+    opener.time.advance_watermark(160.0)
+    kv.flush()
+    assert _visible(kv, ["first", "k"]) == {}
+    kv.flush()
+    assert sorted(key for key, value in opener.records() if value is None) == [b"first", b"k"]
+
+
+def test_int_values_and_keys(opener: TtlOpener) -> None:
+    kv = opener(key_serde=IntSerde(), value_serde=IntSerde())
+    for i in range(3):
+        kv.put(i, (kv.get(i) or 0) + 1)
+        kv.put(i, kv.get(i) + 1)
+    assert kv.merge_many([0, 1, 5], [10, 10, 10], results=True) == [12, 12, 10]
+    _commit_at(kv, opener, 9)
+    assert kv.get_many([0, 1, 2, 5]) == [12, 12, 2, 10]
+    _commit_at(kv, opener, 1)
+    assert kv.get_many([0, 1, 2, 5]) == [None] * 4
+
+
+@pytest.mark.parametrize("ttl, problem", [(0, "positive"), (-5, "negative"), ("0s", "positive"),
+                                          ("-1d", "negative"), ("soon", "duration"), (True, "boolean")])
+def test_bad_ttl_is_a_config_error_naming_store_and_option(ttl: Any, problem: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        KeyValueEngineFactory().validate_options("events", {"ttl": ttl})
+    assert "stores.events.ttl" in str(err.value) and problem in str(err.value)
+
+
+@pytest.mark.parametrize("option, value", [("ttl_time", "event"), ("ttl_update", "on_read_and_write"),
+                                           ("ttl_sweep", 10)])
+def test_ttl_options_without_ttl_are_config_errors(option: str, value: Any) -> None:
+    with pytest.raises(ConfigError) as err:
+        KeyValueEngineFactory().validate_options("events", {option: value})
+    assert f"stores.events.{option}" in str(err.value)
+
+
+def test_bad_ttl_time_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as err:
+        KeyValueEngineFactory().validate_options("events", {"ttl": "1h", "ttl_time": "wall"})
+    assert "stores.events.ttl_time" in str(err.value)
+
+
+@pytest.mark.parametrize("engine, options", [("heap", {"kind": "topn"}), ("sketch", {"kind": "hll"}),
+                                             ("search", {"fields": {"body": "text"}})])
+def test_engines_without_ttl_refuse_it(engine: str, options: dict[str, Any]) -> None:
+    from localstate.core.registry import Registry
+
+    factory = Registry().engine_factory(engine)
+    with pytest.raises(ConfigError) as err:
+        factory.validate_options("recent", {**options, "ttl": "1d"})
+    assert "stores.recent.ttl" in str(err.value) and "does not support" in str(err.value)
+
+
+@pytest.mark.parametrize("value", [1, 123456789, "x", "a longer string", {"user": "ann"}, [1, 2, 3]])
+def test_a_store_written_without_ttl_is_refused_with_ttl(opener: TtlOpener, value: Any) -> None:
+    plain = opener(ttl=None)
+    plain.put("k", value)
+    plain.flush()
+    plain.close()
+    if opener.backend != "memory":  # its local state is refused at open
+        with pytest.raises(ConfigError, match="written without ttl") as err:
+            opener()
+        assert "stores.events.ttl" in str(err.value)
+    shutil.rmtree(opener.directory)
+    opener.directory.mkdir()
+    kv = opener()
+    with pytest.raises(ConfigError, match="written without ttl"):  # and so are its changelog records
+        opener.restore_all(kv)
+
+
+def test_write_behind(opener: TtlOpener) -> None:
+    """With the backend write of each commit on a background thread, reads of the in-flight commit
+    see its expiries too, and the sweep settles before it scans."""
+    kv = opener(write_behind=True, cache_size=0)
+    kv.put_all([(f"k{i}", i) for i in range(4)])
+    _commit_at(kv, opener, 5)
+    kv.put("k9", 9)
+    assert _visible(kv, ["k0", "k1", "k2", "k3", "k9"]) == {"k0": 0, "k1": 1, "k2": 2, "k3": 3, "k9": 9}
+    _commit_at(kv, opener, 5)  # store time 1010: k0..k3 expired
+    assert _visible(kv, ["k0", "k1", "k2", "k3", "k9"]) == {"k9": 9}
+    kv.flush()
+    assert sorted(key for key, value in opener.records() if value is None) == [b"k0", b"k1", b"k2", b"k3"]
