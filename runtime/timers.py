@@ -19,10 +19,13 @@ timestamp of each domain is cached, so a batch boundary with nothing due costs t
 
 *Firing* (:meth:`PartitionTime.fire`): every event-time timer with timestamp <= watermark, then
 every processing-time timer with timestamp <= the clock (read once per firing), each in timestamp
-order; a timer registered while firing that is due already fires in the same round. Each timer is
-deleted from the store just before its ``on_timer`` runs: its deletion and the outputs it sends go
-into the same commit, so a timer fires exactly once across crashes (a crash before the commit rolls
-both back, and the timer fires again after recovery, its earlier outputs trimmed with the rest).
+order; a timer registered while firing that is due already fires in the same round. Due timers are
+read in chunks of :data:`SCAN_CHUNK` (one backend call each, keys and timestamps decoded per chunk);
+a chunk's timers are deleted from the store in one batch just before the first of them fires (one
+registered again while firing is deleted again as it fires; those an exception kept from firing are
+put back): the deletions and the outputs ``on_timer`` sends go into the same commit, so a timer
+fires exactly once across crashes (a crash before the commit rolls both back, and the timer fires
+again after recovery, its earlier outputs trimmed with the rest).
 """
 
 from __future__ import annotations
