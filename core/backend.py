@@ -108,6 +108,14 @@ class KVBackend(ABC):
         """Up to ``limit`` live entries with ``start <= key < end`` (None = unbounded), strictly after
         ``after`` in iteration order (``after`` None: from the first), ascending or descending."""
 
+    def scan(self, start: bytes | None, end: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+        """Up to ``limit`` entries with ``start <= key < end`` in ascending key order, read in one call
+        (a chunk of a long scan: resume with ``start`` just after the last key returned). Unlike
+        :meth:`iterate` it takes no snapshot: the list is what the backend held at the call."""
+        if self.closed:
+            raise StoreClosedError(f"{self.name} backend is closed")
+        return self._scan(start, end, None, False, limit)
+
     # -- writes --------------------------------------------------------------------------------
     def write(self, items: Collection[Item], meta: Mapping[bytes, bytes] | None = None, *,
               deletes: bool = True) -> None:

@@ -116,6 +116,9 @@ TIMER_STORE = "_timers"
 store like the others (recovered, flushed and checkpointed with them), hidden from the task's
 ``context.stores``; a user store may not take this name."""
 
+TIMER_WRITE_BATCH = 100_000
+"""Pending timer changes that trigger a spill of the timer store before the next commit."""
+
 PAST_TIMER_POLICIES = ("fire", "error")
 """``[time] past_timers``: a timer registered before its domain's current time fires at the next
 firing point (``fire``, as Flink does) or is refused with a ConfigError (``error``)."""
@@ -506,8 +509,11 @@ def _time(data: Mapping[str, Any], job_name: Any, allow_pickle: bool, registry: 
     elif problem := name_problem(changelog, "changelog stream"):
         add("time.timer_changelog", problem)
         return config
-    # Timers are written and scanned, never read by key: no object cache.
-    options: dict[str, Any] = {"cache_size": 0}
+    # Timers are written and scanned, never read by key: no object cache. Their keys lead with the
+    # timestamp, so a spill lands all over the store; a B-tree (LMDB copies each page it touches)
+    # rewrites most of its pages per spill however few keys it holds: spill less often. A pending
+    # timer is a ~30-byte key and an empty value, so the bound stays some megabytes.
+    options: dict[str, Any] = {"cache_size": 0, "write_batch_size": TIMER_WRITE_BATCH}
     if checked["timer_backend"] is not None:
         options["backend"] = checked["timer_backend"]
     try:

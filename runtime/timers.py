@@ -19,19 +19,25 @@ timestamp of each domain is cached, so a batch boundary with nothing due costs t
 
 *Firing* (:meth:`PartitionTime.fire`): every event-time timer with timestamp <= watermark, then
 every processing-time timer with timestamp <= the clock (read once per firing), each in timestamp
-order; a timer registered while firing that is due already fires in the same round. Each timer is
-deleted from the store just before its ``on_timer`` runs: its deletion and the outputs it sends go
-into the same commit, so a timer fires exactly once across crashes (a crash before the commit rolls
-both back, and the timer fires again after recovery, its earlier outputs trimmed with the rest).
+order; a timer registered while firing that is due already fires in the same round. Due timers are
+read in chunks of :data:`SCAN_CHUNK` (one backend call each, keys and timestamps decoded per chunk);
+a chunk's timers are deleted from the store in one batch just before the first of them fires (one
+registered again while firing is deleted again as it fires; those an exception kept from firing are
+put back): the deletions and the outputs ``on_timer`` sends go into the same commit, so a timer
+fires exactly once across crashes (a crash before the commit rolls both back, and the timer fires
+again after recovery, its earlier outputs trimmed with the rest).
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import json.encoder
+import json.scanner
 import math
 import struct
-from itertools import islice
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Callable
 
 from localstate.core.codecs import FAST_ERRORS, fast_codec
@@ -54,10 +60,36 @@ _pack_u64, _unpack_u64, _pack_f64, _unpack_f64 = _u64.pack, _u64.unpack, _f64.pa
 
 
 _json_text = json.JSONDecoder().decode
+_json_scan = json.scanner.make_scanner(json.JSONDecoder())
+"""``(value, end)`` of the JSON text at an index of a string: the C scanner, with no Python frame"""
+_json_str = json.encoder.encode_basestring
+"""JsonSerde's text of an exact ``str`` (compact, ``ensure_ascii=False``): the C function its encoder calls"""
+_UNDECODED = object()
+"""a fired key the chunk's decoding left to the per-timer path"""
+_first_item, _second_item = itemgetter(0), itemgetter(1)
 
 
 def _json_decode(data: bytes) -> Any:
     return _json_text(data.decode("utf-8"))
+
+
+def _decode_timestamps(entries: list[bytes]) -> tuple[float, ...]:
+    """:func:`decode_timestamp` of each store key's timestamp, in three C calls and one comprehension."""
+    count = len(entries)
+    bits = struct.unpack(f">{count}Q", b"".join([entry[1:9] for entry in entries]))
+    flipped = [b & ~_SIGN if b & _SIGN else b ^ _ALL for b in bits]
+    return struct.unpack(f">{count}d", struct.pack(f">{count}Q", *flipped))
+
+
+def _json_decode_many(texts: list[bytes]) -> list[Any]:
+    """The json keys of a chunk, decoded by C-level maps (no frame per key); raises (ValueError,
+    StopIteration) unless each text is exactly one JSON value."""
+    strings = list(map(bytes.decode, texts))
+    scanned = list(map(_json_scan, strings, repeat(0)))
+    # a StopIteration inside map() ends it early: a short list is a text that is no JSON value
+    if len(scanned) != len(strings) or list(map(_second_item, scanned)) != list(map(len, strings)):
+        raise ValueError("not one JSON value per key")
+    return list(map(_first_item, scanned))
 
 
 def encode_timestamp(ts: float) -> bytes:
@@ -122,6 +154,8 @@ class PartitionTime:
         self._key_serde: Serde | None = None
         self._encode_key: Callable[[Any], bytes] | None = None
         self._decode_key: Callable[[bytes], Any] | None = None
+        self._decode_many: Callable[[list[bytes]], list[Any]] | None = None
+        self._json_keys = False
         self._earliest: dict[str, float | None] = {EVENT_TIME: None, PROCESSING_TIME: None}
         self._round: _Round | None = None
         self._firing_domain: str | None = None
@@ -163,6 +197,9 @@ class PartitionTime:
             # The store holds only keys this service encoded: the serde's checks of foreign data
             # (what its serialize would refuse) cannot fail, and cost as much as the decoding.
             self._decode_key = _json_decode
+        self._json_keys = type(key_serde) is JsonSerde
+        decode = self._decode_key
+        self._decode_many = _json_decode_many if self._json_keys else lambda texts: list(map(decode, texts))
         self._task_fires = task_fires
         self._usable = task_fires
         for domain in _PREFIX:
@@ -216,7 +253,10 @@ class PartitionTime:
                                         hint="pass a number such as envelope.timestamp + 60")
             timestamp = float(timestamp)
         try:
-            kb = self._encode_key(key)  # type: ignore[misc]
+            if key.__class__ is str and self._json_keys:  # the common key, without the encoder's frames
+                kb = _json_str(key).encode()
+            else:
+                kb = self._encode_key(key)  # type: ignore[misc]
         except FAST_ERRORS:
             kb = self._slow_key(key)
         (bits,) = _unpack_u64(_pack_f64(timestamp + 0.0))  # encode_timestamp, inline: the per-timer path
@@ -306,9 +346,10 @@ class PartitionTime:
         store, prefix = self._store, _PREFIX[domain]
         end = prefix + _after(encode_timestamp(now))
         decode_key, slow_decode = self._decode_key, self._key_serde.deserialize  # type: ignore[union-attr]
+        decode_many = self._decode_many
         firing = self._round = _Round(domain, now)
         heap, pending, deleted = firing.heap, firing.pending, firing.deleted
-        pop, delete = heapq.heappop, store.delete
+        pop, delete, delete_all = heapq.heappop, store.delete, store.delete_all
         unpack_u64, pack_u64, unpack_f64 = _unpack_u64, _pack_u64, _unpack_f64
         collector, coordinator = args
         start = prefix
@@ -321,42 +362,62 @@ class PartitionTime:
         self._firing_domain = domain  # only the task's on_timer runs in between: it sees the domain
         try:
             while True:
-                with backend.iterate(start, end) as reading:
-                    scanned = [entry for entry, _ in islice(reading, SCAN_CHUNK)]
+                scanned = list(map(_first_item, backend.scan(start, end, SCAN_CHUNK)))
                 exhausted = len(scanned) < SCAN_CHUNK
                 firing.last = end if exhausted else scanned[-1]
+                try:
+                    keys = decode_many([entry[9:] for entry in scanned])  # type: ignore[misc]
+                except (*FAST_ERRORS, StopIteration):
+                    keys = [_UNDECODED] * len(scanned)  # one refused: each decoded as it fires
+                stamps = _decode_timestamps(scanned)
+                # The chunk's deletions in one batch, before any of its timers fires: all land in the
+                # same commit as the outputs either way. A timer re-registered while firing (pending)
+                # is deleted again as it fires; if the round stops early (an exception) the timers
+                # not fired yet are put back (below).
+                delete_all(scanned)
                 index, count = 0, len(scanned)
-                # Two sources in key order: the scan, and the heap of timers registered while firing.
-                while True:
-                    if heap and (index == count or heap[0] < scanned[index]):
-                        entry = pop(heap)
-                        if entry not in pending:
-                            continue  # deleted after it was registered
-                        pending.discard(entry)
-                    elif index < count:
-                        entry = scanned[index]
-                        index += 1
-                        if deleted and entry in deleted:
-                            continue
-                        if entry in pending:  # re-registered while firing: fires once, from here
+                try:
+                    # Two sources in key order: the scan, and the heap of timers registered while firing.
+                    while True:
+                        if heap and (index == count or heap[0] < scanned[index]):
+                            entry = pop(heap)
+                            if entry not in pending:
+                                continue  # deleted after it was registered
                             pending.discard(entry)
-                    else:
-                        break
-                    delete(entry)
-                    if before_each is not None:
-                        before_each()
-                    try:
-                        key = decode_key(entry[9:])  # type: ignore[misc]
-                    except FAST_ERRORS:
-                        key = slow_decode(entry[9:])
-                    (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
-                    timestamp = unpack_f64(pack_u64(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
-                    try:
-                        on_timer(key, timestamp, collector, coordinator)
-                    except (Exception, SystemExit) as exc:
-                        failed(exc, key, timestamp)
-                        raise
-                    fired += 1
+                            delete(entry)
+                            key = _UNDECODED
+                            (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
+                            timestamp = unpack_f64(pack_u64(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
+                        elif index < count:
+                            entry = scanned[index]
+                            key = keys[index]
+                            timestamp = stamps[index]
+                            index += 1
+                            if deleted and entry in deleted:
+                                continue
+                            if pending and entry in pending:  # re-registered while firing: fires once, from here
+                                pending.discard(entry)
+                                delete(entry)
+                        else:
+                            break
+                        if before_each is not None:
+                            before_each()
+                        if key is _UNDECODED:
+                            try:
+                                key = decode_key(entry[9:])  # type: ignore[misc]
+                            except FAST_ERRORS:
+                                key = slow_decode(entry[9:])
+                        try:
+                            on_timer(key, timestamp, collector, coordinator)
+                        except (Exception, SystemExit) as exc:
+                            failed(exc, key, timestamp)
+                            raise
+                        fired += 1
+                except BaseException:
+                    unfired = [entry for entry in scanned[index:] if entry not in deleted]
+                    if unfired:
+                        store.put_many(unfired, [b""] * len(unfired))
+                    raise
                 if exhausted:
                     break
                 start = firing.last + b"\x00"

@@ -123,6 +123,10 @@ class KeyValueEngine(StorageEngine):
         self._encode_keys = many_encoder(kserde) if self._key_class is not _NoClass else list
         self._encode_values = many_encoder(vserde)
         self._int_values = inline_int_class(vserde) is int  # exact ints: checked by class and range
+        # The bytes serde's exact bytes are their own encoding: a put or delete of such keys (values)
+        # needs no serde call, only the backend's size check (e.g. the timer store's entries).
+        self._raw_keys = type(kserde) is BytesSerde
+        self._raw_values = type(vserde) is BytesSerde
         # Values are encoded once, at put, and the pending map holds those bytes (a bytearray put is
         # copied, as the bytes serde does); only the int serde's values are held as objects (an exact
         # int is checked by class and range, and packed at the flush, cheaper than packing it twice).
@@ -386,6 +390,10 @@ class KeyValueEngine(StorageEngine):
                 held = self._held_value(key, value)
             young[key] = value
             ckey = key
+        elif self._raw_keys and key.__class__ is bytes and self._min_key <= len(key) <= self._max_key:
+            ckey = key
+            held = value if self._raw_values and value.__class__ is bytes else self._held_value(key, value)
+            self._cache.insert(ckey, value)
         else:
             ckey, _ = self._checked_key(key)
             held = self._held_value(key, value)
@@ -416,7 +424,22 @@ class KeyValueEngine(StorageEngine):
             self._spill()
 
     def delete_all(self, keys: Iterable[Any]) -> None:
-        """Remove many keys."""
+        """Remove many keys: ``delete(k)`` for each, in one step when every key is exactly ``bytes`` of
+        a size the backend holds and the key serde is ``bytes`` (the keys are their own encoding)."""
+        keys = keys if isinstance(keys, list) else list(keys)
+        if (keys and self._raw_keys and set(map(type, keys)) <= {bytes}
+                and self._min_key <= min(map(len, keys)) and max(map(len, keys)) <= self._max_key):
+            cache = self._cache
+            if cache.size:
+                insert = cache.insert
+                for key in keys:
+                    insert(key, None)
+            dirty = self._dirty
+            dirty.update(dict.fromkeys(keys))  # None: a delete
+            self._tombstones = True
+            if len(dirty) > self._batch:
+                self._spill()
+            return
         delete = self.delete
         for key in keys:
             delete(key)

@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from localstate.core.checkpoint import Checkpoint
-from localstate.core.config import TIMER_STORE, parse_job_config
+from localstate.core.config import TIMER_STORE, TIMER_WRITE_BATCH, parse_job_config
 from localstate.core.task import BatchTask, StreamTask
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, Timers
 from localstate.errors import ConfigError, InvalidValueError
@@ -293,6 +293,7 @@ def test_the_timer_store_is_a_logged_kv_store_of_the_job() -> None:
     job = parse({"timers": True, "timer_backend": "lmdb"})
     store = job.stores[TIMER_STORE]
     assert (store.engine, store.options["backend"], store.changelog) == ("kv", "lmdb", "j-timers-changelog")
+    assert (store.options["cache_size"], store.options["write_batch_size"]) == (0, TIMER_WRITE_BATCH)
     assert job.time.allowed_lateness == 0.0 and parse({"allowed_lateness": "1m"}).time.allowed_lateness == 60.0
 
 
@@ -419,3 +420,84 @@ def test_arrow_rows_move_the_watermark_of_a_batch_task_after_the_batch() -> None
         assert instance.time.watermark == 23.0
         instance.fire_timers()
         assert [(m.key, m.value) for m in instance.collector.pending] == [("a", [10.0, 1]), ("b", [10.0, 1])]
+
+
+class FailsOnce(StreamTask):
+    """Records each firing; the first firing of key ``"b"`` raises."""
+
+    def init(self, context):
+        self.fired = []
+        self.failed = False
+
+    def process(self, envelope, collector, coordinator):
+        pass
+
+    def on_timer(self, key, timestamp, collector, coordinator):
+        if key == "b" and not self.failed:
+            self.failed = True
+            raise RuntimeError("boom")
+        self.fired.append((key, timestamp))
+
+
+@pytest.mark.parametrize("chunk", [2, 3, 100])
+def test_a_round_stopped_by_a_failure_leaves_the_unfired_timers_of_its_chunk_in_the_store(
+        tmp_path, monkeypatch, chunk) -> None:
+    """A chunk's deletions are batched before its timers fire: the ones a failure kept from firing
+    are put back, so a caller that goes on (without the restart that rolls back) still fires them."""
+    from localstate.core.layout import open_changelog_system
+    from localstate.errors import TaskError
+    from localstate.runtime.instance import TaskInstance
+
+    monkeypatch.setattr(timer_module, "SCAN_CHUNK", chunk)
+    job = parse_job_config({
+        "job": {"name": "fails-once", "task": "unused:Unused", "state_dir": str(tmp_path)},
+        "time": {"timers": True, "timer_backend": "rocksdb"}}, base_dir=tmp_path)
+    changelogs = open_changelog_system(job)
+    instance = TaskInstance(job, 0, changelogs, task_factory=FailsOnce)
+    instance.open()
+    try:
+        for i, key in enumerate("abcde"):
+            instance.time.register_event_time(key, 10.0 + i)
+        instance.time.register_event_time(["a", 1], 10.5)  # a json key that is no string
+        instance.commit()
+        instance.time.advance_watermark(100.0)
+        with pytest.raises(TaskError):
+            instance.fire_timers()
+        assert instance.task.fired == [("a", 10.0), (["a", 1], 10.5)]
+        assert instance.fire_timers() == 3  # "b" was deleted as it fired; the rest were put back
+        assert instance.task.fired[2:] == [("c", 12.0), ("d", 13.0), ("e", 14.0)]
+        assert instance.fire_timers() == 0
+        assert list(instance.stores[TIMER_STORE].engine.all()) == []
+    finally:
+        instance.close(commit=False)
+        changelogs.close()
+
+
+def test_a_chunk_whose_keys_the_fast_decoding_refuses_fires_through_the_serde(monkeypatch) -> None:
+    """A json key the chunk-level decoding refuses is decoded by itself as it fires, through the same
+    path as before batching (the others of its chunk are unaffected)."""
+    monkeypatch.setattr(timer_module, "_json_decode_many", lambda texts: (_ for _ in ()).throw(ValueError("no")))
+    with driver() as d:
+        d.send("in", "k1", ["event", 5.0], timestamp=0.0)
+        d.send("in", "k2", ["event", 6.0], timestamp=0.0)
+        d.advance_event_time(50.0)
+        assert d.outputs("fired", pending=True) == [("k1", ["event", 5.0]), ("k2", ["event", 6.0])]
+
+
+def test_the_json_chunk_decoding_accepts_exactly_one_json_value_per_key() -> None:
+    from localstate.core.serdes import JsonSerde
+
+    keys = ["a", "é\n\"", 1, 1.5, True, None, ["x", {"b": 2, "a": 1}], {}]
+    texts = [JsonSerde().serialize(k) for k in keys]
+    assert timer_module._json_decode_many(texts) == keys
+    for bad in ([b"1,[2", b"3]"], [b"\"a\" "], [b"[1"], [b"nope"], [b""], [b"\xff"]):
+        with pytest.raises((ValueError, StopIteration)):
+            timer_module._json_decode_many(bad)
+
+
+def test_a_chunks_timestamps_decode_as_each_one_does() -> None:
+    stamps = [-1e300, -1.5, -0.0, 0.0, 5e-324, 1.0, 1.7e9 + 0.25, 1e300, 2.0 ** 62]
+    entries = [b"e" + encode_timestamp(ts) + b'"k"' for ts in stamps]
+    assert timer_module._decode_timestamps(entries) == tuple(map(decode_timestamp, [e[1:9] for e in entries]))
+    assert timer_module._decode_timestamps(entries) == tuple(ts + 0.0 for ts in stamps)
+    assert timer_module._decode_timestamps([]) == ()
