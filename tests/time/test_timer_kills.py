@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
+from kill_support import run_through_kills
 from localstate.streams.jsonl import read_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -90,11 +90,7 @@ def test_the_model_fires_timers_pending_across_commits_and_while_firing() -> Non
 ])
 def test_each_timer_fires_exactly_once_across_kills(tmp_path: Path, crashes: list[str]) -> None:
     state = tmp_path / "state"
-    for crash in crashes:
-        killed = run_child(state, crash)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    finished = run_child(state, None)
-    assert finished.returncode == 0 and "done" in finished.stdout, finished.stderr[-3000:]
+    run_through_kills(run_child, state, crashes)
     assert outputs(state) == [(key, list(value)) for key, value in model(RECORDS, COMMIT_EVERY)]
 
 

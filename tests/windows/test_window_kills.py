@@ -5,14 +5,13 @@ exactly once with exactly the reference model's aggregate, and every late record
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-
+from kill_support import run_through_kills
 from localstate.streams.jsonl import read_jsonl
 from localstate.windows import count, sum_of
 from localstate.windows.reference import reference_windows, watermarks
@@ -71,9 +70,5 @@ def test_an_uninterrupted_run_matches_the_reference(tmp_path: Path) -> None:
 ])
 def test_every_window_is_sent_exactly_once_across_kills(tmp_path: Path, crashes: list[str]) -> None:
     state = tmp_path / "state"
-    for crash in crashes:
-        killed = run_child(state, crash)
-        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-    finished = run_child(state, None)
-    assert finished.returncode == 0 and "done" in finished.stdout, finished.stderr[-3000:]
+    run_through_kills(run_child, state, crashes)
     assert sent(state) == expected()
