@@ -23,10 +23,11 @@
  *
  * TtlHotPath (a HotPath subtype): the same get/put for a store with ttl (engines/kv/ttl.py), whose
  * cache keeps each cached value's expiry in the dict `expiry` and whose store time is set by
- * set_time(now, write_expiry) at each refresh (now None: no time yet, nothing expires).
+ * set_time(now, write_expiry, all_live) at each refresh (now None: no time yet, nothing expires;
+ * all_live: the engine knows every cached value is live at now, see TtlKeyValueEngine._cache_live).
  *
- *   get(key):  key of exactly the key class: HotPath.get's lookup, then None instead of a value
- *              whose expiry[key] <= now. Any other key: reference_get(key) (which checks).
+ *   get(key):  key of exactly the key class: HotPath.get's lookup, then (unless all_live) None
+ *              instead of a value whose expiry[key] <= now. Any other key: reference_get(key).
  *   put(key, value):  HotPath.put's fast path, also storing expiry[key] = write_expiry; anything
  *              else put_slow (which does the same).
  */
@@ -321,6 +322,7 @@ typedef struct {
     PyObject *when;        /* the expiry of a value written now (float) */
     double now;
     int has_now;
+    int all_live;          /* every cached value is live at now: a hit needs no expiry check */
 } TtlHotPath;
 
 static int ttl_traverse(TtlHotPath *self, visitproc visit, void *arg) {
@@ -360,14 +362,19 @@ static int ttl_init(TtlHotPath *self, PyObject *args, PyObject *kwargs) {
     if (never == NULL) return -1;
     Py_XSETREF(self->when, never);
     self->has_now = 0;
+    self->all_live = 0;
     return 0;
 }
 
 static PyObject *ttl_set_time(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyFloat_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "set_time(now: float | None, write_expiry: float)");
+    if (nargs < 2 || nargs > 3 || !PyFloat_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_time(now: float | None, write_expiry: float, all_live: bool = False)");
         return NULL;
     }
+    int all_live = 0;
+    if (nargs == 3 && (all_live = PyObject_IsTrue(args[2])) < 0) return NULL;
+    self->all_live = all_live;
     if (args[0] == Py_None) {
         self->has_now = 0;
     } else {
@@ -387,7 +394,7 @@ static PyObject *ttl_get(TtlHotPath *self, PyObject *const *args, Py_ssize_t nar
     if (nargs != 1 || kwnames != NULL || (PyObject *)Py_TYPE(args[0]) != base->key_class)
         return PyObject_Vectorcall(base->reference_get, args, (size_t)nargs, kwnames);
     PyObject *value = hotpath_get(base, args, nargs, kwnames);
-    if (value == NULL || value == Py_None || !self->has_now) return value;
+    if (value == NULL || value == Py_None || !self->has_now || self->all_live) return value;
     PyObject *expiry = PyDict_GetItemWithError(self->expiry, args[0]);
     if (expiry == NULL) {
         if (PyErr_Occurred()) {
