@@ -30,6 +30,9 @@
  *              instead of a value whose expiry[key] <= now. Any other key: reference_get(key).
  *   put(key, value):  HotPath.put's fast path, also storing expiry[key] = write_expiry; anything
  *              else put_slow (which does the same).
+ *
+ * stamp_ints(expiry, values): a ttl store's int values as stored, at its flush (ttl.py,
+ * _pending_items; tests/native/test_differential.py checks it against the struct packing).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -445,9 +448,59 @@ static PyTypeObject TtlHotPathType = {
     .tp_methods = ttl_methods,
 };
 
+/* stamp_ints(expiry, values): a ttl store's stored values for the int serde, each in one allocation:
+ * the 8-byte big-endian double expiry, then the 8-byte big-endian value + 2**63 (the int serde's
+ * biased form), for a list of exact ints in the int serde's range (what the pending map holds, checked
+ * at put). Anything else raises (TypeError, OverflowError): the caller's reference path encodes. */
+static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "stamp_ints(expiry: float, values: list[int])");
+        return NULL;
+    }
+    double expiry = PyFloat_AsDouble(args[0]);
+    if (expiry == -1.0 && PyErr_Occurred()) return NULL;
+    char head[8];
+    if (PyFloat_Pack8(expiry, head, 0) < 0) return NULL; /* big-endian, as struct ">d" */
+    PyObject *values = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyList_GET_ITEM(values, i);
+        if (!PyLong_CheckExact(value)) {
+            PyErr_SetString(PyExc_TypeError, "stamp_ints: not an int");
+            Py_DECREF(out);
+            return NULL;
+        }
+        long long v = PyLong_AsLongLong(value); /* OverflowError past 64 bits */
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned long long biased = (unsigned long long)v ^ 0x8000000000000000ULL; /* v + 2**63 */
+        PyObject *stamped = PyBytes_FromStringAndSize(NULL, 16);
+        if (stamped == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned char *b = (unsigned char *)PyBytes_AS_STRING(stamped);
+        memcpy(b, head, 8);
+        for (int j = 0; j < 8; j++) b[8 + j] = (unsigned char)(biased >> (56 - 8 * j));
+        PyList_SET_ITEM(out, i, stamped);
+    }
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"stamp_ints", (PyCFunction)(void (*)(void))stamp_ints, METH_FASTCALL,
+     "stamp_ints(expiry, values): each int value packed after the expiry, as a ttl store stores it."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_hotpath", "The kv engine's get/put fast paths in C (see engine.py).", -1, NULL,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_hotpath", "The kv engine's get/put fast paths in C (see engine.py).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {

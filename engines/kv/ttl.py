@@ -32,8 +32,9 @@ older record of their key expired before them, time moving forward), and the sta
 ``localstate inspect`` filter with :func:`live_entries`.
 
 Cache. Cached values stay plain objects, as without ttl; the cache keeps the expiry of each cached
-value beside it (:class:`ExpiringCache`, bounded with the cache), so a cache hit costs one more dict
-lookup and a put one more dict store. The pending map holds values as without ttl: every pending
+value beside it (:class:`ExpiringCache`, bounded with the cache), so a put costs one more dict store;
+a cache hit checks that expiry only when the store time has reached the cache's floor, a lower bound
+of every expiry cached (judged once per refresh, see :meth:`TtlKeyValueEngine._cache_live`). The pending map holds values as without ttl: every pending
 value of a commit interval shares the interval's expiry, stamped on all of them at the flush.
 """
 
@@ -123,10 +124,11 @@ class ExpiringCache(GenerationalCache):
 
     def rotate(self) -> None:
         old = self.old
-        dropped = list(old) if old else list(islice(self.young, len(self.young) // 2))  # what rotate drops
-        super().rotate()
-        # forget their expiries in one C-level pass (a rotation drops up to half the cache)
+        # what the rotation drops (the old generation, else the young one's first-inserted half): their
+        # expiries forgotten first, in one C-level pass without a copy of the keys
+        dropped = old if old else islice(self.young, len(self.young) // 2)
         deque(map(self.expiry.pop, dropped, repeat(None)), maxlen=0)
+        super().rotate()
 
     def discard(self, key: Any) -> None:
         super().discard(key)
@@ -382,6 +384,14 @@ class TtlKeyValueEngine(KeyValueEngine):
         if self._int_values and not self._tombstones:  # ints held as objects: pack and stamp at once
             dirty = self._dirty
             ckeys = sorted(dirty)
+            native = kv_engine._HOTPATH
+            if native is not None:  # in C: one allocation per value, no tuple or bound call between
+                try:
+                    stamped = native.stamp_ints(self._write_expiry, list(map(dirty.__getitem__, ckeys)))
+                except (TypeError, OverflowError):
+                    pass  # a held value that is no exact int in range: the reference below encodes
+                else:
+                    return ckeys, list(zip(self._encode_keys(ckeys), stamped))
             values = map(INT_BIAS.__add__, map(dirty.__getitem__, ckeys))
             return ckeys, list(zip(self._encode_keys(ckeys), map(_STAMP_INT, repeat(_PACK(self._write_expiry)),
                                                                   values)))
