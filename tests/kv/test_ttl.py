@@ -5,6 +5,7 @@ restore; bad ttl configuration is a ConfigError naming the store and option. Tim
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -344,7 +345,6 @@ def test_cache_hits_agree_with_a_model_as_entries_expire_at_different_times(open
     rotated-out entry, a backend read) sees exactly the model's live entries. Exercises the store's
     judgement of a wholly live cache (no per-hit check) and its fallback to the per-hit check while an
     expired value stays cached."""
-    import random
     rng = random.Random(34)
     kv = opener(cache_size=cache_size, value_serde=IntSerde())
     model: dict[str, tuple[int, float]] = {}  # key -> (value, expiry)
