@@ -23,12 +23,16 @@
  *
  * TtlHotPath (a HotPath subtype): the same get/put for a store with ttl (engines/kv/ttl.py), whose
  * cache keeps each cached value's expiry in the dict `expiry` and whose store time is set by
- * set_time(now, write_expiry) at each refresh (now None: no time yet, nothing expires).
+ * set_time(now, write_expiry, all_live) at each refresh (now None: no time yet, nothing expires;
+ * all_live: the engine knows every cached value is live at now, see TtlKeyValueEngine._cache_live).
  *
- *   get(key):  key of exactly the key class: HotPath.get's lookup, then None instead of a value
- *              whose expiry[key] <= now. Any other key: reference_get(key) (which checks).
+ *   get(key):  key of exactly the key class: HotPath.get's lookup, then (unless all_live) None
+ *              instead of a value whose expiry[key] <= now. Any other key: reference_get(key).
  *   put(key, value):  HotPath.put's fast path, also storing expiry[key] = write_expiry; anything
  *              else put_slow (which does the same).
+ *
+ * stamp_ints(expiry, values): a ttl store's int values as stored, at its flush (ttl.py,
+ * _pending_items; tests/native/test_differential.py checks it against the struct packing).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -321,6 +325,7 @@ typedef struct {
     PyObject *when;        /* the expiry of a value written now (float) */
     double now;
     int has_now;
+    int all_live;          /* every cached value is live at now: a hit needs no expiry check */
 } TtlHotPath;
 
 static int ttl_traverse(TtlHotPath *self, visitproc visit, void *arg) {
@@ -360,14 +365,19 @@ static int ttl_init(TtlHotPath *self, PyObject *args, PyObject *kwargs) {
     if (never == NULL) return -1;
     Py_XSETREF(self->when, never);
     self->has_now = 0;
+    self->all_live = 0;
     return 0;
 }
 
 static PyObject *ttl_set_time(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyFloat_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "set_time(now: float | None, write_expiry: float)");
+    if (nargs < 2 || nargs > 3 || !PyFloat_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_time(now: float | None, write_expiry: float, all_live: bool = False)");
         return NULL;
     }
+    int all_live = 0;
+    if (nargs == 3 && (all_live = PyObject_IsTrue(args[2])) < 0) return NULL;
+    self->all_live = all_live;
     if (args[0] == Py_None) {
         self->has_now = 0;
     } else {
@@ -387,7 +397,7 @@ static PyObject *ttl_get(TtlHotPath *self, PyObject *const *args, Py_ssize_t nar
     if (nargs != 1 || kwnames != NULL || (PyObject *)Py_TYPE(args[0]) != base->key_class)
         return PyObject_Vectorcall(base->reference_get, args, (size_t)nargs, kwnames);
     PyObject *value = hotpath_get(base, args, nargs, kwnames);
-    if (value == NULL || value == Py_None || !self->has_now) return value;
+    if (value == NULL || value == Py_None || !self->has_now || self->all_live) return value;
     PyObject *expiry = PyDict_GetItemWithError(self->expiry, args[0]);
     if (expiry == NULL) {
         if (PyErr_Occurred()) {
@@ -438,9 +448,59 @@ static PyTypeObject TtlHotPathType = {
     .tp_methods = ttl_methods,
 };
 
+/* stamp_ints(expiry, values): a ttl store's stored values for the int serde, each in one allocation:
+ * the 8-byte big-endian double expiry, then the 8-byte big-endian value + 2**63 (the int serde's
+ * biased form), for a list of exact ints in the int serde's range (what the pending map holds, checked
+ * at put). Anything else raises (TypeError, OverflowError): the caller's reference path encodes. */
+static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "stamp_ints(expiry: float, values: list[int])");
+        return NULL;
+    }
+    double expiry = PyFloat_AsDouble(args[0]);
+    if (expiry == -1.0 && PyErr_Occurred()) return NULL;
+    char head[8];
+    if (PyFloat_Pack8(expiry, head, 0) < 0) return NULL; /* big-endian, as struct ">d" */
+    PyObject *values = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyList_GET_ITEM(values, i);
+        if (!PyLong_CheckExact(value)) {
+            PyErr_SetString(PyExc_TypeError, "stamp_ints: not an int");
+            Py_DECREF(out);
+            return NULL;
+        }
+        long long v = PyLong_AsLongLong(value); /* OverflowError past 64 bits */
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned long long biased = (unsigned long long)v ^ 0x8000000000000000ULL; /* v + 2**63 */
+        PyObject *stamped = PyBytes_FromStringAndSize(NULL, 16);
+        if (stamped == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned char *b = (unsigned char *)PyBytes_AS_STRING(stamped);
+        memcpy(b, head, 8);
+        for (int j = 0; j < 8; j++) b[8 + j] = (unsigned char)(biased >> (56 - 8 * j));
+        PyList_SET_ITEM(out, i, stamped);
+    }
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"stamp_ints", (PyCFunction)(void (*)(void))stamp_ints, METH_FASTCALL,
+     "stamp_ints(expiry, values): each int value packed after the expiry, as a ttl store stores it."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_hotpath", "The kv engine's get/put fast paths in C (see engine.py).", -1, NULL,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "_hotpath", "The kv engine's get/put fast paths in C (see engine.py).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {

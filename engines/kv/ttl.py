@@ -32,8 +32,9 @@ older record of their key expired before them, time moving forward), and the sta
 ``localstate inspect`` filter with :func:`live_entries`.
 
 Cache. Cached values stay plain objects, as without ttl; the cache keeps the expiry of each cached
-value beside it (:class:`ExpiringCache`, bounded with the cache), so a cache hit costs one more dict
-lookup and a put one more dict store. The pending map holds values as without ttl: every pending
+value beside it (:class:`ExpiringCache`, bounded with the cache), so a put costs one more dict store;
+a cache hit checks that expiry only when the store time has reached the cache's floor, a lower bound
+of every expiry cached (judged once per refresh, see :meth:`TtlKeyValueEngine._cache_live`). The pending map holds values as without ttl: every pending
 value of a commit interval shares the interval's expiry, stamped on all of them at the flush.
 """
 
@@ -42,6 +43,7 @@ from __future__ import annotations
 import math
 import struct
 import time
+from collections import deque
 from itertools import islice, repeat
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -122,11 +124,11 @@ class ExpiringCache(GenerationalCache):
 
     def rotate(self) -> None:
         old = self.old
-        dropped = list(old) if old else list(islice(self.young, len(self.young) // 2))  # what rotate drops
+        # what the rotation drops (the old generation, else the young one's first-inserted half): their
+        # expiries forgotten first, in one C-level pass without a copy of the keys
+        dropped = old if old else islice(self.young, len(self.young) // 2)
+        deque(map(self.expiry.pop, dropped, repeat(None)), maxlen=0)
         super().rotate()
-        expiry = self.expiry
-        for key in dropped:
-            expiry.pop(key, None)
 
     def discard(self, key: Any) -> None:
         super().discard(key)
@@ -178,6 +180,10 @@ class TtlKeyValueEngine(KeyValueEngine):
         self._hot: Any = None
         self._now: float | None = None
         self._write_expiry = NEVER
+        # the cache's floor (see _cache_live): a lower bound of every expiry it has held since the
+        # floor was last computed; _all_live: every cached value is live at the store time
+        self._floor, self._all_live = NEVER, True
+        self._recheck_every, self._recheck_in = 1, 0
         self.swept = 0
         """Expired entries the sweeps deleted since open (statistics)."""
         self.examined = 0
@@ -208,8 +214,31 @@ class TtlKeyValueEngine(KeyValueEngine):
             expiry = self._cache.expiry
             for ckey in self._dirty.keys() & expiry.keys():
                 expiry[ckey] = write_expiry
+        self._all_live = self._cache_live(self._now)
+        self._floor = min(self._floor, write_expiry)
         if self._hot is not None:
-            self._hot.set_time(self._now, self._write_expiry)
+            self._hot.set_time(self._now, self._write_expiry, self._all_live)
+
+    def _cache_live(self, now: float | None) -> bool:
+        """Whether every value cached now is live at ``now`` (then a cache hit needs no expiry
+        check until the next refresh: what a miss caches in the interval is live at ``now``, and what
+        a put caches expires at the write expiry, later). Judged by the floor, a lower bound of every
+        expiry the cache has held since it was last computed; when ``now`` has reached it, it is
+        computed again from the cache's expiries, but after a computation that finds an expired entry
+        still cached, only every 2nd, 4th, ... 64th refresh (the entry may stay cached for long, and
+        the per-hit check is what the cache then needs anyway)."""
+        if now is None or now < self._floor:
+            return True
+        if self._recheck_in > 0:
+            self._recheck_in -= 1
+            return False
+        self._floor = min(self._cache.expiry.values(), default=NEVER)
+        if now < self._floor:
+            self._recheck_every = 1
+            return True
+        self._recheck_every = min(2 * self._recheck_every, 64)
+        self._recheck_in = self._recheck_every - 1
+        return False
 
     @property
     def store_time(self) -> float | None:
@@ -219,7 +248,7 @@ class TtlKeyValueEngine(KeyValueEngine):
     def _live(self, ckey: Any, value: Any) -> Any:
         """``value`` (cached under ``ckey``) if it is live at the store time, else None."""
         now = self._now
-        if value is None or now is None or now < self._cache.expiry.get(ckey, NEVER):
+        if value is None or self._all_live or now is None or now < self._cache.expiry.get(ckey, NEVER):
             return value
         return None
 
@@ -238,7 +267,7 @@ class TtlKeyValueEngine(KeyValueEngine):
             missed=self._get_missed, put_slow=TtlKeyValueEngine.put.__get__(self), int_values=self._int_values,
             int_min=INT_MIN, int_max=INT_MAX, vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
             hold_encoded=self._hold_encoded)
-        self._hot.set_time(self._now, self._write_expiry)
+        self._hot.set_time(self._now, self._write_expiry, self._all_live)
         self.get, self.put = self._hot.get, self._hot.put  # type: ignore[method-assign]
 
     # -- reads -------------------------------------------------------------------------------------
@@ -301,6 +330,8 @@ class TtlKeyValueEngine(KeyValueEngine):
         if cache.size:  # insert puts it in the young generation
             cache.insert(ckey, value)
             cache.expiry[ckey] = expiry
+            if expiry < self._floor:
+                self._floor = expiry
         return value
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
@@ -321,7 +352,7 @@ class TtlKeyValueEngine(KeyValueEngine):
     def _lookup_many(self, ckeys: list[Any]) -> list[Any]:
         values = super()._lookup_many(ckeys)
         now = self._now
-        if now is None:
+        if now is None or self._all_live:
             return values
         expiry = self._cache.expiry
         return [None if value is None or now >= expiry.get(ckey, NEVER) else value
@@ -353,6 +384,14 @@ class TtlKeyValueEngine(KeyValueEngine):
         if self._int_values and not self._tombstones:  # ints held as objects: pack and stamp at once
             dirty = self._dirty
             ckeys = sorted(dirty)
+            native = kv_engine._HOTPATH
+            if native is not None:  # in C: one allocation per value, no tuple or bound call between
+                try:
+                    stamped = native.stamp_ints(self._write_expiry, list(map(dirty.__getitem__, ckeys)))
+                except (TypeError, OverflowError):
+                    pass  # a held value that is no exact int in range: the reference below encodes
+                else:
+                    return ckeys, list(zip(self._encode_keys(ckeys), stamped))
             values = map(INT_BIAS.__add__, map(dirty.__getitem__, ckeys))
             return ckeys, list(zip(self._encode_keys(ckeys), map(_STAMP_INT, repeat(_PACK(self._write_expiry)),
                                                                   values)))

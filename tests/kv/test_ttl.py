@@ -5,6 +5,7 @@ restore; bad ttl configuration is a ConfigError naming the store and option. Tim
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any
@@ -334,3 +335,32 @@ def test_write_behind(opener: TtlOpener) -> None:
     assert _visible(kv, ["k0", "k1", "k2", "k3", "k9"]) == {"k9": 9}
     kv.flush()
     assert sorted(key for key, value in opener.records() if value is None) == [b"k0", b"k1", b"k2", b"k3"]
+
+
+@pytest.mark.parametrize("cache_size", [6, 1_000])
+def test_cache_hits_agree_with_a_model_as_entries_expire_at_different_times(opener: TtlOpener,
+                                                                            cache_size: int) -> None:
+    """Cached values with different expiries (written in different commits, loaded back from the
+    backend) expire one by one while the clock moves in uneven steps: every get (a cache hit, a
+    rotated-out entry, a backend read) sees exactly the model's live entries. Exercises the store's
+    judgement of a wholly live cache (no per-hit check) and its fallback to the per-hit check while an
+    expired value stays cached."""
+    rng = random.Random(34)
+    kv = opener(cache_size=cache_size, value_serde=IntSerde())
+    model: dict[str, tuple[int, float]] = {}  # key -> (value, expiry)
+    keys = [f"k{i:02d}" for i in range(24)]
+    for step in range(120):
+        now = kv.store_time
+        assert now is not None
+        for key in rng.sample(keys, 5):
+            value, expiry = model.get(key, (None, 0.0))
+            live = value if now < expiry else None
+            assert kv.get(key) == live, f"step {step}: {key} at {now}"
+            if rng.random() < 0.5:
+                kv.put(key, step)
+                model[key] = (step, now + 10)
+        opener.time.advance_processing_time(rng.choice([0.0, 0.5, 1.0, 3.0, 7.0]))
+        kv.flush()
+        now = kv.store_time
+        assert {k: kv.get(k) for k in keys if kv.get(k) is not None} == \
+               {k: v for k, (v, expiry) in model.items() if now < expiry}, f"after commit {step}"

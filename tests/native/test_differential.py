@@ -628,3 +628,19 @@ def test_a_hot_path_made_without_init_refuses_to_run() -> None:
         blank.get("a")
     with pytest.raises(RuntimeError, match="before __init__"):
         blank.put("a", 1)
+
+
+@given(expiry=st.one_of(st.floats(allow_nan=False), st.just(float("inf"))),
+       values=st.lists(st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(2**63, 2**70), st.booleans(),
+                                 st.floats(allow_nan=False)), max_size=20))
+def test_stamp_ints_packs_as_the_ttl_reference(expiry: float, values: list[Any]) -> None:
+    """``_hotpath.stamp_ints`` (a ttl store's int values at flush) against the reference struct packing
+    (``engines/kv/ttl.py``: ``>dQ`` of expiry and value + 2**63); what the reference cannot pack as an
+    int of the serde's range (a bool, a float, an int past 64 bits) raises TypeError or OverflowError,
+    after which the engine encodes through the reference."""
+    stamp = _hotpath().stamp_ints
+    if all(type(v) is int and -2**63 <= v < 2**63 for v in values):
+        assert stamp(expiry, values) == [struct.pack(">dQ", expiry, v + 2**63) for v in values]
+    else:
+        with pytest.raises((TypeError, OverflowError)):
+            stamp(expiry, values)
