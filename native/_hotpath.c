@@ -21,15 +21,7 @@
  *              any other row calls merge_slow(key, delta) (the engine's per-key read-modify-write).
  *              Returns the list of each row's new value with results, else None.
  *
- * TtlHotPath (a HotPath subtype): the same get/put for a store with ttl (engines/kv/ttl.py), whose
- * cache keeps each cached value's expiry in the dict `expiry` and whose store time is set by
- * set_time(now, write_expiry, all_live) at each refresh (now None: no time yet, nothing expires;
- * all_live: the engine knows every cached value is live at now, see TtlKeyValueEngine._cache_live).
- *
- *   get(key):  key of exactly the key class: HotPath.get's lookup, then (unless all_live) None
- *              instead of a value whose expiry[key] <= now. Any other key: reference_get(key).
- *   put(key, value):  HotPath.put's fast path, also storing expiry[key] = write_expiry; anything
- *              else put_slow (which does the same).
+ * A store with ttl (engines/kv/ttl.py) uses HotPath as it is: its cache holds only live values.
  *
  * stamp_ints(expiry, values): a ttl store's int values as stored, at its flush (ttl.py,
  * _pending_items; tests/native/test_differential.py checks it against the struct packing).
@@ -174,13 +166,12 @@ static int int_in_range(HotPath *self, PyObject *value) {
 }
 
 /* The fast path of put for a key in the young generation: young[key] = value, dirty[key] = its
- * pending entry (and expiry[key] = when, for a ttl store: expiry not NULL), spill() past batch keys. */
-static PyObject *put_cached(HotPath *self, PyObject *key, PyObject *value, PyObject *expiry, PyObject *when) {
+ * pending entry, spill() past batch keys. */
+static PyObject *put_cached(HotPath *self, PyObject *key, PyObject *value) {
     PyObject *entry = pending_entry(self, key, value);
     if (entry == NULL) return NULL;
     int rc = PyDict_SetItem(self->young, key, value);
     if (rc == 0) rc = PyDict_SetItem(self->dirty, key, entry);
-    if (rc == 0 && expiry != NULL) rc = PyDict_SetItem(expiry, key, when);
     Py_DECREF(entry);
     if (rc < 0) return NULL;
     if (PyDict_GET_SIZE(self->dirty) > self->batch) {
@@ -207,7 +198,7 @@ static PyObject *hotpath_put(HotPath *self, PyObject *const *args, Py_ssize_t na
     int fast = put_is_fast(self, key, value);
     if (fast < 0) return NULL;
     if (!fast) return PyObject_Vectorcall(self->put_slow, args, 2, NULL);
-    return put_cached(self, key, value, NULL, NULL);
+    return put_cached(self, key, value);
 }
 
 /* One row of merge: the new value (a new reference), or NULL with an exception set. */
@@ -317,137 +308,6 @@ static PyTypeObject HotPathType = {
 };
 
 
-/* ---- TtlHotPath ------------------------------------------------------------------------------ */
-
-typedef struct {
-    HotPath base;
-    PyObject *expiry;      /* cache key -> expiry (float) of its cached value */
-    PyObject *when;        /* the expiry of a value written now (float) */
-    double now;
-    int has_now;
-    int all_live;          /* every cached value is live at now: a hit needs no expiry check */
-} TtlHotPath;
-
-static int ttl_traverse(TtlHotPath *self, visitproc visit, void *arg) {
-    Py_VISIT(self->expiry);
-    Py_VISIT(self->when);
-    return hotpath_traverse(&self->base, visit, arg);
-}
-
-static int ttl_clear(TtlHotPath *self) {
-    Py_CLEAR(self->expiry);
-    Py_CLEAR(self->when);
-    return hotpath_clear(&self->base);
-}
-
-static void ttl_dealloc(TtlHotPath *self) {
-    PyObject_GC_UnTrack(self);
-    ttl_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-/* TtlHotPath(expiry=dict, **HotPath's arguments); its time is unset (nothing expires) until set_time. */
-static int ttl_init(TtlHotPath *self, PyObject *args, PyObject *kwargs) {
-    PyObject *expiry = kwargs == NULL ? NULL : PyDict_GetItemString(kwargs, "expiry");
-    if (expiry == NULL || !PyDict_Check(expiry)) {
-        PyErr_SetString(PyExc_TypeError, "TtlHotPath: expiry= must be a dict");
-        return -1;
-    }
-    PyObject *rest = PyDict_Copy(kwargs);
-    if (rest == NULL) return -1;
-    int rc = PyDict_DelItemString(rest, "expiry");
-    if (rc == 0) rc = hotpath_init(&self->base, args, rest);
-    Py_DECREF(rest);
-    if (rc < 0) return -1;
-    Py_INCREF(expiry);
-    Py_XSETREF(self->expiry, expiry);
-    PyObject *never = PyFloat_FromDouble(Py_HUGE_VAL);
-    if (never == NULL) return -1;
-    Py_XSETREF(self->when, never);
-    self->has_now = 0;
-    self->all_live = 0;
-    return 0;
-}
-
-static PyObject *ttl_set_time(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 2 || nargs > 3 || !PyFloat_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "set_time(now: float | None, write_expiry: float, all_live: bool = False)");
-        return NULL;
-    }
-    int all_live = 0;
-    if (nargs == 3 && (all_live = PyObject_IsTrue(args[2])) < 0) return NULL;
-    self->all_live = all_live;
-    if (args[0] == Py_None) {
-        self->has_now = 0;
-    } else {
-        double now = PyFloat_AsDouble(args[0]);
-        if (now == -1.0 && PyErr_Occurred()) return NULL;
-        self->now = now;
-        self->has_now = 1;
-    }
-    Py_INCREF(args[1]);
-    Py_XSETREF(self->when, args[1]);
-    Py_RETURN_NONE;
-}
-
-static PyObject *ttl_get(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    HotPath *base = &self->base;
-    if (uninitialised(base)) return NULL;
-    if (nargs != 1 || kwnames != NULL || (PyObject *)Py_TYPE(args[0]) != base->key_class)
-        return PyObject_Vectorcall(base->reference_get, args, (size_t)nargs, kwnames);
-    PyObject *value = hotpath_get(base, args, nargs, kwnames);
-    if (value == NULL || value == Py_None || !self->has_now || self->all_live) return value;
-    PyObject *expiry = PyDict_GetItemWithError(self->expiry, args[0]);
-    if (expiry == NULL) {
-        if (PyErr_Occurred()) {
-            Py_DECREF(value);
-            return NULL;
-        }
-        return value; /* no expiry kept: the reference found it live (e.g. a cache of size 0) */
-    }
-    if (self->now >= PyFloat_AS_DOUBLE(expiry)) {
-        Py_DECREF(value);
-        Py_RETURN_NONE;
-    }
-    return value;
-}
-
-static PyObject *ttl_put(TtlHotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
-    HotPath *base = &self->base;
-    if (uninitialised(base)) return NULL;
-    if (nargs != 2 || kwnames != NULL)
-        return PyObject_Vectorcall(base->put_slow, args, (size_t)nargs, kwnames);
-    int fast = put_is_fast(base, args[0], args[1]);
-    if (fast < 0) return NULL;
-    if (!fast) return PyObject_Vectorcall(base->put_slow, args, 2, NULL);
-    return put_cached(base, args[0], args[1], self->expiry, self->when);
-}
-
-static PyMethodDef ttl_methods[] = {
-    {"get", (PyCFunction)(void (*)(void))ttl_get, METH_FASTCALL | METH_KEYWORDS,
-     "The live value of key, or None (TtlKeyValueEngine.get)."},
-    {"put", (PyCFunction)(void (*)(void))ttl_put, METH_FASTCALL | METH_KEYWORDS,
-     "Set key to value, expiring at the store's write expiry (TtlKeyValueEngine.put)."},
-    {"set_time", (PyCFunction)(void (*)(void))ttl_set_time, METH_FASTCALL,
-     "set_time(now, write_expiry): the store time (None: none yet) and the expiry of a write."},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyTypeObject TtlHotPathType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "localstate.native._hotpath.TtlHotPath",
-    .tp_doc = "The get/put fast paths of a kv store with ttl (see engines/kv/ttl.py).",
-    .tp_basicsize = sizeof(TtlHotPath),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)ttl_init,
-    .tp_dealloc = (destructor)ttl_dealloc,
-    .tp_traverse = (traverseproc)ttl_traverse,
-    .tp_clear = (inquiry)ttl_clear,
-    .tp_methods = ttl_methods,
-};
-
 /* stamp_ints(expiry, values): a ttl store's stored values for the int serde, each in one allocation:
  * the 8-byte big-endian double expiry, then the 8-byte big-endian value + 2**63 (the int serde's
  * biased form), for a list of exact ints in the int serde's range (what the pending map holds, checked
@@ -504,18 +364,12 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    if (PyType_Ready(&HotPathType) < 0 || PyType_Ready(&TtlHotPathType) < 0) return NULL;
+    if (PyType_Ready(&HotPathType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&HotPathType);
     if (PyModule_AddObject(m, "HotPath", (PyObject *)&HotPathType) < 0) {
         Py_DECREF(&HotPathType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&TtlHotPathType);
-    if (PyModule_AddObject(m, "TtlHotPath", (PyObject *)&TtlHotPathType) < 0) {
-        Py_DECREF(&TtlHotPathType);
         Py_DECREF(m);
         return NULL;
     }

@@ -44,6 +44,7 @@ import math
 import struct
 import time
 from collections import deque
+from heapq import heapify, heappop, heappush
 from itertools import islice, repeat
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -112,22 +113,45 @@ def live_entries(options: Mapping[str, Any], source: TimeSource
 
 
 class ExpiringCache(GenerationalCache):
-    """The object cache of a ttl store: :class:`GenerationalCache` plus ``expiry``, the expiry of each
-    cached value (cached Nones, known absences, need none), forgotten with its entry (rotation,
-    discard, clear), so it stays bounded with the cache."""
+    """The object cache of a ttl store: :class:`GenerationalCache` plus the expiries of the *early*
+    entries (``expiry``: cached values read from local state whose expiry comes before the store's
+    floor, see :class:`TtlKeyValueEngine`), with a heap of them in expiry order so that the store
+    finds those whose expiry has come without scanning the cache. A record is forgotten with its
+    entry (rotation, discard, clear); the heap keeps at most about twice as many items as records."""
 
-    __slots__ = ("expiry",)
+    __slots__ = ("expiry", "_heap")
 
     def __init__(self, size: int) -> None:
         super().__init__(size)
         self.expiry: dict[Any, float] = {}
+        self._heap: list[tuple[float, Any]] = []
+
+    def record(self, key: Any, expiry: float) -> None:
+        """Keep ``expiry`` for the cached entry ``key`` (call after inserting it)."""
+        self.expiry[key] = expiry
+        heap = self._heap
+        heappush(heap, (expiry, key))
+        if len(heap) > 2 * len(self.expiry) + 1024:  # items of forgotten records: rebuilt from the records
+            heap[:] = [(when, ckey) for ckey, when in self.expiry.items()]
+            heapify(heap)
+
+    def forget_expired(self, now: float) -> None:
+        """Forget every recorded entry whose expiry is ``now`` or earlier (a later read finds it again
+        in local state, expired)."""
+        heap, expiry = self._heap, self.expiry
+        while heap and heap[0][0] <= now:
+            when, key = heappop(heap)
+            if expiry.get(key) == when:  # else a forgotten or superseded record's item
+                self.discard(key)
 
     def rotate(self) -> None:
-        old = self.old
-        # what the rotation drops (the old generation, else the young one's first-inserted half): their
-        # expiries forgotten first, in one C-level pass without a copy of the keys
-        dropped = old if old else islice(self.young, len(self.young) // 2)
-        deque(map(self.expiry.pop, dropped, repeat(None)), maxlen=0)
+        expiry = self.expiry
+        if expiry:
+            # what the rotation drops (the old generation, else the young one's first-inserted half): their
+            # records forgotten first, in one C-level pass without a copy of the keys
+            old = self.old
+            dropped = old if old else islice(self.young, len(self.young) // 2)
+            deque(map(expiry.pop, dropped, repeat(None)), maxlen=0)
         super().rotate()
 
     def discard(self, key: Any) -> None:
@@ -137,6 +161,7 @@ class ExpiringCache(GenerationalCache):
     def clear(self) -> None:
         super().clear()
         self.expiry.clear()
+        self._heap.clear()
 
 
 class _LiveBackendIterator:
@@ -162,7 +187,15 @@ class _LiveBackendIterator:
 
 class TtlKeyValueEngine(KeyValueEngine):
     """A :class:`KeyValueEngine` whose entries expire ``ttl`` seconds after they were last written (see
-    the module docstring): same API and guarantees, plus an expired entry reads as absent."""
+    the module docstring): same API and guarantees, plus an expired entry reads as absent.
+
+    The object cache holds only values live at the store time, so a cache hit (and the put of a cached
+    key) is exactly the plain engine's, C fast paths included. What keeps it so, at each time refresh:
+    every cached value expires at the *floor* or later, but for the *early* ones whose expiry the cache
+    records (:class:`ExpiringCache`); the refresh forgets the early entries whose expiry has come, and
+    when the store time reaches the floor it forgets the whole cache and sets the floor half a ttl
+    ahead. A put's value expires at the write expiry (at least the floor: no record); a value read
+    from local state is recorded only when it expires before the floor."""
 
     _cache_class = ExpiringCache
     _cache: ExpiringCache
@@ -177,13 +210,12 @@ class TtlKeyValueEngine(KeyValueEngine):
         # the sweep's horizon (see sweep): -inf, unknown, until a pass over the whole store completes
         self._horizon = -math.inf
         self._pass_start, self._pass_min = -math.inf, NEVER
-        self._hot: Any = None
         self._now: float | None = None
         self._write_expiry = NEVER
-        # the cache's floor (see _cache_live): a lower bound of every expiry it has held since the
-        # floor was last computed; _all_live: every cached value is live at the store time
-        self._floor, self._all_live = NEVER, True
-        self._recheck_every, self._recheck_in = 1, 0
+        # the cache's floor: every cached value not recorded in the cache's expiries expires at it or later
+        self._floor = NEVER
+        self.cache_resets = 0
+        """Times the store time reached the floor and the whole object cache was forgotten (statistics)."""
         self.swept = 0
         """Expired entries the sweeps deleted since open (statistics)."""
         self.examined = 0
@@ -202,7 +234,8 @@ class TtlKeyValueEngine(KeyValueEngine):
         one; a task or test may call it to move the store's time between commits). Pending writes of
         the ending interval are spilled first (logged with its expiry), as every pending value must
         share one expiry; but what was written while there was no time yet (event time before the
-        first watermark) counts from the first time read."""
+        first watermark) counts from the first time read. Then the cache forgets what has expired
+        (see the class docstring)."""
         now = self._clock()
         was_timeless = self._now is None
         write_expiry = NEVER if now is None else now + self._ttl
@@ -210,93 +243,62 @@ class TtlKeyValueEngine(KeyValueEngine):
             self._spill()
         self._now = None if now is None else float(now)
         self._write_expiry = write_expiry
-        if was_timeless and now is not None and self._dirty:
-            expiry = self._cache.expiry
-            for ckey in self._dirty.keys() & expiry.keys():
-                expiry[ckey] = write_expiry
-        self._all_live = self._cache_live(self._now)
+        # a put's value expires at the write expiry: a clock set back lowers the floor with it
         self._floor = min(self._floor, write_expiry)
-        if self._hot is not None:
-            self._hot.set_time(self._now, self._write_expiry, self._all_live)
+        if self._now is not None:
+            self._forget_expired(self._now)
 
-    def _cache_live(self, now: float | None) -> bool:
-        """Whether every value cached now is live at ``now`` (then a cache hit needs no expiry
-        check until the next refresh: what a miss caches in the interval is live at ``now``, and what
-        a put caches expires at the write expiry, later). Judged by the floor, a lower bound of every
-        expiry the cache has held since it was last computed; when ``now`` has reached it, it is
-        computed again from the cache's expiries, but after a computation that finds an expired entry
-        still cached, only every 2nd, 4th, ... 64th refresh (the entry may stay cached for long, and
-        the per-hit check is what the cache then needs anyway)."""
-        if now is None or now < self._floor:
-            return True
-        if self._recheck_in > 0:
-            self._recheck_in -= 1
-            return False
-        self._floor = min(self._cache.expiry.values(), default=NEVER)
-        if now < self._floor:
-            self._recheck_every = 1
-            return True
-        self._recheck_every = min(2 * self._recheck_every, 64)
-        self._recheck_in = self._recheck_every - 1
-        return False
+    def _forget_expired(self, now: float) -> None:
+        """Make every cached value live at ``now`` again: forget the recorded entries whose expiry has
+        come; once ``now`` reaches the floor, below which unrecorded values may expire, forget the whole
+        cache and set the floor half a ttl ahead (every value cached from then on expires later, or is
+        recorded). So the cache is forgotten once per half ttl, and a value read from local state that
+        was written in the last half ttl needs no record."""
+        cache = self._cache
+        if now >= self._floor:
+            cache.clear()
+            self._floor = now + self._ttl / 2
+            self.cache_resets += 1
+        elif cache.expiry:
+            cache.forget_expired(now)
 
     @property
     def store_time(self) -> float | None:
         """The store's current time (read at the last open, restore or flush; None: none yet)."""
         return self._now
 
-    def _live(self, ckey: Any, value: Any) -> Any:
-        """``value`` (cached under ``ckey``) if it is live at the store time, else None."""
-        now = self._now
-        if value is None or self._all_live or now is None or now < self._cache.expiry.get(ckey, NEVER):
-            return value
-        return None
-
     # -- the C fast paths ------------------------------------------------------------------------------
     def _bind_hot_path(self) -> None:
-        """The C get/put in their ttl mode (``TtlHotPath``: the expiry checked on a cache hit, set on a
-        put), when built; a store whose reads refresh the ttl keeps the reference get/put (a read
-        writes)."""
-        native = kv_engine._HOTPATH
-        if native is None or self._refresh_on_read:
+        """The plain engine's C get/put/merge (the cache holds only live values: a hit needs no expiry
+        check); a store whose reads refresh the ttl keeps the reference get/put, its get writing
+        (:meth:`_get_refreshing`)."""
+        if self._refresh_on_read:
+            self.get = self._get_refreshing  # type: ignore[method-assign]
             return
-        cache = self._cache
-        self._hot = native.TtlHotPath(
-            young=cache.young, old=cache.old, dirty=self._dirty, expiry=cache.expiry, key_class=self._key_class,
-            batch=self._batch, spill=self._spill, reference_get=TtlKeyValueEngine.get.__get__(self),
-            missed=self._get_missed, put_slow=TtlKeyValueEngine.put.__get__(self), int_values=self._int_values,
-            int_min=INT_MIN, int_max=INT_MAX, vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
-            hold_encoded=self._hold_encoded)
-        self._hot.set_time(self._now, self._write_expiry, self._all_live)
-        self.get, self.put = self._hot.get, self._hot.put  # type: ignore[method-assign]
+        super()._bind_hot_path()
 
     # -- reads -------------------------------------------------------------------------------------
-    def get(self, key: Any) -> Any:
-        """The value of ``key`` if present and live at the store time, else None."""
-        ckey = key if key.__class__ is self._key_class else self._canonical(key)
-        value = self._cache.young.get(ckey, _MISS)
-        if value is _MISS:
-            value = self._get_missed(ckey)
-        value = self._live(ckey, value)
-        if value is not None and self._refresh_on_read:
+    def _get_refreshing(self, key: Any) -> Any:
+        """``get`` with ``ttl_update = "on_read_and_write"``: a live value found is put again (its ttl
+        restarts, and it is logged at the next flush)."""
+        value = KeyValueEngine.get(self, key)
+        if value is not None:
             self.put(key, value)
         return value
 
     def _get_missed(self, ckey: Any) -> Any:
-        """As :meth:`KeyValueEngine._get_missed`, reading stamped values and caching their expiry; an
-        expired stored value reads (and is cached) as None."""
+        """As :meth:`KeyValueEngine._get_missed`, reading stamped values; an expired stored value reads
+        (and is cached) as None, a live one expiring before the floor is recorded with its expiry."""
         cache = self._cache
         value = cache.old.pop(ckey, _MISS)
         if value is not _MISS:
             cache.young[ckey] = value
             return value
         held = self._dirty.get(ckey, _MISS)
-        if held is not _MISS:  # written in this commit interval: live, expiring with the interval
+        if held is not _MISS:  # written in this commit interval: expiring at the write expiry
             if held is not None and self._decode_held is not None:
                 held = self._decode_pending(ckey, held)
             cache.insert(ckey, held)
-            if held is not None and ckey in cache.young:
-                cache.expiry[ckey] = self._write_expiry
             return held
         if self._key_class is _NoClass:  # as _key_bytes, inline (every miss of the C get comes here)
             kb = ckey
@@ -329,9 +331,8 @@ class TtlKeyValueEngine(KeyValueEngine):
                 value = self._decode_value(kb, vb)
         if cache.size:  # insert puts it in the young generation
             cache.insert(ckey, value)
-            cache.expiry[ckey] = expiry
             if expiry < self._floor:
-                self._floor = expiry
+                cache.record(ckey, expiry)
         return value
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
@@ -349,35 +350,12 @@ class TtlKeyValueEngine(KeyValueEngine):
                 self.put_many([key for key, _ in live], [value for _, value in live])
         return values
 
-    def _lookup_many(self, ckeys: list[Any]) -> list[Any]:
-        values = super()._lookup_many(ckeys)
-        now = self._now
-        if now is None or self._all_live:
-            return values
-        expiry = self._cache.expiry
-        return [None if value is None or now >= expiry.get(ckey, NEVER) else value
-                for ckey, value in zip(ckeys, values)]
-
     def _get_missed_many(self, ckeys: list[Any]) -> dict[Any, Any]:
         # the misses of a batched read, one at a time (the reference: a batched read of a ttl store
         # needs each stored value's expiry)
         return {ckey: self._get_missed(ckey) for ckey in ckeys}
 
     # -- writes --------------------------------------------------------------------------------------
-    def put(self, key: Any, value: Any) -> None:
-        """Set ``key`` to ``value`` (not None), expiring ``ttl`` after the store time."""
-        KeyValueEngine.put(self, key, value)
-        ckey = key if key.__class__ is self._key_class else self._canonical(key)
-        if ckey in self._cache.young:
-            self._cache.expiry[ckey] = self._write_expiry
-
-    def _apply(self, latest: dict[Any, Any], held: dict[Any, Any]) -> None:
-        super()._apply(latest, held)
-        young, expiry, when = self._cache.young, self._cache.expiry, self._write_expiry
-        for ckey in latest:
-            if ckey in young:
-                expiry[ckey] = when
-
     def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
         """The pending changes as :meth:`KeyValueEngine._pending_items` encodes them, each value stamped
         with the commit interval's expiry (every pending value was written in it)."""

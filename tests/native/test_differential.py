@@ -588,13 +588,14 @@ def _assert_alike(stores: list[Any], ops: list[tuple[str, Any]]) -> None:
                               st.tuples(st.just("delete"), ANY_KEY), st.tuples(st.just("flush"), st.none())),
                     max_size=60))
 def test_c_and_reference_get_put_behave_alike_with_ttl(tmp_path_factory, key_serde, value_serde, ops) -> None:
-    """The ttl store's C get/put (``TtlHotPath``) against its reference methods, with time moving."""
+    """The ttl store's C get/put (the plain ``HotPath``: its cache holds only live values) against its
+    reference methods, with time moving."""
     from localstate.testing.time import ManualTime
     stores = [_open(tmp_path_factory.mktemp(kind), key_serde, value_serde, native=kind == "native", ttl="5s",
                     time=ManualTime(100.0)) for kind in ("native", "python")]
     try:
         if not PURE:
-            assert type(stores[0].get.__self__).__name__ == "TtlHotPath"
+            assert type(stores[0].get.__self__).__name__ == "HotPath"
         _assert_alike(stores, ops)
     finally:
         for store in stores:
