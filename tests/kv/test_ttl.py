@@ -342,9 +342,10 @@ def test_cache_hits_agree_with_a_model_as_entries_expire_at_different_times(open
                                                                             cache_size: int) -> None:
     """Cached values with different expiries (written in different commits, loaded back from the
     backend) expire one by one while the clock moves in uneven steps: every get (a cache hit, a
-    rotated-out entry, a backend read) sees exactly the model's live entries. Exercises the store's
-    judgement of a wholly live cache (no per-hit check) and its fallback to the per-hit check while an
-    expired value stays cached."""
+    rotated-out entry, a backend read) sees exactly the model's live entries. Exercises the cache's
+    records of values read back that expire before its floor, their forgetting as their expiry comes,
+    and the forgetting of the whole cache when the store time reaches the floor (no hit checks an
+    expiry)."""
     rng = random.Random(34)
     kv = opener(cache_size=cache_size, value_serde=IntSerde())
     model: dict[str, tuple[int, float]] = {}  # key -> (value, expiry)
@@ -364,3 +365,133 @@ def test_cache_hits_agree_with_a_model_as_entries_expire_at_different_times(open
         now = kv.store_time
         assert {k: kv.get(k) for k in keys if kv.get(k) is not None} == \
                {k: v for k, (v, expiry) in model.items() if now < expiry}, f"after commit {step}"
+
+
+class SettableTime:
+    """A processing-time source a test sets to any time, backwards included (a clock set back)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def processing_time(self) -> float:
+        return self.now
+
+    @property
+    def watermark(self) -> float | None:
+        return None
+
+
+def test_an_entry_read_back_near_its_expiry_expires_while_cached(opener: TtlOpener) -> None:
+    """A value read from local state (or the changelog) that expires before the cache's floor is
+    recorded with its expiry and forgotten by the commit that reaches it, although each get between
+    was a cache hit (which checks no expiry)."""
+    kv = opener(value_serde=IntSerde())
+    kv.put("near", 1)
+    kv.flush()  # expires at 1010
+    kv.close()
+    opener.time.advance_processing_time(8)
+    kv = opener(value_serde=IntSerde())  # store time 1008: the floor is 1018
+    if opener.backend == "memory":
+        opener.restore_all(kv)
+    kv.put("far", 2)  # expires at 1018
+    assert kv.get("near") == 1 and kv.get("near") == 1  # a miss, then a cache hit
+    assert kv._cache.expiry == {"near": 1_010.0}  # the near value is recorded; the put one is not
+    _commit_at(kv, opener, 1)
+    assert _visible(kv, ["near", "far"]) == {"near": 1, "far": 2}
+    _commit_at(kv, opener, 1)  # 1010: the near value's commit
+    assert "near" not in kv._cache.expiry
+    assert _visible(kv, ["near", "far"]) == {"far": 2}
+    assert kv.cache_resets == 0
+
+
+def test_the_whole_cache_is_forgotten_when_the_store_time_reaches_the_floor(opener: TtlOpener) -> None:
+    """Every value cached without a record expires at the floor or later: when the store time reaches
+    it the cache is forgotten, and the floor moves half a ttl on. Values written at different times
+    stay visible exactly until their own expiry, read back from local state."""
+    kv = opener(value_serde=IntSerde())  # opened at 1000: the floor is 1010
+    kv.put("a", 1)  # expires at 1010
+    _commit_at(kv, opener, 6)
+    kv.put("b", 2)  # expires at 1016
+    _commit_at(kv, opener, 4)  # 1010: the floor
+    assert kv.cache_resets == 1
+    assert len(kv._cache) == 0
+    assert _visible(kv, ["a", "b"]) == {"b": 2}
+    assert kv._cache.expiry == {}  # b, read back, expires after the new floor (1015): no record
+    _commit_at(kv, opener, 5)  # 1015: the floor again (the next is 1020)
+    assert kv.cache_resets == 2
+    assert _visible(kv, ["a", "b"]) == {"b": 2}
+    assert kv._cache.expiry == {"b": 1_016.0}  # read back, expiring before the floor: recorded
+    _commit_at(kv, opener, 1)
+    assert _visible(kv, ["a", "b"]) == {}
+    assert kv.cache_resets == 2
+
+
+@pytest.mark.parametrize("cache_size", [4, 1_000])
+def test_entries_read_back_after_a_reopen_agree_with_a_model(opener: TtlOpener, cache_size: int) -> None:
+    """As the model test above, with the store closed and opened again now and then (its cache empty,
+    every value read back from local state or restored from the changelog, with its own expiry), and
+    int keys (the C get/put and merge)."""
+    rng = random.Random(341)
+    kv = opener(key_serde=IntSerde(), value_serde=IntSerde(), cache_size=cache_size)
+    model: dict[int, tuple[int, float]] = {}
+    for step in range(150):
+        now = kv.store_time
+        assert now is not None
+        for key in rng.sample(range(20), 6):
+            value, expiry = model.get(key, (None, 0.0))
+            live = value if now < expiry else None
+            if rng.random() < 0.3:
+                assert kv.merge_many([key], [1], results=True) == [(live or 0) + 1], f"step {step}: {key}"
+                model[key] = ((live or 0) + 1, now + 10)
+                continue
+            assert kv.get(key) == live, f"step {step}: {key} at {now}"
+            if rng.random() < 0.4:
+                kv.put(key, step)
+                model[key] = (step, now + 10)
+        opener.time.advance_processing_time(rng.choice([0.0, 0.5, 1.0, 2.5, 6.0]))
+        kv.flush()
+        if rng.random() < 0.1:
+            kv.close()
+            kv = opener(key_serde=IntSerde(), value_serde=IntSerde(), cache_size=cache_size)
+            if opener.backend == "memory":
+                opener.restore_all(kv)
+        now = kv.store_time
+        assert {k: v for k, v in zip(range(20), kv.get_many(list(range(20)))) if v is not None} == \
+               {k: v for k, (v, expiry) in model.items() if now < expiry}, f"after commit {step}"
+
+
+def test_a_clock_set_back_lowers_the_floor(tmp_path: Path) -> None:
+    """A value put while the clock is set back expires earlier than the cache's floor: the floor
+    follows the write expiry down, so the commit that reaches it forgets the value from the cache."""
+    time_source = SettableTime(1_000.0)
+    options = KeyValueEngineFactory().validate_options("events", {"backend": "memory", "ttl": "10s"})
+    ctx = StoreContext(job="job", store="events", partition=0, directory=tmp_path, options=options,
+                       key_serde=StringSerde(), value_serde=IntSerde(),
+                       changelog=MemoryChangelogPartition("ttl-test", 0), time=time_source)
+    kv = KeyValueEngineFactory().create(ctx)
+    try:
+        kv.put("k", 1)  # expires at 1010
+        kv.flush()
+        time_source.now = 990.0
+        kv.flush()
+        kv.put("j", 2)  # expires at 1000
+        time_source.now = 1_000.0
+        kv.flush()
+        assert _visible(kv, ["k", "j"]) == {"k": 1}
+    finally:
+        kv.close()
+
+
+def test_reads_refresh_cached_entries_with_on_read_and_write(opener: TtlOpener) -> None:
+    """With ``on_read_and_write`` a get writes (reference get/put, not the C fast path), also of a
+    cached entry, and entries stay live across the forgetting of the cache as long as they are read."""
+    kv = opener(ttl_update="on_read_and_write", value_serde=IntSerde())
+    assert kv.get.__func__ is TtlKeyValueEngine._get_refreshing
+    kv.put_all([("read", 1), ("unread", 2)])
+    for _ in range(10):
+        _commit_at(kv, opener, 3)
+        assert kv.get("read") == 1 and kv.get("read") == 1  # a miss after a forgetting, then a hit
+    assert kv.cache_resets >= 2
+    assert _visible(kv, ["read", "unread"]) == {"read": 1}
+    _commit_at(kv, opener, 10)
+    assert _visible(kv, ["read", "unread"]) == {}
