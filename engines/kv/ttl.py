@@ -16,8 +16,9 @@ read at the interval's start; it is visible while that store time is before its 
 clock per access would cost more than the whole cached get.) In event time, before the first
 watermark nothing expires, and what is written then counts from the first watermark the store reads.
 
-Visibility. Every read path checks the expiry against the store time: ``get``, ``get_all`` and
-``get_many``, ``merge_many``'s reads, ``range``/``prefix``/``all`` and their iterators.
+Visibility. Every read path shows live entries only: ``get``, ``get_all`` and ``get_many``,
+``merge_many``'s reads, ``range``/``prefix``/``all`` and their iterators check each value they read
+from local state against the store time, and the object cache holds live values only (see Cache).
 
 Update type (``ttl_update``): ``on_write`` (Flink's OnCreateAndWrite): every put restarts the ttl;
 ``on_read_and_write``: a get of a live entry restarts it too, and logs the entry again.
@@ -31,11 +32,15 @@ horizon), before which the sweep examines nothing. A restore drops records alrea
 older record of their key expired before them, time moving forward), and the state reader and
 ``localstate inspect`` filter with :func:`live_entries`.
 
-Cache. Cached values stay plain objects, as without ttl; the cache keeps the expiry of each cached
-value beside it (:class:`ExpiringCache`, bounded with the cache), so a put costs one more dict store;
-a cache hit checks that expiry only when the store time has reached the cache's floor, a lower bound
-of every expiry cached (judged once per refresh, see :meth:`TtlKeyValueEngine._cache_live`). The pending map holds values as without ttl: every pending
-value of a commit interval shares the interval's expiry, stamped on all of them at the flush.
+Cache. Cached values stay plain objects, as without ttl, and the object cache holds only values live at
+the store time, so a cache hit and the put of a cached key are the plain engine's (its C fast paths).
+Every value a put caches expires at the write expiry; every value cached expires at the cache's
+*floor* or later, but for the early ones read from local state, whose expiry the cache records
+(:class:`ExpiringCache`, bounded with the cache). Each time refresh forgets the recorded entries whose
+expiry has come, and when the store time reaches the floor it forgets the whole cache and sets the
+floor half a ttl ahead (see :meth:`TtlKeyValueEngine._forget_expired`). The pending map holds values as
+without ttl: every pending value of a commit interval shares the interval's expiry, stamped on all of
+them at the flush.
 """
 
 from __future__ import annotations
