@@ -337,6 +337,46 @@ def test_write_behind(opener: TtlOpener) -> None:
     assert sorted(key for key, value in opener.records() if value is None) == [b"k0", b"k1", b"k2", b"k3"]
 
 
+def _check_against_a_model(opener: TtlOpener, seed: int, keys: list[Any], steps: list[float], *,
+                           merges: bool = False, reopens: bool = False, **options: Any) -> None:
+    """Random gets, puts (and ``merge_many`` of one key) of ``keys``, the clock moved by one of
+    ``steps`` and a commit after each round (and, with ``reopens``, now and then the store closed and
+    opened again: its cache empty, every value read back from local state or restored from the
+    changelog with its own expiry): every read sees exactly a model's live entries (ttl 10s)."""
+    rng = random.Random(seed)
+
+    def reopen() -> KeyValueEngine:
+        store = opener(value_serde=IntSerde(), **options)
+        if opener.backend == "memory" and opener.records():
+            opener.restore_all(store)
+        return store
+
+    kv = reopen()
+    model: dict[Any, tuple[int, float]] = {}  # key -> (value, expiry)
+    for step in range(150):
+        now = kv.store_time
+        assert now is not None
+        for key in rng.sample(keys, 5):
+            value, expiry = model.get(key, (None, 0.0))
+            live = value if now < expiry else None
+            if merges and rng.random() < 0.3:
+                assert kv.merge_many([key], [1], results=True) == [(live or 0) + 1], f"step {step}: {key}"
+                model[key] = ((live or 0) + 1, now + 10)
+                continue
+            assert kv.get(key) == live, f"step {step}: {key} at {now}"
+            if rng.random() < 0.5:
+                kv.put(key, step)
+                model[key] = (step, now + 10)
+        opener.time.advance_processing_time(rng.choice(steps))
+        kv.flush()
+        if reopens and rng.random() < 0.1:
+            kv.close()
+            kv = reopen()
+        now = kv.store_time
+        assert {k: v for k, v in zip(keys, kv.get_many(keys)) if v is not None} == \
+               {k: v for k, (v, expiry) in model.items() if now < expiry}, f"after commit {step}"
+
+
 @pytest.mark.parametrize("cache_size", [6, 1_000])
 def test_cache_hits_agree_with_a_model_as_entries_expire_at_different_times(opener: TtlOpener,
                                                                             cache_size: int) -> None:
@@ -346,26 +386,16 @@ def test_cache_hits_agree_with_a_model_as_entries_expire_at_different_times(open
     records of values read back that expire before its floor, their forgetting as their expiry comes,
     and the forgetting of the whole cache when the store time reaches the floor (no hit checks an
     expiry)."""
-    rng = random.Random(34)
-    kv = opener(cache_size=cache_size, value_serde=IntSerde())
-    model: dict[str, tuple[int, float]] = {}  # key -> (value, expiry)
-    keys = [f"k{i:02d}" for i in range(24)]
-    for step in range(120):
-        now = kv.store_time
-        assert now is not None
-        for key in rng.sample(keys, 5):
-            value, expiry = model.get(key, (None, 0.0))
-            live = value if now < expiry else None
-            assert kv.get(key) == live, f"step {step}: {key} at {now}"
-            if rng.random() < 0.5:
-                kv.put(key, step)
-                model[key] = (step, now + 10)
-        opener.time.advance_processing_time(rng.choice([0.0, 0.5, 1.0, 3.0, 7.0]))
-        kv.flush()
-        now = kv.store_time
-        assert {k: kv.get(k) for k in keys if kv.get(k) is not None} == \
-               {k: v for k, (v, expiry) in model.items() if now < expiry}, f"after commit {step}"
+    _check_against_a_model(opener, 34, [f"k{i:02d}" for i in range(24)], [0.0, 0.5, 1.0, 3.0, 7.0],
+                           cache_size=cache_size)
 
+
+@pytest.mark.parametrize("cache_size", [4, 1_000])
+def test_entries_read_back_after_a_reopen_agree_with_a_model(opener: TtlOpener, cache_size: int) -> None:
+    """As above, with the store closed and opened again now and then, and int keys (the C get/put and
+    merge)."""
+    _check_against_a_model(opener, 341, list(range(20)), [0.0, 0.5, 1.0, 2.5, 6.0], merges=True, reopens=True,
+                           key_serde=IntSerde(), cache_size=cache_size)
 
 class SettableTime:
     """A processing-time source a test sets to any time, backwards included (a clock set back)."""
@@ -424,40 +454,6 @@ def test_the_whole_cache_is_forgotten_when_the_store_time_reaches_the_floor(open
     _commit_at(kv, opener, 1)
     assert _visible(kv, ["a", "b"]) == {}
     assert kv.cache_resets == 2
-
-
-@pytest.mark.parametrize("cache_size", [4, 1_000])
-def test_entries_read_back_after_a_reopen_agree_with_a_model(opener: TtlOpener, cache_size: int) -> None:
-    """As the model test above, with the store closed and opened again now and then (its cache empty,
-    every value read back from local state or restored from the changelog, with its own expiry), and
-    int keys (the C get/put and merge)."""
-    rng = random.Random(341)
-    kv = opener(key_serde=IntSerde(), value_serde=IntSerde(), cache_size=cache_size)
-    model: dict[int, tuple[int, float]] = {}
-    for step in range(150):
-        now = kv.store_time
-        assert now is not None
-        for key in rng.sample(range(20), 6):
-            value, expiry = model.get(key, (None, 0.0))
-            live = value if now < expiry else None
-            if rng.random() < 0.3:
-                assert kv.merge_many([key], [1], results=True) == [(live or 0) + 1], f"step {step}: {key}"
-                model[key] = ((live or 0) + 1, now + 10)
-                continue
-            assert kv.get(key) == live, f"step {step}: {key} at {now}"
-            if rng.random() < 0.4:
-                kv.put(key, step)
-                model[key] = (step, now + 10)
-        opener.time.advance_processing_time(rng.choice([0.0, 0.5, 1.0, 2.5, 6.0]))
-        kv.flush()
-        if rng.random() < 0.1:
-            kv.close()
-            kv = opener(key_serde=IntSerde(), value_serde=IntSerde(), cache_size=cache_size)
-            if opener.backend == "memory":
-                opener.restore_all(kv)
-        now = kv.store_time
-        assert {k: v for k, v in zip(range(20), kv.get_many(list(range(20)))) if v is not None} == \
-               {k: v for k, (v, expiry) in model.items() if now < expiry}, f"after commit {step}"
 
 
 def test_a_clock_set_back_lowers_the_floor(tmp_path: Path) -> None:
