@@ -59,7 +59,7 @@ from localstate.core.engine import StoreContext
 from localstate.core.time import EVENT_TIME, SystemTime, TimeSource
 from localstate.engines.kv import engine as kv_engine
 from localstate.engines.kv.cache import GenerationalCache
-from localstate.engines.kv.engine import _MISS, INT_MAX, INT_MIN, KeyValueEngine, KVIterator, _NoClass
+from localstate.engines.kv.engine import _MISS, KeyValueEngine, KVIterator, _NoClass
 from localstate.errors import ConfigError
 
 __all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "live_entries", "clock_of", "split_stored"]
