@@ -85,9 +85,9 @@ def is_local_master(master: str) -> bool:
 def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str] | None = None, *,
                quick_jit: bool = False, affinity: bool = True) -> Any:
     """The SparkConf :func:`spark_context` creates a context with: quiet logs, retries on local
-    masters, reused Python workers running this interpreter, :data:`STATUS_RETENTION`, :data:`LOCAL_DEFAULTS` on local masters
-    with ``affinity`` unless already set, then ``conf`` (the job's ``[spark] conf``), which wins over
-    all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
+    masters, reused Python workers running this interpreter, :data:`STATUS_RETENTION`,
+    :data:`LOCAL_DEFAULTS` on local masters with ``affinity`` unless already set, then ``conf`` (the
+    job's ``[spark] conf``), which wins over all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
     from pyspark import SparkConf
 
     log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
