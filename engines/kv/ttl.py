@@ -202,6 +202,9 @@ class TtlKeyValueEngine(KeyValueEngine):
     ahead. A put's value expires at the write expiry (at least the floor: no record); a value read
     from local state is recorded only when it expires before the floor."""
 
+    state_format = "kv+ttl"
+    """every stored and logged value starts with its 8-byte expiry"""
+
     _cache_class = ExpiringCache
     _cache: ExpiringCache
 
