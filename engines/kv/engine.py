@@ -101,7 +101,7 @@ class KeyValueEngine(StorageEngine):
     state_format = "kv"
     """how its state is laid out (:class:`~localstate.core.engine.StateFormat`)"""
 
-    #: the object cache's class (a store with ttl keeps each cached entry's expiry beside it)
+    #: the object cache's class (a store with ttl records the expiries of the cached values that expire early)
     _cache_class: type[GenerationalCache] = GenerationalCache
 
     def __init__(self, context: StoreContext, backend: KVBackend | None = None) -> None:
