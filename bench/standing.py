@@ -202,15 +202,22 @@ def _roles(pid: int) -> tuple[list[int], list[int]]:
     return driver, workers
 
 
-def _worker_to_kill(pid: int) -> int | None:
-    """A forked Python worker (a pyspark.daemon whose parent is a pyspark.daemon too)."""
+def _forked_workers(pid: int) -> list[int]:
+    """The forked Python workers (each a pyspark.daemon whose parent is a pyspark.daemon too): the
+    processes that run tasks and keep partitions open, one per busy or kept task slot."""
     tree = _children()
     for p in _tree(pid):
         if "pyspark.daemon" in _cmdline(p):
             kids = [c for c in tree.get(p, []) if "pyspark.daemon" in _cmdline(c)]
             if kids:
-                return kids[-1]
-    return None
+                return kids
+    return []
+
+
+def _worker_to_kill(pid: int) -> int | None:
+    """A forked Python worker (see :func:`_forked_workers`)."""
+    forked = _forked_workers(pid)
+    return forked[-1] if forked else None
 
 
 def _group_alive(group: int) -> bool:
@@ -617,7 +624,7 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     watcher = Watcher([root / "job" / "out"], events)
     watcher.start()
     system.start()
-    samples: list[tuple[float, float, float, int, int, int, float]] = []
+    samples: list[tuple[float, float, float, int, int, int, float, float, int]] = []
     job_state = root / "job" / "state"
     kills = 0
     probes: list[tuple[int, float]] = []
@@ -633,10 +640,12 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
         while writer.is_alive():
             time.sleep(5.0 if writer.is_alive() else 0)
             driver, workers = _roles(system.pid())
+            forked = _forked_workers(system.pid())
             samples.append((time.monotonic() - began, sum(map(_rss_mb, driver)), sum(map(_rss_mb, workers)),
                             sum(map(_fds, driver)), _bytes(job_state / "standing-bench" / "checkpoints"),
                             _bytes(job_state / "changelogs"),
-                            sum(_rss_mb(p) for p in driver if "java" in _cmdline(p).split(" ", 1)[0])))
+                            sum(_rss_mb(p) for p in driver if "java" in _cmdline(p).split(" ", 1)[0]),
+                            max(map(_rss_mb, forked), default=0.0), len(forked)))
             if time.monotonic() >= next_kill:
                 probes.append(_restore_probe(system.job))  # before each kill: restore cost over the run
                 victim = _worker_to_kill(system.pid())
@@ -681,8 +690,9 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     lat = _latency(events, watcher, 0, events.count)
     # RSS over the run (MB, one sample a minute): whether growth is a warm-up that levels off or goes on.
     minute = [r for i, r in enumerate(samples) if i == 0 or int(r[0] // 60) != int(samples[i - 1][0] // 60)]
-    report.notes.append("RSS by minute, Python driver / JVM / Python workers (MB): " + ", ".join(
-        f"{r[0] / 60:.0f}m {r[1] - r[6]:.0f}/{r[6]:.0f}/{r[2]:.0f}" for r in minute))
+    report.notes.append("RSS by minute, Python driver / JVM / Python workers (MB; forked workers, largest "
+                        "one's MB): " + ", ".join(f"{r[0] / 60:.0f}m {r[1] - r[6]:.0f}/{r[6]:.0f}/{r[2]:.0f} "
+                                                   f"({r[8]}, {r[7]:.0f})" for r in minute))
     report.add("soak", minutes=minutes, events=events.count, rate=rate, worker_kills=kills,
                driver_rss_first_mb=mean(first, 1), driver_rss_last_mb=mean(last, 1),
                jvm_rss_first_mb=mean(first, 6), jvm_rss_last_mb=mean(last, 6),
@@ -694,6 +704,11 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
                workers_rss_growth_pct=growth(mean(first, 2), mean(last, 2)),
                workers_rss_peak_first_mb=peak(first, 2), workers_rss_peak_last_mb=peak(last, 2),
                workers_rss_peak_growth_pct=growth(peak(first, 2), peak(last, 2)),
+               # Per process: the sum above also moves with how many workers Spark keeps forked.
+               worker_rss_max_first_mb=mean(first, 7), worker_rss_max_last_mb=mean(last, 7),
+               worker_rss_max_growth_pct=growth(mean(first, 7), mean(last, 7)),
+               forked_workers_min=min((r[8] for r in samples), default=0),
+               forked_workers_max=max((r[8] for r in samples), default=0),
                driver_fds_first=int(mean(first, 3)), driver_fds_last=int(mean(last, 3)),
                checkpoint_bytes_first=int(mean(first, 4)), checkpoint_bytes_last=int(mean(last, 4)),
                changelog_bytes_first=int(mean(first, 5)), changelog_bytes_last=int(mean(last, 5)),
