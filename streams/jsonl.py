@@ -51,6 +51,11 @@ _WIDE_NUMBER = b"0" * 19
 """19 digits in a row (once every digit reads ``0``): maybe an integer beyond 64 bits, which orjson
 reads as a float (the json serde's decoder as an int), so such a line is not parsed by orjson. A
 translate and a substring search: several times faster than a regular expression over the chunk."""
+READ_ROWS = 4 * COLUMN_ROWS
+"""Lines a batch task's read takes at a time (:meth:`JsonLinesInput.read_columns`): a chunk Arrow's
+JSON reader takes whole is one batch, so fewer batch task calls per micro-batch (each call and each
+of its store calls has a fixed cost), while the chunk's text still fits a core's cache for the
+several passes decoding makes over it."""
 _POSITIONS: dict[tuple[str, int, int], int] = {}
 """(file, inode, line offset) -> byte position, remembered by this process for the next batch (the
 inode: a file replaced under the job is never read from a position remembered in the old one)."""
@@ -228,7 +233,7 @@ class JsonLinesInput(InputStream):
         every row is exactly what :meth:`read` yields."""
         for path, base, first, last in self._ranges(partition, start, end):
             for offset, lines in self._file_chunks(path, partition, base, first, last):
-                yield _columns(self.name, partition, offset, lines)
+                yield from _chunk_columns(self.name, partition, offset, lines)
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         for path, base, first, last in self._ranges(partition, start, end):
@@ -272,7 +277,7 @@ class JsonLinesInput(InputStream):
     def _file_chunks(self, path: Path, partition: int, base: int, start: int,
                      end: int) -> Iterator[tuple[int, list[bytes]]]:
         """The complete lines ``[start, end)`` of one segment, as ``(first offset, lines)`` chunks of
-        at most :data:`COLUMN_ROWS` lines (each with its newline)."""
+        at most :data:`READ_ROWS` lines (each with its newline)."""
         handle, offset, position, inode = self._open_at(path, partition, base, start, end)
         with handle:
             while offset < start:  # lines before the range: skipped, not decoded
@@ -282,7 +287,7 @@ class JsonLinesInput(InputStream):
                 offset += 1
                 position += len(line)
             while start <= offset < end:
-                lines = list(islice(handle, min(COLUMN_ROWS, end - offset)))
+                lines = list(islice(handle, min(READ_ROWS, end - offset)))
                 if lines and not lines[-1].endswith(b"\n"):
                     lines.pop()  # an append in progress: not read
                 if not lines:
@@ -307,24 +312,58 @@ class JsonLinesInput(InputStream):
             self._remember(path, inode, offset, position)
 
 
-def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
-    """The rows of ``lines`` (offsets from ``first``) as columns. A chunk of ordinary lines (short, no
-    escapes, no 19-digit number, valid UTF-8) is parsed whole: by Arrow's JSON reader when every line
-    is one ``{...}`` and what it reads is exact (:func:`_arrow_columns`), else by orjson line by line in
-    one C-level map (every line an object with a non-null key and a numeric or absent ts). Any other
-    chunk, or one that fails those, is decoded line by line by :func:`_decode`."""
-    n = len(lines)
+def _chunk_columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Iterator[InputColumns]:
+    """The rows of a read chunk (offsets from ``first``) as columns: the whole chunk as one batch when
+    Arrow's JSON reader takes it exactly (:func:`_arrow_chunk`; no Python object per row, and one
+    batch task call for it), else pieces of :data:`COLUMN_ROWS` lines by :func:`_columns` (a line
+    Arrow refuses costs no more than it does in a chunk of that size, and the Python objects a
+    line-by-line decode makes stay as few as before)."""
+    if len(lines) > COLUMN_ROWS:
+        columns = _arrow_chunk(lines, first)
+        if columns is not None:
+            yield columns
+            return
+        for at in range(0, len(lines), COLUMN_ROWS):
+            yield _columns(stream, partition, first + at, lines[at:at + COLUMN_ROWS])
+    else:
+        yield _columns(stream, partition, first, lines)
+
+
+def _plain(lines: list[bytes]) -> bytes | None:
+    """The lines joined when they are ordinary (short, no escapes, no 19-digit number, valid UTF-8):
+    orjson's and Arrow's values are then the json serde decoder's (and json_problem has nothing to
+    find: no \\u escape, too short to nest too deep); None otherwise."""
     blob = b"".join(lines)
     if b"\\" not in blob and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO) \
             and max(map(len, lines)) <= 512 and _valid_utf8(blob):
-        # orjson's and Arrow's values are then the decoder's (and json_problem has nothing to find:
-        # no \\u escape, too short to nest too deep).
-        if blob[:1] == b"{" and blob.count(b"\n{") == n - 1 and blob.count(b"}\n") == n:
-            # Every line starts with { and ends with }: no value can span two lines (a } then a { is
-            # never valid JSON inside a value), so one row per line means one object per line.
-            columns = _arrow_columns(blob, n, first)
-            if columns is not None:
-                return columns
+        return blob
+    return None
+
+
+def _arrow_chunk(lines: list[bytes], first: int, blob: bytes | None = None) -> InputColumns | None:
+    """The lines as Arrow columns when they are ordinary (:func:`_plain`), every line is one
+    ``{...}`` and what Arrow's JSON reader reads is exact (:func:`_arrow_columns`); else None."""
+    n = len(lines)
+    blob = _plain(lines) if blob is None else blob
+    if blob is not None and blob[:1] == b"{" and blob.count(b"\n{") == n - 1 and blob.count(b"}\n") == n:
+        # Every line starts with { and ends with }: no value can span two lines (a } then a { is
+        # never valid JSON inside a value), so one row per line means one object per line.
+        return _arrow_columns(blob, n, first)
+    return None
+
+
+def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
+    """The rows of ``lines`` (offsets from ``first``) as columns. A chunk of ordinary lines
+    (:func:`_plain`) is parsed whole: by Arrow's JSON reader when every line is one ``{...}`` and what
+    it reads is exact (:func:`_arrow_chunk`), else by orjson line by line in one C-level map (every
+    line an object with a non-null key and a numeric or absent ts). Any other chunk, or one that
+    fails those, is decoded line by line by :func:`_decode`."""
+    n = len(lines)
+    blob = _plain(lines)
+    if blob is not None:
+        columns = _arrow_chunk(lines, first, blob)
+        if columns is not None:
+            return columns
         fast = _ORJSON_LOADS
         if fast is not None:
             try:
