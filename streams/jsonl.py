@@ -319,7 +319,7 @@ def _chunk_columns(stream: str, partition: int, first: int, lines: list[bytes]) 
     Arrow refuses costs no more than it does in a chunk of that size, and the Python objects a
     line-by-line decode makes stay as few as before)."""
     if len(lines) > COLUMN_ROWS:
-        columns = _arrow_chunk(lines, first)
+        columns = _arrow_chunk(stream, lines, first)
         if columns is not None:
             yield columns
             return
@@ -330,17 +330,17 @@ def _chunk_columns(stream: str, partition: int, first: int, lines: list[bytes]) 
 
 
 def _plain(lines: list[bytes]) -> bytes | None:
-    """The lines joined when they are ordinary (short, no escapes, no 19-digit number, valid UTF-8):
-    orjson's and Arrow's values are then the json serde decoder's (and json_problem has nothing to
-    find: no \\u escape, too short to nest too deep); None otherwise."""
+    """The lines joined when they are ordinary (short, no escapes, valid UTF-8): Arrow's values are
+    then the json serde decoder's, and orjson's too but for integers beyond 64 bits (see
+    :data:`_WIDE_NUMBER`); json_problem has nothing to find (no \\u escape, too short to nest too
+    deep). None otherwise."""
     blob = b"".join(lines)
-    if b"\\" not in blob and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO) \
-            and max(map(len, lines)) <= 512 and _valid_utf8(blob):
+    if b"\\" not in blob and max(map(len, lines)) <= 512 and _valid_utf8(blob):
         return blob
     return None
 
 
-def _arrow_chunk(lines: list[bytes], first: int, blob: bytes | None = None) -> InputColumns | None:
+def _arrow_chunk(stream: str, lines: list[bytes], first: int, blob: bytes | None = None) -> InputColumns | None:
     """The lines as Arrow columns when they are ordinary (:func:`_plain`), every line is one
     ``{...}`` and what Arrow's JSON reader reads is exact (:func:`_arrow_columns`); else None."""
     n = len(lines)
@@ -348,7 +348,7 @@ def _arrow_chunk(lines: list[bytes], first: int, blob: bytes | None = None) -> I
     if blob is not None and blob[:1] == b"{" and blob.count(b"\n{") == n - 1 and blob.count(b"}\n") == n:
         # Every line starts with { and ends with }: no value can span two lines (a } then a { is
         # never valid JSON inside a value), so one row per line means one object per line.
-        return _arrow_columns(blob, n, first)
+        return _arrow_columns(blob, n, first, stream)
     return None
 
 
@@ -361,11 +361,11 @@ def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Inp
     n = len(lines)
     blob = _plain(lines)
     if blob is not None:
-        columns = _arrow_chunk(lines, first, blob)
+        columns = _arrow_chunk(stream, lines, first, blob)
         if columns is not None:
             return columns
         fast = _ORJSON_LOADS
-        if fast is not None:
+        if fast is not None and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO):
             try:
                 rows = list(map(fast, lines))
                 keys = list(map(_KEY, rows))  # TypeError for a row that is not an object
@@ -405,7 +405,7 @@ def _valid_utf8(blob: bytes) -> bool:
         return False
 
 
-def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
+def _arrow_columns(blob: bytes, n: int, first: int, stream: str = "") -> InputColumns | None:
     """The chunk's ``n`` lines parsed by Arrow's JSON reader, as Arrow columns, when that is exactly
     what the line-by-line decoding gives; None otherwise (the caller decodes another way).
 
@@ -416,15 +416,30 @@ def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
     of one field and no null in a struct's field. Not exact, hence refused: floats anywhere in a value
     (Arrow widens ``1`` beside ``2.5``, and reads ``NaN``), structs of several fields (Arrow gives each
     row the first row's field order, and a field missing in a row becomes null), a key of another
-    type, duplicate fields and a non-object line (Arrow raises)."""
+    type, duplicate fields and a non-object line (Arrow raises).
+
+    The schema Arrow inferred for the last chunk of ``stream`` this process took is tried first, as
+    an explicit schema (no inference: a quarter of the parse), refusing fields outside it: a row that
+    does not fit it (another type, another field) fails that parse, and the chunk is then read with
+    inference as always. Either way the checks above decide."""
     pa, pj, pc = _arrow()
     if pa is None:
         return None
-    try:
-        table = pj.read_json(pa.BufferReader(blob), read_options=pj.ReadOptions(use_threads=False,
-                                                                                  block_size=len(blob) + 1))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None
+    options = pj.ReadOptions(use_threads=False, block_size=len(blob) + 1)
+    errors = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+    table = None
+    known = _SCHEMAS.get(stream)
+    if known is not None:
+        try:
+            table = pj.read_json(pa.BufferReader(blob), read_options=options, parse_options=pj.ParseOptions(
+                explicit_schema=known, unexpected_field_behavior="error"))
+        except errors:
+            table = None
+    if table is None:
+        try:
+            table = pj.read_json(pa.BufferReader(blob), read_options=options)
+        except errors:
+            return None
     names = table.schema.names
     if table.num_rows != n or "key" not in names:
         return None
@@ -451,6 +466,9 @@ def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
             return None
     else:
         ts = pa.nulls(n, pa.float64())
+    if len(_SCHEMAS) > 64:
+        _SCHEMAS.clear()
+    _SCHEMAS[stream] = table.schema
     return InputColumns(list(range(first, first + n)), key, value, ts, [], first + n)
 
 
@@ -482,6 +500,9 @@ def _arrow() -> tuple[Any, Any, Any]:
     return pa, pj, pc
 
 
+_SCHEMAS: dict[str, Any] = {}
+"""input name -> the schema Arrow's JSON reader gave its last chunk that was exact (this process's;
+tried first for the next chunk, see :func:`_arrow_columns`)."""
 _KEY = itemgetter("key")
 _PLAIN_TS = {type(None), float}
 _NUMERIC_TS = {type(None), float, int}

@@ -281,3 +281,26 @@ class _Factory:
         path = self.root / name
         path.mkdir(parents=True)
         return path
+
+
+_SHAPES = [
+    [b'{"key":"a","value":{"page":"x"},"ts":1}', b'{"key":"b","value":{"page":"y"},"ts":2}'],
+    [b'{"key":1,"value":{"page":"x"},"ts":1}', b'{"key":2,"value":{"page":"y"},"ts":2.5}'],
+    [b'{"key":"a","value":{"page":1},"ts":1}', b'{"key":"b","value":{"page":2}}'],
+    [b'{"key":"a","value":"s"}', b'{"key":"b","value":null,"ts":null}'],
+    [b'{"key":"a","value":{"page":"x","q":1},"ts":1}', b'{"key":"b","value":{"page":"y"},"ts":1,"z":2}'],
+    [b'{"key":"a","value":{}}', b'{"key":"b"}'],
+    [b'{"key":"a","value":[1,2]}', b'{"key":"b","value":[]}'],
+    [b'{"key":"a","value":{"page":"x"},"ts":99999999999999999999}', b'{"key":"b","value":9223372036854775807}'],
+    [b'{"key":"a","value":{"page":null},"ts":1}', b'{"key":"b","value":{"page":"y"},"ts":1}'],
+]
+
+
+@pytest.mark.parametrize("before", range(len(_SHAPES)))
+def test_the_schema_remembered_from_a_chunk_never_changes_what_the_next_reads(tmp_path: Path, before: int) -> None:
+    """The Arrow schema kept from one chunk of an input is tried first on the next: whatever shape
+    the next chunk has, every row is still exactly what :meth:`read` yields."""
+    for index, after in enumerate(_SHAPES):
+        for turn, shape in enumerate((_SHAPES[before], after)):  # the first chunk's schema is remembered
+            test_read_columns_yields_exactly_what_read_yields.hypothesis.inner_test(
+                _Factory(tmp_path / f"{index}-{turn}"), shape * 3)
