@@ -51,11 +51,13 @@ _WIDE_NUMBER = b"0" * 19
 """19 digits in a row (once every digit reads ``0``): maybe an integer beyond 64 bits, which orjson
 reads as a float (the json serde's decoder as an int), so such a line is not parsed by orjson. A
 translate and a substring search: several times faster than a regular expression over the chunk."""
-READ_ROWS = 4 * COLUMN_ROWS
-"""Lines a batch task's read takes at a time (:meth:`JsonLinesInput.read_columns`): a chunk Arrow's
-JSON reader takes whole is one batch, so fewer batch task calls per micro-batch (each call and each
-of its store calls has a fixed cost), while the chunk's text still fits a core's cache for the
-several passes decoding makes over it."""
+READ_ROWS = 16 * COLUMN_ROWS
+"""Lines a batch task's read takes at a time (:meth:`JsonLinesInput.read_columns`), up to
+:data:`READ_BYTES`: a chunk Arrow's JSON reader takes whole is one batch, so few batch task calls per
+micro-batch (each call, and each of its store calls, has a fixed cost; a key repeated within the
+batch is merged once)."""
+READ_BYTES = 16 << 20
+"""Bytes of lines a read takes at a time, at most (lines of any size keep memory bounded)."""
 _POSITIONS: dict[tuple[str, int, int], int] = {}
 """(file, inode, line offset) -> byte position, remembered by this process for the next batch (the
 inode: a file replaced under the job is never read from a position remembered in the old one)."""
@@ -277,7 +279,8 @@ class JsonLinesInput(InputStream):
     def _file_chunks(self, path: Path, partition: int, base: int, start: int,
                      end: int) -> Iterator[tuple[int, list[bytes]]]:
         """The complete lines ``[start, end)`` of one segment, as ``(first offset, lines)`` chunks of
-        at most :data:`READ_ROWS` lines (each with its newline)."""
+        at most :data:`READ_ROWS` lines (each with its newline), ending once :data:`READ_BYTES` are
+        reached."""
         handle, offset, position, inode = self._open_at(path, partition, base, start, end)
         with handle:
             while offset < start:  # lines before the range: skipped, not decoded
@@ -287,7 +290,7 @@ class JsonLinesInput(InputStream):
                 offset += 1
                 position += len(line)
             while start <= offset < end:
-                lines = list(islice(handle, min(READ_ROWS, end - offset)))
+                lines = _read_lines(handle, min(READ_ROWS, end - offset))
                 if lines and not lines[-1].endswith(b"\n"):
                     lines.pop()  # an append in progress: not read
                 if not lines:
@@ -310,6 +313,20 @@ class JsonLinesInput(InputStream):
                 offset += 1
                 position += len(line)
             self._remember(path, inode, offset, position)
+
+
+def _read_lines(handle: BinaryIO, limit: int) -> list[bytes]:
+    """Up to ``limit`` lines of ``handle``, taken :data:`COLUMN_ROWS` at a time until
+    :data:`READ_BYTES` are reached (or the file ends, or a line has no newline yet)."""
+    lines: list[bytes] = []
+    size = 0
+    while len(lines) < limit and size < READ_BYTES:
+        more = list(islice(handle, min(COLUMN_ROWS, limit - len(lines))))
+        lines += more
+        size += sum(map(len, more))
+        if len(more) < COLUMN_ROWS or not more[-1].endswith(b"\n"):
+            break
+    return lines
 
 
 def _chunk_columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Iterator[InputColumns]:

@@ -305,3 +305,21 @@ def test_the_schema_remembered_from_a_chunk_never_changes_what_the_next_reads(tm
         for turn, shape in enumerate((_SHAPES[before], after)):  # the first chunk's schema is remembered
             test_read_columns_yields_exactly_what_read_yields.hypothesis.inner_test(
                 _Factory(tmp_path / f"{index}-{turn}"), shape * 3)
+
+
+def test_a_read_stops_at_its_byte_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long lines: a read takes lines only up to ``READ_BYTES`` (whole column chunks of them), and
+    the rows are still every line, once, in order."""
+    from localstate.core.streams.base import COLUMN_ROWS
+    from localstate.streams import jsonl
+
+    monkeypatch.setattr(jsonl, "READ_BYTES", 3 * COLUMN_ROWS * 100)
+    n = 10 * COLUMN_ROWS
+    lines = [json.dumps({"key": f"u{i % 7}", "value": "x" * 80, "ts": i}).encode() for i in range(n)]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    (tmp_path / "job.toml").write_text('[job]\nname = "j"\npartitions = 1\ntask = "m:T"\n'
+                                       '[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
+    chunks = list(open_input(load_job_config(tmp_path / "job.toml"), "events").read_columns(0, 0, n))
+    assert [c.end for c in chunks] == [min(n, i * 3 * COLUMN_ROWS) for i in range(1, len(chunks) + 1)]
+    assert [key for c in chunks for key in c.keys.to_pylist()] == [f"u{i % 7}" for i in range(n)]
