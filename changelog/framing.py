@@ -15,11 +15,11 @@ One record::
 All integers little endian (``struct`` format ``<IQqIi``, 28 bytes). A run of records is their plain
 concatenation, no header.
 
-The per-record loops (:func:`encode_into`, :func:`walk`, :func:`decode_columns`, :func:`decode_records`)
-run in C when the optional extension ``localstate.native._framing`` (``native/_framing.c``) was built at
+The per-record loops (:func:`encode_into`, :func:`walk`, :func:`decode_columns`, :func:`decode_records`,
+:func:`split_point`) run in C when the optional extension ``localstate.native._framing`` (``native/_framing.c``) was built at
 install, unless the environment variable ``LOCALSTATE_PURE_PYTHON`` asks for Python (see
 ``localstate.native``). The Python versions here (``py_encode_into``, ``py_walk``, ``py_decode_columns``,
-``py_decode``) are the reference: the C ones frame and accept exactly the same bytes, and
+``py_decode``, ``py_split_point``) are the reference: the C ones frame and accept exactly the same bytes, and
 ``tests/native/test_differential.py`` runs both on the same input.
 """
 

@@ -1,10 +1,10 @@
-/* The changelog record framing in C: the per-record loops of encode_into, walk and the restore
- * decoders (decode_columns, decode_records, decode_frames) of localstate.changelog.framing, which cost
- * 0.5-0.8 us a record in CPython.
+/* The changelog record framing in C: the per-record loops of encode_into, walk, split_point (where a
+ * flush cuts a run at a segment's end) and the restore decoders (decode_columns, decode_records,
+ * decode_frames) of localstate.changelog.framing, which cost 0.5-0.8 us a record in CPython.
  *
  * The record format is defined in changelog/framing.py (its module docstring); the functions here
  * produce and accept exactly that, and behave exactly as the Python versions there (py_encode_into,
- * py_walk, py_decode_columns, py_decode), which stay the reference (tests/native/test_differential.py
+ * py_walk, py_split_point, py_decode_columns, py_decode), which stay the reference (tests/native/test_differential.py
  * runs both on the same input and compares). Integers are written and read byte by byte, little
  * endian, so the code does not depend on the host's byte order.
  */
