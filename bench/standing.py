@@ -32,7 +32,9 @@ driver, its JVM, the Python workers) over that time, as % of one core.
 Soak (``--minutes N``): ``--rate`` events/s (default 10k) for N minutes, a Python worker SIGKILLed
 every ``--kill-every`` seconds (default: six kills a run, every 5 minutes of 30); RSS of the driver
 processes (Python driver + JVM; the JVM's alone too) and of the Python workers sampled every 5 s,
-first third vs last third; open fds of the driver processes; checkpoint and changelog bytes (first third vs last third),
+first third vs last third, as the mean of each third and as its peak (a warm-up in the first minutes
+or a sawtooth, such as memtables filling and flushing or a killed worker replaced by a fresh one, moves
+the means; growth that goes on moves both), with the RSS by minute in the notes; open fds of the driver processes; checkpoint and changelog bytes (first third vs last third),
 the file changelog compacted every ``--compact-every`` seconds (default: a third of the run, its own
 default of 10 minutes in 30); the restore after the first kill vs the last (records, ms;
 progress.jsonl: a killed worker's retry usually finds its local store at the checkpoint and restores
@@ -662,8 +664,12 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
             outputs[int(record["key"][5:])] = int(record["value"])
     state_ok, outputs_ok = bool(np.array_equal(state, expected)), bool(np.array_equal(outputs, expected))
     third = max(1, len(samples) // 3)
+    early = max(1, (len(probes) + 2) // 3)  # the probes of the first and of the last third of the kills
+    late = len(probes) - early
     first, last = samples[:third], samples[-third:]
     mean = lambda rows, i: float(np.mean([r[i] for r in rows])) if rows else float("nan")  # noqa: E731
+    peak = lambda rows, i: float(max(r[i] for r in rows)) if rows else float("nan")  # noqa: E731
+    growth = lambda before, after: 100.0 * (after / before - 1) if before else float("nan")  # noqa: E731
     progress = root / "job" / "state" / "standing-bench" / "progress"
     restores = []
     for path in sorted(progress.glob("progress.jsonl*")):
@@ -680,9 +686,14 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     report.add("soak", minutes=minutes, events=events.count, rate=rate, worker_kills=kills,
                driver_rss_first_mb=mean(first, 1), driver_rss_last_mb=mean(last, 1),
                jvm_rss_first_mb=mean(first, 6), jvm_rss_last_mb=mean(last, 6),
-               driver_rss_growth_pct=100.0 * (mean(last, 1) / mean(first, 1) - 1) if first else float("nan"),
+               driver_rss_growth_pct=growth(mean(first, 1), mean(last, 1)),
+               driver_rss_peak_first_mb=peak(first, 1), driver_rss_peak_last_mb=peak(last, 1),
+               driver_rss_peak_growth_pct=growth(peak(first, 1), peak(last, 1)),
+               jvm_rss_growth_pct=growth(mean(first, 6), mean(last, 6)),
                workers_rss_first_mb=mean(first, 2), workers_rss_last_mb=mean(last, 2),
-               workers_rss_growth_pct=100.0 * (mean(last, 2) / mean(first, 2) - 1) if first else float("nan"),
+               workers_rss_growth_pct=growth(mean(first, 2), mean(last, 2)),
+               workers_rss_peak_first_mb=peak(first, 2), workers_rss_peak_last_mb=peak(last, 2),
+               workers_rss_peak_growth_pct=growth(peak(first, 2), peak(last, 2)),
                driver_fds_first=int(mean(first, 3)), driver_fds_last=int(mean(last, 3)),
                checkpoint_bytes_first=int(mean(first, 4)), checkpoint_bytes_last=int(mean(last, 4)),
                changelog_bytes_first=int(mean(first, 5)), changelog_bytes_last=int(mean(last, 5)),
@@ -695,6 +706,10 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
                cold_restore_records_last=probes[-1][0] if probes else 0,
                cold_restore_ms_first=1000 * probes[0][1] if probes else 0.0,
                cold_restore_ms_last=1000 * probes[-1][1] if probes else 0.0,
+               # A cold restore reads the live state plus the tail since the last compaction round:
+               # a sawtooth of one compact_interval, so each third's worst probe is compared.
+               cold_restore_ms_peak_first=1000 * max((p[1] for p in probes[:early]), default=0.0),
+               cold_restore_ms_peak_last=1000 * max((p[1] for p in probes[late:]), default=0.0),
                p50_ms=lat["p50_ms"], p99_ms=lat["p99_ms"], drained=drained, exit=code,
                left_behind=system.leftovers,
                state_exact=state_ok, outputs_exact=outputs_ok)

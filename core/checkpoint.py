@@ -61,6 +61,9 @@ class Checkpoint:
     next_timer: float | None = None
     """the earliest processing-time timer pending at this commit (seconds since the epoch), None if
     none: a standing driver runs a batch for the partition when it is due, even with no new input"""
+    formats: dict[str, str] = field(default_factory=dict)
+    """store -> the layout of its state (:class:`~localstate.core.engine.StateFormat`), for engines
+    that name one: a store reopened with options that change it is refused"""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -73,6 +76,8 @@ class Checkpoint:
         for name in ("watermark", "next_timer"):
             if data[name] is None:
                 del data[name]  # only jobs with timestamped input or timers have them
+        if not data["formats"]:
+            del data["formats"]
         return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
 
     @classmethod
@@ -99,7 +104,8 @@ class Checkpoint:
                    attempt=_attempt(data.get("attempt"), where),
                    manifests=_manifests(data.get("manifests", {}), where),
                    watermark=_time(data.get("watermark"), where, "watermark"),
-                   next_timer=_time(data.get("next_timer"), where, "next_timer"))
+                   next_timer=_time(data.get("next_timer"), where, "next_timer"),
+                   formats=_formats(data.get("formats", {}), where))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
@@ -122,6 +128,12 @@ def _offsets(value: Any, where: str, field_name: str) -> dict[str, int]:
     if not isinstance(value, dict):
         raise _corrupt(where, field_name, f"expected an object of name -> offset, got {type(value).__name__}")
     return {name: _offset(offset, where, f"{field_name}.{name}") for name, offset in value.items()}
+
+
+def _formats(value: Any, where: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) and len(v) <= 200 for v in value.values()):
+        raise _corrupt(where, "formats", "expected an object of store -> format name")
+    return dict(value)
 
 
 def _time(value: Any, where: str, field_name: str) -> float | None:

@@ -20,7 +20,7 @@ from localstate.core.serdes import Serde
 from localstate.core.time import SYSTEM_TIME, TimeSource
 from localstate.errors import ConfigError
 
-__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "SerdeColumn", "StateColumns",
+__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "StateFormat", "SerdeColumn", "StateColumns",
            "LiveEntries", "TimedStore"]
 
 
@@ -100,6 +100,18 @@ class LiveEntries(Protocol):
         """One stored value (a changelog record's) as its serde wrote it, and when it expires (None:
         never), for tools that show the records themselves."""
         ...
+
+
+@runtime_checkable
+class StateFormat(Protocol):
+    """Optional engine capability: a name for how the engine lays out its stored and logged state,
+    where options change it (a kv store with ``ttl`` stores an expiry with every value). The runtime
+    records it in each checkpoint and refuses to open a store whose checkpoint recorded another: the
+    old state would be read in the wrong layout (:class:`~localstate.errors.ConfigError` at
+    ``stores.<store>``)."""
+
+    state_format: str
+    """e.g. ``"kv"``, ``"kv+ttl"``; stable across releases for one layout"""
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ from localstate.core.changelog import ChangelogPartition, ChangelogSystem, Defer
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import TIMER_STORE, JobConfig
 from localstate.core.corruption import wipe_local
-from localstate.core.engine import StorageEngine, StoreContext, TimedStore
+from localstate.core.engine import StateFormat, StorageEngine, StoreContext, TimedStore
 from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
 from localstate.runtime.faults import crash_point, crash_points, is_armed
 from localstate.runtime.timers import PartitionTime
@@ -50,7 +50,7 @@ from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, \
     TaskContext, load_task_class, record_batch
 from localstate.core.tracebacks import raise_task_error
-from localstate.errors import StoreCorruptError, StoreIOError
+from localstate.errors import ConfigError, StoreCorruptError, StoreIOError
 
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "PROCESS_HINT"]
 
@@ -180,6 +180,8 @@ class TaskInstance:
                                   checkpoint.watermark if checkpoint is not None else None)
         for name, store in self.job.stores.items():
             self.stores[name] = self._open_store(name, store, manifests.get(name), committed_attempt)
+        if checkpoint is not None:
+            self._check_state_formats(checkpoint.formats)
         fresh = checkpoint is None
         if checkpoint is None:
             self._check_fresh()
@@ -232,6 +234,22 @@ class TaskInstance:
         self._open = True
         self._last_commit = self._last_window = self.clock()
         return self.recoveries
+
+    def _check_state_formats(self, recorded: Mapping[str, str]) -> None:
+        """ConfigError if a store's engine lays out its state otherwise than the checkpoint recorded
+        (:class:`StateFormat`: e.g. ``ttl`` added to or removed from a kv store's options), before
+        anything reads the old state in the wrong layout."""
+        for name, store in self.stores.items():
+            now = store.engine.state_format if isinstance(store.engine, StateFormat) else None
+            before = recorded.get(name)
+            if before is not None and now is not None and before != now:
+                raise ConfigError.at(
+                    f"stores.{name}",
+                    f"store {name!r} (partition {self.partition}) holds state committed in the {before!r} layout, "
+                    f"but its options now give {now!r} (such as ttl added or removed): its state would be read "
+                    f"in the wrong layout",
+                    hint=f"put the store's options back as they were, or start store {name!r} over "
+                         f"(`localstate reset`, or a new store name)")
 
     def _create_task(self) -> StreamTask:
         """Construct the user's task; a failure is a TaskError naming the user's file and line."""
@@ -814,5 +832,7 @@ class TaskInstance:
             partition=self.partition, generation=self.generation, inputs=dict(self.positions),
             changelogs={name: s.changelog.end_offset() for name, s in self.stores.items() if s.changelog is not None},
             outputs=dict(outputs), batch=self.batch, attempt=self.attempt, manifests=manifests,
-            watermark=self.time.watermark, next_timer=self.time.next_processing_timer)
+            watermark=self.time.watermark, next_timer=self.time.next_processing_timer,
+            formats={name: s.engine.state_format for name, s in self.stores.items()
+                     if isinstance(s.engine, StateFormat)})
 

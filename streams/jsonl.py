@@ -165,13 +165,16 @@ def write_jsonl(directory: str | os.PathLike[str], partition: int, records: list
 
 def read_jsonl(directory: str | os.PathLike[str], partition: int) -> list[dict[str, Any]]:
     """Every complete line of ``<directory>/<partition>.jsonl`` and its later segments, as one
-    stream. A segment missing, or holding other than the lines up to the next segment's base, is an
-    OutputError naming the file (a segment deleted or truncated by hand)."""
+    stream: from the first segment still there (the oldest ones may have been deleted once read, see
+    docs/operations.md), so the first line's offset is that segment's base. A segment missing after
+    the first one, or holding other than the lines up to the next segment's base, is an OutputError
+    naming the file (a segment deleted or truncated by hand)."""
     out: list[dict[str, Any]] = []
     segments = _segments(Path(directory), partition)
+    first = segments[0][0] if segments else 0
     for index, (base, path) in enumerate(segments):
-        if len(out) != base:
-            _segment_gap(path, partition, base, len(out), segments[index - 1][1] if index else None)
+        if first + len(out) != base:
+            _segment_gap(path, partition, base, first + len(out), segments[index - 1][1] if index else None)
         with open(path, encoding="utf-8") as handle:
             out.extend(json.loads(line) for line in handle if line.endswith("\n"))
     return out
@@ -210,6 +213,13 @@ class JsonLinesInput(InputStream):
         the plain ``<p>.jsonl``."""
         segments = _segments(self.directory, partition)
         return segments[-1] if segments else (0, _file(self.directory, partition))
+
+    def start_offset(self, partition: int) -> int:
+        """The first offset the partition still holds: the base of its first segment (a rolled output
+        read as an input whose oldest segments were deleted), else 0 (:class:`RetainedStart`: a
+        checkpoint below it is an InputPositionError, never a silent skip)."""
+        segments = _segments(self.directory, partition)
+        return segments[0][0] if segments else 0
 
     def end_offset(self, partition: int) -> int:
         base, path = self._last_segment(partition)
@@ -620,16 +630,20 @@ class JsonLinesOutput(OutputStream):
         """Roll a segmented partition back to ``position``: delete the segments that start at or after
         it (all written after the checkpoint; the newest first, so an interruption leaves a prefix),
         then truncate the one holding it. The segment holding ``position`` and the one before it must
-        join up to it: otherwise a segment was deleted or truncated by hand (OutputError naming it)."""
-        kept = [(base, path) for base, path in segments if base == 0 or base < position]
-        if not kept or kept[0][0] != 0:
-            if position > 0 or kept:
-                first = _file(self.directory, partition)
-                raise OutputError(f"output segment {first} is missing but later segments exist: it was deleted by "
-                                  "hand", stream=self.name, partition=partition, path=str(first),
-                                  hint="restore the segment from a backup; localstate only deletes or truncates "
-                                       "output segments written after the last checkpoint (rollback)")
-        base, path = kept[-1] if kept else (0, _file(self.directory, partition))
+        join up to it: otherwise a segment was deleted or truncated by hand (OutputError naming it).
+        Segments wholly before the one holding ``position`` may be gone (read and deleted by the
+        operator, see docs/operations.md): nothing here needs them."""
+        first_base = segments[0][0]
+        if position < first_base:
+            first = _file(self.directory, partition) if first_base > 0 else segments[0][1]
+            raise OutputError(f"output partition {partition}: the checkpoint's position {position} lies before its "
+                              f"first segment {segments[0][1].name} (offset {first_base}): the segment holding it "
+                              "was deleted by hand", stream=self.name, partition=partition, path=str(first),
+                              offset=position,
+                              hint="restore the segment from a backup; delete only segments whose lines all lie "
+                                   "before the checkpoint's output position (docs/operations.md)")
+        kept = [(base, path) for base, path in segments if base == first_base or base < position]
+        base, path = kept[-1]
         lines = _complete_lines(path)
         if base + lines < position:
             raise OutputError(f"output segment {path} holds lines up to offset {base + lines}, but the checkpoint "
@@ -643,7 +657,7 @@ class JsonLinesOutput(OutputStream):
                 _segment_gap(path, partition, base, previous_base + _complete_lines(previous), previous, self.name)
         removed = False
         for segment_base, segment in reversed(segments):
-            if segment_base > 0 and segment_base >= position:
+            if segment_base > first_base and segment_base >= position:
                 segment.unlink()
                 removed = True
         if removed:

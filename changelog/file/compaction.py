@@ -25,6 +25,8 @@ import fcntl
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -360,18 +362,23 @@ def compact_stream(system: "FileChangelogSystem", stream: str, upto_by_partition
 class BackgroundCompactor:
     """A daemon thread compacting every ``interval`` seconds. ``targets()`` returns
     ``{(stream, partition): upto}`` (the runtime passes its checkpointed changelog offsets).
+    Each round runs in a short-lived child process by default (``in_child``), so that a process that
+    runs for weeks does not keep the round's peak memory.
 
     It never seals an active segment itself (``roll=False``): a writer of the partition may be opening
     at any moment, and only writers roll (the runtime asks them to, see ``runtime.spark.runner``)."""
 
     def __init__(self, system: "FileChangelogSystem", interval: float,
-                 targets: Callable[[], Mapping[tuple[str, int], int]]) -> None:
+                 targets: Callable[[], Mapping[tuple[str, int], int]], *, in_child: bool = True) -> None:
         self.system = system
         self.interval = interval
         self.targets = targets
         self.runs = 0
         self.last_error: BaseException | None = None
         self.last_stats: CompactionStats | None = None
+        self.in_child = in_child
+        """run each round in a child process (:mod:`.compaction_child`), so its memory is returned"""
+        self._child: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="localstate-compactor", daemon=True)
 
@@ -394,20 +401,58 @@ class BackgroundCompactor:
             log.warning("background compaction: targets() failed: %s", exc)
             self.last_error = exc
             return total
-        for (stream, partition), upto in targets.items():
-            if self._stop.is_set():
-                return total
-            try:
-                total.add(self.system.compact(stream, partition, upto, roll=False))
-            except (LocalStateError, OSError) as exc:
-                log.warning("background compaction of %s partition %d failed: %s", stream, partition, exc)
-                self.last_error = exc
+        if self.in_child:
+            self._run_in_child(targets, total)
+        else:
+            for (stream, partition), upto in targets.items():
+                if self._stop.is_set():
+                    return total
+                try:
+                    total.add(self.system.compact(stream, partition, upto, roll=False))
+                except (LocalStateError, OSError) as exc:
+                    log.warning("background compaction of %s partition %d failed: %s", stream, partition, exc)
+                    self.last_error = exc
         total.seconds = time.perf_counter() - started
         self.last_stats = total
         self.runs += 1
         return total
 
+    def _run_in_child(self, targets: Mapping[tuple[str, int], int], total: CompactionStats) -> None:
+        """The round in ``python -m localstate.changelog.file.compaction_child`` (see there why)."""
+        request = {"options": self.system.config, "state_dir": str(self.system.state_dir),
+                   "targets": [[stream, partition, upto] for (stream, partition), upto in sorted(targets.items())]}
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "localstate.changelog.file.compaction_child"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
+            out, err = self._child.communicate(json.dumps(request).encode())
+            code = self._child.returncode
+        except OSError as exc:
+            log.warning("background compaction: could not start its child process (%s)", exc)
+            self.last_error = exc
+            return
+        finally:
+            self._child = None
+        if code != 0:
+            if not self._stop.is_set():  # stop() kills a running child: not worth a warning
+                detail = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {code}"]
+                self.last_error = ChangelogError(f"the compaction child process failed: {detail[0]}",
+                                                 hint="see the job's log; the next round retries")
+                log.warning("background compaction: %s", self.last_error)
+            return
+        answer = json.loads(out)
+        for name, value in answer["stats"].items():
+            setattr(total, name, getattr(total, name) + value)
+        for failure in answer["errors"]:
+            log.warning("background compaction of %s partition %s failed: %s", failure["stream"],
+                        failure["partition"], failure["error"])
+            self.last_error = ChangelogError(f"compaction failed: {failure['error']}", stream=failure["stream"],
+                                             partition=failure["partition"])
+
     def stop(self, timeout: float | None = 10.0) -> None:
         self._stop.set()
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.kill()  # a round killed half-way is safe (see the module docstring)
         if self._thread.is_alive():
             self._thread.join(timeout)

@@ -34,6 +34,11 @@ def build_options(options: Mapping[str, Any]) -> rocksdict.Options:
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_write_buffer_size(parse_size(options.get("write_buffer_size", "16MB")))
+    # Every write also puts the local offset into the metadata column family, whose memtable never
+    # fills: without atomic flush each write-ahead log file would stay until the total passed
+    # max_total_wal_size (by default 4x every column family's write buffers: hundreds of MB per
+    # store partition, all replayed when the store reopens). Flushing both together frees each log.
+    opts.set_atomic_flush(True)
     table = rocksdict.BlockBasedOptions()
     cache_size = parse_size(options.get("block_cache_size", "64MB"))
     if cache_size > 0:

@@ -98,6 +98,9 @@ def _checked_serialize(serde: Serde[Any], serialize: Any) -> Any:
 class KeyValueEngine(StorageEngine):
     """A key-value store partition: ``get/put/delete``, batch variants, ordered range scans."""
 
+    state_format = "kv"
+    """how its state is laid out (:class:`~localstate.core.engine.StateFormat`)"""
+
     #: the object cache's class (a store with ttl keeps each cached entry's expiry beside it)
     _cache_class: type[GenerationalCache] = GenerationalCache
 

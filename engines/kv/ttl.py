@@ -164,6 +164,9 @@ class TtlKeyValueEngine(KeyValueEngine):
     """A :class:`KeyValueEngine` whose entries expire ``ttl`` seconds after they were last written (see
     the module docstring): same API and guarantees, plus an expired entry reads as absent."""
 
+    state_format = "kv+ttl"
+    """every stored and logged value starts with its 8-byte expiry"""
+
     _cache_class = ExpiringCache
     _cache: ExpiringCache
 

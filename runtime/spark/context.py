@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "worker_affinity", "LOCAL_DEFAULTS",
-           "QUICK_JIT_OPTIONS"]
+           "QUICK_JIT_OPTIONS", "STATUS_RETENTION"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
     # The executor hands each task to its Python worker over a Unix domain socket (Spark >= 4.1;
@@ -19,6 +19,18 @@ LOCAL_DEFAULTS: Mapping[str, str] = {
 }
 """Spark settings a local-master context with worker affinity gets unless the job's ``[spark] conf``
 sets them (figures: bench/HISTORY.md)."""
+
+STATUS_RETENTION: Mapping[str, str] = {
+    # Spark's status store keeps the last 1,000 jobs and stages and 100,000 tasks by default, for a UI
+    # that localstate turns off. A standing job starts several jobs a second, so the defaults fill the
+    # driver's heap for its first minutes; the runtime reads a batch's failed attempts right after it.
+    "spark.ui.retainedJobs": "100",
+    "spark.ui.retainedStages": "100",
+    "spark.ui.retainedTasks": "10000",
+    "spark.ui.retainedDeadExecutors": "20",
+    "spark.sql.ui.retainedExecutions": "100",
+}
+"""Spark status-store retention every context gets unless the job's ``[spark] conf`` sets it."""
 
 QUICK_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 """JVM options of a local driver whose JVM only schedules (``localstate run`` with worker affinity: the
@@ -73,9 +85,9 @@ def is_local_master(master: str) -> bool:
 def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str] | None = None, *,
                quick_jit: bool = False, affinity: bool = True) -> Any:
     """The SparkConf :func:`spark_context` creates a context with: quiet logs, retries on local
-    masters, reused Python workers running this interpreter, :data:`LOCAL_DEFAULTS` on local masters
-    with ``affinity`` unless already set, then ``conf`` (the job's ``[spark] conf``), which wins over
-    all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
+    masters, reused Python workers running this interpreter, :data:`STATUS_RETENTION`,
+    :data:`LOCAL_DEFAULTS` on local masters with ``affinity`` unless already set, then ``conf`` (the
+    job's ``[spark] conf``), which wins over all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
     from pyspark import SparkConf
 
     log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
@@ -87,6 +99,8 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
                   .set("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"
                        + (f" {QUICK_JIT_OPTIONS}" if quick_jit and is_local_master(master) else ""))
                   .set("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j}"))
+    for key, value in STATUS_RETENTION.items():
+        spark_conf.setIfMissing(key, value)
     if affinity and is_local_master(master):
         for key, value in LOCAL_DEFAULTS.items():
             spark_conf.setIfMissing(key, value)

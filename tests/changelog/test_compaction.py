@@ -3,7 +3,12 @@ compaction racing a writer and a following reader."""
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -11,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from localstate.changelog.file import FileChangelogSystem, compact_stream
-from localstate.changelog.file.format import list_segments
+from localstate.changelog.file.compaction import BackgroundCompactor
+from localstate.changelog.file.format import list_segments, segment_name
 from localstate.errors import ChangelogError
 
 from .conftest import state
@@ -146,6 +152,66 @@ def test_background_compactor(tmp_path: Path) -> None:
     with pytest.raises(ChangelogError):
         FileChangelogSystem({"compact_interval": 0}, tmp_path).start_compactor(lambda: {})
     part.close()
+
+
+@pytest.mark.parametrize("in_child", [True, False])
+def test_one_round_in_a_child_process_or_in_process(tmp_path: Path, in_child: bool) -> None:
+    """A round (the driver's ``run_once``) compacts the same in a child process as in process, and
+    reports the child's figures and per-target failures."""
+    system = FileChangelogSystem({"fsync": False, "segment_bytes": 200}, tmp_path)
+    part = system.partition("s", 0)
+    fill(part, [(b"k%d" % (i % 3), b"v%d" % i) for i in range(90)])
+    part.roll()
+    broken = system.partition("t", 0)
+    fill(broken, [(b"k%d" % (i % 3), b"v%d" % i) for i in range(30)])
+    broken.roll()
+    broken.close()
+    first = system.partition_dir("t", 0) / segment_name(list_segments(system.partition_dir("t", 0))[0])
+    data = bytearray(first.read_bytes())
+    data[30] ^= 0xFF  # a record below upto fails its crc: that partition's compaction refuses
+    first.write_bytes(bytes(data))
+    rounds = BackgroundCompactor(system, 0.0, lambda: {("s", 0): part.end_offset(), ("t", 0): 30},
+                                 in_child=in_child)
+    stats = rounds.run_once()
+    assert stats.records_before == 90 and stats.records_after == 3 and stats.segments_rewritten > 0
+    assert isinstance(rounds.last_error, ChangelogError) and rounds.runs == 1
+    assert state(part.read()) == {b"k0": b"v87", b"k1": b"v88", b"k2": b"v89"}
+    part.close()
+    system.close()
+
+
+def test_the_compaction_child_dies_with_its_parent(request: pytest.FixtureRequest) -> None:
+    """A driver SIGKILLed while a round runs leaves no compaction process behind."""
+    # The child waits for its request on a pipe that a third process also holds open, so the
+    # parent's death does not end the child's input: only the parent-death signal can stop it (as
+    # a child busy compacting, which reads nothing, would be stopped).
+    parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, subprocess, sys, time
+        read, write = os.pipe()
+        holder = subprocess.Popen(["sleep", "600"], pass_fds=(write,))
+        child = subprocess.Popen([sys.executable, "-m", "localstate.changelog.file.compaction_child"],
+                                 stdin=read, stdout=subprocess.DEVNULL)
+        print(child.pid, holder.pid, flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    child, holder = map(int, parent.stdout.readline().split())
+    request.addfinalizer(lambda: os.kill(holder, signal.SIGKILL))
+    time.sleep(0.5)  # let the child import and set its parent-death signal
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as stat:
+            if stat.read().split(") ")[1].startswith("Z"):
+                break  # dead, waiting to be reaped by init
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the compaction child outlived its parent")
 
 
 def test_compaction_while_reader_follows_and_writer_appends(tmp_path: Path) -> None:

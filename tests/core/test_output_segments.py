@@ -176,3 +176,73 @@ def test_a_file_output_segment_deleted_by_hand_is_a_typed_error(tmp_path):
     with pytest.raises(OutputError) as info:
         start(path)
     assert "by hand" in str(info.value) and str(segments[-2]) in str(info.value)
+
+
+def test_segments_read_and_deleted_by_the_operator_are_accepted(tmp_path):
+    """Sealed segments whose lines all lie before the checkpoint's position may be deleted (an
+    operator freeing the disk after downstream read them): restarts, rollbacks and reads go on."""
+    path = job_file(tmp_path, "jsonl")
+    committed = run_batches(path, BATCHES)
+    segments = segment_files(tmp_path, "jsonl")
+    for segment in segments[:-2]:
+        segment.unlink()
+    first = int(segments[-2].name.split(".")[1])
+    assert records(path) == expected(committed)[first:]
+    # A crash with uncommitted output rolled into new segments, then the restart's rollback.
+    instance = start(path)
+    feed(instance, committed, PER_BATCH * 6)
+    instance.prepare_commit()
+    crash(instance)
+    instance = start(path)
+    assert instance.position("events") == committed
+    assert segment_files(tmp_path, "jsonl") == segments[-2:]
+    feed(instance, committed, PER_BATCH * 3)
+    instance.close(commit=True)
+    assert records(path) == expected(committed + PER_BATCH * 3)[first:]
+    # Read as another job's input: it starts at the first segment still there.
+    from localstate.core.streams import open_input
+    job = load_job_config(path)
+    job.inputs["events"].options["path"] = "out"
+    source = open_input(job, "events")
+    assert source.start_offset(0) == first
+    assert [r.offset for r in source.read(0, first, first + 5)] == list(range(first, first + 5))
+
+
+def test_deleting_the_segment_that_holds_the_checkpoint_is_a_typed_error(tmp_path):
+    """A rollback to a position inside a deleted segment cannot be done: OutputError naming it."""
+    path = job_file(tmp_path, "jsonl")
+    run_batches(path, BATCHES)
+    segments = segment_files(tmp_path, "jsonl")
+    for segment in segments[:-1]:
+        segment.unlink()
+    position = int(segments[-2].name.split(".")[1]) + 1  # a line of a deleted segment
+    stream = open_output(load_job_config(path), "reports")
+    try:
+        with pytest.raises(OutputError) as info:
+            stream.truncate(0, position)
+    finally:
+        stream.close()
+    assert f"position {position}" in str(info.value) and "by hand" in str(info.value)
+    assert segment_files(tmp_path, "jsonl") == segments[-1:]  # nothing deleted or truncated
+
+
+def test_an_input_below_its_first_retained_segment_is_an_input_position_error(tmp_path):
+    """A job reading a rolled output whose oldest segments were deleted before it read them is
+    stopped (InputPositionError naming the input), never silently skipped ahead."""
+    from localstate.core.streams import open_input
+    from localstate.core.streams.base import check_input_position
+    from localstate.errors import InputPositionError
+
+    path = job_file(tmp_path, "jsonl")
+    run_batches(path, BATCHES)
+    segments = segment_files(tmp_path, "jsonl")
+    for segment in segments[:3]:
+        segment.unlink()
+    first = int(segments[3].name.split(".")[1])
+    job = load_job_config(path)
+    job.inputs["events"].options["path"] = "out"
+    source = open_input(job, "events")
+    check_input_position(source, 0, first, source.end_offset(0))  # at the first retained line: fine
+    with pytest.raises(InputPositionError) as info:
+        check_input_position(source, 0, first - 1, source.end_offset(0))
+    assert info.value.start == first and info.value.input == "events"

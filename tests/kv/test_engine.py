@@ -204,6 +204,32 @@ def test_rocksdb_tuning_options_open(opener, backend, compression) -> None:
     assert kv.get("a") == 1
 
 
+def test_rocksdb_write_ahead_logs_stay_bounded(tmp_path) -> None:
+    """Every write also puts the local offset into the metadata column family: its write-ahead logs
+    must be freed as the data's memtables flush (atomic flush), not kept until a reopen replays them."""
+    import os
+
+    from localstate.engines.backends.rocksdb import RocksDBBackend
+
+    backend = RocksDBBackend(tmp_path, {"write_buffer_size": "1MB"}, store="s", partition=0)
+    value = bytes(40)
+    try:
+        for commit in range(300):  # ~15 MB of writes: about fifteen 1 MB memtables
+            backend.write([(b"user-%08d" % ((commit * 1000 + i) % 5000), value) for i in range(1000)],
+                          {b"offset": str(commit).encode()})
+        logs = [name for name in os.listdir(tmp_path) if name.endswith(".log")]
+        assert 1 <= len(logs) <= 3, logs
+        assert sum(os.path.getsize(tmp_path / name) for name in logs) < 4 << 20
+        assert backend.get_meta(b"offset") == b"299"
+    finally:
+        backend.close()
+    reopened = RocksDBBackend(tmp_path, {"write_buffer_size": "1MB"}, store="s", partition=0)
+    try:
+        assert reopened.get_meta(b"offset") == b"299" and reopened.get(b"user-00000999") == value
+    finally:
+        reopened.close()
+
+
 def test_inner_store_for_composing_engines(tmp_path) -> None:
     """How heap/sketch engines build an inner kv store: BytesSerde both ways, validated options."""
     from localstate.changelog.memory import MemoryChangelogPartition
