@@ -390,11 +390,13 @@ def main(argv: list[str]) -> int:
         expected = _write_events(data, events, args.users, args.seed, partitions)
         budget = 20.0 if args.quick else 40.0
 
-        def native(name: str) -> tuple[float, RunSummary, bool]:
+        cpu: dict[str, dict[str, float]] = {}  # each native run's CPU seconds (jvm_cpu_s, workers_cpu_s)
+
+        def native(name: str, task: str = "record") -> tuple[float, RunSummary, bool]:
             # The default JIT, not localstate run's quick one: this process's one JVM also runs the
             # DataFrame path, where the JVM does the heavy work (the native figure is conservative).
             return _localstate(root / name, data, partitions, args.backend, events, expected, args.users,
-                               warmup=warmup)
+                               warmup=warmup, task=task, measured=cpu.setdefault(name, {}))
 
         if not args.no_dataframe:
             _write_parquet_batches(root / "parquet", events, args.users, args.seed, 10)
@@ -405,8 +407,7 @@ def main(argv: list[str]) -> int:
         for round_index in range(args.rounds):
             runs.append(native(f"run{len(runs) + 1}"))
             if not args.no_batch_task:
-                batch_runs.append(_localstate(root / f"batch{round_index + 1}", data, partitions, args.backend, events,
-                                              expected, args.users, warmup=warmup, task="batch"))
+                batch_runs.append(native(f"batch{round_index + 1}", task="batch"))
             if peer and round_index == 0:
                 # Measure localstate before and after Spark's native aggregation and compare with the
                 # mean, so that a change of background load between the two shows (both rows).
@@ -426,7 +427,8 @@ def main(argv: list[str]) -> int:
             tasks = sum(b.tasks for b in summary.batches)
             report.add(f"localstate on Spark (kv/{args.backend}), run {index}", events_per_s=events / seconds,
                        seconds=seconds, batches=len(summary.batches), correct=ok,
-                       kept_open_pct=100.0 * sum(b.reused for b in summary.batches) / max(1, tasks))
+                       kept_open_pct=100.0 * sum(b.reused for b in summary.batches) / max(1, tasks),
+                       **cpu.get(f"run{index}", {}))
         rate = len(runs) * events / sum(seconds for seconds, _, _ in runs)
         if len(runs) > 1:
             report.add(f"localstate on Spark (kv/{args.backend}), all runs", events_per_s=rate)
@@ -435,7 +437,8 @@ def main(argv: list[str]) -> int:
             tasks = sum(b.tasks for b in summary.batches)
             report.add(f"localstate on Spark, batch task (kv/{args.backend}), run {index}",
                        events_per_s=events / seconds, seconds=seconds, batches=len(summary.batches), correct=ok,
-                       kept_open_pct=100.0 * sum(b.reused for b in summary.batches) / max(1, tasks))
+                       kept_open_pct=100.0 * sum(b.reused for b in summary.batches) / max(1, tasks),
+                       **cpu.get(f"batch{index}", {}))
         if batch_runs:
             batch_rate = len(batch_runs) * events / sum(seconds for seconds, _, _ in batch_runs)
             report.ratio("native path: batch task / per-record task", batch_rate / rate, ">= 2")

@@ -15,11 +15,11 @@ One record::
 All integers little endian (``struct`` format ``<IQqIi``, 28 bytes). A run of records is their plain
 concatenation, no header.
 
-The per-record loops (:func:`encode_into`, :func:`walk`, :func:`decode_columns`, :func:`decode_records`)
-run in C when the optional extension ``localstate.native._framing`` (``native/_framing.c``) was built at
+The per-record loops (:func:`encode_into`, :func:`walk`, :func:`decode_columns`, :func:`decode_records`,
+:func:`split_point`) run in C when the optional extension ``localstate.native._framing`` (``native/_framing.c``) was built at
 install, unless the environment variable ``LOCALSTATE_PURE_PYTHON`` asks for Python (see
 ``localstate.native``). The Python versions here (``py_encode_into``, ``py_walk``, ``py_decode_columns``,
-``py_decode``) are the reference: the C ones frame and accept exactly the same bytes, and
+``py_decode``, ``py_split_point``) are the reference: the C ones frame and accept exactly the same bytes, and
 ``tests/native/test_differential.py`` runs both on the same input.
 """
 
@@ -46,6 +46,8 @@ __all__ = [
     "encode_into",
     "py_encode_into",
     "count_records",
+    "split_point",
+    "py_split_point",
     "decode_columns",
     "py_decode_columns",
     "decode_records",
@@ -155,6 +157,24 @@ NATIVE = load_native("localstate.native._framing")
 encode_into: Callable[[bytearray, Iterable[tuple[bytes, bytes | None]], int, int], int] = (
     py_encode_into if NATIVE is None else NATIVE.encode_into)
 walk: Callable[[bytes, int, int], tuple[int, int, int | None]] = py_walk if NATIVE is None else NATIVE.walk
+
+
+def py_split_point(buf: bytes | bytearray, pos: int, room: int) -> tuple[int, int]:
+    """The byte position after the record (of those framed from byte ``pos``) at which ``room`` bytes
+    are reached, or the buffer ends, and the offset after that record: where a run is cut when only
+    ``room`` bytes fit (at least one record is taken). The reference version of :func:`split_point`."""
+    unpack = HEADER.unpack_from
+    n = len(buf)
+    start = pos
+    while True:
+        _crc, off, _ts, klen, vlen = unpack(buf, pos)
+        pos += HEADER_SIZE + klen + (vlen if vlen > 0 else 0)
+        if pos - start >= room or pos >= n:
+            return pos, off + 1
+
+
+split_point: Callable[[bytes | bytearray, int, int], tuple[int, int]] = (
+    py_split_point if NATIVE is None else NATIVE.split_point)
 
 
 def count_records(buf: bytes | bytearray, start: int = 0) -> int:

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, TypeVar, overload, \
-    runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar, \
+    overload, runtime_checkable
 
 from localstate.core.streams.base import base_dir
 from localstate.core.tracebacks import attach, describe
@@ -261,7 +261,7 @@ class BatchTask(StreamTask):
         self.process_batch(batch, collector, coordinator)
 
 
-def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values: list[Any],
+def record_batch(streams: list[str], offsets: Sequence[int], keys: list[Any], values: list[Any],
                  timestamps: list[float | None], *, with_stream: bool = False) -> "pyarrow.RecordBatch":
     """The batch a :class:`BatchTask` receives for rows given as Python lists (one entry per row;
     ``streams`` may be one name for all; ``keys``, ``values`` and ``timestamps`` may also be pyarrow
@@ -275,7 +275,13 @@ def record_batch(streams: list[str], offsets: list[int], keys: list[Any], values
     several = with_stream or len(set(streams)) > 1
     (key, key_meta), (value, value_meta) = _column(pa, keys), _column(pa, values)
     times = timestamps if isinstance(timestamps, pa.Array) else pa.array(timestamps, pa.float64())
-    arrays = [key, value, times, pa.array(offsets, pa.int64())]
+    if isinstance(offsets, range):  # consecutive offsets (an input read as Arrow): no Python int per row
+        import numpy as np
+
+        offset_array = pa.array(np.arange(offsets.start, offsets.stop, offsets.step, dtype=np.int64))
+    else:
+        offset_array = pa.array(offsets, pa.int64())
+    arrays = [key, value, times, offset_array]
     fields = [pa.field("key", key.type, metadata=key_meta), pa.field("value", value.type, metadata=value_meta),
               pa.field("timestamp", pa.float64()), pa.field("offset", pa.int64())]
     if several:

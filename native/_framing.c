@@ -1,10 +1,10 @@
-/* The changelog record framing in C: the per-record loops of encode_into, walk and the restore
- * decoders (decode_columns, decode_records, decode_frames) of localstate.changelog.framing, which cost
- * 0.5-0.8 us a record in CPython.
+/* The changelog record framing in C: the per-record loops of encode_into, walk, split_point (where a
+ * flush cuts a run at a segment's end) and the restore decoders (decode_columns, decode_records,
+ * decode_frames) of localstate.changelog.framing, which cost 0.5-0.8 us a record in CPython.
  *
  * The record format is defined in changelog/framing.py (its module docstring); the functions here
  * produce and accept exactly that, and behave exactly as the Python versions there (py_encode_into,
- * py_walk, py_decode_columns, py_decode), which stay the reference (tests/native/test_differential.py
+ * py_walk, py_split_point, py_decode_columns, py_decode), which stay the reference (tests/native/test_differential.py
  * runs both on the same input and compares). Integers are written and read byte by byte, little
  * endian, so the code does not depend on the host's byte order.
  */
@@ -461,7 +461,42 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nKO)", pos, expected, Py_None);
 }
 
+PyDoc_STRVAR(split_point_doc,
+"split_point(buf, pos, room) -> (position, next_offset)\n\n"
+"framing.py_split_point in C: the byte position after the record at which ``room`` bytes from\n"
+"``pos`` are reached (or the buffer ends), and the offset after that record.");
+
+static PyObject *split_point(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t pos, room;
+    if (!PyArg_ParseTuple(args, "y*nn:split_point", &view, &pos, &room)) return NULL;
+    const unsigned char *buf = view.buf;
+    Py_ssize_t n = view.len, start = pos;
+    uint64_t off = 0;
+    if (pos < 0 || pos + HEADER_SIZE > n) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "split_point: no whole record header at pos");
+        return NULL;
+    }
+    for (;;) {
+        const unsigned char *rec = buf + pos;
+        off = get_u64(rec + 4);
+        uint32_t klen = get_u32(rec + 20);
+        int32_t vlen = (int32_t)get_u32(rec + 24);
+        pos += HEADER_SIZE + (Py_ssize_t)klen + (vlen > 0 ? vlen : 0);
+        if (pos - start >= room || pos >= n) break;
+        if (pos + HEADER_SIZE > n) { /* a partial header: the Python twin's unpack fails there too */
+            PyBuffer_Release(&view);
+            PyErr_SetString(PyExc_ValueError, "split_point: a partial record header");
+            return NULL;
+        }
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nK)", pos, (unsigned long long)off + 1);
+}
+
 static PyMethodDef methods[] = {
+    {"split_point", split_point, METH_VARARGS, split_point_doc},
     {"encode_into", encode_into, METH_VARARGS, encode_into_doc},
     {"decode_columns", decode_columns, METH_VARARGS, decode_columns_doc},
     {"decode_records", decode_records, METH_VARARGS, decode_records_doc},

@@ -16,7 +16,8 @@
  *              spill() when the pending map holds more than batch keys. Anything else: put_slow.
  *   merge(keys, deltas, op, results):  KeyValueEngine.merge_many's per-row loop for the int serde
  *              (op 0 add, 1 min, 2 max): for each row, a key of exactly the key class in the young
- *              generation holding an exact int, and an exact int delta, gets its new value stored in
+ *              generation holding an exact int or None (known absent: the new value is delta), and an
+ *              exact int delta, gets its new value stored in
  *              young and the pending map when it is in the int serde's range (spill() as put does);
  *              any other row calls merge_slow(key, delta) (the engine's per-key read-modify-write).
  *              Returns the list of each row's new value with results, else None.
@@ -206,9 +207,11 @@ static PyObject *merge_row(HotPath *self, PyObject *key, PyObject *delta, int op
     if ((PyObject *)Py_TYPE(key) == self->key_class && self->int_values && PyLong_CheckExact(delta)) {
         PyObject *current = PyDict_GetItemWithError(self->young, key);
         if (current == NULL && PyErr_Occurred()) return NULL;
-        if (current != NULL && PyLong_CheckExact(current)) {
+        if (current != NULL && (PyLong_CheckExact(current) || current == Py_None)) {
             PyObject *value;
-            if (op == 0) {
+            if (current == Py_None) { /* cached as absent: the value becomes delta, whatever the op */
+                value = Py_NewRef(delta);
+            } else if (op == 0) {
                 value = PyNumber_Add(current, delta);
                 if (value == NULL) return NULL;
             } else {

@@ -51,6 +51,13 @@ _WIDE_NUMBER = b"0" * 19
 """19 digits in a row (once every digit reads ``0``): maybe an integer beyond 64 bits, which orjson
 reads as a float (the json serde's decoder as an int), so such a line is not parsed by orjson. A
 translate and a substring search: several times faster than a regular expression over the chunk."""
+READ_ROWS = 16 * COLUMN_ROWS
+"""Lines a batch task's read takes at a time (:meth:`JsonLinesInput.read_columns`), up to
+:data:`READ_BYTES`: a chunk Arrow's JSON reader takes whole is one batch, so few batch task calls per
+micro-batch (each call, and each of its store calls, has a fixed cost; a key repeated within the
+batch is merged once)."""
+READ_BYTES = 16 << 20
+"""Bytes of lines a read takes at a time, at most (lines of any size keep memory bounded)."""
 _POSITIONS: dict[tuple[str, int, int], int] = {}
 """(file, inode, line offset) -> byte position, remembered by this process for the next batch (the
 inode: a file replaced under the job is never read from a position remembered in the old one)."""
@@ -238,7 +245,7 @@ class JsonLinesInput(InputStream):
         every row is exactly what :meth:`read` yields."""
         for path, base, first, last in self._ranges(partition, start, end):
             for offset, lines in self._file_chunks(path, partition, base, first, last):
-                yield _columns(self.name, partition, offset, lines)
+                yield from _chunk_columns(self.name, partition, offset, lines)
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         for path, base, first, last in self._ranges(partition, start, end):
@@ -282,7 +289,8 @@ class JsonLinesInput(InputStream):
     def _file_chunks(self, path: Path, partition: int, base: int, start: int,
                      end: int) -> Iterator[tuple[int, list[bytes]]]:
         """The complete lines ``[start, end)`` of one segment, as ``(first offset, lines)`` chunks of
-        at most :data:`COLUMN_ROWS` lines (each with its newline)."""
+        at most :data:`READ_ROWS` lines (each with its newline), ending once :data:`READ_BYTES` are
+        reached."""
         handle, offset, position, inode = self._open_at(path, partition, base, start, end)
         with handle:
             while offset < start:  # lines before the range: skipped, not decoded
@@ -292,7 +300,7 @@ class JsonLinesInput(InputStream):
                 offset += 1
                 position += len(line)
             while start <= offset < end:
-                lines = list(islice(handle, min(COLUMN_ROWS, end - offset)))
+                lines = _read_lines(handle, min(READ_ROWS, end - offset))
                 if lines and not lines[-1].endswith(b"\n"):
                     lines.pop()  # an append in progress: not read
                 if not lines:
@@ -317,26 +325,86 @@ class JsonLinesInput(InputStream):
             self._remember(path, inode, offset, position)
 
 
-def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
-    """The rows of ``lines`` (offsets from ``first``) as columns. A chunk of ordinary lines (short, no
-    escapes, no 19-digit number, valid UTF-8) is parsed whole: by Arrow's JSON reader when every line
-    is one ``{...}`` and what it reads is exact (:func:`_arrow_columns`), else by orjson line by line in
-    one C-level map (every line an object with a non-null key and a numeric or absent ts). Any other
-    chunk, or one that fails those, is decoded line by line by :func:`_decode`."""
-    n = len(lines)
+def _read_lines(handle: BinaryIO, limit: int) -> list[bytes]:
+    """Up to ``limit`` lines of ``handle``, taken :data:`COLUMN_ROWS` at a time until
+    :data:`READ_BYTES` are reached (or the file ends, or a line has no newline yet)."""
+    lines: list[bytes] = []
+    size = 0
+    while len(lines) < limit and size < READ_BYTES:
+        more = list(islice(handle, min(COLUMN_ROWS, limit - len(lines))))
+        lines += more
+        size += sum(map(len, more))
+        if len(more) < COLUMN_ROWS or not more[-1].endswith(b"\n"):
+            break
+    return lines
+
+
+def _chunk_columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Iterator[InputColumns]:
+    """The rows of a read chunk (offsets from ``first``) as columns: the whole chunk as one batch when
+    Arrow's JSON reader takes it exactly (:func:`_arrow_chunk`; no Python object per row, and one
+    batch task call for it), else pieces of :data:`COLUMN_ROWS` lines by :func:`_columns` (a line
+    Arrow refuses costs no more than it does in a chunk of that size, and the Python objects a
+    line-by-line decode makes stay as few as before)."""
+    if len(lines) > COLUMN_ROWS:
+        columns = _arrow_chunk(stream, lines, first)
+        if columns is not None:
+            yield columns
+            return
+        for at in range(0, len(lines), COLUMN_ROWS):
+            yield _columns(stream, partition, first + at, lines[at:at + COLUMN_ROWS])
+    else:
+        yield _columns(stream, partition, first, lines)
+
+
+def _plain(lines: list[bytes]) -> bytes | None:
+    """The lines joined when they are ordinary (short, no escapes, valid UTF-8): Arrow's values are
+    then the json serde decoder's, and orjson's too but for integers beyond 64 bits (see
+    :data:`_WIDE_NUMBER`); json_problem has nothing to find (no \\u escape, too short to nest too
+    deep). None otherwise."""
     blob = b"".join(lines)
-    if b"\\" not in blob and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO) \
-            and max(map(len, lines)) <= 512 and _valid_utf8(blob):
-        # orjson's and Arrow's values are then the decoder's (and json_problem has nothing to find:
-        # no \\u escape, too short to nest too deep).
-        if blob[:1] == b"{" and blob.count(b"\n{") == n - 1 and blob.count(b"}\n") == n:
-            # Every line starts with { and ends with }: no value can span two lines (a } then a { is
-            # never valid JSON inside a value), so one row per line means one object per line.
-            columns = _arrow_columns(blob, n, first)
-            if columns is not None:
-                return columns
+    if b"\\" not in blob and max(map(len, lines)) <= 512 and _valid_utf8(blob):
+        return blob
+    return None
+
+
+def _arrow_chunk(stream: str, lines: list[bytes], first: int, blob: bytes | None = None) -> InputColumns | None:
+    """The lines as Arrow columns when they are ordinary (:func:`_plain`), every line is one
+    ``{...}`` and what Arrow's JSON reader reads is exact (:func:`_arrow_columns`); else None."""
+    n = len(lines)
+    blob = _plain(lines) if blob is None else blob
+    if blob is not None and _objects_per_line(blob, lines):
+        # Every line starts with { and ends with }: no value can span two lines (a } then a { is
+        # never valid JSON inside a value), so one row per line means one object per line.
+        return _arrow_columns(blob, n, first, stream)
+    return None
+
+
+def _objects_per_line(blob: bytes, lines: list[bytes]) -> bool:
+    """Whether every line (each ending in its newline; ``blob`` is them joined) starts with ``{``
+    and ends with ``}``: two gathers at the line boundaries (a search of the blob for the byte pairs
+    takes several times as long)."""
+    import numpy as np  # with pyarrow: only a batch task's input comes here
+
+    sizes = np.fromiter(map(len, lines), np.int64, len(lines))
+    ends = np.cumsum(sizes)
+    data = np.frombuffer(blob, np.uint8)
+    return bool((data[ends - sizes] == ord("{")).all() and (data[ends - 2] == ord("}")).all())
+
+
+def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
+    """The rows of ``lines`` (offsets from ``first``) as columns. A chunk of ordinary lines
+    (:func:`_plain`) is parsed whole: by Arrow's JSON reader when every line is one ``{...}`` and what
+    it reads is exact (:func:`_arrow_chunk`), else by orjson line by line in one C-level map (every
+    line an object with a non-null key and a numeric or absent ts). Any other chunk, or one that
+    fails those, is decoded line by line by :func:`_decode`."""
+    n = len(lines)
+    blob = _plain(lines)
+    if blob is not None:
+        columns = _arrow_chunk(stream, lines, first, blob)
+        if columns is not None:
+            return columns
         fast = _ORJSON_LOADS
-        if fast is not None:
+        if fast is not None and _WIDE_NUMBER not in blob.translate(_DIGITS_AS_ZERO):
             try:
                 rows = list(map(fast, lines))
                 keys = list(map(_KEY, rows))  # TypeError for a row that is not an object
@@ -376,7 +444,7 @@ def _valid_utf8(blob: bytes) -> bool:
         return False
 
 
-def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
+def _arrow_columns(blob: bytes, n: int, first: int, stream: str = "") -> InputColumns | None:
     """The chunk's ``n`` lines parsed by Arrow's JSON reader, as Arrow columns, when that is exactly
     what the line-by-line decoding gives; None otherwise (the caller decodes another way).
 
@@ -387,15 +455,30 @@ def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
     of one field and no null in a struct's field. Not exact, hence refused: floats anywhere in a value
     (Arrow widens ``1`` beside ``2.5``, and reads ``NaN``), structs of several fields (Arrow gives each
     row the first row's field order, and a field missing in a row becomes null), a key of another
-    type, duplicate fields and a non-object line (Arrow raises)."""
+    type, duplicate fields and a non-object line (Arrow raises).
+
+    The schema Arrow inferred for the last chunk of ``stream`` this process took is tried first, as
+    an explicit schema (no inference: a quarter of the parse), refusing fields outside it: a row that
+    does not fit it (another type, another field) fails that parse, and the chunk is then read with
+    inference as always. Either way the checks above decide."""
     pa, pj, pc = _arrow()
     if pa is None:
         return None
-    try:
-        table = pj.read_json(pa.BufferReader(blob), read_options=pj.ReadOptions(use_threads=False,
-                                                                                  block_size=len(blob) + 1))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None
+    options = pj.ReadOptions(use_threads=False, block_size=len(blob) + 1)
+    errors = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)
+    table = None
+    known = _SCHEMAS.get(stream)
+    if known is not None:
+        try:
+            table = pj.read_json(pa.BufferReader(blob), read_options=options, parse_options=pj.ParseOptions(
+                explicit_schema=known, unexpected_field_behavior="error"))
+        except errors:
+            table = None
+    if table is None:
+        try:
+            table = pj.read_json(pa.BufferReader(blob), read_options=options)
+        except errors:
+            return None
     names = table.schema.names
     if table.num_rows != n or "key" not in names:
         return None
@@ -415,14 +498,17 @@ def _arrow_columns(blob: bytes, n: int, first: int) -> InputColumns | None:
     if "ts" in names:
         ts = column("ts")
         if ts.type == pa.int64():
-            ts = pc.cast(ts, pa.float64())
+            ts = pc.cast(ts, pa.float64(), safe=False)  # as float(int): the nearest double, beyond 2**53 too
         elif ts.type == pa.null():
             ts = pa.nulls(n, pa.float64())
         elif ts.type != pa.float64() or not pc.all(pc.is_finite(ts)).as_py() in (True, None):
             return None
     else:
         ts = pa.nulls(n, pa.float64())
-    return InputColumns(list(range(first, first + n)), key, value, ts, [], first + n)
+    if len(_SCHEMAS) > 64:
+        _SCHEMAS.clear()
+    _SCHEMAS[stream] = table.schema
+    return InputColumns(range(first, first + n), key, value, ts, [], first + n)
 
 
 def _exact_arrow_type(pa: Any, array: Any) -> bool:
@@ -453,6 +539,9 @@ def _arrow() -> tuple[Any, Any, Any]:
     return pa, pj, pc
 
 
+_SCHEMAS: dict[str, Any] = {}
+"""input name -> the schema Arrow's JSON reader gave its last chunk that was exact (this process's;
+tried first for the next chunk, see :func:`_arrow_columns`)."""
 _KEY = itemgetter("key")
 _PLAIN_TS = {type(None), float}
 _NUMERIC_TS = {type(None), float, int}

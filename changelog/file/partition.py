@@ -41,6 +41,7 @@ from localstate.changelog.framing import (
     decode_records,
     encode_into,
     find_valid_after,
+    split_point,
     valid_record_at,
     walk,
 )
@@ -191,7 +192,7 @@ class FileChangelogPartition(ChangelogPartition):
                         cut, cut_offset = n, self._next
                         room = self.segment_bytes - self._active_size
                         if n - pos > room:
-                            cut, cut_offset = _split_point(buf, pos, room)
+                            cut, cut_offset = split_point(buf, pos, room)
                         self._write_all(view[pos:cut])
                         pos, offset = cut, cut_offset
                 if self.fsync:
@@ -508,15 +509,3 @@ class FileChangelogPartition(ChangelogPartition):
         raise ChangelogCorruptError(
             "changelog record failed its integrity check", stream=self.stream, partition=self.partition,
             offset=offset, segment=str(path), byte=byte, hint=_CORRUPT_HINT)
-
-
-def _split_point(buf: bytearray, pos: int, room: int) -> tuple[int, int]:
-    """Byte position after the record at which ``room`` bytes are reached, and the next offset."""
-    unpack = HEADER.unpack_from
-    n = len(buf)
-    start = pos
-    while True:
-        _crc, off, _ts, klen, vlen = unpack(buf, pos)
-        pos += HEADER_SIZE + klen + (vlen if vlen > 0 else 0)
-        if pos - start >= room or pos >= n:
-            return pos, off + 1

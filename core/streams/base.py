@@ -70,13 +70,13 @@ COLUMN_ROWS = 4096
 
 class InputColumns(NamedTuple):
     """Consecutive records of one input partition as columns, for a batch task: the decodable rows
-    as parallel columns (``offsets`` a list, ascending; ``keys``, ``values`` and ``timestamps`` lists,
+    as parallel columns (``offsets`` a list or a range, ascending; ``keys``, ``values`` and ``timestamps`` lists,
     or pyarrow arrays holding exactly those values, ``timestamps`` as float64), and the undecodable or
     keyless ones as
     :class:`InputRecord` with ``error`` set, in ``bad``. ``end`` is the offset after the last row of
     either kind (what the input's position becomes once the chunk is fed)."""
 
-    offsets: list[int]
+    offsets: Sequence[int]
     keys: list[Any]
     values: list[Any]
     timestamps: list[float | None]

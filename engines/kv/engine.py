@@ -532,6 +532,7 @@ class KeyValueEngine(StorageEngine):
         self._same_length(keys, deltas, "deltas")
         if self._hot_merge is not None:
             self._merge_op = op
+            self._prefetch(keys)
             return self._hot_merge(keys, deltas, MERGE_OPS.index(op), results)
         ckeys = self._write_keys(keys)
         distinct = list(dict.fromkeys(ckeys))
@@ -558,6 +559,23 @@ class KeyValueEngine(StorageEngine):
                     out.append(value)
         self._apply(current, self._held_many(current))
         return out
+
+    def _prefetch(self, keys: list[Any]) -> None:
+        """Bring the distinct keys of ``keys`` that miss the young cache generation into the cache
+        with one backend read (:meth:`_get_missed_many`), so that the C merge loop finds each of
+        them there instead of calling back into Python for a read per key (a cold batch: a fresh
+        instance, keys not seen for a while). Only keys of exactly the key class (the only ones the
+        C loop looks up), and only as many as the cache holds: a batch larger than the cache would
+        evict its own prefetched keys."""
+        kc = self._key_class
+        young = self._cache.young
+        if kc is _NoClass or not self._cache.size:
+            return
+        if not set(map(type, keys)) <= {kc}:
+            return  # keys the C loop hands to merge_slow anyway (and maybe unhashable ones)
+        missing = set(keys).difference(young)  # a dict argument: looked up by the hashes the set holds
+        if missing and len(missing) + len(young) <= self._cache.size:
+            self._get_missed_many(list(missing))
 
     def _merge_slow(self, key: Any, delta: Any) -> Any:
         """One row of :meth:`merge_many` through :meth:`get`/:meth:`put` (the C loop's fallback)."""

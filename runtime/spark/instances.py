@@ -40,6 +40,7 @@ The watcher only looks while its worker runs no task, so it never competes with 
 from __future__ import annotations
 
 import gc
+import importlib
 import logging
 import os
 import threading
@@ -59,7 +60,7 @@ from localstate.runtime.instance import TaskInstance
 from localstate.runtime.spark.cluster import PlannedCheckpoints, executor_local_root
 from localstate.runtime.spark.plan import PartitionPlan
 from localstate.runtime.sink import StreamSink
-from localstate.core.task import OutgoingMessage, load_task_class
+from localstate.core.task import BatchTask, OutgoingMessage, load_task_class
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
 __all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim", "try_claim",
@@ -421,9 +422,10 @@ _worker_settled = False
 
 def settle_worker(job: JobConfig) -> bool:
     """Once per Spark Python worker, before its first localstate task opens anything: import what
-    the job's instances need (task class, engine factories, changelog system), collect, and move
-    every object alive to the collector's permanent generation (``gc.freeze``). Returns whether this
-    call froze.
+    the job's instances need (task class, engine factories, changelog system, the input and output
+    systems, and for a :class:`~localstate.core.task.BatchTask` the Arrow and numpy modules its
+    batches are built with), collect, and move every object alive to the collector's permanent
+    generation (``gc.freeze``). Returns whether this call froze.
 
     PySpark's worker loop runs a full ``gc.collect()`` after every task, before it reads the next
     one, so scanning the objects of pyspark's and localstate's modules sat on each micro-batch's
@@ -436,13 +438,30 @@ def settle_worker(job: JobConfig) -> bool:
     if _worker_settled or task_context() is None or not job.spark.get("worker_affinity", True):
         return False
     _worker_settled = True
-    load_task_class(job.task)
+    task_class = load_task_class(job.task)
     for store in job.stores.values():
         job.registry.engine_factory(store.engine)
     job.registry.changelog_system(job.changelog_system)
+    for stream in (*job.inputs.values(), *job.outputs.values()):
+        try:
+            job.registry.load("streams", stream.system)
+        except LocalStateError:
+            pass  # an unknown or broken system fails where the stream is opened, with its typed error
+    if issubclass(task_class, BatchTask):
+        # Imported lazily by the batch path (columns, batches, compute), hence after the freeze: each
+        # module's objects would be scanned by every collection after every task.
+        for module in _BATCH_MODULES:
+            importlib.import_module(module)
+        # pyarrow imports pandas (when installed) the first time it converts Python values, to
+        # recognise pandas objects: a large module tree, imported here rather than in the first batch.
+        importlib.import_module("pyarrow").array([0])
     gc.collect()
     gc.freeze()
     return True
+
+
+_BATCH_MODULES = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.json")
+"""What a batch task's input decoding and batches import (see :func:`settle_worker`)."""
 
 
 def task_context() -> Any:

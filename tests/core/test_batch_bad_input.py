@@ -239,3 +239,87 @@ def test_ordinary_lines_are_read_by_arrow_as_columns(tmp_path: Path) -> None:
     assert isinstance(chunk.keys, pa.Array) and isinstance(chunk.values, pa.Array)
     assert chunk.values.to_pylist() == [{"page": f"/p{i}"} for i in range(50)]
     assert chunk.timestamps.to_pylist() == [float(1000 + i) for i in range(50)] and chunk.end == 50
+
+
+@pytest.mark.parametrize("poison", [None, 0, 5_000, 9_999])
+def test_a_read_larger_than_a_column_chunk_is_exactly_read(tmp_path: Path, poison: int | None) -> None:
+    """A read of more lines than a column chunk holds: ordinary lines come as one Arrow batch; one
+    line Arrow cannot take sends the read through chunks of ``COLUMN_ROWS`` lines, and every row is
+    still exactly what :meth:`read` yields, each once, in order."""
+    import pyarrow as pa
+
+    from localstate.core.streams.base import COLUMN_ROWS
+    from localstate.streams.jsonl import READ_ROWS
+
+    n = min(READ_ROWS, 10_000)
+    assert n > COLUMN_ROWS
+    lines = [json.dumps({"key": f"u{i % 7}", "value": {"page": f"/p{i}"}, "ts": 1000 + i}).encode() for i in range(n)]
+    if poison is not None:
+        lines[poison] = POISON[1]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    (tmp_path / "job.toml").write_text('[job]\nname = "j"\npartitions = 1\ntask = "m:T"\n'
+                                       '[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
+    test_read_columns_yields_exactly_what_read_yields.hypothesis.inner_test(
+        _Factory(tmp_path / "again"), lines)
+    chunks = list(open_input(load_job_config(tmp_path / "job.toml"), "events").read_columns(0, 0, n))
+    if poison is None:
+        [chunk] = chunks
+        assert isinstance(chunk.keys, pa.Array) and chunk.end == n and len(chunk.offsets) == n
+    else:
+        assert len(chunks) == -(-n // COLUMN_ROWS) and sum(len(c.bad) for c in chunks) == 1
+        assert [c.end for c in chunks] == [min(n, (i + 1) * COLUMN_ROWS) for i in range(len(chunks))]
+
+
+class _Factory:
+    """``tmp_path_factory`` for one direct call of the hypothesis test's body."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True)
+        return path
+
+
+_SHAPES = [
+    [b'{"key":"a","value":{"page":"x"},"ts":1}', b'{"key":"b","value":{"page":"y"},"ts":2}'],
+    [b'{"key":1,"value":{"page":"x"},"ts":1}', b'{"key":2,"value":{"page":"y"},"ts":2.5}'],
+    [b'{"key":"a","value":{"page":1},"ts":1}', b'{"key":"b","value":{"page":2}}'],
+    [b'{"key":"a","value":"s"}', b'{"key":"b","value":null,"ts":null}'],
+    [b'{"key":"a","value":{"page":"x","q":1},"ts":1}', b'{"key":"b","value":{"page":"y"},"ts":1,"z":2}'],
+    [b'{"key":"a","value":{}}', b'{"key":"b"}'],
+    [b'{"key":"a","value":[1,2]}', b'{"key":"b","value":[]}'],
+    [b'{"key":"a","value":{"page":"x"},"ts":99999999999999999999}', b'{"key":"b","value":9223372036854775807}'],
+    [b'{"key":"a","value":{"page":null},"ts":1}', b'{"key":"b","value":{"page":"y"},"ts":1}'],
+    [b'{"key":"a","ts":1234567890123456789}', b'{"key":"b","ts":-9223372036854775808}'],  # beyond 2**53
+]
+
+
+@pytest.mark.parametrize("before", range(len(_SHAPES)))
+def test_the_schema_remembered_from_a_chunk_never_changes_what_the_next_reads(tmp_path: Path, before: int) -> None:
+    """The Arrow schema kept from one chunk of an input is tried first on the next: whatever shape
+    the next chunk has, every row is still exactly what :meth:`read` yields."""
+    for index, after in enumerate(_SHAPES):
+        for turn, shape in enumerate((_SHAPES[before], after)):  # the first chunk's schema is remembered
+            test_read_columns_yields_exactly_what_read_yields.hypothesis.inner_test(
+                _Factory(tmp_path / f"{index}-{turn}"), shape * 3)
+
+
+def test_a_read_stops_at_its_byte_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long lines: a read takes lines only up to ``READ_BYTES`` (whole column chunks of them), and
+    the rows are still every line, once, in order."""
+    from localstate.core.streams.base import COLUMN_ROWS
+    from localstate.streams import jsonl
+
+    monkeypatch.setattr(jsonl, "READ_BYTES", 3 * COLUMN_ROWS * 100)
+    n = 10 * COLUMN_ROWS
+    lines = [json.dumps({"key": f"u{i % 7}", "value": "x" * 80, "ts": i}).encode() for i in range(n)]
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+    (tmp_path / "job.toml").write_text('[job]\nname = "j"\npartitions = 1\ntask = "m:T"\n'
+                                       '[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
+    chunks = list(open_input(load_job_config(tmp_path / "job.toml"), "events").read_columns(0, 0, n))
+    assert [c.end for c in chunks] == [min(n, i * 3 * COLUMN_ROWS) for i in range(1, len(chunks) + 1)]
+    assert [key for c in chunks for key in c.keys.to_pylist()] == [f"u{i % 7}" for i in range(n)]

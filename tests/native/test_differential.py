@@ -140,6 +140,26 @@ def test_encode_matches_the_reference(records, offset, ts, prefix, as_views) -> 
     assert framing.count_records(ours, len(prefix)) == len(records)
 
 
+@settings(max_examples=200, deadline=None)
+@given(records=st.lists(st.tuples(blobs, st.one_of(st.none(), blobs)), min_size=1, max_size=30),
+       offset=st.integers(0, 2**40), data=st.data())
+def test_split_point_matches_the_reference(records, offset, data) -> None:
+    """Where a changelog flush cuts a run that does not fit its segment: the same byte position and
+    next offset in C and in Python, from any record's start and for any room."""
+    buf = bytearray()
+    py_encode_into(buf, records, offset, 1234)
+    starts = [0]
+    while starts[-1] < len(buf):
+        _crc, _off, _ts, klen, vlen = HEADER.unpack_from(buf, starts[-1])
+        starts.append(starts[-1] + HEADER_SIZE + klen + max(vlen, 0))
+    pos = data.draw(st.sampled_from(starts[:-1]))
+    room = data.draw(st.integers(1, len(buf) + 10))
+    cut, next_offset = framing.py_split_point(buf, pos, room)
+    assert cut in starts and cut > pos and (cut - pos >= room or cut == len(buf))
+    assert next_offset == offset + starts.index(cut)
+    assert _framing().split_point(buf, pos, room) == (cut, next_offset)
+
+
 BAD_ITEMS = [
     ("key", b"v"),                 # a str key
     (b"k", 7),                     # an int value

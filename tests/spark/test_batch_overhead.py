@@ -5,6 +5,8 @@ checkpoints saved concurrently and still fenced, no Unix domain sockets by defau
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -238,6 +240,37 @@ def test_a_worker_freezes_its_imports_once_and_still_collects_what_comes_later(s
 
     before = gc.get_freeze_count()
     assert settle_worker(job) is False and gc.get_freeze_count() == before
+
+
+def test_a_batch_task_worker_imports_what_its_batches_use_before_freezing(tmp_path):
+    """For a BatchTask job, settle_worker imports the input systems and what the batch path imports
+    lazily (Arrow, its compute and JSON modules, numpy, and the pandas pyarrow loads on its first
+    conversion of Python values) before the freeze: a batch read and built afterwards imports no
+    module, so PySpark's collection after each task has no unfrozen module to scan. In a fresh
+    interpreter (a Spark worker's first task), with a task context as in a Spark task."""
+    path = write_counting_job(tmp_path, "settle-batch", job={"task": "count_task:CountByKeyBatch"})
+    write_keyed_events(tmp_path / "data", [f"k{i % 7}" for i in range(80)], per_partition=40)
+    script = f"""
+import sys
+from localstate.core.config import load_job_config
+from localstate.core.streams import open_input
+from localstate.core.task import add_task_paths, record_batch
+from localstate.runtime.spark import instances
+
+instances.task_context = lambda: object()  # as inside a Spark task
+job = load_job_config({str(path)!r})
+add_task_paths(job)
+assert instances.settle_worker(job)
+before = set(sys.modules)
+for columns in open_input(job, "events").read_columns(0, 0, 40):
+    batch = record_batch(["events"], columns.offsets, columns.keys, columns.values, columns.timestamps)
+    import pyarrow.compute as pc
+    pc.value_counts(batch.column("key")).field("values").to_pylist()
+print(sorted(set(sys.modules) - before))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_opening_an_instance_in_a_worker_settles_it_first(spark_context, tmp_path):
