@@ -65,7 +65,7 @@ from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
 __all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim", "try_claim",
            "claimed_by", "open_planned", "acquire_partition", "clear_requests", "release_partitions", "is_alive",
-           "settle_worker", "task_context", "LOCK_TIMEOUT", "KEEPER_GRACE"]
+           "settle_worker", "task_context", "return_free_memory", "LOCK_TIMEOUT", "KEEPER_GRACE"]
 
 log = logging.getLogger(__name__)
 
@@ -420,6 +420,36 @@ _worker_settled = False
 """whether this Python worker has frozen its imports (:func:`settle_worker`)"""
 
 
+FREE_MEMORY_EVERY = 1.0
+"""seconds between two :func:`return_free_memory` calls of one worker"""
+_last_return = 0.0
+_malloc_trim: Any = None
+
+
+def return_free_memory() -> bool:
+    """In a Spark Python worker, after a batch (:func:`checkin`): hand the C allocator's free memory back to the
+    system, at most once per :data:`FREE_MEMORY_EVERY` (glibc's ``malloc_trim``). glibc keeps what a
+    batch freed (its decoded input, a flushed RocksDB memtable) for reuse, so a worker that runs for
+    weeks would otherwise keep the high-water mark of its batches. Returns whether it trimmed; a no-op
+    outside a Spark task and where the C library has no ``malloc_trim``."""
+    global _last_return, _malloc_trim
+    now = time.monotonic()
+    if now - _last_return < FREE_MEMORY_EVERY or task_context() is None:
+        return False
+    _last_return = now
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _malloc_trim = False
+    if _malloc_trim is False:
+        return False
+    _malloc_trim(0)
+    return True
+
+
 def settle_worker(job: JobConfig) -> bool:
     """Once per Spark Python worker, before its first localstate task opens anything: import what
     the job's instances need (task class, engine factories, changelog system, the input and output
@@ -531,6 +561,7 @@ def checkin(lease: Lease, prepared: Checkpoint | None, keep: bool) -> None:
     global _kept, _watcher, _checked_in
     if not keep or prepared is None:
         lease.close()
+        return_free_memory()
         return
     lease.prepared = prepared
     with _mutex:
@@ -542,3 +573,4 @@ def checkin(lease: Lease, prepared: Checkpoint | None, keep: bool) -> None:
         _mutex.notify_all()
     if previous is not None:
         previous.close()
+    return_free_memory()

@@ -311,3 +311,33 @@ def _conf_with_default(key: str, value: str):
         self.set(key, value)
 
     return __init__
+
+
+def test_every_context_keeps_a_short_status_history_unless_the_job_sets_one():
+    """Spark's status store (kept for a UI localstate turns off) holds 100 jobs, not 1,000: a standing
+    job starts several a second, and the driver reads a batch's failed attempts right after it."""
+    from localstate.runtime.spark.context import STATUS_RETENTION
+
+    conf = spark_conf("local[2]")
+    assert {key: conf.get(key) for key in STATUS_RETENTION} == dict(STATUS_RETENTION)
+    assert spark_conf("spark://127.0.0.1:7077").get("spark.ui.retainedJobs") == "100"
+    assert spark_conf("local[2]", conf={"spark.ui.retainedJobs": "5000"}).get("spark.ui.retainedJobs") == "5000"
+
+
+def test_a_worker_returns_free_memory_after_its_batches_at_most_once_a_second(spark_context):
+    """``return_free_memory`` (called at every check-in) trims glibc's free memory in a Spark worker,
+    throttled; outside a Spark task it does nothing."""
+    from localstate.runtime.spark.instances import return_free_memory
+
+    assert return_free_memory() is False  # the driver: not a Spark task
+
+    def calls(_rows):
+        yield [return_free_memory(), return_free_memory()]
+
+    results = spark_context.parallelize([0], 1).mapPartitions(calls).collect()
+    assert results == [[True, False]] or results == [[False, False]]
+    # [False, False]: this reused worker trimmed less than a second ago in an earlier test's task.
+    import time
+
+    time.sleep(1.1)
+    assert spark_context.parallelize([0], 1).mapPartitions(calls).collect() == [[True, False]]
