@@ -217,9 +217,16 @@ def test_rocksdb_write_ahead_logs_stay_bounded(tmp_path) -> None:
         for commit in range(300):  # ~15 MB of writes: about fifteen 1 MB memtables
             backend.write([(b"user-%08d" % ((commit * 1000 + i) % 5000), value) for i in range(1000)],
                           {b"offset": str(commit).encode()})
-        logs = [name for name in os.listdir(tmp_path) if name.endswith(".log")]
-        assert 1 <= len(logs) <= 3, logs
-        assert sum(os.path.getsize(tmp_path / name) for name in logs) < 4 << 20
+        # A background flush may drop a log between the listing and its stat: count what is there.
+        sizes = []
+        for name in os.listdir(tmp_path):
+            if name.endswith(".log"):
+                try:
+                    sizes.append(os.path.getsize(tmp_path / name))
+                except FileNotFoundError:
+                    pass
+        assert 1 <= len(sizes) <= 3, sizes
+        assert sum(sizes) < 4 << 20
         assert backend.get_meta(b"offset") == b"299"
     finally:
         backend.close()
