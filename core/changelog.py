@@ -266,9 +266,12 @@ class CompactionStats:
     horizon: int = 0
     partitions: dict[int, "CompactionStats"] = field(default_factory=dict)
 
+    TOTALS: ClassVar[tuple[str, ...]] = ("records_before", "records_after", "bytes_before", "bytes_after",
+                                         "tombstones_dropped", "segments_rewritten", "segments_deleted", "seconds")
+    """the figures that add up over partitions (:meth:`add`)"""
+
     def add(self, other: "CompactionStats") -> None:
-        for name in ("records_before", "records_after", "bytes_before", "bytes_after", "tombstones_dropped",
-                     "segments_rewritten", "segments_deleted", "seconds"):
+        for name in self.TOTALS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def as_dict(self) -> dict[str, Any]:

@@ -441,8 +441,7 @@ class BackgroundCompactor:
                 log.warning("background compaction: %s", self.last_error)
             return
         answer = json.loads(out)
-        for name, value in answer["stats"].items():
-            setattr(total, name, getattr(total, name) + value)
+        total.add(CompactionStats(**{name: answer["stats"][name] for name in CompactionStats.TOTALS}))
         for failure in answer["errors"]:
             log.warning("background compaction of %s partition %s failed: %s", failure["stream"],
                         failure["partition"], failure["error"])

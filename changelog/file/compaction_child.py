@@ -23,10 +23,6 @@ from localstate.errors import LocalStateError
 
 __all__ = ["run_request"]
 
-_TOTALS = ("records_before", "records_after", "bytes_before", "bytes_after", "tombstones_dropped",
-           "segments_rewritten", "segments_deleted", "seconds")
-
-
 def _die_with_parent() -> None:
     try:
         import ctypes
@@ -48,7 +44,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
             total.add(system.compact(stream, int(partition), int(upto), roll=False))
         except (LocalStateError, OSError) as exc:
             errors.append({"stream": stream, "partition": partition, "error": f"{type(exc).__name__}: {exc}"})
-    return {"stats": {name: getattr(total, name) for name in _TOTALS}, "errors": errors}
+    return {"stats": {name: getattr(total, name) for name in CompactionStats.TOTALS}, "errors": errors}
 
 
 def main() -> int:
