@@ -24,7 +24,7 @@
  *
  * A store with ttl (engines/kv/ttl.py) uses HotPath as it is: its cache holds only live values.
  *
- * stamp_ints(expiry, values): a ttl store's int values as stored, at its flush (ttl.py,
+ * stamp_ints(prefix, values): a ttl store's int values as stored, at its flush (ttl.py,
  * _pending_items; tests/native/test_differential.py checks it against the struct packing).
  */
 #define PY_SSIZE_T_CLEAN
@@ -311,20 +311,20 @@ static PyTypeObject HotPathType = {
 };
 
 
-/* stamp_ints(expiry, values): a ttl store's stored values for the int serde, each in one allocation:
- * the 8-byte big-endian double expiry, then the 8-byte big-endian value + 2**63 (the int serde's
- * biased form), for a list of exact ints in the int serde's range (what the pending map holds, checked
- * at put). Anything else raises (TypeError, OverflowError): the caller's reference path encodes. */
+/* stamp_ints(prefix, values): a ttl store's stored values for the int serde, each in one allocation:
+ * the packed expiry ``prefix`` (bytes, at most 8: ttl.py's pack_expiry), then the 8-byte big-endian
+ * value + 2**63 (the int serde's biased form), for a list of exact ints in the int serde's range (what
+ * the pending map holds, checked at put). Anything else raises (TypeError, OverflowError): the
+ * caller's reference path encodes. */
 static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2 || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "stamp_ints(expiry: float, values: list[int])");
+    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) > 8
+        || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "stamp_ints(prefix: bytes (at most 8), values: list[int])");
         return NULL;
     }
-    double expiry = PyFloat_AsDouble(args[0]);
-    if (expiry == -1.0 && PyErr_Occurred()) return NULL;
-    char head[8];
-    if (PyFloat_Pack8(expiry, head, 0) < 0) return NULL; /* big-endian, as struct ">d" */
+    const char *head = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t width = PyBytes_GET_SIZE(args[0]);
     PyObject *values = args[1];
     Py_ssize_t n = PyList_GET_SIZE(values);
     PyObject *out = PyList_New(n);
@@ -342,14 +342,14 @@ static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
         unsigned long long biased = (unsigned long long)v ^ 0x8000000000000000ULL; /* v + 2**63 */
-        PyObject *stamped = PyBytes_FromStringAndSize(NULL, 16);
+        PyObject *stamped = PyBytes_FromStringAndSize(NULL, width + 8);
         if (stamped == NULL) {
             Py_DECREF(out);
             return NULL;
         }
         unsigned char *b = (unsigned char *)PyBytes_AS_STRING(stamped);
-        memcpy(b, head, 8);
-        for (int j = 0; j < 8; j++) b[8 + j] = (unsigned char)(biased >> (56 - 8 * j));
+        memcpy(b, head, (size_t)width);
+        for (int j = 0; j < 8; j++) b[width + j] = (unsigned char)(biased >> (56 - 8 * j));
         PyList_SET_ITEM(out, i, stamped);
     }
     return out;
@@ -357,7 +357,7 @@ static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef module_methods[] = {
     {"stamp_ints", (PyCFunction)(void (*)(void))stamp_ints, METH_FASTCALL,
-     "stamp_ints(expiry, values): each int value packed after the expiry, as a ttl store stores it."},
+     "stamp_ints(prefix, values): each int value packed after the packed expiry, as a ttl store stores it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,10 +2,14 @@
 and are purged with changelog tombstones by a bounded sweep.
 
 Stored format. A store with ``ttl`` keeps, in its changelog records and its backend, each value as
-``expiry`` (8 bytes, a big-endian IEEE double: seconds since the epoch in the store's time domain)
-followed by the serialized value. The expiry travels with the record, so a restore from the
-changelog, a compacted changelog or an object-store snapshot brings back each entry's own deadline:
-nothing expired becomes visible again. A store *without* ``ttl`` is the plain
+its ``expiry`` (seconds since the epoch in the store's time domain) followed by the serialized value.
+The expiry is packed in one of two self-describing forms (:func:`pack_expiry`): *compact*, 4 bytes, for
+a whole second from 2020 to 2088 or "never", else *long*, an 8-byte big-endian IEEE double (the only
+form of stores written before the compact one). A ttl of :data:`WHOLE_SECONDS_TTL` or more rounds each
+expiry up to the whole second, so such a store's expiries are all compact: an entry may then stay
+visible up to one second past its ttl, never less than its ttl. The expiry travels with the record, so
+a restore from the changelog, a compacted changelog or an object-store snapshot brings back each
+entry's own deadline: nothing expired becomes visible again. A store *without* ``ttl`` is the plain
 :class:`~localstate.engines.kv.engine.KeyValueEngine`, unchanged.
 
 Time. The store reads its time source (:attr:`StoreContext.time`, processing time or, with
@@ -54,7 +58,7 @@ from itertools import islice, repeat
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from localstate.core.backend import SortedRun
-from localstate.core.codecs import FAST_ERRORS, INT_BIAS
+from localstate.core.codecs import FAST_ERRORS, INT_BIAS, INT_PACK
 from localstate.core.engine import StoreContext
 from localstate.core.time import EVENT_TIME, SystemTime, TimeSource
 from localstate.engines.kv import engine as kv_engine
@@ -62,28 +66,65 @@ from localstate.engines.kv.cache import GenerationalCache
 from localstate.engines.kv.engine import _MISS, KeyValueEngine, KVIterator, _NoClass
 from localstate.errors import ConfigError
 
-__all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "live_entries", "clock_of", "split_stored"]
+__all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "WHOLE_SECONDS_TTL", "live_entries",
+           "clock_of", "split_stored", "pack_expiry", "unpack_expiry"]
 
-#: The expiry prefix of every stored value of a ttl store: a big-endian double, seconds.
+#: The long expiry prefix: a big-endian double, seconds. Its first bit is 0 (an expiry is positive).
 EXPIRY = struct.Struct(">d")
-_PACK, _UNPACK = EXPIRY.pack, EXPIRY.unpack_from
-_WIDTH = EXPIRY.size
+_LONG_UNPACK = EXPIRY.unpack_from
+#: The compact expiry prefix: a big-endian 32-bit word whose first bit is 1, then whole seconds after
+#: COMPACT_BASE in 31 bits; all ones is "never". (A plain int value below 2**32 reads as offset 0:
+#: refused by _stamped, see there.)
+_COMPACT = struct.Struct(">I")
+_COMPACT_UNPACK = _COMPACT.unpack_from
+COMPACT_BASE = 1_577_836_800.0  # 2020-01-01T00:00:00Z
+_COMPACT_TAG, _COMPACT_NEVER, _COMPACT_OFFSET = 0x8000_0000, 0xFFFF_FFFF, 0x7FFF_FFFF
+_COMPACT_NEVER_BYTES = _COMPACT.pack(_COMPACT_NEVER)
+_COMPACT_LAST = COMPACT_BASE + _COMPACT_OFFSET - 1  # the last second it holds (2088); all ones is never
 #: A stored value of the int serde (held as ints, see KeyValueEngine): expiry and biased value in one
-#: struct, so a miss unpacks it in one call; the flush packs it as (packed expiry, value) in one call
-#: (the packed expiry is shared, which packs faster than a double per value).
-_STAMPED_INT = struct.Struct(">dQ")
-_STAMP_INT = struct.Struct(">8sQ").pack
+#: struct, so a miss unpacks it in one call (compact and long form).
+_COMPACT_INT = struct.Struct(">IQ")
+_LONG_INT = struct.Struct(">dQ")
 #: The expiry of what is written in event time before the first watermark (until restamped).
 NEVER = math.inf
+#: A ttl (seconds) from which expiries are rounded up to the whole second, hence stored compact: the
+#: stored value is 4 bytes shorter, and the entry lives at most a second (under 2% of its ttl) longer.
+WHOLE_SECONDS_TTL = 60.0
+#: The earliest expiry stored (an event-time watermark before 1970 would give a negative one, which
+#: the long form cannot tell from a compact prefix): earlier ones are stored as it, expiring later.
+_EARLIEST_EXPIRY = 1e-6
+
+
+def pack_expiry(expiry: float) -> bytes:
+    """``expiry`` packed as a ttl store stores it: compact (4 bytes) for never or a whole second in its
+    range, else long (8 bytes). ``expiry`` is at least the earliest expiry (see refresh_time)."""
+    if expiry == NEVER:
+        return _COMPACT_NEVER_BYTES
+    if COMPACT_BASE < expiry <= _COMPACT_LAST and expiry.is_integer():
+        return _COMPACT.pack(_COMPACT_TAG | int(expiry - COMPACT_BASE))
+    return EXPIRY.pack(expiry)
+
+
+def unpack_expiry(stored: bytes) -> tuple[float, int]:
+    """``(expiry, width of its prefix)`` of a ttl store's stored value."""
+    if stored[0] & 0x80:
+        word = _COMPACT_UNPACK(stored)[0]
+        return (NEVER if word == _COMPACT_NEVER else COMPACT_BASE + (word & _COMPACT_OFFSET)), 4
+    return _LONG_UNPACK(stored)[0], 8
 
 
 def _stamped(stored: bytes) -> bool:
-    """Whether ``stored`` starts with a plausible expiry: never (+inf), or seconds since the epoch up
-    to year 33658 (a value written without ttl reads as a huge, tiny, negative or NaN double)."""
-    if len(stored) < _WIDTH:
+    """Whether ``stored`` starts with a plausible expiry: never, a compact second after the base, or a
+    long one from the epoch up to year 33658 (a value written without ttl reads as a huge, tiny,
+    negative or NaN double, and an int serde's value below 2**32 as the compact offset 0)."""
+    if not stored:
         return False
-    expiry = _UNPACK(stored)[0]
-    return expiry == NEVER or 1e-6 <= expiry <= 1e12
+    if stored[0] & 0x80:
+        return len(stored) >= 4 and _COMPACT_UNPACK(stored)[0] & _COMPACT_OFFSET != 0
+    if len(stored) < 8:
+        return False
+    expiry = _LONG_UNPACK(stored)[0]
+    return expiry == NEVER or _EARLIEST_EXPIRY <= expiry <= 1e12
 
 
 def clock_of(source: TimeSource, domain: str) -> Callable[[], float | None]:
@@ -98,7 +139,8 @@ def clock_of(source: TimeSource, domain: str) -> Callable[[], float | None]:
 
 def split_stored(data: bytes) -> tuple[bytes, float]:
     """A ttl store's stored value: ``(the serde's bytes, expiry)``."""
-    return data[_WIDTH:], _UNPACK(data)[0]
+    expiry, width = unpack_expiry(data)
+    return data[width:], expiry
 
 
 def live_entries(options: Mapping[str, Any], source: TimeSource
@@ -112,8 +154,9 @@ def live_entries(options: Mapping[str, Any], source: TimeSource
 
     def live(entries: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[bytes, bytes]]:
         for kb, vb in entries:
-            if now is None or now < _UNPACK(vb)[0]:
-                yield kb, vb[_WIDTH:]
+            expiry, width = unpack_expiry(vb)
+            if now is None or now < expiry:
+                yield kb, vb[width:]
     return live
 
 
@@ -182,8 +225,9 @@ class _LiveBackendIterator:
     def __next__(self) -> tuple[bytes, bytes]:
         now = self._now
         for kb, vb in self._inner:
-            if now is None or now < _UNPACK(vb)[0]:
-                return kb, vb[_WIDTH:]
+            expiry, width = unpack_expiry(vb)
+            if now is None or now < expiry:
+                return kb, vb[width:]
         raise StopIteration
 
     def close(self) -> None:
@@ -203,7 +247,7 @@ class TtlKeyValueEngine(KeyValueEngine):
     from local state is recorded only when it expires before the floor."""
 
     state_format = "kv+ttl"
-    """every stored and logged value starts with its 8-byte expiry"""
+    """every stored and logged value starts with its packed expiry (:func:`pack_expiry`)"""
 
     _cache_class = ExpiringCache
     _cache: ExpiringCache
@@ -211,6 +255,7 @@ class TtlKeyValueEngine(KeyValueEngine):
     def __init__(self, context: StoreContext) -> None:
         options = context.options
         self._ttl = float(options["ttl"])
+        self._whole_seconds = self._ttl >= WHOLE_SECONDS_TTL
         self._refresh_on_read = options.get("ttl_update", "on_write") == "on_read_and_write"
         self._sweep_limit = int(options.get("ttl_sweep", 1_000))
         self._clock = clock_of(context.time, options.get("ttl_time", "processing"))
@@ -246,7 +291,7 @@ class TtlKeyValueEngine(KeyValueEngine):
         (see the class docstring)."""
         now = self._clock()
         was_timeless = self._now is None
-        write_expiry = NEVER if now is None else now + self._ttl
+        write_expiry = NEVER if now is None else self._expiry_after(now)
         if self._dirty and not was_timeless and write_expiry != self._write_expiry:
             self._spill()
         self._now = None if now is None else float(now)
@@ -255,6 +300,14 @@ class TtlKeyValueEngine(KeyValueEngine):
         self._floor = min(self._floor, write_expiry)
         if self._now is not None:
             self._forget_expired(self._now)
+
+    def _expiry_after(self, now: float) -> float:
+        """The expiry of what is written at store time ``now``: ttl later, up to the whole second for a
+        long ttl (a compact stored expiry), never before the earliest expiry stored."""
+        expiry = now + self._ttl
+        if self._whole_seconds and expiry < 1e15:  # (NaN and huge times as they are)
+            expiry = float(math.ceil(expiry))
+        return max(expiry, _EARLIEST_EXPIRY)
 
     def _forget_expired(self, now: float) -> None:
         """Make every cached value live at ``now`` again: forget the recorded entries whose expiry has
@@ -321,18 +374,22 @@ class TtlKeyValueEngine(KeyValueEngine):
         if vb is None:
             cache.insert(ckey, None)
             return None
-        if self._int_values and len(vb) == 16:
-            expiry, value = _STAMPED_INT.unpack(vb)
+        if self._int_values and len(vb) == 12 and vb[0] & 0x80:
+            word, value = _COMPACT_INT.unpack(vb)
+            expiry = NEVER if word == _COMPACT_NEVER else COMPACT_BASE + (word & _COMPACT_OFFSET)
+            value -= INT_BIAS
+        elif self._int_values and len(vb) == 16 and not vb[0] & 0x80:
+            expiry, value = _LONG_INT.unpack(vb)
             value -= INT_BIAS
         else:
-            expiry, = _UNPACK(vb)
+            expiry, width = unpack_expiry(vb)
             value = _MISS
         now = self._now
         if now is not None and now >= expiry:
             cache.insert(ckey, None)
             return None
         if value is _MISS:
-            vb = vb[_WIDTH:]
+            vb = vb[width:]
             try:
                 value = self._vde_fast(vb)
             except FAST_ERRORS:
@@ -367,22 +424,22 @@ class TtlKeyValueEngine(KeyValueEngine):
     def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
         """The pending changes as :meth:`KeyValueEngine._pending_items` encodes them, each value stamped
         with the commit interval's expiry (every pending value was written in it)."""
+        prefix = pack_expiry(self._write_expiry)
         if self._int_values and not self._tombstones:  # ints held as objects: pack and stamp at once
             dirty = self._dirty
             ckeys = sorted(dirty)
             native = kv_engine._HOTPATH
             if native is not None:  # in C: one allocation per value, no tuple or bound call between
                 try:
-                    stamped = native.stamp_ints(self._write_expiry, list(map(dirty.__getitem__, ckeys)))
+                    stamped = native.stamp_ints(prefix, list(map(dirty.__getitem__, ckeys)))
                 except (TypeError, OverflowError):
                     pass  # a held value that is no exact int in range: the reference below encodes
                 else:
                     return ckeys, list(zip(self._encode_keys(ckeys), stamped))
-            values = map(INT_BIAS.__add__, map(dirty.__getitem__, ckeys))
-            return ckeys, list(zip(self._encode_keys(ckeys), map(_STAMP_INT, repeat(_PACK(self._write_expiry)),
-                                                                  values)))
+            values = map(INT_PACK, map(INT_BIAS.__add__, map(dirty.__getitem__, ckeys)))
+            return ckeys, list(zip(self._encode_keys(ckeys), map(prefix.__add__, values)))
         ckeys, kbs, vbs = self._pending_columns()
-        stamp = _PACK(self._write_expiry).__add__
+        stamp = prefix.__add__
         if self._tombstones:
             stamped = [None if vb is None else stamp(vb) for vb in vbs]
         else:
@@ -397,7 +454,8 @@ class TtlKeyValueEngine(KeyValueEngine):
         if (start is not None and end is not None and start >= end) or not self._dirty:
             pending: list[tuple[bytes, bytes | None]] = []
         else:
-            pending = [(k, None if v is None else v[_WIDTH:]) for k, v in self._pending_items()[1]
+            width = len(pack_expiry(self._write_expiry))  # every pending value's prefix
+            pending = [(k, None if v is None else v[width:]) for k, v in self._pending_items()[1]
                        if (start is None or k >= start) and (end is None or k < end)]
             if reverse:
                 pending.reverse()
@@ -431,9 +489,9 @@ class TtlKeyValueEngine(KeyValueEngine):
         values = chunk.values()
         self._check_stamped(values)
         now = self._now
-        if now is None or all(v is None or now < _UNPACK(v)[0] for v in values):
+        if now is None or all(v is None or now < unpack_expiry(v)[0] for v in values):
             return chunk
-        kept = {k: v for k, v in chunk.items() if v is None or now < _UNPACK(v)[0]}
+        kept = {k: v for k, v in chunk.items() if v is None or now < unpack_expiry(v)[0]}
         if isinstance(chunk, SortedRun):
             keys = list(kept)
             sizes = (min(map(len, keys)), max(map(len, keys))) if keys else (0, 0)
@@ -445,8 +503,10 @@ class TtlKeyValueEngine(KeyValueEngine):
     def _check_stamped(self, values: Iterable[bytes | None]) -> None:
         """ConfigError when a stored value carries no plausible expiry: the store's state was written
         without ttl (adding or removing ttl changes the stored format)."""
+        # an int serde's stamped value is 12 or 16 bytes: its plain one (8) is refused whatever it reads as
+        int_values = self._int_values
         for vb in values:
-            if vb is not None and not _stamped(vb):
+            if vb is not None and (not _stamped(vb) or (int_values and len(vb) not in (12, 16))):
                 raise ConfigError.at(
                     f"stores.{self._store}.ttl",
                     f"store {self._store!r} (partition {self._partition}) has ttl, but its state holds a "
@@ -503,7 +563,7 @@ class TtlKeyValueEngine(KeyValueEngine):
         finally:
             iterator.close()
         self.examined += len(entries)
-        expiries = [_UNPACK(vb)[0] for _, vb in entries]
+        expiries = [unpack_expiry(vb)[0] for _, vb in entries]
         expired = [kb for (kb, _), expiry in zip(entries, expiries) if now >= expiry]
         live = [expiry for expiry in expiries if now < expiry]
         if live:

@@ -5,18 +5,21 @@ restore; bad ttl configuration is a ConfigError naming the store and option. Tim
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.core.engine import StoreContext
 from localstate.core.serdes import IntSerde, JsonSerde, Serde, StringSerde
 from localstate.engines.kv import KeyValueEngine, KeyValueEngineFactory, TtlKeyValueEngine
-from localstate.engines.kv.ttl import EXPIRY
+from localstate.engines.kv.ttl import EXPIRY, WHOLE_SECONDS_TTL, pack_expiry, unpack_expiry
 from localstate.errors import ConfigError
 from localstate.testing.time import ManualTime
 
@@ -338,12 +341,18 @@ def test_write_behind(opener: TtlOpener) -> None:
 
 
 def _check_against_a_model(opener: TtlOpener, seed: int, keys: list[Any], steps: list[float], *,
-                           merges: bool = False, reopens: bool = False, **options: Any) -> None:
+                           merges: bool = False, reopens: bool = False, ttl: float = 10.0,
+                           **options: Any) -> None:
     """Random gets, puts (and ``merge_many`` of one key) of ``keys``, the clock moved by one of
     ``steps`` and a commit after each round (and, with ``reopens``, now and then the store closed and
     opened again: its cache empty, every value read back from local state or restored from the
-    changelog with its own expiry): every read sees exactly a model's live entries (ttl 10s)."""
+    changelog with its own expiry): every read sees exactly a model's live entries. A ttl of a minute
+    or more expires at the whole second, rounded up (stored compact)."""
     rng = random.Random(seed)
+    options["ttl"] = ttl
+
+    def expiry_after(now: float) -> float:
+        return float(math.ceil(now + ttl)) if ttl >= WHOLE_SECONDS_TTL else now + ttl
 
     def reopen() -> KeyValueEngine:
         store = opener(value_serde=IntSerde(), **options)
@@ -361,12 +370,12 @@ def _check_against_a_model(opener: TtlOpener, seed: int, keys: list[Any], steps:
             live = value if now < expiry else None
             if merges and rng.random() < 0.3:
                 assert kv.merge_many([key], [1], results=True) == [(live or 0) + 1], f"step {step}: {key}"
-                model[key] = ((live or 0) + 1, now + 10)
+                model[key] = ((live or 0) + 1, expiry_after(now))
                 continue
             assert kv.get(key) == live, f"step {step}: {key} at {now}"
             if rng.random() < 0.5:
                 kv.put(key, step)
-                model[key] = (step, now + 10)
+                model[key] = (step, expiry_after(now))
         opener.time.advance_processing_time(rng.choice(steps))
         kv.flush()
         if reopens and rng.random() < 0.1:
@@ -491,3 +500,127 @@ def test_reads_refresh_cached_entries_with_on_read_and_write(opener: TtlOpener) 
     assert _visible(kv, ["read", "unread"]) == {"read": 1}
     _commit_at(kv, opener, 10)
     assert _visible(kv, ["read", "unread"]) == {}
+
+
+# -- the stored expiry: compact (4 bytes, whole seconds) and long (8 bytes) -------------------------------
+#: a realistic processing time (past the compact form's base, 2020), a quarter second past a whole one
+NOW = 1_700_000_000.25
+
+
+@pytest.mark.parametrize("cache_size", [6, 1_000])
+def test_whole_second_expiries_agree_with_a_model(opener: TtlOpener, cache_size: int) -> None:
+    """The model test with a ttl of two minutes at a realistic time: every expiry is stored compact,
+    rounded up to the whole second, with steps that land just before and on those seconds."""
+    opener.time = ManualTime(processing_time=NOW)
+    _check_against_a_model(opener, 77, list(range(20)), [0.0, 0.5, 0.75, 30.0, 59.5, 70.0], merges=True,
+                           reopens=True, key_serde=IntSerde(), cache_size=cache_size, ttl=120.0)
+
+
+@pytest.mark.parametrize("value_serde, value, serde_bytes",
+                         [(IntSerde(), 5, (5 + 2**63).to_bytes(8, "big")), (JsonSerde(), {"a": 1}, b'{"a":1}')])
+def test_a_long_ttl_stores_whole_second_compact_expiries(opener: TtlOpener, value_serde: Serde, value: Any,
+                                                         serde_bytes: bytes) -> None:
+    opener.time = ManualTime(processing_time=NOW)
+    kv = opener(value_serde=value_serde, ttl="1m")
+    kv.put("k", value)
+    kv.flush()
+    [(key, stored)] = opener.records()
+    assert stored == pack_expiry(1_700_000_061.0) + serde_bytes and len(stored) == 4 + len(serde_bytes)
+    assert unpack_expiry(stored) == (1_700_000_061.0, 4)  # NOW + 60 rounded up
+    opener.time.advance_processing_time(60.5)  # 1_700_000_060.75: past ttl, before the whole second
+    kv.flush()
+    assert _visible(kv, ["k"]) == {"k": value}
+    opener.time.advance_processing_time(0.25)
+    kv.flush()
+    assert _visible(kv, ["k"]) == {}
+
+
+def test_a_short_ttl_keeps_exact_long_expiries(opener: TtlOpener) -> None:
+    opener.time = ManualTime(processing_time=NOW)
+    kv = opener(value_serde=IntSerde(), ttl="59s")
+    kv.put("k", 5)
+    kv.flush()
+    [(_, stored)] = opener.records()
+    assert unpack_expiry(stored) == (NOW + 59, 8) and len(stored) == 16
+    opener.time.advance_processing_time(58.99)
+    kv.flush()
+    assert _visible(kv, ["k"]) == {"k": 5}
+    opener.time.advance_processing_time(0.01)
+    kv.flush()
+    assert _visible(kv, ["k"]) == {}
+
+
+@pytest.mark.parametrize("value_serde", [IntSerde(), JsonSerde()])
+def test_long_and_compact_expiries_live_side_by_side(opener: TtlOpener, value_serde: Serde) -> None:
+    """A store written with long expiries (a short ttl, or a release before the compact form) and then
+    with compact ones (its ttl raised past a minute) reads both, from the cache, local state and a
+    restore of its changelog, and its sweep purges both."""
+    opener.time = ManualTime(processing_time=NOW)
+    kv = opener(value_serde=value_serde, ttl="30s", ttl_sweep=100)
+    kv.put_all([(f"short{i}", i) for i in range(3)])
+    kv.flush()
+    kv.close()
+    kv = opener(value_serde=value_serde, ttl="2m", ttl_sweep=100, cache_size=0)
+    if opener.backend == "memory":  # it keeps no local state
+        opener.restore_all(kv)
+    kv.put_all([(f"long{i}", i) for i in range(3)])
+    kv.flush()
+    widths = {key.decode(): unpack_expiry(stored)[1] for key, stored in opener.records()}
+    assert widths == {**{f"short{i}": 8 for i in range(3)}, **{f"long{i}": 4 for i in range(3)}}
+    everything = {f"{kind}{i}": i for kind in ("short", "long") for i in range(3)}
+    assert _visible(kv, list(everything)) == everything
+    kv.close()
+    shutil.rmtree(opener.directory)
+    opener.directory.mkdir()
+    restored = opener(value_serde=value_serde, ttl="2m", ttl_sweep=100)
+    opener.restore_all(restored)
+    restored.flush()
+    assert _visible(restored, list(everything)) == everything
+    opener.time.advance_processing_time(31)  # the short ones expired
+    restored.flush()  # the sweep's first pass learns the horizon; the next flush deletes
+    restored.flush()
+    assert _visible(restored, list(everything)) == {f"long{i}": i for i in range(3)}
+    assert sorted(key for key, value in opener.records() if value is None) == [b"short0", b"short1", b"short2"]
+
+
+@given(st.one_of(st.floats(min_value=1e-6, max_value=1e300), st.just(math.inf),
+                 st.integers(1_577_836_801, 1_577_836_800 + 2**31 - 2).map(float)))
+def test_a_packed_expiry_unpacks_to_itself(expiry: float) -> None:
+    packed = pack_expiry(expiry)
+    compact = expiry == math.inf or (expiry.is_integer() and 1_577_836_800 < expiry < 1_577_836_800 + 2**31 - 1)
+    assert unpack_expiry(packed + b"value") == (expiry, 4 if compact else 8)
+    assert len(packed) == (4 if compact else 8)
+
+
+@pytest.mark.parametrize("value", [2**40, -1, 2**62])
+def test_a_plain_int_store_is_refused_with_ttl_whatever_its_values_read_as(opener: TtlOpener, value: int) -> None:
+    """A plain int serde value past 2**32 starts with what reads as a compact expiry: its length (8
+    bytes, a stamped one has 12 or 16) still tells it apart."""
+    plain = opener(ttl=None, value_serde=IntSerde())
+    plain.put("k", value)
+    plain.flush()
+    plain.close()
+    shutil.rmtree(opener.directory)
+    opener.directory.mkdir()
+    kv = opener(value_serde=IntSerde())
+    with pytest.raises(ConfigError, match="written without ttl"):
+        opener.restore_all(kv)
+
+
+def test_an_event_time_before_1970_expires_no_earlier_than_its_ttl(opener: TtlOpener) -> None:
+    """A watermark before the epoch would make a negative expiry, which the stored form cannot hold:
+    the entry is stored as expiring at the earliest expiry instead (later, never earlier)."""
+    kv = opener(ttl_time="event", ttl="1m")
+    opener.time.advance_watermark(-1_000.0)
+    kv.flush()
+    kv.put("k", 1)
+    kv.flush()
+    assert _visible(kv, ["k"]) == {"k": 1}
+    kv.close()
+    restored = opener(ttl_time="event", ttl="1m")
+    if opener.backend == "memory":
+        opener.restore_all(restored)
+    assert _visible(restored, ["k"]) == {"k": 1}
+    opener.time.advance_watermark(1.0)
+    restored.flush()
+    assert _visible(restored, ["k"]) == {}

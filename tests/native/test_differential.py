@@ -651,17 +651,27 @@ def test_a_hot_path_made_without_init_refuses_to_run() -> None:
         blank.put("a", 1)
 
 
-@given(expiry=st.one_of(st.floats(allow_nan=False), st.just(float("inf"))),
+@given(expiry=st.one_of(st.floats(min_value=1e-6, allow_nan=False), st.just(float("inf")),
+                       st.integers(1_577_836_801, 1_577_836_800 + 2**31 - 2).map(float)),
        values=st.lists(st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(2**63, 2**70), st.booleans(),
                                  st.floats(allow_nan=False)), max_size=20))
 def test_stamp_ints_packs_as_the_ttl_reference(expiry: float, values: list[Any]) -> None:
-    """``_hotpath.stamp_ints`` (a ttl store's int values at flush) against the reference struct packing
-    (``engines/kv/ttl.py``: ``>dQ`` of expiry and value + 2**63); what the reference cannot pack as an
-    int of the serde's range (a bool, a float, an int past 64 bits) raises TypeError or OverflowError,
-    after which the engine encodes through the reference."""
+    """``_hotpath.stamp_ints`` (a ttl store's int values at flush) against the reference packing
+    (``engines/kv/ttl.py``: the packed expiry, compact or long, then ``>Q`` of value + 2**63); what the
+    reference cannot pack as an int of the serde's range (a bool, a float, an int past 64 bits) raises
+    TypeError or OverflowError, after which the engine encodes through the reference."""
+    from localstate.engines.kv.ttl import pack_expiry
     stamp = _hotpath().stamp_ints
+    prefix = pack_expiry(expiry)
     if all(type(v) is int and -2**63 <= v < 2**63 for v in values):
-        assert stamp(expiry, values) == [struct.pack(">dQ", expiry, v + 2**63) for v in values]
+        assert stamp(prefix, values) == [prefix + struct.pack(">Q", v + 2**63) for v in values]
     else:
         with pytest.raises((TypeError, OverflowError)):
-            stamp(expiry, values)
+            stamp(prefix, values)
+
+
+def test_stamp_ints_refuses_a_prefix_that_is_no_packed_expiry() -> None:
+    stamp = _hotpath().stamp_ints
+    for prefix in (1.0, b"123456789", bytearray(b"1234")):
+        with pytest.raises(TypeError, match="stamp_ints"):
+            stamp(prefix, [1])
