@@ -18,6 +18,7 @@ import shutil
 import statistics
 import sysconfig
 import tempfile
+from functools import partial
 import time
 from pathlib import Path
 from typing import Any
@@ -193,7 +194,7 @@ def main(argv: list[str]) -> int:
         # 2. query latency (top 10, ids and scores fetched) on the full index
         searcher = index.searcher()
         e50, e99 = latencies(lambda q: engine.search(q, 10), queries)
-        t50, t99 = latencies(lambda q: tantivy_search(index, searcher, q), queries)
+        t50, t99 = latencies(partial(tantivy_search, index, searcher), queries)
         report.add("engine: search top 10", p50_ms=e50, p99_ms=e99)
         report.add("tantivy direct: search top 10", p50_ms=t50, p99_ms=t99)
         report.ratio("query p50: engine / tantivy direct (lower is better)", e50 / t50, target="<= 2")

@@ -237,8 +237,8 @@ class PartitionTime:
                                  f"timer, but job {self._job.name!r} keeps no timers",
                                  hint="add a [time] table with timers = true to the job config")
         if not self._task_fires:
-            raise ConfigError.at("job.task", f"the task registers timers but does not define on_timer(); a timer "
-                                 f"that fires would have nowhere to go",
+            raise ConfigError.at("job.task", "the task registers timers but does not define on_timer(); a timer "
+                                 "that fires would have nowhere to go",
                                  hint="override on_timer(self, key, timestamp, collector, coordinator) in the task")
 
     def _entry(self, domain: str, key: Any, timestamp: Any) -> tuple[float, bytes]:

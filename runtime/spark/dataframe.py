@@ -179,19 +179,19 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
         if names.count(name) > 1:  # e.g. after a join: the rows' dicts and Spark's resolution would be ambiguous
             raise SchemaError(f"column {name!r} appears {names.count(name)} times in the DataFrame", column=name,
                               hint="rename or drop the duplicates (e.g. alias each side of the join) first")
-    fields = {field.name: field for field in schema.fields}
+    fields = {column.name: column for column in schema.fields}
     for role, name in (("key", key), ("order_by", order_by), ("value", value)):
         if name is not None and name not in fields:
             raise SchemaError(f"{role} column {name!r} is not in the DataFrame", column=name,
                               hint=f"name one of its columns: {_column_list(schema)}")
-    for name, field in fields.items():
+    for name, column in fields.items():
         if name.startswith("__localstate_"):
             raise SchemaError(f"column {name!r} uses the prefix localstate reserves for its own columns",
                               column=name, hint="rename the column")
         try:
-            to_arrow_type(field.dataType, timezone="UTC")  # any zone: only whether a conversion exists matters
+            to_arrow_type(column.dataType, timezone="UTC")  # any zone: only whether a conversion exists matters
         except Exception as exc:  # pyspark raises PySparkTypeError / TypeError for unsupported types
-            raise SchemaError(f"column {name!r} of type {field.dataType.simpleString()} cannot be converted "
+            raise SchemaError(f"column {name!r} of type {column.dataType.simpleString()} cannot be converted "
                               f"into the records the task gets ({exc})", column=name,
                               hint="cast or drop the column before handing the DataFrame to localstate") from None
     key_type = type(fields[key].dataType).__name__

@@ -5,7 +5,6 @@ changelogs replayed to the checkpoint; and it changes nothing in the state direc
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -25,7 +25,6 @@ import re
 import runpy
 import shlex
 import shutil
-import subprocess
 import sys
 import tomllib
 from pathlib import Path

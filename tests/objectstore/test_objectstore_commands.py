@@ -5,13 +5,10 @@ compact collects garbage, reset deletes the job's objects and nothing else."""
 from __future__ import annotations
 
 import json
-import os
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config

@@ -10,7 +10,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import localstate.spark
