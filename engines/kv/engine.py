@@ -50,7 +50,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from localstate.core.changelog import ChangelogRecord, RecordColumns
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.serdes import BytesSerde, IntSerde, JsonSerde, PickleSerde, Serde, StringSerde, ensure_bytes
-from localstate.core.backend import BackendIterator, KVBackend, key_sizes, prefix_end
+from localstate.core.backend import BackendIterator, KVBackend, key_sizes, prefix_end, sorted_items
 from localstate.core.registry import open_store_backend
 from localstate.core.codecs import (FAST_ERRORS, INT_MAX, INT_MIN, fast_codec, inline_int_class, many_encoder,
                                     native_class)
@@ -460,6 +460,12 @@ class KeyValueEngine(StorageEngine):
     def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
         """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order (see
         :meth:`_pending_columns`)."""
+        if self._encode_keys is list and self._hold_encoded:
+            # Cache keys are the stored keys and values are held encoded (the timer store's bytes): the
+            # pending map's items in key order are the changes, sorted in C (core.backend.sorted_items).
+            items = sorted_items(self._dirty)
+            items = items if type(items) is list else list(items)
+            return list(map(itemgetter(0), items)), items
         ckeys, kbs, vbs = self._pending_columns()
         return ckeys, list(zip(kbs, vbs))
 

@@ -265,3 +265,37 @@ def test_raw_bytes_puts_and_batched_deletes_match_the_serde_path(backend: str, s
         assert {r.key: r.value for r in raw_log.read(0)} == {r.key: r.value for r in slow_log.read(0)}
         raw.close()
         slow.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb", "lmdb"])
+@settings(max_examples=25, deadline=None)
+@given(commits=st.lists(st.lists(st.tuples(st.binary(min_size=1, max_size=12),
+                                           st.one_of(st.none(), st.binary(max_size=4))), max_size=30),
+                        min_size=1, max_size=4),
+       write_behind=st.booleans())
+def test_a_raw_bytes_store_logs_each_commit_in_key_order(backend: str, commits: list[list[tuple[bytes, Any]]],
+                                                         write_behind: bool) -> None:
+    """A store whose keys and values are their own encodings (the timer store) logs its pending map as
+    it stands, sorted in C: each flush's records are the last change of each key, in bytes order, and
+    the state read back is the model's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        changelog = MemoryChangelogPartition("raw", 0)
+        kv = _raw_store(Path(tmp), changelog, backend, write_behind=write_behind)
+        model: dict[bytes, bytes] = {}
+        try:
+            for changes in commits:
+                last: dict[bytes, bytes | None] = {}
+                for key, value in changes:
+                    if value is None:
+                        kv.delete(key)
+                        model.pop(key, None)
+                    else:
+                        kv.put(key, value)
+                        model[key] = value
+                    last[key] = value
+                logged = len(list(changelog.read(0)))
+                kv.flush()
+                assert [(r.key, r.value) for r in list(changelog.read(0))[logged:]] == sorted(last.items())
+                assert dict(kv.all()) == model
+        finally:
+            kv.close()
