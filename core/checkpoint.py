@@ -64,6 +64,10 @@ class Checkpoint:
     formats: dict[str, str] = field(default_factory=dict)
     """store -> the layout of its state (:class:`~localstate.core.engine.StateFormat`), for engines
     that name one: a store reopened with options that change it is refused"""
+    input_ids: dict[str, str] = field(default_factory=dict)
+    """input stream -> the identity of what it read up to this commit, for inputs that have one
+    (:class:`~localstate.core.streams.base.IdentifiedInput`: a Kafka topic's id): the position is not
+    applied to another stream of the same name (a topic deleted and created again)"""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -76,8 +80,9 @@ class Checkpoint:
         for name in ("watermark", "next_timer"):
             if data[name] is None:
                 del data[name]  # only jobs with timestamped input or timers have them
-        if not data["formats"]:
-            del data["formats"]
+        for name in ("formats", "input_ids"):
+            if not data[name]:
+                del data[name]  # only jobs whose stores or inputs name them have them
         return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
 
     @classmethod
@@ -105,7 +110,8 @@ class Checkpoint:
                    manifests=_manifests(data.get("manifests", {}), where),
                    watermark=_time(data.get("watermark"), where, "watermark"),
                    next_timer=_time(data.get("next_timer"), where, "next_timer"),
-                   formats=_formats(data.get("formats", {}), where))
+                   formats=_names(data.get("formats", {}), where, "formats", "store -> format name"),
+                   input_ids=_names(data.get("input_ids", {}), where, "input_ids", "input -> identity"))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
@@ -130,9 +136,10 @@ def _offsets(value: Any, where: str, field_name: str) -> dict[str, int]:
     return {name: _offset(offset, where, f"{field_name}.{name}") for name, offset in value.items()}
 
 
-def _formats(value: Any, where: str) -> dict[str, str]:
+def _names(value: Any, where: str, field_name: str, what: str) -> dict[str, str]:
+    """A name -> short string map (at most 200 characters each)."""
     if not isinstance(value, dict) or not all(isinstance(v, str) and len(v) <= 200 for v in value.values()):
-        raise _corrupt(where, "formats", "expected an object of store -> format name")
+        raise _corrupt(where, field_name, f"expected an object of {what}")
     return dict(value)
 
 

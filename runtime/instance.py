@@ -138,6 +138,9 @@ class TaskInstance:
             self.local_root = store_root(self.job)
         self.stores: dict[str, _Store] = {}
         self.positions: dict[str, int] = {}
+        self.input_ids: dict[str, str] = {}
+        """input -> identity of what it read (:attr:`Checkpoint.input_ids`), carried from commit to
+        commit; the planner that checks an input's identity records the current one (a driver)"""
         self.generation = 0
         self.batch: int | None = None
         """the last DataFrame micro-batch applied (:attr:`Checkpoint.batch`), carried into every checkpoint"""
@@ -213,6 +216,7 @@ class TaskInstance:
         # the outputs: a restart then truncates what this instance wrote instead of refusing it.
         outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
         self.positions = dict(checkpoint.inputs)
+        self.input_ids = dict(checkpoint.input_ids)
         self.batch = checkpoint.batch
         self.generation = checkpoint.generation + 1
         # Taking a new generation fences any stale instance still writing with the old one.
@@ -834,5 +838,6 @@ class TaskInstance:
             outputs=dict(outputs), batch=self.batch, attempt=self.attempt, manifests=manifests,
             watermark=self.time.watermark, next_timer=self.time.next_processing_timer,
             formats={name: s.engine.state_format for name, s in self.stores.items()
-                     if isinstance(s.engine, StateFormat)})
+                     if isinstance(s.engine, StateFormat)},
+            input_ids=dict(self.input_ids))
 

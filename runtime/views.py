@@ -222,13 +222,14 @@ def input_partitions(job: JobConfig, checkpoints: dict[int, Checkpoint | None],
         for partition in (partitions if partitions is not None else range(job.partitions)):
             checkpoint = checkpoints.get(partition)
             position = checkpoint.inputs.get(name) if checkpoint is not None else None
+            identity = checkpoint.input_ids.get(name) if checkpoint is not None else None
             info = InputPartitionInfo(name, partition, position, None)
             try:
                 info.end = source.end_offset(partition)
                 if isinstance(source, PendingTail):
                     info.pending_bytes = source.pending_bytes(partition)
                     info.pending_since = source.pending_since(partition) if info.pending_bytes else None
-                check_input_position(source, partition, position, info.end)
+                check_input_position(source, partition, position, info.end, identity)
             except LocalStateError as exc:
                 info.problem = exc.message
             found.append(info)

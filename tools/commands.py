@@ -260,7 +260,7 @@ def seek(args: argparse.Namespace) -> int:
     from localstate.core.layout import checkpoint_store
     from localstate.core.options import did_you_mean
     from localstate.core.streams import open_input
-    from localstate.core.streams.base import RetainedStart
+    from localstate.core.streams.base import IdentifiedInput, RetainedStart
     from localstate.errors import FencedError, StateNotFoundError
     from localstate.runtime.views import load_checkpoints
     from localstate.tools.validation import require_input_paths
@@ -282,6 +282,8 @@ def seek(args: argparse.Namespace) -> int:
                                  f"{job.state_dir}: there is no position to move",
                                  hint="a job that never committed starts every input at its beginning; check "
                                       "the job file's state_dir")
+    # The position moves onto the input as it is now: its identity (a Kafka topic's id) is recorded.
+    identity = source.identity() if isinstance(source, IdentifiedInput) else None
     moves: dict[int, int] = {}
     for partition in partitions:
         checkpoint = found.get(partition)
@@ -315,8 +317,11 @@ def seek(args: argparse.Namespace) -> int:
             checkpoint = store.load(partition)  # again, under the lock: the latest committed one
             if checkpoint is None:
                 continue
+            input_ids = {key: value for key, value in checkpoint.input_ids.items() if key != name}
+            if identity is not None:
+                input_ids[name] = identity
             moved: Checkpoint = replace(checkpoint, generation=checkpoint.generation + 1,
-                                        inputs={**checkpoint.inputs, name: target})
+                                        inputs={**checkpoint.inputs, name: target}, input_ids=input_ids)
             store.save(moved, expect_generation=checkpoint.generation)
             print(f"partition {partition}: input {name!r} moved to {target} (generation {moved.generation})")
     finally:

@@ -16,7 +16,7 @@ from localstate.errors import InputError, LocalStateError, OutputError
 
 from .client import bootstrap_servers, kafka_error
 
-__all__ = ["TopicWriter", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "ensure_topic",
+__all__ = ["TopicWriter", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "topic_id", "ensure_topic",
            "produce", "pooled_consumer", "release_consumer", "close_clients"]
 
 log = logging.getLogger(__name__)
@@ -132,6 +132,21 @@ def remember_topic(servers: str, topic: str) -> None:
 def topic_partitions(consumer: Any, topic: str) -> int:
     """Number of partitions of ``topic``; 0 when it does not exist."""
     return len(consumer.partitions_for_topic(topic) or ())
+
+
+_NO_TOPIC_ID = "00000000-0000-0000-0000-000000000000"
+
+
+def topic_id(consumer: Any, topic: str) -> str | None:
+    """``topic``'s id in the metadata ``consumer`` last fetched (Kafka 2.8+ and Tansu name one: a topic
+    deleted and created again gets a new one); None when the broker gives none or the client does not
+    keep it. kafka-python keeps it in its client's cluster metadata, which the consumer does not expose."""
+    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    lookup = getattr(cluster, "topic_id", None)
+    if lookup is None:
+        return None
+    found = lookup(topic)
+    return None if found is None or str(found) == _NO_TOPIC_ID else str(found)
 
 
 # -- end offsets: Tansu's ListOffsets quirk, handled here once ----------------------------------------

@@ -38,7 +38,8 @@ from localstate.errors import ConfigError, InputError, LocalStateError, OutputEr
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
 from .io import (TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce, read_range,
-                 read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_partitions)
+                 read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_id,
+                 topic_partitions)
 
 __all__ = ["KafkaStreams", "KafkaInput", "KafkaOutput", "TopicWriter", "end_offsets", "read_range", "read_records",
            "topic_partitions", "ensure_topic", "produce", "copy_input_to_topic", "pooled_consumer", "release_consumer",
@@ -81,7 +82,8 @@ def _connection(job: JobConfig, section: str, name: str, validated: Mapping[str,
 
 
 class KafkaInput(InputStream):
-    """``[inputs.<name>] system = "kafka"``: topic partition ``p`` feeds job partition ``p``."""
+    """``[inputs.<name>] system = "kafka"``: topic partition ``p`` feeds job partition ``p``. Its
+    identity (:class:`~localstate.core.streams.base.IdentifiedInput`) is the topic's id."""
 
     system = "kafka"
     options: ClassVar[Mapping[str, Option]] = {
@@ -109,6 +111,7 @@ class KafkaInput(InputStream):
         self._ends: dict[int, int] = {}
         self._starts: dict[int, int] = {}
         self._served: set[int] | None = None
+        self._topic_id: str | None = None
 
     # driver side ------------------------------------------------------------------------------
     def _error(self, exc: BaseException, action: str, **context: Any) -> InputError:
@@ -150,11 +153,19 @@ class KafkaInput(InputStream):
             self._refresh()
         return min(self._starts.get(partition, 0), self._ends.get(partition, 0))
 
+    def identity(self) -> str | None:
+        """The topic's id as of the last :meth:`end_offset` probe (probing now if there was none); None
+        if the broker names none (see :class:`~localstate.core.streams.base.IdentifiedInput`)."""
+        if self._served is None:
+            self._refresh()
+        return self._topic_id
+
     def _refresh(self) -> None:
         consumer, ok = None, False
         try:
             consumer = pooled_consumer(self.settings)
             self.check_topic(consumer)
+            self._topic_id = topic_id(consumer, self.topic)
             self._ends = end_offsets(consumer, self.topic, range(self.job.partitions), self._ends,
                                      timeout=self.config["probe_timeout"])
             self._starts = start_offsets(consumer, self.topic, range(self.job.partitions))

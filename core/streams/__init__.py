@@ -7,8 +7,8 @@ The systems themselves live next to what they share code with: ``localstate.stre
 ``generator``), ``localstate.changelog.file.streams`` (``file``), ``localstate.changelog.kafka.streams``
 (``kafka``)."""
 
-from .base import ON_ERROR, InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem, \
-    open_input, open_output
+from .base import ON_ERROR, IdentifiedInput, InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, \
+    StreamSystem, open_input, open_output
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "open_input", "open_output", "ON_ERROR",
-           "StreamSink", "PendingTail", "RetainedStart"]
+           "StreamSink", "PendingTail", "RetainedStart", "IdentifiedInput"]

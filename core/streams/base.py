@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
            "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file", "open_regular_file",
-           "check_output_file", "PendingTail", "RetainedStart", "PENDING_TAIL_WARN_AFTER", "check_input_position",
+           "check_output_file", "PendingTail", "RetainedStart", "IdentifiedInput", "PENDING_TAIL_WARN_AFTER", "check_input_position",
            "seek_hint", "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
@@ -329,6 +329,16 @@ class RetainedStart(Protocol):
         """Offset of the first record ``partition`` still holds (its log start offset)."""
 
 
+@runtime_checkable
+class IdentifiedInput(Protocol):
+    """An input whose name may come to mean another stream: a Kafka topic deleted and created again
+    under the same name starts its offsets over. Optional: an input without it is taken to be the one
+    its checkpointed positions were read from."""
+
+    def identity(self) -> str | None:
+        """The identity of what the input reads now (a Kafka topic's id); None: not known."""
+
+
 def seek_hint(source: str, input_name: str, partition: int) -> str:
     """What to do about a checkpointed position that does not fit input ``input_name`` any more
     (job file ``source``): restore the input, or move the position on purpose with ``localstate seek``."""
@@ -339,10 +349,13 @@ def seek_hint(source: str, input_name: str, partition: int) -> str:
             f"changes under a job\")")
 
 
-def check_input_position(source: InputStream, partition: int, position: int | None, end: int) -> None:
+def check_input_position(source: InputStream, partition: int, position: int | None, end: int,
+                         identity: str | None = None) -> None:
     """Raise :class:`~localstate.errors.InputPositionError` if ``position`` (the checkpointed next
     offset of ``source``'s ``partition``; None: the checkpoint names none) does not fit the input as
-    it is now: past ``end`` (its current end: the input was replaced, truncated or recreated), or,
+    it is now: past ``end`` (its current end: the input was replaced, truncated or recreated); for an
+    :class:`IdentifiedInput`, read from another stream than the one it is now (``identity``: the one
+    the checkpoint recorded; a topic deleted and created again, even refilled past the position); or,
     for a :class:`RetainedStart` input, below the first record it still holds (the records between
     were deleted unread). Planning ``max(position, end)`` instead would report lag 0 and never read
     the records the input holds now; reading from a deleted position would skip the deleted ones."""
@@ -351,6 +364,16 @@ def check_input_position(source: InputStream, partition: int, position: int | No
     where = getattr(source.job, "source", None) or ""
     place = source.location()
     found = {} if place is None else {"topic" if place[0] == "kafka" else place[0]: place[1]}
+    if position > 0 and identity is not None and isinstance(source, IdentifiedInput):
+        current = source.identity()
+        if current is not None and current != identity:
+            raise InputPositionError(
+                f"input {source.name!r} partition {partition}: the checkpoint's position {position} was read from "
+                f"another stream of the same name (id {identity}; now {current}): the input was deleted and "
+                f"created again under the job, and its offsets started over, so reading on from {position} "
+                f"would skip the records below it", input=source.name, partition=partition, position=position,
+                end=end, recorded_id=identity, current_id=current, hint=seek_hint(where, source.name, partition),
+                **found)
     if position > end:
         raise InputPositionError(
             f"input {source.name!r} partition {partition}: the checkpoint's position {position} is past the "

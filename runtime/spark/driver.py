@@ -41,7 +41,7 @@ from localstate.runtime.spark.failures import (failed_attempt_reasons, log_faile
 from localstate.runtime.spark.instances import clear_requests
 from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.streams import open_input
-from localstate.core.streams.base import PENDING_TAIL_WARN_AFTER, PendingTail, check_input_position
+from localstate.core.streams.base import PENDING_TAIL_WARN_AFTER, IdentifiedInput, PendingTail, check_input_position
 from localstate.runtime.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
@@ -169,6 +169,8 @@ class SparkJobRunner:
         self.placement: Placement | None = None
         self._committed: dict[int, Checkpoint | None] = {}
         self._saved: dict[int, Checkpoint] = {}
+        self._input_ids: dict[str, str] = {}
+        """input -> its identity at the last plan (IdentifiedInput), recorded in the batch's checkpoints"""
         """checkpoints this run saved (what :meth:`plan` uses instead of reading them back)"""
         self._shipped: Any = None
         """this run's JobConfig as a Spark broadcast (:meth:`_ship_job`)"""
@@ -249,7 +251,7 @@ class SparkJobRunner:
             ranges = {}
             for name, source in self.inputs.items():
                 start, end = checkpoint.inputs.get(name, 0), source.end_offset(partition)
-                check_input_position(source, partition, checkpoint.inputs.get(name), end)
+                check_input_position(source, partition, checkpoint.inputs.get(name), end, checkpoint.input_ids.get(name))
                 if isinstance(source, PendingTail):
                     pending += self._pending_tail(name, source, partition, end)
                 lag += end - start
@@ -271,6 +273,9 @@ class SparkJobRunner:
                     checkpoint_where=str(self.checkpoints.path(partition)) if self.cluster else "",
                     attempts=str(self._attempts) if self._attempts is not None else ""))
         self.pending_bytes = pending
+        # What each input is now, recorded in the batch's checkpoints (see run_batch).
+        self._input_ids = {name: identity for name, source in self.inputs.items()
+                           if isinstance(source, IdentifiedInput) and (identity := source.identity()) is not None}
         return plans, lag
 
     def check_inputs(self) -> None:
@@ -283,7 +288,8 @@ class SparkJobRunner:
                 continue
             for name, source in self.inputs.items():
                 if name in checkpoint.inputs:
-                    check_input_position(source, partition, checkpoint.inputs[name], source.end_offset(partition))
+                    check_input_position(source, partition, checkpoint.inputs[name], source.end_offset(partition),
+                                         checkpoint.input_ids.get(name))
 
     def _pending_tail(self, name: str, source: PendingTail, partition: int, end: int) -> int:
         """Unterminated bytes at the end of ``source``'s ``partition`` (an append in progress: not
@@ -347,6 +353,8 @@ class SparkJobRunner:
         if errors:
             raise pickle.loads(errors[0]["error"])
         checkpoints = [Checkpoint(**result["checkpoint"]) for result in results]
+        if self._input_ids:  # the positions were planned against the inputs as they are now
+            checkpoints = [replace(c, input_ids={**c.input_ids, **self._input_ids}) for c in checkpoints]
         if self.cluster:
             for checkpoint in checkpoints:
                 self._check_attempt(checkpoint)

@@ -12,7 +12,7 @@ The public surface, in two parts:
   :class:`Serde`, the changelog contract (:class:`ChangelogSystem`, :class:`ChangelogPartition`,
   :class:`ChangelogWriter`, :class:`ChangelogRecord`), the stream contract (:class:`StreamSystem`,
   :class:`InputStream`, :class:`OutputStream`, :class:`InputRecord`, and the optional input protocols
-  :class:`PendingTail` and :class:`RetainedStart`) and the backend contract
+  :class:`PendingTail`, :class:`RetainedStart` and :class:`IdentifiedInput`) and the backend contract
   (:class:`KVBackend`, :class:`DirectoryBackend`, :class:`SortedRun`, ``Item``).
 
 Everything else is internal. See ``docs/`` for the architecture and guides.
@@ -28,7 +28,8 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
-from localstate.core.streams import InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, StreamSystem
+from localstate.core.streams import IdentifiedInput, InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, \
+    StreamSystem
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext, \
     column_values
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TimeSource, Timers
@@ -79,6 +80,7 @@ __all__ = [
     "InputRecord",
     "PendingTail",
     "RetainedStart",
+    "IdentifiedInput",
     # plugin authors: storage backends
     "KVBackend",
     "DirectoryBackend",

@@ -36,6 +36,15 @@ def test_good_checkpoint_round_trips() -> None:
     assert Checkpoint.from_json(checkpoint.to_json(), "0.json") == checkpoint
 
 
+def test_input_ids_round_trip_and_are_left_out_when_empty() -> None:
+    """The identity of each input read (a Kafka topic's id) travels with the checkpoint; a checkpoint
+    without any, as every one written before them, reads as having none and is written as before."""
+    checkpoint = Checkpoint(0, 3, {"in": 7}, {}, {}, input_ids={"in": "01a21c94-8dc8-7c50-971b-97e62d5424dd"})
+    assert Checkpoint.from_json(checkpoint.to_json(), "0.json") == checkpoint
+    plain = Checkpoint.from_json(json.dumps(GOOD), "0.json")
+    assert plain.input_ids == {} and "input_ids" not in json.loads(plain.to_json())
+
+
 @pytest.mark.parametrize("path, value, field", [
     ("changelogs.counts", -5, "changelogs.counts"),
     ("inputs.in", -1, "inputs.in"),
@@ -57,6 +66,9 @@ def test_good_checkpoint_round_trips() -> None:
     ("partition", _DELETE, "partition"),
     ("inputs", _DELETE, "inputs"),
     ("changelogs", _DELETE, "changelogs"),
+    ("input_ids", {"in": 7}, "input_ids"),
+    ("input_ids", ["in"], "input_ids"),
+    ("input_ids", {"in": "x" * 201}, "input_ids"),
 ])
 def test_bad_field_is_a_typed_error_naming_file_and_field(path: str, value, field: str) -> None:  # noqa: ANN001
     with pytest.raises(CheckpointError) as info:

@@ -44,11 +44,15 @@ def _fill(settings: dict[str, Any], topic: str, count: int) -> None:
 
 
 def _recreate(broker, topic: str) -> None:  # noqa: ANN001
-    """Delete ``topic`` and wait until the broker no longer lists it; then drop this process's pooled
-    clients, as a new driver process starts without them (their cached metadata would still name the
-    deleted topic, and a produce to it would auto-create it with the broker's default partitions)."""
+    """Delete ``topic`` and wait until the broker no longer lists it, this process's pooled clients
+    dropped before and after, as a new driver process starts without them (their cached metadata
+    would still name the deleted topic, and a produce to it would auto-create it with the broker's
+    default partitions)."""
     from kafka.admin import KafkaAdminClient
 
+    # This process's pooled clients go first: a client's metadata refresh naming the topic could make
+    # the broker create it again (with its default partition count) between the delete and the wait.
+    close_clients()
     admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
     try:
         admin.delete_topics([topic])
@@ -97,3 +101,70 @@ def test_recreated_topic_with_fewer_records_is_a_typed_error(tmp_path: Path, kaf
     assert checkpoint_store(job).load(0).inputs == {"events": 0}
     plans, lag = SparkJobRunner(job, progress=None).plan(0)
     assert lag == 4 and plans[0].ranges == {"events": (0, 4)}
+
+
+def test_recreated_topic_refilled_past_the_position_is_a_typed_error(tmp_path: Path, kafka_broker,  # noqa: ANN001
+                                                                     topic_prefix, capsys: pytest.CaptureFixture) -> None:
+    """A topic deleted and created again, then refilled past the checkpoint's position: its end no
+    longer tells (4 read, 10 there now), its id does. The planner raises naming both ids; ``seek``
+    moves the position onto the new topic and records its id."""
+    settings = _settings(kafka_broker.bootstrap_servers)
+    topic = topic_prefix + "refilled"
+    _fill(settings, topic, 4)
+    job_file = _job_file(tmp_path, kafka_broker, topic)
+    job = load_job_config(job_file)
+    old_id = open_input(job, "events").identity()
+    assert isinstance(old_id, str) and old_id
+    checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": 4}, input_ids={"events": old_id}))
+    assert SparkJobRunner(job, progress=None).plan(0) == ([], 0)
+
+    _recreate(kafka_broker, topic)
+    _fill(settings, topic, 10)
+    new_id = open_input(job, "events").identity()
+    assert new_id not in (None, old_id)
+    with pytest.raises(InputPositionError) as changed:
+        SparkJobRunner(job, progress=None).plan(0)
+    error = changed.value
+    assert (error.input, error.partition, error.position, error.end) == ("events", 0, 4, 10)
+    assert (error.context["recorded_id"], error.context["current_id"], error.context["topic"]) == (old_id, new_id, topic)
+    assert "deleted and created again" in error.message and "localstate seek" in error.hint
+
+    capsys.readouterr()
+    assert main(["inspect", str(job_file), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["input_partitions"]
+    assert row["position"] == 4 and "created again" in row["problem"]
+
+    assert main(["seek", str(job_file), "--input", "events", "--to-start", "--yes"]) == 0
+    moved = checkpoint_store(job).load(0)
+    assert (moved.inputs, moved.input_ids) == ({"events": 0}, {"events": new_id})
+    plans, lag = SparkJobRunner(job, progress=None).plan(0)
+    assert lag == 10 and plans[0].ranges == {"events": (0, 10)}
+
+
+def test_a_checkpoint_without_the_topic_id_plans_as_before(tmp_path: Path, kafka_broker, topic_prefix) -> None:  # noqa: ANN001
+    """A checkpoint written before topic ids were recorded (or by an input that has none) is not
+    refused: the position is checked as before, and the next commit records the id."""
+    settings = _settings(kafka_broker.bootstrap_servers)
+    topic = topic_prefix + "unrecorded"
+    _fill(settings, topic, 6)
+    job = load_job_config(_job_file(tmp_path, kafka_broker, topic))
+    checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": 2}))
+    runner = SparkJobRunner(job, progress=None)
+    plans, lag = runner.plan(0)
+    assert lag == 4 and plans[0].ranges == {"events": (2, 6)}
+    assert runner._input_ids == {"events": open_input(job, "events").identity()}
+
+
+@pytest.mark.spark
+def test_a_run_records_the_topic_id_it_read(tmp_path: Path, kafka_broker, topic_prefix) -> None:  # noqa: ANN001
+    """Each batch's checkpoints record the id of the topic the positions were read from (what the
+    planner compares, see the test above)."""
+    settings = _settings(kafka_broker.bootstrap_servers)
+    topic = topic_prefix + "recorded"
+    _fill(settings, topic, 5)
+    job = load_job_config(_job_file(tmp_path, kafka_broker, topic))
+    summary = SparkJobRunner(job, progress=None).run()
+    assert summary.records_in == 5
+    committed = checkpoint_store(job).load(0)
+    read_id = open_input(job, "events").identity()
+    assert read_id is not None and committed.inputs == {"events": 5} and committed.input_ids == {"events": read_id}
