@@ -88,8 +88,9 @@ _LONG_INT = struct.Struct(">dQ")
 #: The expiry of what is written in event time before the first watermark (until restamped).
 NEVER = math.inf
 #: A ttl (seconds) from which expiries are rounded up to the whole second, hence stored compact: the
-#: stored value is 4 bytes shorter, and the entry lives at most a second (under 2% of its ttl) longer.
-WHOLE_SECONDS_TTL = 60.0
+#: stored value is 4 bytes shorter, and the entry lives at most a second (under 0.03% of its ttl)
+#: longer. Shorter ttls keep exact expiries (an entry ends on the dot, as in Flink and Spark).
+WHOLE_SECONDS_TTL = 3600.0
 #: The earliest expiry stored (an event-time watermark before 1970 would give a negative one, which
 #: the long form cannot tell from a compact prefix): earlier ones are stored as it, expiring later.
 _EARLIEST_EXPIRY = 1e-6

@@ -70,7 +70,7 @@ def test_inspect_shows_ttl_values_without_their_expiry(tmp_path, capsys):
     [dump] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [record["value"] for record in dump["records"]] == [{"user": key} for key in "abc"]
     week = 7 * 86400
-    # a ttl of a minute or more keeps whole-second expiries, rounded up
+    # a ttl of an hour or more keeps whole-second expiries, rounded up
     assert all(0 < record["expires"] - time.time() <= week + 1 for record in dump["records"])
     assert all(float(record["expires"]).is_integer() for record in dump["records"])
     assert main(["inspect", str(job_file), "--changelog", "plain", "--records", "10", "--json"]) == 0

@@ -346,7 +346,7 @@ def _check_against_a_model(opener: TtlOpener, seed: int, keys: list[Any], steps:
     """Random gets, puts (and ``merge_many`` of one key) of ``keys``, the clock moved by one of
     ``steps`` and a commit after each round (and, with ``reopens``, now and then the store closed and
     opened again: its cache empty, every value read back from local state or restored from the
-    changelog with its own expiry): every read sees exactly a model's live entries. A ttl of a minute
+    changelog with its own expiry): every read sees exactly a model's live entries. A ttl of an hour
     or more expires at the whole second, rounded up (stored compact)."""
     rng = random.Random(seed)
     options["ttl"] = ttl
@@ -509,11 +509,11 @@ NOW = 1_700_000_000.25
 
 @pytest.mark.parametrize("cache_size", [6, 1_000])
 def test_whole_second_expiries_agree_with_a_model(opener: TtlOpener, cache_size: int) -> None:
-    """The model test with a ttl of two minutes at a realistic time: every expiry is stored compact,
+    """The model test with a ttl of two hours at a realistic time: every expiry is stored compact,
     rounded up to the whole second, with steps that land just before and on those seconds."""
     opener.time = ManualTime(processing_time=NOW)
-    _check_against_a_model(opener, 77, list(range(20)), [0.0, 0.5, 0.75, 30.0, 59.5, 70.0], merges=True,
-                           reopens=True, key_serde=IntSerde(), cache_size=cache_size, ttl=120.0)
+    _check_against_a_model(opener, 77, list(range(20)), [0.0, 0.5, 0.75, 1_800.0, 3_599.5, 4_200.0], merges=True,
+                           reopens=True, key_serde=IntSerde(), cache_size=cache_size, ttl=7_200.0)
 
 
 @pytest.mark.parametrize("value_serde, value, serde_bytes",
@@ -521,13 +521,13 @@ def test_whole_second_expiries_agree_with_a_model(opener: TtlOpener, cache_size:
 def test_a_long_ttl_stores_whole_second_compact_expiries(opener: TtlOpener, value_serde: Serde, value: Any,
                                                          serde_bytes: bytes) -> None:
     opener.time = ManualTime(processing_time=NOW)
-    kv = opener(value_serde=value_serde, ttl="1m")
+    kv = opener(value_serde=value_serde, ttl="1h")
     kv.put("k", value)
     kv.flush()
     [(key, stored)] = opener.records()
-    assert stored == pack_expiry(1_700_000_061.0) + serde_bytes and len(stored) == 4 + len(serde_bytes)
-    assert unpack_expiry(stored) == (1_700_000_061.0, 4)  # NOW + 60 rounded up
-    opener.time.advance_processing_time(60.5)  # 1_700_000_060.75: past ttl, before the whole second
+    assert stored == pack_expiry(1_700_003_601.0) + serde_bytes and len(stored) == 4 + len(serde_bytes)
+    assert unpack_expiry(stored) == (1_700_003_601.0, 4)  # NOW + 3600 rounded up
+    opener.time.advance_processing_time(3_600.5)  # 1_700_003_600.75: past ttl, before the whole second
     kv.flush()
     assert _visible(kv, ["k"]) == {"k": value}
     opener.time.advance_processing_time(0.25)
@@ -537,15 +537,15 @@ def test_a_long_ttl_stores_whole_second_compact_expiries(opener: TtlOpener, valu
 
 def test_a_short_ttl_keeps_exact_long_expiries(opener: TtlOpener) -> None:
     opener.time = ManualTime(processing_time=NOW)
-    kv = opener(value_serde=IntSerde(), ttl="59s")
+    kv = opener(value_serde=IntSerde(), ttl=3_599)
     kv.put("k", 5)
     kv.flush()
     [(_, stored)] = opener.records()
-    assert unpack_expiry(stored) == (NOW + 59, 8) and len(stored) == 16
-    opener.time.advance_processing_time(58.99)
+    assert unpack_expiry(stored) == (NOW + 3_599, 8) and len(stored) == 16
+    opener.time.advance_processing_time(3_598.75)
     kv.flush()
     assert _visible(kv, ["k"]) == {"k": 5}
-    opener.time.advance_processing_time(0.01)
+    opener.time.advance_processing_time(0.25)  # on the dot
     kv.flush()
     assert _visible(kv, ["k"]) == {}
 
@@ -553,14 +553,14 @@ def test_a_short_ttl_keeps_exact_long_expiries(opener: TtlOpener) -> None:
 @pytest.mark.parametrize("value_serde", [IntSerde(), JsonSerde()])
 def test_long_and_compact_expiries_live_side_by_side(opener: TtlOpener, value_serde: Serde) -> None:
     """A store written with long expiries (a short ttl, or a release before the compact form) and then
-    with compact ones (its ttl raised past a minute) reads both, from the cache, local state and a
+    with compact ones (its ttl raised past an hour) reads both, from the cache, local state and a
     restore of its changelog, and its sweep purges both."""
     opener.time = ManualTime(processing_time=NOW)
     kv = opener(value_serde=value_serde, ttl="30s", ttl_sweep=100)
     kv.put_all([(f"short{i}", i) for i in range(3)])
     kv.flush()
     kv.close()
-    kv = opener(value_serde=value_serde, ttl="2m", ttl_sweep=100, cache_size=0)
+    kv = opener(value_serde=value_serde, ttl="2h", ttl_sweep=100, cache_size=0)
     if opener.backend == "memory":  # it keeps no local state
         opener.restore_all(kv)
     kv.put_all([(f"long{i}", i) for i in range(3)])
@@ -572,7 +572,7 @@ def test_long_and_compact_expiries_live_side_by_side(opener: TtlOpener, value_se
     kv.close()
     shutil.rmtree(opener.directory)
     opener.directory.mkdir()
-    restored = opener(value_serde=value_serde, ttl="2m", ttl_sweep=100)
+    restored = opener(value_serde=value_serde, ttl="2h", ttl_sweep=100)
     opener.restore_all(restored)
     restored.flush()
     assert _visible(restored, list(everything)) == everything
