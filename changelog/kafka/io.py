@@ -41,8 +41,14 @@ def consumer_settings(settings: Mapping[str, Any], **tuning: Any) -> dict[str, A
     return {**settings, "group_id": None, "enable_auto_commit": False, "auto_offset_reset": "none", **tuning}
 
 
+#: How old a pooled consumer's topic metadata may get (kafka-python's default is 5 minutes): a topic
+#: deleted and created again shows its new id (:func:`topic_id`) to a long-running driver this soon.
+METADATA_MAX_AGE_MS = 10_000
+
+
 def _consumer_config(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return consumer_settings(settings, allow_auto_create_topics=False, fetch_max_wait_ms=100, max_poll_records=5000)
+    return consumer_settings(settings, allow_auto_create_topics=False, fetch_max_wait_ms=100, max_poll_records=5000,
+                             metadata_max_age_ms=METADATA_MAX_AGE_MS)
 
 
 def pooled_consumer(settings: Mapping[str, Any]) -> Any:
@@ -141,7 +147,7 @@ def topic_id(consumer: Any, topic: str) -> str | None:
     """``topic``'s id in the metadata ``consumer`` last fetched (Kafka 2.8+ and Tansu name one: a topic
     deleted and created again gets a new one); None when the broker gives none or the client does not
     keep it. kafka-python keeps it in its client's cluster metadata, which the consumer does not expose."""
-    cluster = getattr(getattr(consumer, "_client", None), "cluster", None)
+    cluster = getattr(consumer, "_cluster", None) or getattr(getattr(consumer, "_client", None), "cluster", None)
     lookup = getattr(cluster, "topic_id", None)
     if lookup is None:
         return None
