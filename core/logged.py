@@ -256,7 +256,10 @@ class LoggedStore(ChangelogCommit):
     def _restore_chunk(self, chunk: dict[bytes, bytes | None], deletes: bool,
                        prepare: Callable[[dict[bytes, bytes | None]], dict[bytes, bytes | None]] | None) -> None:
         if prepare is not None:
-            chunk = prepare(chunk)
+            prepared = prepare(chunk)
+            # a prepare that replaced the chunk may have turned values into tombstones (ttl: expired)
+            deletes = deletes or prepared is not chunk
+            chunk = prepared
         self.write(sorted(chunk.items(), key=itemgetter(0)), deletes=deletes)
 
     def failed(self, exc: Exception) -> Exception:

@@ -219,14 +219,16 @@ class TaskInstance:
         self.input_ids = dict(checkpoint.input_ids)
         self.batch = checkpoint.batch
         self.generation = checkpoint.generation + 1
-        # Taking a new generation fences any stale instance still writing with the old one.
-        self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
         self.task = self._create_task()
         timers = self.stores.get(TIMER_STORE)
         if timers is not None:
             self.time.attach(timers.engine, self.job.registry.serde(self.job.time.timer_key_serde,
                                                                     allow_pickle=self.job.allow_pickle),
                              task_fires=type(self.task).on_timer is not StreamTask.on_timer)
+        # Taking a new generation fences any stale instance still writing with the old one. Everything
+        # a checkpoint records is in place by now (the timers above: their next processing-time
+        # timer), so this checkpoint carries every field of the one it follows.
+        self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
         context = TaskContext(self.job.name, self.partition, self.job.partitions,
                               {name: s.engine for name, s in self.stores.items() if name != TIMER_STORE}, self.job,
                               timers=self.time)

@@ -481,9 +481,13 @@ class TtlKeyValueEngine(KeyValueEngine):
         self._horizon, self._sweep_from = -math.inf, None
 
     def _prepare_restored(self, chunk: Mapping[bytes, bytes | None]) -> Mapping[bytes, bytes | None]:
-        """As the base class, less the records already expired: their key's older records expired
-        before them (time moves forward), so none can become visible; the sweep deletes what local
-        state still holds of them."""
+        """As the base class, with every record already expired turned into a tombstone of its key.
+
+        A restored value is the key's committed value at its changelog offset; if it has expired,
+        the committed state holds no entry for the key, so local state must hold none either. A
+        tombstone (not a skip) is what makes a rollback exact: recovery's trim re-writes each key's
+        checkpointed value over uncommitted local writes, and an expired committed value must delete
+        the newer, uncommitted one, never leave it in place."""
         chunk = super()._prepare_restored(chunk)
         if not chunk:
             return chunk
@@ -492,14 +496,12 @@ class TtlKeyValueEngine(KeyValueEngine):
         now = self._now
         if now is None or all(v is None or now < unpack_expiry(v)[0] for v in values):
             return chunk
-        kept = {k: v for k, v in chunk.items() if v is None or now < unpack_expiry(v)[0]}
+        live = {k: (v if v is None or now < unpack_expiry(v)[0] else None) for k, v in chunk.items()}
         if isinstance(chunk, SortedRun):
-            keys = list(kept)
-            sizes = (min(map(len, keys)), max(map(len, keys))) if keys else (0, 0)
-            return SortedRun(keys, list(kept.values()), sizes,
-                             sum(map(len, keys)) + sum(len(v) for v in kept.values() if v is not None),
-                             sum(1 for v in kept.values() if v is None))
-        return kept
+            return SortedRun(list(live), list(live.values()), chunk.key_sizes,
+                             sum(map(len, live)) + sum(len(v) for v in live.values() if v is not None),
+                             sum(1 for v in live.values() if v is None))
+        return live
 
     def _check_stamped(self, values: Iterable[bytes | None]) -> None:
         """ConfigError when a stored value carries no plausible expiry: the store's state was written
