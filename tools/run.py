@@ -77,11 +77,11 @@ def install_stop_handlers(runner: Any) -> Callable[[], None]:
 @command("run", "run a job on Spark in micro-batches: standing (waits for new input) until SIGTERM/SIGINT, or "
                 "--until-drained")
 def run(args: argparse.Namespace) -> int:
-    from localstate.runtime.progress import ProgressObserver
-    from localstate.runtime.spark.plan import lag_text
+    from localstate.runtime.driver.progress import ProgressObserver
+    from localstate.runtime.driver.plan import lag_text
     from localstate.runtime.spark.runner import SparkJobRunner
 
-    from localstate.runtime.views import changelog_root, job_dir, stream_location
+    from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
     from localstate.tools.validation import require_input_paths, require_own_changelogs, spark_notes
 
     job = load_job_config(args.job, plugins=args.plugins)

@@ -1,7 +1,7 @@
 """``localstate status JOB``: is the job running, what did its last batch do, how far behind is it.
 
 Read-only, like ``inspect``: it reads the job's ``progress/live.json`` and ``progress.jsonl``
-(:mod:`localstate.runtime.progress`), its checkpoints and its inputs' ends, and creates, locks or
+(:mod:`localstate.runtime.driver.progress`), its checkpoints and its inputs' ends, and creates, locks or
 changes nothing (a job that never ran still has no state directory afterwards).
 
 Exit codes: 0 the job is live (a run's heartbeat is recent and its pid alive), 3 it is not (never ran,
@@ -25,8 +25,8 @@ NOT_LIVE = 3
 def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
     """Everything ``status`` shows, as a JSON-able dict."""
     from localstate.errors import LocalStateError
-    from localstate.runtime.progress import HEARTBEAT_STALE, is_live, progress_directory, read_last_progress, read_live
-    from localstate.runtime.views import input_partitions, job_dir, load_checkpoints
+    from localstate.runtime.driver.progress import HEARTBEAT_STALE, is_live, progress_directory, read_last_progress, read_live
+    from localstate.runtime.driver.views import input_partitions, job_dir, load_checkpoints
 
     live_file = read_live(job)
     live, why = is_live(live_file, stale=HEARTBEAT_STALE if stale is None else stale)
@@ -64,8 +64,8 @@ def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
 
 
 def _print(status: dict[str, Any]) -> None:
-    from localstate.runtime.progress import describe_reason
-    from localstate.runtime.spark.plan import lag_text
+    from localstate.runtime.driver.progress import describe_reason
+    from localstate.runtime.driver.plan import lag_text
 
     print(f"job {status['job']!r}: {'LIVE' if status['live'] else 'not running'} ({status['why']})")
     if not status["has_state"]:

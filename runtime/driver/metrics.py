@@ -1,5 +1,5 @@
 """A Prometheus endpoint on the driver (``[job] metrics_port``): the figures of each batch's progress
-object (:mod:`localstate.runtime.progress`) as counters, gauges and histograms, in a registry of
+object (:mod:`localstate.runtime.driver.progress`) as counters, gauges and histograms, in a registry of
 their own (never ``prometheus_client``'s global one, so that several jobs or tests can run in one
 process), served over HTTP on ``metrics_host`` (default ``127.0.0.1``).
 

@@ -12,7 +12,7 @@ Layout, under ``<state_dir>/<job>/progress/``:
   atomically after every batch and every :data:`HEARTBEAT_INTERVAL` seconds by a daemon thread while
   the run lives; ``state`` is ``"stopped"`` once the run ended (cleanly or by an error).
 
-The figures come from the driver's :class:`~localstate.runtime.spark.plan.BatchResult` and the batch's
+The figures come from the driver's :class:`~localstate.runtime.driver.plan.BatchResult` and the batch's
 plans; the per-store ones are estimates read on the driver host (see :class:`StoreStats`).
 """
 
@@ -32,11 +32,11 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import write_atomic
-from localstate.core.layout import job_directory, store_directory
+from localstate.runtime.layout import job_directory, store_directory
 from localstate.core.names import safe_join
-from localstate.core.streams.base import PendingTail
-from localstate.runtime.views import dir_size
-from localstate.runtime.spark.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
+from localstate.core.stream import PendingTail
+from localstate.runtime.driver.views import dir_size
+from localstate.runtime.driver.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
 
 __all__ = ["ProgressReport", "ProgressLog", "Heartbeat", "ProgressObserver", "StoreStats", "BatchObserver",
            "progress_directory", "attempt_reason", "describe_reason", "REASON_FIELDS", "read_live",
@@ -80,7 +80,7 @@ def _estimate_keys(directory: Path, backend: str | None) -> int | None:
     """The kv backend's own key estimate of a local store partition, read-only: LMDB's entry count,
     RocksDB's ``rocksdb.estimate-num-keys`` (on a private hard-linked snapshot, as ``inspect`` opens
     it); None for anything else."""
-    from localstate.runtime import views
+    from localstate.runtime.driver import views
 
     reader = views._reader(directory, backend)  # noqa: SLF001 - the one read-only opener of local stores
     if reader is None:
@@ -113,7 +113,7 @@ class StoreStats:
 
     def collect(self) -> dict[str, dict[str, Any]]:
         from localstate.core.changelog import LocalStreams
-        from localstate.core.layout import open_changelog_system
+        from localstate.runtime.layout import open_changelog_system
 
         now = time.monotonic()
         refresh = now - self._keys_at >= self.keys_interval
@@ -427,7 +427,7 @@ class ProgressObserver:
         job = runner.job
         metrics = None
         if job.metrics_port is not None:
-            from localstate.runtime.metrics import JobMetrics
+            from localstate.runtime.driver.metrics import JobMetrics
 
             from localstate.errors import ConfigError
 
@@ -445,7 +445,7 @@ class ProgressObserver:
         return observer.start()
 
     metrics: Any = None
-    """the :class:`~localstate.runtime.metrics.JobMetrics` :meth:`watch` started, if any"""
+    """the :class:`~localstate.runtime.driver.metrics.JobMetrics` :meth:`watch` started, if any"""
 
     def start(self) -> "ProgressObserver":
         if self.heartbeat is not None:
