@@ -40,11 +40,12 @@ from localstate.core.names import name_problem
 from localstate.core.options import Option, did_you_mean, parse_duration, parse_path, validate_options
 from localstate.core.policy import PluginPolicy, job_folder
 from localstate.core.registry import Registry, registry_for
+from localstate.core.time import TIME_OPTIONS, TIMER_STORE, TIMER_WRITE_BATCH, TimeConfig
 from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["StoreConfig", "StreamConfig", "JobConfig", "TimeConfig", "job_policy", "load_job_config",
-           "parse_job_config", "SPARK_OPTIONS", "TIME_OPTIONS", "TIMER_STORE", "PAST_TIMER_POLICIES", "LOG_LEVELS",
+           "parse_job_config", "SPARK_OPTIONS", "LOG_LEVELS",
            "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
@@ -110,60 +111,6 @@ SPARK_OPTIONS = {
                           "interval, e.g. '500ms' (default: as soon as input is there)"),
 }
 """Every ``[spark]`` key; unknown keys are reported with a did-you-mean."""
-
-TIMER_STORE = "_timers"
-"""The name of the internal kv store that holds a job's timers (``[time] timers = true``): a logged
-store like the others (recovered, flushed and checkpointed with them), hidden from the task's
-``context.stores``; a user store may not take this name."""
-
-TIMER_WRITE_BATCH = 100_000
-"""Pending timer changes that trigger a spill of the timer store before the next commit."""
-
-PAST_TIMER_POLICIES = ("fire", "error")
-"""``[time] past_timers``: a timer registered before its domain's current time fires at the next
-firing point (``fire``, as Flink does) or is refused with a ConfigError (``error``)."""
-
-
-def _lateness(value: Any) -> float:
-    seconds = parse_duration(value)
-    if seconds <= 0:
-        raise ValueError(f"must be a positive duration such as '5s' (leave it out for a watermark equal to the "
-                         f"largest event timestamp seen), got {value!r}")
-    return seconds
-
-
-TIME_OPTIONS = {
-    "allowed_lateness": Option((int, float, str), default=0.0, parse=_lateness,
-                               doc="how far event time may run out of order: the partition's watermark is the "
-                                   "largest event timestamp seen minus this (default: 0, the largest timestamp "
-                                   "seen; when given, a positive duration)"),
-    "timers": Option(bool, default=False,
-                     doc="keep per-key timers for the task (`context.timers`), in a logged kv store committed "
-                         "with the other stores"),
-    "timer_backend": Option(str, default=None,
-                            doc="the backend of the timer store (`rocksdb`, `lmdb`, `memory`; default: the kv "
-                                "engine's)"),
-    "timer_changelog": Option(str, default=None,
-                              doc="the timer store's changelog stream (default `\"<job>-timers-changelog\"`); "
-                                  "timers are always logged"),
-    "timer_key_serde": Option(str, default="json",
-                              doc="serde of the keys timers are registered for (`json`, `string`, `int`, ...)"),
-    "past_timers": Option(str, default="fire", choices=PAST_TIMER_POLICIES,
-                          doc="a timer registered before its domain's current time: `fire` at the next firing "
-                              "point (as Flink), or `error` (a ConfigError naming this option)"),
-}
-"""Every ``[time]`` key: the watermark and the timers of each task partition."""
-
-
-@dataclass(frozen=True)
-class TimeConfig:
-    """The ``[time]`` table after validation (defaults when the job has none)."""
-
-    allowed_lateness: float = 0.0
-    timers: bool = False
-    timer_key_serde: str = "json"
-    past_timers: str = "fire"
-
 
 REMOVED_SPARK_OPTIONS = {
     "keep_open": lambda value: f"write worker_affinity = {'true' if value else 'false'} instead (the one switch of "

@@ -38,9 +38,11 @@ from typing import Any, Callable, Iterable, Mapping
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.partitioner import partition_for
 from localstate.runtime.partition.recovery import StoreRecovery
-from localstate.runtime.partition.records import InputPolicy, OnError
 from localstate.runtime.layout import open_changelog_system
-from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.lifecycle import InProcessPartition
+from localstate.runtime.partition.records import InputPolicy, OnError
+from localstate.runtime.partition.sink import MemorySink
 from localstate.core.stream import InputRecord
 from localstate.core.task import BatchTask, Envelope, StreamTask
 
@@ -113,12 +115,12 @@ class TaskTestDriver:
         self.changelogs = open_changelog_system(self.job)
         self.recoveries = []
         self._start()
+        replay: dict[int, list[tuple[str, InputRecord]]] = {}
         for (stream, partition), log in sorted(self.inputs.items()):
-            instance = self.instances[partition]
-            instance.feed(((stream, record) for record in log[instance.position(stream):]), self.policies,
-                          autocommit=True)
-        for instance in self.instances.values():
-            instance.fire_timers()  # as after a send: timers the replayed records made due
+            position = self.instances[partition].position(stream)
+            replay.setdefault(partition, []).extend((stream, record) for record in log[position:])
+        for partition in self.instances:  # timers the replayed records (or the clock) made due fire too
+            self._run(partition, replay.get(partition, []))
         return self.recoveries
 
     def close(self) -> None:
@@ -175,8 +177,7 @@ class TaskTestDriver:
             grouped.setdefault(p, []).append(record)
             sent.append(Envelope(stream, p, record.offset, key, value, ts))
         for p, records in grouped.items():
-            self.instances[p].feed(((stream, record) for record in records), self.policies, autocommit=True)
-            self.instances[p].fire_timers()
+            self._run(p, [(stream, record) for record in records])
         return sent
 
     def send_rows(self, rows: Iterable[tuple[str, Any, Any, float | None]], *,
@@ -196,8 +197,7 @@ class TaskTestDriver:
             grouped.setdefault(p, []).append((stream, record))
             sent.append(Envelope(stream, p, record.offset, key, value, ts))
         for p, pairs in grouped.items():
-            self.instances[p].feed(pairs, self.policies, autocommit=True)
-            self.instances[p].fire_timers()
+            self._run(p, pairs)
         return sent
 
     def send_bad(self, stream: str, raw: str, error: str = "could not decode the record", *, partition: int = 0,
@@ -218,17 +218,21 @@ class TaskTestDriver:
             record = record._replace(offset=len(log))
             log.append(record)
             appended.append(record)
-        self.instances[partition].feed(((stream, record) for record in appended), self.policies, autocommit=True)
-        self.instances[partition].fire_timers()
+        self._run(partition, [(stream, record) for record in appended])
         return appended
 
     def _append(self, stream: str, partition: int, record: InputRecord) -> InputRecord:
         log = self.inputs.setdefault((stream, partition), [])
         record = record._replace(offset=len(log))
         log.append(record)
-        self.instances[partition].feed(((stream, record),), self.policies, autocommit=True)
-        self.instances[partition].fire_timers()  # a batch boundary: timers the record made due fire
+        self._run(partition, [(stream, record)])
         return record
+
+    def _run(self, partition: int, records: list[tuple[str, InputRecord]]) -> None:
+        """``records`` through the partition's lifecycle, as the job runs them (the store time
+        refreshed, the records fed with commits as configured, the due timers fired, ``window()``
+        when due); no records: a tick of the clock."""
+        InProcessPartition(self.instances[partition], records, self.policies).run()
 
     def commit(self, partition: int | None = None) -> None:
         for p, instance in self.instances.items():
@@ -241,10 +245,8 @@ class TaskTestDriver:
         if seconds < 0:
             raise ValueError(f"the driver's clock moves forward only, got {seconds!r} seconds")
         self.now += seconds
-        for instance in self.instances.values():
-            instance.refresh_store_time()
-            instance.maybe_window()
-            instance.fire_timers()
+        for partition in self.instances:
+            self._run(partition, [])
 
     def advance_processing_time(self, seconds: float) -> None:
         """:meth:`advance`: processing time is the driver's clock (:attr:`now`, from 0.0), which moves
@@ -258,8 +260,7 @@ class TaskTestDriver:
         for p, instance in self.instances.items():
             if partition is None or p == partition:
                 instance.time.advance_watermark(to)
-                instance.refresh_store_time()
-                instance.fire_timers()
+                self._run(p, [])
 
     def watermark(self, partition: int = 0) -> float | None:
         """The watermark of ``partition`` (None before any timestamped record)."""

@@ -1,17 +1,21 @@
-"""One batch of one job partition, from open to check-in: the lifecycle every batch runtime runs.
+"""The steps of one task partition's unit of work, from open to check-in: the lifecycle every
+runtime runs, and the TaskTestDriver too.
 
 :meth:`PartitionTask.run` is the template: open (or reuse) the partition's instance, skip if the
-batch was applied before, feed the batch's records through the one feed loop
-(:meth:`~localstate.runtime.partition.instance.TaskInstance.feed`), fire the timers due at the batch's end, run
-``window()`` when due, prepare the
-commit, check the instance back in, and report what happened with phase timings
-(:class:`PartitionBatch`). A runtime says only where records come from (:meth:`PartitionTask.records`)
-and how the instance is opened and given back (:meth:`PartitionTask.open`,
-:meth:`PartitionTask.check_in`); the prepared checkpoint goes back to its caller, which saves it.
+work was applied before, feed its records through the one feed loop (:mod:`.feeder`), fire the
+timers due at its end, run ``window()`` when due, take the commit step, check the instance back in,
+and report what happened with phase timings (:class:`PartitionBatch`). A runtime says only where
+records come from (:meth:`PartitionTask.records`), how the instance is opened and given back
+(:meth:`PartitionTask.open`, :meth:`PartitionTask.check_in`) and how it commits:
 
-Guarantee: nothing is committed here. The prepared checkpoint is returned, and the instance is
-checked in with it only if preparing succeeded; on any failure it is checked in with ``None``
-(closed without committing), so a retry recovers it to the last saved checkpoint.
+* a micro-batch (the native Spark path's :class:`~localstate.runtime.spark.executor.PlannedPartition`,
+  the DataFrame step's :class:`~localstate.runtime.spark.dataframe.DataFramePartition`) commits nothing
+  inside the batch and *prepares* one commit at its end; the prepared checkpoint goes back to its
+  caller, which saves it. On any failure the instance is checked in with ``None`` (closed without
+  committing), so a retry recovers it to the last saved checkpoint;
+* :class:`InProcessPartition` (the TaskTestDriver, ``localstate validate --dry-run``) feeds records to
+  a partition kept open in this process, committing between them as the instance's commit policy
+  says (:mod:`.committer`), and keeps the instance open.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.runtime.partition.recovery import StoreRecovery
-from localstate.core.task import add_task_paths
 from localstate.runtime.partition.faults import CrashAt, armed
 from localstate.runtime.partition.records import InputPolicy
 
@@ -33,7 +36,7 @@ if TYPE_CHECKING:
     from localstate.core.stream import InputRecord
     from localstate.runtime.partition.instance import TaskInstance
 
-__all__ = ["PartitionTask", "PartitionBatch", "OpenPartition", "TASK_PHASES", "fault_for"]
+__all__ = ["PartitionTask", "PartitionBatch", "OpenPartition", "InProcessPartition", "TASK_PHASES", "fault_for"]
 
 #: Phases of one partition's batch, in seconds: waiting for the partition's lock, opening (and
 #: recovering) it, reading and decoding input, the task's ``process()`` and ``window()``, appending and
@@ -65,8 +68,9 @@ class PartitionBatch:
     """What one :meth:`PartitionTask.run` did."""
 
     partition: int
-    checkpoint: Checkpoint
-    """the prepared checkpoint: the caller saves it (or has the driver save it)"""
+    checkpoint: Checkpoint | None
+    """the prepared checkpoint: the caller saves it (or has the driver save it); None when the
+    instance committed as it went (:class:`InProcessPartition`)"""
     records: int = 0
     outputs: int = 0
     skipped: int = 0
@@ -81,8 +85,12 @@ class PartitionBatch:
 
 
 class PartitionTask(ABC):
-    """One batch of job partition ``partition``: subclasses give the records and the instance's
-    open/check-in; :meth:`run` is the lifecycle."""
+    """One unit of work of job partition ``partition``: subclasses give the records and the
+    instance's open/check-in; :meth:`run` is the lifecycle."""
+
+    autocommit = False
+    """commit between records as the instance's commit policy says (in-process); False: a
+    micro-batch, which commits nothing before :meth:`commit_step`"""
 
     def __init__(self, job: JobConfig, partition: int, *, fault: CrashAt | None = None,
                  keep_open: bool = False) -> None:
@@ -120,6 +128,11 @@ class PartitionTask(ABC):
     def end(self, lease: OpenPartition) -> None:
         """After the last record and ``window()``, before the commit is prepared."""
 
+    def commit_step(self, instance: "TaskInstance") -> Checkpoint | None:
+        """The commit at the end of the work: a micro-batch prepares one (stores flushed, outputs
+        written) and returns the checkpoint for its caller to save."""
+        return instance.prepare_commit()
+
     @abstractmethod
     def check_in(self, lease: OpenPartition, prepared: Checkpoint | None) -> None:
         """Done with the instance: keep it (``prepared`` set and :attr:`keep_open`) or close it
@@ -128,8 +141,7 @@ class PartitionTask(ABC):
     # -- the lifecycle ---------------------------------------------------------------------------
     def run(self) -> PartitionBatch | None:
         """Run the batch; None if the instance had applied it before. Raises what the task or the
-        stores raised, after closing the instance without committing."""
-        add_task_paths(self.job)
+        stores raised, after checking the instance in without a prepared commit."""
         clock = time.perf_counter
         started = clock()
         lease = self.open()
@@ -145,7 +157,7 @@ class PartitionTask(ABC):
             converted = clock() - opened  # eager decoding; lazy reads are counted by the feed loop
             instance.refresh_store_time()  # the time since the last commit (an idle wait) counts
             with armed(self.fault):
-                fed = instance.feed(records, self.policies())
+                fed = instance.feed(records, self.policies(), autocommit=self.autocommit)
                 # The batch boundary: timers the batch made due (or the clock did) fire before window().
                 instance.fire_timers()
             if self.job.window_interval is not None:
@@ -154,7 +166,7 @@ class PartitionTask(ABC):
             changelog_in_process = spent["changelog"] - changelog_start  # spills of large batches
             self.end(lease)
             written = lease.sink.written
-            prepared = instance.prepare_commit()
+            prepared = self.commit_step(instance)
             outputs = lease.sink.written - written
             committed = clock()
         finally:
@@ -178,3 +190,52 @@ def fault_for(fault: Mapping[str, Any] | None, partition: int, batch: int) -> Cr
     if fault and fault.get("partition") == partition and fault.get("batch") == batch:
         return CrashAt.from_plan_fault(fault)
     return None
+
+
+@dataclass
+class _InProcessLease:
+    """An instance kept open by this process, as a :class:`PartitionTask` takes it."""
+
+    instance: "TaskInstance"
+    sink: Any = field(default_factory=lambda: _Unmeasured())
+    clock: dict[str, float] = field(default_factory=lambda: {"changelog": 0.0, "outputs": 0.0})
+    recoveries: list[StoreRecovery] = field(default_factory=list)
+    reused: bool = True
+    waited: float = 0.0
+
+
+class _Unmeasured:
+    """The sink count of an in-process lease: outputs go to the instance's own sink, uncounted."""
+
+    written = 0
+
+
+class InProcessPartition(PartitionTask):
+    """``records`` fed to ``instance``, a partition this process keeps open (the TaskTestDriver,
+    ``localstate validate --dry-run``): commits happen between records as the instance's commit
+    policy says, none is forced at the end, and the instance stays open. No records: a tick (the
+    store time refreshed, due timers fired, ``window()`` if due)."""
+
+    autocommit = True
+
+    def __init__(self, instance: "TaskInstance", records: Iterable[tuple[str, "InputRecord"]] = (),
+                 policies: Mapping[str, InputPolicy] | None = None) -> None:
+        super().__init__(instance.job, instance.partition)
+        self.instance = instance
+        self._records = records
+        self._policies = policies
+
+    def open(self) -> OpenPartition:
+        return _InProcessLease(self.instance)
+
+    def records(self, lease: OpenPartition) -> Iterable[tuple[str, "InputRecord"]]:
+        return self._records
+
+    def policies(self) -> Mapping[str, InputPolicy] | None:
+        return self._policies
+
+    def commit_step(self, instance: "TaskInstance") -> Checkpoint | None:
+        return None
+
+    def check_in(self, lease: OpenPartition, prepared: Checkpoint | None) -> None:
+        pass  # kept open by its owner

@@ -1,33 +1,7 @@
-"""Input records on their way to the task: the parts of the one feed loop,
-:meth:`localstate.runtime.partition.instance.TaskInstance.feed`, which every runner uses (the Spark executors
-for a batch's input ranges, the TaskTestDriver for one record at a time or a list).
-
-For each ``(stream, InputRecord)`` the loop, in order:
-
-1. reaches the ``process`` crash point (:mod:`localstate.runtime.partition.faults`);
-2. calls ``task.process(envelope, collector, coordinator)`` for a decoded record, wrapping a failure
-   in a :class:`~localstate.errors.TaskError` that names the user's frame, stream, partition and
-   offset; or applies the input's ``on_error`` policy (:class:`InputPolicy`) to a bad record
-   (``error`` set): ``fail`` raises an InputError, ``skip`` counts and logs it, ``dead_letter`` sends
-   it to the dead-letter output (delivered at commit, like any output);
-3. advances the input's position past the record (what the next checkpoint stores);
-4. optionally (``after_record``) lets the caller commit or stop between records.
-
-For a :class:`~localstate.core.task.BatchTask` the same loop delivers batches instead of records: it
-pulls up to :data:`BATCH_ROWS` records at a time, applies ``on_error`` to the bad ones (per row, as
-above), builds one Arrow batch of the good ones (:func:`~localstate.core.task.record_batch`), reaches
-the ``process`` crash point once per row, calls ``task.process_batch()`` and advances each input's
-position past the whole batch at once; ``after_record`` runs after each batch, so a commit never
-splits a batch. A runtime that holds its rows as Arrow already (the DataFrame step) passes
-:class:`ArrowRows` items instead of records: delivered as they are, no Python object per row. An
-input that reads its rows as columns (the native path's jsonl, file and Kafka inputs) comes as
-:class:`ColumnRows` items: one batch per chunk, no record tuple per good row.
-
-It is the runtime's hot loop, so it keeps the costs per record to what the work needs: envelopes
-built by :func:`make_envelope`, records pulled in chunks (reading is timed per chunk, not per
-record), the task's bound method and the instance's containers held in locals, and no per-record
-method call unless ``after_record`` asks for one.
-"""
+"""The parts of the one feed loop (:mod:`.feeder`): bad-record policies (:class:`InputPolicy`,
+:class:`OnError`, :func:`apply_on_error`), what a feed did (:class:`FeedStats`), the rows a runtime
+may hand over already in columns (:class:`ArrowRows`, :class:`ColumnRows`), and the fast envelope
+maker (:func:`make_envelope`)."""
 
 from __future__ import annotations
 
@@ -35,11 +9,10 @@ import logging
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from localstate.core.task import Envelope
+from localstate.core.task import Collector, Envelope
 from localstate.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the stream contract is only named here: this module stays light to import
-    from localstate.runtime.partition.instance import TaskInstance
     from localstate.core.stream import InputRecord
 
 __all__ = ["InputPolicy", "OnError", "FeedStats", "apply_on_error", "make_envelope", "safe_text", "PROCESS_HINT",
@@ -164,10 +137,10 @@ def make_envelope_maker() -> Callable[[str, int, int, Any, Any, float | None], E
 make_envelope = make_envelope_maker()
 
 
-def apply_on_error(policy: InputPolicy | None, instance: "TaskInstance", name: str, record: InputRecord,
-                stats: FeedStats) -> None:
-    """Apply the input's ``on_error`` policy (none: ``fail``) to an undecodable or keyless record."""
-    partition = instance.partition
+def apply_on_error(policy: InputPolicy | None, partition: int, collector: Collector, name: str, record: InputRecord,
+                   stats: FeedStats) -> None:
+    """Apply the input's ``on_error`` policy (none: ``fail``) to an undecodable or keyless record of
+    input ``name``'s ``partition`` (a dead letter is sent through ``collector``)."""
     on_error = FAIL if policy is None else policy.on_error
     if on_error == FAIL:
         raise InputError(f"bad input record ({safe_text(record.error)}): {safe_text(str(record.raw)[:200])}",
@@ -176,7 +149,7 @@ def apply_on_error(policy: InputPolicy | None, instance: "TaskInstance", name: s
     if on_error == "dead_letter":
         # error and raw come from the bad data itself: make them encodable by every output (a lone
         # surrogate would otherwise fail the dead-letter write, and the job, on every run).
-        instance.collector.send(policy.dead_letter, None, {  # type: ignore[union-attr]
+        collector.send(policy.dead_letter, None, {  # type: ignore[union-attr]
             "stream": name, "partition": partition, "offset": record.offset, "error": safe_text(record.error),
             "raw": safe_text(record.raw)})
         stats.dead_lettered += 1

@@ -1,4 +1,6 @@
-"""``StreamSink``: the :class:`~localstate.runtime.partition.instance.OutputSink` over a job's configured outputs.
+"""Where a task partition's committed outputs go: the :class:`OutputSink` contract,
+:class:`MemorySink` (lists per stream partition: tests and the TaskTestDriver) and
+:class:`StreamSink`, the sink over a job's configured outputs.
 
 ``write`` appends each stream's messages to the producing task partition's own output partition,
 durably, and returns the end position of *every* configured output (so a checkpoint always names
@@ -12,7 +14,7 @@ output partition that holds data no checkpoint of this job covers, unless ``over
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from localstate.core.config import JobConfig
 from localstate.runtime.layout import state_places
@@ -20,7 +22,37 @@ from localstate.core.stream import OutputStream, open_input, open_output, overla
 from localstate.core.task import OutgoingMessage
 from localstate.errors import ConfigError, OutputError, TaskError
 
-__all__ = ["StreamSink"]
+__all__ = ["OutputSink", "MemorySink", "StreamSink"]
+
+
+class OutputSink(Protocol):
+    """Where committed outputs go. ``write`` is durable and returns the end position of each
+    stream written; ``rollback`` discards anything after the given positions (exactly-once outputs
+    for sinks that can do it) and may return the position of every output for the next checkpoint."""
+
+    def write(self, partition: int, messages: list[OutgoingMessage]) -> Mapping[str, int]: ...
+
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> Mapping[str, int] | None: ...
+
+
+class MemorySink:
+    """Outputs kept in lists per (stream, partition): for tests and the TaskTestDriver."""
+
+    def __init__(self) -> None:
+        self.streams: dict[tuple[str, int], list[OutgoingMessage]] = {}
+
+    def write(self, partition: int, messages: list[OutgoingMessage]) -> dict[str, int]:
+        for message in messages:
+            self.streams.setdefault((message.stream, partition), []).append(message)
+        return {stream: len(items) for (stream, p), items in self.streams.items() if p == partition}
+
+    def rollback(self, partition: int, positions: Mapping[str, int]) -> None:
+        for (stream, p), items in self.streams.items():
+            if p == partition:
+                del items[positions.get(stream, 0):]
+
+    def messages(self, stream: str) -> list[OutgoingMessage]:
+        return [m for (s, _), items in sorted(self.streams.items()) if s == stream for m in items]
 
 
 class StreamSink:

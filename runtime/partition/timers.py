@@ -8,7 +8,7 @@ never below the watermark of the checkpoint it was opened from (so it never goes
 restarts either). The feed loop raises :attr:`PartitionTime.high` after each record (a batch task:
 after each batch), so the task sees the watermark from before the record (or batch) it processes.
 
-*Timers* are state: each is an entry of the logged kv store :data:`~localstate.core.config.TIMER_STORE`
+*Timers* are state: each is an entry of the logged kv store :data:`~localstate.core.time.TIMER_STORE`
 (raw bytes, recovered, flushed and checkpointed with the other stores), keyed
 
     domain (1 byte) | timestamp (8 bytes, order-preserving) | key (the timer key serde's bytes)
@@ -41,9 +41,9 @@ from operator import itemgetter
 from typing import Any, Callable
 
 from localstate.core.codecs import FAST_ERRORS, fast_codec
-from localstate.core.config import TIMER_STORE, JobConfig
+from localstate.core.config import JobConfig
 from localstate.core.serdes import JsonSerde, Serde
-from localstate.core.time import EVENT_TIME, PROCESSING_TIME
+from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TIMER_STORE
 from localstate.errors import ConfigError, InvalidValueError
 
 __all__ = ["PartitionTime", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK"]

@@ -20,15 +20,16 @@ from typing import Any, Iterator, Mapping
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.runtime.partition.faults import CrashAt
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
 from localstate.runtime.spark.failures import executor_failure, record_failed_attempt
 from localstate.runtime.spark.cluster import is_warm
-from localstate.runtime.spark.affinity.kept import (BatchInstance, Lease, checkin, checkout, claim, kept_partition,
+from localstate.runtime.spark.affinity.kept import (Lease, checkin, checkout, claim, kept_partition,
                                                open_planned, task_context)
 from localstate.runtime.driver.plan import PartitionPlan
 from localstate.core.stream import open_input
 from localstate.core.stream import ColumnarInput, InputRecord, InputStream, seek_hint
-from localstate.core.task import BatchTask
+from localstate.core.task import BatchTask, add_task_paths
 from localstate.runtime.partition.records import ColumnRows
 from localstate.errors import InputPositionError
 
@@ -43,7 +44,7 @@ def _keyed(records: Iterator[InputRecord], index: int, name: str) -> Iterator[tu
     for record in records:
         yield _sort_key(record.ts, index, record.offset), name, record
 
-def plan_records(instance: BatchInstance, plan: PartitionPlan,
+def plan_records(instance: TaskInstance, plan: PartitionPlan,
                  inputs: Mapping[str, InputStream]) -> Iterator[tuple[str, InputRecord]]:
     """The plan's input records from the instance's positions, as ``(input, record)`` in processing
     order: one input as read; several merged by ``(ts, input, offset)``, a merge resumable at any cut
@@ -73,7 +74,7 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
     return items
 
 
-def _check_position(instance: BatchInstance, plan: PartitionPlan, name: str, source: InputStream) -> None:
+def _check_position(instance: TaskInstance, plan: PartitionPlan, name: str, source: InputStream) -> None:
     """The instance must start input ``name`` inside the planned range: an instance ahead of the
     planned end (its checkpoint moved under the driver, or the input shrank) would read nothing and
     report the batch done. InputPositionError instead, as the planner raises."""
@@ -146,6 +147,7 @@ def task_attempt() -> int:
 
 
 def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
+    add_task_paths(job)  # the task's module may live next to the job file
     done = PlannedPartition(job, plan).run()
     assert done is not None  # a planned batch is never applied before: the plan starts at the checkpoint
     return {
@@ -161,7 +163,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
     }
 
 
-def _roll_changelogs(instance: BatchInstance) -> None:
+def _roll_changelogs(instance: TaskInstance) -> None:
     """Seal each store's active changelog segment (changelog systems with a ``roll()`` capability).
     The instance is at its committed checkpoint here, so everything sealed is at most that."""
     for store in instance.stores.values():

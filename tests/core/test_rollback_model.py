@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localstate.core.config import TIMER_STORE, parse_job_config
+from localstate.core.config import parse_job_config
+from localstate.core.time import TIMER_STORE
 from localstate.runtime.layout import open_changelog_system
 from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask

@@ -11,7 +11,8 @@ import struct
 import pytest
 
 from localstate.core.checkpoint import Checkpoint
-from localstate.core.config import TIMER_STORE, TIMER_WRITE_BATCH, parse_job_config
+from localstate.core.config import parse_job_config
+from localstate.core.time import TIMER_STORE, TIMER_WRITE_BATCH
 from localstate.core.task import BatchTask, StreamTask
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, Timers
 from localstate.errors import ConfigError, InvalidValueError

@@ -56,6 +56,7 @@ from localstate.core.config import JobConfig
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error
 from localstate.runtime.partition.recovery import StoreRecovery
 from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.committer import BatchCommits
 from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.cluster import PlannedCheckpoints, executor_local_root
 from localstate.runtime.driver.plan import PartitionPlan
@@ -63,7 +64,7 @@ from localstate.runtime.partition.sink import StreamSink
 from localstate.core.task import BatchTask, OutgoingMessage, load_task_class
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
-__all__ = ["BatchInstance", "Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim", "try_claim",
+__all__ = ["Lease", "checkout", "checkin", "release_kept", "kept_partition", "claim", "try_claim",
            "claimed_by", "open_planned", "acquire_partition", "clear_requests", "release_partitions", "is_alive",
            "settle_worker", "task_context", "return_free_memory", "LOCK_TIMEOUT", "KEEPER_GRACE"]
 
@@ -82,14 +83,6 @@ _WATCH_IDLE = 0.05
 then every :data:`_WATCH_IDLE` seconds: a standing job without input costs ~20 wake-ups a second per
 worker, not 200, and a request then waits up to 50 ms."""
 _WATCH_BUSY_FOR = 1.0
-
-
-class BatchInstance(TaskInstance):
-    """A TaskInstance whose commits are driven by the batch: no timer or record-count commits
-    inside a batch (the driver commits all partitions at batch end)."""
-
-    def _after_call(self) -> None:
-        pass
 
 
 class _TimedChangelog(ChangelogPartition):
@@ -192,7 +185,7 @@ class Lease:
     """One open task partition, its changelog system and output sink, as used by one Spark task."""
 
     key: tuple[Any, ...]
-    instance: BatchInstance
+    instance: TaskInstance
     changelogs: ChangelogSystem
     sink: _TimedSink
     clock: dict[str, float]
@@ -519,7 +512,7 @@ def checkout(job: JobConfig, partition: int, run_id: str,
     clock = {"changelog": 0.0, "outputs": 0.0}
     changelogs = _TimedChangelogs(open_changelog_system(job), clock)
     sink = _TimedSink(make_sink() if make_sink is not None else StreamSink(job), clock)
-    instance = BatchInstance(job, partition, changelogs, sink)
+    instance = TaskInstance(job, partition, changelogs, sink, commit_policy=BatchCommits())
     try:
         waited = acquire_partition(instance.checkpoints, partition)
         recoveries = instance.open()
@@ -543,7 +536,7 @@ def open_planned(job: JobConfig, plan: PartitionPlan) -> Lease:
     clock = {"changelog": 0.0, "outputs": 0.0}
     changelogs = _TimedChangelogs(open_changelog_system(job), clock)
     sink = _TimedSink(StreamSink(job), clock)
-    instance = BatchInstance(job, plan.partition, changelogs, sink, checkpoints=checkpoints,  # type: ignore[arg-type]
+    instance = TaskInstance(job, plan.partition, changelogs, sink, commit_policy=BatchCommits(), checkpoints=checkpoints,  # type: ignore[arg-type]
                              local_root=executor_local_root(job), attempt=uuid.uuid4().hex)
     try:
         recoveries = instance.open()
