@@ -46,6 +46,7 @@ partitions = {partitions}
 task = "cluster_cases:CountByKey"
 state_dir = "{directory / 'shared'}"
 changelog = "{changelog}"
+pythonpath = ["{HERE}"]
 
 [inputs.events]
 system = "generator"
@@ -66,7 +67,6 @@ value_serde = "int"
 
 [spark]
 master = "{master}"
-pythonpath = ["{HERE}"]
 
 [spark.conf]
 {conf}

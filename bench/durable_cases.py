@@ -83,8 +83,8 @@ def counting(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
         instance.feed(records, autocommit=True)
         instance.close()
     result = {**clock.figures(), "events": len(ks), "ops_per_s": len(ks) / clock.seconds,
-              "commits": instance.commits, "pipelined": instance.pipelined,
-              "commit_wait_seconds": instance.commit_wait_seconds, "checkpoint_seconds": instance.checkpoint_seconds}
+              "commits": instance.committer.commits, "pipelined": instance.pipelined,
+              "commit_wait_seconds": instance.committer.commit_wait_seconds, "checkpoint_seconds": instance.committer.checkpoint_seconds}
     compactor_cpu = 0.0
     if hasattr(changelog, "put_wait_seconds"):
         result["snapshots"] = changelog.snapshots_written

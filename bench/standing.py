@@ -106,6 +106,7 @@ partitions = 2
 task = "standing_task:DirtyCounts"
 window_interval = "0s"
 state_dir = "state"
+pythonpath = ["."]
 
 [inputs.events]
 system = "jsonl"
@@ -123,7 +124,6 @@ value_serde = "int"
 
 [spark]
 master = "local[2]"
-pythonpath = ["."]
 '''
 
 

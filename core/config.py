@@ -30,14 +30,13 @@ config path (``stores.counts.cache_size``). Example::
 from __future__ import annotations
 
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from localstate.core.names import name_problem
-from localstate.core.options import Option, did_you_mean, parse_duration, parse_path, validate_options
+from localstate.core.options import did_you_mean, parse_duration, parse_path, validate_options
 from localstate.core.policy import PluginPolicy, job_folder
 from localstate.core.registry import Registry, registry_for
 from localstate.core.time import TIME_OPTIONS, TIMER_STORE, TIMER_WRITE_BATCH, TimeConfig
@@ -45,12 +44,12 @@ from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["StoreConfig", "StreamConfig", "JobConfig", "TimeConfig", "job_policy", "load_job_config",
-           "parse_job_config", "SPARK_OPTIONS", "LOG_LEVELS",
+           "parse_job_config", "LOG_LEVELS",
            "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
              "state_dir", "local_dir", "allow_pickle", "plugins", "log_level", "pipelined_commits",
-             "metrics_port", "metrics_host"}
+             "metrics_port", "metrics_host", "pythonpath"}
 _STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
 _SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark", "time"}
 
@@ -58,65 +57,16 @@ LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 """Accepted ``job.log_level`` values (case-insensitive): the :mod:`logging` levels."""
 
 
-def _positive_batch_size(value: Any) -> int:
-    if value < 1:
-        raise ValueError(f"must be >= 1 (records per partition per micro-batch), got {value!r}")
-    return value
-
-
-def _master(value: str) -> str:
-    if not value.strip() or any(ord(ch) < 0x20 for ch in value):
-        raise ValueError(f"must be a Spark master URL such as 'local[*]' or 'spark://host:7077', got {value!r}")
-    return value
-
-
-def _pythonpath(value: list[Any]) -> list[str]:
+def _pythonpath(value: Any) -> list[str]:
+    """``job.pythonpath``: a list of usable folder paths."""
+    if not isinstance(value, list):
+        raise ValueError(f"must be a list of folders (relative to the job file's folder), got {value!r}")
     for index, entry in enumerate(value):
         try:
             parse_path(entry)
         except ValueError as exc:
             raise ValueError(f"entry {index}: {exc}") from None
     return list(value)
-
-
-def _spark_conf(value: dict[str, Any]) -> dict[str, str | int | float | bool]:
-    """Flatten ``conf`` to ``{"spark.x.y": scalar}``: an unquoted dotted TOML key
-    (``spark.executor.memory = "2g"``) parses as nested tables, which mean the same dotted key."""
-    flat: dict[str, Any] = {}
-
-    def walk(prefix: str, table: dict[str, Any]) -> None:
-        for key, item in table.items():
-            name = f"{prefix}{key}"
-            if isinstance(item, dict):
-                walk(name + ".", item)
-            elif isinstance(item, (str, int, bool)) or (isinstance(item, float) and math.isfinite(item)):
-                flat[name] = item
-            else:
-                raise ValueError(f"{name!r} must be a string, number or boolean, got {type(item).__name__} {item!r}")
-    walk("", value)
-    return flat
-
-
-SPARK_OPTIONS = {
-    "master": Option(str, default=None, parse=_master, doc="Spark master URL (default local[*]; --master overrides)"),
-    "batch_size": Option(int, default=None, parse=_positive_batch_size,
-                         doc="records per partition per micro-batch (default: all; --batch-size overrides)"),
-    "worker_affinity": Option(bool, default=None,
-                              doc="local masters: keep each partition open in the Python worker that ran it, with the "
-                                  "tuning that goes with it (default true; false: one plain task per partition)"),
-    "pythonpath": Option(list, default=None, parse=_pythonpath, doc="extra folders for the task's imports"),
-    "conf": Option(dict, default=None, parse=_spark_conf, doc="Spark configuration, key -> string/number/bool"),
-    "trigger": Option((int, float, str), default=None, parse=parse_duration,
-                      doc="processing-time trigger of `localstate run`: a batch starts at most once per this "
-                          "interval, e.g. '500ms' (default: as soon as input is there)"),
-}
-"""Every ``[spark]`` key; unknown keys are reported with a did-you-mean."""
-
-REMOVED_SPARK_OPTIONS = {
-    "keep_open": lambda value: f"write worker_affinity = {'true' if value else 'false'} instead (the one switch of "
-                               "the local-master tuning, kept instances included)",
-}
-"""``[spark]`` keys of earlier versions, with what to write instead."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +117,10 @@ class JobConfig:
     outputs: Mapping[str, StreamConfig] = field(default_factory=dict)
     stores: Mapping[str, StoreConfig] = field(default_factory=dict)
     spark: Mapping[str, Any] = field(default_factory=dict)
+    """``[spark]`` as the file gives it: the Spark runtime validates it (``localstate validate``
+    and every run on Spark do, see :mod:`localstate.runtime.spark.config`)"""
+    pythonpath: tuple[str, ...] = ()
+    """``job.pythonpath``: extra folders for the task's imports, relative to the job file's folder"""
     time: TimeConfig = field(default_factory=TimeConfig)
     """``[time]``: allowed lateness of the watermark, and the timers (their store is
     ``stores[TIMER_STORE]`` when enabled)"""
@@ -306,6 +260,11 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         state_dir = "state"
     local_dir = _local_dir(job.get("local_dir"), add)
     metrics_port, metrics_host = _metrics(job, add)
+    pythonpath: list[str] = []
+    try:
+        pythonpath = _pythonpath(job.get("pythonpath", []))
+    except ValueError as exc:
+        add("job.pythonpath", str(exc))
 
     changelog_system = job.get("changelog", "file")
     changelog_options: dict[str, dict[str, Any]] = {}
@@ -344,7 +303,7 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
 
     inputs = _streams(data, "inputs", add)
     outputs = _streams(data, "outputs", add)
-    spark = _spark(data, problems, add)
+    spark = _table(data, "spark", add)
 
     if problems and collect is None:
         raise ConfigError(problems, source=source)
@@ -356,7 +315,8 @@ def parse_job_config(data: Mapping[str, Any], *, base_dir: Path | None = None, s
         name=name, partitions=partitions, task=task, state_dir=(base_dir / state_dir).resolve(), local_dir=local_dir,
         changelog_system=changelog_system, changelog_options=changelog_options, commit_interval=commit_interval,
         commit_every=commit_every, pipelined_commits=pipelined_commits, window_interval=window_interval,
-        allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark, time=time_config,
+        allow_pickle=allow_pickle, inputs=inputs, outputs=outputs, stores=stores, spark=spark,
+        pythonpath=tuple(pythonpath), time=time_config,
         policy=policy,
         source=source, log_level=log_level, metrics_port=metrics_port, metrics_host=metrics_host,
         base_dir=job_dir.absolute().resolve() if job_dir is not None else None)
@@ -413,18 +373,6 @@ def _path_problem(key: str, value: str, add) -> bool:  # noqa: ANN001
         add(key, str(exc))
         return True
     return False
-
-
-def _spark(data: Mapping[str, Any], problems: list[ConfigProblem], add) -> dict[str, Any]:  # noqa: ANN001
-    """The validated ``[spark]`` table, holding only the keys the file sets (the runner applies
-    its own defaults to absent ones)."""
-    raw = _table(data, "spark", add)
-    try:
-        checked = validate_options(SPARK_OPTIONS, raw, "spark", removed=REMOVED_SPARK_OPTIONS)
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-        return {}
-    return {key: value for key, value in checked.items() if key in raw}
 
 
 def _time(data: Mapping[str, Any], job_name: Any, allow_pickle: bool, registry: Registry,  # noqa: PLR0913

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter, RecordColumns
-from localstate.core.options import Option, validate_options
+from localstate.core.options import Option, Removed, validate_options
 from localstate.core.serdes import Serde
 from localstate.core.time import SYSTEM_TIME, TimeSource
 from localstate.errors import ConfigError
@@ -178,10 +178,9 @@ class StorageEngineFactory(ABC):
     """
 
     plugin_api: ClassVar[int] = PLUGIN_API_VERSION
-    options: ClassVar[Mapping[str, Option]] = {}
-    #: Options this engine no longer has, mapped to what to write instead (a string, or a function
-    #: of the value given): a job that still sets one gets a ConfigError saying so, not "unknown option".
-    removed_options: ClassVar[Mapping[str, str | Callable[[Any], str]]] = {}
+    options: ClassVar[Mapping[str, Option | Removed]] = {}
+    """the store options, by name; an option of an earlier version is declared as :class:`Removed`
+    with what to write instead"""
     #: Options other engines have that this one cannot honour (e.g. ``ttl``), mapped to why: a store
     #: that sets one gets a ConfigError at ``stores.<store>.<option>`` saying so, not "unknown option".
     unsupported_options: ClassVar[Mapping[str, str]] = {}
@@ -196,7 +195,7 @@ class StorageEngineFactory(ABC):
             if name in raw and name not in self.options:
                 raise ConfigError.at(f"stores.{store}.{name}", f"store {store!r} sets {name!r}, which its engine "
                                      f"does not support: {why}", hint=f"remove {name} from store {store!r}")
-        options = validate_options(self.options, raw, f"stores.{store}", removed=self.removed_options)
+        options = validate_options(self.options, raw, f"stores.{store}")
         self.check_options(store, options)
         return options
 

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from localstate.errors import ConfigError, ConfigProblem
 
-__all__ = ["Option", "validate_options", "parse_size", "parse_duration", "did_you_mean", "parse_path",
+__all__ = ["Option", "Removed", "live_options", "validate_options", "parse_size", "parse_duration", "did_you_mean", "parse_path",
            "MAX_SIZE", "MAX_DURATION"]
 
 _MISSING = object()
@@ -178,31 +178,43 @@ def _type_names(types: tuple[type, ...]) -> str:
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
-def validate_options(spec: Mapping[str, Option], raw: Mapping[str, Any], path: str, *,
-                     removed: Mapping[str, str | Callable[[Any], str]] | None = None) -> dict[str, Any]:
-    """Validate ``raw`` against ``spec``. Unknown, missing and ill-typed options are all reported
-    in one ConfigError, each at ``<path>.<option>``. Defaults fill absent options.
+@dataclass(frozen=True)
+class Removed:
+    """An option of an earlier version, declared in an options table beside the live ones: giving it
+    is a problem that says what to write instead (``instead``: the advice, or a function of the value
+    given that returns it), rather than "unknown option"."""
 
-    ``removed`` maps options that no longer exist to what to write instead (a string, or a function
-    of the value given that returns one): such an option is reported as removed, with that advice,
-    rather than as unknown."""
+    instead: str | Callable[[Any], str]
+
+    def advice(self, value: Any) -> str:
+        return self.instead if isinstance(self.instead, str) else self.instead(value)
+
+
+def live_options(spec: Mapping[str, "Option | Removed"]) -> dict[str, Option]:
+    """The options of ``spec`` that exist (the :class:`Removed` ones left out)."""
+    return {name: option for name, option in spec.items() if isinstance(option, Option)}
+
+
+def validate_options(spec: Mapping[str, "Option | Removed"], raw: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Validate ``raw`` against ``spec``. Unknown, removed, missing and ill-typed options are all
+    reported in one ConfigError, each at ``<path>.<option>``. Defaults fill absent options."""
     problems: list[ConfigProblem] = []
     result: dict[str, Any] = {}
+    live = live_options(spec)
     for name, value in raw.items():
-        if name not in spec and removed and name in removed:
-            instead = removed[name]
-            advice = instead if isinstance(instead, str) else instead(value)
-            problems.append(ConfigProblem(f"{path}.{name}", f"option {name!r} was removed; {advice}"))
+        declared = spec.get(name)
+        if isinstance(declared, Removed):
+            problems.append(ConfigProblem(f"{path}.{name}", f"option {name!r} was removed; {declared.advice(value)}"))
             continue
-        if name not in spec:
-            problems.append(ConfigProblem(f"{path}.{name}", "unknown option" + did_you_mean(name, list(spec))
-                                          + (f"; known options: {', '.join(sorted(spec))}" if spec else "")))
+        if declared is None:
+            problems.append(ConfigProblem(f"{path}.{name}", "unknown option" + did_you_mean(name, list(live))
+                                          + (f"; known options: {', '.join(sorted(live))}" if live else "")))
             continue
         try:
-            result[name] = spec[name].check(value)
+            result[name] = declared.check(value)
         except ValueError as exc:
             problems.append(ConfigProblem(f"{path}.{name}", str(exc)))
-    for name, option in spec.items():
+    for name, option in live.items():
         if name in raw:
             continue
         if option.required:

@@ -152,7 +152,7 @@ def invalidate_discovery() -> None:
 # -- locating the file --------------------------------------------------------------------------
 def job_folder(job_file: str | os.PathLike[str]) -> Path:
     """The job's folder: the one base every relative path of a job is resolved against (``state_dir``,
-    ``[job] plugins`` and ``plugins.toml``, the task module's ``sys.path`` entry, ``[spark]
+    ``[job] plugins`` and ``plugins.toml``, the task module's ``sys.path`` entry, ``[job]
     pythonpath``, input and output paths). It is the directory that holds the job file *as given*:
     when ``job.toml`` is a symlink, the folder of the link, not of its target (the file's own link
     is never followed, so the operator's folder decides the policy and the state, never whoever

@@ -503,9 +503,9 @@ def _load_error(spec: str, module_name: str, exc: BaseException) -> ConfigError:
 
 
 def add_task_paths(job: "JobConfig") -> None:
-    """Put the job file's directory and ``[spark] pythonpath`` entries on ``sys.path``, so that
+    """Put the job file's directory and ``job.pythonpath`` entries on ``sys.path``, so that
     ``job.task = "module:Class"`` finds a module kept next to the job file."""
-    for path in [base_dir(job), *(Path(p) for p in job.spark.get("pythonpath", []))]:
+    for path in [base_dir(job), *(Path(p) for p in job.pythonpath)]:
         path = path if path.is_absolute() else base_dir(job) / path
         if str(path) not in sys.path:
             sys.path.insert(0, str(path))

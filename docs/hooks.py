@@ -56,6 +56,8 @@ JOB_KEYS: dict[str, tuple[str, str, str]] = {
                      "of the driver (see [operations.md](../operations.md#metrics))"),
     "metrics_host": ("string", "`\"127.0.0.1\"`", "the address the metrics endpoint binds to (`0.0.0.0`: every "
                      "interface, e.g. for a Kubernetes scrape)"),
+    "pythonpath": ("list of paths", "`[]`", "extra folders for the task's imports, relative to the job file's "
+                   "folder (on every executor too)"),
 }
 
 STORE_KEYS: dict[str, tuple[str, str, str]] = {
@@ -160,8 +162,10 @@ _HEADER = ["| key | type | default | meaning |", "|---|---|---|---|"]
 
 
 def _option_rows(section: str, plugin: str, options: Any, prefix: str = "") -> list[str]:
+    from localstate.core.options import live_options
+
     return [_row(_anchor(section, plugin, name), prefix + name, _type_name(option), _default(option), option.doc)
-            for name, option in options.items()]
+            for name, option in live_options(options).items()]
 
 
 def builtin_plugins(group: str) -> list[tuple[str, Any]]:
@@ -176,6 +180,8 @@ def builtin_plugins(group: str) -> list[tuple[str, Any]]:
 def config_reference() -> str:
     from localstate.core import config
     from localstate.core.stream import COMMON_INPUT_OPTIONS, COMMON_OUTPUT_OPTIONS
+    from localstate.core.time import TIME_OPTIONS, TIMER_STORE
+    from localstate.runtime.spark.config import SPARK_OPTIONS
 
     for code_keys, documented, what in ((config._JOB_KEYS, JOB_KEYS, "[job]"),
                                         (config._STORE_KEYS, STORE_KEYS, "[stores.<name>]")):
@@ -233,11 +239,11 @@ def config_reference() -> str:
         out += [""]
 
     out += ["## `[spark]`", "", "Settings of `localstate run` (command-line flags win).", "", *_HEADER,
-            *_option_rows("spark", "", config.SPARK_OPTIONS), ""]
+            *_option_rows("spark", "", SPARK_OPTIONS), ""]
     out += ["## `[time]`", "", "The watermark and the timers of every task partition (see "
             "[Time](../time/index.md)). With `timers = true` the job gets the internal logged kv store "
-            f"`{config.TIMER_STORE}`, a store name no `[stores.<name>]` table may take.", "", *_HEADER,
-            *_option_rows("time", "", config.TIME_OPTIONS), ""]
+            f"`{TIMER_STORE}`, a store name no `[stores.<name>]` table may take.", "", *_HEADER,
+            *_option_rows("time", "", TIME_OPTIONS), ""]
     return "\n".join(out)
 
 

@@ -88,12 +88,11 @@ def run(args: argparse.Namespace) -> int:
     # A mistyped input path would otherwise run as an empty input and exit 0.
     require_input_paths(job)
     require_own_changelogs(job)  # else refused later, at the first task, with a misleading message
-    master = args.master or str(job.spark.get("master", "local[*]"))
-    for note in spark_notes(job, master):
+    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)  # validates [spark]
+    for note in spark_notes(job, runner.master):
         print(f"warning: {note}", file=sys.stderr)
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
-    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)
     print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
           flush=True)
     runner.check_inputs()  # before Spark starts: an input changed under the job fails fast

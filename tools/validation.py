@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.tomlfile import read_toml_file
+from localstate.runtime.spark.config import SparkConfig
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["IMPORT_TIMEOUT", "JobCheck", "changelog_input_problems", "check_job", "require_own_changelogs",
@@ -82,9 +83,9 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
         except ConfigError as exc:
             problems.extend(exc.problems)
             check.task_error = exc
+    spark = SparkConfig.parse(job.spark, collect=problems)
     raw_job = data.get("job")
-    check.notes.extend(spark_notes(job, str(job.spark["master"]) if job.spark.get("master") else None,
-                                   raw_job=raw_job if isinstance(raw_job, dict) else {}))
+    check.notes.extend(spark_notes(job, spark.master, raw_job=raw_job if isinstance(raw_job, dict) else {}))
     return check
 
 
@@ -202,7 +203,7 @@ def spark_notes(job: JobConfig, master: str | None = None, *, raw_job: Mapping[s
 def shared_path_notes(job: JobConfig, master: str) -> list[str]:
     """On a cluster ``master``: every path-based input and output (read and written by the executors
     at the driver's path) and the task module when it is imported from the job file's folder or a
-    ``[spark] pythonpath`` folder (imported from that path on every executor). Whether another host
+    ``job.pythonpath`` folder (imported from that path on every executor). Whether another host
     sees the same directory cannot be told from here, so each is named with what it needs: a file
     system every host mounts at that path, or (the task module) an installed package."""
     from localstate.core.stream import open_input, open_output
@@ -228,14 +229,14 @@ def shared_path_notes(job: JobConfig, master: str) -> list[str]:
 
 
 def _task_folder(job: JobConfig) -> Path | None:
-    """The job file's folder or ``[spark] pythonpath`` folder the task module is found in, else None
+    """The job file's folder or ``job.pythonpath`` folder the task module is found in, else None
     (an installed module, or one that cannot be found)."""
     from localstate.core.stream import base_dir
 
     module = job.task.split(":")[0]
     if not module:
         return None
-    folders = [base_dir(job)] + [base_dir(job) / Path(p) for p in job.spark.get("pythonpath", [])]
+    folders = [base_dir(job)] + [base_dir(job) / Path(p) for p in job.pythonpath]
     top = module.split(".")[0]
     for folder in folders:
         folder = folder.resolve()

@@ -3,11 +3,11 @@ reorder buffer depending on ``kind``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping
 
 from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
-from localstate.core.options import Option
-from localstate.engines.heap.options import (HEAP_KINDS, HEAP_OPTIONS, REMOVED_HEAP_OPTIONS, backend_options_of,
+from localstate.core.options import Option, Removed
+from localstate.engines.heap.options import (HEAP_KINDS, HEAP_OPTIONS, backend_options_of,
                                              max_lateness_of)
 from localstate.errors import ConfigError, ConfigProblem
 
@@ -26,8 +26,7 @@ class HeapEngineFactory(StorageEngineFactory):
 
     description: ClassVar[str] = ("running top-N (ranked items with scores, optional capacity) and bounded "
                                   "sort (reorder buffer released by watermark), persisted on a kv backend")
-    options: ClassVar[Mapping[str, Option]] = HEAP_OPTIONS
-    removed_options: ClassVar[Mapping[str, str | Callable[[Any], str]]] = REMOVED_HEAP_OPTIONS
+    options: ClassVar[Mapping[str, Option | Removed]] = HEAP_OPTIONS
     unsupported_options: ClassVar[Mapping[str, str]] = {
         "ttl": "a heap entry leaves by rank, pop or release, not by age (docs/time/ttl.md); expire them "
                "from the task, e.g. with a timer"}

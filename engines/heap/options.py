@@ -5,12 +5,12 @@ without a cycle."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from localstate.core.options import Option, parse_duration, validate_options
+from localstate.core.options import Option, Removed, parse_duration, validate_options
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 
-__all__ = ["HEAP_KINDS", "HEAP_OPTIONS", "REMOVED_HEAP_OPTIONS", "backend_options_of", "max_lateness_of"]
+__all__ = ["HEAP_KINDS", "HEAP_OPTIONS", "backend_options_of", "max_lateness_of"]
 
 HEAP_KINDS = ("topn", "reorder")
 """Values of a heap store's ``kind``: the option that picks the variant, named as for sketch stores."""
@@ -27,7 +27,12 @@ def _lateness(value: Any) -> Any:
     return float(value)
 
 
-HEAP_OPTIONS: dict[str, Option] = {
+def _instead_of_mode(value: Any) -> str:
+    kind = value if value in HEAP_KINDS else "topn"  # or "reorder"
+    return f'write kind = "{kind}" instead (the same option name as for sketch stores)'
+
+
+HEAP_OPTIONS: dict[str, Option | Removed] = {
     "kind": Option(str, None, "which heap: topn (ranked items, the default) or reorder (bounded sort "
                               "by timestamp)", choices=HEAP_KINDS),
     "order": Option(str, "max", "topn: which end is the top", choices=("max", "min")),
@@ -40,22 +45,13 @@ HEAP_OPTIONS: dict[str, Option] = {
     "late_policy": Option(str, "error", "reorder: what to do with events older than the watermark",
                           choices=("error", "drop", "side_output")),
     **BACKEND_OPTIONS,
+    "mode": Removed(_instead_of_mode),
+    "kv": Removed("write the backend options of the nested kv table at the store's top level instead "
+                  "(backend, block_cache_size, rocksdb = {...}, map_size, ..., as for every engine kind); "
+                  "cache_size and write_batch_size never applied to a heap: drop them"),
 }
-"""Every option of a heap store: its own, then the backend options shared by every engine kind."""
-
-
-def _instead_of_mode(value: Any) -> str:
-    kind = value if value in HEAP_KINDS else "topn"  # or "reorder"
-    return f'write kind = "{kind}" instead (the same option name as for sketch stores)'
-
-
-REMOVED_HEAP_OPTIONS: dict[str, str | Callable[[Any], str]] = {
-    "mode": _instead_of_mode,
-    "kv": "write the backend options of the nested kv table at the store's top level instead "
-          "(backend, block_cache_size, rocksdb = {...}, map_size, ..., as for every engine kind); "
-          "cache_size and write_batch_size never applied to a heap: drop them",
-}
-"""Options the heap no longer has, with what to write instead (reported as a ConfigError)."""
+"""Every option of a heap store: its own, the backend options shared by every engine kind, and the
+options of earlier versions with what to write instead."""
 
 
 def max_lateness_of(options: Mapping[str, Any]) -> float | None:

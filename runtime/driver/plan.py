@@ -37,6 +37,9 @@ class PartitionPlan:
     """cluster mode: the partition's committed checkpoint (as a dict), None if it has none yet"""
     checkpoint_where: str = ""
     """cluster mode: where the driver keeps the checkpoint (for error messages)"""
+    tune_worker: bool = True
+    """settle the Python worker before its first task (``[spark] worker_affinity``, as set: the
+    worker tuning; see :func:`~localstate.runtime.spark.affinity.kept.settle_worker`)"""
     attempts: str = ""
     """local masters: the folder where an attempt that fails and is retried writes its reason for the
     driver (:func:`~.failures.record_failed_attempt`); "" = not recorded"""

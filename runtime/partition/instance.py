@@ -69,16 +69,13 @@ class TaskInstance:
     local_root: Path | None = None
     """the directory the local stores live under: :func:`store_root` unless given"""
     attempt: str | None = None
-    """cluster mode: this attempt's unique id. It is recorded next to each local store when the store
-    has been recovered, and in every checkpoint this instance prepares; at the next open on this host
-    local state is kept only if the committed checkpoint names the attempt that last wrote it, else it
-    is discarded and rebuilt (it may hold an uncommitted attempt's writes at the committed offsets)"""
+    """cluster mode: this attempt's unique id, recorded in its checkpoints and next to the local
+    stores it writes (see :class:`~.stores.StoreSet`)"""
     processing_clock: Callable[[], float] = time.time
     """processing time (seconds since the epoch) for timers and the stores' TTL: the wall clock
     unless given (the TaskTestDriver's is moved by the test)"""
     commit_policy: CommitPolicy | None = None
-    """when to commit between calls into the task: the job's ``commit_every``/``commit_interval``
-    unless given (a micro-batch runtime gives :class:`~.committer.BatchCommits`)"""
+    """when to commit between calls into the task (default: the job's ``commit_every``/``commit_interval``)"""
 
     def __post_init__(self) -> None:
         self.task_factory = load_task_class(self.task_factory or self.job.task)
@@ -95,8 +92,7 @@ class TaskInstance:
         self.committer = Committer(self.checkpoints, self.partition, self.commit_policy, self.clock)
         self.positions: dict[str, int] = {}
         self.input_ids: dict[str, str] = {}
-        """input -> identity of what it read (:attr:`Checkpoint.input_ids`), carried from commit to
-        commit; the planner that checks an input's identity records the current one (a driver)"""
+        """input -> identity of what it read (:attr:`Checkpoint.input_ids`), carried from commit to commit"""
         self.generation = 0
         self.batch: int | None = None
         """the last DataFrame micro-batch applied (:attr:`Checkpoint.batch`), carried into every checkpoint"""
@@ -174,10 +170,8 @@ class TaskInstance:
                                   "is unchanged")
 
     def close(self, commit: bool = True) -> None:
-        """Stop cleanly: optionally commit, wait for the pipelined commit in flight to be saved (its
-        error is raised), close the task; the stores and every lock (each changelog partition's writer
-        lock, the partition lock) are released whatever fails. The first error is raised: a failed
-        commit's rather than a store that then failed to close too (that one is logged)."""
+        """Stop cleanly: optionally commit, wait for the pipelined commits in flight, close the task;
+        stores and locks are released whatever fails, and the first error is raised."""
         try:
             if self._open and commit:
                 self.commit()
@@ -194,29 +188,23 @@ class TaskInstance:
         self.abandon()
 
     def abandon(self) -> None:
-        """Drop everything without committing (what a crash does, minus the process dying). A
-        pipelined commit in flight finishes first (saved if its writes land, else dropped, logged):
-        a later instance's generation must come after any checkpoint this one saves.
-
-        Guarantee: every store is closed and every lock this instance holds (each changelog
-        partition's writer lock, the partition lock) is released, even when closing a store fails
-        (a full disk, an engine's bug): a new instance of the partition can then open in this
-        process. The first error is raised afterwards; any later one is logged."""
+        """Drop everything without committing (what a crash does, minus the process dying); a
+        pipelined commit in flight finishes first. Guarantee: every store is closed and every lock
+        released even when a step fails, so the partition can open again in this process; the first
+        error is raised afterwards, any later one logged."""
         errors = self._release_all()
         if errors:
             raise errors[0]
 
     def _release_after_failure(self) -> None:
-        """Release everything while another error is on its way up: that one stays the error raised,
-        and what failed here is logged."""
+        """Release everything while another error is on its way up (what fails here is logged)."""
         released = self._release_all()
         if released:
             log.warning("task partition %d: releasing the instance after a failure also failed: %s: %s",
                         self.partition, type(released[0]).__name__, released[0])
 
     def _release_all(self) -> list[BaseException]:
-        """Close and release everything (see :meth:`abandon`), each step attempted whatever failed
-        before it. Returns the errors, in order; all but the first are logged here."""
+        """Close and release everything, each step attempted whatever failed before; the errors in order."""
         errors: list[BaseException] = []
 
         def attempt(step: Callable[[], Any], what: str) -> None:
@@ -270,8 +258,7 @@ class TaskInstance:
             self.commit()
 
     def refresh_store_time(self) -> None:
-        """Make every store that reads its time once per commit read the partition's time now: at a
-        batch's start and when a test driver moves time."""
+        """Stores that read their time once per commit (ttl) read it now: a batch starts."""
         self.stores.refresh_time()
 
     def fire_timers(self) -> int:
@@ -331,32 +318,8 @@ class TaskInstance:
         self._counted()
         return checkpoint
 
-    @property
-    def commits(self) -> int:
-        return self.committer.commits
-
-    @property
-    def commit_pending(self) -> bool:
-        """Whether a pipelined commit's checkpoint may not be saved yet (see :meth:`settle_commit`)."""
-        return self.committer.in_flight > 0
-
-    @property
-    def commits_in_flight(self) -> int:
-        """Pipelined commits whose save is still running or queued."""
-        return self.committer.in_flight
-
-    @property
-    def commit_wait_seconds(self) -> float:
-        return self.committer.commit_wait_seconds
-
-    @property
-    def checkpoint_seconds(self) -> float:
-        return self.committer.checkpoint_seconds
-
     def settle_commit(self) -> None:
-        """Wait until every pipelined commit in flight is saved (or superseded); a failure is raised
-        typed, the last saved checkpoint stays the committed one, and the instance must be reopened
-        (:meth:`abandon`, then a new instance) to go on from it."""
+        """Wait until every pipelined commit in flight is saved (a failure: reopen the instance)."""
         self.committer.settle()
 
     def prepare_commit(self) -> Checkpoint:

@@ -9,7 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "worker_affinity", "LOCAL_DEFAULTS",
+from localstate.runtime.spark.config import is_local_master
+
+__all__ = ["spark_context", "spark_conf", "normalize_master", "LOCAL_DEFAULTS",
            "QUICK_JIT_OPTIONS", "STATUS_RETENTION"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
@@ -37,14 +39,6 @@ QUICK_JIT_OPTIONS = "-XX:TieredStopAtLevel=1"
 tasks read their input and do all the work in Python): the quick JIT tier (C1) only, so the optimizing
 compiler's threads do not take CPU from the Python workers. Not for the DataFrame path, where the JVM
 reads, shuffles and converts the rows."""
-
-
-def worker_affinity(job: Any, master: str) -> bool:
-    """Whether a run of ``job`` on ``master`` uses worker affinity (``[spark] worker_affinity``, on by
-    default, local masters only): partitions kept open in the Python worker that ran them, tasks
-    claiming the partition their worker keeps, workers that freeze their imports, and the local
-    Spark settings above. Off, each batch is plan -> one task per partition -> save checkpoints."""
-    return is_local_master(normalize_master(master)) and bool(job.spark.get("worker_affinity", True))
 
 
 _LOG4J = """\
@@ -75,11 +69,6 @@ def normalize_master(master: str, max_failures: int = 4) -> str:
     if master.startswith("local[") and master.endswith("]") and "," not in master:
         return f"{master[:-1]},{max_failures}]"
     return master
-
-
-def is_local_master(master: str) -> bool:
-    """True for ``local``, ``local[N]``, ``local[N,F]``, ``local[*]`` (one JVM, one host)."""
-    return master == "local" or master.startswith("local[")
 
 
 def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str] | None = None, *,

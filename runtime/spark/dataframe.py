@@ -68,6 +68,7 @@ from localstate.runtime.spark.affinity.exchange import RowExchange
 from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
 from localstate.runtime.partition.records import ArrowRows
 from localstate.runtime.spark.affinity.kept import Lease, checkin, checkout, kept_partition, release_partitions
+from localstate.runtime.spark.config import SparkConfig
 from localstate.core.stream import InputRecord
 from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
@@ -461,6 +462,8 @@ class _BatchTask:
     run_id: str
     """the Spark application: an instance kept open by one driver is never reused by another"""
     keep_open: bool
+    tune_worker: bool
+    """settle the Python workers (``[spark] worker_affinity`` as set: the worker tuning)"""
     fault: Mapping[str, Any] | None = None
     exchange: str | None = None
     """the batch's row exchange directory (:mod:`.exchange`; with ``keep_open``), None: no exchange"""
@@ -621,7 +624,8 @@ class DataFramePartition(PartitionTask):
 
     def open(self) -> Lease:
         job, partition = self.job, self.partition
-        return checkout(job, partition, self.task.run_id, lambda: BatchOutputs(job, partition))
+        return checkout(job, partition, self.task.run_id, lambda: BatchOutputs(job, partition),
+                        tune=self.task.tune_worker)
 
     def applied(self, lease: Lease) -> bool:
         return lease.instance.batch is not None and lease.instance.batch >= self.task.batch
@@ -750,7 +754,8 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     context = spark.sparkContext
     _per_context(context, "retries checked", lambda: warn_without_retries(context))
     application = _per_context(context, "application", lambda: context.applicationId)
-    task = _BatchTask(spec, batch_id, f"dataframe:{application}", keep_open, fault,
+    task = _BatchTask(spec, batch_id, f"dataframe:{application}", keep_open,
+                      SparkConfig.of(job, master=context.master).affinity_setting, fault,
                       None if exchange is None else str(exchange))
     started = time.perf_counter()
     try:
@@ -939,9 +944,10 @@ def foreach_batch(job: JobConfig | str | os.PathLike[str], *, key: str, sink: Ca
     partitions' instances open between micro-batches unless the job sets ``[spark] worker_affinity =
     false`` (or ``keep_open=False`` is passed): after the query stops, :func:`release` closes them."""
     job = _job(job)
-    options.setdefault("keep_open", bool(job.spark.get("worker_affinity", True)))
 
     def handle(df: Any, batch_id: int) -> None:
+        if "keep_open" not in options:  # decided once, by the query's master: worker affinity is for local ones
+            options["keep_open"] = SparkConfig.of(job, master=df.sparkSession.sparkContext.master).worker_affinity
         sink(run_batch(df, job, key=key, batch_id=int(batch_id), **options), int(batch_id))
 
     return handle

@@ -33,7 +33,8 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.runtime.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
 from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_master
-from localstate.runtime.spark.context import spark_context, worker_affinity
+from localstate.runtime.spark.config import SparkConfig
+from localstate.runtime.spark.context import spark_context
 from localstate.runtime.spark.affinity.slots import WorkerAffinity
 from localstate.runtime.spark.executor import run_partition, run_slot
 from localstate.runtime.spark.failures import (failed_attempt_reasons, log_failed_attempts, merge_attempt_reasons,
@@ -157,15 +158,17 @@ class SparkJobRunner:
         self.on_batch = on_batch
         """called after each committed batch with its result and plans (``localstate run``: progress.jsonl,
         metrics; :mod:`localstate.runtime.driver.progress`)"""
-        self.master = master or str(job.spark.get("master", "local[*]"))
+        self.spark = SparkConfig.of(job, master=master, batch_size=batch_size)
+        """``[spark]``, validated once, with this run's master"""
+        self.master = self.spark.master
         self._context = context
-        self.batch_size = batch_size if batch_size is not None else job.spark.get("batch_size")
+        self.batch_size = self.spark.batch_size
         self.fault = fault
         self.progress = progress
         self.cluster = is_cluster_master(self.master)
         # Worker affinity (kept instances, claims, keepers, spare slots) is for local masters: on a
         # cluster the warm local stores on each host give the affinity instead (see .cluster).
-        self.keep_open = worker_affinity(job, self.master) if keep_open is None else keep_open and not self.cluster
+        self.keep_open = self.spark.worker_affinity if keep_open is None else keep_open and not self.cluster
         self.placement: Placement | None = None
         self._committed: dict[int, Checkpoint | None] = {}
         self._saved: dict[int, Checkpoint] = {}
@@ -184,8 +187,7 @@ class SparkJobRunner:
         """bytes of unterminated input tails (:class:`PendingTail`) found by the last :meth:`plan`"""
         self._tails_warned: dict[tuple[str, int], int] = {}
         """(input, partition) -> the offset of the unterminated tail last warned about"""
-        trigger = job.spark.get("trigger")
-        self.trigger = float(trigger) if trigger is not None else 0.0
+        self.trigger = self.spark.trigger
         """``[spark] trigger``: a batch starts at most once per this many seconds (0: at once)"""
         self.poll_interval = IDLE_POLL
         self.busy_poll_interval = BUSY_POLL
@@ -205,11 +207,10 @@ class SparkJobRunner:
     @property
     def context(self) -> Any:
         if self._context is None:
-            conf = {k: v for k, v in self.job.spark.get("conf", {}).items()}
             # The JVM only schedules here (the tasks read their input in Python): the quick JIT.
-            affinity = worker_affinity(self.job, self.master)
-            self._context = spark_context(self.master, f"localstate:{self.job.name}", conf, quick_jit=affinity,
-                                          affinity=affinity)
+            affinity = self.spark.worker_affinity
+            self._context = spark_context(self.master, f"localstate:{self.job.name}", dict(self.spark.conf),
+                                          quick_jit=affinity, affinity=affinity)
         return self._context
 
     def _create_changelogs(self) -> None:
@@ -271,6 +272,7 @@ class SparkJobRunner:
                     batch, partition, ranges, self.batch_size, self.fault, self.run_id, self.keep_open,
                     cluster=self.cluster, committed=asdict(loaded) if self.cluster and loaded is not None else None,
                     checkpoint_where=str(self.checkpoints.path(partition)) if self.cluster else "",
+                    tune_worker=self.spark.affinity_setting,
                     attempts=str(self._attempts) if self._attempts is not None else ""))
         self.pending_bytes = pending
         # What each input is now, recorded in the batch's checkpoints (see run_batch).

@@ -104,7 +104,9 @@ class PlannedPartition(PartitionTask):
 
     def open(self) -> Lease:
         plan = self.plan
-        return open_planned(self.job, plan) if plan.cluster else checkout(self.job, plan.partition, plan.run_id)
+        if plan.cluster:
+            return open_planned(self.job, plan)
+        return checkout(self.job, plan.partition, plan.run_id, tune=plan.tune_worker)
 
     def begin(self, lease: Lease) -> None:
         if self.plan.roll_changelogs:

@@ -48,6 +48,7 @@ partitions = {PARTITIONS}
 task = "gated_task:GatedCount"
 state_dir = "{state_dir}"
 changelog = "{changelog}"
+pythonpath = ["{HERE}"]
 {local}
 
 [inputs.events]
@@ -67,7 +68,6 @@ value_serde = "int"
 
 [spark]
 master = "{master}"
-pythonpath = ["{HERE}"]
 
 [spark.conf]
 {conf}

@@ -164,7 +164,7 @@ def test_a_commit_never_splits_a_batch() -> None:
     with TaskTestDriver(CommitAsker, stores=STORES, commit_every=2) as driver:
         driver.send_batch("events", list("abcde"), [None] * 5)
         instance = driver.instances[0]
-        assert instance.commits == 1   # one commit after the whole batch, not one per two records
+        assert instance.committer.commits == 1   # one commit after the whole batch, not one per two records
         checkpoint = instance.checkpoints.load(0)
         assert checkpoint.inputs == {"events": 5}
 

@@ -12,7 +12,10 @@ import textwrap
 import pytest
 
 from localstate.tools.cli import main
-from localstate.core.config import SPARK_OPTIONS, apply_log_level, load_job_config, parse_job_config
+from localstate.core.config import apply_log_level, load_job_config, parse_job_config
+from localstate.core.options import live_options
+from localstate.runtime.spark.config import SPARK_OPTIONS, SparkConfig
+from localstate.tools.validation import check_job
 from localstate.core.options import (MAX_DURATION, MAX_SIZE, Option, parse_duration, parse_path, parse_size,
                                      validate_options)
 from localstate.errors import ConfigError
@@ -93,12 +96,18 @@ def test_changelog_system_table_must_be_a_table(value):
 
 # -- [spark] ----------------------------------------------------------------------------------------
 
+def spark_problems(table):
+    """What the Spark runtime (validate, run, the DataFrame step) reports of a ``[spark]`` table."""
+    problems = []
+    SparkConfig.parse(table, collect=problems)
+    return {p.path: p.message for p in problems}
+
+
 BAD_SPARK = [
     ("master", 5), ("master", ""), ("master", "local\n[*]"), ("master", True),
     ("batch_size", 0), ("batch_size", -1), ("batch_size", "x"), ("batch_size", 1.5), ("batch_size", True),
     ("worker_affinity", "yes"), ("worker_affinity", 1),
-    ("pythonpath", 5), ("pythonpath", "lib"), ("pythonpath", [5]), ("pythonpath", ["ok", "bad\0path"]),
-    ("pythonpath", [""]),
+    ("pythonpath", ["lib"]), ("keep_open", True),  # earlier versions' keys: say what to write instead
     ("conf", 5), ("conf", "spark.x=1"), ("conf", {"spark.x": [1, 2]}), ("conf", {"spark.x": {"y": [1]}}),
     ("conf", {"spark.x": float("nan")}),
 ]
@@ -106,14 +115,28 @@ BAD_SPARK = [
 
 @pytest.mark.parametrize("key, value", BAD_SPARK)
 def test_bad_spark_values_reported_at_their_key(key, value):
-    problems = problems_of({**with_job(), "spark": {key: value}})
+    problems = spark_problems({key: value})
     assert f"spark.{key}" in problems, problems
+    with pytest.raises(ConfigError) as info:
+        SparkConfig.parse({key: value})
+    assert f"spark.{key}" in {p.path for p in info.value.problems}
+
+
+@pytest.mark.parametrize("value", [5, "lib", [5], ["ok", "bad\0path"], [""]])
+def test_bad_job_pythonpath_is_reported_at_its_key(value):
+    assert "job.pythonpath" in problems_of(with_job(pythonpath=value))
+
+
+def test_removed_spark_keys_say_what_to_write_instead():
+    problems = spark_problems({"pythonpath": ["lib"], "keep_open": False})
+    assert "[job]" in problems["spark.pythonpath"]
+    assert "worker_affinity = false" in problems["spark.keep_open"]
 
 
 @pytest.mark.parametrize("key, suggestion", [("batchsize", "batch_size"), ("mastr", "master"),
-                                             ("worker_afinity", "worker_affinity"), ("python_path", "pythonpath")])
+                                             ("worker_afinity", "worker_affinity"), ("trigers", "trigger")])
 def test_unknown_spark_keys_get_did_you_mean(key, suggestion):
-    problems = problems_of({**with_job(), "spark": {key: 1}})
+    problems = spark_problems({key: 1})
     assert suggestion in problems[f"spark.{key}"]
 
 
@@ -121,15 +144,29 @@ def test_spark_section_must_be_a_table():
     assert "spark" in problems_of({**with_job(), "spark": 5})
 
 
-def test_valid_spark_table_keeps_only_given_keys_and_flattens_conf():
-    job = parse_job_config({**with_job(), "spark": {
-        "master": "local[2]", "batch_size": 10, "worker_affinity": False, "pythonpath": ["lib"],
+def test_a_valid_spark_table_parses_once_into_a_spark_config():
+    job = parse_job_config({**with_job(pythonpath=["lib"]), "spark": {
+        "master": "local[2]", "batch_size": 10, "worker_affinity": False,
         "conf": {"spark": {"executor": {"memory": "2g"}}, "spark.task.maxFailures": 4}}})
-    assert job.spark == {"master": "local[2]", "batch_size": 10, "worker_affinity": False, "pythonpath": ["lib"],
-                         "conf": {"spark.executor.memory": "2g", "spark.task.maxFailures": 4}}
-    assert parse_job_config(with_job()).spark == {}
-    assert set(SPARK_OPTIONS) == {"master", "batch_size", "worker_affinity", "pythonpath", "conf", "trigger"}
-    assert parse_job_config({**with_job(), "spark": {"trigger": "500ms"}}).spark == {"trigger": 0.5}
+    assert job.pythonpath == ("lib",)
+    spark = SparkConfig.of(job)
+    assert spark == SparkConfig(master="local[2]", batch_size=10, trigger=0.0, affinity_setting=False,
+                                conf={"spark.executor.memory": "2g", "spark.task.maxFailures": 4})
+    assert SparkConfig.of(parse_job_config(with_job())) == SparkConfig()
+    assert set(live_options(SPARK_OPTIONS)) == {"master", "batch_size", "worker_affinity", "conf", "trigger"}
+    assert SparkConfig.parse({"trigger": "500ms"}).trigger == 0.5
+    # command-line flags win over the table
+    assert SparkConfig.of(job, master="local[4]", batch_size=3).master == "local[4]"
+    assert SparkConfig.of(job, master="local[4]", batch_size=3).batch_size == 3
+
+
+@pytest.mark.parametrize("master, setting, affinity", [
+    ("local[2]", True, True), ("local[2,4]", True, True), ("local", True, True), ("local[*]", False, False),
+    ("spark://127.0.0.1:7077", True, False), ("yarn", True, False), ("k8s://https://h:443", True, False)])
+def test_worker_affinity_is_resolved_once_with_the_local_master_rule(master, setting, affinity):
+    spark = SparkConfig.parse({"worker_affinity": setting}, master=master)
+    assert spark.worker_affinity is affinity
+    assert spark.affinity_setting is setting
 
 
 # -- [job] keys ------------------------------------------------------------------------------------
@@ -231,16 +268,14 @@ def test_every_problem_of_issue_15_reported_at_once(tmp_path):
         window_interval = "nan s"
         [changelogs]
         file = 5
-        [spark]
         pythonpath = 5
+        [spark]
         batch_size = "x"
         batchsize = 3
     """))
-    with pytest.raises(ConfigError) as info:
-        load_job_config(path)
-    paths = {p.path for p in info.value.problems}
+    paths = {p.path for p in check_job(path).problems}
     assert {"job.plugins", "job.log_level", "job.commit_interval", "job.window_interval", "changelogs.file",
-            "spark.pythonpath", "spark.batch_size", "spark.batchsize"} <= paths
+            "job.pythonpath", "spark.batch_size", "spark.batchsize"} <= paths
 
 
 # -- CLI flags ---------------------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def test_changelogs_durable_at_flush_keep_synchronous_commits(tmp_path, changelo
     assert instance.pipelined is False
     instance.feed(("in", InputRecord(i, f"k{i % 5}", None)) for i in range(40))
     instance.commit()
-    assert instance.commit_pending is False
+    assert instance.committer.in_flight == 0
     assert checkpoint_store(job).load(0).inputs == {"in": 40}  # saved before commit() returned
     instance.close(commit=False)
     system.close()

@@ -18,6 +18,10 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from localstate.core.options import live_options
+from localstate.core.time import TIME_OPTIONS
+from localstate.runtime.spark.config import SPARK_OPTIONS
+
 ROOT = Path(__file__).resolve().parents[2]
 SNIPPETS = ROOT / "docs" / "snippets" / "first_task"
 
@@ -61,10 +65,10 @@ def accepted_keys() -> set[str]:
 
     keys = {f"job::{key}" for key in config._JOB_KEYS}
     keys |= {f"stores::{key}" for key in config._STORE_KEYS}
-    keys |= {f"spark::{key}" for key in config.SPARK_OPTIONS}
-    keys |= {f"time::{key}" for key in config.TIME_OPTIONS}
+    keys |= {f"spark::{key}" for key in live_options(SPARK_OPTIONS)}
+    keys |= {f"time::{key}" for key in TIME_OPTIONS}
     for name, factory in builtins("engines"):
-        keys |= {f"stores:{name}:{key}" for key in factory.options}
+        keys |= {f"stores:{name}:{key}" for key in live_options(factory.options)}
     for name, system in builtins("changelogs"):
         keys |= {f"changelogs:{name}:{key}" for key in system.options}
     for section, side, common in (("inputs", "input", COMMON_INPUT_OPTIONS),

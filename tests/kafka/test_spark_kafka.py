@@ -165,14 +165,13 @@ def _count_job(tmp_path: Path, broker, prefix: str, on_error: str, servers: str 
     servers = servers or broker.bootstrap_servers
     return parse_job_config({
         "job": {"name": "kafka-counts", "partitions": partitions, "task": "count_task:CountByKey",
-                "state_dir": "state"},
+                "state_dir": "state", "pythonpath": [str(ROOT / "tests" / "spark")]},
         "inputs": {"events": {"system": "kafka", "bootstrap_servers": servers, "topic": prefix + "events",
                               "on_error": on_error, "connect_timeout": "1s"}},
         "outputs": {"counts-out": {"system": "kafka", "bootstrap_servers": servers, "topic": prefix + "counts",
                                    "value_serde": "int"}},
         "stores": {"counts": {"engine": "kv", "backend": "memory", "key_serde": "string", "value_serde": "int",
                               "changelog": False}},
-        "spark": {"pythonpath": [str(ROOT / "tests" / "spark")]},
     }, base_dir=tmp_path, source=str(tmp_path / "job.toml"))
 
 

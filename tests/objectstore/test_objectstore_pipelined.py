@@ -69,8 +69,8 @@ def test_pipelined_commits_equal_synchronous_ones_and_close_saves_the_commit_in_
         checkpoints = []
         for round_end in (COMMIT_EVERY, 2 * COMMIT_EVERY, 3 * COMMIT_EVERY):
             feed_until(instance, round_end)  # autocommit: exactly one commit, at the round's last record
-            assert instance.commits == round_end // COMMIT_EVERY
-            assert instance.commit_pending is pipelined
+            assert instance.committer.commits == round_end // COMMIT_EVERY
+            assert (instance.committer.in_flight > 0) is pipelined
             instance.settle_commit()
             saved = committed(config)
             assert saved.inputs == {"in": round_end}
@@ -79,7 +79,7 @@ def test_pipelined_commits_equal_synchronous_ones_and_close_saves_the_commit_in_
             assert all(stored.get(name) == size for name, size in named_objects(saved.manifests["counts"]).items())
             checkpoints.append((saved.inputs, saved.changelogs, saved.outputs))
         feed_until(instance, 3 * COMMIT_EVERY + 150)  # no commit due: 150 records after the last one
-        assert instance.commit_pending is False
+        assert instance.committer.in_flight == 0
         instance.commit()
         instance.close(commit=False)  # the commit in flight is saved all the same
         saved = committed(config)
@@ -104,12 +104,12 @@ def test_back_to_back_commits_keep_at_most_two_in_flight_and_the_last_one_is_sav
     assert instance.pipelined
     for commit in range(1, commits + 1):
         feed_until(instance, commit * every)  # exactly one commit, at the last record
-        assert instance.commits == commit
-        assert instance.commits_in_flight <= PIPELINE_DEPTH
+        assert instance.committer.commits == commit
+        assert instance.committer.in_flight <= PIPELINE_DEPTH
         saved = committed(config)
         assert saved is None or saved.inputs.get("in", 0) <= commit * every  # never ahead of the commits
     instance.settle_commit()
-    assert instance.commits_in_flight == 0 and not instance.commit_pending
+    assert instance.committer.in_flight == 0
     assert committed(config).inputs == {"in": commits * every}
     instance.close(commit=False)
     again = open_instance(config)
@@ -131,7 +131,7 @@ def test_close_with_commit_saves_everything_and_prepare_commit_waits_for_its_obj
     stored = stored_objects(instance)
     named = named_objects(checkpoint.manifests["counts"])
     assert named and all(stored.get(name) == size for name, size in named.items())
-    assert instance.commit_pending is False
+    assert instance.committer.in_flight == 0
     instance.save_checkpoint(checkpoint)
     feed_until(instance, 900)
     instance.close()  # commits and waits for the save
@@ -203,7 +203,7 @@ def failing_commit_pending(outage, root: Path, saved: int, pending: int):
     outage.stop()
     feed_until(instance, pending)
     instance.commit()  # returns: its PUT is in flight (and fails)
-    assert instance.commit_pending
+    assert instance.committer.in_flight > 0
     return config, instance, first
 
 
@@ -214,7 +214,7 @@ def test_a_put_failing_with_a_commit_pending_fails_the_next_commit_and_close(out
     error = caught.value
     assert error.context["stream"] == STREAM and error.context["partition"] == 0
     assert f"changelogs/{STREAM}/0/" in error.context["path"]  # the delta object that could not be written
-    assert instance.commit_pending is False
+    assert instance.committer.in_flight == 0
     # nothing after the last saved checkpoint is committed, now or later
     # close(commit=True) tries once more: the failed save's own error or the failed partition's
     with pytest.raises(ChangelogError, match="could not be written|cannot write object"):
@@ -250,7 +250,7 @@ def test_the_option_off_commits_synchronously(objectstore_options, tmp_path):
     assert instance.pipelined is False
     feed_until(instance, 250)
     instance.commit()
-    assert instance.commit_pending is False
+    assert instance.committer.in_flight == 0
     assert committed(config).inputs == {"in": 250}  # saved before commit() returned
     assert instance.stores["counts"].changelog.put_wait_seconds > 0  # the commit waited for its PUT
     instance.close(commit=False)

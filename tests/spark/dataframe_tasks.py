@@ -48,8 +48,7 @@ def job_config(state_dir: Path, partitions: int = 2, name: str = "df-counts",
                task: str = "dataframe_tasks:CountAndRank") -> JobConfig:
     return parse_job_config({
         "job": {"name": name, "partitions": partitions, "task": task,
-                "state_dir": str(state_dir)},
-        "spark": {"pythonpath": [str(HERE)]},
+                "state_dir": str(state_dir), "pythonpath": [str(HERE)]},
         "stores": {
             "counts": {"engine": "kv", "backend": "rocksdb", "key_serde": "string", "value_serde": "int"},
             "top": {"engine": "heap", "key_serde": "string", "value_serde": "json", "order": "max"},

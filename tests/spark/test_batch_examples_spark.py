@@ -101,6 +101,7 @@ name = "counting"
 partitions = 2
 task = "counting:CountPerUser"
 state_dir = "state"
+pythonpath = ["."]
 
 [inputs.events]
 system = "jsonl"
@@ -120,9 +121,6 @@ path = "dead"
 engine = "kv"
 key_serde = "string"
 value_serde = "int"
-
-[spark]
-pythonpath = ["."]
 """)
 
 
@@ -137,8 +135,8 @@ def test_counting_native_path_reads_columns(tmp_path, spark_context):
 
 
 def _df_job(tmp_path: Path, name: str, task: str, stores: dict[str, Any], module: Path) -> Any:
-    return parse_job_config({"job": {"name": name, "partitions": 3, "task": task, "state_dir": str(tmp_path / name)},
-                             "spark": {"pythonpath": [str(module)]}, "stores": stores}, base_dir=tmp_path)
+    return parse_job_config({"job": {"name": name, "partitions": 3, "task": task, "state_dir": str(tmp_path / name),
+                                     "pythonpath": [str(module)]}, "stores": stores}, base_dir=tmp_path)
 
 
 def _df_rows(out: Any) -> list[tuple[Any, ...]]:

@@ -36,6 +36,7 @@ name = "failing"
 partitions = {partitions}
 task = "{task}"
 state_dir = "state"
+pythonpath = ["{HERE}"]
 
 [inputs.events]
 system = "generator"
@@ -45,9 +46,6 @@ events = 5
 [outputs.out]
 system = "{output}"
 path = "out"
-
-[spark]
-pythonpath = ["{HERE}"]
 """)
     return tmp_path / "job.toml"
 

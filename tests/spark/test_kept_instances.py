@@ -18,7 +18,7 @@ from localstate.runtime.layout import checkpoint_store, open_changelog_system
 from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.affinity import kept as instances
 from localstate.runtime.spark.affinity.slots import WorkerAffinity
-from localstate.runtime.spark.context import worker_affinity
+from localstate.runtime.spark.config import SparkConfig
 from localstate.runtime.spark.runner import SparkJobRunner, run_partition, run_slot
 from localstate.core.stream import open_output
 from localstate.runtime.partition.sink import StreamSink
@@ -201,7 +201,7 @@ def test_without_worker_affinity_every_batch_opens_its_partitions_and_counts_sta
     path = _bad_input_job(tmp_path, "skip")
     path.write_text(path.read_text().replace("[spark]\n", "[spark]\nworker_affinity = false\n", 1))
     job = load_job_config(path)
-    assert job.spark["worker_affinity"] is False
+    assert SparkConfig.of(job).affinity_setting is False
     runner = SparkJobRunner(job, context=spark_context, batch_size=8, progress=None)
     assert not runner.keep_open
     assert all(not plan.keep_open for plan in runner.plan(0)[0])
@@ -214,6 +214,7 @@ def test_without_worker_affinity_every_batch_opens_its_partitions_and_counts_sta
 
 def test_worker_affinity_is_on_by_default_on_local_masters_only(tmp_path):
     job = load_job_config(_bad_input_job(tmp_path, "skip"))
-    assert worker_affinity(job, "local[2]") and worker_affinity(job, "local[2,4]")
-    assert not worker_affinity(job, "spark://127.0.0.1:7077")
+    assert SparkConfig.of(job, master="local[2]").worker_affinity
+    assert SparkConfig.of(job, master="local[2,4]").worker_affinity
+    assert not SparkConfig.of(job, master="spark://127.0.0.1:7077").worker_affinity
     assert SparkJobRunner(job, context=object(), progress=None).keep_open

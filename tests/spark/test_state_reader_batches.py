@@ -25,8 +25,6 @@ name = "df-reader"
 partitions = 3
 task = "dataframe_tasks:CountAndRank"
 state_dir = "state"
-
-[spark]
 pythonpath = ["{tests}"]
 
 [stores.counts]

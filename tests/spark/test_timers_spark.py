@@ -90,9 +90,9 @@ def test_event_time_timers_in_the_dataframe_step(spark_context, tmp_path):
 
     spark = SparkSession(spark_context)
     job = parse_job_config({
-        "job": {"name": "df-timers", "partitions": 2, "task": "timer_task:WindowCount", "state_dir": str(tmp_path)},
+        "job": {"name": "df-timers", "partitions": 2, "task": "timer_task:WindowCount", "state_dir": str(tmp_path),
+                "pythonpath": [str(HERE)]},
         "time": {"timers": True, "allowed_lateness": LATENESS},
-        "spark": {"pythonpath": [str(HERE)]},
         "stores": {"counts": {"engine": "kv", "backend": "lmdb", "key_serde": "string", "value_serde": "int"}},
     }, base_dir=tmp_path)
     records = events(11, 300)

@@ -31,8 +31,7 @@ class TumblingCount(StreamTask):
 def job_config(state_dir: Path, partitions: int = 2) -> JobConfig:
     return parse_job_config({
         "job": {"name": "df-windows", "partitions": partitions, "task": "window_tasks:TumblingCount",
-                "state_dir": str(state_dir)},
-        "spark": {"pythonpath": [str(HERE)]},
+                "state_dir": str(state_dir), "pythonpath": [str(HERE)]},
         "time": {"timers": True},
         "stores": {"counts": {"engine": "kv", "backend": "rocksdb", "key_serde": "string", "value_serde": "int"}},
     }, base_dir=HERE)

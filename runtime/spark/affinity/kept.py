@@ -443,7 +443,7 @@ def return_free_memory() -> bool:
     return True
 
 
-def settle_worker(job: JobConfig) -> bool:
+def settle_worker(job: JobConfig, tune: bool = True) -> bool:
     """Once per Spark Python worker, before its first localstate task opens anything: import what
     the job's instances need (task class, engine factories, changelog system, the input and output
     systems, and for a :class:`~localstate.core.task.BatchTask` the Arrow and numpy modules its
@@ -456,9 +456,10 @@ def settle_worker(job: JobConfig) -> bool:
     stop being scanned for cycles. :func:`checkout` and :func:`open_planned`, where every instance of
     a Spark task is opened (the native path's and the DataFrame path's), call it first, so no
     instance exists yet and state opened later stays collectable. Outside a Spark task (the driver,
-    tests opening instances), and for a job with ``[spark] worker_affinity = false``, nothing happens."""
+    tests opening instances), and without ``tune`` (a job with ``[spark] worker_affinity = false``:
+    plain tasks), nothing happens."""
     global _worker_settled
-    if _worker_settled or task_context() is None or not job.spark.get("worker_affinity", True):
+    if _worker_settled or not tune or task_context() is None:
         return False
     _worker_settled = True
     task_class = load_task_class(job.task)
@@ -495,12 +496,13 @@ def task_context() -> Any:
 
 
 def checkout(job: JobConfig, partition: int, run_id: str,
-             make_sink: Callable[[], StreamSink] | None = None) -> Lease:
+             make_sink: Callable[[], StreamSink] | None = None, *, tune: bool = True) -> Lease:
     """The open instance of ``partition`` for this task: the one this worker kept, if the driver
     committed its last batch, else a freshly opened (recovered) one, whose outputs go to
-    ``make_sink()`` (default: the job's :class:`StreamSink`; a reused instance keeps its sink)."""
+    ``make_sink()`` (default: the job's :class:`StreamSink`; a reused instance keeps its sink).
+    ``tune``: settle the worker first (:func:`settle_worker`)."""
     global _kept
-    settle_worker(job)
+    settle_worker(job, tune)
     key = (run_id, str(job.state_dir), job.name, partition)
     with _mutex:
         lease, _kept = _kept, None
@@ -530,7 +532,7 @@ def open_planned(job: JobConfig, plan: PartitionPlan) -> Lease:
     (:func:`~.cluster.executor_local_root`). No lock, no checkpoint file: the driver fences. Local
     state is validated against the checkpoint by recovery: reused if at its offset, rolled forward
     if behind, discarded and rebuilt if ahead, stale or damaged."""
-    settle_worker(job)
+    settle_worker(job, plan.tune_worker)
     committed = Checkpoint(**plan.committed) if plan.committed is not None else None
     checkpoints = PlannedCheckpoints(plan.partition, committed, plan.checkpoint_where)
     clock = {"changelog": 0.0, "outputs": 0.0}
