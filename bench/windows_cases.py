@@ -34,7 +34,8 @@ def runtime(tmp: Path, p: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     from localstate.runtime.layout import open_changelog_system
     from localstate.core.stream import InputRecord
     from localstate.core.task import BatchTask, StreamTask
-    from localstate.runtime.partition.instance import MemorySink, TaskInstance
+    from localstate.runtime.partition.instance import TaskInstance
+    from localstate.runtime.partition.sink import MemorySink
     from localstate.windows import Tumbling, WindowedAggregation, count
 
     size = p["window"]

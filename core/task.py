@@ -210,6 +210,22 @@ class KeyValueStore(Protocol):
 
     def all(self, reverse: bool = False) -> Iterator[tuple[Any, Any]]: ...
 
+    # -- batched operations: one call for a column of keys (a BatchTask's batch) ------------------
+    def get_many(self, keys: Iterable[Any]) -> list[Any]:
+        """The values of ``keys`` in order, None for an absent key."""
+        ...
+
+    def put_many(self, keys: Iterable[Any], values: Iterable[Any]) -> None:
+        """``put(k, v)`` for each pair, in order (a key given twice keeps its last value)."""
+        ...
+
+    def merge_many(self, keys: Iterable[Any], deltas: Iterable[Any], op: str = "add", *,
+                   results: bool = False) -> list[Any] | None:
+        """Read-modify-write in one pass: each key's value becomes ``delta`` if absent, else the
+        current value combined with it by ``op`` (``add``, ``min``, ``max``); with ``results``, the
+        new values in order."""
+        ...
+
 
 class StreamTask(ABC):
     """A stream task. One instance per job partition; calls on it are never concurrent."""

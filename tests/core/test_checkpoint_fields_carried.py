@@ -22,7 +22,8 @@ from localstate.core.config import parse_job_config
 from localstate.runtime.layout import checkpoint_store, open_changelog_system
 from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
-from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.sink import MemorySink
 
 CHANGED_AT_OPEN = {"generation"}
 """what an open may change: it takes the next generation"""

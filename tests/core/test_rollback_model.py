@@ -26,7 +26,8 @@ from localstate.core.time import TIMER_STORE
 from localstate.runtime.layout import open_changelog_system
 from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
-from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.sink import MemorySink
 from localstate.windows import Tumbling, WindowedAggregation, count
 
 KEYS = [f"k{i}" for i in range(4)]

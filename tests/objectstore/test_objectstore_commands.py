@@ -13,7 +13,8 @@ from typing import Any
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
 from localstate.runtime.layout import checkpoint_store, open_changelog_system
-from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.sink import MemorySink
 from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
 

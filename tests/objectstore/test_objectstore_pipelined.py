@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from localstate.runtime.layout import checkpoint_store
-from localstate.runtime.partition.instance import PIPELINE_DEPTH
+from localstate.runtime.partition.committer import PIPELINE_DEPTH
 from localstate.errors import ChangelogError
 
 HERE = Path(__file__).resolve().parent

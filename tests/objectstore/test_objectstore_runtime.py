@@ -14,7 +14,8 @@ import pytest
 
 from localstate.core.config import parse_job_config
 from localstate.runtime.layout import checkpoint_store, open_changelog_system, store_directory
-from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.sink import MemorySink
 from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
 from localstate.errors import ChangelogError, FencedError
