@@ -52,14 +52,14 @@ def counting_job_text(name: str, *, partitions: int = 2, job: Mapping[str, Any] 
     topic instead of ``data`` (``{"bootstrap_servers": ..., "topic": ...}``); ``time``: a ``[time]`` table
     (the watermark and timers)."""
     tables = {
-        "job": {"name": name, "partitions": partitions, "task": TASK, "state_dir": "state", **(job or {})},
+        "job": {"name": name, "partitions": partitions, "task": TASK, "state_dir": "state", "pythonpath": [SPARK_TESTS],
+                **(job or {})},
         "inputs.events": {**({"system": "kafka", **kafka} if kafka else {"system": "jsonl", "path": "data"}),
                           **(events or {})},
         f"outputs.{OUTPUT}": {"system": "file", "path": "out"},
         **{f"outputs.{output}": options for output, options in (outputs or {}).items()},
         **{f"changelogs.{system}": options for system, options in (changelogs or {}).items()},
         "stores.counts": {"engine": "kv", "key_serde": "string", "value_serde": "int", **(store or {})},
-        "spark": {"pythonpath": [SPARK_TESTS]},
         **({"time": dict(time)} if time else {}),
     }
     return "\n\n".join(_table(table, values) for table, values in tables.items()) + "\n"

@@ -61,6 +61,11 @@ def test_the_source_tree_keeps_every_layering_contract(staged: Path) -> None:
     ("changelog/objectstore/chain.py", "import localstate.changelog.file.system", "changelog systems do not"),
     ("runtime/partition/instance.py", "import localstate.tools.cli", "the runtime imports none of"),
     ("core/names.py", "import localstate.core.config", "no import cycles"),
+    ("runtime/partition/stores.py", "import localstate.runtime.driver.progress", "what runs one partition imports"),
+    ("runtime/partition/feeder.py", "import localstate.runtime.spark.config", "what runs one partition imports"),
+    ("runtime/driver/progress.py", "import localstate.runtime.spark.driver", "the driver's operations"),
+    ("runtime/layout.py", "import localstate.runtime.spark.context", "the driver's operations"),
+    ("runtime/spark/affinity/slots.py", "import localstate.runtime.spark.executor", "no import cycles"),
 ])
 def test_a_violating_import_is_caught(tmp_path: Path, module: str, line: str, contract: str) -> None:
     tree = stage_tree(tmp_path / "tree")

@@ -151,9 +151,8 @@ def test_file_log_input_truncated_is_a_typed_error(tmp_path: Path) -> None:
     writer.flush()
     writer.close()
     job = parse_job_config({"job": {"name": "j", "partitions": 1, "task": "count_task:CountByKey",
-                                    "state_dir": "state"},
-                            "inputs": {"events": {"system": "file", "path": str(tmp_path / "logs")}},
-                            "spark": {"pythonpath": [str(Path(__file__).parents[1] / "spark")]}},
+                                    "state_dir": "state", "pythonpath": [str(Path(__file__).parents[1] / "spark")]},
+                            "inputs": {"events": {"system": "file", "path": str(tmp_path / "logs")}}},
                            base_dir=tmp_path, source=str(tmp_path / "job.toml"))
     checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": 10}))
     assert SparkJobRunner(job, progress=None).plan(0) == ([], 0)
@@ -170,10 +169,10 @@ def test_file_log_input_truncated_is_a_typed_error(tmp_path: Path) -> None:
 def test_generator_asked_for_fewer_events(tmp_path: Path) -> None:
     def job_with(events: int):  # noqa: ANN202
         return parse_job_config({"job": {"name": "g", "partitions": 1, "task": "count_task:CountByKey",
-                                         "state_dir": "state"},
+                                         "state_dir": "state",
+                                         "pythonpath": [str(Path(__file__).parents[1] / "spark")]},
                                  "inputs": {"events": {"system": "generator", "kind": "page_views",
-                                                       "events": events}},
-                                 "spark": {"pythonpath": [str(Path(__file__).parents[1] / "spark")]}},
+                                                       "events": events}}},
                                 base_dir=tmp_path, source=str(tmp_path / "job.toml"))
 
     checkpoint_store(job_with(100)).save(Checkpoint(0, generation=1, inputs={"events": 80}))
@@ -303,9 +302,8 @@ def test_file_log_incomplete_last_record_is_counted(tmp_path: Path, caplog: pyte
     with open(segment, "ab") as handle:  # half of a fourth record, as a writer cut short leaves it
         handle.write(complete[:record // 2])
     job = parse_job_config({"job": {"name": "j", "partitions": 1, "task": "count_task:CountByKey",
-                                    "state_dir": "state"},
-                            "inputs": {"events": {"system": "file", "path": str(tmp_path / "logs")}},
-                            "spark": {"pythonpath": [str(Path(__file__).parents[1] / "spark")]}},
+                                    "state_dir": "state", "pythonpath": [str(Path(__file__).parents[1] / "spark")]},
+                            "inputs": {"events": {"system": "file", "path": str(tmp_path / "logs")}}},
                            base_dir=tmp_path, source=str(tmp_path / "job.toml"))
     source = open_input(job, "events")
     assert isinstance(source, PendingTail)

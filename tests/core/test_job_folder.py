@@ -1,5 +1,5 @@
 """One base folder for every relative path of a job (issue #37): when job.toml is a symlink, the
-folder of the link, not of its target, for state_dir, the policy, the task module, [spark]
+folder of the link, not of its target, for state_dir, the policy, the task module, [job]
 pythonpath, inputs and outputs alike (core.policy.job_folder)."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ JOB = """\
 name = "linked"
 task = "job_folder_task:T"
 state_dir = "state"
+pythonpath = ["lib"]
 
 [inputs.events]
 system = "jsonl"
@@ -35,8 +36,6 @@ path = "out"
 engine = "kv"
 backend = "memory"
 
-[spark]
-pythonpath = ["lib"]
 """
 
 TASK = ("from localstate import StreamTask\n\nclass T(StreamTask):\n    WHERE = {where!r}\n\n"

@@ -54,6 +54,7 @@ name = "poison"
 partitions = 1
 task = "poison_task:{task}"
 state_dir = "state"
+pythonpath = ["{HERE}"]
 
 [inputs.events]
 {source}
@@ -72,8 +73,6 @@ engine = "kv"
 key_serde = "json"
 value_serde = "json"
 
-[spark]
-pythonpath = ["{HERE}"]
 """)
     return tmp_path / "job.toml"
 
