@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from localstate.tools.cli import command
+from localstate.tools.dryrun import dry_run
+from localstate.tools.run import positive_int
 from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
@@ -70,6 +72,12 @@ def validate(args: argparse.Namespace) -> int:
     job = check.job
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
           f"{len(job.stores)} store(s), {len(job.inputs)} input(s), {len(job.outputs)} output(s)")
+    if args.dry_run:
+        print(f"dry run: the task on the first {args.dry_run} record(s) of each input partition, on scratch "
+              f"state (the job's state is not touched)", flush=True)
+        for partition in dry_run(job, args.dry_run):
+            print(f"  {partition.describe()}")
+        print(f"{args.job}: dry run ok")
     return 0
 
 
@@ -79,6 +87,9 @@ def _validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job config (TOML)")
     parser.add_argument("--import-timeout", type=_seconds, default=IMPORT_TIMEOUT, metavar="SECONDS",
                         help=f"give up on a task module still importing after SECONDS (default {IMPORT_TIMEOUT:g})")
+    parser.add_argument("--dry-run", type=positive_int, default=0, metavar="N",
+                        help="then run the task in this process on the first N records of each input partition, "
+                             "on scratch state (nothing of the job's state is touched), and report what it did")
 
 
 def _seconds(text: str) -> float:
