@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from itertools import islice
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from localstate.core.task import BatchTask, Collector, Coordinator, StreamTask, record_batch
 from localstate.core.tracebacks import raise_task_error
@@ -66,21 +66,13 @@ class Feeder:
             return self._feed_batches(records, policies or {}, between)
         stats = FeedStats()
         policies = policies or {}
-        items = iter(records)
         partition, collector, coordinator, positions = self.partition, self.collector, self.coordinator, self.positions
         process = self.task.process
-        envelope, point, clock = make_envelope, crash_point, time.perf_counter
+        envelope, point = make_envelope, crash_point
         partition_time = self.time
-        reading = 0.0
         n = 0
         try:
-            while True:
-                # Records are pulled in chunks so that reading and processing are timed apart for free.
-                started = clock()
-                chunk = list(islice(items, CHUNK))
-                reading += clock() - started
-                if not chunk:
-                    break
+            for chunk in _timed_chunks(records, CHUNK, stats):
                 if chunk[0].__class__ is ArrowRows:  # rows held as Arrow (the DataFrame step)
                     chunk = [pair for rows in chunk for pair in rows.records()]
                 for name, record in chunk:
@@ -103,24 +95,15 @@ class Feeder:
                         return stats
         finally:
             stats.records = n
-            stats.read_seconds = reading
         return stats
 
     def _feed_batches(self, records: Iterable[Any], policies: Mapping[str, InputPolicy],
                       between: Between | None) -> FeedStats:
         """:meth:`feed` for a BatchTask: each chunk of the input becomes one delivered batch."""
         stats = FeedStats()
-        items = iter(records)
-        clock = time.perf_counter
-        reading = 0.0
         n = 0
         try:
-            while True:
-                started = clock()
-                chunk = list(islice(items, BATCH_ROWS))
-                reading += clock() - started
-                if not chunk:
-                    break
+            for chunk in _timed_chunks(records, BATCH_ROWS, stats):
                 kind = chunk[0].__class__
                 if kind is ColumnRows or kind is ArrowRows:
                     for rows in chunk:
@@ -136,7 +119,6 @@ class Feeder:
                     return stats
         finally:
             stats.records = n
-            stats.read_seconds = reading
         return stats
 
     def _feed_records(self, chunk: list[tuple[str, "InputRecord"]], policies: Mapping[str, InputPolicy],
@@ -215,3 +197,16 @@ class Feeder:
         except (Exception, SystemExit) as exc:
             raise_task_error(exc, "process_batch()", stream=stream, partition=self.partition, offset=offset,
                              rows=rows, hint=PROCESS_HINT)
+
+
+def _timed_chunks(records: Iterable[Any], size: int, stats: FeedStats) -> Iterator[list[Any]]:
+    """``records`` in lists of up to ``size``, the time spent pulling them (reading and decoding the
+    input) added to ``stats.read_seconds``: reading and processing are timed apart for free."""
+    items, clock = iter(records), time.perf_counter
+    while True:
+        started = clock()
+        chunk = list(islice(items, size))
+        stats.read_seconds += clock() - started
+        if not chunk:
+            return
+        yield chunk
