@@ -96,13 +96,17 @@ def test_documented_job_keys_pass_validation_and_others_do_not(site: Path) -> No
     """Against the validator itself, not only its tables: no documented [job] or [spark] key is
     reported as unknown, and an undocumented one is."""
     from localstate.core.config import parse_job_config
+    from localstate.runtime.spark.config import SparkConfig
 
     documented = documented_keys(site)
     for section in ("job", "spark"):
         names = {key.split(":", 2)[2] for key in documented if key.startswith(f"{section}::")}
         problems: list = []
-        parse_job_config({section: {name: object() for name in names | {"not_a_documented_key"}}},
-                         collect=problems)
+        table = {name: object() for name in names | {"not_a_documented_key"}}
+        if section == "job":
+            parse_job_config({section: table}, collect=problems)
+        else:  # [spark] is the Spark runtime's table: validate and every run on Spark check it there
+            SparkConfig.parse(table, collect=problems)
         unknown = {p.path.split(".", 1)[1] for p in problems if p.path.startswith(f"{section}.")
                    and p.message.startswith(("unknown key", "unknown option"))}
         assert unknown == {"not_a_documented_key"}, (section, unknown)
