@@ -266,9 +266,9 @@ def test_every_problem_of_issue_15_reported_at_once(tmp_path):
         log_level = "chatty"
         commit_interval = "-5s"
         window_interval = "nan s"
+        pythonpath = 5
         [changelogs]
         file = 5
-        pythonpath = 5
         [spark]
         batch_size = "x"
         batchsize = 3

@@ -102,7 +102,7 @@ def test_spark_failure_names_type_message_and_user_line(tmp_path, spark_context,
     assert any(line.startswith(f"{type_name}: ") for line in after_frames), summary
     # The full traceback also has localstate's own frames, after the user's.
     assert "full traceback:" in error.traceback
-    assert re.search(r'File ".*/(core|runtime)/(spark/)?\w+\.py"', error.traceback.split("full traceback:")[1])
+    assert re.search(r'File ".*/(core|runtime)/(\w+/)?\w+\.py"', error.traceback.split("full traceback:")[1])
 
 
 def test_task_bug_is_not_retried(tmp_path, spark_context):
