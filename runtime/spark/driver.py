@@ -318,14 +318,17 @@ class SparkJobRunner:
         """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
         started = time.perf_counter()
         group = f"localstate-{self.run_id}-{batch}"
-        self.context.setJobGroup(group, f"localstate {self.job.name} batch {batch}")
         shipped = self._ship_job()
+        homes = self._homes(plans) if self.cluster else {}
+        if homes:  # a restarted driver: which of its new executors hold these homes (may wait for them)
+            self._placement().locate(homes, shipped, self._stop)
+        self.context.setJobGroup(group, f"localstate {self.job.name} batch {batch}")
         self._running = group
         try:
             if self.cluster:
                 # One task per plan, preferring the executor that holds its partition's warm state.
                 placement = self._placement()
-                results = placement.rdd(plans).mapPartitions(
+                results = placement.rdd(plans, homes).mapPartitions(
                     lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
             elif self.affinity is not None:
                 results = self.affinity.run(batch, plans, shipped)
@@ -352,7 +355,8 @@ class SparkJobRunner:
         errors = [r for r in results if "error" in r]
         if errors:
             raise pickle.loads(errors[0]["error"])
-        checkpoints = [Checkpoint(**result["checkpoint"]) for result in results]
+        # On a cluster each checkpoint names its attempt's home: where the next run places the partition.
+        checkpoints = [Checkpoint(**{**result["checkpoint"], "home": result.get("home")}) for result in results]
         if self._input_ids:  # the positions were planned against the inputs as they are now
             checkpoints = [replace(c, input_ids={**c.input_ids, **self._input_ids}) for c in checkpoints]
         if self.cluster:
@@ -360,7 +364,7 @@ class SparkJobRunner:
                 self._check_attempt(checkpoint)
         self._save_checkpoints(checkpoints)
         if self.cluster:
-            self._placement().record(group, plans)
+            self._placement().record(group, plans, results)
         saved = time.perf_counter()
         if self.affinity is not None:
             self.affinity.record(results)
@@ -431,8 +435,18 @@ class SparkJobRunner:
 
     def _placement(self) -> Placement:
         if self.placement is None:
-            self.placement = Placement(self.context)
+            self.placement = Placement(self.context, stable=self.job.local_dir is not None)
         return self.placement
+
+    def _homes(self, plans: list[PartitionPlan]) -> dict[int, str]:
+        """partition -> the home its committed checkpoint names (:attr:`Checkpoint.home`), for the
+        planned partitions with state to find warm."""
+        out = {}
+        for plan in plans:
+            committed = self._committed.get(plan.partition)
+            if committed is not None and committed.home is not None and has_state(committed):
+                out[plan.partition] = committed.home
+        return out
 
     def _check_attempt(self, checkpoint: Checkpoint) -> None:
         """Cluster mode: the accepted attempt must have started from the checkpoint the driver planned

@@ -22,7 +22,7 @@ from localstate.core.config import JobConfig
 from localstate.runtime.faults import CrashAt
 from localstate.runtime.partition_task import PartitionTask, fault_for
 from localstate.runtime.spark.failures import executor_failure, record_failed_attempt
-from localstate.runtime.spark.cluster import is_warm
+from localstate.runtime.spark.cluster import is_warm, local_home
 from localstate.runtime.spark.instances import (BatchInstance, Lease, checkin, checkout, claim, kept_partition,
                                                open_planned, task_context)
 from localstate.runtime.spark.plan import PartitionPlan
@@ -155,6 +155,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "replayed": sum(r.replayed for r in done.recoveries), "trimmed": sum(r.trimmed for r in done.recoveries),
         "reused": done.reused, "pid": done.pid, "timings": done.timings,
         "warm": done.reused or is_warm(done.recoveries), "attempt": task_attempt(),
+        "home": local_home(job) if plan.cluster else None,  # where its local state now is (cluster)
         # When it ended (a host-wide clock): of two partitions one worker ran in a batch, it keeps
         # the later one open.
         "finished": time.monotonic(),
