@@ -135,28 +135,32 @@ def local_home(job: JobConfig) -> str:
 
 def assign_executors(partitions: Sequence[int], alive: Mapping[str, str],
                      holders: Mapping[int, Collection[str]]) -> dict[int, tuple[str, str]]:
-    """Where each partition's task should run, as ``{partition: (executor id, host)}``: an executor
-    of ``holders[partition]`` (those holding its local state) that is alive and not holding more than
-    its fair share (``ceil(tasks / executors)``), the least loaded of them; else the least-loaded live
-    executor (a partition without a known home, a lost home, or the excess of an executor when another
-    joins). Empty when no executor is alive (Spark then places the tasks). Pure: no Spark."""
+    """Where each of a batch's ``partitions`` should run, as ``{partition: (executor id, host)}``.
+
+    Partitions are owned, not only run: every partition of ``holders`` (partition -> the executors
+    holding its local state; planned in this batch or not) is owned by the least loaded of its live
+    holders while that one owns less than its fair share (``ceil(partitions / live executors)``, the
+    partitions counted being those planned or held); a planned partition without an owner (no known
+    home, a lost home, the excess of an executor when another joins) goes to the executor owning the
+    fewest. So a partition moves only when ownership is unbalanced, never because a sparse batch
+    happens to plan two partitions of one executor, and the homes a run leaves are balanced for the
+    next one. Empty when no executor is alive (Spark then places the tasks). Pure: no Spark."""
     if not alive:
         return {}
-    share = -(-len(partitions) // len(alive))
+    counted = set(partitions) | {p for p, executors in holders.items() if any(e in alive for e in executors)}
+    share = -(-len(counted) // len(alive))
     load = {executor: 0 for executor in sorted(alive)}
-    out: dict[int, tuple[str, str]] = {}
-    for partition in partitions:
-        candidates = [e for e in sorted(holders.get(partition, ())) if e in load and load[e] < share]
+    owner: dict[int, str] = {}
+    for partition in sorted(holders):
+        candidates = [e for e in sorted(holders[partition]) if e in load and load[e] < share]
         if candidates:
-            executor = min(candidates, key=load.__getitem__)
-            out[partition] = (executor, alive[executor])
-            load[executor] += 1
+            owner[partition] = min(candidates, key=load.__getitem__)
+            load[owner[partition]] += 1
     for partition in partitions:
-        if partition not in out:
-            executor = min(load, key=load.__getitem__)
-            out[partition] = (executor, alive[executor])
-            load[executor] += 1
-    return out
+        if partition not in owner:
+            owner[partition] = min(load, key=load.__getitem__)
+            load[owner[partition]] += 1
+    return {partition: (owner[partition], alive[owner[partition]]) for partition in partitions}
 
 
 class Placement:
@@ -283,7 +287,8 @@ class Placement:
 
     def assign(self, partitions: Sequence[int], wanted: Mapping[int, str] | None = None) -> dict[int, tuple[str, str]]:
         """Where each partition's task should run (:func:`assign_executors`): an executor whose home
-        is the one ``wanted`` names for the partition, while it is alive and within its fair share."""
+        is the one ``wanted`` names for the partition (``wanted``: the homes of every partition with
+        state, planned or not), while it is alive and owns no more than its fair share."""
         alive = self.live_executors()
         self._forget_gone(alive)
         return assign_executors(partitions, alive, self.holders(wanted or {}, alive))

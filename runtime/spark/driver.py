@@ -169,6 +169,10 @@ class SparkJobRunner:
         self.placement: Placement | None = None
         self._committed: dict[int, Checkpoint | None] = {}
         self._saved: dict[int, Checkpoint] = {}
+        self.homes: dict[int, str] = {}
+        """partition -> the home its committed checkpoint names (:attr:`Checkpoint.home`), for every
+        partition with state, as the last :meth:`plan` read them: placement balances what each
+        executor owns, not only what one batch runs (:func:`~.cluster.assign_executors`)"""
         self._input_ids: dict[str, str] = {}
         """input -> its identity at the last plan (IdentifiedInput), recorded in the batch's checkpoints"""
         """checkpoints this run saved (what :meth:`plan` uses instead of reading them back)"""
@@ -245,8 +249,11 @@ class SparkJobRunner:
         plans, lag, pending = [], 0, 0
         now = time.time()
         self.next_timer = None
+        self.homes = {}
         for partition in range(self.job.partitions):
             loaded = self.committed(partition)
+            if loaded is not None and loaded.home is not None and has_state(loaded):
+                self.homes[partition] = loaded.home
             checkpoint = loaded or Checkpoint(partition)
             ranges = {}
             for name, source in self.inputs.items():
@@ -319,7 +326,7 @@ class SparkJobRunner:
         started = time.perf_counter()
         group = f"localstate-{self.run_id}-{batch}"
         shipped = self._ship_job()
-        homes = self._homes(plans) if self.cluster else {}
+        homes = self.homes if self.cluster else {}
         if homes:  # a restarted driver: which of its new executors hold these homes (may wait for them)
             self._placement().locate(homes, shipped, self._stop)
         self.context.setJobGroup(group, f"localstate {self.job.name} batch {batch}")
@@ -437,16 +444,6 @@ class SparkJobRunner:
         if self.placement is None:
             self.placement = Placement(self.context, stable=self.job.local_dir is not None)
         return self.placement
-
-    def _homes(self, plans: list[PartitionPlan]) -> dict[int, str]:
-        """partition -> the home its committed checkpoint names (:attr:`Checkpoint.home`), for the
-        planned partitions with state to find warm."""
-        out = {}
-        for plan in plans:
-            committed = self._committed.get(plan.partition)
-            if committed is not None and committed.home is not None and has_state(committed):
-                out[plan.partition] = committed.home
-        return out
 
     def _check_attempt(self, checkpoint: Checkpoint) -> None:
         """Cluster mode: the accepted attempt must have started from the checkpoint the driver planned

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -131,8 +132,8 @@ def test_the_driver_places_by_the_homes_of_committed_state_only(tmp_path: Path) 
         state = {"counts": 5} if partition != 1 else {}
         data = {**json.loads(committed.to_json()), "generation": 1, "changelogs": state, "home": home}
         (store.root / f"{partition}.json").write_text(json.dumps(data))
-    plans, _ = runner.plan(0)
-    assert runner._homes(plans) == {0: "a" * 32}
+    runner.plan(0)
+    assert runner.homes == {0: "a" * 32}
 
 
 # -- placing partitions on their homes ------------------------------------------------------------
@@ -165,27 +166,34 @@ def test_no_live_executor_leaves_placement_to_spark() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(partitions=st.lists(st.integers(0, 40), unique=True, max_size=20),
+@given(planned=st.lists(st.integers(0, 40), unique=True, max_size=20),
        alive=st.dictionaries(st.sampled_from("0123456789"), st.sampled_from(["h1", "h2", "h3"]), max_size=6),
-       holders=st.dictionaries(st.integers(0, 45), st.lists(st.sampled_from("0123456789xyz"), max_size=4)))
-def test_every_partition_goes_to_a_live_executor_within_its_share(partitions: list[int], alive: dict[str, str],
-                                                                   holders: dict[int, list[str]]) -> None:
-    assigned = assign_executors(partitions, alive, holders)
+       holders=st.dictionaries(st.integers(0, 45), st.lists(st.sampled_from("0123456789xyz"), max_size=4)),
+       data=st.data())
+def test_partitions_go_to_live_executors_owning_a_fair_share(planned: list[int], alive: dict[str, str],
+                                                             holders: dict[int, list[str]], data) -> None:  # noqa: ANN001
+    assigned = assign_executors(planned, alive, holders)
     if not alive:
         assert assigned == {}
         return
-    assert set(assigned) == set(partitions)
+    assert set(assigned) == set(planned)
     assert all(alive.get(executor) == host for executor, host in assigned.values())
-    share = -(-len(partitions) // len(alive))
-    load = {executor: 0 for executor in alive}
-    for executor, _ in assigned.values():
-        load[executor] += 1
-    assert max(load.values()) <= share
-    # A partition is sent away from its live holders only if each of them took a full share.
-    for partition in partitions:
+    # Every partition that has state somewhere alive, and every planned one, placed at once: ownership.
+    held = sorted(p for p, executors in holders.items() if any(e in alive for e in executors))
+    everything = sorted(set(held) | set(planned))
+    full = assign_executors(everything, alive, holders)
+    share = -(-len(everything) // len(alive))
+    owned = Counter(executor for executor, _ in full.values())
+    assert max(owned.values(), default=0) <= share
+    # A partition is owned away from its live holders only if each of them owns a full share.
+    for partition in everything:
         live = [e for e in holders.get(partition, []) if e in alive]
-        if live and assigned[partition][0] not in live:
-            assert all(load[e] == share for e in live), (partition, live, assigned)
+        if live and full[partition][0] not in live:
+            assert all(owned[e] == share for e in live), (partition, live, full)
+    # Any batch of partitions with state runs each where it is owned: a sparse batch moves nothing.
+    owners = assign_executors(held, alive, holders)
+    batch = data.draw(st.lists(st.sampled_from(held), unique=True) if held else st.just([]))
+    assert assign_executors(batch, alive, holders) == {p: owners[p] for p in batch}
 
 
 def test_holders_are_the_live_executors_with_the_wanted_home() -> None:
@@ -195,6 +203,13 @@ def test_holders_are_the_live_executors_with_the_wanted_home() -> None:
     wanted = {0: "a" * 32, 1: "b" * 32, 2: "c" * 32, 3: "d" * 32}
     assert placement.holders(wanted, alive) == {0: ["0", "2"], 1: ["1"]}
     assert set(assign_executors([0, 1, 2, 3], alive, placement.holders(wanted, alive))) == {0, 1, 2, 3}
+
+
+def test_a_sparse_batch_runs_where_its_partitions_are_owned() -> None:
+    """Two partitions of one executor in a batch of their own both stay there (warm), rather than
+    one moving for the batch's parallelism (and being rebuilt)."""
+    holders = {0: ["0"], 1: ["1"], 2: ["0"], 3: ["1"]}
+    assert assign_executors([0, 2], {"0": "h0", "1": "h1"}, holders) == {0: ("0", "h0"), 2: ("0", "h0")}
 
 
 def test_a_host_with_too_many_homes_keeps_its_share() -> None:
