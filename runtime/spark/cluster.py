@@ -238,7 +238,8 @@ class Placement:
                 alive = self.live_executors()
                 self._forget_gone(alive)
                 missing = set(wanted.values()) - {self.executor_homes[e] for e in alive if e in self.executor_homes}
-                unknown = {e: host for e, host in alive.items() if e not in self._probed and e not in self.executor_homes}
+                unknown = {e: host for e, host in alive.items()
+                           if e not in self._probed and e not in self.executor_homes}
                 if missing and unknown:
                     self._probe(unknown, job)
                     continue
@@ -324,7 +325,8 @@ class Placement:
         java_rdd = self.context._jsc.sc().makeRDD(self._scala_seq(pairs), byte_array).toJavaRDD()
         return RDD(java_rdd, self.context, serializer)
 
-    def record(self, group: str, plans: Sequence[Any], results: Sequence[Mapping[str, Any]] = ()) -> dict[int, tuple[str, str]]:
+    def record(self, group: str, plans: Sequence[Any],
+               results: Sequence[Mapping[str, Any]] = ()) -> dict[int, tuple[str, str]]:
         """After a batch's Spark job (group ``group``) succeeded: where each plan's successful attempt
         ran, from Spark's status store; these executors become the partitions' homes, and the homes
         the ``results`` report (``home``) become their executors'. Affinity is an optimization: if the

@@ -66,7 +66,7 @@ def test_a_damaged_or_hostile_home_reads_as_unknown(value: object) -> None:
         (3, {"in": 7}, {"counts": 12}, "ab12")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(value=json_values)
 def test_any_json_value_as_home_is_a_home_id_or_unknown(value: object) -> None:
     home = _with_home(value).home
@@ -165,13 +165,14 @@ def test_no_live_executor_leaves_placement_to_spark() -> None:
     assert assign_executors(range(3), {}, {0: ["0"]}) == {}
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(planned=st.lists(st.integers(0, 40), unique=True, max_size=20),
        alive=st.dictionaries(st.sampled_from("0123456789"), st.sampled_from(["h1", "h2", "h3"]), max_size=6),
        holders=st.dictionaries(st.integers(0, 45), st.lists(st.sampled_from("0123456789xyz"), max_size=4)),
        data=st.data())
 def test_partitions_go_to_live_executors_owning_a_fair_share(planned: list[int], alive: dict[str, str],
-                                                             holders: dict[int, list[str]], data) -> None:  # noqa: ANN001
+                                                             holders: dict[int, list[str]],
+                                                             data: st.DataObject) -> None:
     assigned = assign_executors(planned, alive, holders)
     if not alive:
         assert assigned == {}
