@@ -68,13 +68,20 @@ class Checkpoint:
     """input stream -> the identity of what it read up to this commit, for inputs that have one
     (:class:`~localstate.core.stream.IdentifiedInput`: a Kafka topic's id): the position is not
     applied to another stream of the same name (a topic deleted and created again)"""
+    home: str | None = None
+    """cluster mode: the *home* of the attempt that prepared this checkpoint, an id of the executor
+    host's local store directory: the next batch, or the next run after a restart, prefers an executor
+    with this home, where the partition's local state is warm. A placement hint only, never trusted
+    for correctness (the ``attempt`` markers decide whether local state is used); a damaged value
+    reads as None (unknown)"""
 
     def to_json(self) -> str:
         data = asdict(self)
         if data["batch"] is None:
             del data["batch"]  # checkpoints of jobs that never ran a DataFrame batch stay as they were
-        if data["attempt"] is None:
-            del data["attempt"]  # only cluster-mode checkpoints name their attempt
+        for name in ("attempt", "home"):
+            if data[name] is None:
+                del data[name]  # only cluster-mode checkpoints name their attempt and its home
         if not data["manifests"]:
             del data["manifests"]  # nor do those of changelog systems without manifests
         for name in ("watermark", "next_timer"):
@@ -111,7 +118,8 @@ class Checkpoint:
                    watermark=_time(data.get("watermark"), where, "watermark"),
                    next_timer=_time(data.get("next_timer"), where, "next_timer"),
                    formats=_names(data.get("formats", {}), where, "formats", "store -> format name"),
-                   input_ids=_names(data.get("input_ids", {}), where, "input_ids", "input -> identity"))
+                   input_ids=_names(data.get("input_ids", {}), where, "input_ids", "input -> identity"),
+                   home=_home(data.get("home")))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
@@ -156,9 +164,20 @@ def _attempt(value: Any, where: str) -> str | None:
     """None, or an attempt id: 1 to 64 lowercase hex digits."""
     if value is None:
         return None
-    if not isinstance(value, str) or not 0 < len(value) <= 64 or value.strip("0123456789abcdef"):
+    if not _is_hex_id(value):
         raise _corrupt(where, "attempt", f"expected an attempt id (hex digits), got {value!r:.40}")
     return value
+
+
+def _home(value: Any) -> str | None:
+    """A home id (1 to 64 lowercase hex digits), or None for anything else: a home only steers
+    placement, so a damaged one means "unknown", never a refused checkpoint."""
+    return value if _is_hex_id(value) else None
+
+
+def _is_hex_id(value: Any) -> bool:
+    """True for a string of 1 to 64 lowercase hex digits."""
+    return isinstance(value, str) and 0 < len(value) <= 64 and not value.strip("0123456789abcdef")
 
 
 def _manifests(value: Any, where: str) -> dict[str, dict[str, Any]]:

@@ -19,20 +19,27 @@ The driver coordinates, executors never do it through files:
   driver commits that attempt's prepared checkpoint only. A zombie attempt (on a lost or paused host)
   is never accepted; whatever it wrote is after the committed offsets and is trimmed by the next open
   (the file and Kafka changelogs), or never named by a committed checkpoint (object stores);
-* host affinity (:class:`Placement`): the driver remembers which executor ran each partition's last
-  accepted attempt and builds the batch's RDD with that executor as the task's preferred location
-  (``SparkContext.makeRDD`` with ``executor_<host>_<id>`` locations: Spark's process-local level),
-  so the task runs where its warm local state is while that executor lives; a task on a host
-  without it restores from the changelog. Each task reports whether its local state was warm.
+* host affinity (:class:`Placement`): each task reports its *home* (:func:`local_home`, an id of
+  the host's local store directory), and the driver records it in the partition's checkpoint
+  (:attr:`Checkpoint.home`), so it survives the driver. The batch's RDD prefers an executor with
+  that home for the task (``SparkContext.makeRDD`` with ``executor_<host>_<id>`` locations: Spark's
+  process-local level), so the task runs where its warm local state is, in this run and after a
+  restart (a new driver asks its new executors their homes first); a task on a host without it
+  restores from the changelog. Each task reports whether its local state was warm.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import socket
 import tempfile
+import threading
+import time
+import uuid
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
@@ -40,12 +47,23 @@ from localstate.runtime.partition.recovery import StoreRecovery
 from localstate.runtime.layout import store_root
 
 __all__ = ["is_cluster_master", "executor_local_root", "PlannedCheckpoints", "Placement", "is_warm",
-           "has_state", "LOCAL_SUBDIR"]
+           "has_state", "local_home", "assign_executors", "LOCAL_SUBDIR", "PROBE_TIMEOUT", "REGISTER_POLL",
+           "REGISTER_WAIT_SETTING"]
 
 log = logging.getLogger(__name__)
 
 LOCAL_SUBDIR = "localstate"
 """The directory localstate creates under an executor's Spark local directory."""
+
+REGISTER_WAIT_SETTING = "spark.scheduler.maxRegisteredResourcesWaitingTime"
+"""The Spark setting that bounds how long a restarted driver waits for the executors holding its
+partitions' local state to register (:meth:`Placement.locate`)."""
+
+REGISTER_POLL = 0.5
+"""Seconds between two looks at the registered executors while waiting for them."""
+
+PROBE_TIMEOUT = 30.0
+"""Seconds after which a probe of the executors' homes is cancelled (a frozen executor)."""
 
 
 def is_cluster_master(master: str) -> bool:
@@ -106,14 +124,69 @@ def has_state(checkpoint: Checkpoint | None) -> bool:
     return checkpoint is not None and any(offset > 0 for offset in checkpoint.changelogs.values())
 
 
+def local_home(job: JobConfig) -> str:
+    """This executor host's *home* for ``job``: an id (32 hex digits) of the directory it keeps the
+    job's local stores in (:func:`executor_local_root`, on this host by name). Executors that share
+    that directory share the home; with a stable ``[job] local_dir`` a host keeps its home across
+    executors and runs, with Spark's per-application local directories (the default) it does not."""
+    where = socket.gethostname().encode("utf-8", "surrogateescape") + b"\0" + os.fsencode(executor_local_root(job))
+    return hashlib.sha256(where).hexdigest()[:32]
+
+
+def assign_executors(partitions: Sequence[int], alive: Mapping[str, str],
+                     holders: Mapping[int, Collection[str]]) -> dict[int, tuple[str, str]]:
+    """Where each of a batch's ``partitions`` should run, as ``{partition: (executor id, host)}``.
+
+    Partitions are owned, not only run: every partition of ``holders`` (partition -> the executors
+    holding its local state; planned in this batch or not) is owned by the least loaded of its live
+    holders while that one owns less than its fair share (``ceil(partitions / live executors)``, the
+    partitions counted being those planned or held); a planned partition without an owner (no known
+    home, a lost home, the excess of an executor when another joins) goes to the executor owning the
+    fewest. So a partition moves only when ownership is unbalanced, never because a sparse batch
+    happens to plan two partitions of one executor, and the homes a run leaves are balanced for the
+    next one. Empty when no executor is alive (Spark then places the tasks). Pure: no Spark."""
+    if not alive:
+        return {}
+    counted = set(partitions) | {p for p, executors in holders.items() if any(e in alive for e in executors)}
+    share = -(-len(counted) // len(alive))
+    load = {executor: 0 for executor in sorted(alive)}
+    owner: dict[int, str] = {}
+    for partition in sorted(holders):
+        candidates = [e for e in sorted(holders[partition]) if e in load and load[e] < share]
+        if candidates:
+            owner[partition] = min(candidates, key=load.__getitem__)
+            load[owner[partition]] += 1
+    for partition in partitions:
+        if partition not in owner:
+            owner[partition] = min(load, key=load.__getitem__)
+            load[owner[partition]] += 1
+    return {partition: (owner[partition], alive[owner[partition]]) for partition in partitions}
+
+
 class Placement:
     """Driver side host affinity: which executor holds each partition's warm local state, and the
-    Python RDD of a batch's plans that asks Spark to run each task there."""
+    Python RDD of a batch's plans that asks Spark to run each task there.
 
-    def __init__(self, context: Any) -> None:
+    A partition's committed checkpoint names the *home* of the attempt that committed it
+    (:attr:`Checkpoint.home`, :func:`local_home`); the placement knows the home of each live executor,
+    from the results of the tasks it ran and, for an executor that ran nothing yet (a restarted driver's
+    new executors), from a probe: one tiny task per such executor, asking its home. So a restarted
+    driver places each partition where its local state is, as the previous driver did. Affinity saves
+    restores; it is never needed for correctness (the attempt markers decide what local state is used)."""
+
+    def __init__(self, context: Any, *, stable: bool = False) -> None:
         self.context = context
+        self.stable = stable
+        """``[job] local_dir`` is set: a host's home outlives its executors and the run, so a new
+        executor is worth probing, and a restarted driver waits for the executors of its homes"""
         self.homes: dict[int, tuple[str, str]] = {}
-        """partition -> (executor id, host) of its last accepted attempt"""
+        """partition -> (executor id, host) of its last accepted attempt in this driver"""
+        self.executor_homes: dict[str, str] = {}
+        """executor id -> its home (:func:`local_home`), for live executors"""
+        self._probed: set[str] = set()
+        """executors already asked their home (each is asked once)"""
+        self._waited = False
+        """the first :meth:`locate` (which may wait for executors to register) is done"""
 
     @property
     def _jvm(self) -> Any:
@@ -140,35 +213,93 @@ class Placement:
                 out[executor_id] = str(executor.hostPort()).rsplit(":", 1)[0]
         return out
 
-    def assign(self, partitions: Sequence[int]) -> dict[int, tuple[str, str]]:
-        """Where each partition's task should run: its home executor while alive and not holding
-        more than its fair share (``ceil(tasks / executors)``), else the least-loaded live executor
-        (a partition without a home, a lost home, or the excess of an executor when another joins).
-        Empty when no executor is known yet (Spark then places the tasks)."""
-        alive = self.live_executors()
-        if not alive:
-            return {}
-        share = -(-len(partitions) // len(alive))
-        load = {executor: 0 for executor in alive}
-        out: dict[int, tuple[str, str]] = {}
-        for partition in partitions:
-            home = self.homes.get(partition)
-            if home is not None and home[0] in alive and load[home[0]] < share:
-                out[partition] = (home[0], alive[home[0]])
-                load[home[0]] += 1
-        for partition in partitions:
-            if partition not in out:
-                executor = min(sorted(load), key=load.__getitem__)
-                out[partition] = (executor, alive[executor])
-                load[executor] += 1
-        return out
+    def holders(self, wanted: Mapping[int, str], alive: Mapping[str, str]) -> dict[int, list[str]]:
+        """partition -> the live executors whose home is ``wanted[partition]``."""
+        by_home: dict[str, list[str]] = {}
+        for executor, home in self.executor_homes.items():
+            if executor in alive:
+                by_home.setdefault(home, []).append(executor)
+        return {partition: by_home[home] for partition, home in wanted.items() if home in by_home}
 
-    def locations(self, plans: Sequence[Any]) -> list[list[str]]:
+    def locate(self, wanted: Mapping[int, str], job: Any, stop: threading.Event) -> None:
+        """Before a batch: learn the home of every live executor that might hold a ``wanted`` home
+        (partition -> the home its committed checkpoint names) and is not known yet, by probing it.
+        The first call (a restarted driver's first batch) also waits for executors to register until
+        every wanted home has a live executor, at most ``spark.scheduler.maxRegisteredResourcesWaitingTime``
+        (Spark's own bound on waiting for executors before scheduling; 30 s by default), or until
+        ``stop`` is set. Only with a stable ``local_dir`` (:attr:`stable`): otherwise no home outlives
+        its executor. ``job``: the run's JobConfig broadcast, for the probe's tasks."""
+        first, self._waited = not self._waited, True
+        if not self.stable or not wanted:
+            return
+        try:
+            deadline = time.monotonic() + (self._register_wait() if first else 0.0)
+            while True:
+                alive = self.live_executors()
+                self._forget_gone(alive)
+                missing = set(wanted.values()) - {self.executor_homes[e] for e in alive if e in self.executor_homes}
+                unknown = {e: host for e, host in alive.items()
+                           if e not in self._probed and e not in self.executor_homes}
+                if missing and unknown:
+                    self._probe(unknown, job)
+                    continue
+                if not missing or time.monotonic() >= deadline or stop.wait(REGISTER_POLL):
+                    return
+        except Exception:  # noqa: BLE001 - Py4J errors of a Spark version without these internals
+            log.warning("cannot learn where the executors keep their local stores; the batch's tasks are placed "
+                        "without it", exc_info=True)
+
+    def _register_wait(self) -> float:
+        """``spark.scheduler.maxRegisteredResourcesWaitingTime`` in seconds (30 if unreadable)."""
+        try:
+            return float(self.context._jsc.sc().conf().getTimeAsMs(REGISTER_WAIT_SETTING, "30s")) / 1000.0
+        except Exception:  # noqa: BLE001 - a context without a JVM conf (tests), changed internals
+            return 30.0
+
+    def _forget_gone(self, alive: Mapping[str, str]) -> None:
+        """Keep what is known of live executors only (executors come and go over a long run)."""
+        self.executor_homes = {e: home for e, home in self.executor_homes.items() if e in alive}
+        self._probed &= set(alive)
+
+    def _probe(self, executors: Mapping[str, str], job: Any) -> None:
+        """Ask each of ``executors`` (id -> host) its home: a Spark job of one tiny task per executor,
+        each preferring its executor; where each task ran is read from Spark's status store, so a task
+        Spark ran elsewhere still tells the truth about where it ran. Cancelled after
+        :data:`PROBE_TIMEOUT` seconds (a frozen executor); each executor is probed once."""
+        ids = sorted(executors)
+        self._probed.update(ids)
+        group = f"localstate-probe-{uuid.uuid4().hex}"
+        self.context.setJobGroup(group, "localstate: where each executor keeps the job's local stores")
+        timer = threading.Timer(PROBE_TIMEOUT, self.context.cancelJobGroup, [group])
+        timer.daemon = True
+        timer.start()
+        try:
+            found = self._rdd(ids, [[f"executor_{executors[e]}_{e}"] for e in ids]).map(
+                lambda _: local_home(job.value)).collect()
+        except Exception:  # noqa: BLE001 - cancelled, or an executor lost meanwhile: they stay unknown
+            log.warning("could not ask executors %s where they keep their local stores", ", ".join(ids),
+                        exc_info=True)
+            return
+        finally:
+            timer.cancel()
+        for task in self._tasks(group):
+            if task.status() == "SUCCESS" and 0 <= task.index() < len(found):
+                self.executor_homes[str(task.executorId())] = found[task.index()]
+
+    def assign(self, partitions: Sequence[int], wanted: Mapping[int, str] | None = None) -> dict[int, tuple[str, str]]:
+        """Where each partition's task should run (:func:`assign_executors`): an executor whose home
+        is the one ``wanted`` names for the partition (``wanted``: the homes of every partition with
+        state, planned or not), while it is alive and owns no more than its fair share."""
+        alive = self.live_executors()
+        self._forget_gone(alive)
+        return assign_executors(partitions, alive, self.holders(wanted or {}, alive))
+
+    def locations(self, plans: Sequence[Any], wanted: Mapping[int, str] | None = None) -> list[list[str]]:
         """Per plan: the preferred location ``executor_<host>_<id>`` of :meth:`assign`, if any
         (none if Spark's status store cannot be read: affinity saves restores, it is not needed
         for correctness)."""
         try:
-            chosen = self.assign([plan.partition for plan in plans])
+            chosen = self.assign([plan.partition for plan in plans], wanted)
         except Exception:  # noqa: BLE001 - Py4J errors of a Spark version without these internals
             log.warning("cannot read Spark's executors; the batch's tasks run without preferred locations",
                         exc_info=True)
@@ -176,35 +307,47 @@ class Placement:
         return [[f"executor_{chosen[plan.partition][1]}_{chosen[plan.partition][0]}"]
                 if plan.partition in chosen else [] for plan in plans]
 
-    def rdd(self, plans: Sequence[Any]) -> Any:
-        """A Python RDD with one partition per plan, each preferring its partition's home executor."""
+    def rdd(self, plans: Sequence[Any], wanted: Mapping[int, str] | None = None) -> Any:
+        """A Python RDD with one partition per plan, each preferring an executor with the partition's
+        home (``wanted``: partition -> home)."""
+        return self._rdd(plans, self.locations(plans, wanted))
+
+    def _rdd(self, items: Sequence[Any], where: Sequence[Sequence[str]]) -> Any:
+        """A Python RDD with one partition per item, preferring the locations ``where`` names for it."""
         from pyspark import RDD
         from pyspark.serializers import CPickleSerializer
 
         serializer = CPickleSerializer()
         jvm = self._jvm
-        pairs = [jvm.scala.Tuple2(bytearray(serializer.dumps(plan)), self._scala_seq(where))
-                 for plan, where in zip(plans, self.locations(plans))]
+        pairs = [jvm.scala.Tuple2(bytearray(serializer.dumps(item)), self._scala_seq(locations))
+                 for item, locations in zip(items, where)]
         byte_array = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
         java_rdd = self.context._jsc.sc().makeRDD(self._scala_seq(pairs), byte_array).toJavaRDD()
         return RDD(java_rdd, self.context, serializer)
 
-    def record(self, group: str, plans: Sequence[Any]) -> dict[int, tuple[str, str]]:
+    def record(self, group: str, plans: Sequence[Any],
+               results: Sequence[Mapping[str, Any]] = ()) -> dict[int, tuple[str, str]]:
         """After a batch's Spark job (group ``group``) succeeded: where each plan's successful attempt
-        ran, from Spark's status store; these executors become the partitions' homes. Affinity is an
-        optimization: if the status store cannot be read, the homes stay as they were."""
+        ran, from Spark's status store; these executors become the partitions' homes, and the homes
+        the ``results`` report (``home``) become their executors'. Affinity is an optimization: if the
+        status store cannot be read, what is known stays as it was."""
         try:
-            return self._record(group, plans)
+            return self._record(group, plans, results)
         except Exception:  # noqa: BLE001 - Py4J errors (a timeout of the listener bus, changed internals)
             log.warning("cannot read where the batch's tasks ran; partition homes unchanged", exc_info=True)
             return {}
 
-    def _record(self, group: str, plans: Sequence[Any]) -> dict[int, tuple[str, str]]:
+    def _record(self, group: str, plans: Sequence[Any],
+                results: Sequence[Mapping[str, Any]]) -> dict[int, tuple[str, str]]:
         ran: dict[int, tuple[str, str]] = {}
         for task in self._tasks(group):
             if task.status() == "SUCCESS" and 0 <= task.index() < len(plans):
                 ran[plans[task.index()].partition] = (str(task.executorId()), str(task.host()))
         self.homes.update(ran)
+        for result in results:
+            where = ran.get(result.get("partition"))  # type: ignore[arg-type]
+            if where is not None and result.get("home"):
+                self.executor_homes[where[0]] = result["home"]
         return ran
 
     def _tasks(self, group: str) -> Iterable[Any]:

@@ -172,6 +172,10 @@ class SparkJobRunner:
         self.placement: Placement | None = None
         self._committed: dict[int, Checkpoint | None] = {}
         self._saved: dict[int, Checkpoint] = {}
+        self.homes: dict[int, str] = {}
+        """partition -> the home its committed checkpoint names (:attr:`Checkpoint.home`), for every
+        partition with state, as the last :meth:`plan` read them: placement balances what each
+        executor owns, not only what one batch runs (:func:`~.cluster.assign_executors`)"""
         self._input_ids: dict[str, str] = {}
         """input -> its identity at the last plan (IdentifiedInput), recorded in the batch's checkpoints"""
         """checkpoints this run saved (what :meth:`plan` uses instead of reading them back)"""
@@ -246,8 +250,11 @@ class SparkJobRunner:
         plans, lag, pending = [], 0, 0
         now = time.time()
         self.next_timer = None
+        self.homes = {}
         for partition in range(self.job.partitions):
             loaded = self.committed(partition)
+            if loaded is not None and loaded.home is not None and has_state(loaded):
+                self.homes[partition] = loaded.home
             checkpoint = loaded or Checkpoint(partition)
             ranges = {}
             for name, source in self.inputs.items():
@@ -320,14 +327,17 @@ class SparkJobRunner:
         """One Spark job: a task per plan; then save every checkpoint, only if all tasks succeeded."""
         started = time.perf_counter()
         group = f"localstate-{self.run_id}-{batch}"
-        self.context.setJobGroup(group, f"localstate {self.job.name} batch {batch}")
         shipped = self._ship_job()
+        homes = self.homes if self.cluster else {}
+        if homes:  # a restarted driver: which of its new executors hold these homes (may wait for them)
+            self._placement().locate(homes, shipped, self._stop)
+        self.context.setJobGroup(group, f"localstate {self.job.name} batch {batch}")
         self._running = group
         try:
             if self.cluster:
                 # One task per plan, preferring the executor that holds its partition's warm state.
                 placement = self._placement()
-                results = placement.rdd(plans).mapPartitions(
+                results = placement.rdd(plans, homes).mapPartitions(
                     lambda items: [run_partition(shipped.value, plan) for plan in items]).collect()
             elif self.affinity is not None:
                 results = self.affinity.run(batch, plans, shipped)
@@ -354,7 +364,8 @@ class SparkJobRunner:
         errors = [r for r in results if "error" in r]
         if errors:
             raise pickle.loads(errors[0]["error"])
-        checkpoints = [Checkpoint(**result["checkpoint"]) for result in results]
+        # On a cluster each checkpoint names its attempt's home: where the next run places the partition.
+        checkpoints = [Checkpoint(**{**result["checkpoint"], "home": result.get("home")}) for result in results]
         if self._input_ids:  # the positions were planned against the inputs as they are now
             checkpoints = [replace(c, input_ids={**c.input_ids, **self._input_ids}) for c in checkpoints]
         if self.cluster:
@@ -362,7 +373,7 @@ class SparkJobRunner:
                 self._check_attempt(checkpoint)
         self._save_checkpoints(checkpoints)
         if self.cluster:
-            self._placement().record(group, plans)
+            self._placement().record(group, plans, results)
         saved = time.perf_counter()
         if self.affinity is not None:
             self.affinity.record(results)
@@ -433,7 +444,7 @@ class SparkJobRunner:
 
     def _placement(self) -> Placement:
         if self.placement is None:
-            self.placement = Placement(self.context)
+            self.placement = Placement(self.context, stable=self.job.local_dir is not None)
         return self.placement
 
     def _check_attempt(self, checkpoint: Checkpoint) -> None:

@@ -23,7 +23,7 @@ from localstate.runtime.partition.faults import CrashAt
 from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
 from localstate.runtime.spark.failures import executor_failure, record_failed_attempt
-from localstate.runtime.spark.cluster import is_warm
+from localstate.runtime.spark.cluster import is_warm, local_home
 from localstate.runtime.spark.affinity.kept import (Lease, checkin, checkout, claim, kept_partition,
                                                open_planned, task_context)
 from localstate.runtime.driver.plan import PartitionPlan
@@ -159,6 +159,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "replayed": sum(r.replayed for r in done.recoveries), "trimmed": sum(r.trimmed for r in done.recoveries),
         "reused": done.reused, "pid": done.pid, "timings": done.timings,
         "warm": done.reused or is_warm(done.recoveries), "attempt": task_attempt(),
+        "home": local_home(job) if plan.cluster else None,  # where its local state now is (cluster)
         # When it ended (a host-wide clock): of two partitions one worker ran in a batch, it keeps
         # the later one open.
         "finished": time.monotonic(),

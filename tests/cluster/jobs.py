@@ -33,9 +33,17 @@ SPARK_CONF = {
 }
 
 
+GENERATOR_INPUT = f"""[inputs.events]
+system = "generator"
+kind = "page_views"
+events = {EVENTS}
+users = {USERS}"""
+
+
 def write_job(directory: Path, master: str, *, state_dir: Path, changelog: str = "file",
-              output: str = "file", local_dir: str | None = None, extra: str = "") -> Path:
-    """``directory/job.toml`` (and its ``gate`` directory) for the counting job."""
+              output: str = "file", local_dir: str | None = None, extra: str = "", inputs: str | None = None) -> Path:
+    """``directory/job.toml`` (and its ``gate`` directory) for the counting job; ``inputs``: its
+    ``[inputs.*]`` tables instead of the generator's ``events``."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "gate").mkdir(exist_ok=True)
     conf = "\n".join(f'"{key}" = "{value}"' for key, value in SPARK_CONF.items())
@@ -51,11 +59,7 @@ changelog = "{changelog}"
 pythonpath = ["{HERE}"]
 {local}
 
-[inputs.events]
-system = "generator"
-kind = "page_views"
-events = {EVENTS}
-users = {USERS}
+{inputs or GENERATOR_INPUT}
 
 {outputs}
 

@@ -29,6 +29,9 @@ CHANGED_AT_OPEN = {"generation"}
 """what an open may change: it takes the next generation"""
 PER_HOST = {"attempt"}
 """cluster mode: the attempt that prepared the checkpoint (a new attempt names itself)"""
+SET_BY_DRIVER = {"home"}
+"""cluster mode: where the committed attempt ran, set by the Spark driver on the checkpoint it commits
+(an instance never writes it; an open's checkpoint stays in the executor's memory on a cluster)"""
 
 
 class TimerTask(StreamTask):
@@ -78,7 +81,7 @@ def _committed_history(job: Any, attempt: str | None) -> Checkpoint:
 def _unset(checkpoint: Checkpoint) -> list[str]:
     defaults = Checkpoint(checkpoint.partition)
     return [f.name for f in dataclasses.fields(Checkpoint)
-            if f.name not in CHANGED_AT_OPEN | {"partition"} and getattr(checkpoint, f.name) == getattr(defaults, f.name)]
+            if f.name not in CHANGED_AT_OPEN | SET_BY_DRIVER | {"partition"} and getattr(checkpoint, f.name) == getattr(defaults, f.name)]
 
 
 @pytest.mark.parametrize("changelog,attempt", [("file", None), ("objectstore", "a1")])
