@@ -81,21 +81,28 @@ _TRACEBACK = "Traceback (most recent call last):"
 _JAVA_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$")
 _FRAME = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+)$')
 _JAVA_CLASS = re.compile(r"\b(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error|Throwable)\b:?\s*")
-_SQLSTATE = re.compile(r"^\s*SQLSTATE: \w+\s*$")  # Spark 4 appends the error class's state to the Python text
+# Spark 4 appends the error classes' states to the Python text ("SQLSTATE: 39000 SQLSTATE: XXKST"), then, for
+# a streaming query, the query's description: offsets and the logical plan.
+_SQLSTATE = re.compile(r"^\s*(?:SQLSTATE: \w+\s*)+$")
+_TRAILING_SQLSTATE = re.compile(r"(?:\s+SQLSTATE: \w+)+\s*$")
+_SPARK_TRAILERS = ("Driver stacktrace:", "Caused by: ", "JVM stacktrace:", "=== Streaming Query ===")
 _ATTEMPTS = re.compile(r"failed (\d+) times")
+_HINT_MARK = "\n  what to do: "
+"""how :meth:`LocalStateError._render` introduces the hint"""
 
 
 def python_traceback(text: str) -> str | None:
     """The first Python traceback in a Spark error's text (what a PythonException carries), without
-    the Java frames that follow it; None if there is none."""
+    what Spark appends to it (Java frames, SQLSTATEs, a streaming query's offsets and plan); None if
+    there is none."""
     start = text.find(_TRACEBACK)
     if start < 0:
         return None
     lines = []
     for line in text[start:].splitlines():
-        if _JAVA_FRAME.match(line) or _SQLSTATE.match(line) or line.startswith(("Driver stacktrace:", "Caused by: ")):
+        if _JAVA_FRAME.match(line) or _SQLSTATE.match(line) or line.lstrip().startswith(_SPARK_TRAILERS):
             break
-        lines.append(line)
+        lines.append(_TRAILING_SQLSTATE.sub("", line))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -137,10 +144,12 @@ def spark_failure(exc: BaseException, batch: int) -> LocalStateError:
     python = python_traceback(text)
     if python is None:  # the worker died (killed, out of memory, a crash in native code), or Spark itself failed
         reason = _java_reason(text) or type(exc).__name__
-        return ExecutorError(f"Spark batch {batch} failed{tried}: {reason}", batch=batch,
+        died = ExecutorError(f"Spark batch {batch} failed{tried}: {reason}", batch=batch,
                              hint="a Python worker that dies (killed, out of memory, a crash in native code) is "
                                   "retried by Spark; it died every time. State stays at the last committed batch: "
                                   "check the executors' memory and logs, then run again")
+        died.spark_message = text
+        return died
     frames, type_name, message = _parse(python)
     trace = describe_frames(frames, type_name.rpartition(".")[2] or type_name, message, python)
     cls = _typed(type_name)
@@ -152,6 +161,7 @@ def spark_failure(exc: BaseException, batch: int) -> LocalStateError:
         # A localstate error re-raised for Spark to retry: keep its type (callers catch e.g. FencedError);
         # its text already holds its context and hint.
         error = _rebuilt(cls, f"Spark batch {batch} failed{tried}: {message}")
+    error.spark_message = text
     return attach(error, trace)
 
 
@@ -167,14 +177,17 @@ def python_error(exc: BaseException) -> LocalStateError | None:
     if cls is ExecutorError and type_name.rpartition(".")[2] != "ExecutorError":
         return None  # not a localstate error (an ExecutorError itself, e.g. run_batch's, is one)
     trace = describe_frames(frames, type_name.rpartition(".")[2] or type_name, message, python)
-    return attach(_rebuilt(cls, message), trace)
+    error = _rebuilt(cls, message)
+    error.spark_message = str(exc)
+    return attach(error, trace)
 
 
 def _rebuilt(cls: type[LocalStateError], text: str) -> LocalStateError:
-    """An error of ``cls`` whose text (context and hint already rendered in) is ``text``."""
+    """An error of ``cls`` whose text (context and hint already rendered in) is ``text``: its hint is
+    taken out of the text again (``error.hint``), so that the message still ends with it."""
+    head, mark, hint = text.rpartition(_HINT_MARK)
     error = cls.__new__(cls)
-    LocalStateError.__init__(error, text)
-    error.context = {}
+    LocalStateError.__init__(error, head if mark else text, hint=hint.strip() or None if mark else None)
     return error
 
 
@@ -185,12 +198,12 @@ def _java_reason(text: str) -> str | None:
         if at >= 0:
             line = text[at + len(marker):].splitlines()[0]
             line = line.split("): ", 1)[1] if "): " in line else line  # "Lost task 0.3 in stage 1.0 (TID 7) (host ...): "
-            reason = _JAVA_CLASS.sub("", line).strip()
+            reason = _TRAILING_SQLSTATE.sub("", _JAVA_CLASS.sub("", line)).strip()
             return reason or None
     # Spark itself failed (a stopped context, a lost executor...): its first line that is no frame.
     for line in text.splitlines():
         if line.strip() and not _JAVA_FRAME.match(line) and not line.startswith("An error occurred while calling"):
-            reason = _JAVA_CLASS.sub("", line.lstrip(": ")).strip()
+            reason = _TRAILING_SQLSTATE.sub("", _JAVA_CLASS.sub("", line.lstrip(": "))).strip()
             if reason:
                 return reason[:500]
     return None
