@@ -25,10 +25,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 from localstate import errors
+from localstate.core.fsutil import check_no_symlinks, ensure_dir, read_regular, write_atomic
 from localstate.core.tracebacks import attach, describe, describe_frames
 from localstate.errors import (ChangelogError, CheckpointError, ConfigError, ExecutorError, FencedError, InputError,
                                LocalStateError, OutputError, PluginError, RestoreError, SerdeError, StoreError,
-                               TaskError)
+                               TaskError, UnsafePathError)
 
 __all__ = ["executor_failure", "spark_failure", "python_error", "python_traceback", "RETRYABLE",
            "record_failed_attempt", "failed_attempt_reasons", "log_failed_attempts", "attempt_error",
@@ -226,13 +227,13 @@ def record_failed_attempt(directory: str, batch: int, partition: int | None, att
         reason = {"batch": batch, "partition": partition, "attempt": attempt, "type": type(exc).__name__,
                   "message": message[:_MESSAGE_LIMIT], "host": socket.gethostname(), "pid": os.getpid()}
         folder = Path(directory)
-        folder.mkdir(parents=True, exist_ok=True)
+        # <checkpoints>/attempts/<run>: created below the checkpoints dir (checked when its store was
+        # made), never through a symlink; the reason is written aside and renamed into place.
+        ensure_dir(folder.parent.parent, folder)
         name = f"{batch}-{partition if partition is not None else 'slot'}-{attempt}-{os.getpid()}.json"
-        partial = folder / f".{name}.partial"
-        partial.write_text(json.dumps(reason))
-        partial.replace(folder / name)
-    except Exception:  # noqa: BLE001 - a full or read-only disk: the attempt's count still reaches the driver
-        pass
+        write_atomic(folder / name, json.dumps(reason).encode(), durable=False)
+    except Exception:  # noqa: BLE001 - a full or read-only disk, a planted symlink: the attempt's count still
+        pass           # reaches the driver
 
 
 def failed_attempt_reasons(directory: Path | None, batch: int,
@@ -242,13 +243,18 @@ def failed_attempt_reasons(directory: Path | None, batch: int,
     ``attempt`` = attempts of its task that failed before it) but that left nothing: its Python worker
     died (killed, out of memory, a crash in native code) before it could say why."""
     reasons: list[dict[str, Any]] = []
-    if directory is not None and directory.is_dir():
-        for path in sorted(directory.glob(f"{batch}-*.json")):
+    for path in _reason_files(directory, batch):
+        try:
+            reason = json.loads(read_regular(path, _REASON_BYTES))
+        except (OSError, ValueError, RecursionError, LocalStateError):
+            reason = None
+        if isinstance(reason, dict):
+            reasons.append(reason)
+        if reason is not None:  # read once; anything else (a symlink, a directory) was not written here
             try:
-                reasons.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                pass
-            path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass  # a read-only state directory: the file is read again, and ignored, by no later batch
     told = {(r.get("partition"), r.get("attempt")) for r in reasons}
     host = socket.gethostname() if directory is not None else None
     for result in results:
@@ -261,6 +267,23 @@ def failed_attempt_reasons(directory: Path | None, batch: int,
                                 "message": f"{where} (attempt {attempt} of partition {partition})", "host": host})
     reasons.sort(key=lambda r: (r.get("partition") if r.get("partition") is not None else -1, r.get("attempt", 0)))
     return reasons
+
+
+_REASON_BYTES = 64 * 1024
+"""a failed attempt's reason file is read up to this size (its message is at most 500 characters)"""
+
+
+def _reason_files(directory: Path | None, batch: int) -> list[Path]:
+    """The reason files of ``batch`` in ``directory`` (``<checkpoints>/attempts/<run>``), none if it is
+    missing or anything on its way below the checkpoints dir is a symlink (whose files are not ours to
+    read or delete)."""
+    if directory is None:
+        return []
+    try:
+        check_no_symlinks(directory.parent.parent, directory)
+        return sorted(directory.glob(f"{batch}-*.json"))
+    except (OSError, UnsafePathError):
+        return []
 
 
 def log_failed_attempts(reasons: Iterable[Mapping[str, Any]], retried: bool = True) -> None:
