@@ -32,7 +32,7 @@ from bench.report import Report, peak_rss_mb, timed
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.engine import StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import BytesSerde, IntSerde, StringSerde
 from localstate.engines.kv import KeyValueEngineFactory
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from bench.changelog import _kv_engine
 from bench.report import Report, peak_rss_mb, timed
 from localstate.changelog.file import FileChangelogSystem
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 
 __all__ = ["main"]
 

@@ -53,7 +53,7 @@ def _job(tmp: Path, rows: int) -> Any:
 def _partition_work(report: Report, tmp: Path, rows: int, repeat: int) -> None:
     """Rows ``partition work: <task>``: CPU seconds of one native-path batch of every row, per task."""
     from localstate.core.config import load_job_config
-    from localstate.runtime.spark.instances import release_kept
+    from localstate.runtime.spark.affinity.kept import release_kept
     from localstate.runtime.spark.runner import PartitionPlan, run_partition
 
     cpu: dict[str, float] = {}
@@ -102,9 +102,9 @@ def main(argv: list[str]) -> int:
     import pyarrow.json as pj
 
     import localstate.streams.jsonl as jsonl
-    from localstate.core.streams import open_input
+    from localstate.core.stream import open_input
     from localstate.core.task import record_batch
-    from localstate.runtime.records import BATCH_ROWS
+    from localstate.runtime.partition.records import BATCH_ROWS
 
     report = Report("decode", params={"rows": args.rows, "repeat": args.repeat})
     with tempfile.TemporaryDirectory() as tmp_name:

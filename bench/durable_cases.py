@@ -69,9 +69,9 @@ def counting(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     """The shared counting workload through the runtime (``TaskInstance.feed`` with autocommit: a
     commit every ``commit_every`` events is ``TaskInstance.commit``, checkpoint included, as a job
     run in-process does), then ``close()`` (the last commit). Same code for every changelog."""
-    from localstate.core.layout import open_changelog_system
-    from localstate.runtime.instance import TaskInstance
-    from localstate.core.streams.base import InputRecord
+    from localstate.runtime.layout import open_changelog_system
+    from localstate.runtime.partition.instance import TaskInstance
+    from localstate.core.stream import InputRecord
     ks = _workload().keys(p["events"], p["keys"])
     job = counting_job(tmp, p)
     system = open_changelog_system(job)
@@ -134,7 +134,7 @@ def history(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
 def ready(tmp: Path, p: dict[str, Any]) -> dict[str, Any]:
     """A host with no local state: adopt ``manifest`` and restore an empty kv RocksDB store to its end
     (the runtime's recovery: ``engine.restore`` over the chain's records, then ``flush``)."""
-    from localstate.core.recovery import recover_store
+    from localstate.runtime.partition.recovery import recover_store
     system = _system(tmp, p)
     log = system.partition("bench", 0)
     with _Clock() as clock:

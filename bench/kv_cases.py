@@ -217,11 +217,11 @@ def task_feed(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     import pyarrow as pa
 
     from localstate.core.config import parse_job_config
-    from localstate.core.layout import open_changelog_system
-    from localstate.core.streams.base import COLUMN_ROWS, InputColumns, InputRecord
+    from localstate.runtime.layout import open_changelog_system
+    from localstate.core.stream import COLUMN_ROWS, InputColumns, InputRecord
     from localstate.core.task import BatchTask, StreamTask, record_batch
-    from localstate.runtime.instance import TaskInstance
-    from localstate.runtime.records import ColumnRows
+    from localstate.runtime.partition.instance import TaskInstance
+    from localstate.runtime.partition.records import ColumnRows
 
     class Count(StreamTask):
         def init(self, context: Any) -> None:

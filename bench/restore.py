@@ -39,7 +39,7 @@ from localstate.changelog.file import FileChangelogPartition, FileChangelogSyste
 from localstate.changelog.framing import HEADER, HEADER_SIZE
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.engine import StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import BytesSerde
 from localstate.engines.kv import KeyValueEngineFactory
 

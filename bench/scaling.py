@@ -69,7 +69,7 @@ from typing import Any, Callable
 
 from bench.report import Report
 from bench.spark import _PHASES, _job, _localstate, _read_counts, _write_events
-from localstate.runtime.spark.plan import TASK_PHASES
+from localstate.runtime.driver.plan import TASK_PHASES
 
 __all__ = ["main"]
 
@@ -212,7 +212,7 @@ def _items_case(report: Report, context: Any, root: Path) -> None:
 
     from localstate.core.config import load_job_config
     from localstate.runtime.spark import executor
-    from localstate.runtime.spark.instances import claim, release_kept
+    from localstate.runtime.spark.affinity.kept import claim, release_kept
     from localstate.runtime.spark.runner import SparkJobRunner
 
     root.mkdir(parents=True)
@@ -331,7 +331,7 @@ def _affinity_case(report: Report, root: Path, rounds: int, events: int = 300_00
     worker (``after``) the keeper gets a slot and claims it. Alternated on one context, best of
     ``rounds``; ten batches each. Returns whether every count was exact."""
     from localstate.core.config import load_job_config
-    from localstate.runtime.spark.affinity import WorkerAffinity
+    from localstate.runtime.spark.affinity.slots import WorkerAffinity
     from localstate.runtime.spark.runner import SparkJobRunner, spark_context
 
     class OneSlotPerPartitionAffinity(WorkerAffinity):

@@ -51,12 +51,12 @@ import numpy as np
 from bench.report import Report
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.runner import RunSummary, SparkJobRunner, spark_context
 from localstate.runtime.spark.dataframe import TASK_PHASES as DATAFRAME_PHASES
 from localstate.runtime.spark.dataframe import DataFrameBatch, foreach_batch, release
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.partition.sink import StreamSink
 
 
 def _find_peer() -> Path:

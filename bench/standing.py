@@ -516,7 +516,7 @@ def _restore_probe(job_file: Path) -> tuple[int, float]:
     (as ``localstate inspect`` reads): every record of its changelog up to the committed checkpoint,
     read and decoded. ``(records, seconds)``."""
     from localstate.core.config import load_job_config
-    from localstate.runtime.views import changelog_records, checkpoint_manifest, load_checkpoints
+    from localstate.runtime.driver.views import changelog_records, checkpoint_manifest, load_checkpoints
 
     job = load_job_config(job_file)
     checkpoint = load_checkpoints(job).get(0)

@@ -75,8 +75,8 @@ COMMIT_EVERY = 100_000
 def _measure(report: Report, backend: str, serde: str, keys: list[str], stamps: list[float], rounds: int) -> None:
     """One (backend, key serde) pair: its rows and its ratio, from rounds alternating puts and timers."""
     from localstate.core.config import parse_job_config
-    from localstate.core.layout import open_changelog_system
-    from localstate.runtime.instance import TaskInstance
+    from localstate.runtime.layout import open_changelog_system
+    from localstate.runtime.partition.instance import TaskInstance
 
     n, commit_every = len(keys), COMMIT_EVERY
     task = _task_class()

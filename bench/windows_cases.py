@@ -31,10 +31,10 @@ def runtime(tmp: Path, p: dict[str, Any], keys: list[str]) -> dict[str, Any]:
     in their logged store, file changelog, a commit and checkpoint every ``commit_every`` records
     (the batch boundary where due timers fire)."""
     from localstate.core.config import parse_job_config
-    from localstate.core.layout import open_changelog_system
-    from localstate.core.streams.base import InputRecord
+    from localstate.runtime.layout import open_changelog_system
+    from localstate.core.stream import InputRecord
     from localstate.core.task import BatchTask, StreamTask
-    from localstate.runtime.instance import MemorySink, TaskInstance
+    from localstate.runtime.partition.instance import MemorySink, TaskInstance
     from localstate.windows import Tumbling, WindowedAggregation, count
 
     size = p["window"]

@@ -397,7 +397,7 @@ class DeferredDurability(Protocol):
     """A :class:`ManifestedChangelog` whose ``flush`` only *starts* writing what it sealed (the
     objectstore's delta PUT runs in the background): ``manifest()`` waits for it, and this capability
     lets a caller take the manifest without waiting, so that a commit need not wait for its own PUT
-    (the pipelined commit of :class:`~localstate.runtime.instance.TaskInstance`). Changelogs whose flush
+    (the pipelined commit of :class:`~localstate.runtime.partition.instance.TaskInstance`). Changelogs whose flush
     is durable when it returns (file, Kafka, memory) do not offer it.
 
     Guarantee: a checkpoint naming ``in_flight_manifest().manifest`` may be saved once ``durable()``

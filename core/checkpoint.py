@@ -66,7 +66,7 @@ class Checkpoint:
     that name one: a store reopened with options that change it is refused"""
     input_ids: dict[str, str] = field(default_factory=dict)
     """input stream -> the identity of what it read up to this commit, for inputs that have one
-    (:class:`~localstate.core.streams.base.IdentifiedInput`: a Kafka topic's id): the position is not
+    (:class:`~localstate.core.stream.IdentifiedInput`: a Kafka topic's id): the position is not
     applied to another stream of the same name (a topic deleted and created again)"""
 
     def to_json(self) -> str:

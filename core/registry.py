@@ -24,7 +24,7 @@ from localstate.core.options import did_you_mean
 from localstate.core.policy import (BUILTIN_DISTRIBUTION, GROUPS, LOCAL_DISTRIBUTION, DiscoveredPlugin, PluginPolicy,
                                     discovered_plugins, normalize_distribution)
 from localstate.core.serdes import Serde
-from localstate.core.streams.base import StreamSystem
+from localstate.core.stream import StreamSystem
 from localstate.errors import ConfigError, PluginLoadError, PluginNotFoundError, PluginRefusedError
 
 __all__ = ["PluginInfo", "Registry", "registry_for", "backend_names", "open_backend", "open_store_backend"]

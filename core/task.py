@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, TypeVar, \
     overload, runtime_checkable
 
-from localstate.core.streams.base import base_dir
+from localstate.core.stream import base_dir
 from localstate.core.tracebacks import attach, describe
 from localstate.errors import ConfigError, ConfigProblem, TaskImportInterrupted, TaskImportTimeout
 

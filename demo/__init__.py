@@ -23,10 +23,10 @@ from typing import Any
 
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.layout import open_changelog_system, store_directory
-from localstate.runtime.instance import TaskInstance
-from localstate.core.streams import open_output
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.layout import open_changelog_system, store_directory
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.core.stream import open_output
+from localstate.runtime.partition.sink import StreamSink
 from localstate.streams.jsonl import write_jsonl
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, StreamTask, TaskContext
 

@@ -175,7 +175,7 @@ def builtin_plugins(group: str) -> list[tuple[str, Any]]:
 
 def config_reference() -> str:
     from localstate.core import config
-    from localstate.core.streams.base import COMMON_INPUT_OPTIONS, COMMON_OUTPUT_OPTIONS
+    from localstate.core.stream import COMMON_INPUT_OPTIONS, COMMON_OUTPUT_OPTIONS
 
     for code_keys, documented, what in ((config._JOB_KEYS, JOB_KEYS, "[job]"),
                                         (config._STORE_KEYS, STORE_KEYS, "[stores.<name>]")):

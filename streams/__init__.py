@@ -1,6 +1,6 @@
 """Stream systems that share nothing with a changelog: JSON-lines directories (``jsonl``) and the
 deterministic ``generator`` of demo events. Both are plugins of the ``localstate.streams`` group;
-the contract they implement is :mod:`localstate.core.streams`."""
+the contract they implement is :mod:`localstate.core.stream`."""
 
 from .generator import GeneratorStreams
 from .jsonl import JsonLinesInput, JsonLinesOutput, JsonLinesStreams, read_jsonl, write_jsonl

@@ -19,7 +19,7 @@ from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option
 from localstate.core.partitioner import partition_for
 
-from localstate.core.streams.base import InputRecord, InputStream, StreamSystem
+from localstate.core.stream import InputRecord, InputStream, StreamSystem
 
 __all__ = ["GeneratorInput", "KINDS", "generate", "users_of_partition"]
 

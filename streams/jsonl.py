@@ -28,7 +28,7 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError, OutputError, OutputIOError
 
-from localstate.core.streams.base import (COLUMN_ROWS, InputColumns, InputRecord, InputStream, OutputStream,
+from localstate.core.stream import (COLUMN_ROWS, InputColumns, InputRecord, InputStream, OutputStream,
                                           StreamSystem, check_output_file, open_regular_file, resolve_path)
 
 try:  # optional (the "columnar" extra): a faster parser for a batch task's input, see read_columns
@@ -237,7 +237,7 @@ class JsonLinesInput(InputStream):
         return scan.mtime if scan.pending else None
 
     def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
-        """:meth:`read` as :class:`~localstate.core.streams.base.InputColumns` chunks (a batch task's
+        """:meth:`read` as :class:`~localstate.core.stream.InputColumns` chunks (a batch task's
         input): no record tuple per row, and with orjson installed a chunk of ordinary lines parsed
         by it in one C-level pass. orjson and the json serde's decoder differ on a few inputs (orjson
         reads integers beyond 64 bits as floats, words its errors differently), so a chunk that holds

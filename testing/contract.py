@@ -22,7 +22,7 @@ The checks (each one a function ``check_*(adapter, directory, seed)``):
    changelog's state.
 6. :func:`check_crash` - one shared child process (``python -m localstate.testing.contract``) applies
    seeded changes with flushes and checkpoints and is SIGKILLed at random moments (some inside
-   flush); reopening and :func:`~localstate.core.recovery.recover_store` to the last checkpoint
+   flush); reopening and :func:`~localstate.runtime.partition.recovery.recover_store` to the last checkpoint
    gives exactly the reference state at that checkpoint.
 
 States are compared only after ``flush()`` or a reopen: the contract says nothing about what the
@@ -50,7 +50,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem
 from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import BytesSerde, Serde
 from localstate.core.time import SYSTEM_TIME, TimeSource
 

@@ -20,7 +20,7 @@ Time: processing time is the driver's clock (:attr:`TaskTestDriver.now`, moved b
     driver.advance(60)                        # processing-time timers up to now + 60 fire
 
 Bad records (undecodable, keyless) go through the input's ``on_error`` policy exactly as on Spark,
-through the same feed loop (:meth:`~localstate.runtime.instance.TaskInstance.feed`):
+through the same feed loop (:meth:`~localstate.runtime.partition.instance.TaskInstance.feed`):
 
     driver = TaskTestDriver(Task, inputs={"clicks": {"on_error": "dead_letter", "dead_letter": "bad"}})
     driver.send_bad("clicks", raw="{not json", error="invalid JSON")
@@ -37,11 +37,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.recovery import StoreRecovery
-from localstate.runtime.records import InputPolicy, OnError
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import MemorySink, TaskInstance
-from localstate.core.streams.base import InputRecord
+from localstate.runtime.partition.recovery import StoreRecovery
+from localstate.runtime.partition.records import InputPolicy, OnError
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.core.stream import InputRecord
 from localstate.core.task import BatchTask, Envelope, StreamTask
 
 __all__ = ["TaskTestDriver"]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from xdist_support import group_name, kill_processes_carrying, queue_in_order  # noqa: E402
 
 # The test-only switch that arms fault-injection hooks (LOCALSTATE_CRASH_AT, see
-# localstate.runtime.faults). Set here, before any test starts a child process or Spark, so the
+# localstate.runtime.partition.faults). Set here, before any test starts a child process or Spark, so the
 # children inherit it; production environments never set it.
 os.environ["LOCALSTATE_TESTING"] = "1"
 

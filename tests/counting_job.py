@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from localstate.core.config import JobConfig
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 
 __all__ = ["SPARK_TESTS", "counting_job_text", "write_counting_job", "final_counts"]
 

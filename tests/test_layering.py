@@ -55,11 +55,11 @@ def test_the_source_tree_keeps_every_layering_contract(staged: Path) -> None:
 
 
 @pytest.mark.parametrize(("module", "line", "contract"), [
-    ("core/engine.py", "import localstate.runtime.instance", "core imports none of"),
+    ("core/engine.py", "import localstate.runtime.partition.instance", "core imports none of"),
     ("core/config.py", "from localstate.engines.kv import engine", "core imports none of"),
     ("engines/heap/topn.py", "import localstate.engines.kv.engine", "engine kinds do not import each other"),
     ("changelog/objectstore/chain.py", "import localstate.changelog.file.system", "changelog systems do not"),
-    ("runtime/instance.py", "import localstate.tools.cli", "the runtime imports none of"),
+    ("runtime/partition/instance.py", "import localstate.tools.cli", "the runtime imports none of"),
     ("core/names.py", "import localstate.core.config", "no import cycles"),
 ])
 def test_a_violating_import_is_caught(tmp_path: Path, module: str, line: str, contract: str) -> None:

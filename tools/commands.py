@@ -103,7 +103,7 @@ def reset(args: argparse.Namespace) -> int:
     import shutil
 
     from localstate.core.changelog import DurableCheckpoints
-    from localstate.core.layout import open_changelog_system
+    from localstate.runtime.layout import open_changelog_system
 
     job = load_job_config(args.job, plugins=args.plugins)
     streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
@@ -217,7 +217,7 @@ _PLACE_WORDS = {"kafka": "topic", "path": "path"}
 def _stream_places(job: "JobConfig") -> list[tuple[str, str]]:
     """Where the job's inputs and outputs live (see ``InputStream.location``); unopenable ones are
     skipped (validate reports them)."""
-    from localstate.core.streams import open_input, open_output
+    from localstate.core.stream import open_input, open_output
     from localstate.errors import LocalStateError
 
     places = []
@@ -257,12 +257,12 @@ def seek(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from localstate.core.checkpoint import Checkpoint
-    from localstate.core.layout import checkpoint_store
+    from localstate.runtime.layout import checkpoint_store
     from localstate.core.options import did_you_mean
-    from localstate.core.streams import open_input
-    from localstate.core.streams.base import IdentifiedInput, RetainedStart
+    from localstate.core.stream import open_input
+    from localstate.core.stream import IdentifiedInput, RetainedStart
     from localstate.errors import FencedError, StateNotFoundError
-    from localstate.runtime.views import load_checkpoints
+    from localstate.runtime.driver.views import load_checkpoints
     from localstate.tools.validation import require_input_paths
 
     job = load_job_config(args.job, plugins=args.plugins)
@@ -349,7 +349,7 @@ seek.arguments = _seek_arguments  # type: ignore[attr-defined]
 @command("compact", "compact a job's file changelogs up to the checkpointed offsets (last record per key)")
 def compact(args: argparse.Namespace) -> int:
     from localstate.core.changelog import Compactable
-    from localstate.core.layout import checkpoint_store, open_changelog_system
+    from localstate.runtime.layout import checkpoint_store, open_changelog_system
 
     job = load_job_config(args.job, plugins=args.plugins)
     system = open_changelog_system(job)

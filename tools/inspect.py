@@ -1,5 +1,5 @@
 """``localstate inspect``: print a job's checkpoints, store partitions, store contents and changelog
-streams, read-only, through :mod:`localstate.runtime.views`."""
+streams, read-only, through :mod:`localstate.runtime.driver.views`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any, Callable
 from localstate.core.config import JobConfig
 from localstate.errors import ConfigError, StateNotFoundError
 
-from localstate.runtime.views import changelog_partitions, changelog_records, changelog_root, checkpoint_location, decoder, job_dir, require_state, resolve_stream, store_config, store_entries, store_partitions, store_serdes, stream_location, to_jsonable, value_splitter
-from localstate.runtime.views import InputPartitionInfo, input_partitions
+from localstate.runtime.driver.views import changelog_partitions, changelog_records, changelog_root, checkpoint_location, decoder, job_dir, require_state, resolve_stream, store_config, store_entries, store_partitions, store_serdes, stream_location, to_jsonable, value_splitter
+from localstate.runtime.driver.views import InputPartitionInfo, input_partitions
 
 __all__ = ["run_inspect"]
 

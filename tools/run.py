@@ -148,11 +148,11 @@ def ignore_hangups(context: Any) -> None:
 @command("run", "run a job on Spark in micro-batches: standing (waits for new input) until SIGTERM, SIGINT or "
                 "SIGHUP, or --until-drained")
 def run(args: argparse.Namespace) -> int:
-    from localstate.runtime.progress import ProgressObserver
-    from localstate.runtime.spark.plan import lag_text
+    from localstate.runtime.driver.progress import ProgressObserver
+    from localstate.runtime.driver.plan import lag_text
     from localstate.runtime.spark.runner import SparkJobRunner
 
-    from localstate.runtime.views import changelog_root, job_dir, stream_location
+    from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
     from localstate.tools.validation import require_input_paths, require_own_changelogs, spark_notes
 
     job = load_job_config(args.job, plugins=args.plugins)

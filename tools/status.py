@@ -1,9 +1,9 @@
 """``localstate status JOB``: is the job running, what did its last batch do, how far behind is it.
 
 Read-only, like ``inspect``: it reads the job's ``progress/live.json`` and ``progress.jsonl``
-(:mod:`localstate.runtime.progress`), its checkpoints and its inputs' ends, and creates, locks or
+(:mod:`localstate.runtime.driver.progress`), its checkpoints and its inputs' ends, and creates, locks or
 changes nothing (a job that never ran still has no state directory afterwards). The progress files are
-read as hostile input (:mod:`localstate.runtime.operating`): whatever they hold, ``status`` answers,
+read as hostile input (:mod:`localstate.runtime.driver.operating`): whatever they hold, ``status`` answers,
 with what it could not use under ``problems``.
 
 Exit codes: 0 the job is live (a run's heartbeat is recent and its pid alive), 3 it is not (never ran,
@@ -29,9 +29,9 @@ NOT_LIVE = 3
 def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
     """Everything ``status`` shows, as a JSON-able dict (no NaN or infinity, whatever the files hold)."""
     from localstate.errors import LocalStateError
-    from localstate.runtime.operating import LIVE, UNKNOWN, json_safe, judge_live, progress_time
-    from localstate.runtime.progress import HEARTBEAT_STALE, progress_directory, read_last_progress, read_live
-    from localstate.runtime.views import input_partitions, job_dir, load_checkpoints
+    from localstate.runtime.driver.operating import LIVE, UNKNOWN, json_safe, judge_live, progress_time
+    from localstate.runtime.driver.progress import HEARTBEAT_STALE, progress_directory, read_last_progress, read_live
+    from localstate.runtime.driver.views import input_partitions, job_dir, load_checkpoints
 
     live_file = read_live(job)
     liveness, why = judge_live(live_file, stale=HEARTBEAT_STALE if stale is None else stale)
@@ -73,8 +73,8 @@ _SAYS = {"live": "LIVE", "not_live": "not running", "unknown": "unknown (treat a
 
 
 def _print(status: dict[str, Any]) -> None:
-    from localstate.runtime.progress import describe_reason
-    from localstate.runtime.spark.plan import lag_text
+    from localstate.runtime.driver.progress import describe_reason
+    from localstate.runtime.driver.plan import lag_text
 
     print(f"job {status['job']!r}: {_SAYS[status['liveness']]} ({_printable(status['why'])})")
     if not status["has_state"]:

@@ -44,9 +44,9 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
     ``import_timeout``: give up on a task module still importing after that many seconds (a
     :class:`~localstate.errors.TaskImportTimeout` problem at ``job.task``; the import goes on in a
     daemon thread, see :func:`~localstate.core.task.load_task_class`); None waits for ever."""
-    from localstate.core.streams import open_input, open_output
-    from localstate.core.layout import state_places
-    from localstate.core.streams.base import overlap_problems
+    from localstate.core.stream import open_input, open_output
+    from localstate.runtime.layout import state_places
+    from localstate.core.stream import overlap_problems
     from localstate.core.task import add_task_paths, load_task_class
 
     problems: list[ConfigProblem] = []
@@ -99,7 +99,7 @@ def _missing_path(job: JobConfig, name: str, stream: object) -> list[ConfigProbl
 
 def _input_directory(stream: object) -> Path | None:
     """The directory a file-based input reads (see ``DirectoryInput``), None for other inputs."""
-    from localstate.core.streams.base import DirectoryInput
+    from localstate.core.stream import DirectoryInput
 
     return stream.input_directory() if isinstance(stream, DirectoryInput) else None
 
@@ -112,9 +112,9 @@ def changelog_input_problems(job: JobConfig, inputs: Mapping[str, Any] | None = 
     ``inputs``: the job's opened inputs, if the caller has them. Needs no broker: the places come
     from the configuration alone."""
     from localstate.core.changelog import StreamLocations
-    from localstate.core.layout import open_changelog_system
-    from localstate.core.streams import open_input
-    from localstate.core.streams.base import places_overlap
+    from localstate.runtime.layout import open_changelog_system
+    from localstate.core.stream import open_input
+    from localstate.core.stream import places_overlap
 
     streams = {store.name: store.changelog for store in job.stores.values() if store.changelog is not None}
     if not streams or not job.inputs:
@@ -161,7 +161,7 @@ def require_own_changelogs(job: JobConfig) -> None:
 
 def input_path_problems(job: JobConfig) -> list[ConfigProblem]:
     """Inputs of ``job`` whose directory does not exist (each at ``inputs.<name>.path``)."""
-    from localstate.core.streams import open_input
+    from localstate.core.stream import open_input
 
     problems = []
     for name in job.inputs:
@@ -205,7 +205,7 @@ def shared_path_notes(job: JobConfig, master: str) -> list[str]:
     ``[spark] pythonpath`` folder (imported from that path on every executor). Whether another host
     sees the same directory cannot be told from here, so each is named with what it needs: a file
     system every host mounts at that path, or (the task module) an installed package."""
-    from localstate.core.streams import open_input, open_output
+    from localstate.core.stream import open_input, open_output
 
     notes = []
     for section, names, opener in (("inputs", job.inputs, open_input), ("outputs", job.outputs, open_output)):
@@ -230,7 +230,7 @@ def shared_path_notes(job: JobConfig, master: str) -> list[str]:
 def _task_folder(job: JobConfig) -> Path | None:
     """The job file's folder or ``[spark] pythonpath`` folder the task module is found in, else None
     (an installed module, or one that cannot be found)."""
-    from localstate.core.streams.base import base_dir
+    from localstate.core.stream import base_dir
 
     module = job.task.split(":")[0]
     if not module:

@@ -16,7 +16,7 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
     UnsafePathError
 
-from localstate.core.streams.base import (InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
+from localstate.core.stream import (InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
                                           check_regular_file, columns_of, resolve_path)
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
@@ -130,7 +130,7 @@ class FileLogInput(_FileLog, InputStream):
 
     def pending_bytes(self, partition: int) -> int:
         """Bytes of an incomplete last record (an append in progress, or a writer that stopped
-        mid-record; :class:`~localstate.core.streams.base.PendingTail`): not read until complete."""
+        mid-record; :class:`~localstate.core.stream.PendingTail`): not read until complete."""
         return self._scan_end(partition)[1]
 
     def pending_since(self, partition: int) -> float | None:
@@ -184,7 +184,7 @@ class FileLogInput(_FileLog, InputStream):
                              hint=_DAMAGED_HINT) from exc
 
     def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
-        """:meth:`read` as :class:`~localstate.core.streams.base.InputColumns` chunks (a batch task's
+        """:meth:`read` as :class:`~localstate.core.stream.InputColumns` chunks (a batch task's
         input): each record decoded by the stream's serdes as for :meth:`read`, no record tuple per
         decodable row."""
         return columns_of(self.read(partition, start, end))

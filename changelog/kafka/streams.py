@@ -19,7 +19,7 @@ Every record carries the headers ``localstate-producer`` (``<job>/<task partitio
 a failure carries the same pair when the task is deterministic, so a consumer can drop duplicates.
 
 The same functions serve the PySpark Data Source ``localstate-kafka``
-(:mod:`localstate.changelog.kafka.spark_source`); the Kafka I/O itself is
+(:mod:`localstate.runtime.spark.kafka_source`); the Kafka I/O itself is
 :mod:`localstate.changelog.kafka.io`, shared with the Kafka changelog.
 """
 
@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_duration
 from localstate.core.partitioner import partition_for
-from localstate.core.streams.base import InputColumns, InputRecord, InputStream, OutputStream, StreamSystem, \
+from localstate.core.stream import InputColumns, InputRecord, InputStream, OutputStream, StreamSystem, \
     columns_of, open_input
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
 
@@ -83,7 +83,7 @@ def _connection(job: JobConfig, section: str, name: str, validated: Mapping[str,
 
 class KafkaInput(InputStream):
     """``[inputs.<name>] system = "kafka"``: topic partition ``p`` feeds job partition ``p``. Its
-    identity (:class:`~localstate.core.streams.base.IdentifiedInput`) is the topic's id."""
+    identity (:class:`~localstate.core.stream.IdentifiedInput`) is the topic's id."""
 
     system = "kafka"
     options: ClassVar[Mapping[str, Option]] = {
@@ -148,14 +148,14 @@ class KafkaInput(InputStream):
     def start_offset(self, partition: int) -> int:
         """The partition's log start offset as of the last :meth:`end_offset` probe (probing now if
         there was none): records below it were deleted (retention, DeleteRecords, a re-created topic
-        that starts higher). See :class:`~localstate.core.streams.base.RetainedStart`."""
+        that starts higher). See :class:`~localstate.core.stream.RetainedStart`."""
         if self._served is None:
             self._refresh()
         return min(self._starts.get(partition, 0), self._ends.get(partition, 0))
 
     def identity(self) -> str | None:
         """The topic's id as of the last :meth:`end_offset` probe (probing now if there was none); None
-        if the broker names none (see :class:`~localstate.core.streams.base.IdentifiedInput`)."""
+        if the broker names none (see :class:`~localstate.core.stream.IdentifiedInput`)."""
         if self._served is None:
             self._refresh()
         return self._topic_id
@@ -182,7 +182,7 @@ class KafkaInput(InputStream):
 
     # executor side ----------------------------------------------------------------------------
     def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
-        """:meth:`read` as :class:`~localstate.core.streams.base.InputColumns` chunks (a batch task's
+        """:meth:`read` as :class:`~localstate.core.stream.InputColumns` chunks (a batch task's
         input): each record decoded by the stream's serdes as for :meth:`read`, no record tuple per
         decodable row."""
         return columns_of(self.read(partition, start, end))

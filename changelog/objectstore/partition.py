@@ -181,7 +181,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def compaction_horizon(self) -> int:
         """Reading below the snapshot's end misses the deletes the snapshot dropped: local state older
-        than it is rebuilt (see :mod:`localstate.core.recovery`)."""
+        than it is rebuilt (see :mod:`localstate.runtime.partition.recovery`)."""
         snapshot = self._chain.snapshot
         return snapshot.end if snapshot is not None else 0
 

@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from localstate.core.config import load_job_config
-from localstate.core.streams import open_input
+from localstate.core.stream import open_input
 from localstate.changelog.kafka.streams import KafkaInput, copy_input_to_topic
 
 

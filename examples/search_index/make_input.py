@@ -27,7 +27,7 @@ from typing import Any
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
 from localstate.streams.jsonl import write_jsonl
-from localstate.core.streams.base import resolve_path
+from localstate.core.stream import resolve_path
 
 __all__ = ["listing_events", "saved_searches", "write_input", "main", "CATEGORIES", "COLORS", "CONDITIONS"]
 

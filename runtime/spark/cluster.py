@@ -36,8 +36,8 @@ from typing import Any, Iterable, Sequence
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.recovery import StoreRecovery
-from localstate.core.layout import store_root
+from localstate.runtime.partition.recovery import StoreRecovery
+from localstate.runtime.layout import store_root
 
 __all__ = ["is_cluster_master", "executor_local_root", "PlannedCheckpoints", "Placement", "is_warm",
            "has_state", "LOCAL_SUBDIR"]

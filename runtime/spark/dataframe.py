@@ -62,13 +62,13 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.fsutil import ensure_dir, os_error, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.partitioner import partition_for
-from localstate.core.layout import checkpoint_store, job_directory, open_changelog_system
+from localstate.runtime.layout import checkpoint_store, job_directory, open_changelog_system
 from localstate.runtime.spark.failures import executor_failure, spark_failure
-from localstate.runtime.spark.exchange import RowExchange
-from localstate.runtime.partition_task import PartitionTask, fault_for
-from localstate.runtime.records import ArrowRows
-from localstate.runtime.spark.instances import Lease, checkin, checkout, kept_partition, release_partitions
-from localstate.core.streams.base import InputRecord
+from localstate.runtime.spark.affinity.exchange import RowExchange
+from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
+from localstate.runtime.partition.records import ArrowRows
+from localstate.runtime.spark.affinity.kept import Lease, checkin, checkout, kept_partition, release_partitions
+from localstate.core.stream import InputRecord
 from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
 
@@ -720,7 +720,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     batch (what :func:`foreach_batch` does; :func:`release` closes them). ``progress`` is called with
     the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch",
     "after", "marker"}`` SIGKILLs the Python worker feeding that partition after ``after`` records,
-    once (see :mod:`~localstate.runtime.faults`)."""
+    once (see :mod:`~localstate.runtime.partition.faults`)."""
     job = _job(job)
     spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream)
     add_task_paths(job)

@@ -31,19 +31,19 @@ from typing import Any, Callable
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
+from localstate.runtime.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
 from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_master
 from localstate.runtime.spark.context import spark_context, worker_affinity
-from localstate.runtime.spark.affinity import WorkerAffinity
-from localstate.runtime.spark.executor import run_partition
+from localstate.runtime.spark.affinity.slots import WorkerAffinity
+from localstate.runtime.spark.executor import run_partition, run_slot
 from localstate.runtime.spark.failures import (failed_attempt_reasons, log_failed_attempts, merge_attempt_reasons,
                                                spark_failure)
-from localstate.runtime.faults import crash_point
-from localstate.runtime.spark.instances import clear_requests
-from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary, progress_line
-from localstate.core.streams import open_input
-from localstate.core.streams.base import PENDING_TAIL_WARN_AFTER, IdentifiedInput, PendingTail, check_input_position
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.partition.faults import crash_point
+from localstate.runtime.spark.affinity.kept import clear_requests
+from localstate.runtime.driver.plan import BatchResult, PartitionPlan, RunSummary, progress_line
+from localstate.core.stream import open_input
+from localstate.core.stream import PENDING_TAIL_WARN_AFTER, IdentifiedInput, PendingTail, check_input_position
+from localstate.runtime.partition.sink import StreamSink
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.errors import FencedError, LocalStateError
 
@@ -157,7 +157,7 @@ class SparkJobRunner:
         self.job = job
         self.on_batch = on_batch
         """called after each committed batch with its result and plans (``localstate run``: progress.jsonl,
-        metrics; :mod:`localstate.runtime.progress`)"""
+        metrics; :mod:`localstate.runtime.driver.progress`)"""
         self.master = master or str(job.spark.get("master", "local[*]"))
         self._context = context
         self.batch_size = batch_size if batch_size is not None else job.spark.get("batch_size")
@@ -541,7 +541,7 @@ class SparkJobRunner:
             shutil.rmtree(attempts, ignore_errors=True)  # what a killed driver's run left
             self._attempts = attempts / self.run_id
         if self.keep_open:
-            self.affinity = self.affinity_class(self.context, self.checkpoints.root / "claims" / self.run_id)
+            self.affinity = self.affinity_class(self.context, self.checkpoints.root / "claims" / self.run_id, run_slot)
         partitions = range(self.job.partitions)
         clear_requests(self.checkpoints, partitions)
         self._create_changelogs()

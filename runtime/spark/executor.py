@@ -1,7 +1,7 @@
 """Executor side of a batch: one Spark task runs one partition's plan (:func:`run_partition`), or,
 with instances kept open, claims a partition first (:func:`run_slot`).
 
-A batch is a :class:`~localstate.runtime.partition_task.PartitionTask` (:class:`PlannedPartition`):
+A batch is a :class:`~localstate.runtime.partition.lifecycle.PartitionTask` (:class:`PlannedPartition`):
 its records are the plan's input ranges merged in event-time order (:func:`plan_records`), on the
 partition's instance checked out of this worker (:mod:`.instances`); the prepared checkpoint, counts
 and timings go back to the driver, which saves the checkpoint."""
@@ -19,17 +19,17 @@ from typing import Any, Iterator, Mapping
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.runtime.faults import CrashAt
-from localstate.runtime.partition_task import PartitionTask, fault_for
+from localstate.runtime.partition.faults import CrashAt
+from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
 from localstate.runtime.spark.failures import executor_failure, record_failed_attempt
 from localstate.runtime.spark.cluster import is_warm
-from localstate.runtime.spark.instances import (BatchInstance, Lease, checkin, checkout, claim, kept_partition,
+from localstate.runtime.spark.affinity.kept import (BatchInstance, Lease, checkin, checkout, claim, kept_partition,
                                                open_planned, task_context)
-from localstate.runtime.spark.plan import PartitionPlan
-from localstate.core.streams import open_input
-from localstate.core.streams.base import ColumnarInput, InputRecord, InputStream, seek_hint
+from localstate.runtime.driver.plan import PartitionPlan
+from localstate.core.stream import open_input
+from localstate.core.stream import ColumnarInput, InputRecord, InputStream, seek_hint
 from localstate.core.task import BatchTask
-from localstate.runtime.records import ColumnRows
+from localstate.runtime.partition.records import ColumnRows
 from localstate.errors import InputPositionError
 
 __all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt", "PlannedPartition"]
@@ -48,8 +48,8 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
     """The plan's input records from the instance's positions, as ``(input, record)`` in processing
     order: one input as read; several merged by ``(ts, input, offset)``, a merge resumable at any cut
     (the order does not depend on batch boundaries); at most ``plan.limit`` records. A batch task
-    reading one :class:`~localstate.core.streams.base.ColumnarInput` gets
-    :class:`~localstate.runtime.records.ColumnRows` chunks instead (the same rows)."""
+    reading one :class:`~localstate.core.stream.ColumnarInput` gets
+    :class:`~localstate.runtime.partition.records.ColumnRows` chunks instead (the same rows)."""
     partition = plan.partition
     names = sorted(plan.ranges)
     for name in names:

@@ -7,7 +7,7 @@ Spark task per partition with work. With instances kept open, the tasks are slot
 one of the batch's partitions, preferring the one its Python worker keeps open (:func:`run_slot`).
 Each Spark task (:func:`run_partition`):
 
-1. checks out its partition's :class:`~localstate.runtime.instance.TaskInstance`: the one its Python
+1. checks out its partition's :class:`~localstate.runtime.partition.instance.TaskInstance`: the one its Python
    worker kept open after the partition's previous batch if the driver committed exactly that batch,
    else a freshly opened one, recovered to the last *committed* checkpoint (outputs written after it
    are truncated). Either way a retried attempt starts from committed state (:mod:`.instances`);
@@ -19,7 +19,7 @@ Each Spark task (:func:`run_partition`):
 
 The driver saves the returned checkpoints only when every partition of the batch succeeded. If it
 dies before, the next open trims the changelog records and truncates the outputs written after the
-last saved checkpoint (:mod:`localstate.core.recovery`), so nothing is lost or counted twice. At the
+last saved checkpoint (:mod:`localstate.runtime.partition.recovery`), so nothing is lost or counted twice. At the
 end of a run the driver has the workers close the instances they kept.
 
 Each task reports where its time went (:data:`TASK_PHASES`), the driver its own (:data:`DRIVER_PHASES`).
@@ -29,7 +29,7 @@ This module is the runner's public face; the parts live by responsibility:
 * :mod:`.context`: the Spark context (log4j settings, retries, worker interpreter);
 * :mod:`.plan`: plan and result types, the measured phases;
 * :mod:`.executor`: the executor entry points (:func:`run_partition`, :func:`run_slot`), which feed
-  the task through the runtime's one feed loop (:meth:`localstate.runtime.instance.TaskInstance.feed`);
+  the task through the runtime's one feed loop (:meth:`localstate.runtime.partition.instance.TaskInstance.feed`);
 * :mod:`.instances`: task instances kept open in the Python workers between batches;
 * :mod:`.cluster`: cluster mode (non-local masters): per-host local stores, checkpoints carried by the
   plans and committed by the driver only, tasks placed on the executor holding their warm state;
@@ -42,7 +42,7 @@ from __future__ import annotations
 from localstate.runtime.spark.context import normalize_master, spark_context
 from localstate.runtime.spark.driver import BatchCompaction, SparkJobRunner
 from localstate.runtime.spark.executor import run_partition, run_slot
-from localstate.runtime.spark.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan, RunSummary
+from localstate.runtime.driver.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan, RunSummary
 
 __all__ = ["PartitionPlan", "BatchResult", "RunSummary", "SparkJobRunner", "BatchCompaction", "run_partition",
            "run_slot", "spark_context", "normalize_master", "TASK_PHASES", "DRIVER_PHASES"]

@@ -5,7 +5,7 @@ source, for localstate jobs).
 Guarantees:
 
 * **committed state only**: a store partition's rows are its changelog replayed up to the offset its
-  checkpoint records (last record per key, tombstones dropped; :func:`~localstate.runtime.views.committed_contents`,
+  checkpoint records (last record per key, tombstones dropped; :func:`~localstate.runtime.driver.views.committed_contents`,
   the same replay as ``localstate inspect --from-changelog``). Records flushed after the checkpoint
   (a crash between the changelog flush and the checkpoint) are not read. Local stores are never
   read: they may be ahead of the commit, and they live on another host's disk;
@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig, load_job_config
 from localstate.core.engine import SerdeColumn, StateColumns
-from localstate.runtime.views import (changelog_partitions, changelog_records, checkpoint_manifest,
+from localstate.runtime.driver.views import (changelog_partitions, changelog_records, checkpoint_manifest,
                                      committed_contents, decoder, load_checkpoints, require_state,
                                      store_config, store_serdes, to_jsonable, value_splitter)
 from localstate.core.options import did_you_mean

@@ -28,7 +28,7 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.options import Option
 from localstate.core.serdes import Serde
-from localstate.core.streams import IdentifiedInput, InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, \
+from localstate.core.stream import IdentifiedInput, InputRecord, InputStream, OutputStream, PendingTail, RetainedStart, \
     StreamSystem
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext, \
     column_values

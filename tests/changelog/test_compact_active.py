@@ -11,8 +11,8 @@ from pathlib import Path
 from localstate.changelog.file.format import list_segments
 from localstate.tools.cli import main
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.layout import open_changelog_system, store_directory
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system, store_directory
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 
 STREAM = "active-counts-changelog"

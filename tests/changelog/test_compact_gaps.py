@@ -14,7 +14,7 @@ from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.file.compaction import MANIFEST
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.engine import StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.changelog import NullChangelogWriter
 from localstate.core.registry import Registry
 from localstate.errors import ChangelogCorruptError

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
-from localstate.core.streams import open_output
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.core.stream import open_output
 from localstate.streams.generator import generate
 
 HERE = Path(__file__).resolve().parent

@@ -25,7 +25,7 @@ from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, f
     restored_state, wait_for_or_exit, write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 

@@ -25,7 +25,7 @@ from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, r
 
 from localstate.core.checkpoint import Checkpoint  # noqa: E402
 from localstate.core.config import load_job_config, parse_job_config  # noqa: E402
-from localstate.core.layout import store_root
+from localstate.runtime.layout import store_root
 from localstate.runtime.spark.cluster import executor_local_root, is_cluster_master  # noqa: E402
 from localstate.runtime.spark.runner import SparkJobRunner, run_partition  # noqa: E402
 from localstate.tools.validation import spark_notes  # noqa: E402

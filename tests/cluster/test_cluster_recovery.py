@@ -30,7 +30,7 @@ from jobs import EVENTS, PARTITIONS, actual_outputs, check_exact, freeze_host_mi
     wait_for, write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
-from localstate.core.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.layout import checkpoint_store, open_changelog_system
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 

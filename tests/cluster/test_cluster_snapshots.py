@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobs import EVENTS, PARTITIONS, check_exact, wait_for, write_job  # noqa: E402
 
 from localstate.core.config import load_job_config  # noqa: E402
-from localstate.core.layout import checkpoint_store, open_changelog_system  # noqa: E402
+from localstate.runtime.layout import checkpoint_store, open_changelog_system  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 

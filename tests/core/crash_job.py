@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 from localstate.core.config import parse_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.core.streams.base import InputRecord
-from localstate.runtime.instance import TaskInstance
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.layout import open_changelog_system
+from localstate.core.stream import InputRecord
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.sink import StreamSink
 from localstate.core.task import BatchTask, Envelope, StreamTask
 
 

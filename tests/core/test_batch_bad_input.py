@@ -20,10 +20,10 @@ from localstate.changelog.file import FileChangelogSystem
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.serdes import JsonSerde
-from localstate.core.streams import open_input, open_output
-from localstate.runtime.spark.instances import release_kept
+from localstate.core.stream import open_input, open_output
+from localstate.runtime.spark.affinity.kept import release_kept
 from localstate.runtime.spark.runner import PartitionPlan, run_partition
-from localstate.runtime.views import committed_contents, store_config
+from localstate.runtime.driver.views import committed_contents, store_config
 from localstate.streams.jsonl import JsonLinesInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -248,7 +248,7 @@ def test_a_read_larger_than_a_column_chunk_is_exactly_read(tmp_path: Path, poiso
     still exactly what :meth:`read` yields, each once, in order."""
     import pyarrow as pa
 
-    from localstate.core.streams.base import COLUMN_ROWS
+    from localstate.core.stream import COLUMN_ROWS
     from localstate.streams.jsonl import READ_ROWS
 
     n = min(READ_ROWS, 10_000)
@@ -310,7 +310,7 @@ def test_the_schema_remembered_from_a_chunk_never_changes_what_the_next_reads(tm
 def test_a_read_stops_at_its_byte_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Long lines: a read takes lines only up to ``READ_BYTES`` (whole column chunks of them), and
     the rows are still every line, once, in order."""
-    from localstate.core.streams.base import COLUMN_ROWS
+    from localstate.core.stream import COLUMN_ROWS
     from localstate.streams import jsonl
 
     monkeypatch.setattr(jsonl, "READ_BYTES", 3 * COLUMN_ROWS * 100)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localstate import BatchTask, StreamTask
-from localstate.core.streams.base import InputRecord
+from localstate.core.stream import InputRecord
 from localstate.core.task import Collector, Coordinator, TaskContext, load_task_class
 from localstate.errors import InputError, TaskError
 from localstate.testing.driver import TaskTestDriver

@@ -19,10 +19,10 @@ import pytest
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import parse_job_config
-from localstate.core.layout import checkpoint_store, open_changelog_system
-from localstate.core.streams.base import InputRecord
+from localstate.runtime.layout import checkpoint_store, open_changelog_system
+from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
-from localstate.runtime.instance import MemorySink, TaskInstance
+from localstate.runtime.partition.instance import MemorySink, TaskInstance
 
 CHANGED_AT_OPEN = {"generation"}
 """what an open may change: it takes the next generation"""

@@ -7,8 +7,8 @@ import textwrap
 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system, store_directory
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system, store_directory
+from localstate.runtime.partition.instance import TaskInstance
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from test_runtime import Counter  # noqa: E402

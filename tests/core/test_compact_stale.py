@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.recovery import compaction_horizon, recover_store
-from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.partition.recovery import compaction_horizon, recover_store
+from localstate.runtime.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 from localstate.errors import RestoreError
 

@@ -170,7 +170,7 @@ def test_parse_path_refuses_unusable_paths(value):
 
 @pytest.mark.parametrize("section", ["inputs", "outputs"])
 def test_stream_path_with_nul_refused_at_its_key(tmp_path, section):
-    from localstate.core.streams import open_input, open_output
+    from localstate.core.stream import open_input, open_output
 
     job = parse_job_config({**with_job(), section: {"s": {"system": "jsonl", "path": "in\0put"}}},
                            base_dir=tmp_path)
@@ -275,7 +275,7 @@ def test_run_with_bad_config_exits_1_without_traceback(tmp_path):
 
 # -- the crash hook ------------------------------------------------------------------------------------
 
-HOOK = "from localstate.runtime.faults import crash_point; crash_point('process'); print('alive', flush=True)"
+HOOK = "from localstate.runtime.partition.faults import crash_point; crash_point('process'); print('alive', flush=True)"
 
 
 def run_hook(**env):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.registry import Registry
-from localstate.core.streams import StreamSystem
+from localstate.core.stream import StreamSystem
 
 CORE = Path(__file__).resolve().parents[2] / "core"
 FORBIDDEN = ("localstate.changelog", "localstate.engines")
@@ -51,7 +51,7 @@ def _job(tmp_path, system: str, policy: str = "[policy]\n"):
 
 
 def test_unknown_stream_system_is_a_did_you_mean_config_error(tmp_path):
-    from localstate.core.streams import open_input
+    from localstate.core.stream import open_input
     from localstate.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
@@ -62,7 +62,7 @@ def test_unknown_stream_system_is_a_did_you_mean_config_error(tmp_path):
 
 
 def test_plugin_policy_governs_stream_systems(tmp_path):
-    from localstate.core.streams import open_input
+    from localstate.core.stream import open_input
     from localstate.errors import PluginRefusedError
 
     job = _job(tmp_path, "generator", '[policy]\ndeny_plugins = ["streams.generator"]\n')

@@ -1,4 +1,4 @@
-"""The one fault injector (runtime/faults.py): a crash point armed for a block, kill-once markers."""
+"""The one fault injector (runtime/partition/faults.py): a crash point armed for a block, kill-once markers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from localstate.runtime.faults import CrashAt, armed, crash_point
+from localstate.runtime.partition.faults import CrashAt, armed, crash_point
 
 SCRIPT = """
 import sys
-from localstate.runtime.faults import CrashAt, armed, crash_point
+from localstate.runtime.partition.faults import CrashAt, armed, crash_point
 with armed(CrashAt.after_records(2, marker=sys.argv[1])):
     for _ in range(5):
         crash_point("process")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import localstate.runtime.instance as runtime_module
+import localstate.runtime.partition.instance as runtime_module
 from localstate.runtime.spark.failures import python_traceback, spark_failure
 from localstate.core.task import StreamTask, load_task_class
 from localstate.testing.driver import TaskTestDriver

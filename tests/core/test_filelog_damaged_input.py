@@ -15,7 +15,7 @@ from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.framing import HEADER_SIZE
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.config import parse_job_config
-from localstate.core.streams import open_input
+from localstate.core.stream import open_input
 from localstate.errors import InputError
 
 RECORDS = [(b'"a"', b"1"), (b'"b"', b"2"), (b'"c"', b"3"), (b'"d"', b"4")]

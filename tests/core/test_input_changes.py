@@ -27,15 +27,15 @@ from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config, parse_job_config
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.core.options import Option
-from localstate.core.streams import open_input
-from localstate.core.streams.base import PENDING_TAIL_WARN_AFTER, InputStream, PendingTail, RetainedStart, \
+from localstate.core.stream import open_input
+from localstate.core.stream import PENDING_TAIL_WARN_AFTER, InputStream, PendingTail, RetainedStart, \
     check_input_position
 from localstate.errors import CheckpointError, ConfigError, InputError, InputPositionError
 from localstate.runtime.spark.driver import SparkJobRunner
 from localstate.runtime.spark.executor import plan_records
-from localstate.runtime.spark.plan import PartitionPlan, lag_text, progress_line, BatchResult
+from localstate.runtime.driver.plan import PartitionPlan, lag_text, progress_line, BatchResult
 from localstate.tools.cli import main
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 
 JOB = """

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 from localstate.core.task import Envelope, StreamTask
 from localstate.engines.kv.ttl import EXPIRY
-from localstate.runtime.instance import TaskInstance
-from localstate.runtime.views import live_filter, store_entries, load_checkpoints, value_splitter
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.driver.views import live_filter, store_entries, load_checkpoints, value_splitter
 from localstate.tools.cli import main
 
 JOB = """

@@ -12,8 +12,8 @@ import pytest
 
 from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import ENV_VAR, job_folder
-from localstate.core.streams import open_input, open_output
-from localstate.core.streams.base import base_dir, resolve_path
+from localstate.core.stream import open_input, open_output
+from localstate.core.stream import base_dir, resolve_path
 from localstate.core.task import add_task_paths, load_task_class
 from localstate.tools.validation import check_job
 

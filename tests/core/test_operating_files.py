@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fs_snapshot import snapshot  # noqa: E402
 from localstate.core.config import load_job_config
-from localstate.runtime.metrics import JobMetrics
-from localstate.runtime.operating import LIVE, LIVE_FIELDS, NOT_LIVE, PROGRESS_FIELDS, UNKNOWN
-from localstate.runtime.progress import (LIVE_FILE, PROGRESS_FILE, Heartbeat, ProgressLog, ProgressObserver,
+from localstate.runtime.driver.metrics import JobMetrics
+from localstate.runtime.driver.operating import LIVE, LIVE_FIELDS, NOT_LIVE, PROGRESS_FIELDS, UNKNOWN
+from localstate.runtime.driver.progress import (LIVE_FILE, PROGRESS_FILE, Heartbeat, ProgressLog, ProgressObserver,
                                          ProgressReport, progress_directory)
-from localstate.runtime.spark.plan import BatchResult
+from localstate.runtime.driver.plan import BatchResult
 from localstate.tools.cli import main
 
 HOST = socket.gethostname()
@@ -355,7 +355,7 @@ def test_metrics_seed_from_the_last_sound_progress_of_the_run_before(job_file):
     write_progress(job_file, [json.dumps(sound_progress(batch=4, lag=17, duration_ms=2500.0)).encode() + b"\n",
                               b"damaged {\n"])
     metrics = JobMetrics(job.name)
-    from localstate.runtime.progress import read_last_progress
+    from localstate.runtime.driver.progress import read_last_progress
 
     metrics.seed(read_last_progress(job).value)
     sample = metrics.registry.get_sample_value
@@ -421,7 +421,7 @@ def test_the_writers_never_stop_a_run_nor_write_outside(job_file, tmp_path, capl
     directory = first.directory
     if damage in ("progress.jsonl is garbage", "live.json is garbage", "live.json is read-only"):
         assert not warnings, warnings  # a damaged file's content is replaced or appended after, not refused
-        from localstate.runtime.progress import read_last_progress, read_live
+        from localstate.runtime.driver.progress import read_last_progress, read_live
 
         assert read_last_progress(job).value["batch"] == 11
         assert read_live(job).value["state"] == "stopped"
@@ -456,7 +456,7 @@ def test_heartbeat_never_raises_from_its_thread(tmp_path, caplog):
 
 
 def test_progress_report_of_a_real_batch_passes_the_reader_checks(job_file):
-    from localstate.runtime.operating import progress_problems
+    from localstate.runtime.driver.operating import progress_problems
 
     job = load_job_config(job_file)
     progress = ProgressReport.from_batch(job, _result(0), [], run_id="r")

@@ -9,10 +9,10 @@ import pytest
 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
-from localstate.core.streams import open_output
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.core.stream import open_output
+from localstate.runtime.partition.sink import StreamSink
 from localstate.streams.jsonl import read_jsonl, write_jsonl
 from localstate.core.task import Envelope, StreamTask
 from localstate.errors import ConfigError, OutputError

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.core.streams import open_output
+from localstate.runtime.layout import open_changelog_system
+from localstate.core.stream import open_output
 from localstate.core.task import Envelope, StreamTask
 from localstate.errors import OutputError
-from localstate.runtime.instance import TaskInstance
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.sink import StreamSink
 
 SEGMENT = 300
 PER_BATCH = 4
@@ -132,7 +132,7 @@ def test_outputs_roll_and_a_crash_is_rolled_back_across_segments(tmp_path, syste
 def test_jsonl_segments_read_as_one_input_stream(tmp_path):
     path = job_file(tmp_path, "jsonl")
     committed = run_batches(path, BATCHES)
-    from localstate.core.streams import open_input
+    from localstate.core.stream import open_input
     job = load_job_config(path)
     job.inputs["events"].options["path"] = "out"
     source = open_input(job, "events")
@@ -200,7 +200,7 @@ def test_segments_read_and_deleted_by_the_operator_are_accepted(tmp_path):
     instance.close(commit=True)
     assert records(path) == expected(committed + PER_BATCH * 3)[first:]
     # Read as another job's input: it starts at the first segment still there.
-    from localstate.core.streams import open_input
+    from localstate.core.stream import open_input
     job = load_job_config(path)
     job.inputs["events"].options["path"] = "out"
     source = open_input(job, "events")
@@ -229,8 +229,8 @@ def test_deleting_the_segment_that_holds_the_checkpoint_is_a_typed_error(tmp_pat
 def test_an_input_below_its_first_retained_segment_is_an_input_position_error(tmp_path):
     """A job reading a rolled output whose oldest segments were deleted before it read them is
     stopped (InputPositionError naming the input), never silently skipped ahead."""
-    from localstate.core.streams import open_input
-    from localstate.core.streams.base import check_input_position
+    from localstate.core.stream import open_input
+    from localstate.core.stream import check_input_position
     from localstate.errors import InputPositionError
 
     path = job_file(tmp_path, "jsonl")

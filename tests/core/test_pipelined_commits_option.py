@@ -9,9 +9,9 @@ import pytest
 
 from localstate.core.changelog import DeferredDurability
 from localstate.core.config import load_job_config, parse_job_config
-from localstate.core.layout import checkpoint_store, open_changelog_system
-from localstate.runtime.instance import MemorySink, TaskInstance
-from localstate.core.streams.base import InputRecord
+from localstate.runtime.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
 from localstate.tools.validation import spark_notes
 from localstate.errors import ConfigError

@@ -14,9 +14,9 @@ import pytest
 from localstate.changelog.file import FileChangelogSystem
 from localstate.core.config import load_job_config
 from localstate.core.serdes import JsonSerde
-from localstate.runtime.spark.instances import release_kept
+from localstate.runtime.spark.affinity.kept import release_kept
 from localstate.runtime.spark.runner import PartitionPlan, run_partition
-from localstate.core.streams import open_input, open_output
+from localstate.core.stream import open_input, open_output
 from localstate.errors import SerdeError
 
 HERE = Path(__file__).parent

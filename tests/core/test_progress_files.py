@@ -10,8 +10,8 @@ import pytest
 
 from localstate.core.config import parse_job_config
 from localstate.errors import ConfigError
-from localstate.runtime.operating import LIVE, Found, judge_live
-from localstate.runtime.progress import Heartbeat, ProgressLog, read_last_progress
+from localstate.runtime.driver.operating import LIVE, Found, judge_live
+from localstate.runtime.driver.progress import Heartbeat, ProgressLog, read_last_progress
 
 JOB = {"job": {"name": "j", "partitions": 1, "task": "x:Y"}}
 PROGRESS = {"timestamp": "2025-01-01T00:00:00.000Z", "duration_ms": 1.0, "rows_in": 1, "rows_out": 1, "lag": 0}
@@ -75,7 +75,7 @@ def test_metrics_port_and_host(tmp_path):
 
 
 def test_two_registries_in_one_process():
-    from localstate.runtime.metrics import JobMetrics
+    from localstate.runtime.driver.metrics import JobMetrics
 
     first, second = JobMetrics("a"), JobMetrics("a")  # same names, separate registries: no clash
     first.observe({"batch": 0, "rows_in": 5, "rows_out": 1, "duration_ms": 10.0, "inputs": {}, "state": {}})
@@ -85,7 +85,7 @@ def test_two_registries_in_one_process():
 
 def test_status_of_a_live_run(tmp_path, capsys):
     from localstate.core.config import load_job_config
-    from localstate.runtime.progress import progress_directory
+    from localstate.runtime.driver.progress import progress_directory
     from localstate.tools.cli import main
 
     (tmp_path / "data").mkdir()
@@ -111,8 +111,8 @@ def test_failed_attempt_reasons_are_json_objects_in_progress_and_status(tmp_path
     from pathlib import Path
 
     from localstate.core.config import load_job_config
-    from localstate.runtime.progress import REASON_FIELDS, ProgressReport, progress_directory
-    from localstate.runtime.spark.plan import BatchResult
+    from localstate.runtime.driver.progress import REASON_FIELDS, ProgressReport, progress_directory
+    from localstate.runtime.driver.plan import BatchResult
     from localstate.tools.cli import main
 
     (tmp_path / "data").mkdir()

@@ -22,12 +22,12 @@ CONTRACTS = {
     "ChangelogWriter": "localstate.core.changelog",
     "ChangelogRecord": "localstate.core.changelog",
     # stream systems
-    "StreamSystem": "localstate.core.streams.base",
-    "InputStream": "localstate.core.streams.base",
-    "OutputStream": "localstate.core.streams.base",
-    "InputRecord": "localstate.core.streams.base",
-    "PendingTail": "localstate.core.streams.base",
-    "RetainedStart": "localstate.core.streams.base",
+    "StreamSystem": "localstate.core.stream",
+    "InputStream": "localstate.core.stream",
+    "OutputStream": "localstate.core.stream",
+    "InputRecord": "localstate.core.stream",
+    "PendingTail": "localstate.core.stream",
+    "RetainedStart": "localstate.core.stream",
     # storage backends
     "KVBackend": "localstate.core.backend",
     "DirectoryBackend": "localstate.core.backend",
@@ -48,7 +48,7 @@ def test_every_plugin_contract_is_public_and_the_same_object_as_in_core(name, mo
 
 
 def test_the_stream_contract_is_the_one_core_streams_exports() -> None:
-    streams = importlib.import_module("localstate.core.streams")
+    streams = importlib.import_module("localstate.core.stream")
     for name in ("StreamSystem", "InputStream", "OutputStream", "InputRecord"):
         assert getattr(localstate, name) is getattr(streams, name)
 
@@ -100,7 +100,7 @@ def test_a_third_party_backend_and_stream_system_build_on_the_public_names(tmp_p
     class Lines(localstate.StreamSystem):
         pass
 
-    assert issubclass(Lines, importlib.import_module("localstate.core.streams").StreamSystem)
+    assert issubclass(Lines, importlib.import_module("localstate.core.stream").StreamSystem)
     record = localstate.InputRecord(0, "k", "v")
     assert (record.key, record.value) == ("k", "v")
 

@@ -9,10 +9,10 @@ import errno
 import pytest
 
 from localstate.core.config import parse_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 from localstate.core.task import Envelope, StreamTask
 from localstate.engines.kv.engine import KeyValueEngine
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.errors import ChangelogError, StoreIOError
 
 STORES = ("a", "b", "c")

@@ -9,8 +9,8 @@ import pytest
 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 
 
@@ -149,7 +149,7 @@ def test_changelog_that_is_also_an_output_is_kept(tmp_path, monkeypatch, capsys)
         path = "{state / 'changelogs'}"
     """)
     # The output stream directory is created by localstate too (it carries a stream marker).
-    from localstate.core.streams import open_output
+    from localstate.core.stream import open_output
 
     output = open_output(load_job_config(path), "results")
     output.append(0, [("k", 1)])

@@ -25,7 +25,7 @@ from localstate.core.registry import open_backend
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import parse_job_config
 from localstate.core.fsutil import write_atomic
-from localstate.core.streams import open_input, open_output
+from localstate.core.stream import open_input, open_output
 from localstate.streams.jsonl import write_jsonl
 from localstate.errors import (CheckpointError, CheckpointIOError, InputError, LocalStateError, OutputError,
                                OutputIOError, ResourceError, StoreError, StoreIOError)
@@ -267,8 +267,8 @@ def test_backend_open_on_full_disk_is_typed(small_fs, kind):
 CHILD = textwrap.dedent("""
     import json, resource, signal, sys
     from localstate.core.config import parse_job_config
-    from localstate.core.layout import open_changelog_system
-    from localstate.runtime.instance import TaskInstance
+    from localstate.runtime.layout import open_changelog_system
+    from localstate.runtime.partition.instance import TaskInstance
     from localstate.core.task import Envelope, StreamTask
     from localstate.errors import LocalStateError
 
@@ -340,7 +340,7 @@ def test_file_size_limit_on_each_edge_is_typed(tmp_path, what):
                 CheckpointStore(root).save(Checkpoint(0, inputs={{f"s{{i}}": i for i in range(500)}}))
             else:
                 from localstate.core.config import parse_job_config
-                from localstate.core.streams import open_output
+                from localstate.core.stream import open_output
                 job = parse_job_config({{"job": {{"name": "j", "task": "m:T"}},
                                          "outputs": {{"o": {{"system": "jsonl", "path": str(root)}}}}}})
                 open_output(job, "o").append(0, [("k", "v" * 5000)])
@@ -463,7 +463,7 @@ def test_no_sigkill_from_a_stray_crash_spec_in_a_task_instance(tmp_path):
 
 
 def test_spark_partition_claim_on_read_only_state_dir_is_typed(small_fs):
-    from localstate.runtime.spark.instances import claim
+    from localstate.runtime.spark.affinity.kept import claim
 
     claims = small_fs.root / "claims" / "run"
     assert claim(claims, [0, 1], 0, None) == 0
@@ -476,11 +476,11 @@ def test_spark_partition_claim_on_read_only_state_dir_is_typed(small_fs):
 
 
 def test_dataframe_row_exchange_on_full_or_read_only_state_dir_is_typed(small_fs):
-    """A DataFrame batch's row exchange (runtime/spark/exchange.py) on a full, then read-only, state
+    """A DataFrame batch's row exchange (runtime/spark/affinity/exchange.py) on a full, then read-only, state
     directory: CheckpointIOError naming the exchange directory, never a bare OSError."""
     import pyarrow as pa
 
-    from localstate.runtime.spark.exchange import RowExchange
+    from localstate.runtime.spark.affinity.exchange import RowExchange
 
     directory = small_fs.root / "exchange" / "batch"
     directory.mkdir(parents=True)

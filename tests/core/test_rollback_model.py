@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from localstate.core.config import TIMER_STORE, parse_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.core.streams.base import InputRecord
+from localstate.runtime.layout import open_changelog_system
+from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
-from localstate.runtime.instance import MemorySink, TaskInstance
+from localstate.runtime.partition.instance import MemorySink, TaskInstance
 from localstate.windows import Tumbling, WindowedAggregation, count
 
 KEYS = [f"k{i}" for i in range(4)]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import StreamTask
 from localstate.testing.driver import TaskTestDriver
 from localstate.errors import CheckpointError, FencedError, TaskError

@@ -15,7 +15,7 @@ import pytest
 from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.errors import FencedError
 from localstate.runtime.spark.driver import SparkJobRunner
 from localstate.tools.cli import build_parser, main

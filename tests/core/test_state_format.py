@@ -15,10 +15,10 @@ import pytest
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
-from localstate.core.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.layout import checkpoint_store, open_changelog_system
 from localstate.core.task import Envelope, StreamTask
 from localstate.errors import ConfigError
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
 
 
 class Remember(StreamTask):

@@ -51,7 +51,7 @@ def accepted_keys() -> set[str]:
     """Every key the job-config schema accepts, as ``section:plugin:key``, read from the code."""
     from localstate.core import config
     from localstate.core.registry import BUILTIN_DISTRIBUTION, Registry
-    from localstate.core.streams.base import COMMON_INPUT_OPTIONS, COMMON_OUTPUT_OPTIONS
+    from localstate.core.stream import COMMON_INPUT_OPTIONS, COMMON_OUTPUT_OPTIONS
 
     registry = Registry()
 

@@ -4,7 +4,7 @@
 
 A commit is: ``store.flush()``, then outputs appended to ``outputs.jsonl`` and fsynced, then the
 side file ``commit.json`` ({"position", "offset", "outputs"}) replaced atomically. On start the
-child recovers the store exactly like the runtime (``localstate.core.recovery.recover_store`` with
+child recovers the store exactly like the runtime (``localstate.runtime.partition.recovery.recover_store`` with
 the committed offset: replay ``[min(L, C), C)``, trim records after C, flush), truncates the output
 file to its committed length, and resumes at the committed input position.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from localstate.changelog.file.partition import FileChangelogPartition
 from localstate.core.engine import StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import JsonSerde, StringSerde
 from localstate.engines.heap import HeapEngineFactory
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 
 CHILD = Path(__file__).with_name("crash_child.py")
 _spec = importlib.util.spec_from_file_location("heap_crash_child", CHILD)

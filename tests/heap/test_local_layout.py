@@ -11,7 +11,7 @@ import pytest
 import localstate.engines.heap.base as heap_base
 from localstate.changelog.memory import MemoryChangelogPartition
 from localstate.core.registry import open_backend
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.engines.heap.options import backend_options_of
 
 

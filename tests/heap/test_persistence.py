@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from localstate.changelog.memory import MemoryChangelogPartition
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.task import StreamTask
 from localstate.testing.driver import TaskTestDriver
 

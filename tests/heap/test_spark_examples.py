@@ -15,9 +15,9 @@ import pytest
 
 from localstate.core.config import JobConfig, load_job_config
 from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 from localstate.streams.jsonl import read_jsonl
-from localstate.core.streams.base import resolve_path
+from localstate.core.stream import resolve_path
 
 pytestmark = pytest.mark.spark
 

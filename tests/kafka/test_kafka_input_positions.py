@@ -23,9 +23,9 @@ from localstate.changelog.kafka.io import close_clients
 from localstate.changelog.kafka.streams import ensure_topic, produce
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.core.options import validate_options
-from localstate.core.streams import open_input
+from localstate.core.stream import open_input
 from localstate.errors import InputPositionError
 from localstate.runtime.spark.driver import SparkJobRunner
 from localstate.tools.cli import main

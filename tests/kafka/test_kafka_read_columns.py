@@ -12,9 +12,9 @@ import pytest
 from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
 from localstate.changelog.kafka.streams import ensure_topic, produce
 from localstate.core.config import parse_job_config
-from localstate.core.streams import open_input
+from localstate.core.stream import open_input
 from localstate.core.options import validate_options
-from localstate.core.streams.base import ColumnarInput
+from localstate.core.stream import ColumnarInput
 
 pytestmark = pytest.mark.kafka
 

@@ -13,8 +13,8 @@ import pytest
 from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.changelog.kafka.devbroker import free_port
 from localstate.core.config import load_job_config
-from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 from localstate.testing.driver import TaskTestDriver
 from localstate.errors import ChangelogError, ChangelogFencedError, FencedError

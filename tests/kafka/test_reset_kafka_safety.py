@@ -3,7 +3,7 @@ outputs, even when a store's changelog is named so that its topic is that topic 
 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 
 
 def test_reset_keeps_a_changelog_topic_that_is_the_input_topic(tmp_path, kafka_broker, topic_prefix, capsys):

@@ -27,7 +27,7 @@ from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.options import validate_options
 from localstate.core.partitioner import partition_for
 from localstate.runtime.spark.runner import SparkJobRunner, spark_context
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 from localstate.streams.generator import generate
 from localstate.changelog.kafka.streams import (PRODUCER_HEADER, SEQ_HEADER, KafkaOutput, copy_input_to_topic, end_offsets,
                                            ensure_topic, pooled_consumer, produce, read_records, release_consumer)
@@ -45,7 +45,7 @@ def spark():
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from localstate.changelog.kafka.spark_source import register
+    from localstate.runtime.spark.kafka_source import register
 
     existing = SparkContext._active_spark_context
     context = spark_context("local[2]", "localstate-kafka-tests")

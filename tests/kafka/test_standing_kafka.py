@@ -21,7 +21,7 @@ from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_setting
 from localstate.changelog.kafka.streams import ensure_topic, produce
 from localstate.core.config import load_job_config
 from localstate.core.options import validate_options
-from localstate.runtime.progress import PROGRESS_FILE, progress_directory
+from localstate.runtime.driver.progress import PROGRESS_FILE, progress_directory
 from tests.spark.test_spark_runtime import cli_command
 from tests.spark.test_standing_run import (STOP_TIMEOUT, assert_exact, standing, wait_for_counts, wait_for_file)
 

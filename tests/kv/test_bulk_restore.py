@@ -13,7 +13,7 @@ import pytest
 from localstate.changelog.file import FileChangelogSystem
 from localstate.core import backend as backend_module
 from localstate.core.engine import ColumnRestore, StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import BytesSerde
 from localstate.engines.kv import KeyValueEngineFactory
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.corruption import CORRUPT_MARKER
-from localstate.core.layout import checkpoint_store, store_directory
+from localstate.runtime.layout import checkpoint_store, store_directory
 from localstate.changelog.file.streams import truncate_log
 from localstate.core.task import StreamTask
 from localstate.testing.driver import TaskTestDriver

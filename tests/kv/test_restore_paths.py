@@ -21,7 +21,7 @@ from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.file import partition as file_partition
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.core import backend as backend_module
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.errors import ChangelogCorruptError, RestoreError
 from bench.restore import RecordPath
 from tests.kv.test_bulk_restore import _engine
@@ -147,7 +147,7 @@ from pathlib import Path
 from localstate.changelog.file import FileChangelogSystem
 from localstate.core import backend as backend_module
 from localstate.core.engine import StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import BytesSerde
 from localstate.engines.kv import KeyValueEngineFactory
 

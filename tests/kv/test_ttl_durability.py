@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localstate.changelog.file import FileChangelogSystem
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.testing.time import ManualTime
 
 from .ttl_support import NEW, OLD, open_ttl_store, visible_keys, write_history

@@ -14,7 +14,7 @@ import pytest
 
 from localstate.changelog.file import FileChangelogSystem
 from localstate.core.engine import StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import IntSerde, StringSerde
 from localstate.engines.kv import KeyValueEngineFactory
 

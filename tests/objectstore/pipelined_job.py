@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from localstate.core.config import JobConfig, parse_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
-from localstate.core.streams.base import InputRecord
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.core.stream import InputRecord
+from localstate.runtime.partition.sink import StreamSink
 from localstate.core.task import StreamTask
 from localstate.streams.jsonl import read_jsonl
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
-from localstate.core.layout import checkpoint_store, open_changelog_system
-from localstate.runtime.instance import MemorySink, TaskInstance
-from localstate.core.streams.base import InputRecord
+from localstate.runtime.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
 
 

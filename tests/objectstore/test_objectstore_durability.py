@@ -29,7 +29,7 @@ from localstate.changelog.framing import encode_into
 from localstate.changelog.framing import decode_records
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.changelog.objectstore.compaction import LatestRecords, compact_objects
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.errors import ChangelogError
 
 HERE = Path(__file__).resolve().parent
@@ -167,7 +167,7 @@ import json, os, signal, sys
 sys.path[:0] = [{tests!r}, {here!r}]
 from pathlib import Path
 from test_objectstore_runtime import Host, inputs
-from localstate.runtime.faults import CrashAt, armed
+from localstate.runtime.partition.faults import CrashAt, armed
 params = json.loads(sys.argv[1])
 host = Host(Path(params["root"]), params["options"])
 host.feed(inputs(100))

@@ -31,10 +31,10 @@ import pytest
 from localstate.changelog.objectstore.storage import ObjectStore
 from localstate.tools.cli import main
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.layout import checkpoint_store, open_changelog_system
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.partition.sink import StreamSink
 from localstate.errors import CheckpointError
 
 HERE = Path(__file__).resolve().parent

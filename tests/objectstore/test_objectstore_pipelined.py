@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from localstate.core.layout import checkpoint_store
-from localstate.runtime.instance import PIPELINE_DEPTH
+from localstate.runtime.layout import checkpoint_store
+from localstate.runtime.partition.instance import PIPELINE_DEPTH
 from localstate.errors import ChangelogError
 
 HERE = Path(__file__).resolve().parent

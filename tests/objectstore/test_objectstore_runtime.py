@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from localstate.core.config import parse_job_config
-from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
-from localstate.runtime.instance import MemorySink, TaskInstance
-from localstate.core.streams.base import InputRecord
+from localstate.runtime.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.partition.instance import MemorySink, TaskInstance
+from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
 from localstate.errors import ChangelogError, FencedError
 

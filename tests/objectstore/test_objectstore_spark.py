@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.runtime.spark.runner import SparkJobRunner
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from keyed_events import write_keyed_events

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.testing.time import ManualTime
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.corruption import CORRUPT_MARKER
-from localstate.core.layout import store_directory
+from localstate.runtime.layout import store_directory
 from localstate.core.task import StreamTask
 from localstate.testing.driver import TaskTestDriver
 from localstate.errors import StoreCorruptError

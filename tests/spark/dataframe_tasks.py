@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from localstate.core.config import JobConfig, parse_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, StreamTask, TaskContext
 
 HERE = Path(__file__).resolve().parent

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from localstate.core.config import load_job_config, parse_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.core.streams import open_output
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system
+from localstate.core.stream import open_output
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.spark import run_batch
 

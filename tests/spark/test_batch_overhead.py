@@ -14,12 +14,12 @@ import pytest
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.runtime.spark import driver
 from localstate.runtime.spark.context import LOCAL_DEFAULTS, QUICK_JIT_OPTIONS, spark_conf
-from localstate.runtime.spark.instances import settle_worker
+from localstate.runtime.spark.affinity.kept import settle_worker
 from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 from localstate.errors import FencedError
 from localstate.streams.jsonl import read_jsonl
 from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
@@ -253,9 +253,9 @@ def test_a_batch_task_worker_imports_what_its_batches_use_before_freezing(tmp_pa
     script = f"""
 import sys
 from localstate.core.config import load_job_config
-from localstate.core.streams import open_input
+from localstate.core.stream import open_input
 from localstate.core.task import add_task_paths, record_batch
-from localstate.runtime.spark import instances
+from localstate.runtime.spark.affinity import kept as instances
 
 instances.task_context = lambda: object()  # as inside a Spark task
 job = load_job_config({str(path)!r})
@@ -281,7 +281,7 @@ def test_opening_an_instance_in_a_worker_settles_it_first(spark_context, tmp_pat
     def probe(slot: int, items) -> list:  # noqa: ANN001
         import gc
 
-        from localstate.runtime.spark import instances
+        from localstate.runtime.spark.affinity import kept as instances
         from localstate.core.task import add_task_paths
 
         list(items)
@@ -327,7 +327,7 @@ def test_every_context_keeps_a_short_status_history_unless_the_job_sets_one():
 def test_a_worker_returns_free_memory_after_its_batches_at_most_once_a_second(spark_context):
     """``return_free_memory`` (called at every check-in) trims glibc's free memory in a Spark worker,
     throttled; outside a Spark task it does nothing."""
-    from localstate.runtime.spark.instances import return_free_memory
+    from localstate.runtime.spark.affinity.kept import return_free_memory
 
     assert return_free_memory() is False  # the driver: not a Spark task
 

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tasks modules, a
 from counting_job import final_counts  # tests/ is on sys.path (tests/conftest.py)
 from dataframe_tasks import expected_outputs, job_config, read_state
 from localstate.core.config import load_job_config
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.spark import run_batch
 

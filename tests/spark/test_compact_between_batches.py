@@ -15,9 +15,9 @@ from localstate.changelog.file.format import list_segments
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.layout import checkpoint_store, open_changelog_system, store_directory
-from localstate.runtime.instance import TaskInstance
-from localstate.runtime.spark import instances
+from localstate.runtime.layout import checkpoint_store, open_changelog_system, store_directory
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.spark.affinity import kept as instances
 from localstate.runtime.spark.runner import BatchCompaction, SparkJobRunner, run_partition
 from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from keyed_events import write_keyed_events

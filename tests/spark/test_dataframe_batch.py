@@ -213,7 +213,7 @@ def test_null_keys_are_refused_on_every_key_type(spark, tmp_path):
         with pytest.raises(SchemaError, match="null key") as info:
             run_batch(df, job, key="user")
         assert info.value.context.get("column") == "user" or "'user'" in str(info.value)
-    from localstate.core.layout import checkpoint_store
+    from localstate.runtime.layout import checkpoint_store
 
     committed = checkpoint_store(job).load_all(3).values()
     assert all(checkpoint is None or checkpoint.batch is None for checkpoint in committed)  # no batch applied

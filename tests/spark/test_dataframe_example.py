@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import add_task_paths
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dataframe"

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tasks module, as the Python workers import it
 from dataframe_tasks import expected_outputs, job_config, read_state  # noqa: E402
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.errors import BatchOrderError  # noqa: E402
 from localstate.spark import DataFrameBatch, foreach_batch, release, run_batch  # noqa: E402
 

@@ -9,10 +9,10 @@ from collections import Counter
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 from localstate.core.serdes import JsonSerde, StringSerde
 from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 from localstate.streams.generator import generate
 
 from .test_spark_runtime import EXAMPLES

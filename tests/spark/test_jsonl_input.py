@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from localstate.core.config import parse_job_config
-from localstate.core.streams import open_input
+from localstate.core.stream import open_input
 
 LINES = [
     b'{"key":"a","value":{"page":"/p/1"},"ts":1700000000}\n',

@@ -1,4 +1,4 @@
-"""Task instances kept open across batches in a Python worker (runtime/spark/instances.py): reused only
+"""Task instances kept open across batches in a Python worker (runtime/spark/affinity/kept.py): reused only
 when the driver committed exactly their last batch, given back on request, all closed at run end."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import pytest
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.layout import checkpoint_store, open_changelog_system
-from localstate.runtime.instance import TaskInstance
-from localstate.runtime.spark import instances
-from localstate.runtime.spark.affinity import WorkerAffinity
+from localstate.runtime.layout import checkpoint_store, open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.spark.affinity import kept as instances
+from localstate.runtime.spark.affinity.slots import WorkerAffinity
 from localstate.runtime.spark.context import worker_affinity
-from localstate.runtime.spark.runner import SparkJobRunner, run_partition
-from localstate.core.streams import open_output
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.spark.runner import SparkJobRunner, run_partition, run_slot
+from localstate.core.stream import open_output
+from localstate.runtime.partition.sink import StreamSink
 
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from keyed_events import write_keyed_events
@@ -186,7 +186,7 @@ def test_driver_records_the_last_partition_each_worker_ran_as_the_one_it_keeps(t
     class Context:  # WorkerAffinity asks the context only for its parallelism here
         defaultParallelism = 2
 
-    affinity = WorkerAffinity(Context(), tmp_path / "claims")
+    affinity = WorkerAffinity(Context(), tmp_path / "claims", run_slot)
     affinity.keepers = {2: 11, 3: 12}
     affinity.record([{"partition": 0, "pid": 10, "finished": 1.0},
                      {"partition": 1, "pid": 11, "finished": 1.5},

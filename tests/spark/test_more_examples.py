@@ -15,11 +15,11 @@ import pytest
 from datasketch import HyperLogLog as ReferenceHLL
 
 from localstate.core.config import JobConfig, load_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 from localstate.streams.jsonl import read_jsonl
-from localstate.core.streams.base import resolve_path
+from localstate.core.stream import resolve_path
 from localstate.streams.generator import generate
 from localstate.engines.sketch.keys import split_key
 

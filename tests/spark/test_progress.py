@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.runtime.progress import PROGRESS_FILE, ProgressObserver, progress_directory
+from localstate.runtime.driver.progress import PROGRESS_FILE, ProgressObserver, progress_directory
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.tools.cli import main
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)

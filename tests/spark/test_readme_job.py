@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from localstate.core.config import load_job_config
-from localstate.core.streams import open_input
+from localstate.core.stream import open_input
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -1,4 +1,4 @@
-"""The row exchange between a DataFrame batch's apply tasks (runtime/spark/exchange.py), with real
+"""The row exchange between a DataFrame batch's apply tasks (runtime/spark/affinity/exchange.py), with real
 processes standing for the tasks: every partition with rows is applied exactly once, with its own
 rows, by the task whose worker keeps it open when both sides offer; nobody waits for a partner that
 keeps its rows; a retried attempt (SIGKILLed first) applies what its slot claimed before."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from localstate.runtime.spark import exchange as exchange_module
-from localstate.runtime.spark.exchange import RowExchange
+from localstate.runtime.spark.affinity import exchange as exchange_module
+from localstate.runtime.spark.affinity.exchange import RowExchange
 
 CTX = multiprocessing.get_context("fork")
 HANG = 60  # seconds: a task still running after this is stuck (the exchange's own waits are bounded)

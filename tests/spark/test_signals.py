@@ -37,9 +37,9 @@ import pytest
 
 from localstate.core.checkpoint import CheckpointStore
 from localstate.core.config import load_job_config
-from localstate.core.layout import job_directory
-from localstate.runtime.operating import NOT_LIVE
-from localstate.runtime.progress import LIVE_FILE, progress_directory, read_live
+from localstate.runtime.layout import job_directory
+from localstate.runtime.driver.operating import NOT_LIVE
+from localstate.runtime.driver.progress import LIVE_FILE, progress_directory, read_live
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.tools.status import job_status
 

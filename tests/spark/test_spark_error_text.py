@@ -15,7 +15,7 @@ import pytest
 
 from counting_job import write_counting_job
 from localstate.core.config import load_job_config, parse_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 from localstate.errors import ChangelogCorruptError, ChangelogError, LocalStateError, SchemaError, SerdeError
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.streams.jsonl import write_jsonl

@@ -12,7 +12,7 @@ import pytest
 
 from localstate.core.config import load_job_config
 from localstate.runtime.spark.runner import SparkJobRunner, normalize_master
-from localstate.core.streams import open_output
+from localstate.core.stream import open_output
 from localstate.streams.generator import generate
 from localstate.errors import InputError
 from counting_job import final_counts, write_counting_job  # tests/ is on sys.path (tests/conftest.py)

@@ -27,8 +27,8 @@ import pytest
 from counting_job import write_counting_job
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.streams import open_output
-from localstate.runtime.progress import PROGRESS_FILE, progress_directory
+from localstate.core.stream import open_output
+from localstate.runtime.driver.progress import PROGRESS_FILE, progress_directory
 from localstate.runtime.spark import driver as spark_driver
 from localstate.runtime.spark.failures import failed_attempt_reasons, record_failed_attempt
 from localstate.runtime.spark.runner import SparkJobRunner

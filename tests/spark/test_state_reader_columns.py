@@ -14,9 +14,9 @@ import pytest
 
 import localstate.spark
 from localstate.core.config import load_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 from localstate.core.task import Envelope
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.streams.jsonl import write_jsonl
 

@@ -21,7 +21,7 @@ import pytest
 from counting_job import write_counting_job
 from localstate.core.config import load_job_config
 from localstate.errors import LocalStateError
-from localstate.runtime.progress import ProgressObserver
+from localstate.runtime.driver.progress import ProgressObserver
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.streams.jsonl import write_jsonl
 

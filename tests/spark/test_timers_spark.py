@@ -19,7 +19,7 @@ from timer_task import window_end  # noqa: E402
 from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from localstate.core.config import load_job_config, parse_job_config
 from localstate.core.partitioner import partition_for
-from localstate.core.layout import checkpoint_store
+from localstate.runtime.layout import checkpoint_store
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.streams.jsonl import read_jsonl, write_jsonl
 

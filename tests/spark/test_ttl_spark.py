@@ -13,7 +13,7 @@ import pytest
 from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from localstate.core.config import load_job_config
 from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.runtime.views import load_checkpoints, store_entries
+from localstate.runtime.driver.views import load_checkpoints, store_entries
 from localstate.streams.jsonl import read_jsonl, write_jsonl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -10,7 +10,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localstate.core.streams.base import InputRecord
+from localstate.core.stream import InputRecord
 from localstate.core.task import StreamTask
 from localstate.testing.driver import TaskTestDriver
 

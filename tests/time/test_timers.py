@@ -15,8 +15,8 @@ from localstate.core.config import TIMER_STORE, TIMER_WRITE_BATCH, parse_job_con
 from localstate.core.task import BatchTask, StreamTask
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, Timers
 from localstate.errors import ConfigError, InvalidValueError
-from localstate.runtime import timers as timer_module
-from localstate.runtime.timers import decode_timestamp, encode_timestamp
+from localstate.runtime.partition import timers as timer_module
+from localstate.runtime.partition.timers import decode_timestamp, encode_timestamp
 from localstate.testing.driver import TaskTestDriver
 
 TIMERS = {"timers": True, "allowed_lateness": "2s", "timer_backend": "rocksdb"}
@@ -410,7 +410,7 @@ def test_arrow_rows_move_the_watermark_of_a_batch_task_after_the_batch() -> None
     """The DataFrame step's rows (ArrowRows) reach a BatchTask as they are; their timestamp column
     moves the watermark once the batch is processed, and its timers fire at the boundary."""
     from localstate.core.task import record_batch
-    from localstate.runtime.records import ArrowRows
+    from localstate.runtime.partition.records import ArrowRows
 
     stores = {"counts": {"engine": "kv", "key_serde": "string", "value_serde": "int"}}
     with driver(Counted, stores=stores) as d:
@@ -444,9 +444,9 @@ def test_a_round_stopped_by_a_failure_leaves_the_unfired_timers_of_its_chunk_in_
         tmp_path, monkeypatch, chunk) -> None:
     """A chunk's deletions are batched before its timers fire: the ones a failure kept from firing
     are put back, so a caller that goes on (without the restart that rolls back) still fires them."""
-    from localstate.core.layout import open_changelog_system
+    from localstate.runtime.layout import open_changelog_system
     from localstate.errors import TaskError
-    from localstate.runtime.instance import TaskInstance
+    from localstate.runtime.partition.instance import TaskInstance
 
     monkeypatch.setattr(timer_module, "SCAN_CHUNK", chunk)
     job = parse_job_config({

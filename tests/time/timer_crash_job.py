@@ -13,10 +13,10 @@ SIGKILL itself at a commit-protocol or firing point: ``process``, ``timer_fire``
 import sys
 
 from localstate.core.config import parse_job_config
-from localstate.core.layout import open_changelog_system
+from localstate.runtime.layout import open_changelog_system
 from localstate.core.task import Envelope, StreamTask
-from localstate.runtime.instance import TaskInstance
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.partition.instance import TaskInstance
+from localstate.runtime.partition.sink import StreamSink
 
 LATENESS = 3.0
 

@@ -1,4 +1,4 @@
-from localstate.changelog.kafka.spark_source import register
+from localstate.runtime.spark.kafka_source import register
 
 register(spark)                       # once per SparkSession
 views = (spark.read.format("localstate-kafka")

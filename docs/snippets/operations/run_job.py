@@ -2,7 +2,7 @@
 import sys
 
 from localstate.core.config import load_job_config
-from localstate.runtime.progress import ProgressObserver
+from localstate.runtime.driver.progress import ProgressObserver
 from localstate.runtime.spark.runner import SparkJobRunner
 from localstate.tools.run import ignore_hangups, install_stop_handlers
 

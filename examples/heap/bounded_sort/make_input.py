@@ -23,7 +23,7 @@ from pathlib import Path
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
 from localstate.streams.jsonl import write_jsonl
-from localstate.core.streams.base import resolve_path
+from localstate.core.stream import resolve_path
 
 __all__ = ["collected_lines", "write_input", "main"]
 

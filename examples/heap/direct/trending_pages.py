@@ -19,7 +19,7 @@ from pathlib import Path
 
 from localstate.changelog.file import FileChangelogPartition
 from localstate.core.engine import StoreContext
-from localstate.core.recovery import recover_store
+from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import StringSerde
 from localstate.engines.heap import HeapEngineFactory
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from localstate.core.checkpoint import CheckpointStore
 from localstate.core.config import JobConfig
-from localstate.runtime.spark.executor import run_slot
-from localstate.runtime.spark.instances import is_alive, release_partitions
-from localstate.runtime.spark.plan import PartitionPlan
+from localstate.runtime.spark.affinity.kept import is_alive, release_partitions
+from localstate.runtime.driver.plan import PartitionPlan
 
 __all__ = ["WorkerAffinity"]
 
@@ -38,8 +37,10 @@ def _consumed(items: Iterator[Any]) -> Iterator[None]:
 class WorkerAffinity:
     """One run's slots, keepers and claims on a local master."""
 
-    def __init__(self, context: Any, claims: Path) -> None:
+    def __init__(self, context: Any, claims: Path, run_slot: Callable[..., dict[str, Any]]) -> None:
         self.context = context
+        self.run_slot = run_slot
+        """the executor's entry point of a slot (``executor.run_slot``): claim a partition, run it"""
         self.claims = claims
         """where this run's slots claim their partitions (``<checkpoints>/claims/<run id>``)"""
         self.cores = max(1, int(context.defaultParallelism))
@@ -57,6 +58,7 @@ class WorkerAffinity:
         claims = self.claims / str(batch)
         by_partition = {plan.partition: plan for plan in plans}
         keepers = {p: self.keepers[p] for p in by_partition if p in self.keepers}
+        run_slot = self.run_slot
         try:
             results = self._slots(self.slot_count(len(plans))).mapPartitionsWithIndex(
                 lambda slot, items: [run_slot(shipped.value, by_partition, claims, slot, keepers)

@@ -2,7 +2,7 @@
 
 :meth:`PartitionTask.run` is the template: open (or reuse) the partition's instance, skip if the
 batch was applied before, feed the batch's records through the one feed loop
-(:meth:`~localstate.runtime.instance.TaskInstance.feed`), fire the timers due at the batch's end, run
+(:meth:`~localstate.runtime.partition.instance.TaskInstance.feed`), fire the timers due at the batch's end, run
 ``window()`` when due, prepare the
 commit, check the instance back in, and report what happened with phase timings
 (:class:`PartitionBatch`). A runtime says only where records come from (:meth:`PartitionTask.records`)
@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.recovery import StoreRecovery
+from localstate.runtime.partition.recovery import StoreRecovery
 from localstate.core.task import add_task_paths
-from localstate.runtime.faults import CrashAt, armed
-from localstate.runtime.records import InputPolicy
+from localstate.runtime.partition.faults import CrashAt, armed
+from localstate.runtime.partition.records import InputPolicy
 
 if TYPE_CHECKING:
-    from localstate.core.streams.base import InputRecord
-    from localstate.runtime.instance import TaskInstance
+    from localstate.core.stream import InputRecord
+    from localstate.runtime.partition.instance import TaskInstance
 
 __all__ = ["PartitionTask", "PartitionBatch", "OpenPartition", "TASK_PHASES", "fault_for"]
 
@@ -48,7 +48,7 @@ class _CountingSink(Protocol):
 
 class OpenPartition(Protocol):
     """An open task partition as a runtime hands it to :class:`PartitionTask` (the Spark runtime's
-    :class:`~localstate.runtime.spark.instances.Lease`)."""
+    :class:`~localstate.runtime.spark.affinity.kept.Lease`)."""
 
     instance: "TaskInstance"
     sink: _CountingSink
@@ -101,7 +101,7 @@ class PartitionTask(ABC):
     @abstractmethod
     def records(self, lease: OpenPartition) -> Iterable[tuple[str, "InputRecord"]]:
         """The batch's ``(input, record)`` pairs in processing order, from the instance's positions (or
-        :class:`~localstate.runtime.records.ArrowRows`, rows held as Arrow already, which a BatchTask
+        :class:`~localstate.runtime.partition.records.ArrowRows`, rows held as Arrow already, which a BatchTask
         gets as they are). A BatchTask gets the pairs built into Arrow batches by the feed loop: a
         commit never splits one, and a retry of the batch re-delivers all of them."""
 

@@ -1,5 +1,5 @@
 """A Prometheus endpoint on the driver (``[job] metrics_port``): the figures of each batch's progress
-object (:mod:`localstate.runtime.progress`) as counters, gauges and histograms, in a registry of
+object (:mod:`localstate.runtime.driver.progress`) as counters, gauges and histograms, in a registry of
 their own (never ``prometheus_client``'s global one, so that several jobs or tests can run in one
 process), served over HTTP on ``metrics_host`` (default ``127.0.0.1``).
 
@@ -137,12 +137,12 @@ class JobMetrics:
     def seed(self, progress: Mapping[str, Any] | None) -> None:
         """Set the last-batch gauges (lag, duration, commit time) from ``progress``: each batch's
         object, and, when a run starts, the last sound one of the run before
-        (:func:`~localstate.runtime.progress.read_last_progress`), so that an idle job that was
+        (:func:`~localstate.runtime.driver.progress.read_last_progress`), so that an idle job that was
         restarted still says when it last committed a batch. Counters start from zero in each run
         (Prometheus counts a restart as a counter reset)."""
         if not isinstance(progress, Mapping):
             return
-        from localstate.runtime.operating import progress_time
+        from localstate.runtime.driver.operating import progress_time
 
         lag = progress.get("lag")
         if type(lag) is int:

@@ -1,5 +1,5 @@
 """A job's operating files read as hostile input: ``progress/live.json`` and ``progress/progress.jsonl``
-(:mod:`localstate.runtime.progress` writes them) can be damaged by a full disk, a crash in the middle
+(:mod:`localstate.runtime.driver.progress` writes them) can be damaged by a full disk, a crash in the middle
 of a write, an editor or anyone with access to the state directory. ``localstate status``, the metrics
 and ``localstate run`` read them only through here.
 

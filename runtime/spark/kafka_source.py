@@ -3,7 +3,7 @@ kafka-python through PySpark 4's Python Data Source API -- no JVM connector jar.
 
 ::
 
-    from localstate.changelog.kafka.spark_source import register
+    from localstate.runtime.spark.kafka_source import register
     register(spark)
     views = (spark.read.format("localstate-kafka").option("bootstrap_servers", "broker:9092")
              .option("topic", "page-views").load())            # also spark.readStream
@@ -49,7 +49,7 @@ from localstate.core.options import Option, parse_duration, validate_options
 from localstate.core.partitioner import partition_for
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError
 
-from .io import TopicWriter, end_offsets, ensure_topic, pooled_consumer, read_records, release_consumer, \
+from localstate.changelog.kafka.io import TopicWriter, end_offsets, ensure_topic, pooled_consumer, read_records, release_consumer, \
     topic_partitions
 
 try:  # PySpark >= 4.2: lets trigger(availableNow=True) stop at the offsets current when it started

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from localstate.core.fsutil import os_error, read_nofollow, write_atomic
-from localstate.runtime.spark.instances import claimed_by, try_claim
+from localstate.runtime.spark.affinity.kept import claimed_by, try_claim
 from localstate.errors import CheckpointIOError
 
 __all__ = ["RowExchange", "WAIT"]

@@ -12,14 +12,14 @@ Layout, under ``<state_dir>/<job>/progress/``:
   atomically after every batch and every :data:`HEARTBEAT_INTERVAL` seconds by a daemon thread while
   the run lives; ``state`` is ``"stopped"`` once the run ended (cleanly or by an error).
 
-The figures come from the driver's :class:`~localstate.runtime.spark.plan.BatchResult` and the batch's
+The figures come from the driver's :class:`~localstate.runtime.driver.plan.BatchResult` and the batch's
 plans; the per-store ones are estimates read on the driver host (see :class:`StoreStats`).
 
 These files are the operator's, not the job's: writing them never stops a run (a failure is one
 WARNING, repeated only once it was fixed and happens again), and they obey the state directory's
 containment rule: nothing is written through a symlink, nothing is created outside the state
 directory, nothing localstate did not write is replaced or deleted. They are read back only
-through :mod:`localstate.runtime.operating`, as hostile input.
+through :mod:`localstate.runtime.driver.operating`, as hostile input.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error, write_atomic
-from localstate.core.layout import job_directory, store_directory
-from localstate.core.streams.base import PendingTail
+from localstate.runtime.layout import job_directory, store_directory
+from localstate.core.stream import PendingTail
 from localstate.errors import LocalStateError, UnsafePathError
-from localstate.runtime import operating
-from localstate.runtime.views import dir_size
-from localstate.runtime.spark.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
+from localstate.runtime.driver import operating
+from localstate.runtime.driver.views import dir_size
+from localstate.runtime.driver.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
 
 __all__ = ["ProgressReport", "ProgressLog", "Heartbeat", "ProgressObserver", "StoreStats", "BatchObserver",
            "progress_directory", "attempt_reason", "describe_reason", "REASON_FIELDS", "read_live",
@@ -89,7 +89,7 @@ def _estimate_keys(directory: Path, backend: str | None) -> int | None:
     """The kv backend's own key estimate of a local store partition, read-only: LMDB's entry count,
     RocksDB's ``rocksdb.estimate-num-keys`` (on a private hard-linked snapshot, as ``inspect`` opens
     it); None for anything else."""
-    from localstate.runtime import views
+    from localstate.runtime.driver import views
 
     reader = views._reader(directory, backend)  # noqa: SLF001 - the one read-only opener of local stores
     if reader is None:
@@ -122,7 +122,7 @@ class StoreStats:
 
     def collect(self) -> dict[str, dict[str, Any]]:
         from localstate.core.changelog import LocalStreams
-        from localstate.core.layout import open_changelog_system
+        from localstate.runtime.layout import open_changelog_system
 
         now = time.monotonic()
         refresh = now - self._keys_at >= self.keys_interval
@@ -519,7 +519,7 @@ class ProgressObserver:
         job = runner.job
         metrics = None
         if job.metrics_port is not None:
-            from localstate.runtime.metrics import JobMetrics
+            from localstate.runtime.driver.metrics import JobMetrics
 
             from localstate.errors import ConfigError
 
@@ -538,7 +538,7 @@ class ProgressObserver:
         return observer.start()
 
     metrics: Any = None
-    """the :class:`~localstate.runtime.metrics.JobMetrics` :meth:`watch` started, if any"""
+    """the :class:`~localstate.runtime.driver.metrics.JobMetrics` :meth:`watch` started, if any"""
 
     def start(self) -> "ProgressObserver":
         if self.heartbeat is not None:
@@ -602,10 +602,10 @@ class ProgressObserver:
 # -- reading, for `localstate status` and the metrics (read-only, as hostile input: runtime/operating.py) -------
 
 def read_live(job: JobConfig) -> operating.Found:
-    """The job's ``live.json`` (:func:`localstate.runtime.operating.read_live`)."""
+    """The job's ``live.json`` (:func:`localstate.runtime.driver.operating.read_live`)."""
     return operating.read_live(progress_directory(job) / LIVE_FILE, job.state_dir)
 
 
 def read_last_progress(job: JobConfig, keep: int = 5) -> operating.Found:
-    """The job's newest sound progress object (:func:`localstate.runtime.operating.read_last_progress`)."""
+    """The job's newest sound progress object (:func:`localstate.runtime.driver.operating.read_last_progress`)."""
     return operating.read_last_progress(ProgressLog(progress_directory(job), keep=keep).files(), job.state_dir)

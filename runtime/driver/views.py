@@ -30,7 +30,7 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.logged import META_OFFSET, decode_offset
 from localstate.core.names import safe_join
-from localstate.core.layout import open_changelog_system, store_directory
+from localstate.runtime.layout import open_changelog_system, store_directory
 from localstate.core.engine import LiveEntries
 from localstate.core.serdes import Serde
 from localstate.errors import ChangelogError, CheckpointError, LocalStateError, StateNotFoundError
@@ -59,7 +59,7 @@ def job_dir(job: JobConfig) -> Path:
 def stream_location(job: JobConfig, section: str, name: str) -> str:
     """Where input/output ``name`` lives, for people: a directory, or a Kafka topic (its
     ``location()``); ``(<system>)`` when it has no place or cannot be opened."""
-    from localstate.core.streams import open_input, open_output
+    from localstate.core.stream import open_input, open_output
 
     config = (job.inputs if section == "inputs" else job.outputs)[name]
     try:
@@ -185,7 +185,7 @@ class InputPartitionInfo:
     end: int | None
     """the input's current end; None when it could not be read (see ``problem``)"""
     pending_bytes: int = 0
-    """bytes of an unterminated last record (:class:`~localstate.core.streams.base.PendingTail`)"""
+    """bytes of an unterminated last record (:class:`~localstate.core.stream.PendingTail`)"""
     pending_since: float | None = None
     """when those bytes last changed (epoch seconds), None when there are none"""
     problem: str | None = None
@@ -208,8 +208,8 @@ def input_partitions(job: JobConfig, checkpoints: dict[int, Checkpoint | None],
     the same position check (a problem here is the InputPositionError a run would raise), and the
     unterminated bytes at their ends. An input that cannot be opened or read is reported in
     ``problem``, never raised."""
-    from localstate.core.streams import open_input
-    from localstate.core.streams.base import PendingTail, check_input_position
+    from localstate.core.stream import open_input
+    from localstate.core.stream import PendingTail, check_input_position
 
     found = []
     for name in sorted(job.inputs):

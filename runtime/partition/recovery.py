@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord
 from localstate.core.engine import ColumnRestore, StorageEngine
-from localstate.core.progress import RestoreProgress, columns_progress, restore_progress
+from localstate.runtime.partition.restore_progress import RestoreProgress, columns_progress, restore_progress
 from localstate.errors import CheckpointError, RestoreError
 
 __all__ = ["StoreRecovery", "recover_store", "values_at", "compaction_horizon", "is_stale"]

@@ -1,10 +1,10 @@
 """Input records on their way to the task: the parts of the one feed loop,
-:meth:`localstate.runtime.instance.TaskInstance.feed`, which every runner uses (the Spark executors
+:meth:`localstate.runtime.partition.instance.TaskInstance.feed`, which every runner uses (the Spark executors
 for a batch's input ranges, the TaskTestDriver for one record at a time or a list).
 
 For each ``(stream, InputRecord)`` the loop, in order:
 
-1. reaches the ``process`` crash point (:mod:`localstate.runtime.faults`);
+1. reaches the ``process`` crash point (:mod:`localstate.runtime.partition.faults`);
 2. calls ``task.process(envelope, collector, coordinator)`` for a decoded record, wrapping a failure
    in a :class:`~localstate.errors.TaskError` that names the user's frame, stream, partition and
    offset; or applies the input's ``on_error`` policy (:class:`InputPolicy`) to a bad record
@@ -39,8 +39,8 @@ from localstate.core.task import Envelope
 from localstate.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the stream contract is only named here: this module stays light to import
-    from localstate.runtime.instance import TaskInstance
-    from localstate.core.streams.base import InputRecord
+    from localstate.runtime.partition.instance import TaskInstance
+    from localstate.core.stream import InputRecord
 
 __all__ = ["InputPolicy", "OnError", "FeedStats", "apply_on_error", "make_envelope", "safe_text", "PROCESS_HINT",
            "CHUNK", "BATCH_ROWS", "ArrowRows", "ColumnRows"]
@@ -74,7 +74,7 @@ class ArrowRows:
 
     def records(self) -> list[tuple[str, "InputRecord"]]:
         """The rows as ``(stream, InputRecord)`` (for a StreamTask)."""
-        from localstate.core.streams.base import InputRecord  # the stream contract; imported when used
+        from localstate.core.stream import InputRecord  # the stream contract; imported when used
 
         columns = [self.batch.column(name).to_pylist() for name in ("offset", "key", "value", "timestamp")]
         return [(self.stream, InputRecord(*row)) for row in zip(*columns)]
@@ -83,8 +83,8 @@ class ArrowRows:
 @dataclass(frozen=True)
 class ColumnRows:
     """A chunk of one input's rows read as columns (an input with the
-    :class:`~localstate.core.streams.base.ColumnarInput` capability, for a BatchTask): ``columns`` is
-    an :class:`~localstate.core.streams.base.InputColumns`. The feed loop applies ``on_error`` to its
+    :class:`~localstate.core.stream.ColumnarInput` capability, for a BatchTask): ``columns`` is
+    an :class:`~localstate.core.stream.InputColumns`. The feed loop applies ``on_error`` to its
     bad rows, one by one, builds one Arrow batch of the good ones and advances the input's position
     to ``columns.end``."""
 
@@ -97,7 +97,7 @@ FAIL = "fail"
 
 class InputPolicy(Protocol):
     """What to do with an input's bad records. Every configured
-    :class:`~localstate.core.streams.base.InputStream` is one (its ``[inputs.<name>]`` options);
+    :class:`~localstate.core.stream.InputStream` is one (its ``[inputs.<name>]`` options);
     :class:`OnError` is one without a stream (the TaskTestDriver's)."""
 
     name: str

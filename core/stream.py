@@ -411,7 +411,7 @@ def overlap_problems(inputs: Mapping[str, InputStream], outputs: Mapping[str, Ou
                      protected: Sequence[tuple[str, tuple[str, str]]] = ()) -> list[ConfigProblem]:
     """An output that writes where an input reads (same directory or topic, or one directory inside
     the other), where another output writes, or into one of the ``protected`` places (the job's state
-    and changelogs: :func:`~localstate.core.layout.state_places`) would destroy that data: one
+    and changelogs: :func:`~localstate.runtime.layout.state_places`) would destroy that data: one
     problem per pair."""
     problems = []
     places = {name: output.location() for name, output in outputs.items()}

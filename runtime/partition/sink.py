@@ -1,4 +1,4 @@
-"""``StreamSink``: the :class:`~localstate.runtime.instance.OutputSink` over a job's configured outputs.
+"""``StreamSink``: the :class:`~localstate.runtime.partition.instance.OutputSink` over a job's configured outputs.
 
 ``write`` appends each stream's messages to the producing task partition's own output partition,
 durably, and returns the end position of *every* configured output (so a checkpoint always names
@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from localstate.core.config import JobConfig
-from localstate.core.layout import state_places
-from localstate.core.streams.base import OutputStream, open_input, open_output, overlap_problems
+from localstate.runtime.layout import state_places
+from localstate.core.stream import OutputStream, open_input, open_output, overlap_problems
 from localstate.core.task import OutgoingMessage
 from localstate.errors import ConfigError, OutputError, TaskError
 

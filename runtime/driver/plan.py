@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from localstate.runtime.partition_task import TASK_PHASES
+from localstate.runtime.partition.lifecycle import TASK_PHASES
 
 __all__ = ["PartitionPlan", "BatchResult", "RunSummary", "TASK_PHASES", "DRIVER_PHASES", "progress_line", "lag_text"]
 

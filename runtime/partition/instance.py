@@ -4,7 +4,7 @@ task in order, commit atomically. Tests, the TaskTestDriver and each Spark task 
 Commit (exactly-once state): flush every store (local write + changelog durable, end offsets known)
 -> deliver outputs (durable, positions known) -> atomically write the checkpoint (input positions,
 changelog offsets, output positions, generation). On open, every logged store is brought back to
-exactly the checkpoint (:mod:`localstate.core.recovery`), outputs written after it are rolled back,
+exactly the checkpoint (:mod:`localstate.runtime.partition.recovery`), outputs written after it are rolled back,
 and inputs resume from the checkpointed positions; records below those positions are skipped.
 
 Pipelined commits (``job.pipelined_commits``, on by default): when every logged store's changelog
@@ -39,14 +39,14 @@ from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import TIMER_STORE, JobConfig
 from localstate.core.corruption import wipe_local
 from localstate.core.engine import StateFormat, StorageEngine, StoreContext, TimedStore
-from localstate.core.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
-from localstate.runtime.faults import crash_point, crash_points, is_armed
-from localstate.runtime.timers import PartitionTime
-from localstate.runtime.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, ColumnRows, FeedStats, \
+from localstate.runtime.layout import store_root, store_directory, checkpoint_store, check_no_history, checkpoint_where
+from localstate.runtime.partition.faults import crash_point, crash_points, is_armed
+from localstate.runtime.partition.timers import PartitionTime
+from localstate.runtime.partition.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, ColumnRows, FeedStats, \
     InputPolicy, apply_on_error, make_envelope
 from localstate.core.fsutil import ensure_dir, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
-from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
+from localstate.runtime.partition.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, \
     TaskContext, load_task_class, record_batch
 from localstate.core.tracebacks import raise_task_error
@@ -55,7 +55,7 @@ from localstate.errors import ConfigError, StoreCorruptError, StoreIOError
 __all__ = ["OutputSink", "MemorySink", "TaskInstance", "PROCESS_HINT"]
 
 if TYPE_CHECKING:
-    from localstate.core.streams.base import InputRecord
+    from localstate.core.stream import InputRecord
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,7 @@ class TaskInstance:
 
     def feed(self, records: Iterable[tuple[str, "InputRecord"]], policies: Mapping[str, InputPolicy] | None = None,
              *, autocommit: bool = False) -> FeedStats:
-        """The one feed loop (see :mod:`localstate.runtime.records`): feed ``(input stream, record)``
+        """The one feed loop (see :mod:`localstate.runtime.partition.records`): feed ``(input stream, record)``
         pairs, in processing order, starting at the inputs' positions. Per record: the ``process``
         crash point; ``task.process()`` (a failure becomes a TaskError naming the user's frame) or,
         for a bad record, the input's ``on_error`` policy from ``policies`` (none: fail with an
@@ -521,7 +521,7 @@ class TaskInstance:
 
     def _feed_batches(self, records: Iterable[Any], policies: Mapping[str, InputPolicy] | None,
                       autocommit: bool) -> FeedStats:
-        """:meth:`feed` for a BatchTask (see :mod:`localstate.runtime.records`): up to
+        """:meth:`feed` for a BatchTask (see :mod:`localstate.runtime.partition.records`): up to
         :data:`BATCH_ROWS` records at a time become one Arrow batch (bad records get their input's
         ``on_error``, per row, and are left out of it), :class:`ArrowRows` items are delivered as they
         are; the inputs' positions advance past each whole batch, and with ``autocommit`` commits
@@ -635,7 +635,7 @@ class TaskInstance:
                 store.engine.refresh_time()
 
     def fire_timers(self) -> int:
-        """Fire every due timer through the task's ``on_timer`` (see :mod:`localstate.runtime.timers`);
+        """Fire every due timer through the task's ``on_timer`` (see :mod:`localstate.runtime.partition.timers`);
         their outputs and deletions are part of the next commit. Returns how many fired. Crash
         points: ``timer_fire`` before each timer, ``after_timers`` after a round that fired any."""
         if not self.time.due():
@@ -675,7 +675,7 @@ class TaskInstance:
     def process_all(self, envelopes: Iterable[Envelope], policies: Mapping[str, InputPolicy] | None = None) -> int:
         """Process ``envelopes`` in order, skipping those the checkpoint already covers; commits as
         configured and stops when the task asks to shut down. Returns how many were processed."""
-        from localstate.core.streams.base import InputRecord  # the stream contract; imported when used
+        from localstate.core.stream import InputRecord  # the stream contract; imported when used
 
         # The feed loop builds each envelope again, from the record it carries.
         records = ((e.stream, InputRecord(e.offset, e.key, e.value, e.timestamp)) for e in envelopes

@@ -54,12 +54,12 @@ from localstate.core.changelog import ChangelogPartition, ChangelogRecord, Chang
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error
-from localstate.core.recovery import StoreRecovery
-from localstate.core.layout import open_changelog_system
-from localstate.runtime.instance import TaskInstance
+from localstate.runtime.partition.recovery import StoreRecovery
+from localstate.runtime.layout import open_changelog_system
+from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.cluster import PlannedCheckpoints, executor_local_root
-from localstate.runtime.spark.plan import PartitionPlan
-from localstate.runtime.sink import StreamSink
+from localstate.runtime.driver.plan import PartitionPlan
+from localstate.runtime.partition.sink import StreamSink
 from localstate.core.task import BatchTask, OutgoingMessage, load_task_class
 from localstate.errors import CheckpointIOError, FencedError, LocalStateError
 
