@@ -26,7 +26,7 @@ from sortedcontainers import SortedDict
 
 from localstate.core.changelog import PLUGIN_API_VERSION, split_spans
 from localstate.core.corruption import corrupt_reason, wipe_local
-from localstate.core.fsutil import errno_in_text, os_error_hint
+from localstate.core.fsutil import check_tree_no_symlinks, errno_in_text, os_error_hint
 from localstate.native import load as load_native
 from localstate.errors import LocalStateError, StoreClosedError, StoreCorruptError, StoreError, StoreIOError
 
@@ -313,7 +313,10 @@ class DirectoryBackend(KVBackend):
         return None
 
     def _open(self) -> None:
-        """Open the directory's files, wiping them first when marked corrupt or found damaged."""
+        """Open the directory's files, wiping them first when marked corrupt or found damaged. A
+        symlink there is refused (UnsafePathError) before anything is opened: the library would
+        follow it."""
+        check_tree_no_symlinks(self._path)
         reason = corrupt_reason(self._path)
         if reason is not None:
             self._wipe(f"found damaged earlier: {reason}")

@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 from localstate.errors import ResourceError, UnsafePathError
 
-__all__ = ["MARKER", "fsync_dir", "write_atomic", "check_no_symlinks", "ensure_dir", "open_nofollow",
-           "read_nofollow", "make_owned_dir", "read_marker", "is_owned", "os_error", "os_error_hint",
+__all__ = ["MARKER", "fsync_dir", "write_atomic", "check_no_symlinks", "check_tree_no_symlinks", "ensure_dir",
+           "open_nofollow", "read_nofollow", "read_regular", "make_owned_dir", "read_marker", "is_owned", "os_error", "os_error_hint",
            "errno_in_text"]
 
 MARKER = ".localstate-owned"
@@ -34,8 +34,13 @@ _SYMLINK_HINT = ("localstate never follows symlinks inside its state directory (
                  "state elsewhere, point job.state_dir (or the changelog's path) at the real directory")
 
 
+_OTHER_KIND_HINT = ("something else is where localstate keeps a file or directory of its own: move it out of the "
+                    "way (localstate creates what it needs there)")
+
+
 def _unsafe(path: Path | str, why: str) -> UnsafePathError:
-    return UnsafePathError(f"refusing to use {path}: {why}", path=str(path), hint=_SYMLINK_HINT)
+    hint = _SYMLINK_HINT if "symlink" in why or "outside" in why else _OTHER_KIND_HINT
+    return UnsafePathError(f"refusing to use {path}: {why}", path=str(path), hint=hint)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -71,6 +76,24 @@ def check_no_symlinks(anchor: Path, path: Path) -> Path:
         if stat.S_ISLNK(mode):
             raise _unsafe(current, "it is a symlink")
     return anchor.joinpath(*parts)
+
+
+def check_tree_no_symlinks(directory: Path) -> None:
+    """Refuse (UnsafePathError) ``directory`` if it is a symlink or holds one anywhere below it. For
+    directories whose files a library opens by name (RocksDB, LMDB, tantivy): it would follow a
+    planted symlink (RocksDB appends to ``LOG``, LMDB creates ``lock.mdb``). Nothing is touched; a
+    missing directory passes."""
+    try:
+        if stat.S_ISLNK(os.lstat(directory).st_mode):
+            raise _unsafe(directory, "it is a symlink")
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        if entry.is_symlink():
+            raise _unsafe(entry.path, "it is a symlink")
+        if entry.is_dir(follow_symlinks=False):
+            check_tree_no_symlinks(Path(entry.path))
 
 
 def ensure_dir(anchor: Path, path: Path) -> bool:
@@ -110,6 +133,32 @@ def read_nofollow(path: Path) -> bytes:
     fd = open_nofollow(path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as handle:
         return handle.read()
+
+
+def read_regular(path: Path, limit: int, *, tail: bool = False) -> bytes:
+    """At most ``limit`` bytes of ``path`` (its first ones, or with ``tail`` its last ones), which
+    must be a regular file: a symlink is refused (UnsafePathError), and so is anything else that is
+    no regular file (a directory, a FIFO that would block the reader, a device); FileNotFoundError if
+    missing, other OSErrors as raised. For files anyone with access to the state directory may have
+    replaced (what a job keeps for its operators)."""
+    fd = open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _unsafe(path, "it is not a regular file")
+        start = max(0, info.st_size - max(0, int(limit))) if tail else 0
+        size = min(info.st_size, start + max(0, int(limit)))
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks, left = [], size - start
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 _HINTS = {

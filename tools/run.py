@@ -3,18 +3,32 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import logging
 import os
 import signal
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from localstate.tools.cli import command
 from localstate.core.config import apply_log_level, load_job_config
 
-__all__ = ["positive_int", "partition_count", "install_stop_handlers", "STOP_SIGNALS"]
+log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-"""What stops ``localstate run`` cleanly; the same signal again aborts at once (exit 128 + signal)."""
+__all__ = ["positive_int", "partition_count", "install_stop_handlers", "StopSignals", "STOP_SIGNALS", "DUMP_SIGNAL",
+           "ignore_hangups"]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""What stops ``localstate run`` cleanly (exit 0): no new batch, the batch in flight gets ``stop_grace``
+seconds to complete and be committed. SIGHUP is one of them: a service manager or a terminal that
+hangs up means "stop", and re-reading job.toml under a running job (nginx's reload) could change what
+its committed state means. A second one of them stops faster (exit 128 + its number): the batch in
+flight is abandoned, nothing of it committed; a third exits at once."""
+
+DUMP_SIGNAL = signal.SIGQUIT
+"""What stops ``localstate run`` at once with a diagnostic dump (exit 131): every Python thread's stack
+on stderr (``faulthandler``), then exit without waiting for anything. Nothing committed is lost: what
+was not committed is rolled back and runs again at the next start."""
 
 
 def positive_int(text: str) -> int:
@@ -37,45 +51,102 @@ def partition_count(text: str) -> int:
     return value
 
 
-def install_stop_handlers(runner: Any) -> Callable[[], None]:
-    """SIGTERM/SIGINT handlers for a run of ``runner`` (a SparkJobRunner) in this process's main
-    thread: the first signal calls ``runner.stop()`` (the running batch completes and is committed,
-    or is abandoned after ``runner.stop_grace`` seconds; kept instances are released; the run
-    returns), a second one exits at once with 128 + the signal number (nothing uncommitted is ever
-    visible, so the state stays exact). Install them after the SparkContext exists: PySpark installs
-    its own SIGINT handler (cancel every job, raise KeyboardInterrupt) when it creates one. Returns
-    a function that puts the previous handlers back. Library use installs nothing: call
-    ``runner.stop()`` yourself."""
-    received: list[int] = []
+class StopSignals:
+    """The signal handlers of a standing run of ``runner`` (a SparkJobRunner) in this process's main
+    thread: :data:`STOP_SIGNALS` call ``runner.stop()`` (the first), ``runner.stop(force=True)`` (the
+    second), or exit at once (the third); :data:`DUMP_SIGNAL` dumps the Python stacks and exits at
+    once. Each says what it does on stderr. :meth:`install` may be called again to take the handlers
+    back (PySpark installs its own SIGINT handler when it creates a SparkContext); calling the object
+    (or :meth:`restore`) puts the previous handlers back. :attr:`exit_code` is what the run should exit
+    with: 0, or 128 + the signal that forced the stop."""
 
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.received: list[int] = []
+        self.forced_by: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.forced_by if self.forced_by is not None else 0
+
+    def install(self) -> "StopSignals":
+        for sig in STOP_SIGNALS:
+            self._keep(sig, signal.signal(sig, self._stop))
+        self._keep(DUMP_SIGNAL, signal.signal(DUMP_SIGNAL, self._dump))
+        return self
+
+    def _keep(self, sig: int, previous: Any) -> None:
+        if sig not in self._previous:
+            self._previous[sig] = previous
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    __call__ = restore
+
+    @staticmethod
     def say(text: str) -> None:
-        # os.write, not print: a handler may run in the middle of the main thread's own print.
+        # os.write, not print: a handler may run in the middle of the main thread's own print; and the
+        # terminal may be gone (a hang-up): then there is nobody to tell.
         try:
             os.write(2, f"localstate run: {text}\n".encode())
         except OSError:
             pass
 
-    def handle(signum: int, frame: Any) -> None:
+    def _stop(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if received:
-            say(f"{name} again: aborting now (state stays at the last committed batch)")
+        self.received.append(signum)
+        if len(self.received) == 1:
+            self.say(f"{name}: stopping (no new batch; the batch in flight gets {self.runner.stop_grace:.0f}s to "
+                     f"complete and be committed, else it is abandoned; {name} again stops at once)")
+            self.runner.stop()
+        elif len(self.received) == 2:
+            self.forced_by = signum
+            self.say(f"{name} again: stopping now (the batch in flight, if any, is abandoned: nothing of it is "
+                     f"committed, it runs again at the next start; {name} once more exits without waiting for "
+                     f"Spark)")
+            self.runner.stop(force=True)
+        else:
+            self.say(f"{name} a third time: exiting (state stays at the last committed batch)")
             os._exit(128 + signum)
-        received.append(signum)
-        say(f"{name}: stopping (a running batch gets {runner.stop_grace:.0f}s to complete, else it is abandoned; "
-            f"{name} again aborts at once)")
-        runner.stop()
 
-    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
+    def _dump(self, signum: int, frame: Any) -> None:
+        self.say("SIGQUIT: exiting at once, after the stacks of this process's Python threads (state stays at the "
+                 "last committed batch; what was not committed runs again at the next start)")
+        try:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + signum)
 
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
-    return restore
+def install_stop_handlers(runner: Any) -> StopSignals:
+    """:class:`StopSignals` for ``runner``, installed. Install them (again) after the SparkContext
+    exists: PySpark installs its own SIGINT handler (cancel every job, raise KeyboardInterrupt) when it
+    creates one. The object returned, called, puts the previous handlers back. Library use installs
+    nothing: call ``runner.stop()`` yourself."""
+    return StopSignals(runner).install()
 
 
-@command("run", "run a job on Spark in micro-batches: standing (waits for new input) until SIGTERM/SIGINT, or "
-                "--until-drained")
+def ignore_hangups(context: Any) -> None:
+    """Make the SparkContext's JVM ignore SIGHUP: a terminal that hangs up signals its whole foreground
+    process group, and the JVM's default (exit) would fail the batch in flight that the driver's clean
+    stop waits for. (PySpark already starts it ignoring SIGINT, for Ctrl-C.) The JVM still ends with
+    the driver: it exits when its standard input closes."""
+    try:
+        jvm_signal = context._jvm.sun.misc.Signal  # noqa: SLF001 - the context's own py4j view of its JVM
+        jvm_signal.handle(jvm_signal("HUP"), context._jvm.sun.misc.SignalHandler.SIG_IGN)  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - a JVM without sun.misc.Signal: a hang-up then ends it, as before
+        log.debug("cannot make the JVM ignore SIGHUP", exc_info=True)
+
+
+@command("run", "run a job on Spark in micro-batches: standing (waits for new input) until SIGTERM, SIGINT or "
+                "SIGHUP, or --until-drained")
 def run(args: argparse.Namespace) -> int:
     from localstate.runtime.driver.progress import ProgressObserver
     from localstate.runtime.driver.plan import lag_text
@@ -88,50 +159,64 @@ def run(args: argparse.Namespace) -> int:
     # A mistyped input path would otherwise run as an empty input and exit 0.
     require_input_paths(job)
     require_own_changelogs(job)  # else refused later, at the first task, with a misleading message
-    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)  # validates [spark]
+    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size, progress=_say)  # validates [spark]
     for note in spark_notes(job, runner.master):
         print(f"warning: {note}", file=sys.stderr)
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
-    print(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}",
-          flush=True)
+    signals = StopSignals(runner).install()  # from here on, a signal stops the run (Spark starting or not)
+    _say(f"job {job.name!r}: {job.partitions} partition(s) on {runner.master}, state in {job.state_dir}")
     runner.check_inputs()  # before Spark starts: an input changed under the job fails fast
-    observer = ProgressObserver.watch(runner)  # progress.jsonl, the live.json heartbeat, [job] metrics_port
     try:
-        if observer.metrics is not None:
-            print(f"metrics: http://{job.metrics_host}:{observer.metrics.port}/metrics", flush=True)
-        context = runner.context  # first: PySpark installs its SIGINT handler when it makes the context
-        restore = install_stop_handlers(runner)
+        observer = ProgressObserver.watch(runner)  # progress.jsonl, the live.json heartbeat, [job] metrics_port
         try:
-            if not args.until_drained:
-                trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger else ""
-                print(f"standing: waiting for new input when there is none{trigger}; stop with SIGTERM or Ctrl-C "
-                      f"(or run with --until-drained)", flush=True)
-            summary = runner.run(batches=args.batches, until_drained=args.until_drained)
-        finally:
+            if observer.metrics is not None:
+                _say(f"metrics: http://{job.metrics_host}:{observer.metrics.port}/metrics")
+            context = runner.context
+            signals.install()  # again: PySpark installs its SIGINT handler when it makes the context
+            ignore_hangups(context)
             try:
-                context.stop()
+                if not args.until_drained:
+                    trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger else ""
+                    _say(f"standing: waiting for new input when there is none{trigger}; stop with SIGTERM, SIGINT "
+                         f"(Ctrl-C) or SIGHUP (or run with --until-drained)")
+                summary = runner.run(batches=args.batches, until_drained=args.until_drained)
             finally:
-                restore()
+                context.stop()
+        finally:
+            observer.close()
     finally:
-        observer.close()
+        signals.restore()
     rate = summary.records_in / summary.seconds if summary.seconds else 0.0
-    ended = "stopped" if summary.stopped else "done"
+    ended = "stopped now" if summary.forced else "stopped" if summary.stopped else "done"
     abandoned = f" (batch {summary.abandoned} abandoned, not committed)" if summary.abandoned is not None else ""
-    print(f"{ended}: {summary.batch_count} batch(es){abandoned}, {summary.records_in:,} records in, "
-          f"{summary.records_out:,} out, {summary.seconds:.1f}s ({rate:,.0f} rec/s), "
-          f"{lag_text(summary.lag, summary.pending_bytes)}", flush=True)
+    _say(f"{ended}: {summary.batch_count} batch(es){abandoned}, {summary.records_in:,} records in, "
+         f"{summary.records_out:,} out, {summary.seconds:.1f}s ({rate:,.0f} rec/s), "
+         f"{lag_text(summary.lag, summary.pending_bytes)}")
     if runner.cluster and summary.warm_fraction is not None:
-        print(f"warm local state: {summary.warm_fraction:.0%} of the tasks with state found it on their executor")
+        _say(f"warm local state: {summary.warm_fraction:.0%} of the tasks with state found it on their executor")
     for name in job.outputs:
-        print(f"output {name}: {stream_location(job, 'outputs', name)}")
+        _say(f"output {name}: {stream_location(job, 'outputs', name)}")
     logged = sorted(store.changelog for store in job.stores.values() if store.changelog)
     if logged:
         root = changelog_root(job)
-        print(f"changelogs: {', '.join(logged)} " + (f"in {root}" if root else f"on {job.changelog_system}"))
-    print(f"state: {job_dir(job)} (look at it: localstate inspect {args.job}; start over: "
-          f"localstate reset {args.job} --yes)", flush=True)
-    return 0
+        _say(f"changelogs: {', '.join(logged)} " + (f"in {root}" if root else f"on {job.changelog_system}"))
+    _say(f"state: {job_dir(job)} (look at it: localstate inspect {args.job}; start over: "
+         f"localstate reset {args.job} --yes)")
+    return signals.exit_code
+
+
+def _say(text: str) -> None:
+    """Print a line of the run's report. Standard output may be a terminal that hung up (SIGHUP):
+    then nobody reads it, and the rest of the output goes to /dev/null rather than failing the run (or
+    Python's last flush) with EIO."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,7 +226,7 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", type=positive_int, default=None, help="stop after N micro-batches (>= 1)")
     parser.add_argument("--until-drained", action="store_true",
                         help="stop once every input is consumed (default: stand, waiting for new input, until "
-                             "SIGTERM or SIGINT)")
+                             "SIGTERM, SIGINT or SIGHUP)")
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="records per partition per micro-batch (default: [spark] batch_size, else all)")
 

@@ -2,15 +2,19 @@
 
 Read-only, like ``inspect``: it reads the job's ``progress/live.json`` and ``progress.jsonl``
 (:mod:`localstate.runtime.driver.progress`), its checkpoints and its inputs' ends, and creates, locks or
-changes nothing (a job that never ran still has no state directory afterwards).
+changes nothing (a job that never ran still has no state directory afterwards). The progress files are
+read as hostile input (:mod:`localstate.runtime.driver.operating`): whatever they hold, ``status`` answers,
+with what it could not use under ``problems``.
 
 Exit codes: 0 the job is live (a run's heartbeat is recent and its pid alive), 3 it is not (never ran,
-stopped, or died), 1 a localstate error. ``--json`` prints one object for scripts and probes."""
+stopped, or died) or the files cannot tell (``liveness`` ``unknown``: a damaged or implausible
+``live.json``), 1 a localstate error. ``--json`` prints one object for scripts and probes."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from typing import Any
 
@@ -23,33 +27,35 @@ NOT_LIVE = 3
 
 
 def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
-    """Everything ``status`` shows, as a JSON-able dict."""
+    """Everything ``status`` shows, as a JSON-able dict (no NaN or infinity, whatever the files hold)."""
     from localstate.errors import LocalStateError
-    from localstate.runtime.driver.progress import HEARTBEAT_STALE, is_live, progress_directory, read_last_progress, read_live
+    from localstate.runtime.driver.operating import LIVE, UNKNOWN, json_safe, judge_live, progress_time
+    from localstate.runtime.driver.progress import HEARTBEAT_STALE, progress_directory, read_last_progress, read_live
     from localstate.runtime.driver.views import input_partitions, job_dir, load_checkpoints
 
     live_file = read_live(job)
-    live, why = is_live(live_file, stale=HEARTBEAT_STALE if stale is None else stale)
+    liveness, why = judge_live(live_file, stale=HEARTBEAT_STALE if stale is None else stale)
     last = read_last_progress(job)
     state = job_dir(job)
     out: dict[str, Any] = {
-        "job": job.name, "state_dir": str(state), "has_state": state.is_dir(), "live": live, "why": why,
-        "run": live_file, "progress_dir": str(progress_directory(job)), "last_progress": last,
-        "last_batch_age_s": None, "lag": None, "pending_bytes": None, "input_partitions": [], "problems": [],
+        "job": job.name, "state_dir": str(state), "has_state": state.is_dir(), "live": liveness == LIVE,
+        "liveness": liveness, "why": why, "run": live_file.value, "progress_dir": str(progress_directory(job)),
+        "last_progress": last.value, "last_batch_age_s": None, "lag": None, "pending_bytes": None,
+        "input_partitions": [], "problems": [*live_file.problems, *last.problems],
     }
-    if last is not None and last.get("timestamp"):
-        from datetime import datetime
-
-        ended = datetime.fromisoformat(last["timestamp"].replace("Z", "+00:00")).timestamp()
+    if liveness == UNKNOWN and why in out["problems"]:
+        out["problems"].remove(why)  # said once, as the reason
+    ended = progress_time(last.value) if last.value is not None else None
+    if ended is not None:
         out["last_batch_age_s"] = round(time.time() - ended, 3)
     if not out["has_state"]:
-        return out
+        return json_safe(out)
     try:
         checkpoints = load_checkpoints(job)
         infos = input_partitions(job, checkpoints)
     except LocalStateError as exc:
         out["problems"].append(exc.message)
-        return out
+        return json_safe(out)
     lag = pending = 0
     for info in infos:
         out["input_partitions"].append({"input": info.input, "partition": info.partition, "position": info.position,
@@ -60,31 +66,35 @@ def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
         if info.problem:
             out["problems"].append(f"input {info.input!r} partition {info.partition}: {info.problem}")
     out["lag"], out["pending_bytes"] = lag, pending
-    return out
+    return json_safe(out)
+
+
+_SAYS = {"live": "LIVE", "not_live": "not running", "unknown": "unknown (treat as not running)"}
 
 
 def _print(status: dict[str, Any]) -> None:
     from localstate.runtime.driver.progress import describe_reason
     from localstate.runtime.driver.plan import lag_text
 
-    print(f"job {status['job']!r}: {'LIVE' if status['live'] else 'not running'} ({status['why']})")
+    print(f"job {status['job']!r}: {_SAYS[status['liveness']]} ({_printable(status['why'])})")
     if not status["has_state"]:
         print(f"no state in {status['state_dir']}: the job has not run with this state directory")
         return
     run = status["run"] or {}
-    if run.get("started"):
+    if run.get("started") is not None:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"]))
-        print(f"run {run.get('run_id') or '?'}: pid {run.get('pid')} on {run.get('host')}, started {started}")
+        print(f"run {run.get('run_id') or '?'}: pid {run.get('pid', '?')} on {run.get('host', '?')}, started {started}")
     last = status["last_progress"]
     if last is None:
         print("no batch recorded yet")
     else:
-        print(f"last batch {last['batch']} at {last['timestamp']} ({status['last_batch_age_s']:.0f}s ago): "
+        age = status["last_batch_age_s"]
+        print(f"last batch {last['batch']} at {last['timestamp']} ({age:.0f}s ago): "
               f"in {last['rows_in']:,} out {last['rows_out']:,} in {last['duration_ms'] / 1000:.2f}s, "
               f"then {lag_text(last['lag'], last.get('pending_bytes', 0))}"
               + (f", {last['failed_attempts']} failed attempt(s) retried" if last.get("failed_attempts") else ""))
         for reason in last.get("failed_attempt_reasons") or []:
-            print(f"  failed attempt: {describe_reason(reason)}")
+            print(f"  failed attempt: {_printable(describe_reason(reason))}")
     if status["lag"] is not None:
         print(f"now: {lag_text(status['lag'], status['pending_bytes'] or 0)}")
         for info in status["input_partitions"]:
@@ -92,7 +102,24 @@ def _print(status: dict[str, Any]) -> None:
             print(f"  {info['input']}[{info['partition']}]: position {info['position']}, end {info['end']}, lag {lag}"
                   + (f", {info['pending_bytes']:,} bytes unterminated" if info["pending_bytes"] else ""))
     for problem in status["problems"]:
-        print(f"problem: {problem}")
+        print(f"problem: {_printable(problem)}")
+
+
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on (escape sequences, other control characters) shown
+    escaped: it may come from a damaged file."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _stale(text: str) -> float:
+    """argparse type of ``--stale``: seconds, a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 @command("status", "is a job running, its last batch and its lag, read-only (exit 0 live, 3 not live)")
@@ -100,7 +127,7 @@ def status(args: argparse.Namespace) -> int:
     job = load_job_config(args.job, plugins=args.plugins)
     found = job_status(job, stale=args.stale)
     if args.json:
-        print(json.dumps(found, sort_keys=True))
+        print(json.dumps(found, sort_keys=True, allow_nan=False))
     else:
         _print(found)
     return 0 if found["live"] else NOT_LIVE
@@ -109,7 +136,7 @@ def status(args: argparse.Namespace) -> int:
 def _status_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job config (TOML)")
     parser.add_argument("--json", action="store_true", help="one JSON object (for scripts and liveness probes)")
-    parser.add_argument("--stale", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--stale", type=_stale, default=None, metavar="SECONDS",
                         help="a heartbeat older than this is not live (default 30)")
 
 

@@ -39,7 +39,7 @@ from localstate.errors import ChangelogCorruptError, ChangelogError, LocalStateE
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE
 from .format import list_segments, segment_name
-from localstate.core.fsutil import fsync_dir, open_nofollow, write_atomic
+from localstate.core.fsutil import fsync_dir, open_nofollow, read_nofollow, write_atomic
 
 if TYPE_CHECKING:
     from .system import FileChangelogSystem
@@ -222,8 +222,7 @@ def _totals(directory: Path, bases: list[int]) -> tuple[int, int]:
     records = size = 0
     for base in bases:
         try:
-            with open(directory / segment_name(base), "rb") as f:
-                data = f.read()
+            data = read_nofollow(directory / segment_name(base))
         except FileNotFoundError:
             continue
         n = len(data)
@@ -253,8 +252,7 @@ def _last_offsets(directory: Path, bases: list[int], upto: int, cutoff_ms: int, 
         if base >= upto:
             break
         path = directory / segment_name(base)
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_nofollow(path)
         n = len(data)
         pos = 0
         position = base  # the offset after the last record seen in this segment
@@ -296,8 +294,7 @@ def _rewrite(directory: Path, base: int, upto: int, last: dict[bytes, int], cuto
     left empty is deleted only if ``may_delete`` (the manifest records its range), else kept empty."""
     unpack = HEADER.unpack_from
     path = directory / segment_name(base)
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_nofollow(path)
     n = len(data)
     out = bytearray()
     pos = 0

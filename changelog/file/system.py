@@ -26,7 +26,7 @@ from localstate.errors import ChangelogCorruptError, ChangelogError, ConfigError
 from .compaction import BackgroundCompactor, CompactionStats, compact_partition, compact_stream
 from .format import list_segments, segment_name
 from .partition import DEFAULT_SEGMENT_BYTES, LOCK_FILE, FileChangelogPartition
-from localstate.core.fsutil import make_owned_dir, read_nofollow, write_atomic
+from localstate.core.fsutil import make_owned_dir, open_nofollow, read_nofollow, write_atomic
 
 __all__ = ["FileChangelogSystem", "STREAM_META", "DEFAULT_COMPACT_INTERVAL"]
 
@@ -167,7 +167,7 @@ class FileChangelogSystem(ChangelogSystem):
         bases = list_segments(directory)
         if not bases or bases[-1] >= upto:
             return False
-        lock_fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = open_nofollow(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

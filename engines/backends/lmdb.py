@@ -15,6 +15,7 @@ import lmdb
 
 from localstate.core.backend import DirectoryBackend, Item, has_deletes, payload_bytes, sorted_items
 from localstate.core.corruption import store_corrupt
+from localstate.core.fsutil import open_nofollow
 from localstate.core.options import parse_size
 from localstate.errors import StoreCorruptError, StoreError
 
@@ -91,7 +92,7 @@ class LMDBBackend(DirectoryBackend):
         """Allocate LMDB's lock file before LMDB maps it: LMDB extends it with ftruncate (a sparse
         file) and writes through the mapping, so on a full disk the first write is a SIGBUS that
         kills the process. Allocated here, a full disk is an ENOSPC instead (typed by the caller)."""
-        fd = os.open(self._path / "lock.mdb", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_nofollow(self._path / "lock.mdb", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             os.posix_fallocate(fd, 0, _LOCK_FILE_BYTES)
         finally:

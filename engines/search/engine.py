@@ -21,7 +21,7 @@ from localstate.core.changelog import ChangelogRecord
 from localstate.core.corruption import corrupt_reason, store_corrupt, wipe_local
 from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.logged import ChangelogCommit
-from localstate.core.fsutil import errno_in_text, os_error_hint, write_atomic
+from localstate.core.fsutil import check_tree_no_symlinks, errno_in_text, os_error_hint, write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
 from localstate.engines.search.schema import (
     FieldSpec,
@@ -186,6 +186,7 @@ class SearchEngine(ChangelogCommit, StorageEngine):
         """Open the local index, its writer and its offset. A directory tantivy cannot use is
         wiped (local state is only a cache of the changelog) and reported as offset None."""
         schema = self._schema()
+        check_tree_no_symlinks(self._path)  # tantivy would follow a planted symlink
         self._path.mkdir(parents=True, exist_ok=True)
         problem: str | None = None
         index: tantivy.Index | None = None

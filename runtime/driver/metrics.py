@@ -8,6 +8,7 @@ Every metric carries the label ``job``; :data:`METRICS` lists them (docs/operati
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any, Mapping
 
@@ -48,6 +49,26 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+def _mapping(data: Any, name: str) -> Mapping[str, Any]:
+    value = data.get(name) if isinstance(data, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and 0 <= value < 1 << 63
+
+
+def _count(data: Any, name: str) -> int | None:
+    value = data.get(name) if isinstance(data, Mapping) else None
+    return value if _is_count(value) else None
+
+
+def _seconds(data: Any, name: str) -> float | None:
+    """A finite, non-negative number (milliseconds in a progress object), else None."""
+    value = data.get(name) if isinstance(data, Mapping) else None
+    return float(value) if type(value) in (int, float) and math.isfinite(value) and value >= 0 else None
+
+
 class JobMetrics:
     """The metrics of one job in a dedicated ``CollectorRegistry``; :meth:`observe` takes a progress
     object; :meth:`serve` starts the HTTP endpoint, :meth:`close` stops it."""
@@ -75,50 +96,63 @@ class JobMetrics:
         return self.metrics[name].labels(job=self.job, **{k: str(v) for k, v in labels.items()})
 
     def observe(self, progress: Mapping[str, Any]) -> None:
-        """Add one batch's progress object."""
+        """Add one batch's progress object. Each figure is taken only if it has the type and range it
+        should (a count, a finite number): a wrong one counts as absent, never as an error."""
         self._m("localstate_batches_total").inc()
-        inputs = progress.get("inputs") or {}
         counted = 0
-        for name, entry in inputs.items():
-            rows = entry.get("rows")
+        for name, entry in _mapping(progress, "inputs").items():
+            rows = _count(entry, "rows")
             if rows is not None:
                 self._m("localstate_rows_in_total", input=name).inc(rows)
                 counted += rows
-            for partition, lag in (entry.get("lag_by_partition") or {}).items():
-                self._m("localstate_input_lag_records", input=name, partition=partition).set(lag)
-            for partition, pending in (entry.get("pending_bytes_by_partition") or {}).items():
-                self._m("localstate_input_unterminated_bytes", input=name, partition=partition).set(pending)
-        if not counted and progress.get("rows_in"):  # rows per input unknown: all under input=""
-            self._m("localstate_rows_in_total", input="").inc(progress["rows_in"])
-        self._m("localstate_rows_out_total").inc(progress.get("rows_out", 0))
-        self._m("localstate_rows_skipped_total").inc(progress.get("skipped", 0))
-        self._m("localstate_rows_dead_lettered_total").inc(progress.get("dead_lettered", 0))
-        self._m("localstate_failed_attempts_total").inc(progress.get("failed_attempts", 0))
-        state = progress.get("state") or {}
-        restore = state.get("restore") or {}
-        self._m("localstate_restored_records_total").inc(restore.get("records", 0))
-        self._m("localstate_lag_records").set(progress.get("lag", 0))
-        seconds = float(progress.get("duration_ms", 0.0)) / 1000.0
-        self._m("localstate_last_batch_duration_seconds").set(seconds)
-        self._m("localstate_last_batch_id").set(progress.get("batch", 0))
-        from datetime import datetime
+            for partition, lag in _mapping(entry, "lag_by_partition").items():
+                if _is_count(lag):
+                    self._m("localstate_input_lag_records", input=name, partition=partition).set(lag)
+            for partition, pending in _mapping(entry, "pending_bytes_by_partition").items():
+                if _is_count(pending):
+                    self._m("localstate_input_unterminated_bytes", input=name, partition=partition).set(pending)
+        if not counted and _count(progress, "rows_in"):  # rows per input unknown: all under input=""
+            self._m("localstate_rows_in_total", input="").inc(_count(progress, "rows_in"))
+        for metric, name in (("localstate_rows_out_total", "rows_out"), ("localstate_rows_skipped_total", "skipped"),
+                             ("localstate_rows_dead_lettered_total", "dead_lettered"),
+                             ("localstate_failed_attempts_total", "failed_attempts")):
+            self._m(metric).inc(_count(progress, name) or 0)
+        state = _mapping(progress, "state")
+        restore = _mapping(state, "restore")
+        self._m("localstate_restored_records_total").inc(_count(restore, "records") or 0)
+        self.seed(progress)
+        self._m("localstate_last_batch_id").set(_count(progress, "batch") or 0)
+        for store, figures in _mapping(state, "stores").items():
+            for metric, name in (("localstate_store_bytes", "bytes"), ("localstate_store_keys", "keys_estimate"),
+                                 ("localstate_changelog_bytes", "changelog_bytes")):
+                value = _count(figures, name)
+                if value is not None:
+                    self._m(metric, store=store).set(value)
+        self._m("localstate_warm_tasks").set(_count(state, "warm_tasks") or 0)
+        self._m("localstate_cold_tasks").set(_count(state, "cold_tasks") or 0)
+        self._m("localstate_batch_duration_seconds").observe((_seconds(progress, "duration_ms") or 0.0) / 1000.0)
+        self._m("localstate_commit_duration_seconds").observe((_seconds(state, "commit_ms") or 0.0) / 1000.0)
+        self._m("localstate_restore_duration_seconds").observe((_seconds(restore, "ms") or 0.0) / 1000.0)
 
-        stamp = progress.get("timestamp")
-        if stamp:
-            self._m("localstate_last_batch_timestamp_seconds").set(
-                datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
-        for store, figures in (state.get("stores") or {}).items():
-            if figures.get("bytes") is not None:
-                self._m("localstate_store_bytes", store=store).set(figures["bytes"])
-            if figures.get("keys_estimate") is not None:
-                self._m("localstate_store_keys", store=store).set(figures["keys_estimate"])
-            if figures.get("changelog_bytes") is not None:
-                self._m("localstate_changelog_bytes", store=store).set(figures["changelog_bytes"])
-        self._m("localstate_warm_tasks").set(state.get("warm_tasks", 0))
-        self._m("localstate_cold_tasks").set(state.get("cold_tasks", 0))
-        self._m("localstate_batch_duration_seconds").observe(seconds)
-        self._m("localstate_commit_duration_seconds").observe(float(state.get("commit_ms", 0.0)) / 1000.0)
-        self._m("localstate_restore_duration_seconds").observe(float(restore.get("ms", 0.0)) / 1000.0)
+    def seed(self, progress: Mapping[str, Any] | None) -> None:
+        """Set the last-batch gauges (lag, duration, commit time) from ``progress``: each batch's
+        object, and, when a run starts, the last sound one of the run before
+        (:func:`~localstate.runtime.driver.progress.read_last_progress`), so that an idle job that was
+        restarted still says when it last committed a batch. Counters start from zero in each run
+        (Prometheus counts a restart as a counter reset)."""
+        if not isinstance(progress, Mapping):
+            return
+        from localstate.runtime.driver.operating import progress_time
+
+        lag = progress.get("lag")
+        if type(lag) is int:
+            self._m("localstate_lag_records").set(lag)
+        duration = _seconds(progress, "duration_ms")
+        if duration is not None:
+            self._m("localstate_last_batch_duration_seconds").set(duration / 1000.0)
+        stamp = progress_time(progress)
+        if stamp is not None:
+            self._m("localstate_last_batch_timestamp_seconds").set(stamp)
 
     __call__ = observe
 

@@ -101,6 +101,9 @@ class RunSummary:
     """the run ended because it was asked to stop (:meth:`SparkJobRunner.stop`, a signal)"""
     abandoned: int | None = None
     """the batch a stop abandoned (its Spark job cancelled, nothing of it committed), if any"""
+    forced: bool = False
+    """the stop was forced (``stop(force=True)``): the batch in flight was not waited for, and the
+    instances kept in the workers were not given back (they end with Spark; the next open recovers)"""
     keep: int | None = None
     """keep at most this many batches in :attr:`batches` (None: all)"""
     folded: BatchResult | None = None

@@ -14,6 +14,12 @@ Layout, under ``<state_dir>/<job>/progress/``:
 
 The figures come from the driver's :class:`~localstate.runtime.driver.plan.BatchResult` and the batch's
 plans; the per-store ones are estimates read on the driver host (see :class:`StoreStats`).
+
+These files are the operator's, not the job's: writing them never stops a run (a failure is one
+WARNING, repeated only once it was fixed and happens again), and they obey the state directory's
+containment rule: nothing is written through a symlink, nothing is created outside the state
+directory, nothing localstate did not write is replaced or deleted. They are read back only
+through :mod:`localstate.runtime.driver.operating`, as hostile input.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,17 +38,18 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.fsutil import write_atomic
+from localstate.core.fsutil import ensure_dir, open_nofollow, os_error, write_atomic
 from localstate.runtime.layout import job_directory, store_directory
-from localstate.core.names import safe_join
 from localstate.core.stream import PendingTail
+from localstate.errors import LocalStateError, UnsafePathError
+from localstate.runtime.driver import operating
 from localstate.runtime.driver.views import dir_size
 from localstate.runtime.driver.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
 
 __all__ = ["ProgressReport", "ProgressLog", "Heartbeat", "ProgressObserver", "StoreStats", "BatchObserver",
            "progress_directory", "attempt_reason", "describe_reason", "REASON_FIELDS", "read_live",
-           "read_last_progress", "is_live", "PROGRESS_FILE", "LIVE_FILE", "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE",
-           "COMMIT_PHASES"]
+           "read_last_progress", "PROGRESS_FILE", "LIVE_FILE", "HEARTBEAT_INTERVAL", "HEARTBEAT_STALE",
+           "COMMIT_PHASES", "OperatorWarnings"]
 
 log = logging.getLogger("localstate.progress")
 
@@ -62,8 +70,9 @@ class BatchObserver(Protocol):
 
 
 def progress_directory(job: JobConfig) -> Path:
-    """``<state_dir>/<job>/progress`` (not created)."""
-    return safe_join(job.state_dir, job.name, "progress")
+    """``<state_dir>/<job>/progress`` (neither created nor checked here: its writers and readers refuse
+    a symlink on the way when they use it; the job's name is validated with its config)."""
+    return Path(os.path.abspath(job.state_dir)) / job.name / "progress"
 
 
 def _iso(epoch: float) -> str:
@@ -303,13 +312,55 @@ def _input_lag(job: JobConfig, name: str, source: Any, positions: Mapping[int, M
 
 # -- files ------------------------------------------------------------------------------------------------
 
+class OperatorWarnings:
+    """Failures to write the operating files, logged once each: a WARNING the first time a message is
+    seen, DEBUG while it repeats (a heartbeat every 5 s must not fill the log), again a WARNING if it
+    comes back after a write succeeded."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        if isinstance(exc, LocalStateError):
+            text = f"{what}: {exc}"
+        else:  # a bug of localstate's: say what, without a traceback in the job's log
+            text = f"{what}: {type(exc).__name__}: {exc}"
+        with self._lock:
+            first = text not in self._seen
+            self._seen.add(text)
+        log.log(logging.WARNING if first else logging.DEBUG, "%s (the job runs on; this is not repeated)", text)
+        log.debug("%s", what, exc_info=exc)
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+
+def _regular(path: Path, fd: int) -> int:
+    """``fd`` (open on ``path``) if it is a regular file, else close it and refuse (UnsafePathError)."""
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafePathError(f"refusing to use {path}: it is not a regular file", path=str(path),
+                              hint="remove or rename it: localstate writes its progress there")
+    return fd
+
+
 class ProgressLog:
     """Appends one JSON object per line to ``<directory>/progress.jsonl``, rotating by size: when the
     next line would make the file larger than ``max_bytes``, ``.N`` becomes ``.N+1`` (``.keep`` is
-    dropped) and the file becomes ``.1``. Nothing grows forever: at most ``keep + 1`` files."""
+    dropped) and the file becomes ``.1``. Nothing grows forever: at most ``keep + 1`` files.
 
-    def __init__(self, directory: Path, *, max_bytes: int = 10 * 1024 * 1024, keep: int = 5) -> None:
+    ``directory`` is created below ``anchor`` (the state directory) without following a symlink;
+    each file is opened with ``O_NOFOLLOW`` and must be a regular file; a rotation only renames and
+    deletes regular files (a symlink or directory in the way is refused, UnsafePathError, and nothing
+    is appended: no file grows past its bound). A line is always a line of its own: one appended after
+    a torn last line (a crash mid-append) starts with a newline. OS errors are ResourceErrors."""
+
+    def __init__(self, directory: Path, *, max_bytes: int = 10 * 1024 * 1024, keep: int = 5,
+                 anchor: Path | None = None) -> None:
         self.directory = directory
+        self.anchor = directory if anchor is None else anchor
         self.path = directory / PROGRESS_FILE
         self.max_bytes = max(1, int(max_bytes))
         self.keep = max(0, int(keep))
@@ -318,45 +369,76 @@ class ProgressLog:
     def append(self, progress: Mapping[str, Any]) -> None:
         line = (json.dumps(progress, sort_keys=True, separators=(",", ":")) + "\n").encode()
         with self._lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
             try:
-                size = self.path.stat().st_size
-            except FileNotFoundError:
-                size = 0
-            if size and size + len(line) > self.max_bytes:
-                self._rotate()
-            with open(self.path, "ab") as handle:
-                handle.write(line)
+                ensure_dir(self.anchor, self.directory)
+                fd = self._open()
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and size + len(line) > self.max_bytes:
+                        os.close(fd)
+                        fd = -1
+                        self._rotate()
+                        fd = self._open()
+                        size = os.fstat(fd).st_size
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        line = b"\n" + line
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    if fd >= 0:
+                        os.close(fd)
+            except OSError as exc:
+                raise os_error(exc, "append progress to", self.path) from exc
+
+    def _open(self) -> int:
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK)
+        return _regular(self.path, fd)
 
     def _rotate(self) -> None:
+        names = [self.path] + [self.directory / f"{PROGRESS_FILE}.{index}" for index in range(1, self.keep + 1)]
+        for path in names:
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(mode):
+                kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+                raise UnsafePathError(f"refusing to rotate the progress files: {path} is {kind}",
+                                      path=str(path), hint="remove or rename it: localstate rotates its progress "
+                                                           "files through that name")
         if self.keep == 0:
             self.path.unlink(missing_ok=True)
             return
-        oldest = self.directory / f"{PROGRESS_FILE}.{self.keep}"
-        oldest.unlink(missing_ok=True)
+        names[-1].unlink(missing_ok=True)
         for index in range(self.keep - 1, 0, -1):
-            older = self.directory / f"{PROGRESS_FILE}.{index}"
-            if older.exists():
-                os.replace(older, self.directory / f"{PROGRESS_FILE}.{index + 1}")
-        os.replace(self.path, self.directory / f"{PROGRESS_FILE}.1")
+            if os.path.lexists(names[index]):
+                os.replace(names[index], names[index + 1])
+        os.replace(self.path, names[1])
 
     def files(self) -> list[Path]:
-        """The progress files, oldest first."""
-        rotated = sorted((p for p in self.directory.glob(f"{PROGRESS_FILE}.*") if p.suffix[1:].isdigit()),
-                         key=lambda p: -int(p.suffix[1:]))
-        return rotated + ([self.path] if self.path.exists() else [])
+        """The progress files that exist, newest first (``progress.jsonl``, ``.1``, ...)."""
+        names = [self.path] + [self.directory / f"{PROGRESS_FILE}.{index}" for index in range(1, self.keep + 1)]
+        return [path for path in names if os.path.lexists(path)]
 
 
 class Heartbeat:
-    """``live.json``: who runs the job (pid, host, run) and when it last showed signs of life."""
+    """``live.json``: who runs the job (pid, host, run) and when it last showed signs of life.
 
-    def __init__(self, directory: Path, run_id: str, *, interval: float = HEARTBEAT_INTERVAL) -> None:
+    Written atomically below ``anchor`` (the state directory), never through or over a symlink
+    (UnsafePathError) and never raising from :meth:`start`, the background beats or :meth:`stop`:
+    a failure is reported once through ``warnings`` and the run goes on."""
+
+    def __init__(self, directory: Path, run_id: str, *, interval: float = HEARTBEAT_INTERVAL,
+                 anchor: Path | None = None, warnings: OperatorWarnings | None = None) -> None:
         self.path = directory / LIVE_FILE
         self.directory = directory
+        self.anchor = directory if anchor is None else anchor
         self.run_id = run_id
         self.interval = interval
         self.started = time.time()
         self.batch: int | None = None
+        self.warnings = warnings or OperatorWarnings()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -366,13 +448,27 @@ class Heartbeat:
                 "heartbeat": time.time(), "state": state, "batch": self.batch,
                 "heartbeat_interval": self.interval}
         with self._lock:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, json.dumps(body, sort_keys=True).encode(), durable=False)
+            try:
+                ensure_dir(self.anchor, self.directory)
+                if os.path.islink(self.path):
+                    raise UnsafePathError(f"refusing to replace {self.path}: it is a symlink", path=str(self.path),
+                                          hint="remove it: localstate writes the job's heartbeat there")
+                write_atomic(self.path, json.dumps(body, sort_keys=True).encode(), durable=False)
+            except OSError as exc:
+                raise os_error(exc, "write the heartbeat", self.path) from exc
+
+    def _try(self, state: str) -> None:
+        try:
+            self._write(state)
+        except Exception as exc:  # noqa: BLE001 - the heartbeat is for operators: it never stops the run
+            self.warnings.failed("cannot write the heartbeat", exc)
+        else:
+            self.warnings.succeeded()
 
     def beat(self, batch: int | None = None) -> None:
         if batch is not None:
             self.batch = batch
-        self._write("running")
+        self._try("running")
 
     def start(self) -> None:
         self.beat()
@@ -381,19 +477,13 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
-            try:
-                self._write("running")
-            except OSError:
-                log.warning("cannot write the heartbeat %s", self.path, exc_info=True)
+            self._try("running")
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        try:
-            self._write("stopped")
-        except OSError:
-            log.warning("cannot write the heartbeat %s", self.path, exc_info=True)
+        self._try("stopped")
 
 
 class ProgressObserver:
@@ -408,13 +498,15 @@ class ProgressObserver:
         self.job = job
         job_directory(job)  # creates <state_dir>/<job> with its ownership marker if this is the first run
         self.directory = progress_directory(job)
-        self.log = ProgressLog(self.directory, max_bytes=max_bytes, keep=keep)
+        self.warnings = OperatorWarnings()
+        self.log = ProgressLog(self.directory, max_bytes=max_bytes, keep=keep, anchor=job.state_dir)
         self.run_id = run_id
         self.inputs = inputs
         self.positions = positions
         self.stores = StoreStats(job, keys_interval=keys_interval)
         self.sinks = list(sinks)
-        self.heartbeat = Heartbeat(self.directory, run_id if isinstance(run_id, str) else "") if heartbeat else None
+        self.heartbeat = (Heartbeat(self.directory, run_id if isinstance(run_id, str) else "", anchor=job.state_dir)
+                          if heartbeat else None)
         self.last: dict[str, Any] | None = None
         self._previous_end: float | None = None
         self._positions: dict[int, dict[str, int]] = {}
@@ -432,6 +524,7 @@ class ProgressObserver:
             from localstate.errors import ConfigError
 
             metrics = JobMetrics(job.name)
+            metrics.seed(read_last_progress(job).value)  # the last batch of the run before, if it was sound
             try:
                 metrics.serve(job.metrics_port, job.metrics_host)
             except OSError as exc:
@@ -470,8 +563,8 @@ class ProgressObserver:
     def __call__(self, result: BatchResult, plans: list[PartitionPlan]) -> None:
         try:
             self.observe(result, plans)
-        except Exception:  # noqa: BLE001
-            log.warning("progress of batch %d could not be recorded", result.batch, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - the job's figures must not stop the job
+            self.warnings.failed("progress could not be recorded", exc)
 
     def observe(self, result: BatchResult, plans: list[PartitionPlan]) -> dict[str, Any]:
         ended = time.time()
@@ -490,7 +583,12 @@ class ProgressObserver:
                                              inputs=self.inputs, stores=self.stores.collect())
         self._previous_end = ended
         self.last = progress
-        self.log.append(progress)
+        try:
+            self.log.append(progress)
+        except Exception as exc:  # noqa: BLE001 - the file is the operator's: the heartbeat and metrics go on
+            self.warnings.failed("progress could not be recorded", exc)
+        else:
+            self.warnings.succeeded()
         if log.isEnabledFor(logging.INFO):
             log.info("%s", json.dumps(progress, sort_keys=True, separators=(",", ":")))
         if self.heartbeat is not None:
@@ -501,63 +599,13 @@ class ProgressObserver:
         return progress
 
 
-# -- reading, for `localstate status` (read-only: opens files for reading only) --------------------------
+# -- reading, for `localstate status` and the metrics (read-only, as hostile input: runtime/operating.py) -------
 
-def read_live(job: JobConfig) -> dict[str, Any] | None:
-    """The job's ``live.json``, or None if there is none (or it is unreadable)."""
-    try:
-        return json.loads((progress_directory(job) / LIVE_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
+def read_live(job: JobConfig) -> operating.Found:
+    """The job's ``live.json`` (:func:`localstate.runtime.driver.operating.read_live`)."""
+    return operating.read_live(progress_directory(job) / LIVE_FILE, job.state_dir)
 
 
-def read_last_progress(job: JobConfig) -> dict[str, Any] | None:
-    """The newest complete progress object, or None."""
-    directory = progress_directory(job)
-    for path in (directory / PROGRESS_FILE, directory / f"{PROGRESS_FILE}.1"):
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                chunk = 1 << 16
-                while True:
-                    start = max(0, size - chunk)
-                    handle.seek(start)
-                    data = handle.read(size - start)
-                    lines = [line for line in data.split(b"\n")[(1 if start else 0):] if line.strip()]
-                    if lines or start == 0:
-                        break
-                    chunk *= 4
-        except OSError:
-            continue
-        for line in reversed(lines):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue  # a torn last line (a crash mid-append): the one before it
-    return None
-
-
-def is_live(live: Mapping[str, Any] | None, *, now: float | None = None,
-            stale: float = HEARTBEAT_STALE) -> tuple[bool, str]:
-    """Whether the run ``live`` describes is alive, and why (or why not)."""
-    if not live:
-        return False, "no run has recorded a heartbeat"
-    now = time.time() if now is None else now
-    if live.get("state") != "running":
-        return False, f"the last run stopped at {_iso(float(live.get('heartbeat', 0)))}"
-    age = now - float(live.get("heartbeat", 0))
-    if live.get("host") != socket.gethostname():
-        alive = age <= stale
-        return alive, (f"heartbeat {age:.0f}s ago from host {live.get('host')} (pid not checkable here)" if alive
-                       else f"heartbeat {age:.0f}s ago from host {live.get('host')}: stale")
-    pid = int(live.get("pid", 0))
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False, f"pid {pid} is gone (the run died without stopping: a crash or SIGKILL)"
-    except PermissionError:
-        pass  # alive, another user's
-    if age > stale:
-        return False, f"pid {pid} exists but its heartbeat is {age:.0f}s old (hung, or the pid was reused)"
-    return True, f"pid {pid}, heartbeat {age:.1f}s ago"
+def read_last_progress(job: JobConfig, keep: int = 5) -> operating.Found:
+    """The job's newest sound progress object (:func:`localstate.runtime.driver.operating.read_last_progress`)."""
+    return operating.read_last_progress(ProgressLog(progress_directory(job), keep=keep).files(), job.state_dir)

@@ -3,12 +3,15 @@ crash calls :func:`crash_point` at the moments a process could die: ``process`` 
 record is fed, good or bad), ``timer_fire`` (before each timer fires), ``after_timers`` (after a
 round of firings), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed, checkpoint
 not yet written), ``commit_pending`` (a pipelined commit's objects written, its
-checkpoint not yet saved; reached on the committer thread), ``after_checkpoint``. An *armed* point
-SIGKILLs this process the n-th time it is reached (1-based).
+checkpoint not yet saved; reached on the committer thread), ``after_checkpoint``, and on the Spark
+driver ``driver_commit`` (a batch's tasks prepared its commit, the driver has not saved its
+checkpoints yet). An *armed* point SIGKILLs this process the n-th time it is reached (1-based), or,
+with the action ``stop``, SIGSTOPs it there: a test then signals it in the middle of that moment
+and continues it (SIGCONT).
 
 Points are armed two ways, both as a :class:`CrashAt`:
 
-* by the environment, ``LOCALSTATE_CRASH_AT="point:n"``, honoured only when the test-only switch
+* by the environment, ``LOCALSTATE_CRASH_AT="point:n"`` (or ``"point:n:stop"``), honoured only when the test-only switch
   ``LOCALSTATE_TESTING=1`` is set as well (``tests/conftest.py`` sets it, and the tests' child
   processes inherit it): a stray ``LOCALSTATE_CRASH_AT`` never kills a production run, it is ignored
   with a warning;
@@ -46,6 +49,8 @@ class CrashAt:
     point: str
     count: int = 1
     marker: str | None = None
+    action: str = "kill"
+    """``kill`` (SIGKILL) or ``stop`` (SIGSTOP: the process waits there for SIGCONT)"""
 
     @classmethod
     def after_records(cls, records: int, marker: str | None = None) -> "CrashAt":
@@ -63,11 +68,12 @@ class CrashAt:
 class _Armed:
     """A point's remaining count and marker, while armed."""
 
-    __slots__ = ("remaining", "marker")
+    __slots__ = ("remaining", "marker", "signal")
 
     def __init__(self, spec: CrashAt) -> None:
         self.remaining = spec.count
         self.marker = spec.marker
+        self.signal = signal.SIGSTOP if spec.action == "stop" else signal.SIGKILL
 
     def reached(self) -> None:
         self.remaining -= 1
@@ -78,10 +84,10 @@ class _Armed:
             if marker.exists():
                 return
             marker.write_text(f"killed pid {os.getpid()}\n")
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), self.signal)
 
 
-def parse_crash_spec(environ: Mapping[str, str]) -> dict[str, int]:
+def parse_crash_spec(environ: Mapping[str, str]) -> dict[str, CrashAt]:
     """The crash points armed by ``environ``: empty unless both the spec and the test switch are set
     and the spec is well formed (a malformed spec is ignored with a warning, never a crash)."""
     spec = environ.get(CRASH_SPEC, "")
@@ -91,16 +97,19 @@ def parse_crash_spec(environ: Mapping[str, str]) -> dict[str, int]:
         log.warning("%s=%r ignored: fault injection needs the test-only switch %s=1", CRASH_SPEC, spec,
                     TESTING_SWITCH)
         return {}
-    point, _, count = spec.partition(":")
+    point, _, rest = spec.partition(":")
+    count, _, action = rest.partition(":")
     try:
         remaining = int(count or 1)
     except ValueError:
-        log.warning("%s=%r ignored: expected 'point:n'", CRASH_SPEC, spec)
+        remaining = None
+    if remaining is None or action not in ("", "kill", "stop"):
+        log.warning("%s=%r ignored: expected 'point:n' or 'point:n:stop'", CRASH_SPEC, spec)
         return {}
-    return {point: remaining} if point else {}
+    return {point: CrashAt(point, remaining, action=action or "kill")} if point else {}
 
 
-_armed: dict[str, _Armed] = {point: _Armed(CrashAt(point, n)) for point, n in parse_crash_spec(os.environ).items()}
+_armed: dict[str, _Armed] = {point: _Armed(spec) for point, spec in parse_crash_spec(os.environ).items()}
 
 
 def crash_point(point: str) -> None:

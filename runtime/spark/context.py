@@ -3,6 +3,7 @@ Python workers running this interpreter, and :data:`LOCAL_DEFAULTS` on local mas
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import tempfile
@@ -62,6 +63,32 @@ logger.tsm.level = fatal
 """
 
 
+_log4j: list[Path] = []
+"""this process's log4j settings file, once made"""
+
+
+def _log4j_file() -> Path:
+    """The log4j settings file of this process's JVMs: made once per process with ``mkstemp`` (created
+    exclusively, so never written through a symlink or into a file someone else planted in the shared
+    temp directory), removed when the process exits."""
+    if not _log4j:
+        fd, name = tempfile.mkstemp(prefix="localstate-log4j2-", suffix=".properties")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(_LOG4J)
+        atexit.register(_remove, Path(name), os.getpid())
+        _log4j.append(Path(name))
+    return _log4j[0]
+
+
+def _remove(path: Path, creator: int) -> None:
+    if os.getpid() != creator:
+        return  # a forked child exiting: the file is its parent's
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
 def normalize_master(master: str, max_failures: int = 4) -> str:
     """``local`` / ``local[N]`` / ``local[*]`` never retry a failed task; give them ``max_failures``."""
     if master == "local":
@@ -79,9 +106,7 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
     job's ``[spark] conf``), which wins over all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
     from pyspark import SparkConf
 
-    log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
-    if not log4j.exists() or log4j.read_text() != _LOG4J:
-        log4j.write_text(_LOG4J)
+    log4j = _log4j_file()
     spark_conf = (SparkConf().setMaster(normalize_master(master)).setAppName(app_name)
                   .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
                   .set("spark.python.worker.reuse", "true")

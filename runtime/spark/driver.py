@@ -39,6 +39,7 @@ from localstate.runtime.spark.affinity.slots import WorkerAffinity
 from localstate.runtime.spark.executor import run_partition, run_slot
 from localstate.runtime.spark.failures import (failed_attempt_reasons, log_failed_attempts, merge_attempt_reasons,
                                                spark_failure)
+from localstate.runtime.partition.faults import crash_point
 from localstate.runtime.spark.affinity.kept import clear_requests
 from localstate.runtime.driver.plan import BatchResult, PartitionPlan, RunSummary, progress_line
 from localstate.core.stream import open_input
@@ -197,6 +198,7 @@ class SparkJobRunner:
         self.busy_poll_interval = BUSY_POLL
         self.stop_grace = STOP_GRACE
         self._stop = threading.Event()
+        self._forced = threading.Event()
         self._running: str | None = None
         """the job group of the batch whose Spark job runs now, if any"""
         self._attempts: Path | None = None
@@ -371,6 +373,7 @@ class SparkJobRunner:
         if self.cluster:
             for checkpoint in checkpoints:
                 self._check_attempt(checkpoint)
+        crash_point("driver_commit")  # every task prepared its commit; no checkpoint of the batch saved yet
         self._save_checkpoints(checkpoints)
         if self.cluster:
             self._placement().record(group, plans, results)
@@ -486,12 +489,20 @@ class SparkJobRunner:
             changelogs.close()
             sink.close()
 
-    def stop(self) -> None:
+    def stop(self, force: bool = False) -> None:
         """Ask :meth:`run` to stop, from any thread or a signal handler (``localstate run`` calls it on
-        SIGTERM/SIGINT): no further batch is planned; a batch running now may complete, and be
+        SIGTERM/SIGINT/SIGHUP): no further batch is planned; a batch running now may complete, and be
         committed, for up to :attr:`stop_grace` seconds, then its Spark job group is cancelled and
         nothing of it is committed. :meth:`run` then releases the kept instances and returns its
-        summary (``stopped`` set). A stopped runner stays stopped: a later :meth:`run` returns at once."""
+        summary (``stopped`` set). A stopped runner stays stopped: a later :meth:`run` returns at once.
+
+        ``force`` (also after a first stop: ``localstate run`` on a second signal) does not wait: the
+        running batch is cancelled now (nothing of it committed: it runs again at the next start), a
+        compaction round is not waited for and the kept instances are not given back (they end with
+        the Spark workers; the next open recovers them from the changelog). A checkpoint save already
+        under way completes (each partition's save is atomic)."""
+        if force:
+            self._forced.set()
         if self._stop.is_set():
             return
         self._stop.set()
@@ -505,12 +516,15 @@ class SparkJobRunner:
     def _cancel_after_grace(self) -> None:
         deadline = time.monotonic() + self.stop_grace
         while self._running is not None:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or self._forced.is_set():
                 group = self._running
                 if group is None:
                     return
-                log.warning("stopping: the running batch did not complete within %.0fs of the stop; cancelling it "
-                            "(nothing of it is committed)", self.stop_grace)
+                if self._forced.is_set():
+                    log.warning("stopping now: cancelling the running batch (nothing of it is committed)")
+                else:
+                    log.warning("stopping: the running batch did not complete within %.0fs of the stop; cancelling "
+                                "it (nothing of it is committed)", self.stop_grace)
                 try:
                     self.context.cancelJobGroup(group)
                 except Exception:  # noqa: BLE001 - a context already stopped: the batch failed anyway
@@ -603,12 +617,14 @@ class SparkJobRunner:
                 batch += 1
         finally:
             summary.stopped = self._stop.is_set()
-            if compaction is not None:
-                compaction.close()  # waits for a running round
+            summary.forced = self._forced.is_set()
+            if compaction is not None and not summary.forced:
+                compaction.close()  # waits for a running round (a forced stop leaves it to end with the process)
                 summary.compaction_rounds = compaction.rounds.runs
             if self.affinity is not None:
                 releasing = time.perf_counter()
-                self.affinity.release(self.checkpoints, self.job)
+                if not summary.forced:
+                    self.affinity.release(self.checkpoints, self.job)
                 self.affinity = None
                 summary.release_seconds = time.perf_counter() - releasing
             if self._attempts is not None:

@@ -25,10 +25,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 from localstate import errors
+from localstate.core.fsutil import check_no_symlinks, ensure_dir, read_regular, write_atomic
 from localstate.core.tracebacks import attach, describe, describe_frames
 from localstate.errors import (ChangelogError, CheckpointError, ConfigError, ExecutorError, FencedError, InputError,
                                LocalStateError, OutputError, PluginError, RestoreError, SerdeError, StoreError,
-                               TaskError)
+                               TaskError, UnsafePathError)
 
 __all__ = ["executor_failure", "spark_failure", "python_error", "python_traceback", "RETRYABLE",
            "record_failed_attempt", "failed_attempt_reasons", "log_failed_attempts", "attempt_error",
@@ -81,21 +82,28 @@ _TRACEBACK = "Traceback (most recent call last):"
 _JAVA_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$")
 _FRAME = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+)$')
 _JAVA_CLASS = re.compile(r"\b(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error|Throwable)\b:?\s*")
-_SQLSTATE = re.compile(r"^\s*SQLSTATE: \w+\s*$")  # Spark 4 appends the error class's state to the Python text
+# Spark 4 appends the error classes' states to the Python text ("SQLSTATE: 39000 SQLSTATE: XXKST"), then, for
+# a streaming query, the query's description: offsets and the logical plan.
+_SQLSTATE = re.compile(r"^\s*(?:SQLSTATE: \w+\s*)+$")
+_TRAILING_SQLSTATE = re.compile(r"(?:\s+SQLSTATE: \w+)+\s*$")
+_SPARK_TRAILERS = ("Driver stacktrace:", "Caused by: ", "JVM stacktrace:", "=== Streaming Query ===")
 _ATTEMPTS = re.compile(r"failed (\d+) times")
+_HINT_MARK = "\n  what to do: "
+"""how :meth:`LocalStateError._render` introduces the hint"""
 
 
 def python_traceback(text: str) -> str | None:
     """The first Python traceback in a Spark error's text (what a PythonException carries), without
-    the Java frames that follow it; None if there is none."""
+    what Spark appends to it (Java frames, SQLSTATEs, a streaming query's offsets and plan); None if
+    there is none."""
     start = text.find(_TRACEBACK)
     if start < 0:
         return None
     lines = []
     for line in text[start:].splitlines():
-        if _JAVA_FRAME.match(line) or _SQLSTATE.match(line) or line.startswith(("Driver stacktrace:", "Caused by: ")):
+        if _JAVA_FRAME.match(line) or _SQLSTATE.match(line) or line.lstrip().startswith(_SPARK_TRAILERS):
             break
-        lines.append(line)
+        lines.append(_TRAILING_SQLSTATE.sub("", line))
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -137,10 +145,12 @@ def spark_failure(exc: BaseException, batch: int) -> LocalStateError:
     python = python_traceback(text)
     if python is None:  # the worker died (killed, out of memory, a crash in native code), or Spark itself failed
         reason = _java_reason(text) or type(exc).__name__
-        return ExecutorError(f"Spark batch {batch} failed{tried}: {reason}", batch=batch,
+        died = ExecutorError(f"Spark batch {batch} failed{tried}: {reason}", batch=batch,
                              hint="a Python worker that dies (killed, out of memory, a crash in native code) is "
                                   "retried by Spark; it died every time. State stays at the last committed batch: "
                                   "check the executors' memory and logs, then run again")
+        died.spark_message = text
+        return died
     frames, type_name, message = _parse(python)
     trace = describe_frames(frames, type_name.rpartition(".")[2] or type_name, message, python)
     cls = _typed(type_name)
@@ -152,6 +162,7 @@ def spark_failure(exc: BaseException, batch: int) -> LocalStateError:
         # A localstate error re-raised for Spark to retry: keep its type (callers catch e.g. FencedError);
         # its text already holds its context and hint.
         error = _rebuilt(cls, f"Spark batch {batch} failed{tried}: {message}")
+    error.spark_message = text
     return attach(error, trace)
 
 
@@ -167,14 +178,17 @@ def python_error(exc: BaseException) -> LocalStateError | None:
     if cls is ExecutorError and type_name.rpartition(".")[2] != "ExecutorError":
         return None  # not a localstate error (an ExecutorError itself, e.g. run_batch's, is one)
     trace = describe_frames(frames, type_name.rpartition(".")[2] or type_name, message, python)
-    return attach(_rebuilt(cls, message), trace)
+    error = _rebuilt(cls, message)
+    error.spark_message = str(exc)
+    return attach(error, trace)
 
 
 def _rebuilt(cls: type[LocalStateError], text: str) -> LocalStateError:
-    """An error of ``cls`` whose text (context and hint already rendered in) is ``text``."""
+    """An error of ``cls`` whose text (context and hint already rendered in) is ``text``: its hint is
+    taken out of the text again (``error.hint``), so that the message still ends with it."""
+    head, mark, hint = text.rpartition(_HINT_MARK)
     error = cls.__new__(cls)
-    LocalStateError.__init__(error, text)
-    error.context = {}
+    LocalStateError.__init__(error, head if mark else text, hint=hint.strip() or None if mark else None)
     return error
 
 
@@ -185,12 +199,12 @@ def _java_reason(text: str) -> str | None:
         if at >= 0:
             line = text[at + len(marker):].splitlines()[0]
             line = line.split("): ", 1)[1] if "): " in line else line  # "Lost task 0.3 in stage 1.0 (TID 7) (host ...): "
-            reason = _JAVA_CLASS.sub("", line).strip()
+            reason = _TRAILING_SQLSTATE.sub("", _JAVA_CLASS.sub("", line)).strip()
             return reason or None
     # Spark itself failed (a stopped context, a lost executor...): its first line that is no frame.
     for line in text.splitlines():
         if line.strip() and not _JAVA_FRAME.match(line) and not line.startswith("An error occurred while calling"):
-            reason = _JAVA_CLASS.sub("", line.lstrip(": ")).strip()
+            reason = _TRAILING_SQLSTATE.sub("", _JAVA_CLASS.sub("", line.lstrip(": "))).strip()
             if reason:
                 return reason[:500]
     return None
@@ -213,13 +227,13 @@ def record_failed_attempt(directory: str, batch: int, partition: int | None, att
         reason = {"batch": batch, "partition": partition, "attempt": attempt, "type": type(exc).__name__,
                   "message": message[:_MESSAGE_LIMIT], "host": socket.gethostname(), "pid": os.getpid()}
         folder = Path(directory)
-        folder.mkdir(parents=True, exist_ok=True)
+        # <checkpoints>/attempts/<run>: created below the checkpoints dir (checked when its store was
+        # made), never through a symlink; the reason is written aside and renamed into place.
+        ensure_dir(folder.parent.parent, folder)
         name = f"{batch}-{partition if partition is not None else 'slot'}-{attempt}-{os.getpid()}.json"
-        partial = folder / f".{name}.partial"
-        partial.write_text(json.dumps(reason))
-        partial.replace(folder / name)
-    except Exception:  # noqa: BLE001 - a full or read-only disk: the attempt's count still reaches the driver
-        pass
+        write_atomic(folder / name, json.dumps(reason).encode(), durable=False)
+    except Exception:  # noqa: BLE001 - a full or read-only disk, a planted symlink: the attempt's count still
+        pass           # reaches the driver
 
 
 def failed_attempt_reasons(directory: Path | None, batch: int,
@@ -229,13 +243,18 @@ def failed_attempt_reasons(directory: Path | None, batch: int,
     ``attempt`` = attempts of its task that failed before it) but that left nothing: its Python worker
     died (killed, out of memory, a crash in native code) before it could say why."""
     reasons: list[dict[str, Any]] = []
-    if directory is not None and directory.is_dir():
-        for path in sorted(directory.glob(f"{batch}-*.json")):
+    for path in _reason_files(directory, batch):
+        try:
+            reason = json.loads(read_regular(path, _REASON_BYTES))
+        except (OSError, ValueError, RecursionError, LocalStateError):
+            reason = None
+        if isinstance(reason, dict):
+            reasons.append(reason)
+        if reason is not None:  # read once; anything else (a symlink, a directory) was not written here
             try:
-                reasons.append(json.loads(path.read_text()))
-            except (OSError, ValueError):
-                pass
-            path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass  # a read-only state directory: the file is read again, and ignored, by no later batch
     told = {(r.get("partition"), r.get("attempt")) for r in reasons}
     host = socket.gethostname() if directory is not None else None
     for result in results:
@@ -248,6 +267,23 @@ def failed_attempt_reasons(directory: Path | None, batch: int,
                                 "message": f"{where} (attempt {attempt} of partition {partition})", "host": host})
     reasons.sort(key=lambda r: (r.get("partition") if r.get("partition") is not None else -1, r.get("attempt", 0)))
     return reasons
+
+
+_REASON_BYTES = 64 * 1024
+"""a failed attempt's reason file is read up to this size (its message is at most 500 characters)"""
+
+
+def _reason_files(directory: Path | None, batch: int) -> list[Path]:
+    """The reason files of ``batch`` in ``directory`` (``<checkpoints>/attempts/<run>``), none if it is
+    missing or anything on its way below the checkpoints dir is a symlink (whose files are not ours to
+    read or delete)."""
+    if directory is None:
+        return []
+    try:
+        check_no_symlinks(directory.parent.parent, directory)
+        return sorted(directory.glob(f"{batch}-*.json"))
+    except (OSError, UnsafePathError):
+        return []
 
 
 def log_failed_attempts(reasons: Iterable[Mapping[str, Any]], retried: bool = True) -> None:

@@ -54,11 +54,16 @@ class LocalStateError(Exception):
     ``traceback`` (the user's frames first, then the full traceback), ``traceback_summary`` (the
     user's frames and the exception line) and ``location`` (``file:line in function``); the CLI
     prints them. All three are None otherwise.
+
+    An error rebuilt from a failure Spark reported (``localstate.spark.unwrap_error``, a failed batch)
+    keeps Spark's whole text in ``spark_message`` (SQLSTATEs, a streaming query's offsets and plan,
+    Java frames); its own message ends with its hint. None otherwise.
     """
 
     traceback: str | None = None
     traceback_summary: str | None = None
     location: str | None = None
+    spark_message: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None, **context: Any) -> None:
         self.message = message

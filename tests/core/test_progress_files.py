@@ -10,9 +10,15 @@ import pytest
 
 from localstate.core.config import parse_job_config
 from localstate.errors import ConfigError
-from localstate.runtime.driver.progress import Heartbeat, ProgressLog, is_live, read_last_progress
+from localstate.runtime.driver.operating import LIVE, Found, judge_live
+from localstate.runtime.driver.progress import Heartbeat, ProgressLog, read_last_progress
 
 JOB = {"job": {"name": "j", "partitions": 1, "task": "x:Y"}}
+PROGRESS = {"timestamp": "2025-01-01T00:00:00.000Z", "duration_ms": 1.0, "rows_in": 1, "rows_out": 1, "lag": 0}
+
+
+def is_live(live, **kwargs):
+    return judge_live(Found(live), **kwargs)[0] == LIVE
 
 
 def test_rotation_keeps_a_bounded_number_of_bounded_files(tmp_path):
@@ -22,7 +28,7 @@ def test_rotation_keeps_a_bounded_number_of_bounded_files(tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["progress.jsonl", "progress.jsonl.1", "progress.jsonl.2", "progress.jsonl.3"]
     assert all(p.stat().st_size <= 500 for p in tmp_path.iterdir())
-    batches = [json.loads(line)["batch"] for path in log.files() for line in path.read_text().splitlines()]
+    batches = [json.loads(line)["batch"] for path in reversed(log.files()) for line in path.read_text().splitlines()]
     assert batches == list(range(200 - len(batches), 200))  # contiguous, newest last
 
 
@@ -30,11 +36,12 @@ def test_last_progress_skips_a_torn_line(tmp_path):
     job = parse_job_config({**JOB, "job": {**JOB["job"], "state_dir": str(tmp_path)}}, base_dir=tmp_path)
     directory = tmp_path / "j" / "progress"
     log = ProgressLog(directory)
-    log.append({"batch": 1})
-    log.append({"batch": 2})
+    log.append({**PROGRESS, "batch": 1})
+    log.append({**PROGRESS, "batch": 2})
     with open(directory / "progress.jsonl", "ab") as handle:
         handle.write(b'{"batch": 3, "tor')
-    assert read_last_progress(job) == {"batch": 2}
+    found = read_last_progress(job)
+    assert found.value == {**PROGRESS, "batch": 2} and "1 damaged line(s) after batch 2" in found.problems[0]
 
 
 def test_heartbeat_live_then_stopped(tmp_path):
@@ -42,13 +49,13 @@ def test_heartbeat_live_then_stopped(tmp_path):
     beat.start()
     live = json.loads((tmp_path / "live.json").read_text())
     assert live["pid"] == os.getpid() and live["state"] == "running"
-    assert is_live(live)[0]
-    assert not is_live(live, now=live["heartbeat"] + 100)[0]  # stale
-    assert not is_live({**live, "pid": 2 ** 22 + 12345})[0]  # a pid that does not exist
+    assert is_live(live)
+    assert not is_live(live, now=live["heartbeat"] + 100)  # stale
+    assert not is_live({**live, "pid": 2 ** 22 + 12345})  # a pid that does not exist
     beat.stop()
     stopped = json.loads((tmp_path / "live.json").read_text())
-    assert stopped["state"] == "stopped" and not is_live(stopped)[0]
-    assert not is_live(None)[0]
+    assert stopped["state"] == "stopped" and not is_live(stopped)
+    assert not is_live(None)
 
 
 @pytest.mark.parametrize("port", [0, 65536, -1, "9100", True, 1.5])

@@ -235,6 +235,14 @@ def _want_file(checkpoints: CheckpointStore, partition: int) -> Path:
     return checkpoints.root / f"{int(partition)}.want"
 
 
+def _ask_back(checkpoints: CheckpointStore, partition: int) -> Path:
+    """Leave the request that the worker keeping ``partition`` open gives it back (its ``.want``
+    file), never through a symlink planted at its name (UnsafePathError)."""
+    want = _want_file(checkpoints, partition)
+    os.close(open_nofollow(want, os.O_WRONLY | os.O_CREAT))
+    return want
+
+
 def _watch() -> None:
     """Give the kept instance back as soon as someone asks for its partition."""
     global _kept
@@ -274,8 +282,7 @@ def acquire_partition(checkpoints: CheckpointStore, partition: int, timeout: flo
                 if time.perf_counter() - started > timeout:
                     raise
                 if want is None:
-                    want = _want_file(checkpoints, partition)
-                    want.touch()
+                    want = _ask_back(checkpoints, partition)
                 time.sleep(_POLL)
     finally:
         if want is not None:
@@ -295,7 +302,7 @@ def release_partitions(checkpoints: CheckpointStore, partitions: Iterable[int], 
     release_kept()  # run_partition called in this very process (tests)
     partitions = list(partitions)
     for partition in partitions:  # ask all at once, then collect
-        _want_file(checkpoints, partition).touch()
+        _ask_back(checkpoints, partition)
     try:
         for partition in partitions:
             try:
@@ -375,7 +382,9 @@ def try_claim(directory: Path, partition: int, slot: int) -> bool:
     tasks): True if the slot holds it now (also when it claimed it before), False if another slot
     does. A claim is a file ``<partition>`` holding the slot number, created atomically with its
     content (written aside, then hard-linked: ``link`` fails if the name exists)."""
-    ensure_dir(directory.parent.parent, directory)  # below the checked checkpoints dir
+    # Below the checkpoints dir, checked when its CheckpointStore was made: a batch's claims are
+    # <checkpoints>/claims/<run>/<batch> or <checkpoints>/exchange/<id>/claims.
+    ensure_dir(directory.parent.parent.parent, directory)
     target = directory / str(int(partition))
     try:
         return target.read_text() == str(slot)
