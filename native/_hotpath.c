@@ -312,15 +312,15 @@ static PyTypeObject HotPathType = {
 
 
 /* stamp_ints(prefix, values): a ttl store's stored values for the int serde, each in one allocation:
- * the packed expiry ``prefix`` (bytes, at most 8: ttl.py's pack_expiry), then the 8-byte big-endian
+ * the packed expiry ``prefix`` (bytes, at most 12: ttl.py's pack_expiry), then the 8-byte big-endian
  * value + 2**63 (the int serde's biased form), for a list of exact ints in the int serde's range (what
  * the pending map holds, checked at put). Anything else raises (TypeError, OverflowError): the
  * caller's reference path encodes. */
 static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) > 8
+    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) > 12
         || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "stamp_ints(prefix: bytes (at most 8), values: list[int])");
+        PyErr_SetString(PyExc_TypeError, "stamp_ints(prefix: bytes (at most 12), values: list[int])");
         return NULL;
     }
     const char *head = PyBytes_AS_STRING(args[0]);

@@ -181,8 +181,9 @@ class TaskInstance:
         committed_attempt = checkpoint.attempt if checkpoint is not None else None
         self.time = PartitionTime(self.job, self.partition, self.processing_clock,
                                   checkpoint.watermark if checkpoint is not None else None)
+        formats = checkpoint.formats if checkpoint is not None else {}
         for name, store in self.job.stores.items():
-            self.stores[name] = self._open_store(name, store, manifests.get(name), committed_attempt)
+            self.stores[name] = self._open_store(name, store, manifests.get(name), committed_attempt, formats.get(name))
         if checkpoint is not None:
             self._check_state_formats(checkpoint.formats)
         fresh = checkpoint is None
@@ -290,7 +291,7 @@ class TaskInstance:
                            store=store, partition=self.partition) from exc
 
     def _open_store(self, name: str, config: Any, manifest: dict[str, Any] | None = None,
-                    committed_attempt: str | None = None) -> _Store:
+                    committed_attempt: str | None = None, state_format: str | None = None) -> _Store:
         registry = self.job.registry
         factory = registry.engine_factory(config.engine)
         changelog = None
@@ -311,7 +312,9 @@ class TaskInstance:
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None,
-            extra={"registry": registry}, time=self.time)  # backends are found through the job's plugin policy
+            # backends are found through the job's plugin policy; state_format: the layout the committed
+            # checkpoint recorded (an engine may trust its state to be in it, see _check_state_formats)
+            extra={"registry": registry, "state_format": state_format}, time=self.time)
         had_files = any(directory.iterdir())
         if self.attempt is None:
             # This instance writes the store without an attempt id (local mode): no attempt may later
