@@ -170,9 +170,13 @@ def apply_on_error(policy: InputPolicy | None, instance: "TaskInstance", name: s
     partition = instance.partition
     on_error = FAIL if policy is None else policy.on_error
     if on_error == FAIL:
-        raise InputError(f"bad input record ({safe_text(record.error)}): {safe_text(str(record.raw)[:200])}",
-                         stream=name, partition=partition, offset=record.offset,
-                         hint=f"fix the record, or set on_error = 'skip' or 'dead_letter' on [inputs.{name}]")
+        # a RecordProblem (core.streams.event_time) names its own error type, hint and context
+        error = record.error
+        raise getattr(error, "error_type", InputError)(
+            f"bad input record ({safe_text(error)}): {safe_text(str(record.raw)[:200])}", stream=name,
+            partition=partition, offset=record.offset, **getattr(error, "context", {}),
+            hint=getattr(error, "hint", None) or f"fix the record, or set on_error = 'skip' or 'dead_letter' on "
+                                                 f"[inputs.{name}]")
     if on_error == "dead_letter":
         # error and raw come from the bad data itself: make them encodable by every output (a lone
         # surrogate would otherwise fail the dead-letter write, and the job, on every run).

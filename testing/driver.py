@@ -41,7 +41,9 @@ from localstate.core.recovery import StoreRecovery
 from localstate.runtime.records import InputPolicy, OnError
 from localstate.core.layout import open_changelog_system
 from localstate.runtime.instance import MemorySink, TaskInstance
-from localstate.core.streams.base import InputRecord
+from localstate.core.streams.base import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
+from localstate.core.streams.event_time import TIMESTAMP_OPTIONS
+from localstate.core.options import validate_options
 from localstate.core.task import BatchTask, Envelope, StreamTask
 
 __all__ = ["TaskTestDriver"]
@@ -83,6 +85,9 @@ class TaskTestDriver:
         self.inputs: dict[tuple[str, int], list[InputRecord]] = {}
         """every record sent, per (stream, partition): the replayable input log"""
         self.policies: dict[str, InputPolicy] = {}
+        self.timestamps: dict[str, TimestampRule] = {}
+        """input -> how its timestamps become event time (:meth:`declare_input`; undeclared: seconds, any
+        finite number)"""
         for stream, options in (inputs or {}).items():
             self.declare_input(stream, **options)
         self.changelogs = open_changelog_system(job)
@@ -140,10 +145,25 @@ class TaskTestDriver:
             self._tmp.cleanup()
 
     # -- driving -------------------------------------------------------------------------------
-    def declare_input(self, stream: str, on_error: str = "fail", dead_letter: str = "") -> None:
+    def declare_input(self, stream: str, on_error: str = "fail", dead_letter: str = "", timestamp_unit: str = "s",
+                      min_timestamp: Any = False, max_timestamp: Any = False) -> None:
         """Set input ``stream``'s bad-record policy, as ``[inputs.<stream>]`` would on a job:
-        ``fail`` (an InputError), ``skip`` (logged), or ``dead_letter`` to output ``dead_letter``."""
+        ``fail`` (an InputError), ``skip`` (logged), or ``dead_letter`` to output ``dead_letter``; and
+        how the timestamps sent to it become event time (the options of the same names; here without
+        bounds unless given: a test's timestamps are often small numbers). A timestamp that is no
+        finite number inside them is a bad record under ``on_error``, as on a job."""
         self.policies[stream] = OnError(stream, on_error, dead_letter)
+        self.timestamps[stream] = timestamp_rule(stream, validate_options(TIMESTAMP_OPTIONS, {
+            "timestamp_unit": timestamp_unit, "min_timestamp": min_timestamp, "max_timestamp": max_timestamp},
+            f"inputs.{stream}"))
+
+    def _record(self, stream: str, offset: int, key: Any, value: Any, ts: Any) -> InputRecord:
+        """The record an input would yield for ``(key, value, ts)``: ``ts`` made event time by the
+        input's rule, or a bad record when the rule refuses it."""
+        try:
+            return InputRecord(offset, key, value, self.timestamps.get(stream, NO_BOUNDS).seconds(ts))
+        except BadTimestamp as exc:
+            return InputRecord(offset, None, None, None, exc.problem, repr((key, value, ts))[:1000])
 
     def send(self, stream: str, key: Any, value: Any, *, partition: int | None = None,
              timestamp: float | None = None) -> Envelope:
@@ -151,8 +171,8 @@ class TaskTestDriver:
         :class:`BatchTask` gets it as a one-row batch)."""
         if partition is None:
             partition = partition_for(key, self.job.partitions)
-        record = self._append(stream, partition, InputRecord(0, key, value,
-                                                              time.time() if timestamp is None else timestamp))
+        record = self._append(stream, partition,
+                              self._record(stream, 0, key, value, time.time() if timestamp is None else timestamp))
         return Envelope(stream, partition, record.offset, key, value, record.ts)
 
     def send_batch(self, stream: str, keys: Iterable[Any], values: Iterable[Any], *, partition: int | None = None,
@@ -170,10 +190,10 @@ class TaskTestDriver:
         for key, value, ts in zip(keys, values, times):
             p = partition_for(key, self.job.partitions) if partition is None else partition
             log = self.inputs.setdefault((stream, p), [])
-            record = InputRecord(len(log), key, value, ts)
+            record = self._record(stream, len(log), key, value, ts)
             log.append(record)
             grouped.setdefault(p, []).append(record)
-            sent.append(Envelope(stream, p, record.offset, key, value, ts))
+            sent.append(Envelope(stream, p, record.offset, key, value, record.ts))
         for p, records in grouped.items():
             self.instances[p].feed(((stream, record) for record in records), self.policies, autocommit=True)
             self.instances[p].fire_timers()
@@ -191,10 +211,10 @@ class TaskTestDriver:
         for stream, key, value, ts in rows:
             p = partition_for(key, self.job.partitions) if partition is None else partition
             log = self.inputs.setdefault((stream, p), [])
-            record = InputRecord(len(log), key, value, ts)
+            record = self._record(stream, len(log), key, value, ts)
             log.append(record)
             grouped.setdefault(p, []).append((stream, record))
-            sent.append(Envelope(stream, p, record.offset, key, value, ts))
+            sent.append(Envelope(stream, p, record.offset, key, value, record.ts))
         for p, pairs in grouped.items():
             self.instances[p].feed(pairs, self.policies, autocommit=True)
             self.instances[p].fire_timers()

@@ -16,7 +16,7 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
     UnsafePathError
 
-from localstate.core.streams.base import (InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
+from localstate.core.streams.base import (BadTimestamp, InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
                                           check_regular_file, columns_of, resolve_path)
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
@@ -83,7 +83,8 @@ class FileLogInput(_FileLog, InputStream):
     system = "file"
     options: ClassVar[Mapping[str, Option]] = {
         **_SERDE_OPTIONS,
-        "ts_field": Option(str, default="ts", doc="value field holding the event time (when values are objects)"),
+        "ts_field": Option(str, default="ts", doc="value field holding the event time, in timestamp_unit (when values "
+                                                  "are objects)"),
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
@@ -193,6 +194,7 @@ class FileLogInput(_FileLog, InputStream):
         self._check_partition(partition)
         reader = self.system.reader(self.stream, partition)
         key_de, value_de, ts_field = self.key_serde.deserialize, self.value_serde.deserialize, self.config["ts_field"]
+        seconds = self.timestamps.seconds
         try:
             for record in reader.read(start, end):
                 try:
@@ -202,16 +204,12 @@ class FileLogInput(_FileLog, InputStream):
                     yield InputRecord(record.offset, None, None, None, f"undecodable: {exc.message}",
                                       repr((record.key, record.value))[:1000])
                     continue
-                ts = value.get(ts_field) if isinstance(value, dict) else None
-                if isinstance(ts, (int, float)):
-                    try:
-                        ts = float(ts)  # an int beyond a double's range: OverflowError
-                    except OverflowError:
-                        yield InputRecord(record.offset, None, None, None, f"undecodable: {ts_field} out of range",
-                                          repr((record.key, record.value))[:1000])
-                        continue
-                else:
-                    ts = None
+                try:
+                    ts = seconds(value.get(ts_field)) if isinstance(value, dict) else None
+                except BadTimestamp as exc:
+                    yield InputRecord(record.offset, None, None, None, exc.problem,
+                                      repr((record.key, record.value))[:1000])
+                    continue
                 yield InputRecord(record.offset, key, value, ts)
         finally:
             reader.close()

@@ -32,8 +32,8 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_duration
 from localstate.core.partitioner import partition_for
-from localstate.core.streams.base import InputColumns, InputRecord, InputStream, OutputStream, StreamSystem, \
-    columns_of, open_input
+from localstate.core.streams.base import BadTimestamp, InputColumns, InputRecord, InputStream, OutputStream, \
+    StreamSystem, columns_of, open_input
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
@@ -89,8 +89,8 @@ class KafkaInput(InputStream):
     options: ClassVar[Mapping[str, Option]] = {
         **STREAM_CONNECTION_OPTIONS,
         **_SERDE_OPTIONS,
-        "ts_field": Option(str, default="ts", doc="value field holding the event time (seconds); records "
-                                                  "without it use their Kafka timestamp"),
+        "ts_field": Option(str, default="ts", doc="value field holding the event time (in timestamp_unit); records "
+                                                  "without it use their Kafka timestamp (milliseconds)"),
         "allow_null_keys": Option(bool, default=False, doc="accept records without a key (else they are bad "
                                                            "records, handled by on_error)"),
         "probe_timeout": Option((int, float, str), default=2.0, parse=parse_duration, minimum=0.01,
@@ -190,6 +190,7 @@ class KafkaInput(InputStream):
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         decode_key, decode_value = self.key_serde.deserialize, self.value_serde.deserialize
         ts_field, allow_null = self.config["ts_field"], self.config["allow_null_keys"]
+        seconds = self.timestamps.seconds
         for record in read_records(self.settings, self.topic, partition, start, end, stream=self.name):
             if record.key is None and not allow_null:
                 yield InputRecord(record.offset, None, None, None, "missing key", repr(record.value)[:1000])
@@ -202,9 +203,15 @@ class KafkaInput(InputStream):
                                   repr((record.key, record.value))[:1000])
                 continue
             ts = value.get(ts_field) if isinstance(value, dict) else None
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-                ts = record.timestamp / 1000 if record.timestamp is not None and record.timestamp >= 0 else None
-            yield InputRecord(record.offset, key, value, float(ts) if ts is not None else None)
+            try:
+                if ts is not None:
+                    ts = seconds(ts)
+                elif record.timestamp is not None and record.timestamp >= 0:  # Kafka's: milliseconds
+                    ts = seconds(record.timestamp, 1e3)
+            except BadTimestamp as exc:
+                yield InputRecord(record.offset, None, None, None, exc.problem, repr((record.key, record.value))[:1000])
+                continue
+            yield InputRecord(record.offset, key, value, ts)
 
 
 _DELIVERED: dict[tuple[str, str, str, int], int] = {}

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, Na
     runtime_checkable
 
 from localstate.core.changelog import PLUGIN_API_VERSION
+from localstate.core.streams.event_time import (NO_BOUNDS, TIMESTAMP_OPTIONS, BadTimestamp, RecordProblem,
+                                                TimestampRule, timestamp_rule)
 from localstate.core.options import Option, did_you_mean, validate_options
 from localstate.core.policy import job_folder
 from localstate.errors import ConfigError, ConfigProblem, InputError, InputPositionError, LocalStateError, OutputError, \
@@ -28,16 +30,18 @@ if TYPE_CHECKING:
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
            "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file", "open_regular_file",
            "check_output_file", "PendingTail", "RetainedStart", "IdentifiedInput", "PENDING_TAIL_WARN_AFTER", "check_input_position",
-           "seek_hint", "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS"]
+           "seek_hint", "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS", "TimestampRule", "BadTimestamp",
+           "RecordProblem", "NO_BOUNDS", "timestamp_rule"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
 #: Options every input accepts, whatever its system.
 COMMON_INPUT_OPTIONS: Mapping[str, Option] = {
     "on_error": Option(str, default="fail", choices=ON_ERROR,
-                       doc="bad record (undecodable, no key): fail the job, skip it (counted), or "
-                           "write it to the `dead_letter` output stream"),
+                       doc="bad record (undecodable, no key, a timestamp that is no plausible event time): fail "
+                           "the job, skip it (counted), or write it to the `dead_letter` output stream"),
     "dead_letter": Option(str, default="", doc="output stream receiving bad records when on_error = 'dead_letter'"),
+    **TIMESTAMP_OPTIONS,
 }
 
 
@@ -230,6 +234,9 @@ class InputStream(ABC):
             raise ConfigError.at(f"inputs.{self.name}.dead_letter",
                                  f"on_error = 'dead_letter' needs an output stream; got {self.dead_letter!r}",
                                  hint="declare [outputs.<name>] and set dead_letter = '<name>'")
+        self.timestamps: TimestampRule = timestamp_rule(self.name, self.config)
+        """how the records' timestamps become event time (``timestamp_unit``, ``min_timestamp``,
+        ``max_timestamp``): every reader passes each timestamp through it, a bad one makes a bad record"""
 
     @abstractmethod
     def end_offset(self, partition: int) -> int:

@@ -68,7 +68,9 @@ from localstate.runtime.spark.exchange import RowExchange
 from localstate.runtime.partition_task import PartitionTask, fault_for
 from localstate.runtime.records import ArrowRows
 from localstate.runtime.spark.instances import Lease, checkin, checkout, kept_partition, release_partitions
-from localstate.core.streams.base import InputRecord
+from localstate.core.options import validate_options
+from localstate.core.streams.base import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
+from localstate.core.streams.event_time import TIMESTAMP_OPTIONS
 from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
 
@@ -160,6 +162,9 @@ class DataFrameSpec:
     """``number`` / ``timestamp``: the order column is also the records' timestamp (seconds)"""
     key_type: str = "StringType"
     """the Spark type of the key column (its class name, one of ``_KEY_TYPES``)"""
+    timestamps: TimestampRule = NO_BOUNDS
+    """how the order column becomes event time (``timestamp_unit`` divides a numeric one; the bounds
+    apply to every kind): a row whose timestamp it refuses is a bad record, which fails the batch"""
 
 
 def _column_list(schema: Any) -> str:
@@ -167,9 +172,13 @@ def _column_list(schema: Any) -> str:
 
 
 def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = None, value: str | None = None,
-                   stream: str = "dataframe") -> DataFrameSpec:
+                   stream: str = "dataframe", timestamp_unit: str = "s", min_timestamp: Any = False,
+                   max_timestamp: Any = False) -> DataFrameSpec:
     """Check ``df``'s schema against what the task gets (SchemaError naming the column and listing
-    the DataFrame's columns otherwise)."""
+    the DataFrame's columns otherwise). ``timestamp_unit``, ``min_timestamp`` and ``max_timestamp`` are
+    an input's options of the same names (:data:`~localstate.core.streams.event_time.TIMESTAMP_OPTIONS`;
+    by default no bounds: the order column may be any ordering number); a bad one is a ConfigError at
+    ``<stream>.<option>``."""
     from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import DateType, NumericType, TimestampNTZType, TimestampType
 
@@ -206,7 +215,9 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
             ts = "number"
         elif isinstance(order_type, (TimestampType, TimestampNTZType, DateType)):
             ts = "timestamp"
-    return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts, key_type)
+    rule = timestamp_rule(stream, validate_options(TIMESTAMP_OPTIONS, {
+        "timestamp_unit": timestamp_unit, "min_timestamp": min_timestamp, "max_timestamp": max_timestamp}, stream))
+    return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts, key_type, rule)
 
 
 def _spark_hash_long(value: int, seed: int = 42) -> int:
@@ -545,20 +556,33 @@ def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, 
         values = _row_values(rows, spec.columns)
     if spec.ts == "number":  # seconds as a float, as every input gives them (and a batch task's column)
         times: Iterable[Any] = pc.cast(rows.column(spec.order_by), "float64").to_pylist()
+        per_second = None
     elif spec.ts == "timestamp":
         column = rows.column(spec.order_by)
-        micros = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()
-        times = [None if t is None else t / 1e6 for t in micros]
+        times = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()
+        per_second = 1e6
     else:
-        times = repeat(None)
-    return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, times))
+        return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, repeat(None)))
+    return zip(repeat(spec.stream), map(_checked_record, count(start), keys, values, times,
+                                        repeat(spec.timestamps), repeat(per_second)))
 
 
-def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows]:
+def _checked_record(offset: int, key: Any, value: Any, ts: Any, rule: TimestampRule,
+                    per_second: float | None) -> InputRecord:
+    """The record of one row, its order column's value ``ts`` made event time by ``rule`` (a bad record
+    when it refuses it)."""
+    try:
+        return InputRecord(offset, key, value, rule.seconds(ts, per_second))
+    except BadTimestamp as exc:
+        return InputRecord(offset, None, None, None, exc.problem, repr({"key": key, "timestamp": ts})[:1000])
+
+
+def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows] | None:
     """The rows as one BatchTask batch (columns :data:`~localstate.core.task.BATCH_COLUMNS`), built
     from the Arrow columns as they are: no Python object per row. ``value`` is the ``value`` column,
     or a struct of every input column; ``timestamp`` the order column in seconds (float64) when it is
-    numeric, a timestamp or a date, else null."""
+    numeric, a timestamp or a date, else null. None when a timestamp is one ``spec.timestamps`` refuses
+    (the caller feeds the rows as records instead, that row a bad record)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -577,13 +601,18 @@ def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows]:
         value = column(spec.value)
     else:
         value = pa.StructArray.from_arrays([column(name) for name in spec.columns], names=list(spec.columns))
+    rule = spec.timestamps
     if spec.ts == "number":
         times = pc.cast(column(spec.order_by), pa.float64())  # type: ignore[arg-type]
+        if rule.per_second != 1.0:
+            times = pc.divide(times, rule.per_second)
     elif spec.ts == "timestamp":
         micros = pc.cast(pc.cast(column(spec.order_by), "timestamp[us]"), "int64")  # type: ignore[arg-type]
         times = pc.divide(pc.cast(micros, pa.float64()), 1e6)
     else:
         times = pa.nulls(n, pa.float64())
+    if spec.ts is not None and times.null_count < n and not rule.column_fits(times):
+        return None  # a timestamp the rule refuses: the rows go as records, that one a bad record
     offsets = pa.array(np.arange(start, start + n, dtype=np.int64))
     schema = pa.schema([pa.field("key", key.type), pa.field("value", value.type),
                         pa.field("timestamp", pa.float64()), pa.field("offset", pa.int64())],
@@ -634,7 +663,9 @@ class DataFramePartition(PartitionTask):
         spec = self.task.spec
         start = lease.instance.position(spec.stream)
         if isinstance(lease.instance.task, BatchTask):  # Arrow end to end
-            return _arrow_rows(spec, self.rows, start)
+            rows = _arrow_rows(spec, self.rows, start)
+            if rows is not None:
+                return rows
         return _records(spec, self.rows, start)
 
     def end(self, lease: Lease) -> None:
@@ -710,7 +741,8 @@ def _arrow_batches(spark: Any) -> Iterator[None]:
 def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, batch_id: int | None = None,
               order_by: str | None = None, value: str | None = None, stream: str = "dataframe",
               keep_open: bool = False, fault: Mapping[str, Any] | None = None,
-              progress: Callable[[DataFrameBatch], None] | None = None) -> Any:
+              progress: Callable[[DataFrameBatch], None] | None = None, timestamp_unit: str = "s",
+              min_timestamp: Any = False, max_timestamp: Any = False) -> Any:
     """Apply the batch ``df`` to the job's state, exactly once per ``batch_id``, and return the task's
     outputs as a DataFrame (:data:`OUTPUT_SCHEMA`), read from files kept until the next batch.
 
@@ -718,11 +750,15 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     batch DataFrame). An id the job already applied is not applied again: its outputs are returned as
     they were. ``keep_open``: the Python workers keep their partition's instance open for the next
     batch (what :func:`foreach_batch` does; :func:`release` closes them). ``progress`` is called with
-    the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch",
+    the batch's :class:`DataFrameBatch`. ``timestamp_unit``, ``min_timestamp``, ``max_timestamp``: how
+    a numeric ``order_by`` column becomes event time, and the plausible range of event times, as an
+    input's options of those names (default: seconds, no bounds); a row outside them fails the batch
+    with a TimestampError. ``fault`` (tests and demos only): ``{"partition", "batch",
     "after", "marker"}`` SIGKILLs the Python worker feeding that partition after ``after`` records,
     once (see :mod:`~localstate.runtime.faults`)."""
     job = _job(job)
-    spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream)
+    spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream,
+                          timestamp_unit=timestamp_unit, min_timestamp=min_timestamp, max_timestamp=max_timestamp)
     add_task_paths(job)
     load_task_class(job.task)  # a task that cannot be imported fails here, before Spark runs anything
     checkpoints = checkpoint_store(job)
