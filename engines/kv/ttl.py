@@ -478,6 +478,8 @@ class TtlKeyValueEngine(KeyValueEngine):
     # -- iteration ---------------------------------------------------------------------------------------
     def _iterate(self, start: bytes | None, end: bytes | None, reverse: bool) -> KVIterator:
         """Live entries only, at the store time (pending values are all live: written at it)."""
+        if len(self._dirty) > kv_engine.SCAN_SPILL:
+            self._spill()
         self._settle()
         now = self._now
         if (start is not None and end is not None and start >= end) or not self._dirty:
