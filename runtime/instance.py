@@ -48,7 +48,7 @@ from localstate.core.fsutil import ensure_dir, os_error, read_nofollow, write_at
 from localstate.core.names import safe_join
 from localstate.core.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, OutgoingMessage, StreamTask, \
-    TaskContext, load_task_class, record_batch
+    TaskContext, TaskCounters, load_task_class, merge_counts, record_batch
 from localstate.core.tracebacks import raise_task_error
 from localstate.errors import ConfigError, StoreCorruptError, StoreIOError
 
@@ -146,6 +146,12 @@ class TaskInstance:
         """the last DataFrame micro-batch applied (:attr:`Checkpoint.batch`), carried into every checkpoint"""
         self.collector = Collector()
         self.coordinator = Coordinator()
+        self.counters = TaskCounters()
+        """what the task partition dropped or redirected (``context.counters``), taken at each commit"""
+        self.prepared_counts: dict[str, dict[str, int]] = {}
+        """the counts the last prepared commit covers (reported with its batch once it is saved)"""
+        self.counted: dict[str, dict[str, int]] = {}
+        """the counts of every commit this instance made, summed"""
         self.recoveries: list[StoreRecovery] = []
         self.task: StreamTask | None = None
         self.time = PartitionTime(self.job, self.partition, self.processing_clock)
@@ -232,7 +238,7 @@ class TaskInstance:
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
         context = TaskContext(self.job.name, self.partition, self.job.partitions,
                               {name: s.engine for name, s in self.stores.items() if name != TIMER_STORE}, self.job,
-                              timers=self.time)
+                              timers=self.time, counters=self.counters)
         try:
             self.task.init(context)
         except (Exception, SystemExit) as exc:
@@ -795,6 +801,7 @@ class TaskInstance:
         the checkpoint may be saved are returned with it. Due timers fire first: their outputs and
         deletions are part of this commit."""
         self.fire_timers()
+        self.prepared_counts = self.counters.take()
         for index, store in enumerate(self.stores.values()):
             store.engine.flush()
             if index == 0:
@@ -829,6 +836,7 @@ class TaskInstance:
         self.coordinator.commit_requested = False
         self.processed_since_commit = 0
         self.commits += 1
+        merge_counts(self.counted, self.prepared_counts)
         self._last_commit = self.clock()
 
     def _checkpoint(self, outputs: Mapping[str, int],

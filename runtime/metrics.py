@@ -24,6 +24,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "localstate_rows_out_total": ("counter", (), "records sent to outputs"),
     "localstate_rows_skipped_total": ("counter", (), "bad input records skipped (on_error = skip)"),
     "localstate_rows_dead_lettered_total": ("counter", (), "bad input records sent to a dead-letter output"),
+    "localstate_late_records_total": ("counter", ("store",), "records a window store dropped as late (its windows "
+                                      "were closed), per window store"),
+    "localstate_misrouted_records_total": ("counter", ("input",), "keyed records found in another partition than "
+                                           "their key's, per input (on_misrouted)"),
     "localstate_failed_attempts_total": ("counter", (), "task attempts that failed and were retried by Spark"),
     "localstate_restored_records_total": ("counter", (), "changelog records replayed to restore stores"),
     "localstate_input_lag_records": ("gauge", ("input", "partition"),
@@ -94,6 +98,10 @@ class JobMetrics:
         self._m("localstate_rows_skipped_total").inc(progress.get("skipped", 0))
         self._m("localstate_rows_dead_lettered_total").inc(progress.get("dead_lettered", 0))
         self._m("localstate_failed_attempts_total").inc(progress.get("failed_attempts", 0))
+        for store, n in (progress.get("late_records") or {}).items():
+            self._m("localstate_late_records_total", store=store).inc(n)
+        for name, n in (progress.get("misrouted") or {}).items():
+            self._m("localstate_misrouted_records_total", input=name).inc(n)
         state = progress.get("state") or {}
         restore = state.get("restore") or {}
         self._m("localstate_restored_records_total").inc(restore.get("records", 0))

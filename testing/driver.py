@@ -44,7 +44,7 @@ from localstate.runtime.instance import MemorySink, TaskInstance
 from localstate.core.streams.base import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
 from localstate.core.streams.event_time import TIMESTAMP_OPTIONS
 from localstate.core.options import validate_options
-from localstate.core.task import BatchTask, Envelope, StreamTask
+from localstate.core.task import BatchTask, Envelope, StreamTask, merge_counts
 
 __all__ = ["TaskTestDriver"]
 
@@ -92,6 +92,7 @@ class TaskTestDriver:
             self.declare_input(stream, **options)
         self.changelogs = open_changelog_system(job)
         self.instances: dict[int, TaskInstance] = {}
+        self._counted: dict[str, dict[str, int]] = {}  # the committed counts of instances gone (crash, restart)
         self.recoveries: list[StoreRecovery] = []
         self._start()
 
@@ -107,6 +108,7 @@ class TaskTestDriver:
         """Lose everything not committed: stores close without flushing, buffered changelog records
         are dropped, the task object is discarded."""
         for instance in self.instances.values():
+            merge_counts(self._counted, instance.counted)
             instance.abandon()
         self.instances.clear()
         self.changelogs.close()
@@ -130,6 +132,7 @@ class TaskTestDriver:
         """Commit and stop cleanly."""
         for instance in self.instances.values():
             instance.close(commit=True)
+            merge_counts(self._counted, instance.counted)
         self.instances.clear()
         self.changelogs.close()
         if self._tmp is not None:
@@ -291,6 +294,17 @@ class TaskTestDriver:
                 instance.window()
 
     # -- inspecting ----------------------------------------------------------------------------
+    def counts(self) -> dict[str, dict[str, int]]:
+        """What the committed work dropped or redirected, as a job reports it per batch
+        (:class:`~localstate.core.task.TaskCounters`: ``late_records`` per window store), summed over
+        the partitions and every commit since the driver started, crashes and restarts included
+        (what a crash rolled back is counted again when it is re-delivered and committed)."""
+        out: dict[str, dict[str, int]] = {}
+        merge_counts(out, self._counted)
+        for instance in self.instances.values():
+            merge_counts(out, instance.counted)
+        return out
+
     def store(self, name: str, partition: int = 0) -> Any:
         return self.instances[partition].stores[name].engine
 

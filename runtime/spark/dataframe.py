@@ -71,7 +71,7 @@ from localstate.runtime.spark.instances import Lease, checkin, checkout, kept_pa
 from localstate.core.options import validate_options
 from localstate.core.streams.base import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
 from localstate.core.streams.event_time import TIMESTAMP_OPTIONS
-from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class
+from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class, merge_counts
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
@@ -101,7 +101,8 @@ _COLUMN = "__localstate_c"
 field) or names with a backtick; the apply task renames them back (:func:`_original_names`)."""
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
                  "reused BOOLEAN, query_batch BIGINT, pid BIGINT, started DOUBLE, " \
-                 "input DOUBLE, open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
+                 "input DOUBLE, open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY, " \
+                 "counts STRING"
 #: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): receiving
 #: its rows from the shuffle as Arrow batches and sorting them (counted for the first job partition of
 #: a Spark task; with :func:`routes` a Spark task holds one), opening and recovering the partition,
@@ -140,6 +141,8 @@ class DataFrameBatch:
     first_task_seconds: float = 0.0
     """from the Spark job's start to the first apply task's start: the first stage (reading the
     input, routing each row to its partition, the shuffle write) and scheduling"""
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """what the applied partitions dropped or redirected (``late_records`` per window store), summed"""
 _KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BinaryType")
 
 
@@ -534,7 +537,8 @@ def _result_schema() -> Any:
     return pa.schema([("partition", pa.int32()), ("applied", pa.bool_()), ("checkpoint", pa.string()),
                       ("records", pa.int64()), ("outputs", pa.int64()), ("reused", pa.bool_()),
                       ("query_batch", pa.int64()), ("pid", pa.int64()), ("started", pa.float64()),
-                      *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary())])
+                      *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary()),
+                      ("counts", pa.string())])
 
 
 def _row_values(rows: Any, names: Iterable[str]) -> list[dict[str, Any]]:
@@ -686,7 +690,7 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
     batch = task.batch
     result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
                               "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(),
-                              "started": 0.0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
+                              "started": 0.0, "error": None, "counts": "{}", **dict.fromkeys(TASK_PHASES, 0.0)}
     try:
         result["query_batch"] = _query_batch(batch)
         job = task.spec.job
@@ -699,7 +703,8 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
             return result
         phases = done.timings
         result.update(applied=True, checkpoint=done.checkpoint.to_json(), records=done.records,
-                      outputs=done.outputs, reused=done.reused, open=phases["wait"] + phases["open"],
+                      outputs=done.outputs, reused=done.reused, counts=json.dumps(done.counts),
+                      open=phases["wait"] + phases["open"],
                       convert=phases["read"], process=phases["process"],
                       commit=sum(phases[name] for name in ("changelog", "store_flush", "outputs", "close")))
     except (Exception, SystemExit) as exc:
@@ -823,6 +828,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
             report.applied.append(row["partition"])
             report.records += row["records"]
             report.outputs += row["outputs"]
+            merge_counts(report.counts, json.loads(row["counts"] or "{}"))
             if row["reused"]:
                 report.reused.append(row["partition"])
         else:

@@ -43,7 +43,7 @@ from localstate.runtime.spark.plan import BatchResult, PartitionPlan, RunSummary
 from localstate.core.streams import open_input
 from localstate.core.streams.base import PENDING_TAIL_WARN_AFTER, IdentifiedInput, PendingTail, check_input_position
 from localstate.runtime.sink import StreamSink
-from localstate.core.task import add_task_paths, load_task_class
+from localstate.core.task import add_task_paths, load_task_class, merge_counts
 from localstate.errors import FencedError, LocalStateError
 
 __all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "BUSY_POLL", "BUSY_FOR", "STOP_GRACE", "IDLE_GIVE_BACK",
@@ -375,6 +375,7 @@ class SparkJobRunner:
             out.replayed += r["replayed"]
             out.trimmed += r["trimmed"]
             out.reused += r["reused"]
+            merge_counts(out.counts, r.get("counts") or {})
             if has_state(self._committed.get(r["partition"])):
                 out.stateful += 1
                 out.warm += bool(r["warm"])

@@ -154,7 +154,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "restore_seconds": sum(r.seconds for r in done.recoveries),
         "replayed": sum(r.replayed for r in done.recoveries), "trimmed": sum(r.trimmed for r in done.recoveries),
         "reused": done.reused, "pid": done.pid, "timings": done.timings,
-        "warm": done.reused or is_warm(done.recoveries), "attempt": task_attempt(),
+        "warm": done.reused or is_warm(done.recoveries), "attempt": task_attempt(), "counts": done.counts,
         # When it ended (a host-wide clock): of two partitions one worker ran in a batch, it keeps
         # the later one open.
         "finished": time.monotonic(),
