@@ -28,9 +28,9 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError, OutputError, OutputIOError
 
-from localstate.core.streams.base import (COLUMN_ROWS, NO_BOUNDS, BadTimestamp, InputColumns, InputRecord,
-                                          InputStream, OutputStream, StreamSystem, TimestampRule, check_output_file,
-                                          open_regular_file, resolve_path)
+from localstate.core.streams.base import (COLUMN_ROWS, NO_BOUNDS, BadTimestamp, FileIdentities, InputColumns,
+                                          InputRecord, InputStream, OutputStream, StreamSystem, TimestampRule,
+                                          check_output_file, open_regular_file, resolve_path)
 
 try:  # optional (the "columnar" extra): a faster parser for a batch task's input, see read_columns
     from orjson import loads as _ORJSON_LOADS
@@ -202,12 +202,20 @@ class JsonLinesInput(InputStream):
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
+        self._identities = FileIdentities()
 
     def location(self) -> tuple[str, str]:
         return "path", str(self.directory.resolve())
 
     def input_directory(self) -> Path:
         return self.directory
+
+    def identity(self, partition: int, recorded: str | None = None) -> str | None:
+        """The partition's first segment file: device, inode and a fingerprint of its first bytes
+        (:class:`~localstate.core.streams.base.IdentifiedInput`, :class:`FileIdentities`): a file
+        replaced under the job, by a longer one too, is refused, an appended one is not."""
+        return self._identities.identity(_segments(self.directory, partition), recorded, stream=self.name,
+                                         partition=partition)
 
     def _last_segment(self, partition: int) -> tuple[int, Path]:
         """``(base, path)`` of the partition's last segment (a rolled output read as an input), or

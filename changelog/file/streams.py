@@ -16,7 +16,7 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
     UnsafePathError
 
-from localstate.core.streams.base import (BadTimestamp, InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
+from localstate.core.streams.base import (BadTimestamp, FileIdentities, InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
                                           check_regular_file, columns_of, resolve_path)
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
@@ -92,6 +92,17 @@ class FileLogInput(_FileLog, InputStream):
         self._setup(job, config.name)
         self._tails: dict[int, tuple[int, int, int, int]] = {}
         """partition -> (last segment base, inode, byte position and offset after its valid records)"""
+        self._identities = FileIdentities()
+
+    def identity(self, partition: int, recorded: str | None = None) -> str | None:
+        """The partition's first segment file: device, inode and a fingerprint of its first bytes
+        (:class:`~localstate.core.streams.base.IdentifiedInput`): a partition replaced under the job
+        is refused, one appended to is not."""
+        if not self._check_partition(partition):
+            return None
+        directory = self.system.partition_dir(self.stream, partition)
+        segments = [(base, directory / segment_name(base)) for base in list_segments(directory)]
+        return self._identities.identity(segments, recorded, stream=self.name, partition=partition)
 
     def input_directory(self) -> Path:
         return self.root / self.stream
@@ -166,6 +177,11 @@ class FileLogInput(_FileLog, InputStream):
                 continue  # the last segment was replaced meanwhile: list again
             valid_end, next_offset, bad = walk(data, 0, expected)
             if bad is not None and find_valid_after(data, bad, next_offset) is not None:
+                if pos:
+                    # Maybe not damage but another file under the same inode (truncated and written
+                    # again): the remembered position means nothing in it. Scan it from its start once.
+                    del self._tails[partition]
+                    continue
                 raise InputError(f"input {self.name!r} partition {partition}: the record at offset {next_offset} of "
                                  f"segment {path} is damaged and valid records follow it",
                                  stream=self.name, partition=partition, offset=next_offset, segment=str(path),

@@ -153,9 +153,10 @@ class KafkaInput(InputStream):
             self._refresh()
         return min(self._starts.get(partition, 0), self._ends.get(partition, 0))
 
-    def identity(self) -> str | None:
-        """The topic's id as of the last :meth:`end_offset` probe (probing now if there was none); None
-        if the broker names none (see :class:`~localstate.core.streams.base.IdentifiedInput`)."""
+    def identity(self, partition: int = 0, recorded: str | None = None) -> str | None:
+        """The topic's id as of the last :meth:`end_offset` probe (probing now if there was none), the
+        same for every partition; None if the broker names none (see
+        :class:`~localstate.core.streams.base.IdentifiedInput`)."""
         if self._served is None:
             self._refresh()
         return self._topic_id

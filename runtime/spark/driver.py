@@ -169,8 +169,9 @@ class SparkJobRunner:
         self.placement: Placement | None = None
         self._committed: dict[int, Checkpoint | None] = {}
         self._saved: dict[int, Checkpoint] = {}
-        self._input_ids: dict[str, str] = {}
-        """input -> its identity at the last plan (IdentifiedInput), recorded in the batch's checkpoints"""
+        self._input_ids: dict[int, dict[str, str]] = {}
+        """partition -> input -> its identity at the last plan (IdentifiedInput), recorded in the batch's
+        checkpoints"""
         """checkpoints this run saved (what :meth:`plan` uses instead of reading them back)"""
         self._shipped: Any = None
         """this run's JobConfig as a Spark broadcast (:meth:`_ship_job`)"""
@@ -245,6 +246,7 @@ class SparkJobRunner:
         plans, lag, pending = [], 0, 0
         now = time.time()
         self.next_timer = None
+        self._input_ids = {}
         for partition in range(self.job.partitions):
             loaded = self.committed(partition)
             checkpoint = loaded or Checkpoint(partition)
@@ -252,6 +254,9 @@ class SparkJobRunner:
             for name, source in self.inputs.items():
                 start, end = checkpoint.inputs.get(name, 0), source.end_offset(partition)
                 check_input_position(source, partition, checkpoint.inputs.get(name), end, checkpoint.input_ids.get(name))
+                if isinstance(source, IdentifiedInput) and (identity := source.identity(partition)) is not None:
+                    # what the input is now, recorded in the batch's checkpoints (see run_batch)
+                    self._input_ids.setdefault(partition, {})[name] = identity
                 if isinstance(source, PendingTail):
                     pending += self._pending_tail(name, source, partition, end)
                 lag += end - start
@@ -273,9 +278,6 @@ class SparkJobRunner:
                     checkpoint_where=str(self.checkpoints.path(partition)) if self.cluster else "",
                     attempts=str(self._attempts) if self._attempts is not None else ""))
         self.pending_bytes = pending
-        # What each input is now, recorded in the batch's checkpoints (see run_batch).
-        self._input_ids = {name: identity for name, source in self.inputs.items()
-                           if isinstance(source, IdentifiedInput) and (identity := source.identity()) is not None}
         return plans, lag
 
     def check_inputs(self) -> None:
@@ -354,7 +356,8 @@ class SparkJobRunner:
             raise pickle.loads(errors[0]["error"])
         checkpoints = [Checkpoint(**result["checkpoint"]) for result in results]
         if self._input_ids:  # the positions were planned against the inputs as they are now
-            checkpoints = [replace(c, input_ids={**c.input_ids, **self._input_ids}) for c in checkpoints]
+            checkpoints = [replace(c, input_ids={**c.input_ids, **self._input_ids.get(c.partition, {})})
+                           for c in checkpoints]
         if self.cluster:
             for checkpoint in checkpoints:
                 self._check_attempt(checkpoint)
