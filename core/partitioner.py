@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["murmur2", "partition_for", "key_bytes"]
+__all__ = ["murmur2", "partition_for", "key_bytes", "partitions_of"]
 
 
 def murmur2(data: bytes) -> int:
@@ -50,3 +50,37 @@ def key_bytes(key: Any) -> bytes:
 def partition_for(key: Any, partitions: int) -> int:
     """The partition of ``key`` among ``partitions`` (Kafka's default for keyed records)."""
     return (murmur2(key_bytes(key)) & 0x7FFFFFFF) % partitions
+
+
+_KNOWN: dict[tuple[int, Any], int] = {}
+"""``(partitions, key) -> partition`` in this process: a key's partition never changes, and murmur2 in
+Python costs microseconds a key (kept bounded by :data:`_KNOWN_LIMIT`)."""
+_KNOWN_LIMIT = 2_000_000
+
+
+def partitions_of(keys: Any, partitions: int) -> Any:
+    """:func:`partition_for` of each of ``keys``, computed once per distinct key of the batch and
+    remembered across calls: a list for a list of keys, an int32 pyarrow array for a pyarrow array of
+    keys (strings or integers, no nulls)."""
+    known = _KNOWN
+    if len(known) > _KNOWN_LIMIT:
+        known.clear()
+    if not isinstance(keys, list):  # a pyarrow array: its distinct keys, then their partitions taken per row
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        encoded = pc.dictionary_encode(keys)
+        distinct = partitions_of(encoded.dictionary.to_pylist(), partitions)
+        return pa.array(distinct, pa.int32()).take(encoded.indices)
+    out = []
+    append = out.append
+    for key in keys:
+        try:
+            part = known.get((partitions, key))
+        except TypeError:  # an unhashable key (a JSON list or object): computed each time
+            append(partition_for(key, partitions))
+            continue
+        if part is None:
+            part = known[(partitions, key)] = partition_for(key, partitions)
+        append(part)
+    return out

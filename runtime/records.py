@@ -166,12 +166,16 @@ make_envelope = make_envelope_maker()
 
 def apply_on_error(policy: InputPolicy | None, instance: "TaskInstance", name: str, record: InputRecord,
                 stats: FeedStats) -> None:
-    """Apply the input's ``on_error`` policy (none: ``fail``) to an undecodable or keyless record."""
+    """Apply the input's ``on_error`` policy (none: ``fail``) to an undecodable or keyless record, or
+    the policy its error names (a RecordProblem of core.streams.event_time: a misrouted record's
+    ``on_misrouted``), counting it where the error says."""
     partition = instance.partition
-    on_error = FAIL if policy is None else policy.on_error
+    error = record.error
+    on_error = getattr(error, "policy", None) or (FAIL if policy is None else policy.on_error)
+    if on_error != FAIL and getattr(error, "count", None):
+        instance.counters.add(*error.count)
     if on_error == FAIL:
-        # a RecordProblem (core.streams.event_time) names its own error type, hint and context
-        error = record.error
+        # a RecordProblem names its own error type, hint and context
         raise getattr(error, "error_type", InputError)(
             f"bad input record ({safe_text(error)}): {safe_text(str(record.raw)[:200])}", stream=name,
             partition=partition, offset=record.offset, **getattr(error, "context", {}),

@@ -28,6 +28,7 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError, OutputError, OutputIOError
 
+from localstate.core.streams.routing import ROUTING_OPTIONS
 from localstate.core.streams.base import (COLUMN_ROWS, NO_BOUNDS, BadTimestamp, FileIdentities, InputColumns,
                                           InputRecord, InputStream, OutputStream, StreamSystem, TimestampRule,
                                           check_output_file, open_regular_file, resolve_path)
@@ -197,6 +198,7 @@ class JsonLinesInput(InputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
         "path": Option(str, parse=parse_path, doc="directory holding <partition>.jsonl files (relative to the job file)"),
+        **ROUTING_OPTIONS,
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:

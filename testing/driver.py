@@ -43,6 +43,8 @@ from localstate.core.layout import open_changelog_system
 from localstate.runtime.instance import MemorySink, TaskInstance
 from localstate.core.streams.base import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
 from localstate.core.streams.event_time import TIMESTAMP_OPTIONS
+from localstate.core.streams.routing import ON_MISROUTED, misrouted_record
+from localstate.errors import ConfigError
 from localstate.core.options import validate_options
 from localstate.core.task import BatchTask, Envelope, StreamTask, merge_counts
 
@@ -85,6 +87,8 @@ class TaskTestDriver:
         self.inputs: dict[tuple[str, int], list[InputRecord]] = {}
         """every record sent, per (stream, partition): the replayable input log"""
         self.policies: dict[str, InputPolicy] = {}
+        self.misrouted: dict[str, str] = {}
+        """input -> its ``on_misrouted`` (:meth:`declare_input`; undeclared: fail)"""
         self.timestamps: dict[str, TimestampRule] = {}
         """input -> how its timestamps become event time (:meth:`declare_input`; undeclared: seconds, any
         finite number)"""
@@ -149,16 +153,35 @@ class TaskTestDriver:
 
     # -- driving -------------------------------------------------------------------------------
     def declare_input(self, stream: str, on_error: str = "fail", dead_letter: str = "", timestamp_unit: str = "s",
-                      min_timestamp: Any = False, max_timestamp: Any = False) -> None:
+                      min_timestamp: Any = False, max_timestamp: Any = False, on_misrouted: str = "fail") -> None:
         """Set input ``stream``'s bad-record policy, as ``[inputs.<stream>]`` would on a job:
         ``fail`` (an InputError), ``skip`` (logged), or ``dead_letter`` to output ``dead_letter``; and
         how the timestamps sent to it become event time (the options of the same names; here without
         bounds unless given: a test's timestamps are often small numbers). A timestamp that is no
-        finite number inside them is a bad record under ``on_error``, as on a job."""
+        finite number inside them is a bad record under ``on_error``, as on a job. ``on_misrouted``: a
+        record sent to a partition other than its key's (``partition=``) fails (the default), is
+        skipped or dead-lettered, or with ``route`` goes to its key's partition instead (the driver
+        can route; ``localstate run`` cannot)."""
+        if on_misrouted not in ON_MISROUTED or (on_misrouted == "dead_letter" and not dead_letter):
+            raise ConfigError.at(f"inputs.{stream}.on_misrouted", f"on_misrouted {on_misrouted!r}: use one of "
+                                 f"{', '.join(ON_MISROUTED)} ('dead_letter' with a dead_letter output)")
         self.policies[stream] = OnError(stream, on_error, dead_letter)
+        self.misrouted[stream] = on_misrouted
         self.timestamps[stream] = timestamp_rule(stream, validate_options(TIMESTAMP_OPTIONS, {
             "timestamp_unit": timestamp_unit, "min_timestamp": min_timestamp, "max_timestamp": max_timestamp},
             f"inputs.{stream}"))
+
+    def _placed(self, stream: str, partition: int, record: InputRecord) -> tuple[int, InputRecord]:
+        """Where ``record`` sent to ``partition`` goes, and as what: a record whose key belongs to
+        another partition is routed there (``on_misrouted = "route"``) or made a bad record under the
+        input's ``on_misrouted``, as a job's input reader makes it."""
+        if record.error is not None or record.key is None or self.job.partitions == 1:
+            return partition, record
+        owner = partition_for(record.key, self.job.partitions)
+        if owner == partition:
+            return partition, record
+        policy = self.misrouted.get(stream, "fail")
+        return (owner, record) if policy == "route" else (partition, misrouted_record(record, stream, owner, policy))
 
     def _record(self, stream: str, offset: int, key: Any, value: Any, ts: Any) -> InputRecord:
         """The record an input would yield for ``(key, value, ts)``: ``ts`` made event time by the
@@ -174,8 +197,9 @@ class TaskTestDriver:
         :class:`BatchTask` gets it as a one-row batch)."""
         if partition is None:
             partition = partition_for(key, self.job.partitions)
-        record = self._append(stream, partition,
-                              self._record(stream, 0, key, value, time.time() if timestamp is None else timestamp))
+        ts = time.time() if timestamp is None else timestamp
+        partition, record = self._placed(stream, partition, self._record(stream, 0, key, value, ts))
+        record = self._append(stream, partition, record)
         return Envelope(stream, partition, record.offset, key, value, record.ts)
 
     def send_batch(self, stream: str, keys: Iterable[Any], values: Iterable[Any], *, partition: int | None = None,
@@ -192,8 +216,9 @@ class TaskTestDriver:
         sent = []
         for key, value, ts in zip(keys, values, times):
             p = partition_for(key, self.job.partitions) if partition is None else partition
+            p, record = self._placed(stream, p, self._record(stream, 0, key, value, ts))
             log = self.inputs.setdefault((stream, p), [])
-            record = self._record(stream, len(log), key, value, ts)
+            record = record._replace(offset=len(log))
             log.append(record)
             grouped.setdefault(p, []).append(record)
             sent.append(Envelope(stream, p, record.offset, key, value, record.ts))
@@ -213,8 +238,9 @@ class TaskTestDriver:
         sent = []
         for stream, key, value, ts in rows:
             p = partition_for(key, self.job.partitions) if partition is None else partition
+            p, record = self._placed(stream, p, self._record(stream, 0, key, value, ts))
             log = self.inputs.setdefault((stream, p), [])
-            record = self._record(stream, len(log), key, value, ts)
+            record = record._replace(offset=len(log))
             log.append(record)
             grouped.setdefault(p, []).append((stream, record))
             sent.append(Envelope(stream, p, record.offset, key, value, record.ts))
@@ -238,6 +264,10 @@ class TaskTestDriver:
         log = self.inputs.setdefault((stream, partition), [])
         appended = []
         for record in records:
+            placed, record = self._placed(stream, partition, record)
+            if placed != partition:  # routed: fed to its own partition, one by one
+                self._append(stream, placed, record)
+                continue
             record = record._replace(offset=len(log))
             log.append(record)
             appended.append(record)
@@ -246,6 +276,7 @@ class TaskTestDriver:
         return appended
 
     def _append(self, stream: str, partition: int, record: InputRecord) -> InputRecord:
+        partition, record = self._placed(stream, partition, record)
         log = self.inputs.setdefault((stream, partition), [])
         record = record._replace(offset=len(log))
         log.append(record)

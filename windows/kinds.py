@@ -84,8 +84,8 @@ class Hopping(WindowKind):
                                  hint="make advance at most the size (equal: tumbling windows)")
         per_record = math.ceil(self.size / self.advance - 1e-9)
         if per_record > MAX_WINDOWS_PER_RECORD:
-            raise ConfigError.at("window.advance", f"advance {advance!r} puts every record in {per_record:,} windows of "
-                                 f"size {size!r}; at most {MAX_WINDOWS_PER_RECORD:,} windows per record are allowed "
+            raise ConfigError.at("window.advance", f"advance {advance!r} puts every record in {per_record:,} "
+                                 f"windows of size {size!r}; at most {MAX_WINDOWS_PER_RECORD:,} windows per record are allowed "
                                  "(each is a store update and a timer per record)",
                                  hint=f"make advance at least size / {MAX_WINDOWS_PER_RECORD:,} "
                                       f"({self.size / MAX_WINDOWS_PER_RECORD:g} s), or the size shorter")

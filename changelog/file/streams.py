@@ -16,8 +16,9 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
     UnsafePathError
 
-from localstate.core.streams.base import (BadTimestamp, FileIdentities, InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
-                                          check_regular_file, columns_of, resolve_path)
+from localstate.core.streams.routing import ROUTING_OPTIONS
+from localstate.core.streams.base import (BadTimestamp, FileIdentities, InputColumns, InputRecord, InputStream,
+                                          OutputStream, StreamSystem, check_regular_file, columns_of, resolve_path)
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
 from .format import list_segments, segment_name
@@ -85,6 +86,7 @@ class FileLogInput(_FileLog, InputStream):
         **_SERDE_OPTIONS,
         "ts_field": Option(str, default="ts", doc="value field holding the event time, in timestamp_unit (when values "
                                                   "are objects)"),
+        **ROUTING_OPTIONS,
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:

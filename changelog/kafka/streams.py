@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_duration
 from localstate.core.partitioner import partition_for
+from localstate.core.streams.routing import ROUTING_OPTIONS
 from localstate.core.streams.base import BadTimestamp, InputColumns, InputRecord, InputStream, OutputStream, \
     StreamSystem, columns_of, open_input
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
@@ -95,6 +96,7 @@ class KafkaInput(InputStream):
                                                            "records, handled by on_error)"),
         "probe_timeout": Option((int, float, str), default=2.0, parse=parse_duration, minimum=0.01,
                                 doc="how long the driver waits for a partition's end when planning"),
+        **ROUTING_OPTIONS,
     }
 
     def location(self) -> tuple[str, str]:

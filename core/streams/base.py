@@ -232,10 +232,21 @@ class InputStream(ABC):
         self.config = validate_options(spec, dict(config.options), f"inputs.{config.name}")
         self.on_error: str = self.config["on_error"]
         self.dead_letter: str = self.config["dead_letter"]
-        if self.on_error == "dead_letter" and self.dead_letter not in job.outputs:
-            raise ConfigError.at(f"inputs.{self.name}.dead_letter",
-                                 f"on_error = 'dead_letter' needs an output stream; got {self.dead_letter!r}",
-                                 hint="declare [outputs.<name>] and set dead_letter = '<name>'")
+        self.on_misrouted: str | None = self.config.get("on_misrouted")
+        """what to do with a record in another partition than its key's (:mod:`.routing`); None: the
+        input does not place its records by key (not checked)"""
+        for policy in ("on_error", "on_misrouted"):
+            if self.config.get(policy) == "dead_letter" and self.dead_letter not in job.outputs:
+                raise ConfigError.at(f"inputs.{self.name}.dead_letter",
+                                     f"{policy} = 'dead_letter' needs an output stream; got {self.dead_letter!r}",
+                                     hint="declare [outputs.<name>] and set dead_letter = '<name>'")
+        if self.on_misrouted == "route":
+            raise ConfigError.at(f"inputs.{self.name}.on_misrouted",
+                                 "on_misrouted = 'route' needs a runtime that can send a record to the task partition "
+                                 "of its key; `localstate run` reads each input partition in that partition's own "
+                                 "task (only the TaskTestDriver routes)",
+                                 hint="use 'fail' (the default), 'skip' or 'dead_letter', or re-partition the input "
+                                      "by key (docs/task-api.md, \"Input partitioning\")")
         self.timestamps: TimestampRule = timestamp_rule(self.name, self.config)
         """how the records' timestamps become event time (``timestamp_unit``, ``min_timestamp``,
         ``max_timestamp``): every reader passes each timestamp through it, a bad one makes a bad record"""

@@ -38,17 +38,23 @@ _FINITE = 1.7976931348623157e308  # the largest double: bounds are finite, so in
 class RecordProblem(str):
     """An :class:`~localstate.core.streams.base.InputRecord`'s ``error`` that is more than
     "undecodable": the typed error the ``fail`` policy raises (``error_type``), its ``hint`` and its
-    ``context`` (such as the timestamp as read). Still a str: logs and dead-letter records show it as
-    text."""
+    ``context`` (such as the timestamp as read); ``policy``: the input's policy that applies instead of
+    its ``on_error`` (a misrouted record's ``on_misrouted``), None: ``on_error``; ``count``: the
+    ``(kind, label)`` it is counted under when it is skipped or dead-lettered
+    (:class:`~localstate.core.task.TaskCounters`). Still a str: logs and dead-letter records show it
+    as text."""
 
     error_type: type[InputError]
     hint: str | None
     context: dict[str, Any]
+    policy: str | None
+    count: tuple[str, str] | None
 
-    def __new__(cls, text: str, error_type: type[InputError] = InputError, hint: str | None = None,
-                **context: Any) -> "RecordProblem":
+    def __new__(cls, text: str, error_type: type[InputError] = InputError, hint: str | None = None, *,
+                policy: str | None = None, count: tuple[str, str] | None = None, **context: Any) -> "RecordProblem":
         problem = super().__new__(cls, text)
         problem.error_type, problem.hint, problem.context = error_type, hint, context
+        problem.policy, problem.count = policy, count
         return problem
 
 

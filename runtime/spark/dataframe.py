@@ -61,7 +61,7 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.fsutil import ensure_dir, os_error, write_atomic
 from localstate.core.names import safe_join
-from localstate.core.partitioner import partition_for
+from localstate.core.partitioner import partitions_of
 from localstate.core.layout import checkpoint_store, job_directory, open_changelog_system
 from localstate.runtime.spark.failures import executor_failure, spark_failure
 from localstate.runtime.spark.exchange import RowExchange
@@ -350,10 +350,6 @@ def _encoder() -> Callable[[Any], str]:
 
 
 # -- executors ----------------------------------------------------------------------------------------
-_PARTITION_CACHE: dict[tuple[int, Any], int] = {}
-"""``(partitions, key) -> partition`` in this Python worker: Spark reuses its workers across batches,
-and a key's partition never changes (kept bounded by :data:`_CACHE_LIMIT`)."""
-_CACHE_LIMIT = 2_000_000
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark sets on the tasks of a streaming query's micro-batch (also on the jobs
 its foreachBatch function runs): the executors check it against the batch id the driver passed."""
@@ -361,24 +357,11 @@ its foreachBatch function runs): the executors check it against the batch id the
 
 def _partitions_of(keys: Any, partitions: int, column: str) -> Any:
     """The job partition of each key of the Arrow array ``keys``: computed once per distinct key of
-    the batch (``dictionary_encode``), by :func:`partition_for`."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    the batch, by :func:`~localstate.core.partitioner.partitions_of`."""
     if keys.null_count:
         raise SchemaError(f"key column {column!r} holds a null key", column=column,
                           hint="filter out rows without a key, or fill them in")
-    encoded = pc.dictionary_encode(keys)
-    cache = _PARTITION_CACHE
-    if len(cache) > _CACHE_LIMIT:
-        cache.clear()
-    parts = []
-    for key in encoded.dictionary.to_pylist():
-        part = cache.get((partitions, key))
-        if part is None:
-            part = cache[(partitions, key)] = partition_for(key, partitions)
-        parts.append(part)
-    return pa.array(parts, pa.int32()).take(encoded.indices)
+    return partitions_of(keys, partitions)
 
 
 MURMUR2_CLASS = "org.apache.commons.codec.digest.MurmurHash2"
@@ -388,10 +371,11 @@ _JVM_KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongTyp
 
 
 def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
-    """The column expression giving each row its job partition, equal to :func:`partition_for` of
-    its key. String and integer keys are hashed in the JVM (``reflect`` of :data:`MURMUR2_CLASS` on
-    the key, integers as their decimal text, as :func:`~localstate.core.partitioner.key_bytes` does):
-    the first stage of the batch's job then runs no Python at all. Binary keys, which ``reflect``
+    """The column expression giving each row its job partition, equal to
+    :func:`~localstate.core.partitioner.partition_for` of its key. String and integer keys are hashed
+    in the JVM (``reflect`` of :data:`MURMUR2_CLASS` on the key, integers as their decimal text, as
+    :func:`~localstate.core.partitioner.key_bytes` does): the first stage of the batch's job then runs
+    no Python at all. Binary keys, which ``reflect``
     cannot pass, go through an Arrow UDF, as every key does with ``jvm=False`` (a Spark without the
     class, :func:`jvm_has_murmur2`). A null key is refused with SchemaError naming the column (by the
     UDF, or by the apply task when the JVM gave it a null partition)."""

@@ -28,6 +28,7 @@ from localstate.runtime.spark.instances import (BatchInstance, Lease, checkin, c
 from localstate.runtime.spark.plan import PartitionPlan
 from localstate.core.streams import open_input
 from localstate.core.streams.base import ColumnarInput, InputRecord, InputStream, seek_hint
+from localstate.core.streams.routing import RoutingCheck
 from localstate.core.task import BatchTask
 from localstate.runtime.records import ColumnRows
 from localstate.errors import InputPositionError
@@ -49,7 +50,8 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
     order: one input as read; several merged by ``(ts, input, offset)``, a merge resumable at any cut
     (the order does not depend on batch boundaries); at most ``plan.limit`` records. A batch task
     reading one :class:`~localstate.core.streams.base.ColumnarInput` gets
-    :class:`~localstate.runtime.records.ColumnRows` chunks instead (the same rows)."""
+    :class:`~localstate.runtime.records.ColumnRows` chunks instead (the same rows). Each input's
+    co-partitioning is checked as it is read (:class:`RoutingCheck`)."""
     partition = plan.partition
     names = sorted(plan.ranges)
     for name in names:
@@ -61,8 +63,11 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
         # A batch task reading one input that decodes to columns: chunks, no record tuple per row.
         name = names[0]
         chunks = inputs[name].read_columns(partition, instance.position(name), plan.ranges[name][1])  # type: ignore[attr-defined]
+        check = RoutingCheck.of(inputs[name], partition)
+        chunks = chunks if check is None else check.columns(chunks)
         return (ColumnRows(name, columns) for columns in chunks)  # type: ignore[misc]
-    streams = [inputs[name].read(partition, instance.position(name), plan.ranges[name][1]) for name in names]
+    streams = [_routed(inputs[name], partition, inputs[name].read(partition, instance.position(name),
+                                                                  plan.ranges[name][1])) for name in names]
     if len(streams) == 1:  # the common case needs no merge (and no sort key per record)
         items: Iterator[tuple[str, InputRecord]] = zip(repeat(names[0]), streams[0])
     else:
@@ -71,6 +76,13 @@ def plan_records(instance: BatchInstance, plan: PartitionPlan,
     if limited:
         items = islice(items, plan.limit)
     return items
+
+
+def _routed(source: InputStream, partition: int, records: Iterator[InputRecord]) -> Iterator[InputRecord]:
+    """``records`` of ``source``'s ``partition`` with co-partitioning checked (:class:`RoutingCheck`):
+    a record whose key belongs to another partition becomes a bad record under ``on_misrouted``."""
+    check = RoutingCheck.of(source, partition)
+    return records if check is None else check.records(records)
 
 
 def _check_position(instance: BatchInstance, plan: PartitionPlan, name: str, source: InputStream) -> None:

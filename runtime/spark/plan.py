@@ -177,7 +177,8 @@ def progress_line(result: BatchResult, tasks: int) -> str:
     extra += f" dead-lettered {result.dead_lettered:,}" if result.dead_lettered else ""
     extra += f" restored {result.replayed:,} trimmed {result.trimmed:,}" if result.replayed or result.trimmed else ""
     extra += f" warm {result.warm}/{result.stateful}" if result.stateful else ""
-    extra += "".join(f" {kind.replace('_', ' ')} {sum(labels.values()):,}" for kind, labels in sorted(result.counts.items()))
+    extra += "".join(f" {kind.replace('_', ' ')} {sum(labels.values()):,}"
+                     for kind, labels in sorted(result.counts.items()))
     extra += f" ({result.failed_attempts} failed task attempt(s) retried)" if result.failed_attempts else ""
     return (f"batch {result.batch}: {tasks} task(s), in {result.records_in:,} out {result.records_out:,} in "
             f"{result.seconds:.2f}s ({rate:,.0f} rec/s), {lag_text(result.lag, result.pending_bytes)}{extra}")
