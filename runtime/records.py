@@ -172,8 +172,9 @@ def apply_on_error(policy: InputPolicy | None, instance: "TaskInstance", name: s
     partition = instance.partition
     error = record.error
     on_error = getattr(error, "policy", None) or (FAIL if policy is None else policy.on_error)
-    if on_error != FAIL and getattr(error, "count", None):
-        instance.counters.add(*error.count)
+    counted_as = getattr(error, "counted_as", None)
+    if on_error != FAIL and counted_as is not None:
+        instance.counters.add(*counted_as)
     if on_error == FAIL:
         # a RecordProblem names its own error type, hint and context
         raise getattr(error, "error_type", InputError)(

@@ -39,7 +39,7 @@ class RecordProblem(str):
     """An :class:`~localstate.core.streams.base.InputRecord`'s ``error`` that is more than
     "undecodable": the typed error the ``fail`` policy raises (``error_type``), its ``hint`` and its
     ``context`` (such as the timestamp as read); ``policy``: the input's policy that applies instead of
-    its ``on_error`` (a misrouted record's ``on_misrouted``), None: ``on_error``; ``count``: the
+    its ``on_error`` (a misrouted record's ``on_misrouted``), None: ``on_error``; ``counted_as``: the
     ``(kind, label)`` it is counted under when it is skipped or dead-lettered
     (:class:`~localstate.core.task.TaskCounters`). Still a str: logs and dead-letter records show it
     as text."""
@@ -48,13 +48,14 @@ class RecordProblem(str):
     hint: str | None
     context: dict[str, Any]
     policy: str | None
-    count: tuple[str, str] | None
+    counted_as: tuple[str, str] | None
 
     def __new__(cls, text: str, error_type: type[InputError] = InputError, hint: str | None = None, *,
-                policy: str | None = None, count: tuple[str, str] | None = None, **context: Any) -> "RecordProblem":
+                policy: str | None = None, counted_as: tuple[str, str] | None = None,
+                **context: Any) -> "RecordProblem":
         problem = super().__new__(cls, text)
         problem.error_type, problem.hint, problem.context = error_type, hint, context
-        problem.policy, problem.count = policy, count
+        problem.policy, problem.counted_as = policy, counted_as
         return problem
 
 
@@ -117,8 +118,8 @@ class TimestampRule:
         import numpy as np
 
         if not isinstance(seconds, np.ndarray):
-            seconds = seconds.to_numpy(zero_copy_only=False)  # nulls become NaN: drop them below
-            seconds = seconds[~np.isnan(seconds)] if seconds.dtype.kind == "f" else seconds
+            # nulls dropped first (to_numpy would make them NaN, which must fail the check)
+            seconds = seconds.drop_null().to_numpy(zero_copy_only=False)
         return bool(((seconds >= self._low) & (seconds <= self._high)).all())
 
     def problem(self, value: Any, why: str) -> RecordProblem:

@@ -50,7 +50,7 @@ def misrouted_problem(stream: str, key: Any, owner: int, policy: str) -> RecordP
         f"key {shown} belongs to partition {owner} (partition_for), not this one: misrouted", MisroutedRecordError,
         hint=f"write each record to the partition of its key (Kafka's default partitioner, murmur2 of its key; "
              f"see docs/task-api.md), or set on_misrouted = 'skip' or 'dead_letter' in [inputs.{stream}]",
-        policy=policy, count=(MISROUTED, stream), key=shown, owner=owner)
+        policy=policy, counted_as=(MISROUTED, stream), key=shown, owner=owner)
 
 
 def misrouted_record(record: Any, stream: str, owner: int, policy: str) -> Any:
