@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["murmur2", "partition_for", "key_bytes", "partitions_of"]
+from localstate.native import load as load_native
+
+__all__ = ["murmur2", "py_murmur2", "partition_for", "key_bytes", "partitions_of"]
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (seed 0x9747b28c), returned as a signed 32-bit int like Java's."""
+def py_murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (seed 0x9747b28c), returned as a signed 32-bit int like Java's (the reference of
+    the C version :func:`murmur2` is when it is built)."""
     length = len(data)
     m, r = 0x5BD1E995, 24
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
@@ -33,6 +36,11 @@ def murmur2(data: bytes) -> int:
     h = (h * m) & 0xFFFFFFFF
     h ^= h >> 15
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+_NATIVE = load_native("localstate.native._hotpath")
+murmur2 = py_murmur2 if _NATIVE is None else _NATIVE.murmur2
+"""Kafka's murmur2 of ``data`` (bytes): :func:`py_murmur2`, in C when built."""
 
 
 def key_bytes(key: Any) -> bytes:

@@ -675,3 +675,20 @@ def test_stamp_ints_refuses_a_prefix_that_is_no_packed_expiry() -> None:
     for prefix in (1.0, b"1234567890123", bytearray(b"1234")):
         with pytest.raises(TypeError, match="stamp_ints"):
             stamp(prefix, [1])
+
+
+@given(data=st.binary(max_size=70))
+def test_murmur2_is_kafkas_as_the_reference_computes_it(data: bytes) -> None:
+    """``_hotpath.murmur2`` (every key's partition, checked as inputs are read) against
+    ``core/partitioner.py``'s ``py_murmur2``, on every length modulo 4 and every byte value."""
+    from localstate.core.partitioner import py_murmur2
+    assert _hotpath().murmur2(data) == py_murmur2(data)
+
+
+def test_murmur2_known_values_and_refusals() -> None:
+    """Values of Kafka's Java client (``Utils.murmur2``), and what is not bytes."""
+    murmur2 = _hotpath().murmur2
+    assert murmur2(b"21") == -973932308 and murmur2(b"") == 275646681 and murmur2(b"foobar") == -790332482
+    for bad in ("21", bytearray(b"21"), None, 21):
+        with pytest.raises(TypeError, match="murmur2"):
+            murmur2(bad)
