@@ -160,8 +160,8 @@ class TaskTestDriver:
         bounds unless given: a test's timestamps are often small numbers). A timestamp that is no
         finite number inside them is a bad record under ``on_error``, as on a job. ``on_misrouted``: a
         record sent to a partition other than its key's (``partition=``) fails (the default), is
-        skipped or dead-lettered, or with ``route`` goes to its key's partition instead (the driver
-        can route; ``localstate run`` cannot)."""
+        skipped or dead-lettered, with ``route`` goes to its key's partition instead (the driver can
+        route; ``localstate run`` cannot), with ``allow`` is processed where it was sent."""
         if on_misrouted not in ON_MISROUTED or (on_misrouted == "dead_letter" and not dead_letter):
             raise ConfigError.at(f"inputs.{stream}.on_misrouted", f"on_misrouted {on_misrouted!r}: use one of "
                                  f"{', '.join(ON_MISROUTED)} ('dead_letter' with a dead_letter output)")
@@ -181,6 +181,8 @@ class TaskTestDriver:
         if owner == partition:
             return partition, record
         policy = self.misrouted.get(stream, "fail")
+        if policy == "allow":
+            return partition, record
         return (owner, record) if policy == "route" else (partition, misrouted_record(record, stream, owner, policy))
 
     def _record(self, stream: str, offset: int, key: Any, value: Any, ts: Any) -> InputRecord:

@@ -6,9 +6,10 @@ reach (one key counted in two stores, silently).
 An input that places records by key (jsonl, file, kafka) has ``on_misrouted``: ``fail`` (default: a
 :class:`~localstate.errors.MisroutedRecordError` naming the input, partition, offset, key and the
 partition it belongs to), ``skip`` (counted), ``dead_letter`` (to the input's ``dead_letter``
-output, as bad records go), or ``route`` (sent to the partition it belongs to: only where the runtime
+output, as bad records go), ``route`` (sent to the partition it belongs to: only where the runtime
 can do that, the TaskTestDriver; ``localstate run`` reads each input partition in its own task and
-refuses it). Misrouted records are counted per input (``misrouted`` in progress, ``localstate
+refuses it), or ``allow`` (not checked: an input whose keys are not what the task keeps state by,
+each partition's records processed where they are). Misrouted records are counted per input (``misrouted`` in progress, ``localstate
 status``, Prometheus). The check costs a partition per distinct key of a chunk (remembered across
 chunks), and nothing with one job partition."""
 
@@ -24,7 +25,7 @@ from localstate.errors import MisroutedRecordError
 
 __all__ = ["ON_MISROUTED", "ROUTING_OPTIONS", "MISROUTED", "RoutingCheck", "misrouted_problem", "misrouted_record"]
 
-ON_MISROUTED = ("fail", "skip", "dead_letter", "route")
+ON_MISROUTED = ("fail", "skip", "dead_letter", "route", "allow")
 
 MISROUTED = "misrouted"
 """The kind of count (:class:`~localstate.core.task.TaskCounters`) of misrouted records, per input."""
@@ -33,8 +34,9 @@ ROUTING_OPTIONS: Mapping[str, Option] = {
     "on_misrouted": Option(str, default="fail", choices=ON_MISROUTED,
                            doc="a keyed record in another partition than its key's (partition_for): fail the job "
                                "(naming the record and the partition it belongs to), skip it (counted), write it to "
-                               "the `dead_letter` output, or route it to its partition (the TaskTestDriver only: "
-                               "`localstate run` refuses route)"),
+                               "the `dead_letter` output, route it to its partition (the TaskTestDriver only: "
+                               "`localstate run` refuses route), or allow it (not checked: the input's keys are "
+                               "not what the task keeps state by)"),
 }
 """Options of every input that places its records by key."""
 
@@ -78,10 +80,11 @@ class RoutingCheck:
     @classmethod
     def of(cls, source: Any, partition: int) -> "RoutingCheck | None":
         """The check of ``source``'s (an InputStream's) ``partition``; None when there is nothing to
-        check (an input that does not place records by key, or one job partition)."""
+        check (an input that does not place records by key, one that allows any placement, or one
+        job partition)."""
         policy = getattr(source, "on_misrouted", None)
         partitions = source.job.partitions
-        if policy is None or partitions <= 1:
+        if policy is None or policy == "allow" or partitions <= 1:
             return None
         return cls(source.name, partition, partitions, policy)
 

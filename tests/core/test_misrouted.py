@@ -239,3 +239,18 @@ def test_the_driver_skips_or_dead_letters_and_counts(policy: str) -> None:
         assert driver.counts() == {"misrouted": {"events": 1}}
         assert len(driver.outputs("bad")) == (1 if policy == "dead_letter" else 0)
         assert [key for key, _ in driver.store("seen", 0).all()] == [_owned(0)[0]]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_allow_processes_every_record_where_it_is_unchecked(tmp_path: Path, task: str) -> None:
+    """An input whose keys are not what the task keeps state by: ``allow`` (as before the check)."""
+    keys = _owned(0)[:2] + _owned(1)[:2] + _owned(2)[:2]
+    _write(tmp_path, "jsonl", 0, keys)
+    found = _run(tmp_path, "jsonl", task, 0, on_misrouted="allow")
+    assert found["in"] == 6 and found["state"] == sorted(keys, key=repr) and found["counts"] == {}
+
+
+def test_the_driver_allows_a_record_where_it_was_sent() -> None:
+    with _driver(on_misrouted="allow") as driver:
+        driver.send("events", _owned(2)[0], 1, partition=0)
+        assert driver.store("seen", 0).get(_owned(2)[0]) == 0
