@@ -12,7 +12,7 @@ Definitions used by the ratios:
   bytes come from the device, as after a reboot or on a new host.
 - *read()*: ``FileChangelogPartition.read()`` consumed to the end (decode, crc check, one
   ``ChangelogRecord`` per record). *read_batches()*: the same records in lists.
-- *restore into KV*: ``core.recovery.recover_store`` of a fresh RocksDB-backed KV engine up to the end
+- *restore into KV*: ``runtime.partition.recovery.recover_store`` of a fresh RocksDB-backed KV engine up to the end
   of the changelog: read_columns() + progress counting + ``engine.restore_columns()`` (the backend's
   bulk load) + ``engine.flush()``. ``python -m bench restore`` compares it with plain decoding.
 """
@@ -243,7 +243,7 @@ def main(argv: list[str]) -> int:
         report.notes.append(f"peak RSS {peak_rss_mb():.0f} MiB; raw read = unbuffered f.read({RAW_CHUNK}) of "
                             "every segment file; warm = page cache hot, cold = pages evicted with "
                             "posix_fadvise(DONTNEED) before the run (a VM disk may still be cached by its host)")
-        report.notes.append("restore into KV = core.recovery.recover_store into a fresh RocksDB KV engine "
+        report.notes.append("restore into KV = runtime.partition.recovery.recover_store into a fresh RocksDB KV engine "
                             "(read_columns + progress + engine.restore_columns + flush)")
     finally:
         shutil.rmtree(root, ignore_errors=True)

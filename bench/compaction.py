@@ -7,7 +7,7 @@ Workload: ``--updates`` changelog records (default 10M; ``--quick``: 2M) over ``
 file changelog with its default 64 MB segments. That is what a KV store's changelog holds after that many
 updates when every commit touches each key at most once (commits coalesce repeated writes of a key).
 
-- *restore, uncompacted*: ``core.recovery.recover_store`` of a fresh RocksDB-backed KV engine from
+- *restore, uncompacted*: ``runtime.partition.recovery.recover_store`` of a fresh RocksDB-backed KV engine from
   offset 0 to the end (read, crc check, engine.restore, flush), over the whole history.
 - *compaction*: ``FileChangelogSystem.compact(upto=end)`` as ``localstate compact`` runs it: the idle
   active segment is sealed first, then every segment below ``upto`` is rewritten.

@@ -16,6 +16,11 @@ decoded into the columns of a batch task's Arrow batches, by each candidate, in 
 
 Ratios against ``read() + record_batch`` measured in the same run (best of ``--repeat``).
 
+The co-partitioning check (``on_misrouted``, issue 43): the same readers over a file whose keys all
+belong to partition 0 of 4, with the job at 4 partitions (every key checked: one partition per
+distinct key of a chunk, remembered) against 1 partition (nothing to check), rows ``... checked``,
+and their ratios.
+
 Then the native Spark path's work for one partition without Spark (``run_partition`` of one planned
 batch over the whole file: open, read and decode, the task, flush, commit preparation, close) with
 ``localstate.demo:PageViewCounter`` (per record) and ``PageViewCounterBatch`` (a batch task, fed the
@@ -38,16 +43,25 @@ from bench.report import Report
 __all__ = ["main"]
 
 
-def _job(tmp: Path, rows: int) -> Any:
+def _job(tmp: Path, rows: int, *, partitions: int = 1, data: str = "data", owned: bool = False) -> Any:
+    """The decode job (``partitions``) over ``<data>/0.jsonl`` of ``rows`` lines, written once; with
+    ``owned`` its keys are only those partition 0 of 4 owns."""
     from localstate.core.config import load_job_config
-    (tmp / "data").mkdir()
-    with open(tmp / "data" / "0.jsonl", "w") as handle:
-        for i in range(rows):
-            handle.write(json.dumps({"key": "user-%08d" % (i * 7919 % 50_000), "value": {"page": "/page/%04d" % (i % 1000)},
-                                     "ts": 1_700_000_000 + i}, separators=(",", ":")) + "\n")
-    (tmp / "job.toml").write_text('[job]\nname = "decode"\npartitions = 1\ntask = "m:T"\n'
-                                  '[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
-    return load_job_config(tmp / "job.toml")
+    from localstate.core.partitioner import partition_for
+
+    keys = ["user-%08d" % k for k in range(50_000)]
+    if owned:
+        keys = [key for key in keys if partition_for(key, 4) == 0]
+    if not (tmp / data).exists():
+        (tmp / data).mkdir()
+        with open(tmp / data / "0.jsonl", "w") as handle:
+            for i in range(rows):
+                handle.write(json.dumps({"key": keys[i * 7919 % len(keys)], "value": {"page": "/page/%04d" % (i % 1000)},
+                                         "ts": 1_700_000_000 + i}, separators=(",", ":")) + "\n")
+    (tmp / f"job-{data}-{partitions}.toml").write_text(
+        f'[job]\nname = "decode"\npartitions = {partitions}\ntask = "m:T"\n'
+        f'[inputs.events]\nsystem = "jsonl"\npath = "{data}"\n')
+    return load_job_config(tmp / f"job-{data}-{partitions}.toml")
 
 
 def _partition_work(report: Report, tmp: Path, rows: int, repeat: int) -> None:
@@ -103,6 +117,7 @@ def main(argv: list[str]) -> int:
 
     import localstate.streams.jsonl as jsonl
     from localstate.core.stream import open_input
+    from localstate.core.routing import RoutingCheck
     from localstate.core.task import record_batch
     from localstate.runtime.partition.records import BATCH_ROWS
 
@@ -113,9 +128,11 @@ def main(argv: list[str]) -> int:
         source = open_input(job, "events")
         rows = args.rows
 
-        def per_record() -> int:
+        def per_record(source: Any = source, checked: bool = False) -> int:
             n = 0
             records = iter(source.read(0, 0, rows))
+            if checked:
+                records = RoutingCheck.of(source, 0).records(records)
             while True:
                 chunk = [r for _, r in zip(range(BATCH_ROWS), records)]
                 if not chunk:
@@ -123,9 +140,13 @@ def main(argv: list[str]) -> int:
                 offsets, keys, values, times, _e, _r = zip(*chunk)
                 n += record_batch(["events"], list(offsets), list(keys), list(values), list(times)).num_rows
 
-        def columns() -> int:
-            return sum(record_batch(["events"], c.offsets, c.keys, c.values, c.timestamps).num_rows
-                       for c in source.read_columns(0, 0, rows))
+        def columns(source: Any = source, checked: bool = False) -> int:
+            chunks = source.read_columns(0, 0, rows)
+            if checked:
+                chunks = RoutingCheck.of(source, 0).columns(chunks)
+            return sum(record_batch(["events"], c.offsets, c.keys, c.values, c.timestamps).num_rows for c in chunks)
+
+        one, four = (open_input(_job(tmp, rows, partitions=n, data="owned", owned=True), "events") for n in (1, 4))
 
         def columns_stdlib() -> int:
             saved, jsonl._ORJSON_LOADS = jsonl._ORJSON_LOADS, None
@@ -139,7 +160,11 @@ def main(argv: list[str]) -> int:
 
         candidates: list[tuple[str, Callable[[], int]]] = [
             ("read() + record_batch", per_record), ("read_columns() + record_batch", columns),
-            ("read_columns() without orjson", columns_stdlib), ("pyarrow.json.read_json", arrow_json)]
+            ("read_columns() without orjson", columns_stdlib), ("pyarrow.json.read_json", arrow_json),
+            ("read() + record_batch, 1 partition", lambda: per_record(one)),
+            ("read() + record_batch, 4 partitions checked", lambda: per_record(four, True)),
+            ("read_columns() + record_batch, 1 partition", lambda: columns(one)),
+            ("read_columns() + record_batch, 4 partitions checked", lambda: columns(four, True))]
         if jsonl._ORJSON_LOADS is None:
             candidates = [c for c in candidates if c[0] != "read_columns() without orjson"]
             report.notes.append("orjson is not installed: read_columns() used the json serde's decoder")
@@ -154,8 +179,12 @@ def main(argv: list[str]) -> int:
             report.add(label, rows_per_s=round(rows / best, 1), seconds=round(best, 3))
         base = figures["read() + record_batch"]
         for label, value in figures.items():
-            if label != "read() + record_batch":
+            if label != "read() + record_batch" and "partition" not in label:
                 report.ratio(f"{label} / read() + record_batch", value / base)
+        for reader in ("read()", "read_columns()"):
+            report.ratio(f"{reader} co-partitioning check: checked / unchecked (rows per s)",
+                         figures[f"{reader} + record_batch, 4 partitions checked"]
+                         / figures[f"{reader} + record_batch, 1 partition"])
         _partition_work(report, tmp, rows, args.repeat)
     report.notes.append("pyarrow.json.read_json is not exact (one bad line fails the whole read, nested "
                         "values become structs with every field, ints and floats of one field widen): a reference")

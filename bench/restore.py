@@ -9,7 +9,7 @@ gets to a plain-Python read + decode + CRC check of the same segment files.
 - *read_columns()*: ``FileChangelogPartition.read_columns()`` consumed (the restore decoder: the same
   checks, plus gap/corruption detection). Its runs are framed (``RecordColumns.framed``: each record's
   span in the bytes read, no objects yet; whoever needs key and value lists makes them on first use).
-- *restore into KV (backend)*: ``core.recovery.recover_store`` of a fresh KV store up to the end of the
+- *restore into KV (backend)*: ``runtime.partition.recovery.recover_store`` of a fresh KV store up to the end of the
   changelog: decode + coalesce (last per key) + the backend's bulk load + the final commit. Only that
   call is timed (opening and closing the store are not part of a restore).
 - *restore, record path*: the same through ``engine.restore(read())``, one ChangelogRecord per record

@@ -65,9 +65,10 @@ class Checkpoint:
     """store -> the layout of its state (:class:`~localstate.core.engine.StateFormat`), for engines
     that name one: a store reopened with options that change it is refused"""
     input_ids: dict[str, str] = field(default_factory=dict)
-    """input stream -> the identity of what it read up to this commit, for inputs that have one
-    (:class:`~localstate.core.stream.IdentifiedInput`: a Kafka topic's id): the position is not
-    applied to another stream of the same name (a topic deleted and created again)"""
+    """input stream -> the identity of what this partition of it read up to this commit, for inputs that
+    have one (:class:`~localstate.core.stream.IdentifiedInput`: a Kafka topic's id, a file
+    partition's device, inode and first bytes): the position is not applied to another stream of the
+    same name (a topic deleted and created again, a file replaced)"""
     home: str | None = None
     """cluster mode: the *home* of the attempt that prepared this checkpoint, an id of the executor
     host's local store directory: the next batch, or the next run after a restart, prefers an executor

@@ -42,6 +42,9 @@ class StoreContext:
     logged: bool = True
     """False when the store has ``changelog = false`` (not fault tolerant)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    """What the runtime adds: ``registry`` (the job's plugin registry) and ``state_format``, the layout
+    (:class:`StateFormat`) the partition's committed checkpoint recorded for the store (None: none
+    recorded), which an engine may trust its stored state to be in."""
     time: TimeSource = SYSTEM_TIME
     """The partition's clock and watermark (:mod:`localstate.core.time`): what a store with a TTL
     reads to decide what has expired. The runtime passes the task partition's time source."""

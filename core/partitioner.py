@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["murmur2", "partition_for", "key_bytes"]
+from localstate.native import load as load_native
+
+__all__ = ["murmur2", "py_murmur2", "partition_for", "key_bytes", "partitions_of"]
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (seed 0x9747b28c), returned as a signed 32-bit int like Java's."""
+def py_murmur2(data: bytes) -> int:
+    """Kafka's murmur2 (seed 0x9747b28c), returned as a signed 32-bit int like Java's (the reference of
+    the C version :func:`murmur2` is when it is built)."""
     length = len(data)
     m, r = 0x5BD1E995, 24
     h = (0x9747B28C ^ length) & 0xFFFFFFFF
@@ -35,6 +38,11 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+_NATIVE = load_native("localstate.native._hotpath")
+murmur2 = py_murmur2 if _NATIVE is None else _NATIVE.murmur2
+"""Kafka's murmur2 of ``data`` (bytes): :func:`py_murmur2`, in C when built."""
+
+
 def key_bytes(key: Any) -> bytes:
     """The bytes a key is partitioned by: bytes as is, str as UTF-8, int as its decimal text
     (what Kafka's StringSerializer would send), anything else as compact sorted JSON."""
@@ -50,3 +58,37 @@ def key_bytes(key: Any) -> bytes:
 def partition_for(key: Any, partitions: int) -> int:
     """The partition of ``key`` among ``partitions`` (Kafka's default for keyed records)."""
     return (murmur2(key_bytes(key)) & 0x7FFFFFFF) % partitions
+
+
+_KNOWN: dict[tuple[int, Any], int] = {}
+"""``(partitions, key) -> partition`` in this process: a key's partition never changes, and murmur2 in
+Python costs microseconds a key (kept bounded by :data:`_KNOWN_LIMIT`)."""
+_KNOWN_LIMIT = 2_000_000
+
+
+def partitions_of(keys: Any, partitions: int) -> Any:
+    """:func:`partition_for` of each of ``keys``, computed once per distinct key of the batch and
+    remembered across calls: a list for a list of keys, an int32 pyarrow array for a pyarrow array of
+    keys (strings or integers, no nulls)."""
+    known = _KNOWN
+    if len(known) > _KNOWN_LIMIT:
+        known.clear()
+    if not isinstance(keys, list):  # a pyarrow array: its distinct keys, then their partitions taken per row
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        encoded = pc.dictionary_encode(keys)
+        distinct = partitions_of(encoded.dictionary.to_pylist(), partitions)
+        return pa.array(distinct, pa.int32()).take(encoded.indices)
+    out = []
+    append = out.append
+    for key in keys:
+        try:
+            part = known.get((partitions, key))
+        except TypeError:  # an unhashable key (a JSON list or object): computed each time
+            append(partition_for(key, partitions))
+            continue
+        if part is None:
+            part = known[(partitions, key)] = partition_for(key, partitions)
+        append(part)
+    return out

@@ -9,6 +9,7 @@ input's ``on_error`` policy (``fail`` | ``skip`` | ``dead_letter``).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from abc import ABC, abstractmethod
@@ -17,6 +18,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Iterator, Mapping, Na
     runtime_checkable
 
 from localstate.core.changelog import PLUGIN_API_VERSION
+from localstate.core.event_time import (NO_BOUNDS, TIMESTAMP_OPTIONS, BadTimestamp, RecordProblem,
+                                                TimestampRule, timestamp_rule)
 from localstate.core.options import Option, did_you_mean, validate_options
 from localstate.core.policy import job_folder
 from localstate.errors import ConfigError, ConfigProblem, InputError, InputPositionError, LocalStateError, OutputError, \
@@ -25,19 +28,22 @@ from localstate.errors import ConfigError, ConfigProblem, InputError, InputPosit
 if TYPE_CHECKING:
     from localstate.core.config import JobConfig, StreamConfig
 
-__all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir", "resolve_path",
-           "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file", "open_regular_file",
-           "check_output_file", "PendingTail", "RetainedStart", "IdentifiedInput", "PENDING_TAIL_WARN_AFTER", "check_input_position",
-           "seek_hint", "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS"]
+__all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir",
+           "resolve_path", "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file",
+           "open_regular_file", "check_output_file", "PendingTail", "RetainedStart", "IdentifiedInput",
+           "PENDING_TAIL_WARN_AFTER", "check_input_position", "FileIdentities", "IDENTITY_BYTES", "seek_hint",
+           "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS", "TimestampRule", "BadTimestamp",
+           "RecordProblem", "NO_BOUNDS", "timestamp_rule"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
 #: Options every input accepts, whatever its system.
 COMMON_INPUT_OPTIONS: Mapping[str, Option] = {
     "on_error": Option(str, default="fail", choices=ON_ERROR,
-                       doc="bad record (undecodable, no key): fail the job, skip it (counted), or "
-                           "write it to the `dead_letter` output stream"),
+                       doc="bad record (undecodable, no key, a timestamp that is no plausible event time): fail "
+                           "the job, skip it (counted), or write it to the `dead_letter` output stream"),
     "dead_letter": Option(str, default="", doc="output stream receiving bad records when on_error = 'dead_letter'"),
+    **TIMESTAMP_OPTIONS,
 }
 
 
@@ -226,10 +232,24 @@ class InputStream(ABC):
         self.config = validate_options(spec, dict(config.options), f"inputs.{config.name}")
         self.on_error: str = self.config["on_error"]
         self.dead_letter: str = self.config["dead_letter"]
-        if self.on_error == "dead_letter" and self.dead_letter not in job.outputs:
-            raise ConfigError.at(f"inputs.{self.name}.dead_letter",
-                                 f"on_error = 'dead_letter' needs an output stream; got {self.dead_letter!r}",
-                                 hint="declare [outputs.<name>] and set dead_letter = '<name>'")
+        self.on_misrouted: str | None = self.config.get("on_misrouted")
+        """what to do with a record in another partition than its key's (:mod:`.routing`); None: the
+        input does not place its records by key (not checked)"""
+        for policy in ("on_error", "on_misrouted"):
+            if self.config.get(policy) == "dead_letter" and self.dead_letter not in job.outputs:
+                raise ConfigError.at(f"inputs.{self.name}.dead_letter",
+                                     f"{policy} = 'dead_letter' needs an output stream; got {self.dead_letter!r}",
+                                     hint="declare [outputs.<name>] and set dead_letter = '<name>'")
+        if self.on_misrouted == "route":
+            raise ConfigError.at(f"inputs.{self.name}.on_misrouted",
+                                 "on_misrouted = 'route' needs a runtime that can send a record to the task partition "
+                                 "of its key; `localstate run` reads each input partition in that partition's own "
+                                 "task (only the TaskTestDriver routes)",
+                                 hint="use 'fail' (the default), 'skip' or 'dead_letter', or re-partition the input "
+                                      "by key (docs/task-api.md, \"Input partitioning\")")
+        self.timestamps: TimestampRule = timestamp_rule(self.name, self.config)
+        """how the records' timestamps become event time (``timestamp_unit``, ``min_timestamp``,
+        ``max_timestamp``): every reader passes each timestamp through it, a bad one makes a bad record"""
 
     @abstractmethod
     def end_offset(self, partition: int) -> int:
@@ -332,11 +352,89 @@ class RetainedStart(Protocol):
 @runtime_checkable
 class IdentifiedInput(Protocol):
     """An input whose name may come to mean another stream: a Kafka topic deleted and created again
-    under the same name starts its offsets over. Optional: an input without it is taken to be the one
-    its checkpointed positions were read from."""
+    under the same name starts its offsets over; a file input's partition file renamed over, or
+    truncated and written again, is another file under the same path. Optional: an input without it
+    is taken to be the one its checkpointed positions were read from."""
 
-    def identity(self) -> str | None:
-        """The identity of what the input reads now (a Kafka topic's id); None: not known."""
+    def identity(self, partition: int, recorded: str | None = None) -> str | None:
+        """The identity of what ``partition`` of the input reads now (a Kafka topic's id; a file
+        partition's :class:`FileIdentities`), in the form of ``recorded`` (an identity the checkpoint
+        recorded earlier: a file's fingerprints as many bytes as it did), so that it equals
+        ``recorded`` exactly when the input is still the one it was read from. Appending to the
+        input never changes it. None: not known."""
+
+
+IDENTITY_BYTES = 4096
+"""Bytes at the start of a file input's first segment that its identity fingerprints (all of them
+while the file is shorter; appending never changes bytes already there)."""
+
+
+class FileIdentities:
+    """Identities of a file input's partitions (:class:`IdentifiedInput`), each the first segment the
+    partition still has: ``"<base>:<device>:<inode>:<n>:<hash of its first n bytes>"``. A partition
+    renamed over has another inode; one truncated and written again, other first bytes (or fewer);
+    one appended to, the same identity. An identity recorded for a segment that is gone while the
+    partition's first segment now starts later (segments read and then deleted by the operator) still
+    matches: what was read is not there to compare, and a position below the first record the input
+    still holds is refused anyway (:class:`RetainedStart`). Computed identities are kept per file
+    status (device, inode, size, modification and change times), so a standing run's frequent
+    plans read no file that did not change."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, int], tuple[tuple[int, ...], str | None]] = {}
+
+    def identity(self, segments: Sequence[tuple[int, Path]], recorded: str | None, *, stream: str,
+                 partition: int) -> str | None:
+        """The identity of the partition whose segments are ``segments`` (``(base, path)``, by base),
+        in the form of ``recorded`` (None: fingerprint up to :data:`IDENTITY_BYTES`)."""
+        if not segments:
+            return None
+        wanted = _parse_identity(recorded)
+        if wanted is not None:
+            base, length = wanted
+            held = dict(segments)
+            if base in held:
+                return self._of(held[base], base, length, stream, partition)
+            if segments[0][0] > base:
+                return recorded  # read, then deleted: see the class docstring
+        first_base, first = segments[0]
+        return self._of(first, first_base, None, stream, partition)
+
+    def _of(self, path: Path, base: int, length: int | None, stream: str, partition: int) -> str | None:
+        info = check_regular_file(path, stream=stream, partition=partition)
+        if info is None:
+            return None
+        status = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        key = (str(path), -1 if length is None else length)
+        seen = self._seen.get(key)
+        if seen is not None and seen[0] == status:
+            return seen[1]
+        n = min(IDENTITY_BYTES, info.st_size) if length is None else length
+        handle = open_regular_file(path, stream=stream, partition=partition)
+        if handle is None:
+            return None
+        with handle:
+            opened = os.fstat(handle.fileno())
+            head = handle.read(n)
+        if not head and length is None:
+            found = None  # an empty file: nothing read from it can be checked yet
+        else:
+            digest = hashlib.blake2b(head, digest_size=12).hexdigest() if len(head) == n else f"short{len(head)}"
+            found = f"{base}:{opened.st_dev}:{opened.st_ino}:{n}:{digest}"
+        if len(self._seen) > 4096:
+            self._seen.clear()
+        self._seen[key] = (status, found)
+        return found
+
+
+def _parse_identity(recorded: str | None) -> tuple[int, int] | None:
+    """``(segment base, bytes fingerprinted)`` of a recorded file identity; None if it is none."""
+    if recorded is None:
+        return None
+    parts = recorded.split(":")
+    if len(parts) != 5 or not (parts[0].isdigit() and parts[3].isdigit()):
+        return None
+    return int(parts[0]), int(parts[3])
 
 
 def seek_hint(source: str, input_name: str, partition: int) -> str:
@@ -365,15 +463,19 @@ def check_input_position(source: InputStream, partition: int, position: int | No
     place = source.location()
     found = {} if place is None else {"topic" if place[0] == "kafka" else place[0]: place[1]}
     if position > 0 and identity is not None and isinstance(source, IdentifiedInput):
-        current = source.identity()
+        current = source.identity(partition, identity)
         if current is not None and current != identity:
+            what = (f"another file than the one there now (identity {identity}; now {current}): the input's "
+                    f"partition was replaced under the job (renamed over, or truncated and written again), so "
+                    f"reading on from {position} would skip the first {min(position, end)} record(s) of the new "
+                    f"one" if place is not None and place[0] == "path" else
+                    f"another stream of the same name (id {identity}; now {current}): the input was deleted and "
+                    f"created again under the job, and its offsets started over, so reading on from {position} "
+                    f"would skip the records below it")
             raise InputPositionError(
                 f"input {source.name!r} partition {partition}: the checkpoint's position {position} was read from "
-                f"another stream of the same name (id {identity}; now {current}): the input was deleted and "
-                f"created again under the job, and its offsets started over, so reading on from {position} "
-                f"would skip the records below it", input=source.name, partition=partition, position=position,
-                end=end, recorded_id=identity, current_id=current, hint=seek_hint(where, source.name, partition),
-                **found)
+                + what, input=source.name, partition=partition, position=position, end=end, recorded_id=identity,
+                current_id=current, hint=seek_hint(where, source.name, partition), **found)
     if position > end:
         raise InputPositionError(
             f"input {source.name!r} partition {partition}: the checkpoint's position {position} is past the "

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
     from localstate.core.time import Timers
 
 __all__ = ["Envelope", "OutgoingMessage", "Collector", "Coordinator", "TaskContext", "StreamTask", "BatchTask",
-           "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch", "column_values"]
+           "KeyValueStore", "load_task_class", "add_task_paths", "BATCH_COLUMNS", "record_batch", "column_values",
+           "TaskCounters", "merge_counts"]
 
 StoreT = TypeVar("StoreT")
 
@@ -73,7 +74,7 @@ class OutgoingMessage:
 
 def _message_maker() -> Callable[[str, Any, Any], OutgoingMessage]:
     """``OutgoingMessage(stream, key, value)`` at about half the constructor's cost (the slots set
-    through their descriptors, as ``runtime.records.make_envelope`` does for envelopes)."""
+    through their descriptors, as ``runtime.partition.records.make_envelope`` does for envelopes)."""
     slots = OutgoingMessage.__dict__
     if not all(name in slots for name in ("stream", "key", "value", "partition")):
         return OutgoingMessage
@@ -141,6 +142,40 @@ class Coordinator:
         self.shutdown_requested = True
 
 
+class TaskCounters:
+    """Counts of what a task partition dropped or redirected, by kind and label (``late_records`` per
+    window store, ``misrouted`` per input): task-side code (the windows library) and the runtime add
+    to them, and the runtime takes them when it prepares each commit, reporting them with the
+    committed batch (progress, ``localstate status``, Prometheus). So a count is exactly what the
+    committed batches did: an attempt that fails is rolled back with its counts, and the retry counts
+    again."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def add(self, kind: str, label: str, n: int = 1) -> int:
+        """Count ``n`` more of ``kind`` for ``label``; returns the count since the last :meth:`take`
+        (1: the first of this commit interval, e.g. to log it once per batch)."""
+        counts = self._counts.setdefault(kind, {})
+        counts[label] = total = counts.get(label, 0) + n
+        return total
+
+    def take(self) -> dict[str, dict[str, int]]:
+        """Every count since the last take (``{kind: {label: n}}``), and start over from zero."""
+        counts, self._counts = self._counts, {}
+        return counts
+
+
+def merge_counts(into: dict[str, dict[str, int]], counts: Mapping[str, Mapping[str, int]]) -> None:
+    """Add ``counts`` (as :meth:`TaskCounters.take` returns them) into ``into``."""
+    for kind, labels in counts.items():
+        totals = into.setdefault(kind, {})
+        for label, n in labels.items():
+            totals[label] = totals.get(label, 0) + n
+
+
 @dataclass
 class TaskContext:
     """What ``init`` receives: the partition, the job's name and config, and the stores."""
@@ -151,10 +186,14 @@ class TaskContext:
     stores: Mapping[str, Any]
     config: Any = None
     metrics: dict[str, float] = field(default_factory=dict)
+    """free for the task's own figures; the runtime does not read it (see :attr:`counters`)"""
     timers: "Timers | None" = None
     """the partition's timers and time (:class:`~localstate.core.time.Timers`): register and delete
     per-key timers, read the watermark and the processing time. Registering needs ``[time] timers =
     true`` in the job (a ConfigError naming it otherwise)."""
+    counters: TaskCounters = field(default_factory=TaskCounters)
+    """counts the runtime reports with each committed batch (:class:`TaskCounters`): the windows
+    library counts its late records here"""
 
     @overload
     def store(self, name: str) -> Any: ...

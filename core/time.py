@@ -19,12 +19,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from localstate.core.options import Option, parse_duration
 
-__all__ = ["EVENT_TIME", "PROCESSING_TIME", "TIME_DOMAINS", "TimeSource", "SystemTime", "SYSTEM_TIME", "Timers",
-           "current_time", "TimeConfig", "TIME_OPTIONS", "TIMER_STORE", "TIMER_WRITE_BATCH", "PAST_TIMER_POLICIES"]
+__all__ = ["EVENT_TIME", "PROCESSING_TIME", "TIME_DOMAINS", "TIMESTAMP_UNITS", "TimeSource", "SystemTime",
+           "SYSTEM_TIME", "Timers", "current_time", "TimeConfig", "TIME_OPTIONS", "TIMER_STORE", "TIMER_WRITE_BATCH",
+           "PAST_TIMER_POLICIES"]
 
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
 TIME_DOMAINS = (EVENT_TIME, PROCESSING_TIME)
+
+TIMESTAMP_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
+"""The words of a ``timestamp_unit`` option (an input's, a heap reorder store's), each with how many
+of it make a second: event time inside localstate is always seconds."""
 
 
 @runtime_checkable

@@ -26,9 +26,14 @@
  *
  * stamp_ints(prefix, values): a ttl store's int values as stored, at its flush (ttl.py,
  * _pending_items; tests/native/test_differential.py checks it against the struct packing).
+ *
+ * murmur2(data): Kafka's murmur2 of bytes (core/partitioner.py's py_murmur2, which
+ * tests/native/test_differential.py runs against it): the partition of every key an input reads is
+ * checked (core/routing.py), so it runs once per distinct key of every chunk.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
 typedef struct {
     PyObject_HEAD
@@ -312,15 +317,15 @@ static PyTypeObject HotPathType = {
 
 
 /* stamp_ints(prefix, values): a ttl store's stored values for the int serde, each in one allocation:
- * the packed expiry ``prefix`` (bytes, at most 8: ttl.py's pack_expiry), then the 8-byte big-endian
+ * the packed expiry ``prefix`` (bytes, at most 12: ttl.py's pack_expiry), then the 8-byte big-endian
  * value + 2**63 (the int serde's biased form), for a list of exact ints in the int serde's range (what
  * the pending map holds, checked at put). Anything else raises (TypeError, OverflowError): the
  * caller's reference path encodes. */
 static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) > 8
+    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) > 12
         || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "stamp_ints(prefix: bytes (at most 8), values: list[int])");
+        PyErr_SetString(PyExc_TypeError, "stamp_ints(prefix: bytes (at most 12), values: list[int])");
         return NULL;
     }
     const char *head = PyBytes_AS_STRING(args[0]);
@@ -355,7 +360,41 @@ static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t 
     return out;
 }
 
+/* murmur2(data): Kafka's murmur2 (seed 0x9747b28c) of ``data`` (bytes), as a signed 32-bit int like
+ * Java's; anything but bytes raises TypeError. */
+static PyObject *murmur2(PyObject *module, PyObject *arg) {
+    (void)module;
+    if (!PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "murmur2(data: bytes)");
+        return NULL;
+    }
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(arg);
+    Py_ssize_t length = PyBytes_GET_SIZE(arg);
+    const uint32_t m = 0x5BD1E995u;
+    uint32_t h = 0x9747B28Cu ^ (uint32_t)length;
+    Py_ssize_t tail = length & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < tail; i += 4) {
+        uint32_t k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) | ((uint32_t)data[i + 2] << 16)
+                     | ((uint32_t)data[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3: h ^= (uint32_t)data[tail + 2] << 16; /* fall through */
+    case 2: h ^= (uint32_t)data[tail + 1] << 8; /* fall through */
+    case 1: h ^= (uint32_t)data[tail]; h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
 static PyMethodDef module_methods[] = {
+    {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data): Kafka's murmur2 of bytes, a signed 32-bit int."},
     {"stamp_ints", (PyCFunction)(void (*)(void))stamp_ints, METH_FASTCALL,
      "stamp_ints(prefix, values): each int value packed after the packed expiry, as a ttl store stores it."},
     {NULL, NULL, 0, NULL},

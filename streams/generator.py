@@ -19,7 +19,7 @@ from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option
 from localstate.core.partitioner import partition_for
 
-from localstate.core.stream import InputRecord, InputStream, StreamSystem
+from localstate.core.stream import BadTimestamp, InputRecord, InputStream, StreamSystem
 
 __all__ = ["GeneratorInput", "KINDS", "generate", "users_of_partition"]
 
@@ -92,9 +92,13 @@ class GeneratorInput(InputStream):
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         c = self.config
+        seconds = self.timestamps.seconds
         for offset, key, value in generate(c["kind"], c["seed"], self.job.partitions, partition, c["users"],
                                            float(c["rate"]), float(c["start_ts"]), start, min(end, c["events"])):
-            yield InputRecord(offset, key, value, value["ts"])
+            try:
+                yield InputRecord(offset, key, value, seconds(value["ts"]))
+            except BadTimestamp as exc:  # start_ts and rate outside the input's timestamp range
+                yield InputRecord(offset, None, None, None, exc.problem, repr((key, value)))
 
 
 class GeneratorStreams(StreamSystem):

@@ -28,8 +28,10 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError, OutputError, OutputIOError
 
-from localstate.core.stream import (COLUMN_ROWS, InputColumns, InputRecord, InputStream, OutputStream,
-                                          StreamSystem, check_output_file, open_regular_file, resolve_path)
+from localstate.core.routing import ROUTING_OPTIONS
+from localstate.core.stream import (COLUMN_ROWS, NO_BOUNDS, BadTimestamp, FileIdentities, InputColumns,
+                                          InputRecord, InputStream, OutputStream, StreamSystem, TimestampRule,
+                                          check_output_file, open_regular_file, resolve_path)
 
 try:  # optional (the "columnar" extra): a faster parser for a batch task's input, see read_columns
     from orjson import loads as _ORJSON_LOADS
@@ -196,17 +198,26 @@ class JsonLinesInput(InputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
         "path": Option(str, parse=parse_path, doc="directory holding <partition>.jsonl files (relative to the job file)"),
+        **ROUTING_OPTIONS,
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
+        self._identities = FileIdentities()
 
     def location(self) -> tuple[str, str]:
         return "path", str(self.directory.resolve())
 
     def input_directory(self) -> Path:
         return self.directory
+
+    def identity(self, partition: int, recorded: str | None = None) -> str | None:
+        """The partition's first segment file: device, inode and a fingerprint of its first bytes
+        (:class:`~localstate.core.stream.IdentifiedInput`, :class:`FileIdentities`): a file
+        replaced under the job, by a longer one too, is refused, an appended one is not."""
+        return self._identities.identity(_segments(self.directory, partition), recorded, stream=self.name,
+                                         partition=partition)
 
     def _last_segment(self, partition: int) -> tuple[int, Path]:
         """``(base, path)`` of the partition's last segment (a rolled output read as an input), or
@@ -245,7 +256,7 @@ class JsonLinesInput(InputStream):
         every row is exactly what :meth:`read` yields."""
         for path, base, first, last in self._ranges(partition, start, end):
             for offset, lines in self._file_chunks(path, partition, base, first, last):
-                yield from _chunk_columns(self.name, partition, offset, lines)
+                yield from _chunk_columns(self.name, partition, offset, lines, self.timestamps)
 
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         for path, base, first, last in self._ranges(partition, start, end):
@@ -313,13 +324,13 @@ class JsonLinesInput(InputStream):
     def _read_file(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[InputRecord]:
         """The records ``[start, end)`` of one segment whose first line is offset ``base``."""
         handle, offset, position, inode = self._open_at(path, partition, base, start, end)
-        name, decode = self.name, _decode
+        name, decode, rule = self.name, _decode, self.timestamps
         with handle:
             for line in handle:
                 if offset >= end or not line.endswith(b"\n"):
                     break
                 if offset >= start:
-                    yield decode(name, partition, offset, line)
+                    yield decode(name, partition, offset, line, rule)
                 offset += 1
                 position += len(line)
             self._remember(path, inode, offset, position)
@@ -339,21 +350,22 @@ def _read_lines(handle: BinaryIO, limit: int) -> list[bytes]:
     return lines
 
 
-def _chunk_columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Iterator[InputColumns]:
+def _chunk_columns(stream: str, partition: int, first: int, lines: list[bytes],
+                   rule: TimestampRule = NO_BOUNDS) -> Iterator[InputColumns]:
     """The rows of a read chunk (offsets from ``first``) as columns: the whole chunk as one batch when
     Arrow's JSON reader takes it exactly (:func:`_arrow_chunk`; no Python object per row, and one
     batch task call for it), else pieces of :data:`COLUMN_ROWS` lines by :func:`_columns` (a line
     Arrow refuses costs no more than it does in a chunk of that size, and the Python objects a
     line-by-line decode makes stay as few as before)."""
     if len(lines) > COLUMN_ROWS:
-        columns = _arrow_chunk(stream, lines, first)
+        columns = _arrow_chunk(stream, lines, first, rule=rule)
         if columns is not None:
             yield columns
             return
         for at in range(0, len(lines), COLUMN_ROWS):
-            yield _columns(stream, partition, first + at, lines[at:at + COLUMN_ROWS])
+            yield _columns(stream, partition, first + at, lines[at:at + COLUMN_ROWS], rule)
     else:
-        yield _columns(stream, partition, first, lines)
+        yield _columns(stream, partition, first, lines, rule)
 
 
 def _plain(lines: list[bytes]) -> bytes | None:
@@ -367,7 +379,8 @@ def _plain(lines: list[bytes]) -> bytes | None:
     return None
 
 
-def _arrow_chunk(stream: str, lines: list[bytes], first: int, blob: bytes | None = None) -> InputColumns | None:
+def _arrow_chunk(stream: str, lines: list[bytes], first: int, blob: bytes | None = None,
+                 rule: TimestampRule = NO_BOUNDS) -> InputColumns | None:
     """The lines as Arrow columns when they are ordinary (:func:`_plain`), every line is one
     ``{...}`` and what Arrow's JSON reader reads is exact (:func:`_arrow_columns`); else None."""
     n = len(lines)
@@ -375,7 +388,7 @@ def _arrow_chunk(stream: str, lines: list[bytes], first: int, blob: bytes | None
     if blob is not None and _objects_per_line(blob, lines):
         # Every line starts with { and ends with }: no value can span two lines (a } then a { is
         # never valid JSON inside a value), so one row per line means one object per line.
-        return _arrow_columns(blob, n, first, stream)
+        return _arrow_columns(blob, n, first, stream, rule)
     return None
 
 
@@ -391,16 +404,19 @@ def _objects_per_line(blob: bytes, lines: list[bytes]) -> bool:
     return bool((data[ends - sizes] == ord("{")).all() and (data[ends - 2] == ord("}")).all())
 
 
-def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> InputColumns:
+def _columns(stream: str, partition: int, first: int, lines: list[bytes],
+             rule: TimestampRule = NO_BOUNDS) -> InputColumns:
     """The rows of ``lines`` (offsets from ``first``) as columns. A chunk of ordinary lines
     (:func:`_plain`) is parsed whole: by Arrow's JSON reader when every line is one ``{...}`` and what
     it reads is exact (:func:`_arrow_chunk`), else by orjson line by line in one C-level map (every
     line an object with a non-null key and a numeric or absent ts). Any other chunk, or one that
-    fails those, is decoded line by line by :func:`_decode`."""
+    fails those, is decoded line by line by :func:`_decode`. Timestamps are checked and converted by
+    ``rule`` a column at a time; a chunk with one that ``rule`` refuses goes line by line, so that
+    only its record is bad."""
     n = len(lines)
     blob = _plain(lines)
     if blob is not None:
-        columns = _arrow_chunk(stream, lines, first, blob)
+        columns = _arrow_chunk(stream, lines, first, blob, rule)
         if columns is not None:
             return columns
         fast = _ORJSON_LOADS
@@ -416,6 +432,7 @@ def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Inp
                         if not classes <= _NUMERIC_TS:
                             raise ValueError("a ts to convert")  # a string, a bool: line by line
                         times = [None if ts is None else float(ts) for ts in times]
+                    times = _checked_times(times, classes, rule)
                     return InputColumns(list(range(first, first + n)), keys, values, times, [], first + n)
             except Exception:  # noqa: BLE001 - any failure: the chunk goes line by line
                 pass
@@ -425,7 +442,7 @@ def _columns(stream: str, partition: int, first: int, lines: list[bytes]) -> Inp
     times = []
     bad: list[InputRecord] = []
     for offset, line in enumerate(lines, first):
-        record = _decode(stream, partition, offset, line)
+        record = _decode(stream, partition, offset, line, rule)
         if record.error is None:
             offsets.append(offset)
             keys.append(record.key)
@@ -444,13 +461,14 @@ def _valid_utf8(blob: bytes) -> bool:
         return False
 
 
-def _arrow_columns(blob: bytes, n: int, first: int, stream: str = "") -> InputColumns | None:
+def _arrow_columns(blob: bytes, n: int, first: int, stream: str = "",
+                   rule: TimestampRule = NO_BOUNDS) -> InputColumns | None:
     """The chunk's ``n`` lines parsed by Arrow's JSON reader, as Arrow columns, when that is exactly
     what the line-by-line decoding gives; None otherwise (the caller decodes another way).
 
     Exactly: one row per line (the caller checked that no value spans two lines; Arrow reads two objects
     on one line as two rows, so ``n`` rows mean one per line), a non-null ``key`` column of strings or integers, a ``ts`` column of finite numbers
-    or nulls (a number ``ts`` is a float either way), and a ``value`` column (nulls: absent or
+    or nulls (a number ``ts`` is a float either way) that ``rule`` accepts (converted by it), and a ``value`` column (nulls: absent or
     null, as ``dict.get``) whose every leaf is a string, an integer, a boolean or null, with structs
     of one field and no null in a struct's field. Not exact, hence refused: floats anywhere in a value
     (Arrow widens ``1`` beside ``2.5``, and reads ``NaN``), structs of several fields (Arrow gives each
@@ -501,8 +519,13 @@ def _arrow_columns(blob: bytes, n: int, first: int, stream: str = "") -> InputCo
             ts = pc.cast(ts, pa.float64(), safe=False)  # as float(int): the nearest double, beyond 2**53 too
         elif ts.type == pa.null():
             ts = pa.nulls(n, pa.float64())
-        elif ts.type != pa.float64() or not pc.all(pc.is_finite(ts)).as_py() in (True, None):
+        elif ts.type != pa.float64():
             return None
+        if ts.null_count < n:
+            if rule.per_second != 1.0:
+                ts = pc.divide(ts, rule.per_second)
+            if not rule.column_fits(ts):
+                return None
     else:
         ts = pa.nulls(n, pa.float64())
     if len(_SCHEMAS) > 64:
@@ -547,9 +570,29 @@ _PLAIN_TS = {type(None), float}
 _NUMERIC_TS = {type(None), float, int}
 
 
-def _decode(stream: str, partition: int, offset: int, line: bytes) -> InputRecord:
+def _checked_times(times: list[float | None], classes: set[type], rule: TimestampRule) -> list[float | None]:
+    """A chunk's timestamps (floats or None, as orjson read them) in seconds, every one accepted by
+    ``rule``; ValueError when one is not (the chunk then goes line by line)."""
+    if classes <= {type(None)}:
+        return times
+    import numpy as np  # a batch task's input only
+
+    present = times if type(None) not in classes else [ts for ts in times if ts is not None]
+    seconds = np.asarray(present, dtype=np.float64)
+    if rule.per_second != 1.0:
+        seconds = seconds / rule.per_second
+    if not rule.column_fits(seconds):
+        raise ValueError("a timestamp the input's rule refuses")
+    if rule.per_second == 1.0:
+        return times
+    converted = iter(seconds.tolist())
+    return [None if ts is None else next(converted) for ts in times]
+
+
+def _decode(stream: str, partition: int, offset: int, line: bytes, rule: TimestampRule = NO_BOUNDS) -> InputRecord:
     """The record of one line (with its newline): decoded by the json serde's decoder, or, if it is
-    not a JSON object with a key (and a finite ``ts`` if any), a bad record saying why."""
+    not a JSON object with a key (and a ``ts``, if any, that ``rule`` accepts), a bad record saying
+    why. ``ts`` is converted to seconds by ``rule``."""
     try:
         text = line.decode("utf-8")
         try:
@@ -567,10 +610,10 @@ def _decode(stream: str, partition: int, offset: int, line: bytes) -> InputRecor
                 raise ValueError(problem)
         ts = data.get("ts")
         if ts is not None:
-            ts = float(ts)
-            if ts - ts:  # "nan" and "inf" strings: an event time must be finite
-                raise ValueError(f"ts {ts} is not a finite number")
+            ts = rule.seconds(ts)
         return InputRecord(offset, key, data.get("value"), ts)
+    except BadTimestamp as exc:
+        return InputRecord(offset, None, None, None, exc.problem, line.decode("utf-8", "replace").rstrip("\n"))
     except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError,
             RecursionError) as exc:  # incl. UnicodeDecodeError, OverflowError
         reason = "missing key" if isinstance(exc, KeyError) else f"undecodable: {_text(exc)}"

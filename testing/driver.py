@@ -43,8 +43,12 @@ from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.partition.lifecycle import InProcessPartition
 from localstate.runtime.partition.records import InputPolicy, OnError
 from localstate.runtime.partition.sink import MemorySink
-from localstate.core.stream import InputRecord
-from localstate.core.task import BatchTask, Envelope, StreamTask
+from localstate.core.stream import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
+from localstate.core.event_time import TIMESTAMP_OPTIONS
+from localstate.core.routing import ON_MISROUTED, misrouted_record
+from localstate.errors import ConfigError
+from localstate.core.options import validate_options
+from localstate.core.task import BatchTask, Envelope, StreamTask, merge_counts
 
 __all__ = ["TaskTestDriver"]
 
@@ -85,10 +89,16 @@ class TaskTestDriver:
         self.inputs: dict[tuple[str, int], list[InputRecord]] = {}
         """every record sent, per (stream, partition): the replayable input log"""
         self.policies: dict[str, InputPolicy] = {}
+        self.misrouted: dict[str, str] = {}
+        """input -> its ``on_misrouted`` (:meth:`declare_input`; undeclared: fail)"""
+        self.timestamps: dict[str, TimestampRule] = {}
+        """input -> how its timestamps become event time (:meth:`declare_input`; undeclared: seconds, any
+        finite number)"""
         for stream, options in (inputs or {}).items():
             self.declare_input(stream, **options)
         self.changelogs = open_changelog_system(job)
         self.instances: dict[int, TaskInstance] = {}
+        self._counted: dict[str, dict[str, int]] = {}  # the committed counts of instances gone (crash, restart)
         self.recoveries: list[StoreRecovery] = []
         self._start()
 
@@ -104,6 +114,7 @@ class TaskTestDriver:
         """Lose everything not committed: stores close without flushing, buffered changelog records
         are dropped, the task object is discarded."""
         for instance in self.instances.values():
+            merge_counts(self._counted, instance.counted)
             instance.abandon()
         self.instances.clear()
         self.changelogs.close()
@@ -127,6 +138,7 @@ class TaskTestDriver:
         """Commit and stop cleanly."""
         for instance in self.instances.values():
             instance.close(commit=True)
+            merge_counts(self._counted, instance.counted)
         self.instances.clear()
         self.changelogs.close()
         if self._tmp is not None:
@@ -142,10 +154,46 @@ class TaskTestDriver:
             self._tmp.cleanup()
 
     # -- driving -------------------------------------------------------------------------------
-    def declare_input(self, stream: str, on_error: str = "fail", dead_letter: str = "") -> None:
+    def declare_input(self, stream: str, on_error: str = "fail", dead_letter: str = "", timestamp_unit: str = "s",
+                      min_timestamp: Any = False, max_timestamp: Any = False, on_misrouted: str = "fail") -> None:
         """Set input ``stream``'s bad-record policy, as ``[inputs.<stream>]`` would on a job:
-        ``fail`` (an InputError), ``skip`` (logged), or ``dead_letter`` to output ``dead_letter``."""
+        ``fail`` (an InputError), ``skip`` (logged), or ``dead_letter`` to output ``dead_letter``; and
+        how the timestamps sent to it become event time (the options of the same names; here without
+        bounds unless given: a test's timestamps are often small numbers). A timestamp that is no
+        finite number inside them is a bad record under ``on_error``, as on a job. ``on_misrouted``: a
+        record sent to a partition other than its key's (``partition=``) fails (the default), is
+        skipped or dead-lettered, with ``route`` goes to its key's partition instead (the driver can
+        route; ``localstate run`` cannot), with ``allow`` is processed where it was sent."""
+        if on_misrouted not in ON_MISROUTED or (on_misrouted == "dead_letter" and not dead_letter):
+            raise ConfigError.at(f"inputs.{stream}.on_misrouted", f"on_misrouted {on_misrouted!r}: use one of "
+                                 f"{', '.join(ON_MISROUTED)} ('dead_letter' with a dead_letter output)")
         self.policies[stream] = OnError(stream, on_error, dead_letter)
+        self.misrouted[stream] = on_misrouted
+        self.timestamps[stream] = timestamp_rule(stream, validate_options(TIMESTAMP_OPTIONS, {
+            "timestamp_unit": timestamp_unit, "min_timestamp": min_timestamp, "max_timestamp": max_timestamp},
+            f"inputs.{stream}"))
+
+    def _placed(self, stream: str, partition: int, record: InputRecord) -> tuple[int, InputRecord]:
+        """Where ``record`` sent to ``partition`` goes, and as what: a record whose key belongs to
+        another partition is routed there (``on_misrouted = "route"``) or made a bad record under the
+        input's ``on_misrouted``, as a job's input reader makes it."""
+        if record.error is not None or record.key is None or self.job.partitions == 1:
+            return partition, record
+        owner = partition_for(record.key, self.job.partitions)
+        if owner == partition:
+            return partition, record
+        policy = self.misrouted.get(stream, "fail")
+        if policy == "allow":
+            return partition, record
+        return (owner, record) if policy == "route" else (partition, misrouted_record(record, stream, owner, policy))
+
+    def _record(self, stream: str, offset: int, key: Any, value: Any, ts: Any) -> InputRecord:
+        """The record an input would yield for ``(key, value, ts)``: ``ts`` made event time by the
+        input's rule, or a bad record when the rule refuses it."""
+        try:
+            return InputRecord(offset, key, value, self.timestamps.get(stream, NO_BOUNDS).seconds(ts))
+        except BadTimestamp as exc:
+            return InputRecord(offset, None, None, None, exc.problem, repr((key, value, ts))[:1000])
 
     def send(self, stream: str, key: Any, value: Any, *, partition: int | None = None,
              timestamp: float | None = None) -> Envelope:
@@ -153,8 +201,9 @@ class TaskTestDriver:
         :class:`BatchTask` gets it as a one-row batch)."""
         if partition is None:
             partition = partition_for(key, self.job.partitions)
-        record = self._append(stream, partition, InputRecord(0, key, value,
-                                                              time.time() if timestamp is None else timestamp))
+        ts = time.time() if timestamp is None else timestamp
+        partition, record = self._placed(stream, partition, self._record(stream, 0, key, value, ts))
+        record = self._append(stream, partition, record)
         return Envelope(stream, partition, record.offset, key, value, record.ts)
 
     def send_batch(self, stream: str, keys: Iterable[Any], values: Iterable[Any], *, partition: int | None = None,
@@ -171,11 +220,12 @@ class TaskTestDriver:
         sent = []
         for key, value, ts in zip(keys, values, times):
             p = partition_for(key, self.job.partitions) if partition is None else partition
+            p, record = self._placed(stream, p, self._record(stream, 0, key, value, ts))
             log = self.inputs.setdefault((stream, p), [])
-            record = InputRecord(len(log), key, value, ts)
+            record = record._replace(offset=len(log))
             log.append(record)
             grouped.setdefault(p, []).append(record)
-            sent.append(Envelope(stream, p, record.offset, key, value, ts))
+            sent.append(Envelope(stream, p, record.offset, key, value, record.ts))
         for p, records in grouped.items():
             self._run(p, [(stream, record) for record in records])
         return sent
@@ -191,11 +241,12 @@ class TaskTestDriver:
         sent = []
         for stream, key, value, ts in rows:
             p = partition_for(key, self.job.partitions) if partition is None else partition
+            p, record = self._placed(stream, p, self._record(stream, 0, key, value, ts))
             log = self.inputs.setdefault((stream, p), [])
-            record = InputRecord(len(log), key, value, ts)
+            record = record._replace(offset=len(log))
             log.append(record)
             grouped.setdefault(p, []).append((stream, record))
-            sent.append(Envelope(stream, p, record.offset, key, value, ts))
+            sent.append(Envelope(stream, p, record.offset, key, value, record.ts))
         for p, pairs in grouped.items():
             self._run(p, pairs)
         return sent
@@ -215,6 +266,10 @@ class TaskTestDriver:
         log = self.inputs.setdefault((stream, partition), [])
         appended = []
         for record in records:
+            placed, record = self._placed(stream, partition, record)
+            if placed != partition:  # routed: fed to its own partition, one by one
+                self._append(stream, placed, record)
+                continue
             record = record._replace(offset=len(log))
             log.append(record)
             appended.append(record)
@@ -222,6 +277,7 @@ class TaskTestDriver:
         return appended
 
     def _append(self, stream: str, partition: int, record: InputRecord) -> InputRecord:
+        partition, record = self._placed(stream, partition, record)
         log = self.inputs.setdefault((stream, partition), [])
         record = record._replace(offset=len(log))
         log.append(record)
@@ -272,6 +328,17 @@ class TaskTestDriver:
                 instance.window()
 
     # -- inspecting ----------------------------------------------------------------------------
+    def counts(self) -> dict[str, dict[str, int]]:
+        """What the committed work dropped or redirected, as a job reports it per batch
+        (:class:`~localstate.core.task.TaskCounters`: ``late_records`` per window store), summed over
+        the partitions and every commit since the driver started, crashes and restarts included
+        (what a crash rolled back is counted again when it is re-delivered and committed)."""
+        out: dict[str, dict[str, int]] = {}
+        merge_counts(out, self._counted)
+        for instance in self.instances.values():
+            merge_counts(out, instance.counted)
+        return out
+
     def store(self, name: str, partition: int = 0) -> Any:
         return self.instances[partition].stores[name].engine
 

@@ -293,8 +293,8 @@ def seek(args: argparse.Namespace) -> int:
                                  f"{job.state_dir}: there is no position to move",
                                  hint="a job that never committed starts every input at its beginning; check "
                                       "the job file's state_dir")
-    # The position moves onto the input as it is now: its identity (a Kafka topic's id) is recorded.
-    identity = source.identity() if isinstance(source, IdentifiedInput) else None
+    # The position moves onto the input as it is now: its identity (a Kafka topic's id, a file's) is recorded.
+    identities: dict[int, str | None] = {}
     moves: dict[int, int] = {}
     for partition in partitions:
         checkpoint = found.get(partition)
@@ -306,6 +306,7 @@ def seek(args: argparse.Namespace) -> int:
         target = end if args.to_end else start
         current = checkpoint.inputs.get(name)
         moves[partition] = target
+        identities[partition] = source.identity(partition) if isinstance(source, IdentifiedInput) else None
         state = "" if current is None or start <= current <= end else " (outside what the input holds)"
         print(f"partition {partition}: input {name!r} position {'-' if current is None else current}{state} -> "
               f"{target} (the input holds offsets {start}..{end})")
@@ -329,8 +330,8 @@ def seek(args: argparse.Namespace) -> int:
             if checkpoint is None:
                 continue
             input_ids = {key: value for key, value in checkpoint.input_ids.items() if key != name}
-            if identity is not None:
-                input_ids[name] = identity
+            if identities[partition] is not None:
+                input_ids[name] = identities[partition]  # type: ignore[assignment]
             moved: Checkpoint = replace(checkpoint, generation=checkpoint.generation + 1,
                                         inputs={**checkpoint.inputs, name: target}, input_ids=input_ids)
             store.save(moved, expect_generation=checkpoint.generation)

@@ -95,6 +95,12 @@ def _print(status: dict[str, Any]) -> None:
               + (f", {last['failed_attempts']} failed attempt(s) retried" if last.get("failed_attempts") else ""))
         for reason in last.get("failed_attempt_reasons") or []:
             print(f"  failed attempt: {_printable(describe_reason(reason))}")
+        for kind, what in (("late_records", "window store {!r} dropped {:,} late record(s)"),
+                           ("misrouted", "input {!r} had {:,} misrouted record(s)")):
+            counts = last.get(kind)
+            for label, n in sorted(counts.items()) if isinstance(counts, dict) else ():
+                if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                    print(f"  {what.format(_printable(str(label)), n)} in it")
     if status["lag"] is not None:
         print(f"now: {lag_text(status['lag'], status['pending_bytes'] or 0)}")
         for info in status["input_partitions"]:

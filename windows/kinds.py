@@ -17,7 +17,17 @@ from typing import Any, NamedTuple
 from localstate.core.options import parse_duration
 from localstate.errors import ConfigError
 
-__all__ = ["Window", "WindowKind", "Tumbling", "Hopping", "Session", "duration"]
+__all__ = ["Window", "WindowKind", "Tumbling", "Hopping", "Session", "duration", "MIN_WINDOW_SECONDS",
+           "MAX_WINDOWS_PER_RECORD"]
+
+MIN_WINDOW_SECONDS = 0.001
+"""The shortest window size, hop (``advance``) and session gap: 1 ms. Event time is float seconds,
+whose resolution near year 2200 is about a microsecond; far shorter windows would have bounds that
+do not compute the same way twice, and their timers would close nothing."""
+
+MAX_WINDOWS_PER_RECORD = 10_000
+"""The most windows one record may belong to (a hopping window's ``ceil(size / advance)``): each is a
+store update and a timer per record, so a hop a million times shorter than the size costs a million."""
 
 
 class Window(NamedTuple):
@@ -29,13 +39,18 @@ class Window(NamedTuple):
 
 def duration(where: str, value: Any, *, positive: bool = True) -> float:
     """``value`` (seconds, or a string such as ``"1h"``) as seconds; a ConfigError naming ``where``
-    when it is not a duration (or zero when ``positive``)."""
+    when it is not a duration (or, when ``positive``, shorter than :data:`MIN_WINDOW_SECONDS`)."""
     try:
         seconds = parse_duration(value)
     except ValueError as exc:
         raise ConfigError.at(where, str(exc), hint="give seconds, or a string such as '10s', '5m' or '1h'") from None
     if positive and seconds <= 0:
         raise ConfigError.at(where, f"must be more than zero, got {value!r}", hint="give a positive duration")
+    if positive and seconds < MIN_WINDOW_SECONDS:
+        raise ConfigError.at(where, f"{value!r} is shorter than the shortest window duration, "
+                             f"{MIN_WINDOW_SECONDS * 1000:g} ms: windows that short cannot be told apart in float "
+                             f"seconds, and would never close", hint="give '1ms' or more (event time is seconds: "
+                                                                     "declare the inputs' timestamp_unit)")
     return seconds
 
 
@@ -67,6 +82,13 @@ class Hopping(WindowKind):
             raise ConfigError.at("window.advance", f"advance {advance!r} is longer than the window size {size!r}: "
                                  "records between windows would belong to none",
                                  hint="make advance at most the size (equal: tumbling windows)")
+        per_record = math.ceil(self.size / self.advance - 1e-9)
+        if per_record > MAX_WINDOWS_PER_RECORD:
+            raise ConfigError.at("window.advance", f"advance {advance!r} puts every record in {per_record:,} "
+                                 f"windows of size {size!r}; at most {MAX_WINDOWS_PER_RECORD:,} windows per record are allowed "
+                                 "(each is a store update and a timer per record)",
+                                 hint=f"make advance at least size / {MAX_WINDOWS_PER_RECORD:,} "
+                                      f"({self.size / MAX_WINDOWS_PER_RECORD:g} s), or the size shorter")
         hops = round(self.size / self.advance)
         object.__setattr__(self, "hops", hops if math.isclose(hops * self.advance, self.size, rel_tol=1e-12) else 0)
 

@@ -15,8 +15,10 @@ the job's stores, and emits it through the task's collector, closed by event-tim
 Guarantees (with the runtime's timers, which are state committed with the stores):
 
 * a window is **closed** once the partition's watermark reaches its end plus ``lateness``; a record
-  whose windows are all closed is *late*: dropped, counted (:attr:`WindowedAggregation.late`) and,
-  with ``late_output``, sent there as it came;
+  whose windows are all closed is *late*: dropped, counted (``context.counters``: ``late_records``
+  of the store, reported with each committed batch in progress, ``localstate status`` and
+  Prometheus; the first of each batch is logged with its key and timestamp) and, with
+  ``late_output``, sent there as it came (the dead-letter route of late records);
 * ``emit = "final"``: each window's aggregate is sent once, by the event-time timer at its end plus
   ``lateness``; ``emit = "update"``: after each record, the aggregate of every window it changed;
 * a window's state is deleted when its timer fires, in both modes, so state holds open windows only.
@@ -34,6 +36,7 @@ Exactly once: the firing, its output and the deletions are one commit (the timer
 from __future__ import annotations
 
 import json
+import logging
 from math import floor
 from typing import Any, Callable
 
@@ -42,7 +45,12 @@ from localstate.errors import ConfigError
 from localstate.windows.aggregations import Aggregation, Fold, WindowState
 from localstate.windows.kinds import Hopping, Session, Window, WindowKind, duration, overlaps
 
-__all__ = ["WindowedAggregation", "EMIT_MODES", "default_shape"]
+__all__ = ["WindowedAggregation", "EMIT_MODES", "default_shape", "LATE_RECORDS"]
+
+log = logging.getLogger(__name__)
+
+LATE_RECORDS = "late_records"
+"""The kind of count (``context.counters``) of the records a window store dropped as late."""
 
 EMIT_MODES = ("final", "update")
 
@@ -103,10 +111,10 @@ class WindowedAggregation:
         self.shape = shape
         self.state: WindowState = aggregate.bind(context.store(store), store)
         self.timers = context.timers
-        self.metrics = context.metrics
+        self.counters = context.counters
         self.late = 0
-        """Late records seen by this task instance (dropped; also in ``context.metrics``)."""
-        self._metric = f"windows.{store}.late_records"
+        """Late records seen by this task instance (dropped; the runtime reports them per committed
+        batch from ``context.counters``)."""
         self.timer_key = f"windows:{store}"
         """the key an aligned window's timer is registered for (a session's: this, ``|`` and its key)"""
         self._registered: set[float] = set()
@@ -185,7 +193,8 @@ class WindowedAggregation:
         if late.any():
             for row in np.flatnonzero(late).tolist():
                 value = values[row]  # values are read for late rows only (a count needs none)
-                self._late(keys[row], value.as_py() if hasattr(value, "as_py") else value, collector)
+                self._late(keys[row], value.as_py() if hasattr(value, "as_py") else value, float(ts[row]),
+                           float(marks[row]), collector)
             keep = np.flatnonzero(~late).tolist()
             keys, numbers = [keys[i] for i in keep], [numbers[i] for i in keep]
             closes = closes[~late]
@@ -217,7 +226,7 @@ class WindowedAggregation:
             if not self.final:
                 collector.send(self.output, key, self.shape(key, bounds, self.state.result(name)))
         if not taken:
-            self._late(key, value, collector)
+            self._late(key, value, timestamp, watermark, collector)
 
     def _add_tumbling(self, key: Any, value: Any, timestamp: float, collector: Collector,
                       watermark: Any = _NOW) -> None:
@@ -237,7 +246,7 @@ class WindowedAggregation:
             end = offset + (index + 1) * size
         closes = end + self.lateness
         if watermark is not None and closes <= watermark:
-            self._late(key, value, collector)
+            self._late(key, value, timestamp, watermark, collector)
             return
         name = f"{index}|{key}" if key.__class__ is str else f"{index}|{_key_text(key)}"
         self._put(name, self._step(self._get(name), value))
@@ -247,9 +256,18 @@ class WindowedAggregation:
         if not self.final:
             collector.send(self.output, key, self.shape(key, self.window.window(index), self.state.result(name)))
 
-    def _late(self, key: Any, value: Any, collector: Collector) -> None:
+    def _late(self, key: Any, value: Any, timestamp: float, watermark: float | None, collector: Collector) -> None:
+        """A record whose windows are all closed: counted, the first of a batch logged, and sent to
+        ``late_output`` if there is one."""
         self.late += 1
-        self.metrics[self._metric] = self.metrics.get(self._metric, 0) + 1
+        if self.counters.add(LATE_RECORDS, self.store_name) == 1:
+            shown = repr(key)
+            log.warning("window store %r dropped a late record (key %s, timestamp %r; its windows closed at "
+                        "watermark %r, lateness %r s): the first of this batch, all counted as late_records in "
+                        "progress%s", self.store_name, shown if len(shown) <= 200 else shown[:197] + "...",
+                        timestamp, watermark, self.lateness,
+                        f"; sent to output {self.late_output!r}" if self.late_output is not None else
+                        " (late_output would keep them)")
         if self.late_output is not None:
             collector.send(self.late_output, key, value)
 
@@ -272,7 +290,7 @@ class WindowedAggregation:
         opened = window.window(timestamp)
         merging = [s for s in sessions if overlaps(s, opened)]
         if not merging and watermark is not None and opened.end + lateness <= watermark:
-            self._late(key, value, collector)
+            self._late(key, value, timestamp, watermark, collector)
             return
         start = min([opened.start, *(s[0] for s in merging)])
         end = max([opened.end, *(s[1] for s in merging)])

@@ -16,8 +16,9 @@ from localstate.core.options import Option, parse_path, parse_size
 from localstate.errors import ChangelogCorruptError, InputError, InvalidNameError, OutputError, SerdeError, \
     UnsafePathError
 
-from localstate.core.stream import (InputColumns, InputRecord, InputStream, OutputStream, StreamSystem,
-                                          check_regular_file, columns_of, resolve_path)
+from localstate.core.routing import ROUTING_OPTIONS
+from localstate.core.stream import (BadTimestamp, FileIdentities, InputColumns, InputRecord, InputStream,
+                                          OutputStream, StreamSystem, check_regular_file, columns_of, resolve_path)
 
 from localstate.changelog.framing import HEADER, HEADER_SIZE, find_valid_after, walk
 from .format import list_segments, segment_name
@@ -83,7 +84,9 @@ class FileLogInput(_FileLog, InputStream):
     system = "file"
     options: ClassVar[Mapping[str, Option]] = {
         **_SERDE_OPTIONS,
-        "ts_field": Option(str, default="ts", doc="value field holding the event time (when values are objects)"),
+        "ts_field": Option(str, default="ts", doc="value field holding the event time, in timestamp_unit (when values "
+                                                  "are objects)"),
+        **ROUTING_OPTIONS,
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
@@ -91,6 +94,17 @@ class FileLogInput(_FileLog, InputStream):
         self._setup(job, config.name)
         self._tails: dict[int, tuple[int, int, int, int]] = {}
         """partition -> (last segment base, inode, byte position and offset after its valid records)"""
+        self._identities = FileIdentities()
+
+    def identity(self, partition: int, recorded: str | None = None) -> str | None:
+        """The partition's first segment file: device, inode and a fingerprint of its first bytes
+        (:class:`~localstate.core.stream.IdentifiedInput`): a partition replaced under the job
+        is refused, one appended to is not."""
+        if not self._check_partition(partition):
+            return None
+        directory = self.system.partition_dir(self.stream, partition)
+        segments = [(base, directory / segment_name(base)) for base in list_segments(directory)]
+        return self._identities.identity(segments, recorded, stream=self.name, partition=partition)
 
     def input_directory(self) -> Path:
         return self.root / self.stream
@@ -165,6 +179,11 @@ class FileLogInput(_FileLog, InputStream):
                 continue  # the last segment was replaced meanwhile: list again
             valid_end, next_offset, bad = walk(data, 0, expected)
             if bad is not None and find_valid_after(data, bad, next_offset) is not None:
+                if pos:
+                    # Maybe not damage but another file under the same inode (truncated and written
+                    # again): the remembered position means nothing in it. Scan it from its start once.
+                    del self._tails[partition]
+                    continue
                 raise InputError(f"input {self.name!r} partition {partition}: the record at offset {next_offset} of "
                                  f"segment {path} is damaged and valid records follow it",
                                  stream=self.name, partition=partition, offset=next_offset, segment=str(path),
@@ -193,6 +212,7 @@ class FileLogInput(_FileLog, InputStream):
         self._check_partition(partition)
         reader = self.system.reader(self.stream, partition)
         key_de, value_de, ts_field = self.key_serde.deserialize, self.value_serde.deserialize, self.config["ts_field"]
+        seconds = self.timestamps.seconds
         try:
             for record in reader.read(start, end):
                 try:
@@ -202,16 +222,12 @@ class FileLogInput(_FileLog, InputStream):
                     yield InputRecord(record.offset, None, None, None, f"undecodable: {exc.message}",
                                       repr((record.key, record.value))[:1000])
                     continue
-                ts = value.get(ts_field) if isinstance(value, dict) else None
-                if isinstance(ts, (int, float)):
-                    try:
-                        ts = float(ts)  # an int beyond a double's range: OverflowError
-                    except OverflowError:
-                        yield InputRecord(record.offset, None, None, None, f"undecodable: {ts_field} out of range",
-                                          repr((record.key, record.value))[:1000])
-                        continue
-                else:
-                    ts = None
+                try:
+                    ts = seconds(value.get(ts_field)) if isinstance(value, dict) else None
+                except BadTimestamp as exc:
+                    yield InputRecord(record.offset, None, None, None, exc.problem,
+                                      repr((record.key, record.value))[:1000])
+                    continue
                 yield InputRecord(record.offset, key, value, ts)
         finally:
             reader.close()

@@ -32,8 +32,9 @@ from typing import Any, ClassVar, Iterator, Mapping
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_duration
 from localstate.core.partitioner import partition_for
-from localstate.core.stream import InputColumns, InputRecord, InputStream, OutputStream, StreamSystem, \
-    columns_of, open_input
+from localstate.core.routing import ROUTING_OPTIONS
+from localstate.core.stream import BadTimestamp, InputColumns, InputRecord, InputStream, OutputStream, \
+    StreamSystem, columns_of, open_input
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
@@ -89,12 +90,13 @@ class KafkaInput(InputStream):
     options: ClassVar[Mapping[str, Option]] = {
         **STREAM_CONNECTION_OPTIONS,
         **_SERDE_OPTIONS,
-        "ts_field": Option(str, default="ts", doc="value field holding the event time (seconds); records "
-                                                  "without it use their Kafka timestamp"),
+        "ts_field": Option(str, default="ts", doc="value field holding the event time (in timestamp_unit); records "
+                                                  "without it use their Kafka timestamp (milliseconds)"),
         "allow_null_keys": Option(bool, default=False, doc="accept records without a key (else they are bad "
                                                            "records, handled by on_error)"),
         "probe_timeout": Option((int, float, str), default=2.0, parse=parse_duration, minimum=0.01,
                                 doc="how long the driver waits for a partition's end when planning"),
+        **ROUTING_OPTIONS,
     }
 
     def location(self) -> tuple[str, str]:
@@ -153,9 +155,10 @@ class KafkaInput(InputStream):
             self._refresh()
         return min(self._starts.get(partition, 0), self._ends.get(partition, 0))
 
-    def identity(self) -> str | None:
-        """The topic's id as of the last :meth:`end_offset` probe (probing now if there was none); None
-        if the broker names none (see :class:`~localstate.core.stream.IdentifiedInput`)."""
+    def identity(self, partition: int = 0, recorded: str | None = None) -> str | None:
+        """The topic's id as of the last :meth:`end_offset` probe (probing now if there was none), the
+        same for every partition; None if the broker names none (see
+        :class:`~localstate.core.stream.IdentifiedInput`)."""
         if self._served is None:
             self._refresh()
         return self._topic_id
@@ -190,6 +193,7 @@ class KafkaInput(InputStream):
     def read(self, partition: int, start: int, end: int) -> Iterator[InputRecord]:
         decode_key, decode_value = self.key_serde.deserialize, self.value_serde.deserialize
         ts_field, allow_null = self.config["ts_field"], self.config["allow_null_keys"]
+        seconds = self.timestamps.seconds
         for record in read_records(self.settings, self.topic, partition, start, end, stream=self.name):
             if record.key is None and not allow_null:
                 yield InputRecord(record.offset, None, None, None, "missing key", repr(record.value)[:1000])
@@ -202,9 +206,15 @@ class KafkaInput(InputStream):
                                   repr((record.key, record.value))[:1000])
                 continue
             ts = value.get(ts_field) if isinstance(value, dict) else None
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-                ts = record.timestamp / 1000 if record.timestamp is not None and record.timestamp >= 0 else None
-            yield InputRecord(record.offset, key, value, float(ts) if ts is not None else None)
+            try:
+                if ts is not None:
+                    ts = seconds(ts)
+                elif record.timestamp is not None and record.timestamp >= 0:  # Kafka's: milliseconds
+                    ts = seconds(record.timestamp, 1e3)
+            except BadTimestamp as exc:
+                yield InputRecord(record.offset, None, None, None, exc.problem, repr((record.key, record.value))[:1000])
+                continue
+            yield InputRecord(record.offset, key, value, ts)
 
 
 _DELIVERED: dict[tuple[str, str, str, int], int] = {}

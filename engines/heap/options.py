@@ -8,14 +8,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from localstate.core.options import Option, Removed, parse_duration, validate_options
+from localstate.core.time import TIMESTAMP_UNITS
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 
 __all__ = ["HEAP_KINDS", "HEAP_OPTIONS", "backend_options_of", "max_lateness_of"]
 
 HEAP_KINDS = ("topn", "reorder")
 """Values of a heap store's ``kind``: the option that picks the variant, named as for sketch stores."""
-
-_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 
 
 def _lateness(value: Any) -> Any:
@@ -41,7 +40,7 @@ HEAP_OPTIONS: dict[str, Option | Removed] = {
                            "reorder: watermark follows max timestamp seen minus this (a number in "
                            "timestamp units, or a duration such as '5s')", parse=_lateness),
     "timestamp_unit": Option(str, "s", "reorder: unit of timestamps, to convert duration strings",
-                             choices=tuple(_UNITS)),
+                             choices=tuple(TIMESTAMP_UNITS)),
     "late_policy": Option(str, "error", "reorder: what to do with events older than the watermark",
                           choices=("error", "drop", "side_output")),
     **BACKEND_OPTIONS,
@@ -61,7 +60,7 @@ def max_lateness_of(options: Mapping[str, Any]) -> float | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return parse_duration(value) * _UNITS[options.get("timestamp_unit", "s")]
+        return parse_duration(value) * TIMESTAMP_UNITS[options.get("timestamp_unit", "s")]
     return float(value)
 
 

@@ -78,6 +78,13 @@ _API = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "pr
 #: ``merge_many`` operations: ``new = op(current, delta)`` (``delta`` alone for an absent key).
 MERGE_OPS = ("add", "min", "max")
 
+SCAN_SPILL = 256
+"""Pending changes from which a range scan (``range``, ``prefix``, ``all``) spills them to the backend
+first: a scan merges the pending changes it covers, which costs encoding and sorting all of them, so
+many scans between two commits (closing thousands of windows in one batch, each a prefix scan
+followed by deletes) would cost the pending count each, quadratic in it. A spill is what
+``write_batch_size`` does anyway: changelog records first, the local offset unchanged."""
+
 
 _TRUSTED_SERDES = (BytesSerde, StringSerde, IntSerde, JsonSerde, PickleSerde)
 
@@ -741,6 +748,8 @@ class KeyValueEngine(StorageEngine):
             raise self._key_error(exc, key) from None
 
     def _iterate(self, start: bytes | None, end: bytes | None, reverse: bool) -> "KVIterator":
+        if len(self._dirty) > SCAN_SPILL:
+            self._spill()
         self._settle()  # the backend iterator must see every commit
         if (start is not None and end is not None and start >= end) or not self._dirty:
             pending: list[tuple[bytes, bytes | None]] = []

@@ -3,11 +3,15 @@ and are purged with changelog tombstones by a bounded sweep.
 
 Stored format. A store with ``ttl`` keeps, in its changelog records and its backend, each value as
 its ``expiry`` (seconds since the epoch in the store's time domain) followed by the serialized value.
-The expiry is packed in one of two self-describing forms (:func:`pack_expiry`): *compact*, 4 bytes, for
-a whole second from 2020 to 2088 or "never", else *long*, an 8-byte big-endian IEEE double (the only
-form of stores written before the compact one). A ttl of :data:`WHOLE_SECONDS_TTL` or more rounds each
-expiry up to the whole second, so such a store's expiries are all compact: an entry may then stay
-visible up to one second past its ttl, never less than its ttl. The expiry travels with the record, so
+The expiry is packed in one of three self-describing forms (:func:`pack_expiry`): *compact*, 4 bytes, for
+a whole second from 2020 to 2088 or "never"; *long*, an 8-byte big-endian IEEE double, for an expiry
+from 1e-6 to 1e12 seconds (the only form of stores written before the compact one); and *wide*, 12
+bytes (the compact word with offset 0, which the compact form never uses, then the double), for every
+other expiry: before 1970, zero, or past year 33658 (an event time fed in milliseconds). So every
+expiry a store computes, whatever time it is fed, reads back exactly. A ttl of
+:data:`WHOLE_SECONDS_TTL` or more rounds each expiry up to the whole second, so such a store's
+expiries in its range are all compact: an entry may then stay visible up to one second past its ttl,
+never less than its ttl. The expiry travels with the record, so
 a restore from the changelog, a compacted changelog or an object-store snapshot brings back each
 entry's own deadline: nothing expired becomes visible again. A store *without* ``ttl`` is the plain
 :class:`~localstate.engines.kv.engine.KeyValueEngine`, unchanged.
@@ -69,18 +73,22 @@ from localstate.errors import ConfigError
 __all__ = ["TtlKeyValueEngine", "ExpiringCache", "EXPIRY", "NEVER", "WHOLE_SECONDS_TTL", "live_entries",
            "clock_of", "split_stored", "pack_expiry", "unpack_expiry"]
 
-#: The long expiry prefix: a big-endian double, seconds. Its first bit is 0 (an expiry is positive).
+#: The long expiry prefix: a big-endian double, seconds, from _EARLIEST_EXPIRY to _LONG_LAST (its first
+#: bit is 0). Other expiries take the wide form.
 EXPIRY = struct.Struct(">d")
 _LONG_UNPACK = EXPIRY.unpack_from
 #: The compact expiry prefix: a big-endian 32-bit word whose first bit is 1, then whole seconds after
-#: COMPACT_BASE in 31 bits; all ones is "never". (A plain int value below 2**32 reads as offset 0:
-#: refused by _stamped, see there.)
+#: COMPACT_BASE in 31 bits; all ones is "never"; offset 0 starts the wide form. (A plain int value
+#: below 2**32 reads as offset 0 too: its length tells it apart, see _stamped.)
 _COMPACT = struct.Struct(">I")
 _COMPACT_UNPACK = _COMPACT.unpack_from
 COMPACT_BASE = 1_577_836_800.0  # 2020-01-01T00:00:00Z
 _COMPACT_TAG, _COMPACT_NEVER, _COMPACT_OFFSET = 0x8000_0000, 0xFFFF_FFFF, 0x7FFF_FFFF
 _COMPACT_NEVER_BYTES = _COMPACT.pack(_COMPACT_NEVER)
 _COMPACT_LAST = COMPACT_BASE + _COMPACT_OFFSET - 1  # the last second it holds (2088); all ones is never
+#: The wide expiry prefix: the compact tag with offset 0 (never a compact expiry), then the double.
+_WIDE = struct.Struct(">Id")
+_WIDE_UNPACK = _WIDE.unpack_from
 #: A stored value of the int serde (held as ints, see KeyValueEngine): expiry and biased value in one
 #: struct, so a miss unpacks it in one call (compact and long form).
 _COMPACT_INT = struct.Struct(">IQ")
@@ -91,41 +99,55 @@ NEVER = math.inf
 #: stored value is 4 bytes shorter, and the entry lives at most a second (under 0.03% of its ttl)
 #: longer. Shorter ttls keep exact expiries (an entry ends on the dot, as in Flink and Spark).
 WHOLE_SECONDS_TTL = 3600.0
-#: The earliest expiry stored (an event-time watermark before 1970 would give a negative one, which
-#: the long form cannot tell from a compact prefix): earlier ones are stored as it, expiring later.
+#: The long form's range: what a value written without ttl rarely reads as (its bytes read as a huge,
+#: tiny, negative or NaN double), so a store whose layout no checkpoint recorded can tell such state.
 _EARLIEST_EXPIRY = 1e-6
+_LONG_LAST = 1e12
 
 
 def pack_expiry(expiry: float) -> bytes:
     """``expiry`` packed as a ttl store stores it: compact (4 bytes) for never or a whole second in its
-    range, else long (8 bytes). ``expiry`` is at least the earliest expiry (see refresh_time)."""
-    if expiry == NEVER:
+    range, long (8 bytes) from 1e-6 to 1e12 seconds, wide (12 bytes) for any other. Every expiry reads
+    back exactly (:func:`unpack_expiry`); NaN, which no comparison finds due, is stored as never."""
+    if expiry == NEVER or expiry != expiry:
         return _COMPACT_NEVER_BYTES
     if COMPACT_BASE < expiry <= _COMPACT_LAST and expiry.is_integer():
         return _COMPACT.pack(_COMPACT_TAG | int(expiry - COMPACT_BASE))
-    return EXPIRY.pack(expiry)
+    if _EARLIEST_EXPIRY <= expiry <= _LONG_LAST:
+        return EXPIRY.pack(expiry)
+    return _WIDE.pack(_COMPACT_TAG, expiry)
 
 
 def unpack_expiry(stored: bytes) -> tuple[float, int]:
     """``(expiry, width of its prefix)`` of a ttl store's stored value."""
     if stored[0] & 0x80:
         word = _COMPACT_UNPACK(stored)[0]
+        if word == _COMPACT_TAG:
+            return _WIDE_UNPACK(stored)[1], 12
         return (NEVER if word == _COMPACT_NEVER else COMPACT_BASE + (word & _COMPACT_OFFSET)), 4
     return _LONG_UNPACK(stored)[0], 8
 
 
-def _stamped(stored: bytes) -> bool:
-    """Whether ``stored`` starts with a plausible expiry: never, a compact second after the base, or a
-    long one from the epoch up to year 33658 (a value written without ttl reads as a huge, tiny,
-    negative or NaN double, and an int serde's value below 2**32 as the compact offset 0)."""
+def _stamped(stored: bytes, known: bool = False) -> bool:
+    """Whether ``stored`` starts with an expiry: never, a compact second after the base, a wide double
+    (not NaN), or a long one in its range (a value written without ttl reads as a huge, tiny, negative
+    or NaN double, and an int serde's value below 2**32 as the compact offset 0 without the wide
+    form's length). ``known``: the committed checkpoint recorded the store's layout as stamped, so a
+    long expiry is taken whatever it reads as (releases before the wide form wrote expiries past 1e12,
+    an event time in milliseconds, in the long form)."""
     if not stored:
         return False
     if stored[0] & 0x80:
-        return len(stored) >= 4 and _COMPACT_UNPACK(stored)[0] & _COMPACT_OFFSET != 0
+        if len(stored) < 4:
+            return False
+        word = _COMPACT_UNPACK(stored)[0]
+        if word == _COMPACT_TAG:
+            return len(stored) >= 12 and not math.isnan(_WIDE_UNPACK(stored)[1])
+        return True
     if len(stored) < 8:
         return False
     expiry = _LONG_UNPACK(stored)[0]
-    return expiry == NEVER or _EARLIEST_EXPIRY <= expiry <= 1e12
+    return known or expiry == NEVER or _EARLIEST_EXPIRY <= expiry <= _LONG_LAST
 
 
 def clock_of(source: TimeSource, domain: str) -> Callable[[], float | None]:
@@ -260,6 +282,9 @@ class TtlKeyValueEngine(KeyValueEngine):
         self._refresh_on_read = options.get("ttl_update", "on_write") == "on_read_and_write"
         self._sweep_limit = int(options.get("ttl_sweep", 1_000))
         self._clock = clock_of(context.time, options.get("ttl_time", "processing"))
+        # the committed checkpoint recorded this layout (StoreContext.extra["state_format"], given by the
+        # runtime): every stored value is stamped, whatever its expiry reads as (see _stamped)
+        self._layout_known = context.extra.get("state_format") == self.state_format
         self._sweep_from: bytes | None = None
         # the sweep's horizon (see sweep): -inf, unknown, until a pass over the whole store completes
         self._horizon = -math.inf
@@ -304,11 +329,14 @@ class TtlKeyValueEngine(KeyValueEngine):
 
     def _expiry_after(self, now: float) -> float:
         """The expiry of what is written at store time ``now``: ttl later, up to the whole second for a
-        long ttl (a compact stored expiry), never before the earliest expiry stored."""
+        long ttl (a compact stored expiry), and always after ``now``. Any expiry is stored exactly
+        (:func:`pack_expiry`)."""
         expiry = now + self._ttl
-        if self._whole_seconds and expiry < 1e15:  # (NaN and huge times as they are)
+        if self._whole_seconds and abs(expiry) < 1e15:  # (NaN and huge times as they are)
             expiry = float(math.ceil(expiry))
-        return max(expiry, _EARLIEST_EXPIRY)
+        if expiry <= now:  # a time so large that ttl is below its float resolution: live until time moves
+            expiry = math.nextafter(now, math.inf)
+        return expiry
 
     def _forget_expired(self, now: float) -> None:
         """Make every cached value live at ``now`` again: forget the recorded entries whose expiry has
@@ -450,6 +478,8 @@ class TtlKeyValueEngine(KeyValueEngine):
     # -- iteration ---------------------------------------------------------------------------------------
     def _iterate(self, start: bytes | None, end: bytes | None, reverse: bool) -> KVIterator:
         """Live entries only, at the store time (pending values are all live: written at it)."""
+        if len(self._dirty) > kv_engine.SCAN_SPILL:
+            self._spill()
         self._settle()
         now = self._now
         if (start is not None and end is not None and start >= end) or not self._dirty:
@@ -506,10 +536,11 @@ class TtlKeyValueEngine(KeyValueEngine):
     def _check_stamped(self, values: Iterable[bytes | None]) -> None:
         """ConfigError when a stored value carries no plausible expiry: the store's state was written
         without ttl (adding or removing ttl changes the stored format)."""
-        # an int serde's stamped value is 12 or 16 bytes: its plain one (8) is refused whatever it reads as
-        int_values = self._int_values
+        # an int serde's stamped value is its prefix and 8 bytes: its plain one (8) is refused whatever
+        # it reads as
+        int_values, known = self._int_values, self._layout_known
         for vb in values:
-            if vb is not None and (not _stamped(vb) or (int_values and len(vb) not in (12, 16))):
+            if vb is not None and (not _stamped(vb, known) or (int_values and len(vb) != unpack_expiry(vb)[1] + 8)):
                 raise ConfigError.at(
                     f"stores.{self._store}.ttl",
                     f"store {self._store!r} (partition {self._partition}) has ttl, but its state holds a "

@@ -25,6 +25,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "localstate_rows_out_total": ("counter", (), "records sent to outputs"),
     "localstate_rows_skipped_total": ("counter", (), "bad input records skipped (on_error = skip)"),
     "localstate_rows_dead_lettered_total": ("counter", (), "bad input records sent to a dead-letter output"),
+    "localstate_late_records_total": ("counter", ("store",), "records a window store dropped as late (its windows "
+                                      "were closed), per window store"),
+    "localstate_misrouted_records_total": ("counter", ("input",), "keyed records found in another partition than "
+                                           "their key's, per input (on_misrouted)"),
     "localstate_failed_attempts_total": ("counter", (), "task attempts that failed and were retried by Spark"),
     "localstate_restored_records_total": ("counter", (), "changelog records replayed to restore stores"),
     "localstate_input_lag_records": ("gauge", ("input", "partition"),
@@ -117,6 +121,12 @@ class JobMetrics:
                              ("localstate_rows_dead_lettered_total", "dead_lettered"),
                              ("localstate_failed_attempts_total", "failed_attempts")):
             self._m(metric).inc(_count(progress, name) or 0)
+        for store, n in _mapping(progress, "late_records").items():
+            if _is_count(n):
+                self._m("localstate_late_records_total", store=store).inc(n)
+        for name, n in _mapping(progress, "misrouted").items():
+            if _is_count(n):
+                self._m("localstate_misrouted_records_total", input=name).inc(n)
         state = _mapping(progress, "state")
         restore = _mapping(state, "restore")
         self._m("localstate_restored_records_total").inc(_count(restore, "records") or 0)

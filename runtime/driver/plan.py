@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from localstate.core.task import merge_counts
 from localstate.runtime.partition.lifecycle import TASK_PHASES
 
 __all__ = ["PartitionPlan", "BatchResult", "RunSummary", "TASK_PHASES", "DRIVER_PHASES", "progress_line", "lag_text"]
@@ -81,6 +82,9 @@ class BatchResult:
     driver_seconds: dict[str, float] = field(default_factory=dict)
     """:data:`DRIVER_PHASES`; ``spark`` is the Spark job's wall time minus the busiest task: scheduling,
     Python worker hand-off, plan and result (de)serialization"""
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """what the batch's tasks dropped or redirected, summed (:class:`~localstate.core.task.TaskCounters`:
+    ``late_records`` per window store, ``misrouted`` per input)"""
 
 
 @dataclass
@@ -124,6 +128,7 @@ class RunSummary:
                 totals = getattr(folded, name)
                 for key, value in getattr(oldest, name).items():
                     totals[key] = totals.get(key, 0.0) + value
+            merge_counts(folded.counts, oldest.counts)
 
     def _all(self) -> list[BatchResult]:
         return ([self.folded] if self.folded is not None else []) + self.batches
@@ -178,6 +183,8 @@ def progress_line(result: BatchResult, tasks: int) -> str:
     extra += f" dead-lettered {result.dead_lettered:,}" if result.dead_lettered else ""
     extra += f" restored {result.replayed:,} trimmed {result.trimmed:,}" if result.replayed or result.trimmed else ""
     extra += f" warm {result.warm}/{result.stateful}" if result.stateful else ""
+    extra += "".join(f" {kind.replace('_', ' ')} {sum(labels.values()):,}"
+                     for kind, labels in sorted(result.counts.items()))
     extra += f" ({result.failed_attempts} failed task attempt(s) retried)" if result.failed_attempts else ""
     return (f"batch {result.batch}: {tasks} task(s), in {result.records_in:,} out {result.records_out:,} in "
             f"{result.seconds:.2f}s ({rate:,.0f} rec/s), {lag_text(result.lag, result.pending_bytes)}{extra}")

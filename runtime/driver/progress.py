@@ -247,6 +247,9 @@ class ProgressReport:
             "input_rows_per_second": round(result.records_in / arrival, 3) if arrival else None,
             "skipped": result.skipped,
             "dead_lettered": result.dead_lettered,
+            # what the batch dropped or redirected, by window store and by input (TaskCounters)
+            "late_records": dict(result.counts.get("late_records", {})),
+            "misrouted": dict(result.counts.get("misrouted", {})),
             "lag": result.lag,
             "pending_bytes": result.pending_bytes,
             "inputs": per_input,

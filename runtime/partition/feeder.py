@@ -27,7 +27,7 @@ import time
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
-from localstate.core.task import BatchTask, Collector, Coordinator, StreamTask, record_batch
+from localstate.core.task import BatchTask, Collector, Coordinator, StreamTask, TaskCounters, record_batch
 from localstate.core.tracebacks import raise_task_error
 from localstate.runtime.partition.faults import crash_point, crash_points
 from localstate.runtime.partition.records import BATCH_ROWS, CHUNK, PROCESS_HINT, ArrowRows, ColumnRows, FeedStats, \
@@ -48,10 +48,12 @@ class Feeder:
     its instance, which checkpoints them); ``time`` sees every event timestamp fed."""
 
     def __init__(self, task: StreamTask, partition: int, collector: Collector, coordinator: Coordinator,
-                 positions: dict[str, int], time: PartitionTime, several_inputs: bool) -> None:
+                 counters: TaskCounters, positions: dict[str, int], time: PartitionTime, several_inputs: bool) -> None:
         self.task = task
         self.partition = partition
         self.collector = collector
+        self.counters = counters
+        """where records dropped or redirected are counted (``context.counters``)"""
         self.coordinator = coordinator
         self.positions = positions
         self.time = time
@@ -89,7 +91,7 @@ class Feeder:
                         if ts is not None and ts > partition_time.high:
                             partition_time.high = ts  # after process(): it saw the watermark before the record
                     else:
-                        apply_on_error(policies.get(name), partition, collector, name, record, stats)
+                        apply_on_error(policies.get(name), partition, collector, self.counters, name, record, stats)
                     positions[name] = record.offset + 1
                     if between is not None and between(1):
                         return stats
@@ -134,7 +136,7 @@ class Feeder:
                 if record.error is None:
                     good.append((name, record))
                 else:
-                    apply_on_error(policies.get(name), self.partition, self.collector, name, record, stats)
+                    apply_on_error(policies.get(name), self.partition, self.collector, self.counters, name, record, stats)
             if good:
                 good_names, good_records = zip(*good)
                 g_offsets, keys, values, times, _e, _r = zip(*good_records)
@@ -163,7 +165,7 @@ class Feeder:
         count = columns.rows
         crash_points("process", count)
         for record in columns.bad:
-            apply_on_error(policies.get(name), self.partition, self.collector, name, record, stats)
+            apply_on_error(policies.get(name), self.partition, self.collector, self.counters, name, record, stats)
         if columns.offsets:
             batch = record_batch([name], columns.offsets, columns.keys, columns.values, columns.timestamps,
                                  with_stream=self.several_inputs)

@@ -31,7 +31,8 @@ from localstate.core.changelog import ChangelogSystem
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.stream import InputRecord
-from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext, load_task_class
+from localstate.core.task import (Collector, Coordinator, Envelope, StreamTask, TaskContext, TaskCounters,
+                                  load_task_class, merge_counts)
 from localstate.core.time import TIMER_STORE
 from localstate.core.tracebacks import raise_task_error
 from localstate.runtime.layout import checkpoint_store, store_root
@@ -98,6 +99,12 @@ class TaskInstance:
         """the last DataFrame micro-batch applied (:attr:`Checkpoint.batch`), carried into every checkpoint"""
         self.collector = Collector()
         self.coordinator = Coordinator()
+        self.counters = TaskCounters()
+        """what the task partition dropped or redirected (``context.counters``), taken at each commit"""
+        self.prepared_counts: dict[str, dict[str, int]] = {}
+        """the counts the last prepared commit covers (reported with its batch once it is saved)"""
+        self.counted: dict[str, dict[str, int]] = {}
+        """the counts of every commit this instance made, summed"""
         self.task: StreamTask | None = None
         self.feeder: Feeder | None = None
         self.timers_fired = 0
@@ -141,10 +148,10 @@ class TaskInstance:
         # a checkpoint records is in place by now (the timers above: their next processing-time
         # timer), so this checkpoint carries every field of the one it follows.
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
-        self.feeder = Feeder(self.task, self.partition, self.collector, self.coordinator, self.positions,
-                             self.time, several_inputs=len(self.job.inputs) > 1)
+        self.feeder = Feeder(self.task, self.partition, self.collector, self.coordinator, self.counters,
+                             self.positions, self.time, several_inputs=len(self.job.inputs) > 1)
         context = TaskContext(self.job.name, self.partition, self.job.partitions, self.stores.task_stores(),
-                              self.job, timers=self.time)
+                              self.job, timers=self.time, counters=self.counters)
         try:
             self.task.init(context)
         except (Exception, SystemExit) as exc:
@@ -336,6 +343,7 @@ class TaskInstance:
         deliver the outputs, build the checkpoint; with ``in_flight`` the waits to do before it may be
         saved are returned with it."""
         self.fire_timers()
+        self.prepared_counts = self.counters.take()
         self.stores.flush()
         outputs = self.sink.write(self.partition, self.collector.take())
         manifests, waits = self.stores.manifests(in_flight)
@@ -350,6 +358,7 @@ class TaskInstance:
         """A commit was made: the commit triggers start over."""
         self.coordinator.commit_requested = False
         self.committer.counted()
+        merge_counts(self.counted, self.prepared_counts)
 
     def _checkpoint(self, outputs: Mapping[str, int],
                     manifests: dict[str, dict[str, Any]] | None = None) -> Checkpoint:

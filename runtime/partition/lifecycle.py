@@ -82,6 +82,8 @@ class PartitionBatch:
     timings: dict[str, float] = field(default_factory=dict)
     """:data:`TASK_PHASES` in seconds"""
     pid: int = field(default_factory=os.getpid)
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """what the batch dropped or redirected (:class:`~localstate.core.task.TaskCounters`)"""
 
 
 class PartitionTask(ABC):
@@ -182,7 +184,7 @@ class PartitionTask(ABC):
         }
         return PartitionBatch(self.partition, prepared, records=fed.records, outputs=outputs, skipped=fed.skipped,
                               dead_lettered=fed.dead_lettered, reused=lease.reused,
-                              recoveries=list(lease.recoveries), timings=timings)
+                              recoveries=list(lease.recoveries), timings=timings, counts=instance.prepared_counts)
 
 
 def fault_for(fault: Mapping[str, Any] | None, partition: int, batch: int) -> CrashAt | None:

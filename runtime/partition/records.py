@@ -9,7 +9,7 @@ import logging
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from localstate.core.task import Collector, Envelope
+from localstate.core.task import Collector, Envelope, TaskCounters
 from localstate.errors import ConfigError, InputError
 
 if TYPE_CHECKING:  # the stream contract is only named here: this module stays light to import
@@ -137,15 +137,24 @@ def make_envelope_maker() -> Callable[[str, int, int, Any, Any, float | None], E
 make_envelope = make_envelope_maker()
 
 
-def apply_on_error(policy: InputPolicy | None, partition: int, collector: Collector, name: str, record: InputRecord,
-                   stats: FeedStats) -> None:
+def apply_on_error(policy: InputPolicy | None, partition: int, collector: Collector, counters: TaskCounters,
+                   name: str, record: InputRecord, stats: FeedStats) -> None:
     """Apply the input's ``on_error`` policy (none: ``fail``) to an undecodable or keyless record of
-    input ``name``'s ``partition`` (a dead letter is sent through ``collector``)."""
-    on_error = FAIL if policy is None else policy.on_error
+    input ``name``'s ``partition``, or the policy its error names (a RecordProblem of
+    :mod:`localstate.core.event_time`: a misrouted record's ``on_misrouted``), counting it in
+    ``counters`` where the error says (a dead letter is sent through ``collector``)."""
+    error = record.error
+    on_error = getattr(error, "policy", None) or (FAIL if policy is None else policy.on_error)
+    counted_as = getattr(error, "counted_as", None)
+    if on_error != FAIL and counted_as is not None:
+        counters.add(*counted_as)
     if on_error == FAIL:
-        raise InputError(f"bad input record ({safe_text(record.error)}): {safe_text(str(record.raw)[:200])}",
-                         stream=name, partition=partition, offset=record.offset,
-                         hint=f"fix the record, or set on_error = 'skip' or 'dead_letter' on [inputs.{name}]")
+        # a RecordProblem names its own error type, hint and context
+        raise getattr(error, "error_type", InputError)(
+            f"bad input record ({safe_text(error)}): {safe_text(str(record.raw)[:200])}", stream=name,
+            partition=partition, offset=record.offset, **getattr(error, "context", {}),
+            hint=getattr(error, "hint", None) or f"fix the record, or set on_error = 'skip' or 'dead_letter' on "
+                                                 f"[inputs.{name}]")
     if on_error == "dead_letter":
         # error and raw come from the bad data itself: make them encodable by every output (a lone
         # surrogate would otherwise fail the dead-letter write, and the job, on every run).

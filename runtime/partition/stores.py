@@ -82,8 +82,10 @@ class StoreSet(Mapping[str, PartitionStore]):
         this attempt as the writer of each store's local state."""
         manifests = checkpoint.manifests if checkpoint is not None else {}
         committed_attempt = checkpoint.attempt if checkpoint is not None else None
+        formats = checkpoint.formats if checkpoint is not None else {}
         for name, config in self.job.stores.items():
-            self._stores[name] = self._open_store(name, config, manifests.get(name), committed_attempt)
+            self._stores[name] = self._open_store(name, config, manifests.get(name), committed_attempt,
+                                                  formats.get(name))
         if checkpoint is None:
             self._check_fresh()
         else:
@@ -110,7 +112,7 @@ class StoreSet(Mapping[str, PartitionStore]):
         return self.recoveries
 
     def _open_store(self, name: str, config: Any, manifest: dict[str, Any] | None,
-                    committed_attempt: str | None) -> PartitionStore:
+                    committed_attempt: str | None, state_format: str | None = None) -> PartitionStore:
         registry = self.job.registry
         factory = registry.engine_factory(config.engine)
         changelog = None
@@ -131,7 +133,9 @@ class StoreSet(Mapping[str, PartitionStore]):
             key_serde=registry.serde(config.key_serde, allow_pickle=self.job.allow_pickle),
             value_serde=registry.serde(config.value_serde, allow_pickle=self.job.allow_pickle),
             changelog=changelog if changelog is not None else NullChangelogWriter(), logged=changelog is not None,
-            extra={"registry": registry}, time=self.time)  # backends are found through the job's plugin policy
+            # backends are found through the job's plugin policy; state_format: the layout the committed
+            # checkpoint recorded (an engine may trust its state to be in it, see _check_state_formats)
+            extra={"registry": registry, "state_format": state_format}, time=self.time)
         had_files = any(directory.iterdir())
         if self.attempt is None:
             # This instance writes the store without an attempt id (local mode): no attempt may later

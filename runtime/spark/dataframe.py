@@ -61,7 +61,7 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.fsutil import ensure_dir, os_error, write_atomic
 from localstate.core.names import safe_join
-from localstate.core.partitioner import partition_for
+from localstate.core.partitioner import partitions_of
 from localstate.runtime.layout import checkpoint_store, job_directory, open_changelog_system
 from localstate.runtime.spark.failures import executor_failure, spark_failure
 from localstate.runtime.spark.affinity.exchange import RowExchange
@@ -69,8 +69,10 @@ from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
 from localstate.runtime.partition.records import ArrowRows
 from localstate.runtime.spark.affinity.kept import Lease, checkin, checkout, kept_partition, release_partitions
 from localstate.runtime.spark.config import SparkConfig
-from localstate.core.stream import InputRecord
-from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class
+from localstate.core.options import validate_options
+from localstate.core.stream import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
+from localstate.core.event_time import TIMESTAMP_OPTIONS
+from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class, merge_counts
 from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
@@ -100,7 +102,8 @@ _COLUMN = "__localstate_c"
 field) or names with a backtick; the apply task renames them back (:func:`_original_names`)."""
 _RESULT_SCHEMA = "partition INT, applied BOOLEAN, checkpoint STRING, records BIGINT, outputs BIGINT, " \
                  "reused BOOLEAN, query_batch BIGINT, pid BIGINT, started DOUBLE, " \
-                 "input DOUBLE, open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY"
+                 "input DOUBLE, open DOUBLE, convert DOUBLE, process DOUBLE, commit DOUBLE, error BINARY, " \
+                 "counts STRING"
 #: Phases of one job partition's task, in seconds (:attr:`DataFrameBatch.task_seconds`): receiving
 #: its rows from the shuffle as Arrow batches and sorting them (counted for the first job partition of
 #: a Spark task; with :func:`routes` a Spark task holds one), opening and recovering the partition,
@@ -139,6 +142,8 @@ class DataFrameBatch:
     first_task_seconds: float = 0.0
     """from the Spark job's start to the first apply task's start: the first stage (reading the
     input, routing each row to its partition, the shuffle write) and scheduling"""
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """what the applied partitions dropped or redirected (``late_records`` per window store), summed"""
 _KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongType", "BinaryType")
 
 
@@ -161,6 +166,9 @@ class DataFrameSpec:
     """``number`` / ``timestamp``: the order column is also the records' timestamp (seconds)"""
     key_type: str = "StringType"
     """the Spark type of the key column (its class name, one of ``_KEY_TYPES``)"""
+    timestamps: TimestampRule = NO_BOUNDS
+    """how the order column becomes event time (``timestamp_unit`` divides a numeric one; the bounds
+    apply to every kind): a row whose timestamp it refuses is a bad record, which fails the batch"""
 
 
 def _column_list(schema: Any) -> str:
@@ -168,9 +176,13 @@ def _column_list(schema: Any) -> str:
 
 
 def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = None, value: str | None = None,
-                   stream: str = "dataframe") -> DataFrameSpec:
+                   stream: str = "dataframe", timestamp_unit: str = "s", min_timestamp: Any = False,
+                   max_timestamp: Any = False) -> DataFrameSpec:
     """Check ``df``'s schema against what the task gets (SchemaError naming the column and listing
-    the DataFrame's columns otherwise)."""
+    the DataFrame's columns otherwise). ``timestamp_unit``, ``min_timestamp`` and ``max_timestamp`` are
+    an input's options of the same names (:data:`~localstate.core.event_time.TIMESTAMP_OPTIONS`;
+    by default no bounds: the order column may be any ordering number); a bad one is a ConfigError at
+    ``<stream>.<option>``."""
     from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import DateType, NumericType, TimestampNTZType, TimestampType
 
@@ -207,7 +219,9 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
             ts = "number"
         elif isinstance(order_type, (TimestampType, TimestampNTZType, DateType)):
             ts = "timestamp"
-    return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts, key_type)
+    rule = timestamp_rule(stream, validate_options(TIMESTAMP_OPTIONS, {
+        "timestamp_unit": timestamp_unit, "min_timestamp": min_timestamp, "max_timestamp": max_timestamp}, stream))
+    return DataFrameSpec(job, key, stream, order_by, value, tuple(fields), ts, key_type, rule)
 
 
 def _spark_hash_long(value: int, seed: int = 42) -> int:
@@ -337,10 +351,6 @@ def _encoder() -> Callable[[Any], str]:
 
 
 # -- executors ----------------------------------------------------------------------------------------
-_PARTITION_CACHE: dict[tuple[int, Any], int] = {}
-"""``(partitions, key) -> partition`` in this Python worker: Spark reuses its workers across batches,
-and a key's partition never changes (kept bounded by :data:`_CACHE_LIMIT`)."""
-_CACHE_LIMIT = 2_000_000
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 """The local property Spark sets on the tasks of a streaming query's micro-batch (also on the jobs
 its foreachBatch function runs): the executors check it against the batch id the driver passed."""
@@ -348,24 +358,11 @@ its foreachBatch function runs): the executors check it against the batch id the
 
 def _partitions_of(keys: Any, partitions: int, column: str) -> Any:
     """The job partition of each key of the Arrow array ``keys``: computed once per distinct key of
-    the batch (``dictionary_encode``), by :func:`partition_for`."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    the batch, by :func:`~localstate.core.partitioner.partitions_of`."""
     if keys.null_count:
         raise SchemaError(f"key column {column!r} holds a null key", column=column,
                           hint="filter out rows without a key, or fill them in")
-    encoded = pc.dictionary_encode(keys)
-    cache = _PARTITION_CACHE
-    if len(cache) > _CACHE_LIMIT:
-        cache.clear()
-    parts = []
-    for key in encoded.dictionary.to_pylist():
-        part = cache.get((partitions, key))
-        if part is None:
-            part = cache[(partitions, key)] = partition_for(key, partitions)
-        parts.append(part)
-    return pa.array(parts, pa.int32()).take(encoded.indices)
+    return partitions_of(keys, partitions)
 
 
 MURMUR2_CLASS = "org.apache.commons.codec.digest.MurmurHash2"
@@ -375,10 +372,11 @@ _JVM_KEY_TYPES = ("StringType", "ByteType", "ShortType", "IntegerType", "LongTyp
 
 
 def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
-    """The column expression giving each row its job partition, equal to :func:`partition_for` of
-    its key. String and integer keys are hashed in the JVM (``reflect`` of :data:`MURMUR2_CLASS` on
-    the key, integers as their decimal text, as :func:`~localstate.core.partitioner.key_bytes` does):
-    the first stage of the batch's job then runs no Python at all. Binary keys, which ``reflect``
+    """The column expression giving each row its job partition, equal to
+    :func:`~localstate.core.partitioner.partition_for` of its key. String and integer keys are hashed
+    in the JVM (``reflect`` of :data:`MURMUR2_CLASS` on the key, integers as their decimal text, as
+    :func:`~localstate.core.partitioner.key_bytes` does): the first stage of the batch's job then runs
+    no Python at all. Binary keys, which ``reflect``
     cannot pass, go through an Arrow UDF, as every key does with ``jvm=False`` (a Spark without the
     class, :func:`jvm_has_murmur2`). A null key is refused with SchemaError naming the column (by the
     UDF, or by the apply task when the JVM gave it a null partition)."""
@@ -526,7 +524,8 @@ def _result_schema() -> Any:
     return pa.schema([("partition", pa.int32()), ("applied", pa.bool_()), ("checkpoint", pa.string()),
                       ("records", pa.int64()), ("outputs", pa.int64()), ("reused", pa.bool_()),
                       ("query_batch", pa.int64()), ("pid", pa.int64()), ("started", pa.float64()),
-                      *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary())])
+                      *((phase, pa.float64()) for phase in TASK_PHASES), ("error", pa.binary()),
+                      ("counts", pa.string())])
 
 
 def _row_values(rows: Any, names: Iterable[str]) -> list[dict[str, Any]]:
@@ -548,20 +547,33 @@ def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, 
         values = _row_values(rows, spec.columns)
     if spec.ts == "number":  # seconds as a float, as every input gives them (and a batch task's column)
         times: Iterable[Any] = pc.cast(rows.column(spec.order_by), "float64").to_pylist()
+        per_second = None
     elif spec.ts == "timestamp":
         column = rows.column(spec.order_by)
-        micros = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()
-        times = [None if t is None else t / 1e6 for t in micros]
+        times = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()
+        per_second = 1e6
     else:
-        times = repeat(None)
-    return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, times))
+        return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, repeat(None)))
+    return zip(repeat(spec.stream), map(_checked_record, count(start), keys, values, times,
+                                        repeat(spec.timestamps), repeat(per_second)))
 
 
-def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows]:
+def _checked_record(offset: int, key: Any, value: Any, ts: Any, rule: TimestampRule,
+                    per_second: float | None) -> InputRecord:
+    """The record of one row, its order column's value ``ts`` made event time by ``rule`` (a bad record
+    when it refuses it)."""
+    try:
+        return InputRecord(offset, key, value, rule.seconds(ts, per_second))
+    except BadTimestamp as exc:
+        return InputRecord(offset, None, None, None, exc.problem, repr({"key": key, "timestamp": ts})[:1000])
+
+
+def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows] | None:
     """The rows as one BatchTask batch (columns :data:`~localstate.core.task.BATCH_COLUMNS`), built
     from the Arrow columns as they are: no Python object per row. ``value`` is the ``value`` column,
     or a struct of every input column; ``timestamp`` the order column in seconds (float64) when it is
-    numeric, a timestamp or a date, else null."""
+    numeric, a timestamp or a date, else null. None when a timestamp is one ``spec.timestamps`` refuses
+    (the caller feeds the rows as records instead, that row a bad record)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -580,13 +592,18 @@ def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows]:
         value = column(spec.value)
     else:
         value = pa.StructArray.from_arrays([column(name) for name in spec.columns], names=list(spec.columns))
+    rule = spec.timestamps
     if spec.ts == "number":
         times = pc.cast(column(spec.order_by), pa.float64())  # type: ignore[arg-type]
+        if rule.per_second != 1.0:
+            times = pc.divide(times, rule.per_second)
     elif spec.ts == "timestamp":
         micros = pc.cast(pc.cast(column(spec.order_by), "timestamp[us]"), "int64")  # type: ignore[arg-type]
         times = pc.divide(pc.cast(micros, pa.float64()), 1e6)
     else:
         times = pa.nulls(n, pa.float64())
+    if spec.ts is not None and times.null_count < n and not rule.column_fits(times):
+        return None  # a timestamp the rule refuses: the rows go as records, that one a bad record
     offsets = pa.array(np.arange(start, start + n, dtype=np.int64))
     schema = pa.schema([pa.field("key", key.type), pa.field("value", value.type),
                         pa.field("timestamp", pa.float64()), pa.field("offset", pa.int64())],
@@ -638,7 +655,9 @@ class DataFramePartition(PartitionTask):
         spec = self.task.spec
         start = lease.instance.position(spec.stream)
         if isinstance(lease.instance.task, BatchTask):  # Arrow end to end
-            return _arrow_rows(spec, self.rows, start)
+            rows = _arrow_rows(spec, self.rows, start)
+            if rows is not None:
+                return rows
         return _records(spec, self.rows, start)
 
     def end(self, lease: Lease) -> None:
@@ -659,7 +678,7 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
     batch = task.batch
     result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
                               "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(),
-                              "started": 0.0, "error": None, **dict.fromkeys(TASK_PHASES, 0.0)}
+                              "started": 0.0, "error": None, "counts": "{}", **dict.fromkeys(TASK_PHASES, 0.0)}
     try:
         result["query_batch"] = _query_batch(batch)
         job = task.spec.job
@@ -672,7 +691,8 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
             return result
         phases = done.timings
         result.update(applied=True, checkpoint=done.checkpoint.to_json(), records=done.records,
-                      outputs=done.outputs, reused=done.reused, open=phases["wait"] + phases["open"],
+                      outputs=done.outputs, reused=done.reused, counts=json.dumps(done.counts),
+                      open=phases["wait"] + phases["open"],
                       convert=phases["read"], process=phases["process"],
                       commit=sum(phases[name] for name in ("changelog", "store_flush", "outputs", "close")))
     except (Exception, SystemExit) as exc:
@@ -714,7 +734,8 @@ def _arrow_batches(spark: Any) -> Iterator[None]:
 def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, batch_id: int | None = None,
               order_by: str | None = None, value: str | None = None, stream: str = "dataframe",
               keep_open: bool = False, fault: Mapping[str, Any] | None = None,
-              progress: Callable[[DataFrameBatch], None] | None = None) -> Any:
+              progress: Callable[[DataFrameBatch], None] | None = None, timestamp_unit: str = "s",
+              min_timestamp: Any = False, max_timestamp: Any = False) -> Any:
     """Apply the batch ``df`` to the job's state, exactly once per ``batch_id``, and return the task's
     outputs as a DataFrame (:data:`OUTPUT_SCHEMA`), read from files kept until the next batch.
 
@@ -722,11 +743,15 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
     batch DataFrame). An id the job already applied is not applied again: its outputs are returned as
     they were. ``keep_open``: the Python workers keep their partition's instance open for the next
     batch (what :func:`foreach_batch` does; :func:`release` closes them). ``progress`` is called with
-    the batch's :class:`DataFrameBatch`. ``fault`` (tests and demos only): ``{"partition", "batch",
+    the batch's :class:`DataFrameBatch`. ``timestamp_unit``, ``min_timestamp``, ``max_timestamp``: how
+    a numeric ``order_by`` column becomes event time, and the plausible range of event times, as an
+    input's options of those names (default: seconds, no bounds); a row outside them fails the batch
+    with a TimestampError. ``fault`` (tests and demos only): ``{"partition", "batch",
     "after", "marker"}`` SIGKILLs the Python worker feeding that partition after ``after`` records,
     once (see :mod:`~localstate.runtime.partition.faults`)."""
     job = _job(job)
-    spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream)
+    spec = dataframe_spec(df, job, key=key, order_by=order_by, value=value, stream=stream,
+                          timestamp_unit=timestamp_unit, min_timestamp=min_timestamp, max_timestamp=max_timestamp)
     add_task_paths(job)
     load_task_class(job.task)  # a task that cannot be imported fails here, before Spark runs anything
     checkpoints = checkpoint_store(job)
@@ -792,6 +817,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
             report.applied.append(row["partition"])
             report.records += row["records"]
             report.outputs += row["outputs"]
+            merge_counts(report.counts, json.loads(row["counts"] or "{}"))
             if row["reused"]:
                 report.reused.append(row["partition"])
         else:

@@ -45,7 +45,7 @@ from localstate.runtime.driver.plan import BatchResult, PartitionPlan, RunSummar
 from localstate.core.stream import open_input
 from localstate.core.stream import PENDING_TAIL_WARN_AFTER, IdentifiedInput, PendingTail, check_input_position
 from localstate.runtime.partition.sink import StreamSink
-from localstate.core.task import add_task_paths, load_task_class
+from localstate.core.task import add_task_paths, load_task_class, merge_counts
 from localstate.errors import FencedError, LocalStateError
 
 __all__ = ["SparkJobRunner", "BatchCompaction", "IDLE_POLL", "BUSY_POLL", "BUSY_FOR", "STOP_GRACE", "IDLE_GIVE_BACK",
@@ -177,8 +177,9 @@ class SparkJobRunner:
         """partition -> the home its committed checkpoint names (:attr:`Checkpoint.home`), for every
         partition with state, as the last :meth:`plan` read them: placement balances what each
         executor owns, not only what one batch runs (:func:`~.cluster.assign_executors`)"""
-        self._input_ids: dict[str, str] = {}
-        """input -> its identity at the last plan (IdentifiedInput), recorded in the batch's checkpoints"""
+        self._input_ids: dict[int, dict[str, str]] = {}
+        """partition -> input -> its identity at the last plan (IdentifiedInput), recorded in the batch's
+        checkpoints"""
         """checkpoints this run saved (what :meth:`plan` uses instead of reading them back)"""
         self._shipped: Any = None
         """this run's JobConfig as a Spark broadcast (:meth:`_ship_job`)"""
@@ -253,6 +254,7 @@ class SparkJobRunner:
         now = time.time()
         self.next_timer = None
         self.homes = {}
+        self._input_ids = {}
         for partition in range(self.job.partitions):
             loaded = self.committed(partition)
             if loaded is not None and loaded.home is not None and has_state(loaded):
@@ -262,6 +264,9 @@ class SparkJobRunner:
             for name, source in self.inputs.items():
                 start, end = checkpoint.inputs.get(name, 0), source.end_offset(partition)
                 check_input_position(source, partition, checkpoint.inputs.get(name), end, checkpoint.input_ids.get(name))
+                if isinstance(source, IdentifiedInput) and (identity := source.identity(partition)) is not None:
+                    # what the input is now, recorded in the batch's checkpoints (see run_batch)
+                    self._input_ids.setdefault(partition, {})[name] = identity
                 if isinstance(source, PendingTail):
                     pending += self._pending_tail(name, source, partition, end)
                 lag += end - start
@@ -284,9 +289,6 @@ class SparkJobRunner:
                     tune_worker=self.spark.affinity_setting,
                     attempts=str(self._attempts) if self._attempts is not None else ""))
         self.pending_bytes = pending
-        # What each input is now, recorded in the batch's checkpoints (see run_batch).
-        self._input_ids = {name: identity for name, source in self.inputs.items()
-                           if isinstance(source, IdentifiedInput) and (identity := source.identity()) is not None}
         return plans, lag
 
     def check_inputs(self) -> None:
@@ -369,7 +371,8 @@ class SparkJobRunner:
         # On a cluster each checkpoint names its attempt's home: where the next run places the partition.
         checkpoints = [Checkpoint(**{**result["checkpoint"], "home": result.get("home")}) for result in results]
         if self._input_ids:  # the positions were planned against the inputs as they are now
-            checkpoints = [replace(c, input_ids={**c.input_ids, **self._input_ids}) for c in checkpoints]
+            checkpoints = [replace(c, input_ids={**c.input_ids, **self._input_ids.get(c.partition, {})})
+                           for c in checkpoints]
         if self.cluster:
             for checkpoint in checkpoints:
                 self._check_attempt(checkpoint)
@@ -391,6 +394,7 @@ class SparkJobRunner:
             out.replayed += r["replayed"]
             out.trimmed += r["trimmed"]
             out.reused += r["reused"]
+            merge_counts(out.counts, r.get("counts") or {})
             if has_state(self._committed.get(r["partition"])):
                 out.stateful += 1
                 out.warm += bool(r["warm"])

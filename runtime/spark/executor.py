@@ -29,6 +29,7 @@ from localstate.runtime.spark.affinity.kept import (Lease, checkin, checkout, cl
 from localstate.runtime.driver.plan import PartitionPlan
 from localstate.core.stream import open_input
 from localstate.core.stream import ColumnarInput, InputRecord, InputStream, seek_hint
+from localstate.core.routing import RoutingCheck
 from localstate.core.task import BatchTask, add_task_paths
 from localstate.runtime.partition.records import ColumnRows
 from localstate.errors import InputPositionError
@@ -50,7 +51,8 @@ def plan_records(instance: TaskInstance, plan: PartitionPlan,
     order: one input as read; several merged by ``(ts, input, offset)``, a merge resumable at any cut
     (the order does not depend on batch boundaries); at most ``plan.limit`` records. A batch task
     reading one :class:`~localstate.core.stream.ColumnarInput` gets
-    :class:`~localstate.runtime.partition.records.ColumnRows` chunks instead (the same rows)."""
+    :class:`~localstate.runtime.partition.records.ColumnRows` chunks instead (the same rows). Each input's
+    co-partitioning is checked as it is read (:class:`RoutingCheck`)."""
     partition = plan.partition
     names = sorted(plan.ranges)
     for name in names:
@@ -62,8 +64,11 @@ def plan_records(instance: TaskInstance, plan: PartitionPlan,
         # A batch task reading one input that decodes to columns: chunks, no record tuple per row.
         name = names[0]
         chunks = inputs[name].read_columns(partition, instance.position(name), plan.ranges[name][1])  # type: ignore[attr-defined]
+        check = RoutingCheck.of(inputs[name], partition)
+        chunks = chunks if check is None else check.columns(chunks)
         return (ColumnRows(name, columns) for columns in chunks)  # type: ignore[misc]
-    streams = [inputs[name].read(partition, instance.position(name), plan.ranges[name][1]) for name in names]
+    streams = [_routed(inputs[name], partition, inputs[name].read(partition, instance.position(name),
+                                                                  plan.ranges[name][1])) for name in names]
     if len(streams) == 1:  # the common case needs no merge (and no sort key per record)
         items: Iterator[tuple[str, InputRecord]] = zip(repeat(names[0]), streams[0])
     else:
@@ -72,6 +77,13 @@ def plan_records(instance: TaskInstance, plan: PartitionPlan,
     if limited:
         items = islice(items, plan.limit)
     return items
+
+
+def _routed(source: InputStream, partition: int, records: Iterator[InputRecord]) -> Iterator[InputRecord]:
+    """``records`` of ``source``'s ``partition`` with co-partitioning checked (:class:`RoutingCheck`):
+    a record whose key belongs to another partition becomes a bad record under ``on_misrouted``."""
+    check = RoutingCheck.of(source, partition)
+    return records if check is None else check.records(records)
 
 
 def _check_position(instance: TaskInstance, plan: PartitionPlan, name: str, source: InputStream) -> None:
@@ -158,7 +170,7 @@ def _run_partition(job: JobConfig, plan: PartitionPlan) -> dict[str, Any]:
         "restore_seconds": sum(r.seconds for r in done.recoveries),
         "replayed": sum(r.replayed for r in done.recoveries), "trimmed": sum(r.trimmed for r in done.recoveries),
         "reused": done.reused, "pid": done.pid, "timings": done.timings,
-        "warm": done.reused or is_warm(done.recoveries), "attempt": task_attempt(),
+        "warm": done.reused or is_warm(done.recoveries), "attempt": task_attempt(), "counts": done.counts,
         "home": local_home(job) if plan.cluster else None,  # where its local state now is (cluster)
         # When it ended (a host-wide clock): of two partitions one worker ran in a batch, it keeps
         # the later one open.

@@ -32,6 +32,8 @@ __all__ = [
     "ExecutorError",
     "InputError",
     "InputPositionError",
+    "TimestampError",
+    "MisroutedRecordError",
     "SchemaError",
     "BatchOrderError",
     "OutputError",
@@ -264,6 +266,21 @@ class InputPositionError(InputError):
         self.start = start
         super().__init__(message, hint=hint, stream=input, partition=partition, position=position, end=end,
                          start=start, **context)
+
+
+class TimestampError(InputError):
+    """A record's timestamp is no event time of its input: not a number (a boolean, a string, a
+    list), not finite, or outside the input's plausible range (``min_timestamp`` to ``max_timestamp``,
+    seconds, after ``timestamp_unit``). A bad record: the input's ``on_error`` applies, and ``fail``
+    raises this, naming the input (``stream``), partition, offset and the timestamp as read
+    (``timestamp``)."""
+
+
+class MisroutedRecordError(InputError):
+    """A keyed record sits in an input partition other than the one its key belongs to
+    (:func:`~localstate.core.partitioner.partition_for`): its state would be kept in the wrong task
+    partition. The input's ``on_misrouted`` applies, and ``fail`` raises this, naming the input
+    (``stream``), partition, offset, key and the partition the key belongs to (``owner``)."""
 
 
 class SchemaError(InputError):

@@ -35,7 +35,7 @@ from jobs import PARTITIONS, actual_outputs, restored_state, write_job  # noqa: 
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.runtime.layout import checkpoint_store  # noqa: E402
 from localstate.core.partitioner import partition_for  # noqa: E402
-from localstate.runtime.progress import PROGRESS_FILE, progress_directory  # noqa: E402
+from localstate.runtime.driver.progress import PROGRESS_FILE, progress_directory  # noqa: E402
 from localstate.runtime.spark.cluster import local_home  # noqa: E402
 from localstate.runtime.spark.devcluster import HOST_DIR_VARIABLE  # noqa: E402
 

@@ -231,14 +231,14 @@ def test_ordinary_lines_are_read_by_arrow_as_columns(tmp_path: Path) -> None:
     import pyarrow as pa
 
     (tmp_path / "data").mkdir()
-    lines = [json.dumps({"key": f"u{i % 7}", "value": {"page": f"/p{i}"}, "ts": 1000 + i}).encode() for i in range(50)]
+    lines = [json.dumps({"key": f"u{i % 7}", "value": {"page": f"/p{i}"}, "ts": 1_700_000_000 + i}).encode() for i in range(50)]
     (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
     (tmp_path / "job.toml").write_text('[job]\nname = "j"\npartitions = 1\ntask = "m:T"\n'
                                        '[inputs.events]\nsystem = "jsonl"\npath = "data"\n')
     [chunk] = open_input(load_job_config(tmp_path / "job.toml"), "events").read_columns(0, 0, 50)
     assert isinstance(chunk.keys, pa.Array) and isinstance(chunk.values, pa.Array)
     assert chunk.values.to_pylist() == [{"page": f"/p{i}"} for i in range(50)]
-    assert chunk.timestamps.to_pylist() == [float(1000 + i) for i in range(50)] and chunk.end == 50
+    assert chunk.timestamps.to_pylist() == [float(1_700_000_000 + i) for i in range(50)] and chunk.end == 50
 
 
 @pytest.mark.parametrize("poison", [None, 0, 5_000, 9_999])
@@ -253,7 +253,7 @@ def test_a_read_larger_than_a_column_chunk_is_exactly_read(tmp_path: Path, poiso
 
     n = min(READ_ROWS, 10_000)
     assert n > COLUMN_ROWS
-    lines = [json.dumps({"key": f"u{i % 7}", "value": {"page": f"/p{i}"}, "ts": 1000 + i}).encode() for i in range(n)]
+    lines = [json.dumps({"key": f"u{i % 7}", "value": {"page": f"/p{i}"}, "ts": 1_700_000_000 + i}).encode() for i in range(n)]
     if poison is not None:
         lines[poison] = POISON[1]
     (tmp_path / "data").mkdir()
@@ -315,7 +315,7 @@ def test_a_read_stops_at_its_byte_bound(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(jsonl, "READ_BYTES", 3 * COLUMN_ROWS * 100)
     n = 10 * COLUMN_ROWS
-    lines = [json.dumps({"key": f"u{i % 7}", "value": "x" * 80, "ts": i}).encode() for i in range(n)]
+    lines = [json.dumps({"key": f"u{i % 7}", "value": "x" * 80, "ts": 1_700_000_000 + i}).encode() for i in range(n)]
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
     (tmp_path / "job.toml").write_text('[job]\nname = "j"\npartitions = 1\ntask = "m:T"\n'

@@ -14,6 +14,7 @@ import pytest
 
 from counting_job import write_counting_job  # tests/ is on sys.path (tests/conftest.py)
 from localstate.core.checkpoint import Checkpoint
+from localstate.core.stream import open_input
 from localstate.core.config import load_job_config
 from localstate.runtime.layout import checkpoint_store
 from localstate.errors import FencedError
@@ -60,8 +61,10 @@ def test_moves_to_start_or_end_with_the_generation_raised(shrunk, capsys: pytest
     assert main(["seek", str(job_file), "--input", "events", "--partition", "1", "--to-end", "--yes"]) == 0
     store = checkpoint_store(job)
     moved = store.load(1)
+    # only the position, the generation and the identity of the file the position now belongs to changed
     assert moved == Checkpoint(1, generation=4, inputs={"events": 5}, changelogs={"counts": 7},
-                               outputs={"counts-out": 10})  # only the position and the generation changed
+                               outputs={"counts-out": 10}, input_ids={"events": open_input(job, "events").identity(1)})
+    assert moved.input_ids["events"] is not None
     assert store.load(0).inputs == {"events": 10}  # --partition 1 only
     assert main(["seek", str(job_file), "--input", "events", "--to-start", "--yes"]) == 0
     assert store.load(0).inputs == {"events": 0} and store.load(0).generation == 4

@@ -1,5 +1,5 @@
 """Local state on real backends: reopen reuses it without replay, a stale local copy catches up by
-replaying [L, C), records after the checkpoint are trimmed (core.recovery.recover_store), and the
+replaying [L, C), records after the checkpoint are trimmed (runtime.partition.recovery.recover_store), and the
 stores work inside the runtime (TaskTestDriver crash/restart)."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def test_read_columns_holds_exactly_what_read_yields(tmp_path: Path, kafka_broke
         elif i % 11 == 7:
             records.append((None, json.dumps({"v": i}).encode(), 0))  # no key
         else:
-            records.append((json.dumps(f"k{i % 4}").encode(), json.dumps({"v": i, "ts": i / 2}).encode(), 0))
+            records.append((json.dumps(f"k{i % 4}").encode(), json.dumps({"v": i, "ts": 1_700_000_000 + i / 2}).encode(), 0))
     produce(settings, topic, records)
     job = parse_job_config({
         "job": {"name": "kafka-columns", "partitions": 1, "task": "m:T"},

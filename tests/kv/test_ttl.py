@@ -588,8 +588,9 @@ def test_long_and_compact_expiries_live_side_by_side(opener: TtlOpener, value_se
 def test_a_packed_expiry_unpacks_to_itself(expiry: float) -> None:
     packed = pack_expiry(expiry)
     compact = expiry == math.inf or (expiry.is_integer() and 1_577_836_800 < expiry < 1_577_836_800 + 2**31 - 1)
-    assert unpack_expiry(packed + b"value") == (expiry, 4 if compact else 8)
-    assert len(packed) == (4 if compact else 8)
+    width = 4 if compact else 8 if expiry <= 1e12 else 12  # past 1e12: the wide form
+    assert unpack_expiry(packed + b"value") == (expiry, width)
+    assert len(packed) == width
 
 
 @pytest.mark.parametrize("value", [2**40, -1, 2**62])
@@ -607,9 +608,9 @@ def test_a_plain_int_store_is_refused_with_ttl_whatever_its_values_read_as(opene
         opener.restore_all(kv)
 
 
-def test_an_event_time_before_1970_expires_no_earlier_than_its_ttl(opener: TtlOpener) -> None:
-    """A watermark before the epoch would make a negative expiry, which the stored form cannot hold:
-    the entry is stored as expiring at the earliest expiry instead (later, never earlier)."""
+def test_an_event_time_before_1970_expires_after_its_ttl(opener: TtlOpener) -> None:
+    """A watermark before the epoch makes a negative expiry, stored exactly in the wide form: the
+    entry expires ttl after it was written, and not before."""
     kv = opener(ttl_time="event", ttl="1m")
     opener.time.advance_watermark(-1_000.0)
     kv.flush()
@@ -621,6 +622,9 @@ def test_an_event_time_before_1970_expires_no_earlier_than_its_ttl(opener: TtlOp
     if opener.backend == "memory":
         opener.restore_all(restored)
     assert _visible(restored, ["k"]) == {"k": 1}
-    opener.time.advance_watermark(1.0)
+    opener.time.advance_watermark(-941.0)
+    restored.flush()
+    assert _visible(restored, ["k"]) == {"k": 1}
+    opener.time.advance_watermark(-940.0)
     restored.flush()
     assert _visible(restored, ["k"]) == {}

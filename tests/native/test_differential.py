@@ -651,13 +651,13 @@ def test_a_hot_path_made_without_init_refuses_to_run() -> None:
         blank.put("a", 1)
 
 
-@given(expiry=st.one_of(st.floats(min_value=1e-6, allow_nan=False), st.just(float("inf")),
+@given(expiry=st.one_of(st.floats(allow_nan=False), st.just(float("inf")),
                        st.integers(1_577_836_801, 1_577_836_800 + 2**31 - 2).map(float)),
        values=st.lists(st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(2**63, 2**70), st.booleans(),
                                  st.floats(allow_nan=False)), max_size=20))
 def test_stamp_ints_packs_as_the_ttl_reference(expiry: float, values: list[Any]) -> None:
     """``_hotpath.stamp_ints`` (a ttl store's int values at flush) against the reference packing
-    (``engines/kv/ttl.py``: the packed expiry, compact or long, then ``>Q`` of value + 2**63); what the
+    (``engines/kv/ttl.py``: the packed expiry, compact, long or wide, then ``>Q`` of value + 2**63); what the
     reference cannot pack as an int of the serde's range (a bool, a float, an int past 64 bits) raises
     TypeError or OverflowError, after which the engine encodes through the reference."""
     from localstate.engines.kv.ttl import pack_expiry
@@ -672,6 +672,23 @@ def test_stamp_ints_packs_as_the_ttl_reference(expiry: float, values: list[Any])
 
 def test_stamp_ints_refuses_a_prefix_that_is_no_packed_expiry() -> None:
     stamp = _hotpath().stamp_ints
-    for prefix in (1.0, b"123456789", bytearray(b"1234")):
+    for prefix in (1.0, b"1234567890123", bytearray(b"1234")):
         with pytest.raises(TypeError, match="stamp_ints"):
             stamp(prefix, [1])
+
+
+@given(data=st.binary(max_size=70))
+def test_murmur2_is_kafkas_as_the_reference_computes_it(data: bytes) -> None:
+    """``_hotpath.murmur2`` (every key's partition, checked as inputs are read) against
+    ``core/partitioner.py``'s ``py_murmur2``, on every length modulo 4 and every byte value."""
+    from localstate.core.partitioner import py_murmur2
+    assert _hotpath().murmur2(data) == py_murmur2(data)
+
+
+def test_murmur2_known_values_and_refusals() -> None:
+    """Values of Kafka's Java client (``Utils.murmur2``), and what is not bytes."""
+    murmur2 = _hotpath().murmur2
+    assert murmur2(b"21") == -973932308 and murmur2(b"") == 275646681 and murmur2(b"foobar") == -790332482
+    for bad in ("21", bytearray(b"21"), None, 21):
+        with pytest.raises(TypeError, match="murmur2"):
+            murmur2(bad)

@@ -15,6 +15,7 @@ import pytest
 
 from localstate.core.config import load_job_config, parse_job_config
 from localstate.runtime.layout import open_changelog_system
+from localstate.core.partitioner import partition_for
 from localstate.core.stream import open_output
 from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.spark.runner import SparkJobRunner
@@ -92,7 +93,9 @@ def _counting_job(directory: Path, rows: int) -> None:
                 lines.append('{"key":"u1","value":NaN}')
                 continue
             user = "u0" if rng.random() < 0.4 else f"u{rng.randrange(1, 60)}"
-            lines.append(json.dumps({"key": user, "value": {"value": rng.randrange(100)}, "ts": i}))
+            while partition_for(user, 2) != partition:  # an input partitioned by key, as a job needs
+                user = f"u{rng.randrange(1, 60)}"
+            lines.append(json.dumps({"key": user, "value": {"value": rng.randrange(100)}, "ts": 1_700_000_000 + i}))
         (directory / "data").mkdir(exist_ok=True)
         (directory / "data" / f"{partition}.jsonl").write_text("\n".join(lines) + "\n")
     (directory / "job.toml").write_text("""

@@ -47,6 +47,30 @@ def test_replaced_input_fails_then_seek_processes_the_new_records(tmp_path: Path
     assert final_counts(job) == {"old-0": 4, "old-1": 3, "old-2": 3, "new-a": 3, "new-b": 1, "new-c": 1}
 
 
+def test_input_replaced_by_a_longer_file_in_place_fails_then_seek_processes_it(tmp_path: Path,
+                                                                              spark_context) -> None:  # noqa: ANN001
+    """Issue 43: a longer file used to be read on from the old position (its first lines skipped,
+    silently); its identity (device, inode, first bytes) tells it from the file the position was
+    read in, even written in place over the same inode."""
+    job_file = write_counting_job(tmp_path, "replaced-longer", partitions=1)
+    (tmp_path / "data").mkdir()
+    path = tmp_path / "data" / "0.jsonl"
+    path.write_text(_lines([f"old-{i % 3}" for i in range(10)]))
+    job = load_job_config(job_file)
+    assert SparkJobRunner(job, context=spark_context, progress=None).run().records_in == 10
+    with open(path, "r+") as handle:  # truncated and written again: same inode, 15 lines
+        handle.truncate(0)
+        handle.write(_lines([f"new-{i % 5}" for i in range(15)]))
+    with pytest.raises(InputPositionError) as changed:
+        SparkJobRunner(job, context=spark_context, progress=None).run()
+    assert (changed.value.position, changed.value.end) == (10, 15) and "another file" in changed.value.message
+    assert main(["seek", str(job_file), "--input", "events", "--to-start", "--yes"]) == 0
+    again = SparkJobRunner(job, context=spark_context, progress=None).run()
+    assert again.records_in == 15 and again.lag == 0
+    counts = final_counts(job)
+    assert {key: counts[key] for key in counts if key.startswith("new")} == {f"new-{i}": 3 for i in range(5)}
+
+
 def test_unterminated_tail_is_shown_with_the_lag_then_read(tmp_path: Path, spark_context) -> None:  # noqa: ANN001
     job_file = write_counting_job(tmp_path, "tail", partitions=1)
     (tmp_path / "data").mkdir()

@@ -94,7 +94,7 @@ def append(data: Path, keys: Iterable[str], value: Any = 0) -> None:
     """Append one record per key to its partition's ``data/<p>.jsonl``."""
     by_partition: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for key in keys:
-        by_partition[partition_for(key, PARTITIONS)].append({"key": key, "value": value, "ts": 0.0})
+        by_partition[partition_for(key, PARTITIONS)].append({"key": key, "value": value, "ts": 1_700_000_000.0})
     for partition, records in by_partition.items():
         write_jsonl(data, partition, records)
 
@@ -358,7 +358,7 @@ def test_standing_run_reads_a_half_written_line_once_it_is_finished(tmp_path, sp
     append(data, keys)
     late = "k1"
     target = data / f"{partition_for(late, PARTITIONS)}.jsonl"
-    line = '{"key": "%s", "value": 0, "ts": 0.0}\n' % late
+    line = '{"key": "%s", "value": 0, "ts": 1700000000.0}\n' % late
     half = len(line) // 2
     job = load_job_config(job_file)
     lines: list[str] = []

@@ -33,9 +33,12 @@ START_TIMEOUT = 180.0
 def job_file(tmp_path: Path, task: str, partitions: int = 2) -> Path:
     """A counting job (tests/counting_job.py) running ``timer_task:<task>`` with timers, its windows
     (or reports) written to the JSON-lines output ``windows`` in ``out``."""
+    # Each partition's records are its own (keys repeat across partitions) and their event times small
+    # numbers: the input says so (on_misrouted, min_timestamp).
     return write_counting_job(tmp_path, "timers", partitions=partitions, job={"task": f"timer_task:{task}"},
                               store={"backend": "rocksdb"}, outputs={"windows": {"system": "jsonl", "path": "windows"}},
-                              time={"timers": True, "allowed_lateness": f"{LATENESS}s"})
+                              time={"timers": True, "allowed_lateness": f"{LATENESS}s"},
+                              events={"on_misrouted": "allow", "min_timestamp": False})
 
 
 def events(seed: int, n: int) -> list[tuple[str, float]]:
@@ -115,7 +118,7 @@ def test_event_time_timers_in_the_dataframe_step(spark_context, tmp_path):
 
 def test_a_standing_run_fires_a_due_processing_time_timer_without_input(tmp_path, spark_context):
     path = job_file(tmp_path, "ReportLater", partitions=1)
-    write_jsonl(tmp_path / "data", 0, [{"key": k, "value": 1, "ts": 1.0} for k in ("a", "b", "a")])
+    write_jsonl(tmp_path / "data", 0, [{"key": k, "value": 1, "ts": 1_700_000_001.0} for k in ("a", "b", "a")])
     job = load_job_config(path)
     lines: list[str] = []
     runner = SparkJobRunner(job, context=spark_context, progress=lines.append)
