@@ -44,12 +44,11 @@ SERDE_REFUSES = {"NaN", "Infinity", "-Infinity", "1e400", "beyond 2**64"}
 def _job(tmp: Path, system: str, **events: Any) -> Any:
     source = {"system": system, "path": str(tmp / "data")}
     return parse_job_config({"job": {"name": "ts", "partitions": 1, "task": "poison_task:KeepLast",
-                                     "state_dir": "state"},
+                                     "state_dir": "state", "pythonpath": [str(HERE)]},
                              "inputs": {"events": {**source, **events}},
                              "outputs": {"out": {"system": "file", "path": "out"},
                                          "dead": {"system": "file", "path": "dead"}},
-                             "stores": {"last": {"engine": "kv", "key_serde": "json", "value_serde": "json"}},
-                             "spark": {"pythonpath": [str(HERE)]}}, base_dir=tmp, source=str(tmp / "job.toml"))
+                             "stores": {"last": {"engine": "kv", "key_serde": "json", "value_serde": "json"}}}, base_dir=tmp, source=str(tmp / "job.toml"))
 
 
 def _write(tmp: Path, system: str, stamps: list[str]) -> None:

@@ -67,9 +67,8 @@ class _FileLog:
         self.tmp = tmp
         self.root = tmp / "logs"
         job = parse_job_config({"job": {"name": "identity", "partitions": 1, "task": "count_task:CountByKey",
-                                        "state_dir": "state"},
-                                "inputs": {"events": {"system": "file", "path": str(self.root)}},
-                                "spark": {"pythonpath": [str(SPARK)]}},
+                                        "state_dir": "state", "pythonpath": [str(SPARK)]},
+                                "inputs": {"events": {"system": "file", "path": str(self.root)}}},
                                base_dir=tmp, source=str(tmp / "job.toml"))
         self.job = job
         self.job_file = None

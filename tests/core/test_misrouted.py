@@ -50,6 +50,7 @@ name = "routing"
 partitions = {PARTITIONS}
 task = "poison_task:{task}"
 state_dir = "state"
+pythonpath = ["{HERE}"]
 
 [inputs.events]
 {source}{extra}
@@ -66,9 +67,6 @@ path = "dead"
 engine = "kv"
 key_serde = "json"
 value_serde = "json"
-
-[spark]
-pythonpath = ["{HERE}"]
 """)
     return tmp / "job.toml"
 
