@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
 from localstate.core.task import KeyValueStore
+from localstate.core.text import a
 from localstate.errors import ConfigError
 
 __all__ = ["Aggregation", "WindowState", "Fold", "count", "sum_of", "min_of", "max_of", "reduce",
@@ -236,8 +237,8 @@ def _typed(store: Any, name: str, protocol: type, engine: str, aggregation: str)
     """``store`` if it offers ``protocol``, else a ConfigError at ``stores.<name>.engine``."""
     if not isinstance(store, protocol):
         raise ConfigError.at(f"stores.{name}.engine", f"the {aggregation} window aggregation keeps its state in "
-                             f"store {name!r}, which must be a {engine} store ({protocol.__name__}); the job's "
-                             f"engine gives a {type(store).__name__}",
+                             f"store {name!r}, which must be {a(engine)} store ({protocol.__name__}); the job's "
+                             f"engine gives {a(type(store).__name__)}",
                              hint=f"declare [stores.{name}] with engine = {engine.split()[0]!r}, or give the "
                                   f"aggregation a store of that kind")
     return store

@@ -20,6 +20,7 @@ from localstate.core.registry import open_store_backend
 from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
 from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
+from localstate.core.text import a
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 from localstate.engines.sketch.bloom import MAX_WORDS, BloomFilter, bloom_size
 from localstate.engines.sketch.engine import (BloomFilterEngine, HyperLogLogEngine, QuantilesEngine,
@@ -87,9 +88,10 @@ class SketchEngineFactory(StorageEngineFactory):
         kind = options["kind"]
         problems: list[ConfigProblem] = []
         for name, kinds in _KIND_OF.items():
-            if options.get(name) is not None and kind not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-                problems.append(ConfigProblem(f"stores.{store}.{name}",
-                                              f"does not apply to kind = {kind!r} (it is a {kinds} option)"))
+            kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+            if options.get(name) is not None and kind not in kinds:
+                problems.append(ConfigProblem(f"stores.{store}.{name}", f"does not apply to kind = {kind!r} "
+                                              f"(it is {a(' or '.join(kinds))} option)"))
         for name, default in DEFAULTS.items():
             if options.get(name) is None:
                 options[name] = default
