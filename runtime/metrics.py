@@ -48,6 +48,20 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
+class _WithoutCreated:
+    """A registry's samples less the ``*_created`` series (each counter's and histogram's creation
+    time, which dashboards do not expect), for this registry alone: prometheus_client's
+    ``disable_created_metrics()`` would change every registry of the process, a user's own too."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def collect(self) -> Any:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
 class JobMetrics:
     """The metrics of one job in a dedicated ``CollectorRegistry``; :meth:`observe` takes a progress
     object; :meth:`serve` starts the HTTP endpoint, :meth:`close` stops it."""
@@ -126,7 +140,7 @@ class JobMetrics:
         """Serve ``/metrics`` on ``host:port`` (port 0: a free one) in a daemon thread; returns the port."""
         from prometheus_client import start_http_server
 
-        started = start_http_server(port, addr=host, registry=self.registry)
+        started = start_http_server(port, addr=host, registry=_WithoutCreated(self.registry))
         if isinstance(started, tuple):  # prometheus_client >= 0.20 returns (server, thread)
             self.server, self.thread = started
             self.port = int(self.server.server_address[1])

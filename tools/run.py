@@ -78,7 +78,7 @@ def install_stop_handlers(runner: Any) -> Callable[[], None]:
                 "--until-drained")
 def run(args: argparse.Namespace) -> int:
     from localstate.runtime.progress import ProgressObserver
-    from localstate.runtime.spark.plan import lag_text
+    from localstate.runtime.spark.plan import summary_line
     from localstate.runtime.spark.runner import SparkJobRunner
 
     from localstate.runtime.views import changelog_root, job_dir, stream_location
@@ -116,12 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 restore()
     finally:
         observer.close()
-    rate = summary.records_in / summary.seconds if summary.seconds else 0.0
-    ended = "stopped" if summary.stopped else "done"
-    abandoned = f" (batch {summary.abandoned} abandoned, not committed)" if summary.abandoned is not None else ""
-    print(f"{ended}: {summary.batch_count} batch(es){abandoned}, {summary.records_in:,} records in, "
-          f"{summary.records_out:,} out, {summary.seconds:.1f}s ({rate:,.0f} rec/s), "
-          f"{lag_text(summary.lag, summary.pending_bytes)}", flush=True)
+    print(summary_line(summary), flush=True)
     if runner.cluster and summary.warm_fraction is not None:
         print(f"warm local state: {summary.warm_fraction:.0%} of the tasks with state found it on their executor")
     for name in job.outputs:
