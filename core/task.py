@@ -490,7 +490,7 @@ class _ImportWatch:
 def _load_error(spec: str, module_name: str, exc: BaseException) -> ConfigError:
     """The ConfigError for a task that failed to load, naming the module and, when the failure is
     in the user's module, its file and line."""
-    trace = describe(exc)
+    trace = describe(exc, importing=True)
     if isinstance(exc, SystemExit):
         what = f"module {module_name!r} called sys.exit({exc.code!r}) while being imported"
     else:

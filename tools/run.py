@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 from typing import Any, Callable
 
 from localstate.tools.cli import command
-from localstate.core.config import apply_log_level, load_job_config
+from localstate.core.config import apply_log_level
 
 __all__ = ["positive_int", "partition_count", "install_stop_handlers", "STOP_SIGNALS"]
 
@@ -82,15 +81,11 @@ def run(args: argparse.Namespace) -> int:
     from localstate.runtime.spark.runner import SparkJobRunner
 
     from localstate.runtime.views import changelog_root, job_dir, stream_location
-    from localstate.tools.validation import require_input_paths, require_own_changelogs, spark_notes
+    from localstate.tools.validation import require_valid
 
-    job = load_job_config(args.job, plugins=args.plugins)
-    # A mistyped input path would otherwise run as an empty input and exit 0.
-    require_input_paths(job)
-    require_own_changelogs(job)  # else refused later, at the first task, with a misleading message
-    master = args.master or str(job.spark.get("master", "local[*]"))
-    for note in spark_notes(job, master):
-        print(f"warning: {note}", file=sys.stderr)
+    # Everything `localstate validate` checks, before Spark starts, every problem at once and in its
+    # words; only what depends on the inputs' contents waits for the plan (runner.check_inputs).
+    job = require_valid(args.job, plugins=args.plugins, master=args.master).job
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size)
