@@ -116,9 +116,6 @@ def spark_context(master: str = "local[*]", app_name: str = "localstate",
     only when this starts the JVM: PySpark keeps one JVM per Python process, for every later context."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    import warnings
-
-    warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
     from pyspark import SparkContext
 
     context = SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit, affinity=affinity))
