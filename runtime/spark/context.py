@@ -9,8 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from localstate.core.fsutil import write_atomic
+
 __all__ = ["spark_context", "spark_conf", "normalize_master", "is_local_master", "worker_affinity", "LOCAL_DEFAULTS",
-           "QUICK_JIT_OPTIONS", "STATUS_RETENTION"]
+           "QUICK_JIT_OPTIONS", "STATUS_RETENTION", "REPEATING_LOGGERS", "quiet_logs"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
     # The executor hands each task to its Python worker over a Unix domain socket (Spark >= 4.1;
@@ -47,25 +49,55 @@ def worker_affinity(job: Any, master: str) -> bool:
     return is_local_master(normalize_master(master)) and bool(job.spark.get("worker_affinity", True))
 
 
-_LOG4J = """\
-rootLogger.level = error
-rootLogger.appenderRef.stdout.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-logger.spark.name = org.apache.spark
-logger.spark.level = error
-logger.hadoop.name = org.apache.hadoop
-logger.hadoop.level = error
-# Failed task attempts are retried and, if they fail for good, reported by the driver with the
-# Python traceback: the executor's own copy of each stack trace is noise.
-logger.executor.name = org.apache.spark.executor.Executor
-logger.executor.level = fatal
-logger.tsm.name = org.apache.spark.scheduler.TaskSetManager
-logger.tsm.level = fatal
-"""
+REPEATING_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",          # Spark 4.0
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # Spark 4.1 and later
+)
+"""Spark loggers whose ERROR lines (each with a JVM stack trace) repeat a failure the caller gets
+anyway, as a typed error: a failed task attempt (retried, then reported by the driver with the
+Python traceback), a streaming query that ended with an error (``awaitTermination`` raises it)."""
+
+
+def _log4j(debug: bool) -> str:
+    """The log4j2 settings of a context localstate creates: Spark at WARN, one line per event and no
+    JVM stack trace (localstate reports the failure itself, typed, with the Python traceback), and
+    :data:`REPEATING_LOGGERS` silent. ``debug`` (``-vv``): INFO, with every stack trace."""
+    lines = [
+        f"rootLogger.level = {'info' if debug else 'warn'}",
+        "rootLogger.appenderRef.stdout.ref = console",
+        "appender.console.type = Console",
+        "appender.console.name = console",
+        "appender.console.target = SYSTEM_ERR",
+        "appender.console.layout.type = PatternLayout",
+        "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n" + ("%ex" if debug else ""),
+        f"appender.console.layout.alwaysWriteExceptions = {'true' if debug else 'false'}",
+        f"logger.spark.name = org.apache.spark\nlogger.spark.level = {'info' if debug else 'warn'}",
+        # Hadoop's client libraries warn about what a local run does not use (native libraries, ...).
+        f"logger.hadoop.name = org.apache.hadoop\nlogger.hadoop.level = {'info' if debug else 'error'}",
+    ]
+    if not debug:
+        lines += [f"logger.repeat{i}.name = {name}\nlogger.repeat{i}.level = off"
+                  for i, name in enumerate(REPEATING_LOGGERS)]
+    return "\n".join(lines) + "\n"
+
+
+def quiet_logs(spark: Any) -> None:
+    """Make an existing session's logs what a context localstate creates has (:func:`_log4j`): Spark
+    at WARN, :data:`REPEATING_LOGGERS` silent (a streaming query's failure is raised by
+    ``awaitTermination()``, not printed first as a JVM stack trace), and Python's ``py4j`` logger at
+    WARNING. ``spark``: a SparkSession or SparkContext; for a session of your own, call it once,
+    right after creating it (``localstate.spark.quiet_logs(spark)``)."""
+    import logging
+
+    context = getattr(spark, "sparkContext", spark)
+    context.setLogLevel("WARN")
+    jvm = context._jvm
+    configurator, off = jvm.org.apache.logging.log4j.core.config.Configurator, jvm.org.apache.logging.log4j.Level.OFF
+    for name in REPEATING_LOGGERS:
+        configurator.setLevel(name, off)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def normalize_master(master: str, max_failures: int = 4) -> str:
@@ -90,9 +122,13 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
     job's ``[spark] conf``), which wins over all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
     from pyspark import SparkConf
 
-    log4j = Path(tempfile.gettempdir()) / "localstate-log4j2.properties"
-    if not log4j.exists() or log4j.read_text() != _LOG4J:
-        log4j.write_text(_LOG4J)
+    import logging
+
+    debug = logging.getLogger("localstate").isEnabledFor(logging.DEBUG)  # -vv: the JVM's traces too
+    settings = _log4j(debug)
+    log4j = Path(tempfile.gettempdir()) / f"localstate-log4j2{'-debug' if debug else ''}.properties"
+    if not log4j.exists() or log4j.read_text() != settings:
+        write_atomic(log4j, settings.encode())
     spark_conf = (SparkConf().setMaster(normalize_master(master)).setAppName(app_name)
                   .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
                   .set("spark.python.worker.reuse", "true")
@@ -116,8 +152,15 @@ def spark_context(master: str = "local[*]", app_name: str = "localstate",
     only when this starts the JVM: PySpark keeps one JVM per Python process, for every later context."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    import logging
+
     from pyspark import SparkContext
 
-    context = SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit, affinity=affinity))
-    context.setLogLevel("ERROR")
-    return context
+    if is_local_master(master):
+        # One host: the driver binds to loopback (else Spark warns on every start of a machine whose
+        # hostname resolves to loopback, and picks another interface). Read when the JVM starts.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    py4j = logging.getLogger("py4j")
+    if py4j.level == logging.NOTSET:  # py4j's INFO and DEBUG lines (every command sent) are not for users
+        py4j.setLevel(logging.WARNING)
+    return SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit, affinity=affinity))

@@ -81,7 +81,10 @@ _TRACEBACK = "Traceback (most recent call last):"
 _JAVA_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)\s*$")
 _FRAME = re.compile(r'^  File "(?P<file>.+)", line (?P<line>\d+), in (?P<name>.+)$')
 _JAVA_CLASS = re.compile(r"\b(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error|Throwable)\b:?\s*")
-_SQLSTATE = re.compile(r"^\s*SQLSTATE: \w+\s*$")  # Spark 4 appends the error class's state to the Python text
+# Spark 4 appends the error class's state (one per wrapping exception) to the Python text, and a
+# streaming query's failure its description: neither is part of the Python error.
+_SQLSTATE = re.compile(r"^\s*(SQLSTATE: \w+\s*)+$")
+_QUERY_DESCRIPTION = "=== Streaming Query ==="
 _ATTEMPTS = re.compile(r"failed (\d+) times")
 
 
@@ -93,7 +96,8 @@ def python_traceback(text: str) -> str | None:
         return None
     lines = []
     for line in text[start:].splitlines():
-        if _JAVA_FRAME.match(line) or _SQLSTATE.match(line) or line.startswith(("Driver stacktrace:", "Caused by: ")):
+        if _JAVA_FRAME.match(line) or _SQLSTATE.match(line) or \
+                line.startswith(("Driver stacktrace:", "Caused by: ", _QUERY_DESCRIPTION)):
             break
         lines.append(line)
     return "\n".join(lines).rstrip() + "\n"
