@@ -276,8 +276,9 @@ def shape(line: str) -> str:
 def matches(printed: list[str], actual: list[str]) -> bool:
     """Whether ``actual`` has the shape of ``printed``: line by line; a printed ``...`` line stands for
     any lines (none included), a printed line ending in ``...`` for any line that starts like it; a
-    ``^C`` line is where the reader pressed Ctrl-C (the terminal's echo, not output)."""
-    want = [line for line in printed if line.strip() != "^C"]
+    ``^C`` line is where the reader pressed Ctrl-C (the terminal's echo, not output); blank lines
+    do not count."""
+    want = [line for line in printed if line.strip() and line.strip() != "^C"]
     got = [line for line in actual if line.strip()]
 
     def walk(i: int, j: int) -> bool:

@@ -28,12 +28,14 @@ from localstate.core.config import parse_job_config
 from localstate.core.engine import StoreContext
 from localstate.core.registry import BUILTIN_DISTRIBUTION, Registry
 from localstate.core.serdes import Serde
-from localstate.core.task import StreamTask
 from localstate.errors import ConfigError, LocalStateError
 from localstate.testing.driver import TaskTestDriver
 from localstate.windows import (Session, Tumbling, WindowedAggregation, count, distinct_count, quantiles, sum_of,
                                 top_n)
 from localstate.windows.reference import reference_windows, watermarks
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_store_aggregations import task_for  # noqa: E402 - the windowed task those tests run
 
 REGISTRY = Registry()
 SERDES = sorted(info.name for info in REGISTRY.available("serdes") if info.distribution == BUILTIN_DISTRIBUTION)
@@ -164,21 +166,6 @@ STREAM = [(f"k{i % 3}", {"n": i % 7, "u": f"u{i % 5}"}, BASE + i * 7.0) for i in
 LENIENT = {("distinct_count", "session", "bytes"), ("quantiles", "session", "bytes")}
 
 
-def _task(window: Any, aggregate: Any) -> type[StreamTask]:
-    class Windowed(StreamTask):
-        def init(self, context: Any) -> None:
-            self.windows = WindowedAggregation(context, window, aggregate, store="s", output="out",
-                                               index_store="index")
-
-        def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
-            self.windows.add(envelope.key, envelope.value, envelope.timestamp, collector)
-
-        def on_timer(self, key: Any, timestamp: float, collector: Any, coordinator: Any) -> None:
-            self.windows.on_timer(key, timestamp, collector)
-
-    return Windowed
-
-
 def _job(tmp_path: Path, store: dict[str, Any]) -> Any:
     return parse_job_config({
         "job": {"name": "w", "partitions": 1, "task": "unused:Unused", "state_dir": str(tmp_path),
@@ -194,7 +181,7 @@ def _outcome(tmp_path: Path, name: str, window: Any, store: dict[str, Any]) -> s
     aggregate = AGGREGATIONS[name][0]
     job = _job(tmp_path, store)
     try:
-        with TaskTestDriver(_task(window, aggregate), job=job) as driver:
+        with TaskTestDriver(task_for(window, aggregate, "s"), job=job) as driver:
             for key, value, ts in STREAM:
                 driver.send("events", key, value, timestamp=ts)
             driver.commit()
