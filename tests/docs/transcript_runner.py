@@ -9,8 +9,8 @@ A ``localstate ...`` command runs through ``localstate.tools.cli.main`` (what th
 calls), ``python X.py ARGS`` through ``runpy`` with ``sys.argv`` set, ``cat FILE`` reads the file;
 a step marked ``subprocess`` runs as a process of its own. A *standing* step (a ``localstate run`` without
 ``--until-drained``) is stopped as a user would: Ctrl-C (SIGINT to this process) once its output has
-said it stands and no batch line came for :data:`IDLE` seconds, the last one at lag 0; or after its
-timeout.
+said it stands, nothing came for :data:`IDLE` seconds and its checkpoints are at the inputs' ends
+(``localstate status``'s lag 0); or after its timeout.
 """
 
 from __future__ import annotations
@@ -54,18 +54,28 @@ class Capture(io.TextIOBase):
         return True
 
 
-def _idle(out: Capture) -> bool:
-    text = out.text()
-    if "standing:" not in text or time.monotonic() - out.written < IDLE:
+def _caught_up(job_file: str) -> bool:
+    """Whether the job's checkpoints are at its inputs' ends (``localstate status``'s lag is 0)."""
+    from localstate.core.config import load_job_config
+    from localstate.tools.status import job_status
+
+    try:
+        return job_status(load_job_config(job_file))["lag"] == 0
+    except Exception:  # noqa: BLE001 - a state directory being written: ask again
         return False
-    batches = [line for line in text.splitlines() if re.match(r"batch \d+:", line)]
-    return not batches or ", lag 0" in batches[-1]
 
 
-def _stop_when_idle(out: Capture, timeout: float, done: threading.Event, stopped: list[str]) -> None:
+def _idle(out: Capture, job_file: str) -> bool:
+    """The run stands (it said so), printed nothing for IDLE seconds, and has read everything."""
+    if "standing:" not in out.text() or time.monotonic() - out.written < IDLE:
+        return False
+    return _caught_up(job_file)
+
+
+def _stop_when_idle(out: Capture, job_file: str, timeout: float, done: threading.Event, stopped: list[str]) -> None:
     deadline = time.monotonic() + timeout
-    while not done.wait(0.25):
-        if _idle(out) or time.monotonic() > deadline:
+    while not done.wait(1.0):
+        if _idle(out, job_file) or time.monotonic() > deadline:
             stopped.append("idle" if time.monotonic() <= deadline else "timeout")
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C
             return
@@ -111,7 +121,9 @@ def run_step(step: dict[str, Any]) -> dict[str, Any]:
     os.chdir(step["cwd"])
     os.environ.update(step.get("env") or {})
     if step.get("standing"):
-        threading.Thread(target=_stop_when_idle, args=(out, step["timeout"], done, stopped), daemon=True).start()
+        job_file = next(word for word in step["argv"][2:] if not word.startswith("-"))  # localstate run JOB ...
+        threading.Thread(target=_stop_when_idle, args=(out, job_file, step["timeout"], done, stopped),
+                         daemon=True).start()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
