@@ -178,7 +178,7 @@ EXIT_CODES = {"localstate status": 3}  # operations.md: 3 when the job is not li
 ENVIRONMENTS: dict[str, Callable[[Path], dict[str, str]]] = {"plugins.md: localstate plugins": _acme_plugin}
 #: Commands that run as a process of their own (they need an environment, or import the checkout's
 #: bench package), not in the runner's process.
-SUBPROCESS = ("python -m bench", ".venv/bin/python -m bench")
+SUBPROCESS = ("python -m bench", ".venv/bin/python -m bench", "rm ")
 
 
 def _program(name: str, alone: bool) -> str:
