@@ -14,6 +14,7 @@ import ast
 import inspect
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from localstate.core.engine import SerdeUse
@@ -22,7 +23,7 @@ from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 from localstate.windows.aggregations import (Aggregation, count, distinct_count, max_of, min_of, quantiles, reduce,
                                              sum_of, top_n)
 
-__all__ = ["WindowUse", "store_problems", "declared_windows", "SESSION_INDEX"]
+__all__ = ["WindowUse", "store_problems", "check_stores", "declared_windows", "SESSION_INDEX"]
 
 SESSION_INDEX = {"key": SerdeUse("keys of the open sessions", (str,)), "value": SerdeUse("open sessions", (list,))}
 """What a session window keeps in its ``index_store`` (a kv store): per key, the list of its open sessions."""
@@ -113,8 +114,6 @@ def declared_windows(task_class: type) -> list[WindowUse]:
         filename = inspect.getsourcefile(task_class) or "?"
     except (OSError, TypeError, SyntaxError):
         return []
-    from pathlib import Path
-
     found = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and _called(node.func) == "WindowedAggregation"):

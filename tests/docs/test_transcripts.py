@@ -167,11 +167,11 @@ def _acme_plugin(folder: Path) -> dict[str, str]:
 
 #: page -> the folder its commands run in: ``first-task`` (a copy of docs/snippets/first_task, shared by
 #: the pages that talk about "job.toml"), ``repository`` (a copy of the examples and snippets, run from
-#: their root), ``root`` (the checkout itself: commands that only read it).
+#: their root), ``root`` (the checkout itself: commands that only read it). A command that names a
+#: file under examples/ or docs/ runs in the repository copy, whatever its page (:func:`_place`).
 PLACES = {"first-task.md": "first-task", "spark.md": "first-task", "operations.md": "first-task",
           "task-api.md": "repository", "state-reader.md": "repository", "plugins.md": "first-task",
           "benchmarks.md": "root"}
-# A command that names a file under examples/ or docs/ runs in the repository copy whatever its page.
 #: Exit codes other than 0 that a page says a command returns.
 EXIT_CODES = {"localstate status": 3}  # operations.md: 3 when the job is not live (it is not, here)
 #: Commands that run only where something else is installed (an environment for them).
