@@ -6,8 +6,8 @@ job runs, with a few bad lines skipped) with ``[job] metrics_port`` set, scrapes
 ``--every`` seconds for ``--seconds``, stops the job with SIGTERM, and evaluates each panel's queries
 on the scrapes: ``rate()`` of a counter between scrapes, ``histogram_quantile`` of a histogram's
 bucket increases, gauges as they are, summed by the panel's legend labels. A query whose metric the
-run does not serve is drawn as "no data", as Grafana would. Needs matplotlib (``pip install
-matplotlib``)::
+run does not serve is drawn as "no data", as Grafana would. Needs matplotlib (``pip install -e
+'.[dashboard]'``)::
 
     python contrib/grafana/render_screenshot.py                # about two minutes
 """
