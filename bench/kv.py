@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from localstate.core.text import a
 from bench.kv_cases import PEERS
 from bench.report import Report
 
@@ -210,7 +211,7 @@ def main(argv: list[str]) -> int:
                         "threads; fsync waits excluded) and is the steadier figure when other jobs share the "
                         "machine; the dict row is the best of 3 runs")
     report.notes.append("rss_growth_mb = peak RSS minus RSS after building the key list, each row in its own "
-                        f"process; kv rows use a {args.cache_size}-entry object cache, RocksDB 64MB block cache "
+                        f"process; kv rows use {a(args.cache_size)}-entry object cache, RocksDB 64MB block cache "
                         "and 16MB memtables")
     report.emit(args.json)
     return 0

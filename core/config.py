@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from localstate.core.engine import serde_problem
 from localstate.core.names import name_problem
 from localstate.core.options import did_you_mean, parse_duration, parse_path, validate_options
 from localstate.core.policy import PluginPolicy, job_folder
@@ -497,11 +498,11 @@ def _store(store_name: str, table: Any, job_name: Any, allow_pickle: bool, regis
     else:
         add(f"{path}.changelog", "must be a stream name or false")
         ok = False
-    serdes = {}
+    serdes, loaded = {}, {}
     for key in ("key_serde", "value_serde"):
         serde = table.get(key, "bytes")
         try:
-            registry.serde(serde, allow_pickle=allow_pickle) if isinstance(serde, str) else None
+            loaded[key] = registry.serde(serde, allow_pickle=allow_pickle) if isinstance(serde, str) else None
             if not isinstance(serde, str):
                 raise ValueError("must be a serde name such as 'string', 'int' or 'json'")
         except ValueError as exc:
@@ -515,13 +516,21 @@ def _store(store_name: str, table: Any, job_name: Any, allow_pickle: bool, regis
     if isinstance(engine, str):
         raw_options = {k: v for k, v in table.items() if k not in _STORE_KEYS}
         try:
-            options = registry.engine_factory(engine).validate_options(store_name, raw_options)
+            factory = registry.engine_factory(engine)
+            options = factory.validate_options(store_name, raw_options)
         except ConfigError as exc:
             problems.extend(exc.problems)
             ok = False
         except LocalStateError as exc:
             add(f"{path}.engine", exc.message + (f" ({exc.hint})" if exc.hint else ""))
             ok = False
+        else:
+            uses = factory.serdes(options)
+            for key, use in (("key_serde", uses.key), ("value_serde", uses.value)):
+                problem = serde_problem(engine, options, key[:-6], use, loaded.get(key), set_here=key in table)
+                if problem is not None:
+                    add(f"{path}.{key}", problem)
+                    ok = False
     if not ok:
         return None
     return StoreConfig(store_name, engine, options, changelog, serdes["key_serde"], serdes["value_serde"])

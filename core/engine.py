@@ -17,10 +17,11 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping, Protoco
 from localstate.core.changelog import PLUGIN_API_VERSION, ChangelogRecord, ChangelogWriter, RecordColumns
 from localstate.core.options import Option, Removed, validate_options
 from localstate.core.serdes import Serde
+from localstate.core.text import a
 from localstate.core.time import SYSTEM_TIME, TimeSource
 from localstate.errors import ConfigError
 
-__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "ColumnRestore", "StateFormat", "SerdeColumn", "StateColumns",
+__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "SerdeUse", "StoreSerdes", "serde_problem", "ColumnRestore", "StateFormat", "SerdeColumn", "StateColumns",
            "LiveEntries", "TimedStore"]
 
 
@@ -52,6 +53,61 @@ class StoreContext:
     def describe(self) -> dict[str, Any]:
         """Context for error messages."""
         return {"store": self.store, "partition": self.partition}
+
+
+@dataclass(frozen=True)
+class SerdeUse:
+    """What a store keeps through one of its serdes, as its engine (or a window aggregation) declares
+    it: validation refuses a serde that cannot keep it (:meth:`problem`), at the store's
+    ``key_serde`` or ``value_serde``.
+
+    ``what`` names it for messages ("items", "window names"); ``types`` are the Python types put
+    through the serde, () when they are the task's own objects (any serde may suit them); ``prefix``:
+    read back by prefix scans of the encoded keys, so the serde must keep prefixes."""
+
+    what: str
+    types: tuple[type, ...] = ()
+    prefix: bool = False
+
+    def problem(self, serde: Serde | type[Serde]) -> str | None:
+        """Why ``serde`` (a Serde class or instance) cannot keep this, or None. A serde that does not
+        declare what it holds (``holds = None``) is trusted."""
+        holds = serde.holds
+        if holds is None:
+            return None
+        missing = [t for t in self.types if not any(issubclass(t, held) for held in holds)]
+        if missing:
+            return (f"the {self.what} are {' or '.join(t.__name__ for t in missing)}, which serde {serde.name!r} does "
+                    f"not hold (it holds {', '.join(t.__name__ for t in holds)})")
+        if self.prefix and not serde.keeps_prefixes:
+            return (f"the {self.what} are read back by prefix, which serde {serde.name!r} does not keep (the bytes "
+                    "of a prefix are not a prefix of the bytes)")
+        return None
+
+
+@dataclass(frozen=True)
+class StoreSerdes:
+    """What a store keeps through its key and its value serde (:class:`SerdeUse`); None: the engine
+    does not use that serde (it encodes that part itself, or has none), so setting it is an error."""
+
+    key: SerdeUse | None = SerdeUse("keys")
+    value: SerdeUse | None = SerdeUse("values")
+
+
+def serde_problem(engine: str, options: Mapping[str, Any], role: str, use: SerdeUse | None, serde: Serde | None,
+                  *, set_here: bool = True) -> str | None:
+    """Why a store of ``engine`` (its validated ``options``) cannot use ``serde`` as its ``role``
+    (``"key"`` or ``"value"``) serde where the engine declares ``use``
+    (:meth:`StorageEngineFactory.serdes`), or None. Either the engine uses no such serde (an error
+    only where the job sets one), or the serde does not hold what the engine puts through it."""
+    kind = f" (kind = {options['kind']!r})" if isinstance(options.get("kind"), str) else ""
+    if use is None:
+        return (f"{a(engine)} store{kind} has no {role} serde: its engine encodes what it keeps there itself "
+                f"(remove {role}_serde)") if set_here else None
+    if serde is None:
+        return None
+    problem = use.problem(serde)
+    return None if problem is None else f"{a(engine)} store{kind} cannot use serde {serde.name!r}: {problem}"
 
 
 @runtime_checkable
@@ -204,6 +260,12 @@ class StorageEngineFactory(ABC):
 
     def check_options(self, store: str, options: dict[str, Any]) -> None:
         """Cross-option checks; raise ConfigError with ``stores.<store>.<option>`` paths."""
+
+    def serdes(self, options: Mapping[str, Any]) -> StoreSerdes:
+        """What a store of this engine with these validated ``options`` keeps through its key and
+        value serdes (:class:`StoreSerdes`). The default: the task's keys and values, through both.
+        Validation refuses a serde that is set but unused, or that cannot keep what it is given."""
+        return StoreSerdes()
 
     @abstractmethod
     def create(self, context: StoreContext) -> StorageEngine:

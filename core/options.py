@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from localstate.errors import ConfigError, ConfigProblem
 
-__all__ = ["Option", "Removed", "live_options", "validate_options", "parse_size", "parse_duration", "did_you_mean", "parse_path",
+__all__ = ["Option", "Removed", "live_options", "validate_options", "parse_size", "parse_duration", "did_you_mean",
+           "suggest_option", "parse_path",
            "MAX_SIZE", "MAX_DURATION"]
 
 _MISSING = object()
@@ -22,6 +23,33 @@ def did_you_mean(name: str, choices: Sequence[str]) -> str:
     """Return ' (did you mean X?)' when a close match exists, else ''."""
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def suggest_option(name: str, spec: Mapping[str, "Option | Removed"]) -> str:
+    """' (did you mean X?)' for an unknown option ``name`` of ``spec``, or ''. A word an option lists
+    in ``Option.synonyms`` first (a heap's ``size`` is its ``capacity``), then the closest spelling,
+    where the plugin's own options win over the ones every engine shares (``Option.shared``: the
+    backend's) unless a shared one is clearly closer: a heap's ``size`` never suggests LMDB's
+    ``map_size``, and ``blockcache`` still finds ``block_cache_size``."""
+    key = name.strip().lower()
+    spec = live_options(spec)  # a removed option is never suggested
+    own = [option for option, declared in spec.items() if not declared.shared]
+    shared = [option for option, declared in spec.items() if declared.shared]
+    for names in (own, shared):
+        for option in names:
+            if key in spec[option].synonyms:
+                return f" (did you mean {option!r}?)"
+
+    def best(names: list[str]) -> tuple[float, str | None]:
+        scored = [(difflib.SequenceMatcher(None, key, option).ratio(), option) for option in names]
+        return max(scored, default=(0.0, None))
+
+    (own_score, own_best), (shared_score, shared_best) = best(own), best(shared)
+    if own_best is not None and own_score >= 0.5 and own_score + 0.15 >= shared_score:
+        return f" (did you mean {own_best!r}?)"
+    if shared_best is not None and shared_score >= 0.6:
+        return f" (did you mean {shared_best!r}?)"
+    return ""
 
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
@@ -141,6 +169,10 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     parse: Callable[[Any], Any] | None = None
+    synonyms: tuple[str, ...] = ()
+    """other words a user may write for this option: never accepted, only suggested for them"""
+    shared: bool = False
+    """an option every engine shares (the storage backend's), suggested after the engine's own"""
 
     @property
     def required(self) -> bool:
@@ -207,7 +239,7 @@ def validate_options(spec: Mapping[str, "Option | Removed"], raw: Mapping[str, A
             problems.append(ConfigProblem(f"{path}.{name}", f"option {name!r} was removed; {declared.advice(value)}"))
             continue
         if declared is None:
-            problems.append(ConfigProblem(f"{path}.{name}", "unknown option" + did_you_mean(name, list(live))
+            problems.append(ConfigProblem(f"{path}.{name}", "unknown option" + suggest_option(name, live)
                                           + (f"; known options: {', '.join(sorted(live))}" if live else "")))
             continue
         try:

@@ -25,6 +25,7 @@ from localstate.core.policy import (BUILTIN_DISTRIBUTION, GROUPS, LOCAL_DISTRIBU
                                     discovered_plugins, normalize_distribution)
 from localstate.core.serdes import Serde
 from localstate.core.stream import StreamSystem
+from localstate.core.text import a
 from localstate.errors import ConfigError, PluginLoadError, PluginNotFoundError, PluginRefusedError
 
 __all__ = ["PluginInfo", "Registry", "registry_for", "backend_names", "open_backend", "open_store_backend"]
@@ -212,8 +213,8 @@ def _check_kind(group: str, info: PluginInfo, obj: Any) -> None:
     kind = _kind(group)
     if not (isinstance(obj, type) and issubclass(obj, kind)):
         raise PluginRefusedError(
-            f"{group[:-1]} plugin {info.name!r} ({info.target}) from {info.distribution} is not a "
-            f"{_KIND_NAMES[group]} subclass (got {obj!r:.80})",
+            f"{group[:-1]} plugin {info.name!r} ({info.target}) from {info.distribution} is not "
+            f"{a(_KIND_NAMES[group])} subclass (got {obj!r:.80})",
             hint=f"register a subclass of localstate.{_KIND_NAMES[group]} under this entry point",
             plugin=info.name, distribution=info.distribution)
     api = getattr(obj, "plugin_api", None)

@@ -94,6 +94,14 @@ class Serde(ABC, Generic[T]):
     plugin_api: ClassVar[int] = PLUGIN_API_VERSION
     name: ClassVar[str] = ""
     unsafe: ClassVar[bool] = False
+    holds: ClassVar[tuple[type, ...] | None] = None
+    """The Python types this serde encodes and decodes back to an equal value (``object``: any);
+    None (the default of a serde that does not say): not declared, so no use of it is refused.
+    Validation compares it with what a store puts through the serde (:class:`~localstate.core.engine.SerdeUse`)."""
+    keeps_prefixes: ClassVar[bool] = False
+    """Whether the bytes of a text are a prefix of the bytes of every text that starts with it, so a
+    prefix scan of the encoded keys finds the texts with that prefix (``string`` does; ``json`` closes
+    its quotes, so it does not)."""
 
     @abstractmethod
     def serialize(self, obj: T) -> bytes:
@@ -116,6 +124,8 @@ class BytesSerde(Serde[bytes]):
     """Identity for ``bytes`` (bytearray and memoryview are accepted and copied)."""
 
     name = "bytes"
+    holds = (bytes,)
+    keeps_prefixes = True
 
     def serialize(self, obj: bytes) -> bytes:
         if type(obj) is bytes:
@@ -132,6 +142,8 @@ class StringSerde(Serde[str]):
     """UTF-8 text. Byte order of UTF-8 equals code-point order, so ranges sort like strings."""
 
     name = "string"
+    holds = (str,)
+    keeps_prefixes = True
 
     def serialize(self, obj: str) -> bytes:
         if not isinstance(obj, str):
@@ -160,6 +172,7 @@ class IntSerde(Serde[int]):
     """
 
     name = "int"
+    holds = (int,)
 
     def serialize(self, obj: int) -> bytes:
         if not isinstance(obj, int) or isinstance(obj, bool):
@@ -180,6 +193,7 @@ class JsonSerde(Serde[Any]):
     """Compact JSON in UTF-8 (keys of objects sorted, so equal objects give equal bytes)."""
 
     name = "json"
+    holds = (str, int, float, bool, type(None), list, dict)
 
     def serialize(self, obj: Any) -> bytes:
         try:
@@ -209,6 +223,7 @@ class PickleSerde(Serde[Any]):
     ``allow_pickle = true`` in the job config."""
 
     name = "pickle"
+    holds = (object,)
     unsafe = True
 
     def serialize(self, obj: Any) -> bytes:

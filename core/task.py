@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Pr
     overload, runtime_checkable
 
 from localstate.core.stream import base_dir
+from localstate.core.text import a
 from localstate.core.tracebacks import attach, describe
 from localstate.errors import ConfigError, ConfigProblem, TaskImportInterrupted, TaskImportTimeout
 
@@ -214,10 +215,10 @@ class TaskContext:
                                  hint=f"add a [stores.{name}] table to the job config") from None
         if kind is not None and not isinstance(store, kind):
             raise ConfigError.at(f"stores.{name}.engine",
-                                 f"the task asked for store {name!r} as a {kind.__name__}, but the job's engine "
-                                 f"gives a {type(store).__name__}",
+                                 f"the task asked for store {name!r} as {a(kind.__name__)}, but the job's engine "
+                                 f"gives {a(type(store).__name__)}",
                                  hint=f"declare the engine the task expects in [stores.{name}], or ask for the "
-                                      f"store as a {type(store).__name__}")
+                                      f"store as {a(type(store).__name__)}")
         return store
 
     def kv(self, name: str) -> "KeyValueStore":
@@ -544,7 +545,7 @@ class _ImportWatch:
 def _load_error(spec: str, module_name: str, exc: BaseException) -> ConfigError:
     """The ConfigError for a task that failed to load, naming the module and, when the failure is
     in the user's module, its file and line."""
-    trace = describe(exc)
+    trace = describe(exc, importing=True)
     if isinstance(exc, SystemExit):
         what = f"module {module_name!r} called sys.exit({exc.code!r}) while being imported"
     else:

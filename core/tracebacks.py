@@ -120,12 +120,26 @@ def describe_frames(frames: Iterable[traceback.FrameSummary], type_name: str, me
     return Trace(type_name, message, location, bool(user), summary.rstrip("\n"), full)
 
 
-def describe(exc: BaseException) -> Trace:
-    """Format ``exc`` (with its traceback and chained causes)."""
+def describe(exc: BaseException, *, importing: bool = False) -> Trace:
+    """Format ``exc`` (with its traceback and chained causes).
+
+    A SyntaxError in the user's file is shown as Python shows it (the file, the line, a caret),
+    not by the frames of the import machinery that compiled it. ``importing``: ``exc`` was raised
+    while importing the user's module; without a frame of the user's, the summary is the exception
+    alone (the import machinery's frames are in the full traceback, ``-v``)."""
     details = traceback.TracebackException.from_exception(exc)
     full = "".join(details.format())
     message = str(exc) if not isinstance(exc, LocalStateError) else exc.message
-    return describe_frames(details.stack, type(exc).__name__, message, full)
+    if isinstance(exc, SyntaxError) and exc.filename and _kind(exc.filename) == 2:
+        shown = "".join(traceback.format_exception_only(type(exc), exc)).rstrip("\n")
+        summary = "in your code:\n" + shown
+        return Trace(type(exc).__name__, message, f"{exc.filename}:{exc.lineno}", True, summary,
+                     summary + "\n\nfull traceback:\n" + full.rstrip("\n"))
+    trace = describe_frames(details.stack, type(exc).__name__, message, full)
+    if importing and not trace.in_user_code:
+        exception_line = f"{trace.type_name}: {message}" if message else trace.type_name
+        return Trace(trace.type_name, message, trace.location, False, exception_line, trace.full)
+    return trace
 
 
 def attach(error: LocalStateError, trace: Trace, *, at: bool = False, **context: Any) -> LocalStateError:

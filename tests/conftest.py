@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import uuid
 import zlib
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite_figures import record as record_suite  # noqa: E402
 from xdist_support import group_name, kill_processes_carrying, queue_in_order  # noqa: E402
 
 # The test-only switch that arms fault-injection hooks (LOCALSTATE_CRASH_AT, see
@@ -37,6 +39,18 @@ os.environ["LOCALSTATE_TESTING"] = "1"
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
     os.environ.setdefault(_variable, TEST_JVM_OPTIONS)
+
+# Hypothesis profiles (docs/testing.md): "dev", the default, explores new examples on every run;
+# "ci" (HYPOTHESIS_PROFILE=ci, or CI set as CI services do; .ci/run sets it) runs the same examples
+# every time (derandomize: a CI failure reproduces with the same profile), keeps no example database,
+# and runs 40 examples where a test sets no number of its own; "thorough" runs 1,000 there, for a
+# long local run. None has a deadline: a loaded two-core machine is slow in bursts.
+from hypothesis import settings as _hypothesis  # noqa: E402
+
+_hypothesis.register_profile("dev", deadline=None)
+_hypothesis.register_profile("ci", deadline=None, derandomize=True, database=None, max_examples=40, print_blob=True)
+_hypothesis.register_profile("thorough", deadline=None, max_examples=1000)
+_hypothesis.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
 def write_spark_defaults(options: str) -> Path:
@@ -181,6 +195,22 @@ def kill_leftover_processes() -> list[int]:
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         tokens[SESSION_VARIABLE] = os.environ[SESSION_VARIABLE]
     return kill_processes_carrying(tokens)
+
+
+_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_STARTED] = time.monotonic()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """With LOCALSTATE_RECORD_SUITE=1, a full run that passed records its count and time for
+    docs/testing.md (tests/suite_figures.py)."""
+    if not _is_worker(config):
+        record_suite(config, terminalreporter.stats, exitstatus, time.monotonic() - config.stash[_STARTED],
+                     terminalreporter.write_line)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

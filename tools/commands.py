@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,23 +52,10 @@ plugins.arguments = lambda parser: parser.add_argument(  # type: ignore[attr-def
 
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
-    from localstate.tools.validation import check_job
-    from localstate.errors import ConfigError, TaskImportTimeout
+    from localstate.tools.validation import require_valid
 
     # Every stage runs even when an earlier one failed: one run shows every problem.
-    check = check_job(args.job, plugins=args.plugins, import_timeout=args.import_timeout)
-    for note in check.notes:
-        print(f"{args.job}: warning: {note}", file=sys.stderr)
-    if check.problems:
-        # A task module that hung has its own advice (don't block at import, or --import-timeout).
-        hint = check.task_error.hint if isinstance(check.task_error, TaskImportTimeout) else None
-        error = ConfigError(check.problems, source=str(args.job), hint=hint)
-        if check.task_error is not None:  # keep where the task's module failed, for the CLI to print
-            task_error = check.task_error
-            error.traceback, error.traceback_summary = task_error.traceback, task_error.traceback_summary
-            error.location = task_error.location
-        raise error
-    job = check.job
+    job = require_valid(args.job, plugins=args.plugins, import_timeout=args.import_timeout).job
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
           f"{len(job.stores)} store(s), {len(job.inputs)} input(s), {len(job.outputs)} output(s)")
     if args.dry_run:

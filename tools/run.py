@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from localstate.tools.cli import command
-from localstate.core.config import apply_log_level, load_job_config
+from localstate.core.config import apply_log_level
 
 log = logging.getLogger(__name__)
 
@@ -149,19 +149,16 @@ def ignore_hangups(context: Any) -> None:
                 "SIGHUP, or --until-drained")
 def run(args: argparse.Namespace) -> int:
     from localstate.runtime.driver.progress import ProgressObserver
-    from localstate.runtime.driver.plan import lag_text
+    from localstate.runtime.driver.plan import summary_line
     from localstate.runtime.spark.runner import SparkJobRunner
 
     from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
-    from localstate.tools.validation import require_input_paths, require_own_changelogs, spark_notes
+    from localstate.tools.validation import require_valid
 
-    job = load_job_config(args.job, plugins=args.plugins)
-    # A mistyped input path would otherwise run as an empty input and exit 0.
-    require_input_paths(job)
-    require_own_changelogs(job)  # else refused later, at the first task, with a misleading message
-    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size, progress=_say)  # validates [spark]
-    for note in spark_notes(job, runner.master):
-        print(f"warning: {note}", file=sys.stderr)
+    # Everything `localstate validate` checks, before Spark starts, every problem at once and in its
+    # words; only what depends on the inputs' contents waits for the plan (runner.check_inputs).
+    job = require_valid(args.job, plugins=args.plugins, master=args.master).job
+    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size, progress=_say)
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
     signals = StopSignals(runner).install()  # from here on, a signal stops the run (Spark starting or not)
@@ -187,12 +184,7 @@ def run(args: argparse.Namespace) -> int:
             observer.close()
     finally:
         signals.restore()
-    rate = summary.records_in / summary.seconds if summary.seconds else 0.0
-    ended = "stopped now" if summary.forced else "stopped" if summary.stopped else "done"
-    abandoned = f" (batch {summary.abandoned} abandoned, not committed)" if summary.abandoned is not None else ""
-    _say(f"{ended}: {summary.batch_count} batch(es){abandoned}, {summary.records_in:,} records in, "
-         f"{summary.records_out:,} out, {summary.seconds:.1f}s ({rate:,.0f} rec/s), "
-         f"{lag_text(summary.lag, summary.pending_bytes)}")
+    _say(summary_line(summary))
     if runner.cluster and summary.warm_fraction is not None:
         _say(f"warm local state: {summary.warm_fraction:.0%} of the tasks with state found it on their executor")
     for name in job.outputs:

@@ -64,12 +64,18 @@ def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
         lag += info.lag or 0
         pending += info.pending_bytes
         if info.problem:
-            out["problems"].append(f"input {info.input!r} partition {info.partition}: {info.problem}")
+            out["problems"].append(_headed(f"input {info.input!r} partition {info.partition}", info.problem))
     out["lag"], out["pending_bytes"] = lag, pending
     return json_safe(out)
 
 
 _SAYS = {"live": "LIVE", "not_live": "not running", "unknown": "unknown (treat as not running)"}
+
+
+def _headed(heading: str, message: str) -> str:
+    """``heading: message``, unless the message already starts with that heading (an input's own
+    errors name their input and partition)."""
+    return message if message.startswith(heading) else f"{heading}: {message}"
 
 
 def _print(status: dict[str, Any]) -> None:

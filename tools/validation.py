@@ -19,7 +19,8 @@ from localstate.core.tomlfile import read_toml_file
 from localstate.runtime.spark.config import SparkConfig
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["IMPORT_TIMEOUT", "JobCheck", "changelog_input_problems", "check_job", "require_own_changelogs",
+__all__ = ["IMPORT_TIMEOUT", "JobCheck", "changelog_input_problems", "check_job", "require_valid",
+           "window_problems",
            "input_path_problems", "require_input_paths", "spark_notes", "shared_path_notes"]
 
 
@@ -39,12 +40,13 @@ IMPORT_TIMEOUT = 60.0
 
 
 def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
-              import_timeout: float | None = IMPORT_TIMEOUT) -> JobCheck:
+              import_timeout: float | None = IMPORT_TIMEOUT, master: str | None = None) -> JobCheck:
     """Check the job file at ``path`` in full; raises only when the file itself cannot be read.
 
     ``import_timeout``: give up on a task module still importing after that many seconds (a
     :class:`~localstate.errors.TaskImportTimeout` problem at ``job.task``; the import goes on in a
-    daemon thread, see :func:`~localstate.core.task.load_task_class`); None waits for ever."""
+    daemon thread, see :func:`~localstate.core.task.load_task_class`); None waits for ever.
+    ``master``: the Spark master the notes are about (default: the job's ``[spark] master``)."""
     from localstate.core.stream import open_input, open_output
     from localstate.runtime.layout import state_places
     from localstate.core.stream import overlap_problems
@@ -79,14 +81,53 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
     if task.count(":") == 1 and all(task.split(":")):  # an absent or malformed task is already reported
         add_task_paths(job)
         try:
-            load_task_class(job.task, timeout=import_timeout)
+            task_class = load_task_class(job.task, timeout=import_timeout)
         except ConfigError as exc:
             problems.extend(exc.problems)
             check.task_error = exc
+        else:
+            problems.extend(window_problems(job, task_class))
     spark = SparkConfig.parse(job.spark, collect=problems)
     raw_job = data.get("job")
-    check.notes.extend(spark_notes(job, spark.master, raw_job=raw_job if isinstance(raw_job, dict) else {}))
+    check.notes.extend(spark_notes(job, master or spark.master,
+                                   raw_job=raw_job if isinstance(raw_job, dict) else {}))
     return check
+
+
+def require_valid(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] | None = None,
+                  import_timeout: float | None = IMPORT_TIMEOUT, master: str | None = None) -> JobCheck:
+    """:func:`check_job`, its notes printed as warnings on stderr (``<job file>: warning: ...``) and
+    every problem raised at once as one :class:`ConfigError` (carrying where the task's module failed
+    to import, if it did): what ``localstate validate`` reports and what ``localstate run`` refuses to
+    start with, in the same words."""
+    import sys
+
+    from localstate.errors import TaskImportTimeout
+
+    check = check_job(path, plugins=plugins, import_timeout=import_timeout, master=master)
+    for note in check.notes:
+        print(f"{path}: warning: {note}", file=sys.stderr)
+    if check.problems:
+        # A task module that hung has its own advice (don't block at import, or --import-timeout).
+        hint = check.task_error.hint if isinstance(check.task_error, TaskImportTimeout) else None
+        error = ConfigError(check.problems, source=str(path), hint=hint)
+        if check.task_error is not None:  # keep where the task's module failed, for the CLI to print
+            task_error = check.task_error
+            error.traceback, error.traceback_summary = task_error.traceback, task_error.traceback_summary
+            error.location = task_error.location
+        raise error
+    return check
+
+
+def window_problems(job: JobConfig, task_class: type) -> list[ConfigProblem]:
+    """The stores the task's windowed aggregations cannot use (engine, kind, serdes), for the windows
+    its source spells out (:func:`localstate.windows.checks.declared_windows`); each problem once."""
+    from localstate.windows.checks import declared_windows, store_problems
+
+    problems: list[ConfigProblem] = []
+    for use in declared_windows(task_class):
+        problems.extend(p for p in store_problems(use, job) if p not in problems)
+    return problems
 
 
 def _missing_path(job: JobConfig, name: str, stream: object) -> list[ConfigProblem]:
@@ -151,13 +192,6 @@ def changelog_input_problems(job: JobConfig, inputs: Mapping[str, Any] | None = 
                     "restore the input's records as its state (name the changelog apart from the job's inputs, "
                     "or set a [changelogs.kafka] topic_prefix)"))
     return problems
-
-
-def require_own_changelogs(job: JobConfig) -> None:
-    """Refuse to run a job whose store changelog is one of its inputs (:func:`changelog_input_problems`)."""
-    problems = changelog_input_problems(job)
-    if problems:
-        raise ConfigError(problems, source=job.source, hint="give each store a changelog stream of its own")
 
 
 def input_path_problems(job: JobConfig) -> list[ConfigProblem]:

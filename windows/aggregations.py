@@ -23,7 +23,9 @@ import math
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 
+from localstate.core.engine import SerdeUse
 from localstate.core.task import KeyValueStore
+from localstate.core.text import a
 from localstate.errors import ConfigError
 
 __all__ = ["Aggregation", "WindowState", "Fold", "count", "sum_of", "min_of", "max_of", "reduce",
@@ -72,6 +74,16 @@ class Aggregation(ABC):
 
     engine: str = "kv"
     """The engine kind of the store it keeps its state in (``kv``, ``sketch``, ``heap``)."""
+    kind: str | None = None
+    """The store's ``kind`` option it needs (``hll``, ``quantiles``, ``topn``), if the engine has kinds."""
+    name: str = ""
+    """How messages name it: ``count``, ``top_n``, ..."""
+
+    def needs(self, aligned: bool) -> dict[str, SerdeUse]:
+        """What it puts through its store's ``key`` and ``value`` serdes (validation refuses a serde
+        that cannot keep it): window names, strings, as keys; for aligned windows (tumbling,
+        hopping) read back by prefix, since a window closes for every key with one scan."""
+        return {"key": SerdeUse("window names", (str,))}
 
     @abstractmethod
     def bind(self, store: Any, name: str) -> WindowState:
@@ -94,11 +106,20 @@ class Fold(Aggregation):
     engine = "kv"
 
     def __init__(self, name: str, step: Callable[[Any, Any], Any], combine: Callable[[Any, Any], Any],
-                 finish: Callable[[Any], Any] = _identity) -> None:
+                 finish: Callable[[Any], Any] = _identity, *, holds: tuple[type, ...] = ()) -> None:
         self.name = name
         self.step = step
         self.combine = combine
         self.finish = finish
+        self.holds = holds
+        """the accumulator's types, when the fold alone decides them (a count's int); () when they
+        are the task's values (a sum of what ``of`` returns)"""
+
+    def needs(self, aligned: bool) -> dict[str, SerdeUse]:
+        """Window names as keys (read back by prefix for aligned windows) and the accumulator as the
+        value: an int for :func:`count`, the task's values otherwise."""
+        return {"key": SerdeUse("window names", (str,), prefix=aligned),
+                "value": SerdeUse(f"{self.name} accumulators", self.holds)}
 
     def bind(self, store: Any, name: str) -> WindowState:
         return _KvFold(_typed(store, name, KeyValueStore, "kv", self.name), self)
@@ -162,7 +183,7 @@ def _add(a: Any, b: Any) -> Any:
 
 def count() -> Fold:
     """The number of records in the window."""
-    return Fold("count", _count_step, _add)
+    return Fold("count", _count_step, _add, holds=(int,))
 
 
 def sum_of(of: Extract = _identity) -> Fold:
@@ -236,15 +257,15 @@ def _typed(store: Any, name: str, protocol: type, engine: str, aggregation: str)
     """``store`` if it offers ``protocol``, else a ConfigError at ``stores.<name>.engine``."""
     if not isinstance(store, protocol):
         raise ConfigError.at(f"stores.{name}.engine", f"the {aggregation} window aggregation keeps its state in "
-                             f"store {name!r}, which must be a {engine} store ({protocol.__name__}); the job's "
-                             f"engine gives a {type(store).__name__}",
+                             f"store {name!r}, which must be {a(engine)} store ({protocol.__name__}); the job's "
+                             f"engine gives {a(type(store).__name__)}",
                              hint=f"declare [stores.{name}] with engine = {engine.split()[0]!r}, or give the "
                                   f"aggregation a store of that kind")
     return store
 
 
 class _DistinctCount(Aggregation):
-    engine = "sketch"
+    engine, kind, name = "sketch", "hll", "distinct_count"
 
     def __init__(self, of: Extract) -> None:
         self.of = of
@@ -290,7 +311,7 @@ def distinct_count(of: Extract = _identity) -> Aggregation:
 
 
 class _Quantiles(Aggregation):
-    engine = "sketch"
+    engine, kind, name = "sketch", "quantiles", "quantiles"
 
     def __init__(self, qs: tuple[float, ...], of: Extract) -> None:
         self.qs, self.of = qs, of
@@ -328,7 +349,11 @@ def quantiles(qs: Iterable[float], of: Extract = _identity) -> Aggregation:
 
 
 class _TopN(Aggregation):
-    engine = "heap"
+    engine, kind, name = "heap", "topn", "top_n"
+
+    def needs(self, aligned: bool) -> dict[str, SerdeUse]:
+        """Its items are strings, ``"<window name>\\x1f<item>"``, as the heap's keys."""
+        return {"key": SerdeUse("window items", (str,))}
 
     def __init__(self, n: int, item: Extract, score: Extract | None) -> None:
         self.n, self.item, self.score = n, item, score

@@ -43,6 +43,7 @@ from typing import Any, Callable
 from localstate.core.task import Collector, KeyValueStore, TaskContext
 from localstate.errors import ConfigError
 from localstate.windows.aggregations import Aggregation, Fold, WindowState
+from localstate.windows.checks import WindowUse, check_stores
 from localstate.windows.kinds import Hopping, Session, Window, WindowKind, duration, overlaps
 
 __all__ = ["WindowedAggregation", "EMIT_MODES", "default_shape", "LATE_RECORDS"]
@@ -109,6 +110,10 @@ class WindowedAggregation:
         self.lateness = duration("window.lateness", lateness, positive=False)
         self.late_output = late_output
         self.shape = shape
+        config = getattr(context, "config", None)
+        if getattr(config, "stores", None) is not None and getattr(config, "registry", None) is not None:
+            # the stores' engines and serdes, before any record: not a SerdeError at the first one
+            check_stores(WindowUse(aggregate, store, not isinstance(window, Session), index_store), config)
         self.state: WindowState = aggregate.bind(context.store(store), store)
         self.timers = context.timers
         self.counters = context.counters
@@ -120,7 +125,6 @@ class WindowedAggregation:
         self._registered: set[float] = set()
         # closing times this instance registered a timer for (registering again is a no-op, so a
         # restart that forgets them registers each open window's timer once more: harmless)
-        config = getattr(context, "config", None)
         self._allowed_lateness = getattr(getattr(config, "time", None), "allowed_lateness", 0.0)
         self._batch_watermark = self.timers.watermark
         """the watermark :meth:`add_batch` judges a batch's first row by (see there)"""

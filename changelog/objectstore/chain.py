@@ -140,7 +140,7 @@ class Chain:
             name = raw.get("object")
             parsed = parse_name(name) if isinstance(name, str) else None
             if parsed is None or parsed[0] != kind:
-                raise bad(f"{name!r:.80} is not a {'delta' if kind == DELTA else 'snapshot'} object name")
+                raise bad(f"{name!r:.80} is not {'a delta' if kind == DELTA else 'a snapshot'} object name")
             numbers = [raw.get(k) for k in ("start", "end", "records", "bytes")]
             if any(type(n) is not int or n < 0 for n in numbers):
                 raise bad(f"entry {name}: start, end, records and bytes must be non-negative integers")

@@ -6,6 +6,7 @@ engine kind does not multiply backend configuration. Importing this module loads
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from localstate.core.options import Option, did_you_mean, parse_size
@@ -51,6 +52,8 @@ BACKEND_OPTIONS: dict[str, Option] = {
     "lmdb_sync": Option(bool, True, "fsync LMDB at each commit (false: faster, a machine crash may lose "
                         "recent commits)"),
 }
+# Every engine kind takes these: did-you-mean suggests an engine's own options first (Option.shared).
+BACKEND_OPTIONS = {name: replace(option, shared=True) for name, option in BACKEND_OPTIONS.items()}
 
 
 def _int(v: Any) -> int:

@@ -32,6 +32,7 @@ from localstate.core.changelog import ChangelogRecord
 from localstate.core.codecs import fast_codec
 from localstate.core.engine import StorageEngine, StoreContext
 from localstate.core.logged import LoggedStore
+from localstate.core.text import a
 from localstate.engines.heap.options import backend_options_of
 from localstate.errors import InvalidValueError, LateEventError, LocalStateError, RestoreError, SerdeError
 
@@ -117,7 +118,7 @@ class HeapEngineBase(StorageEngine):
                         raise ValueError(f"unexpected local key {key[:32]!r}")
                     pairs = marshal.loads(blob)
                     if type(pairs) is not list:
-                        raise ValueError(f"segment {key!r} holds a {type(pairs).__name__}, not a list")
+                        raise ValueError(f"segment {key!r} holds {a(type(pairs).__name__)}, not a list")
                     rows.update(pairs)
                     self._segment_pairs += len(pairs)
                     number = _U64.unpack_from(key, len(SEGMENT_PREFIX))[0]

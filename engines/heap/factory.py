@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.engine import (SerdeColumn, SerdeUse, StateColumns, StorageEngine, StorageEngineFactory,
+                                    StoreContext, StoreSerdes)
 from localstate.core.options import Option, Removed
 from localstate.engines.heap.options import (HEAP_KINDS, HEAP_OPTIONS, backend_options_of,
                                              max_lateness_of)
@@ -44,6 +45,13 @@ class HeapEngineFactory(StorageEngineFactory):
         if problems:
             raise ConfigError(problems)
         options.update(backend_options_of(store, options))
+
+    def serdes(self, options: Mapping[str, Any]) -> StoreSerdes:
+        """top-N: the task's items (key serde) and payloads (value serde); a reorder buffer: the
+        task's events (value serde), keyed by timestamp and arrival order, which it encodes itself."""
+        if kind_of("", options) == "reorder":
+            return StoreSerdes(key=None, value=SerdeUse("events"))
+        return StoreSerdes(key=SerdeUse("items"), value=SerdeUse("payloads"))
 
     def create(self, context: StoreContext) -> StorageEngine:
         if kind_of(context.store, context.options) == "reorder":

@@ -35,7 +35,8 @@ HEAP_OPTIONS: dict[str, Option | Removed] = {
     "kind": Option(str, None, "which heap: topn (ranked items, the default) or reorder (bounded sort "
                               "by timestamp)", choices=HEAP_KINDS),
     "order": Option(str, "max", "topn: which end is the top", choices=("max", "min")),
-    "capacity": Option(int, None, "topn: keep at most this many items, evicting the worst", minimum=1),
+    "capacity": Option(int, None, "topn: keep at most this many items, evicting the worst", minimum=1,
+                       synonyms=("size", "max_size", "limit", "max_items", "n", "top", "maxsize")),
     "max_lateness": Option((int, float, str), None,
                            "reorder: watermark follows max timestamp seen minus this (a number in "
                            "timestamp units, or a duration such as '5s')", parse=_lateness),

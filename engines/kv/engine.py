@@ -56,6 +56,7 @@ from localstate.core.codecs import (FAST_ERRORS, INT_MAX, INT_MIN, fast_codec, i
                                     native_class)
 from localstate.core.logged import META_OFFSET, LoggedStore
 from localstate.engines.kv.cache import GenerationalCache
+from localstate.core.text import a
 from localstate.engines.kv.options import KV_OPTIONS
 from localstate.errors import InvalidValueError, RestoreError, SerdeError, StoreClosedError
 from localstate.native import load as load_native
@@ -816,7 +817,7 @@ class KeyValueEngine(StorageEngine):
                 kept[kb] = value
             elif value is not None:
                 raise RestoreError(
-                    f"the changelog of store {self._store!r} holds a {len(kb)}-byte key {kb[:32]!r}; the "
+                    f"the changelog of store {self._store!r} holds {a(len(kb))}-byte key {kb[:32]!r}; the "
                     f"{self._backend.name} backend holds keys of {lo}..{hi} bytes", key_size=len(kb),
                     hint=f"use backend = \"rocksdb\" for store {self._store!r} (it accepts any key size), "
                          f"or reset the job", **self._ctx())

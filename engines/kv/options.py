@@ -37,7 +37,8 @@ KV_OPTIONS: dict[str, Option] = {
     "ttl": Option((int, float, str), None, "time to live of an entry (e.g. '7d', '12h', 3600 seconds): an "
                   "entry not written for this long is never read again and is deleted, with a changelog "
                   "tombstone, by the bounded sweep of each flush (docs/time/ttl.md); a ttl of an hour or "
-                  "more expires at the whole second, rounded up; unset: entries never expire", parse=_ttl),
+                  "more expires at the whole second, rounded up; unset: entries never expire", parse=_ttl,
+                  synonyms=("expiry", "expire", "expire_after", "retention", "time_to_live")),
     "ttl_time": Option(str, PROCESSING_TIME, "the time domain ttl is measured in: 'processing' (the clock, "
                        "as Flink and Spark) or 'event' (the partition's watermark)",
                        choices=(PROCESSING_TIME, EVENT_TIME)),

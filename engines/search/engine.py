@@ -19,7 +19,8 @@ import tantivy
 
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.corruption import corrupt_reason, store_corrupt, wipe_local
-from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.engine import (SerdeColumn, SerdeUse, StateColumns, StorageEngine, StorageEngineFactory,
+                                    StoreContext, StoreSerdes)
 from localstate.core.logged import ChangelogCommit
 from localstate.core.fsutil import check_tree_no_symlinks, errno_in_text, os_error_hint, write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
@@ -593,6 +594,11 @@ class SearchEngineFactory(StorageEngineFactory):
             raise ConfigError([ConfigProblem(f"stores.{store}.writer_memory",
                                              f"must be at least {need} bytes (15MB per writer thread), "
                                              f"got {options['writer_memory']}")])
+
+    def serdes(self, options: Mapping[str, Any]) -> StoreSerdes:
+        """The task's document ids (key serde); documents are logged as JSON by the engine itself:
+        no value serde."""
+        return StoreSerdes(key=SerdeUse("document ids"), value=None)
 
     def create(self, context: StoreContext) -> SearchEngine:
         specs = parse_fields(context.store, context.options["fields"])

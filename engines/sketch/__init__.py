@@ -17,9 +17,11 @@ from __future__ import annotations
 from typing import Any, ClassVar, Mapping
 
 from localstate.core.registry import open_store_backend
-from localstate.core.engine import SerdeColumn, StateColumns, StorageEngine, StorageEngineFactory, StoreContext
+from localstate.core.engine import (SerdeColumn, SerdeUse, StateColumns, StorageEngine, StorageEngineFactory,
+                                    StoreContext, StoreSerdes)
 from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
+from localstate.core.text import a
 from localstate.engines.backends.options import BACKEND_OPTIONS, check_backend_options
 from localstate.engines.sketch.bloom import MAX_WORDS, BloomFilter, bloom_size
 from localstate.engines.sketch.engine import (BloomFilterEngine, HyperLogLogEngine, QuantilesEngine,
@@ -75,7 +77,8 @@ class SketchEngineFactory(StorageEngineFactory):
                             "relative error 1.04/sqrt(2**p))", minimum=MIN_PRECISION, maximum=MAX_PRECISION),
         "hash": Option(str, None, "hll/bloom: 'datasketch' (SHA-1 as datasketch; default for hll) or 'fast' "
                        "(numpy-vectorised 64-bit hash; default for bloom)", choices=HASHES),
-        "capacity": Option(int, None, "bloom: expected number of distinct items (default 1000000)", minimum=1),
+        "capacity": Option(int, None, "bloom: expected number of distinct items (default 1000000)", minimum=1,
+                           synonyms=("size", "expected_items", "max_items", "items", "n")),
         "error_rate": Option(float, None, "bloom: false-positive rate at capacity (default 0.01)",
                              parse=_error_rate),
         "k": Option(int, None, f"quantiles: KLL accuracy parameter ({MIN_K}..{MAX_K}, default 200: rank "
@@ -87,9 +90,10 @@ class SketchEngineFactory(StorageEngineFactory):
         kind = options["kind"]
         problems: list[ConfigProblem] = []
         for name, kinds in _KIND_OF.items():
-            if options.get(name) is not None and kind not in (kinds if isinstance(kinds, tuple) else (kinds,)):
-                problems.append(ConfigProblem(f"stores.{store}.{name}",
-                                              f"does not apply to kind = {kind!r} (it is a {kinds} option)"))
+            kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+            if options.get(name) is not None and kind not in kinds:
+                problems.append(ConfigProblem(f"stores.{store}.{name}", f"does not apply to kind = {kind!r} "
+                                              f"(it is {a(' or '.join(kinds))} option)"))
         for name, default in DEFAULTS.items():
             if options.get(name) is None:
                 options[name] = default
@@ -103,6 +107,11 @@ class SketchEngineFactory(StorageEngineFactory):
         if problems:
             raise ConfigError(problems, hint="remove the options that do not apply, or fix their values")
         check_backend_options(store, options)
+
+    def serdes(self, options: Mapping[str, Any]) -> StoreSerdes:
+        """The task's sketch names (key serde); the sketches themselves are registers, words or
+        compactors the engine encodes: no value serde."""
+        return StoreSerdes(key=SerdeUse("sketch names"), value=None)
 
     def create(self, context: StoreContext) -> StorageEngine:
         options = context.options

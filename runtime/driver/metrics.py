@@ -71,6 +71,18 @@ def _seconds(data: Any, name: str) -> float | None:
     """A finite, non-negative number (milliseconds in a progress object), else None."""
     value = data.get(name) if isinstance(data, Mapping) else None
     return float(value) if type(value) in (int, float) and math.isfinite(value) and value >= 0 else None
+class _WithoutCreated:
+    """A registry's samples less the ``*_created`` series (each counter's and histogram's creation
+    time, which dashboards do not expect), for this registry alone: prometheus_client's
+    ``disable_created_metrics()`` would change every registry of the process, a user's own too."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def collect(self) -> Any:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 class JobMetrics:
@@ -170,7 +182,7 @@ class JobMetrics:
         """Serve ``/metrics`` on ``host:port`` (port 0: a free one) in a daemon thread; returns the port."""
         from prometheus_client import start_http_server
 
-        started = start_http_server(port, addr=host, registry=self.registry)
+        started = start_http_server(port, addr=host, registry=_WithoutCreated(self.registry))
         if isinstance(started, tuple):  # prometheus_client >= 0.20 returns (server, thread)
             self.server, self.thread = started
             self.port = int(self.server.server_address[1])

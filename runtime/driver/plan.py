@@ -157,6 +157,11 @@ class RunSummary:
     def lag(self) -> int:
         return self.batches[-1].lag if self.batches else 0
 
+    @property
+    def busy_seconds(self) -> float:
+        """Wall time spent in batches: :attr:`seconds` less the waits of a standing run for input."""
+        return sum(b.seconds for b in self._all())
+
     def breakdown(self) -> dict[str, float]:
         """Where the wall time went, in seconds that add up to about :attr:`seconds`: driver phases,
         Spark overhead, and the task phases (summed over all tasks, then scaled to the batches'
@@ -177,8 +182,25 @@ def lag_text(lag: int, pending_bytes: int) -> str:
     return f"lag {lag:,}" + (f" (+{pending_bytes:,} bytes unterminated)" if pending_bytes else "")
 
 
+def rate_text(records: int, seconds: float) -> str:
+    """``N rec/s``: whole records per second, one decimal below 10 (5 records in 48 s is 0.1, not 0)."""
+    rate = records / seconds if seconds > 0 else 0.0
+    return f"{rate:,.0f} rec/s" if rate >= 10 or rate == 0 else f"{rate:.1f} rec/s"
+
+
+def summary_line(summary: RunSummary) -> str:
+    """The last line of a run: ``done:`` (or ``stopped:``, ``stopped now:`` when forced), its batches and records, its wall time and
+    the time spent in batches, whose rate it shows (a standing run waits for input between batches:
+    a rate over its wall time would fall with every idle minute)."""
+    ended = "stopped now" if summary.forced else "stopped" if summary.stopped else "done"
+    abandoned = f" (batch {summary.abandoned} abandoned, not committed)" if summary.abandoned is not None else ""
+    busy = summary.busy_seconds
+    return (f"{ended}: {summary.batch_count} batch(es){abandoned}, {summary.records_in:,} records in, "
+            f"{summary.records_out:,} out, {summary.seconds:.1f}s ({busy:.1f}s in batches: "
+            f"{rate_text(summary.records_in, busy)}), {lag_text(summary.lag, summary.pending_bytes)}")
+
+
 def progress_line(result: BatchResult, tasks: int) -> str:
-    rate = result.records_in / result.seconds if result.seconds else 0.0
     extra = f" skipped {result.skipped:,}" if result.skipped else ""
     extra += f" dead-lettered {result.dead_lettered:,}" if result.dead_lettered else ""
     extra += f" restored {result.replayed:,} trimmed {result.trimmed:,}" if result.replayed or result.trimmed else ""
@@ -187,4 +209,4 @@ def progress_line(result: BatchResult, tasks: int) -> str:
                      for kind, labels in sorted(result.counts.items()))
     extra += f" ({result.failed_attempts} failed task attempt(s) retried)" if result.failed_attempts else ""
     return (f"batch {result.batch}: {tasks} task(s), in {result.records_in:,} out {result.records_out:,} in "
-            f"{result.seconds:.2f}s ({rate:,.0f} rec/s), {lag_text(result.lag, result.pending_bytes)}{extra}")
+            f"{result.seconds:.2f}s ({rate_text(result.records_in, result.seconds)}), {lag_text(result.lag, result.pending_bytes)}{extra}")

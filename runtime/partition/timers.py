@@ -40,6 +40,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable
 
+from localstate.core.text import a
+
 from localstate.core.codecs import FAST_ERRORS, fast_codec
 from localstate.core.config import JobConfig
 from localstate.core.serdes import JsonSerde, Serde
@@ -233,8 +235,8 @@ class PartitionTime:
     def _check_usable(self, domain: str) -> None:
         """Raise why this partition cannot take timers (none kept, or no ``on_timer``), if so."""
         if self._store is None:
-            raise ConfigError.at("time.timers", f"the task of partition {self._partition} registered a {domain}-time "
-                                 f"timer, but job {self._job.name!r} keeps no timers",
+            raise ConfigError.at("time.timers", f"the task of partition {self._partition} registered "
+                                 f"{a(domain)}-time timer, but job {self._job.name!r} keeps no timers",
                                  hint="add a [time] table with timers = true to the job config")
         if not self._task_fires:
             raise ConfigError.at("job.task", "the task registers timers but does not define on_timer(); a timer "
@@ -247,7 +249,7 @@ class PartitionTime:
             self._check_usable(domain)
         if timestamp.__class__ is not float or timestamp - timestamp != 0.0:  # not a finite float: look closer
             if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-                raise InvalidValueError(f"a {domain}-time timer needs a finite timestamp (seconds since the epoch), "
+                raise InvalidValueError(f"{a(domain)}-time timer needs a finite timestamp (seconds since the epoch), "
                                         f"got {timestamp!r} for key {key!r}", store=TIMER_STORE,
                                         partition=self._partition,
                                         hint="pass a number such as envelope.timestamp + 60")
@@ -278,7 +280,7 @@ class PartitionTime:
         if self._forbid_past:
             now = self._clock() if domain == PROCESSING_TIME else self.watermark
             if now is not None and timestamp < now:
-                raise ConfigError.at("time.past_timers", f"partition {self._partition}: a {domain}-time timer for "
+                raise ConfigError.at("time.past_timers", f"partition {self._partition}: {a(domain)}-time timer for "
                                      f"key {key!r} at {timestamp!r} is before the current {domain} time {now!r}, "
                                      f"and past_timers = \"error\"",
                                      hint="register timers at or after the current time, or set [time] "

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from localstate.runtime.spark.config import is_local_master
 
 __all__ = ["spark_context", "spark_conf", "normalize_master", "LOCAL_DEFAULTS",
-           "QUICK_JIT_OPTIONS", "STATUS_RETENTION"]
+           "QUICK_JIT_OPTIONS", "STATUS_RETENTION", "REPEATING_LOGGERS", "quiet_logs"]
 
 LOCAL_DEFAULTS: Mapping[str, str] = {
     # The executor hands each task to its Python worker over a Unix domain socket (Spark >= 4.1;
@@ -42,42 +42,72 @@ compiler's threads do not take CPU from the Python workers. Not for the DataFram
 reads, shuffles and converts the rows."""
 
 
-_LOG4J = """\
-rootLogger.level = error
-rootLogger.appenderRef.stdout.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n
-logger.spark.name = org.apache.spark
-logger.spark.level = error
-logger.hadoop.name = org.apache.hadoop
-logger.hadoop.level = error
-# Failed task attempts are retried and, if they fail for good, reported by the driver with the
-# Python traceback: the executor's own copy of each stack trace is noise.
-logger.executor.name = org.apache.spark.executor.Executor
-logger.executor.level = fatal
-logger.tsm.name = org.apache.spark.scheduler.TaskSetManager
-logger.tsm.level = fatal
-"""
+REPEATING_LOGGERS = (
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.streaming.MicroBatchExecution",          # Spark 4.0
+    "org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",  # Spark 4.1 and later
+)
+"""Spark loggers whose ERROR lines (each with a JVM stack trace) repeat a failure the caller gets
+anyway, as a typed error: a failed task attempt (retried, then reported by the driver with the
+Python traceback), a streaming query that ended with an error (``awaitTermination`` raises it)."""
 
 
-_log4j: list[Path] = []
+def _log4j_settings(debug: bool) -> str:
+    """The log4j2 settings of a context localstate creates: Spark at WARN, one line per event and no
+    JVM stack trace (localstate reports the failure itself, typed, with the Python traceback), and
+    :data:`REPEATING_LOGGERS` silent. ``debug`` (``-vv``): INFO, with every stack trace."""
+    lines = [
+        f"rootLogger.level = {'info' if debug else 'warn'}",
+        "rootLogger.appenderRef.stdout.ref = console",
+        "appender.console.type = Console",
+        "appender.console.name = console",
+        "appender.console.target = SYSTEM_ERR",
+        "appender.console.layout.type = PatternLayout",
+        "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n" + ("%ex" if debug else ""),
+        f"appender.console.layout.alwaysWriteExceptions = {'true' if debug else 'false'}",
+        f"logger.spark.name = org.apache.spark\nlogger.spark.level = {'info' if debug else 'warn'}",
+        # Hadoop's client libraries warn about what a local run does not use (native libraries, ...).
+        f"logger.hadoop.name = org.apache.hadoop\nlogger.hadoop.level = {'info' if debug else 'error'}",
+    ]
+    if not debug:
+        lines += [f"logger.repeat{i}.name = {name}\nlogger.repeat{i}.level = off"
+                  for i, name in enumerate(REPEATING_LOGGERS)]
+    return "\n".join(lines) + "\n"
+
+
+def quiet_logs(spark: Any) -> None:
+    """Make an existing session's logs what a context localstate creates has (:func:`_log4j_settings`): Spark
+    at WARN, :data:`REPEATING_LOGGERS` silent (a streaming query's failure is raised by
+    ``awaitTermination()``, not printed first as a JVM stack trace), and Python's ``py4j`` logger at
+    WARNING. ``spark``: a SparkSession or SparkContext; for a session of your own, call it once,
+    right after creating it (``localstate.spark.quiet_logs(spark)``)."""
+    import logging
+
+    context = getattr(spark, "sparkContext", spark)
+    context.setLogLevel("WARN")
+    jvm = context._jvm
+    configurator, off = jvm.org.apache.logging.log4j.core.config.Configurator, jvm.org.apache.logging.log4j.Level.OFF
+    for name in REPEATING_LOGGERS:
+        configurator.setLevel(name, off)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+_log4j_files: dict[bool, Path] = {}
 """this process's log4j settings file, once made"""
 
 
-def _log4j_file() -> Path:
+def _log4j_file(debug: bool) -> Path:
     """The log4j settings file of this process's JVMs: made once per process with ``mkstemp`` (created
     exclusively, so never written through a symlink or into a file someone else planted in the shared
     temp directory), removed when the process exits."""
-    if not _log4j:
+    if debug not in _log4j_files:
         fd, name = tempfile.mkstemp(prefix="localstate-log4j2-", suffix=".properties")
         with os.fdopen(fd, "w") as handle:
-            handle.write(_LOG4J)
+            handle.write(_log4j_settings(debug))
         atexit.register(_remove, Path(name), os.getpid())
-        _log4j.append(Path(name))
-    return _log4j[0]
+        _log4j_files[debug] = Path(name)
+    return _log4j_files[debug]
 
 
 def _remove(path: Path, creator: int) -> None:
@@ -106,7 +136,10 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
     job's ``[spark] conf``), which wins over all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
     from pyspark import SparkConf
 
-    log4j = _log4j_file()
+    import logging
+
+    debug = logging.getLogger("localstate").isEnabledFor(logging.DEBUG)  # -vv: the JVM's traces too
+    log4j = _log4j_file(debug)
     spark_conf = (SparkConf().setMaster(normalize_master(master)).setAppName(app_name)
                   .set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
                   .set("spark.python.worker.reuse", "true")
@@ -130,11 +163,15 @@ def spark_context(master: str = "local[*]", app_name: str = "localstate",
     only when this starts the JVM: PySpark keeps one JVM per Python process, for every later context."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    import warnings
+    import logging
 
-    warnings.filterwarnings("ignore", message=".*pandas.*", category=FutureWarning)
     from pyspark import SparkContext
 
-    context = SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit, affinity=affinity))
-    context.setLogLevel("ERROR")
-    return context
+    if is_local_master(master):
+        # One host: the driver binds to loopback (else Spark warns on every start of a machine whose
+        # hostname resolves to loopback, and picks another interface). Read when the JVM starts.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    py4j = logging.getLogger("py4j")
+    if py4j.level == logging.NOTSET:  # py4j's INFO and DEBUG lines (every command sent) are not for users
+        py4j.setLevel(logging.WARNING)
+    return SparkContext.getOrCreate(spark_conf(master, app_name, conf, quick_jit=quick_jit, affinity=affinity))

@@ -21,6 +21,11 @@ reaches you wrapped in Spark's ``StreamingQueryException``; :func:`unwrap_error`
 
     error = localstate.spark.unwrap_error(query.exception())
 
+Quiet logs in a session of your own, as a ``localstate run`` has them (Spark at WARN, no JVM stack
+trace printed before the error a failed query raises)::
+
+    localstate.spark.quiet_logs(spark)
+
 Options, views and the column types: docs/state-reader.md.
 """
 
@@ -28,12 +33,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from localstate.runtime.spark.context import quiet_logs
 from localstate.runtime.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, release, run_batch
 from localstate.runtime.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
 from localstate.errors import LocalStateError
 
 __all__ = ["run_batch", "foreach_batch", "release", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state",
-           "unwrap_error", "SOURCE_NAME"]
+           "unwrap_error", "quiet_logs", "SOURCE_NAME"]
 
 
 def register(spark: Any) -> None:

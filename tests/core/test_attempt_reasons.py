@@ -53,3 +53,32 @@ def test_known_reasons_replace_the_placeholders_of_counted_attempts():
     assert [(r["partition"], r["attempt"], r["type"], r["host"]) for r in merged] == [
         (2, 0, "WorkerExited", None), (2, 1, "ExecutorLostFailure", "host-b"), (3, 0, "ChangelogError", "host-a")]
     assert merged[0]["message"] == "failed on an executor (Spark recorded no reason for it) (attempt 0 of partition 2)"
+
+
+STREAMING_FAILURE = """[STREAM_FAILED] Query [id = 9eca, runId = 1007] terminated with exception: \
+[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch sink. \
+Reason: An exception was raised by the Python Proxy. Return Message: Traceback (most recent call last):
+  File "/opt/venv/lib/python3.11/site-packages/localstate/runtime/spark/dataframe.py", line 185, in dataframe_spec
+    raise SchemaError(f"{role} column {name!r} is not in the DataFrame", column=name,
+localstate.errors.SchemaError: key column 'user' is not in the DataFrame [column=user]
+  what to do: name one of its columns: name string, ts bigint
+ SQLSTATE: 39000 SQLSTATE: XXKST
+=== Streaming Query ===
+Identifier: [id = 9eca, runId = 1007]
+Current Committed Offsets: {}
+
+Current State: ACTIVE
+Thread State: RUNNABLE
+"""
+
+
+def test_a_streaming_querys_error_is_the_python_error_alone():
+    """unwrap_error of a failed query (issue #48): the message ends with the hint, without Spark's
+    SQLSTATE codes (one per wrapping exception) or the query's description."""
+    from localstate.errors import SchemaError
+    from localstate.spark import unwrap_error
+
+    error = unwrap_error(Exception(STREAMING_FAILURE))
+    assert isinstance(error, SchemaError)
+    assert str(error) == ("key column 'user' is not in the DataFrame [column=user]\n"
+                          "  what to do: name one of its columns: name string, ts bigint")

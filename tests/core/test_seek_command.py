@@ -145,3 +145,14 @@ def test_usage_errors() -> None:
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args(argv)
         assert exit_.value.code == 2
+
+
+def test_status_names_each_input_partition_once(shrunk, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    """A position problem is said once per input partition, its heading not repeated (issue #48)."""
+    job_file, _job = shrunk
+    assert main(["status", str(job_file)]) == 3
+    problems = [line for line in capsys.readouterr().out.splitlines() if line.startswith("problem: ")]
+    assert len(problems) == 2
+    for partition, line in enumerate(problems):
+        heading = f"input 'events' partition {partition}"
+        assert line.startswith(f"problem: {heading}: ") and line.count(heading) == 1, line

@@ -35,6 +35,10 @@ def test_first_day_runs(tmp_path: Path) -> None:
     assert re.search(r"batch 0: applied by \[0, 1\], replayed by \[\], .*4 rows in, 4 out", out), out
     assert re.search(r"batch 0: applied by \[\], replayed by \[0, 1\], .*0 rows in, 0 out", out), out
     assert "SchemaError: key column 'user' is not in the DataFrame" in out
+    assert "SQLSTATE" not in out and "=== Streaming Query ===" not in out  # the Python error alone
+    # quiet_logs: the failed query's error is raised, not printed first as a JVM stack trace
+    assert "\tat org.apache" not in done.stderr and "MicroBatchExecution" not in done.stderr, done.stderr[-4000:]
+    assert "[Stage " not in done.stderr  # no progress bar
     assert "never retries" not in done.stderr  # local[2,4]
     for user, count in (("ada", 2), ("bob", 1), ("cy", 1)):
         assert re.search(rf"\|\s*\d\|\s*{user}\|\s*{count}\|", out), out

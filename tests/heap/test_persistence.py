@@ -103,7 +103,7 @@ class TrendingTask(StreamTask):
 
 STORES = {
     "top": {"engine": "heap", "key_serde": "string", "value_serde": "json", "capacity": 3},
-    "buffer": {"engine": "heap", "key_serde": "string", "value_serde": "string", "kind": "reorder",
+    "buffer": {"engine": "heap", "value_serde": "string", "kind": "reorder",
                "max_lateness": 5},
 }
 

@@ -262,7 +262,9 @@ def test_idle_standing_run_starts_no_spark_job_and_stops(tmp_path, spark_context
         while not lines and time.monotonic() < deadline:
             time.sleep(0.05)
         assert lines and lines[0].startswith("batch 0:")
-        time.sleep(60)  # idle for a minute: nothing new (the kept instances are given back after IDLE_GIVE_BACK)
+        # Idle through the busy polls (BUSY_FOR), the give-back of the kept instances (IDLE_GIVE_BACK) and
+        # 50 slow polls (IDLE_POLL): nothing new, so no Spark job.
+        time.sleep(spark_driver.BUSY_FOR + spark_driver.IDLE_GIVE_BACK + 50 * spark_driver.IDLE_POLL)
         tracker = spark_context.statusTracker()
         groups = [len(tracker.getJobIdsForGroup(f"localstate-{runner.run_id}-{batch}")) for batch in range(5)]
         assert groups[0] >= 1 and groups[1:] == [0, 0, 0, 0], groups

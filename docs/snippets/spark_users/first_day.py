@@ -15,10 +15,14 @@ JOB = str(HERE / "job.toml")
 # --8<-- [start:session]
 from pyspark.sql import SparkSession
 
+import localstate.spark
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # Python workers that can import localstate
 spark = (SparkSession.builder
          .master("local[2,4]")                           # 2 threads, up to 4 attempts per task
+         .config("spark.ui.showConsoleProgress", "false")  # no progress bar between your lines
          .getOrCreate())
+localstate.spark.quiet_logs(spark)  # Spark at WARN; a failed query's error raised, not printed as a JVM trace
 # --8<-- [end:session]
 
 # --8<-- [start:progress]
@@ -38,7 +42,6 @@ run_batch(rows, JOB, key="user", order_by="ts", batch_id=0, progress=report)  # 
 # --8<-- [end:progress]
 
 # --8<-- [start:errors]
-import localstate.spark
 from localstate.errors import SchemaError
 from localstate.spark import foreach_batch
 
