@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from localstate.core.options import Option
 from localstate.core.time import TIMESTAMP_UNITS
+from localstate.core.text import a
 from localstate.errors import InputError, TimestampError
 
 __all__ = ["TimestampRule", "BadTimestamp", "RecordProblem", "TIMESTAMP_OPTIONS", "DEFAULT_MIN_TIMESTAMP",
@@ -148,8 +149,8 @@ class TimestampRule:
 
 
 def _a(value: Any) -> str:
-    name = type(value).__name__
-    return ("a boolean" if isinstance(value, bool) else f"an {name}" if name[:1] in "aeiou" else f"a {name}")
+    """The type of ``value`` with its article, for messages: ``a boolean``, ``an int``."""
+    return "a boolean" if isinstance(value, bool) else a(type(value).__name__)
 
 
 NO_BOUNDS = TimestampRule(minimum=None, maximum=None)

@@ -77,7 +77,7 @@ def _store_problems(who: str, name: str, engine: str, kind: str | None, needs: M
             continue  # a serde that does not load is reported at the store already
         problem = need.problem(serde)
         if problem is not None:
-            fix = ' key_serde = "string"' if role == "key" else f" a {role}_serde that holds them"
+            fix = ' key_serde = "string"' if role == "key" else f" {a(role + '_serde')} that holds them"
             problems.append(ConfigProblem(f"stores.{name}.{role}_serde",
                                           f"{who} keeps {need.what} in store {name!r}: {problem} (use{fix})"))
     return problems

@@ -50,7 +50,7 @@ def _job(tmp_path: Path, task: str, *, on_error: str = "fail") -> Path:
     data = tmp_path / "in"
     data.mkdir()
     for partition in range(2):
-        lines = [json.dumps({"key": f"k{i % 3}", "value": i, "ts": 1000 + i}) for i in range(20)]
+        lines = [json.dumps({"key": f"k{i % 3}", "value": i, "ts": 1_700_000_000 + i}) for i in range(20)]
         if partition == 1:
             lines.insert(4, "{not json")
         (data / f"{partition}.jsonl").write_text("\n".join(lines) + "\n")
