@@ -23,9 +23,6 @@
  *              Returns the list of each row's new value with results, else None.
  *
  * A store with ttl (engines/kv/ttl.py) uses HotPath as it is: its cache holds only live values.
- *
- * stamp_ints(prefix, values): a ttl store's int values as stored, at its flush (ttl.py,
- * _pending_items; tests/native/test_differential.py checks it against the struct packing).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -311,53 +308,7 @@ static PyTypeObject HotPathType = {
 };
 
 
-/* stamp_ints(prefix, values): a ttl store's stored values for the int serde, each in one allocation:
- * the packed expiry ``prefix`` (bytes, at most 8: ttl.py's pack_expiry), then the 8-byte big-endian
- * value + 2**63 (the int serde's biased form), for a list of exact ints in the int serde's range (what
- * the pending map holds, checked at put). Anything else raises (TypeError, OverflowError): the
- * caller's reference path encodes. */
-static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) > 8
-        || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "stamp_ints(prefix: bytes (at most 8), values: list[int])");
-        return NULL;
-    }
-    const char *head = PyBytes_AS_STRING(args[0]);
-    Py_ssize_t width = PyBytes_GET_SIZE(args[0]);
-    PyObject *values = args[1];
-    Py_ssize_t n = PyList_GET_SIZE(values);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *value = PyList_GET_ITEM(values, i);
-        if (!PyLong_CheckExact(value)) {
-            PyErr_SetString(PyExc_TypeError, "stamp_ints: not an int");
-            Py_DECREF(out);
-            return NULL;
-        }
-        long long v = PyLong_AsLongLong(value); /* OverflowError past 64 bits */
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        unsigned long long biased = (unsigned long long)v ^ 0x8000000000000000ULL; /* v + 2**63 */
-        PyObject *stamped = PyBytes_FromStringAndSize(NULL, width + 8);
-        if (stamped == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        unsigned char *b = (unsigned char *)PyBytes_AS_STRING(stamped);
-        memcpy(b, head, (size_t)width);
-        for (int j = 0; j < 8; j++) b[width + j] = (unsigned char)(biased >> (56 - 8 * j));
-        PyList_SET_ITEM(out, i, stamped);
-    }
-    return out;
-}
-
 static PyMethodDef module_methods[] = {
-    {"stamp_ints", (PyCFunction)(void (*)(void))stamp_ints, METH_FASTCALL,
-     "stamp_ints(prefix, values): each int value packed after the packed expiry, as a ttl store stores it."},
     {NULL, NULL, 0, NULL},
 };
 

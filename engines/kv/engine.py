@@ -66,6 +66,10 @@ __all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
 _MISS = object()
 #: The C get/put fast paths (native/_hotpath.c), or None: the reference methods get/put run.
 _HOTPATH = load_native("localstate.native._hotpath")
+#: The C flush (native/_sorting.c ``pending_items``), or None: :meth:`KeyValueEngine._py_pending_items` runs.
+_SORTING = load_native("localstate.native._sorting")
+#: ``pending_items``'s key kinds: cache keys that are their own encoding (bytes), str (UTF-8), int (8 bytes).
+_KEY_KINDS = {str: 1, int: 2}
 
 
 class _NoClass:
@@ -130,6 +134,10 @@ class KeyValueEngine(StorageEngine):
         # needs no serde call, only the backend's size check (e.g. the timer store's entries).
         self._raw_keys = type(kserde) is BytesSerde
         self._raw_values = type(vserde) is BytesSerde
+        # How the flush encodes cache keys in C (_pending_items): str and int keys by their serde's
+        # encoding, every other cache key is already its bytes (the bytes serde's, or serialized keys).
+        self._key_kind = _KEY_KINDS.get(self._key_class, 0)
+        self._native_flush = None if _SORTING is None else _SORTING.pending_items
         # Values are encoded once, at put, and the pending map holds those bytes (a bytearray put is
         # copied, as the bytes serde does); only the int serde's values are held as objects (an exact
         # int is checked by class and range, and packed at the flush, cheaper than packing it twice).
@@ -450,16 +458,32 @@ class KeyValueEngine(StorageEngine):
     def _spill(self) -> None:
         """Write pending changes to the backend before a commit, obeying the contract: their
         changelog records are made durable first, and the recorded local offset does not move."""
-        _, items = self._pending_items()
+        _, items = self._pending_items(with_keys=False)
         self._settle()
         self._logged.spill(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the C hot path holds this dict
         self._tombstones = False
         self.spills += 1
 
-    def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
-        """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order (see
-        :meth:`_pending_columns`)."""
+    def _pending_items(self, with_keys: bool = True) -> tuple[list[Any] | None, list[tuple[bytes, bytes | None]]]:
+        """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order (the
+        cache keys only ``with_keys``, else None), each stored value after :meth:`_stamp`. In C where
+        the extension is built (``_sorting.pending_items``: keys encoded, values packed and sorted by
+        stored key in one pass, no Python step per record), else, or for a pending entry it does not
+        take (e.g. an int subclass value), by :meth:`_py_pending_items`, the reference: the same bytes
+        in the same order (``tests/native/test_differential.py``)."""
+        if self._native_flush is not None and self._dirty:
+            done = self._native_flush(self._dirty, self._key_kind, self._int_values, self._stamp(), with_keys)
+            if done is not NotImplemented:
+                return done  # type: ignore[no-any-return]
+        return self._py_pending_items()
+
+    def _stamp(self) -> bytes:
+        """What goes before every stored value at this flush (nothing; a ttl store's expiry)."""
+        return b""
+
+    def _py_pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
+        """:meth:`_pending_items` in Python (the reference of the C flush; see :meth:`_pending_columns`)."""
         if self._encode_keys is list and self._hold_encoded:
             # Cache keys are the stored keys and values are held encoded (the timer store's bytes): the
             # pending map's items in key order are the changes, sorted in C (core.backend.sorted_items).
@@ -745,7 +769,7 @@ class KeyValueEngine(StorageEngine):
         if (start is not None and end is not None and start >= end) or not self._dirty:
             pending: list[tuple[bytes, bytes | None]] = []
         else:
-            pending = [(k, v) for k, v in self._pending_items()[1]
+            pending = [(k, v) for k, v in self._pending_items(with_keys=False)[1]
                        if (start is None or k >= start) and (end is None or k < end)]
             if reverse:
                 pending.reverse()
@@ -817,12 +841,12 @@ class KeyValueEngine(StorageEngine):
         """Encode and log pending changes (one record per key), flush the changelog, then write the
         changes and the new end offset to the backend in one atomic write (with ``write_behind``: on a
         background thread, readable through the in-flight map until it lands)."""
-        ckeys, items = self._pending_items()
+        behind = self._logged.background
+        ckeys, items = self._pending_items(with_keys=behind)
         if self._logged.writing or self._inflight:
             self._settle()
-        behind = self._logged.background
         if behind:
-            self._inflight.update(zip(ckeys, map(itemgetter(1), items)))
+            self._inflight.update(zip(ckeys, map(itemgetter(1), items)))  # type: ignore[arg-type]
         self._logged.commit(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the C hot path holds this dict
         self._tombstones = False
