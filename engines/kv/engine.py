@@ -163,6 +163,10 @@ class KeyValueEngine(StorageEngine):
         self._backend_failed = self._logged.failed
         self._closed = False
         self._hot_merge: Any = None
+        # the batched operations' per-row passes in C (HotPath.lookup, put_many, missing), or None
+        self._hot_lookup: Any = None
+        self._hot_put_many: Any = None
+        self._hot_missing: Any = None
         self._merge_op = "add"
         self._bind_hot_path()
 
@@ -239,6 +243,8 @@ class KeyValueEngine(StorageEngine):
                                vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
                                hold_encoded=self._hold_encoded, merge_slow=self._merge_slow)
         self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        if self._key_class is not _NoClass:  # the batched operations' passes over keys of that class
+            self._hot_lookup, self._hot_put_many, self._hot_missing = hot.lookup, hot.put_many, hot.missing
         if self._int_values and self._key_class is not _NoClass:
             self._hot_merge = hot.merge  # merge_many's per-row loop in C (int values need no encoding)
 
@@ -524,9 +530,17 @@ class KeyValueEngine(StorageEngine):
     # -- batched operations ----------------------------------------------------------------------
     def get_many(self, keys: Iterable[Any]) -> list[Any]:
         """The values of ``keys``, in order (None for an absent key): ``[get(k) for k in keys]``, with
-        the cache looked up in one C-level pass and one backend read (``KVBackend.get_many``) for the
-        distinct keys neither cached nor pending."""
+        the cache looked up in one C-level pass (``HotPath.lookup`` when every key is of the key
+        serde's class) and one backend read (``KVBackend.get_many``) for the distinct keys neither
+        cached nor pending."""
         keys = keys if isinstance(keys, list) else list(keys)
+        if self._hot_lookup is not None:
+            found = self._hot_lookup(keys, _MISS)
+            if found is not None:
+                values, missed = found
+                if missed is not None:
+                    self._fill_missed(keys, values, missed)
+                return values  # type: ignore[no-any-return]
         return self._lookup_many(self._read_keys(keys))
 
     def put_many(self, keys: Iterable[Any], values: Iterable[Any]) -> None:
@@ -536,6 +550,8 @@ class KeyValueEngine(StorageEngine):
         hold) applies none of the batch."""
         keys = keys if isinstance(keys, list) else list(keys)
         values = values if isinstance(values, list) else list(values)
+        if self._hot_put_many is not None and self._hot_put_many(keys, values) is not NotImplemented:
+            return  # every key cached and every value on put's fast path: applied in C, in one pass
         self._same_length(keys, values, "values")
         latest = dict(zip(self._write_keys(keys), values))
         self._apply(latest, self._held_many(latest))
@@ -594,18 +610,15 @@ class KeyValueEngine(StorageEngine):
         """Bring the distinct keys of ``keys`` that miss the young cache generation into the cache
         with one backend read (:meth:`_get_missed_many`), so that the C merge loop finds each of
         them there instead of calling back into Python for a read per key (a cold batch: a fresh
-        instance, keys not seen for a while). Only keys of exactly the key class (the only ones the
-        C loop looks up), and only as many as the cache holds: a batch larger than the cache would
-        evict its own prefetched keys."""
-        kc = self._key_class
-        young = self._cache.young
-        if kc is _NoClass or not self._cache.size:
+        instance, keys not seen for a while). The keys come from one C pass (``HotPath.missing``:
+        nothing to do when the cache holds them all); only keys of exactly the key class (the only
+        ones the C loop looks up), and only as many as the cache holds: a batch larger than the
+        cache would evict its own prefetched keys."""
+        if not self._cache.size:
             return
-        if not set(map(type, keys)) <= {kc}:
-            return  # keys the C loop hands to merge_slow anyway (and maybe unhashable ones)
-        missing = set(keys).difference(young)  # a dict argument: looked up by the hashes the set holds
-        if missing and len(missing) + len(young) <= self._cache.size:
-            self._get_missed_many(list(missing))
+        missing = self._hot_missing(keys)  # None: keys the C loop hands to merge_slow anyway
+        if missing and len(missing) + len(self._cache.young) <= self._cache.size:
+            self._get_missed_many(missing)
 
     def _merge_slow(self, key: Any, delta: Any) -> Any:
         """One row of :meth:`merge_many` through :meth:`get`/:meth:`put` (the C loop's fallback)."""
@@ -650,10 +663,15 @@ class KeyValueEngine(StorageEngine):
         values = list(map(self._cache.young.get, ckeys, repeat(_MISS)))
         missed = [i for i, value in enumerate(values) if value is _MISS]
         if missed:
-            found = self._get_missed_many(list(dict.fromkeys([ckeys[i] for i in missed])))
-            for i in missed:
-                values[i] = found[ckeys[i]]
+            self._fill_missed(ckeys, values, missed)
         return values
+
+    def _fill_missed(self, ckeys: list[Any], values: list[Any], missed: list[int]) -> None:
+        """Fill ``values[i]`` for each position ``i`` in ``missed`` (the young generation missed
+        ``ckeys[i]``) through :meth:`_get_missed_many` of the distinct keys."""
+        found = self._get_missed_many(list(dict.fromkeys([ckeys[i] for i in missed])))
+        for i in missed:
+            values[i] = found[ckeys[i]]
 
     def _get_missed_many(self, ckeys: list[Any]) -> dict[Any, Any]:
         """:meth:`_get_missed` of distinct cache keys, with one backend read for those found neither in
