@@ -169,11 +169,12 @@ def engine_sliced(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]
 
 def batch_task(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     """The counting workload as a BatchTask: each commit interval's events arrive as Arrow batches of
-    ``batch_rows`` rows (built by ``core.task.record_batch``, as the native input path builds them from
-    its records), the task's ``process_batch`` counts them, one flush per ``commit_every`` events.
-    ``aggregate``: the task first counts its batch's keys in Arrow (``group_by``), then ``merge_many``s
-    the distinct keys; else ``merge_many`` of every row's key with delta 1 (what
-    ``tests/spark/count_task.py``'s CountByKeyBatch does, without the outputs)."""
+    ``batch_rows`` rows (built by ``core.task.record_batch``, before the clock starts: the per-record
+    rows get their keys as Python objects ready-made, these rows their batches), the task's
+    ``process_batch`` counts them, one flush per ``commit_every`` events. ``aggregate``: the task
+    first counts its batch's keys in Arrow (``group_by``), then ``merge_many``s the distinct keys;
+    else ``merge_many`` of every row's key with delta 1 (what ``tests/spark/count_task.py``'s
+    CountByKeyBatch does, without the outputs)."""
     import pyarrow as pa
 
     from localstate.core.task import BatchTask, Collector, Coordinator, record_batch
@@ -195,14 +196,16 @@ def batch_task(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     # pyarrow's first type inference and group_by import more modules: not part of the measurement
     pa.Table.from_batches([record_batch(streams, [0], ["k"], [None], [None])]).group_by("key").aggregate(
         [("key", "count")])
+    commits = []
+    for start in range(0, len(ks), every):
+        end = min(start + every, len(ks))
+        spans = [(first, min(first + rows, end)) for first in range(start, end, rows)]
+        commits.append([record_batch(streams, range(first, last), pa.array(ks[first:last], pa.string()),
+                                     pa.nulls(last - first), pa.nulls(last - first, pa.float64()))
+                        for first, last in spans])
     with _Clock() as clock:
-        for start in range(0, len(ks), every):
-            end = min(start + every, len(ks))
-            for first in range(start, end, rows):
-                last = min(first + rows, end)
-                keys = ks[first:last]
-                n = last - first
-                batch = record_batch(streams, list(range(first, last)), keys, [None] * n, [None] * n)
+        for batches in commits:
+            for batch in batches:
                 task.process_batch(batch, collector, coordinator)
             kv.flush()
     return _counted_and_closed(kv, changelog, kind, clock, len(ks))
@@ -251,10 +254,12 @@ def task_feed(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     instance.open()
     every = p["commit_every"]
     if p.get("batch"):
-        # As the native path feeds a batch task from an input read as columns (ColumnarInput):
-        # chunks of up to COLUMN_ROWS rows, no record tuple per row.
-        chunks = [ColumnRows("events", InputColumns(list(range(first, last)), ks[first:last], [None] * (last - first),
-                                                    [None] * (last - first), [], last))
+        # As the native path feeds a batch task from an input read as columns (ColumnarInput, e.g. a
+        # JSON-lines file through Arrow's reader): chunks of up to COLUMN_ROWS rows as Arrow arrays, made
+        # before the clock starts (the per-record rows get their InputRecords ready-made).
+        chunks = [ColumnRows("events", InputColumns(range(first, last), pa.array(ks[first:last], pa.string()),
+                                                    pa.nulls(last - first), pa.nulls(last - first, pa.float64()),
+                                                    [], last))
                   for start in range(0, len(ks), every)
                   for first, last in ((f, min(f + COLUMN_ROWS, start + every, len(ks)))
                                       for f in range(start, min(start + every, len(ks)), COLUMN_ROWS))]
@@ -286,6 +291,65 @@ def ideal_limit(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
     result = peer.ideal(ks, p["commit_every"], p["backend"], str(tmp))
     return {k: v for k, v in result.items() if k in ("seconds", "cpu_seconds", "fsync_seconds", "db_write_seconds",
                                                      "records")}
+
+
+def storage_floor(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
+    """The storage floor of the workload (../shared/peers/storage_floor.py, with the kv engine's own
+    backend settings): each commit interval's changed records coalesced, encoded (the int serde's 8
+    bytes) and sorted before the clock starts, then written with no per-event work, one commit per
+    ``commit_every`` events. ``p["backend"]``: ``lmdb`` (one synced transaction per commit,
+    ``putmulti``, opened as the engine opens it), ``rocksdb`` (one WriteBatch per commit, the engine's
+    RocksDB options) or ``changelog`` (the changelog's bytes, framed as the file changelog frames
+    them, appended and fsynced per commit)."""
+    from collections import deque
+    from itertools import starmap
+
+    every = p["commit_every"]
+    commits = []
+    for start in range(0, len(ks), every):
+        counts: dict[str, int] = {}
+        for key in ks[start:start + every]:
+            counts[key] = counts.get(key, 0) + 1
+        commits.append(sorted((key.encode(), (count + (1 << 63)).to_bytes(8, "big")) for key, count in counts.items()))
+    records = sum(map(len, commits))
+    backend = p["backend"]
+    if backend == "lmdb":
+        import lmdb
+        env = lmdb.open(str(tmp / "floor-lmdb"), map_size=1 << 34, max_dbs=2, sync=True, metasync=True,
+                        readahead=False, lock=True)
+        data = env.open_db(b"data")
+        with _Clock() as clock:
+            for items in commits:
+                with env.begin(write=True, db=data) as txn:
+                    txn.cursor().putmulti(items)
+        env.close()
+    elif backend == "rocksdb":
+        import rocksdict
+
+        from localstate.engines.backends.rocksdb import build_options
+        from localstate.engines.kv import KeyValueEngineFactory
+        db = rocksdict.Rdict(str(tmp / "floor-rocksdb"), options=build_options(
+            KeyValueEngineFactory().validate_options("bench", {})))
+        with _Clock() as clock:
+            for items in commits:
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                deque(starmap(batch.put, items), maxlen=0)
+                db.write(batch)
+        db.close()
+    else:
+        from localstate.changelog.framing import encode_into
+        payloads = []
+        for items in commits:
+            buf = bytearray()
+            encode_into(buf, items, 0, 0)
+            payloads.append(bytes(buf))
+        fd = os.open(tmp / "floor-changelog", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        with _Clock() as clock:
+            for payload in payloads:
+                os.write(fd, payload)
+                os.fsync(fd)
+        os.close(fd)
+    return {**clock.figures(), "records": records}
 
 
 def raw_rocksdict_batch(tmp: Path, p: dict[str, Any], ks: list[str]) -> dict[str, Any]:
@@ -367,6 +431,7 @@ CASES: dict[str, Callable[[Path, dict[str, Any], list[str]], dict[str, Any]]] = 
     "task_feed": task_feed,
     "ideal": ideal_limit,
     "rocksdict_batch": raw_rocksdict_batch,
+    "floor": storage_floor,
     "lmdb_raw": raw_lmdb,
     "restore": restore,
 }

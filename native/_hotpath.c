@@ -14,6 +14,9 @@
  *              int in [int_min, int_max] or (other values) not None and accepted by vfast: stored
  *              in young and in the pending map (the encoded bytes there when hold_encoded), then
  *              spill() when the pending map holds more than batch keys. Anything else: put_slow.
+ *   missing(keys), lookup(keys, miss), put_many(keys, values): the batched operations' per-row passes
+ *              (KeyValueEngine._prefetch, get_many, put_many) for keys of exactly the key class: the
+ *              keys merge would miss, get_many's cache lookups, a put_many of cached keys.
  *   merge(keys, deltas, op, results):  KeyValueEngine.merge_many's per-row loop for the int serde
  *              (op 0 add, 1 min, 2 max): for each row, a key of exactly the key class in the young
  *              generation holding an exact int or None (known absent: the new value is delta), and an
@@ -23,9 +26,6 @@
  *              Returns the list of each row's new value with results, else None.
  *
  * A store with ttl (engines/kv/ttl.py) uses HotPath as it is: its cache holds only live values.
- *
- * stamp_ints(prefix, values): a ttl store's int values as stored, at its flush (ttl.py,
- * _pending_items; tests/native/test_differential.py checks it against the struct packing).
  *
  * murmur2(data): Kafka's murmur2 of bytes (core/partitioner.py's py_murmur2, which
  * tests/native/test_differential.py runs against it): the partition of every key an input reads is
@@ -217,7 +217,15 @@ static PyObject *merge_row(HotPath *self, PyObject *key, PyObject *delta, int op
             if (current == Py_None) { /* cached as absent: the value becomes delta, whatever the op */
                 value = Py_NewRef(delta);
             } else if (op == 0) {
-                value = PyNumber_Add(current, delta);
+                /* two exact ints: added in C when both fit in 64 bits and so does the sum */
+                int overflow_a, overflow_b;
+                long long a = PyLong_AsLongLongAndOverflow(current, &overflow_a);
+                long long b = PyLong_AsLongLongAndOverflow(delta, &overflow_b);
+                long long sum;
+                if (!overflow_a && !overflow_b && !__builtin_add_overflow(a, b, &sum))
+                    value = PyLong_FromLongLong(sum);
+                else
+                    value = PyNumber_Add(current, delta);
                 if (value == NULL) return NULL;
             } else {
                 int less = PyObject_RichCompareBool(delta, current, op == 1 ? Py_LT : Py_GT);
@@ -291,6 +299,174 @@ static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* Whether every item of list ``keys`` is of exactly the key class (the keys the fast paths own). */
+static int all_of_key_class(HotPath *self, PyObject *keys) {
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((PyObject *)Py_TYPE(PyList_GET_ITEM(keys, i)) != self->key_class) return 0;
+    return 1;
+}
+
+/* missing(keys): the distinct keys of list ``keys`` not in the young generation, in first-seen order,
+ * when every key is of exactly the key class; None otherwise (merge hands such keys to merge_slow). */
+static PyObject *hotpath_missing(HotPath *self, PyObject *keys) {
+    if (uninitialised(self)) return NULL;
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "missing(keys: list)");
+        return NULL;
+    }
+    if (!all_of_key_class(self, keys)) Py_RETURN_NONE;
+    PyObject *out = PyList_New(0), *seen = NULL;
+    if (out == NULL) return NULL;
+    /* exact str/int/bytes keys: lookups run no Python code, so the list cannot change meanwhile */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        int cached = PyDict_Contains(self->young, key);
+        if (cached < 0) goto fail;
+        if (cached) continue;
+        if (seen == NULL && (seen = PySet_New(NULL)) == NULL) goto fail;
+        int known = PySet_Contains(seen, key);
+        if (known < 0) goto fail;
+        if (known) continue;
+        if (PySet_Add(seen, key) < 0 || PyList_Append(out, key) < 0) goto fail;
+    }
+    Py_XDECREF(seen);
+    return out;
+fail:
+    Py_XDECREF(seen);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* lookup(keys, miss): KeyValueEngine.get_many's cache pass, when every key of list ``keys`` is of
+ * exactly the key class: (each key's value in the young generation, or ``miss``; the positions of the
+ * misses, or None when there is none). None when a key is of another class (the reference runs). */
+static PyObject *hotpath_lookup(HotPath *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(self)) return NULL;
+    if (nargs != 2 || !PyList_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "lookup(keys: list, miss)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *miss = args[1];
+    if (!all_of_key_class(self, keys)) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *values = PyList_New(n), *missed = NULL;
+    if (values == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyDict_GetItemWithError(self->young, PyList_GET_ITEM(keys, i));
+        if (value == NULL) {
+            if (PyErr_Occurred()) goto fail;
+            if (missed == NULL && (missed = PyList_New(0)) == NULL) goto fail;
+            PyObject *at = PyLong_FromSsize_t(i);
+            if (at == NULL || PyList_Append(missed, at) < 0) {
+                Py_XDECREF(at);
+                goto fail;
+            }
+            Py_DECREF(at);
+            value = miss;
+        }
+        PyList_SET_ITEM(values, i, Py_NewRef(value));
+    }
+    PyObject *result = PyTuple_Pack(2, values, missed != NULL ? missed : Py_None);
+    Py_DECREF(values);
+    Py_XDECREF(missed);
+    return result;
+fail:
+    Py_DECREF(values);
+    Py_XDECREF(missed);
+    return NULL;
+}
+
+/* put_many(keys, values): KeyValueEngine.put_many when every key (list ``keys``) is of exactly the key
+ * class and in the young generation (checked when it entered the cache) and every value takes put's
+ * fast path (an exact int in the int serde's range; else accepted by vfast, encoded here): each row
+ * stored in young and the pending map, in order (the last value of a key wins), then spill() when
+ * the pending map holds more than batch keys, as the reference does after the whole batch. Returns
+ * None; NotImplemented, having changed nothing, for any batch it does not take (the reference then
+ * checks, raises or applies it). */
+static PyObject *hotpath_put_many(HotPath *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (uninitialised(self)) return NULL;
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "put_many(keys: list, values: list)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *values = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(values) != n || !all_of_key_class(self, keys)) Py_RETURN_NOTIMPLEMENTED;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *value = PyList_GET_ITEM(values, i);
+        if (self->int_values ? !int_in_range(self, value) : value == Py_None) Py_RETURN_NOTIMPLEMENTED;
+        int cached = PyDict_Contains(self->young, PyList_GET_ITEM(keys, i)); /* checked again below */
+        if (cached < 0) return NULL;
+        if (!cached) Py_RETURN_NOTIMPLEMENTED;
+    }
+    /* The surviving values' encodings (the last value of each key; NULL for the rows before it), held
+     * in the pending map; int values are held as they are. Each surviving value is encoded once, as
+     * the reference encodes it (a serde's encoder runs once per surviving value). */
+    PyObject **entries = NULL;
+    if (!self->int_values) {
+        PyObject *seen = PySet_New(NULL);
+        if (seen == NULL) return NULL;
+        if ((entries = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *))) == NULL) {
+            Py_DECREF(seen);
+            PyErr_NoMemory();
+            return NULL;
+        }
+        int ok = 1;
+        for (Py_ssize_t i = n - 1; ok && i >= 0; i--) {
+            if (i >= PyList_GET_SIZE(keys) || i >= PyList_GET_SIZE(values)) { /* an encoder shrank a list */
+                ok = 0;
+                break;
+            }
+            PyObject *key = PyList_GET_ITEM(keys, i);
+            int later = PySet_Contains(seen, key);
+            if (later < 0 || (!later && PySet_Add(seen, key) < 0)) {
+                ok = -1;
+                break;
+            }
+            if (later) continue;
+            PyObject *value = Py_NewRef(PyList_GET_ITEM(values, i));
+            entries[i] = PyObject_CallOneArg(self->vfast, value);
+            Py_DECREF(value);
+            if (entries[i] == NULL) { /* the reference encodes it again, and raises its own error */
+                PyErr_Clear();
+                ok = 0;
+            }
+        }
+        Py_DECREF(seen);
+        if (ok != 1) {
+            for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(entries[i]);
+            PyMem_Free(entries);
+            if (ok < 0) return NULL;
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+    }
+    /* From here on no Python code runs until the spill. A serde's encoder above may have run any code:
+     * the keys are checked in the young generation again, so that they are there when stored. */
+    int taken = PyList_GET_SIZE(keys) == n && PyList_GET_SIZE(values) == n;
+    for (Py_ssize_t i = 0; entries != NULL && taken == 1 && i < n; i++)
+        taken = PyDict_Contains(self->young, PyList_GET_ITEM(keys, i));
+    int failed = taken < 0;
+    for (Py_ssize_t i = 0; taken == 1 && !failed && i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = PyList_GET_ITEM(values, i);
+        if (PyDict_SetItem(self->young, key, value) < 0) failed = 1;
+        else if (entries == NULL ? PyDict_SetItem(self->dirty, key, value) < 0
+                                 : entries[i] != NULL && PyDict_SetItem(self->dirty, key, entries[i]) < 0) failed = 1;
+    }
+    if (entries != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(entries[i]);
+        PyMem_Free(entries);
+    }
+    if (failed) return NULL;
+    if (taken != 1) Py_RETURN_NOTIMPLEMENTED;
+    if (PyDict_GET_SIZE(self->dirty) > self->batch) {
+        PyObject *done = PyObject_CallNoArgs(self->spill);
+        if (done == NULL) return NULL;
+        Py_DECREF(done);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef hotpath_methods[] = {
     {"get", (PyCFunction)(void (*)(void))hotpath_get, METH_FASTCALL | METH_KEYWORDS,
      "The value of key, or None (KeyValueEngine.get)."},
@@ -298,6 +474,12 @@ static PyMethodDef hotpath_methods[] = {
      "Set key to value (KeyValueEngine.put)."},
     {"merge", (PyCFunction)(void (*)(void))hotpath_merge, METH_FASTCALL,
      "merge(keys, deltas, op, results): KeyValueEngine.merge_many's per-row loop for the int serde."},
+    {"missing", (PyCFunction)hotpath_missing, METH_O,
+     "missing(keys): the distinct keys not in the young generation (None: a key of another class)."},
+    {"lookup", (PyCFunction)(void (*)(void))hotpath_lookup, METH_FASTCALL,
+     "lookup(keys, miss): get_many's cache pass: (values, positions of the misses or None), or None."},
+    {"put_many", (PyCFunction)(void (*)(void))hotpath_put_many, METH_FASTCALL,
+     "put_many(keys, values): KeyValueEngine.put_many for cached keys; NotImplemented for any other batch."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -315,50 +497,6 @@ static PyTypeObject HotPathType = {
     .tp_methods = hotpath_methods,
 };
 
-
-/* stamp_ints(prefix, values): a ttl store's stored values for the int serde, each in one allocation:
- * the packed expiry ``prefix`` (bytes, at most 12: ttl.py's pack_expiry), then the 8-byte big-endian
- * value + 2**63 (the int serde's biased form), for a list of exact ints in the int serde's range (what
- * the pending map holds, checked at put). Anything else raises (TypeError, OverflowError): the
- * caller's reference path encodes. */
-static PyObject *stamp_ints(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    (void)module;
-    if (nargs != 2 || !PyBytes_CheckExact(args[0]) || PyBytes_GET_SIZE(args[0]) > 12
-        || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "stamp_ints(prefix: bytes (at most 12), values: list[int])");
-        return NULL;
-    }
-    const char *head = PyBytes_AS_STRING(args[0]);
-    Py_ssize_t width = PyBytes_GET_SIZE(args[0]);
-    PyObject *values = args[1];
-    Py_ssize_t n = PyList_GET_SIZE(values);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *value = PyList_GET_ITEM(values, i);
-        if (!PyLong_CheckExact(value)) {
-            PyErr_SetString(PyExc_TypeError, "stamp_ints: not an int");
-            Py_DECREF(out);
-            return NULL;
-        }
-        long long v = PyLong_AsLongLong(value); /* OverflowError past 64 bits */
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        unsigned long long biased = (unsigned long long)v ^ 0x8000000000000000ULL; /* v + 2**63 */
-        PyObject *stamped = PyBytes_FromStringAndSize(NULL, width + 8);
-        if (stamped == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        unsigned char *b = (unsigned char *)PyBytes_AS_STRING(stamped);
-        memcpy(b, head, (size_t)width);
-        for (int j = 0; j < 8; j++) b[width + j] = (unsigned char)(biased >> (56 - 8 * j));
-        PyList_SET_ITEM(out, i, stamped);
-    }
-    return out;
-}
 
 /* murmur2(data): Kafka's murmur2 (seed 0x9747b28c) of ``data`` (bytes), as a signed 32-bit int like
  * Java's; anything but bytes raises TypeError. */
@@ -395,8 +533,6 @@ static PyObject *murmur2(PyObject *module, PyObject *arg) {
 
 static PyMethodDef module_methods[] = {
     {"murmur2", (PyCFunction)murmur2, METH_O, "murmur2(data): Kafka's murmur2 of bytes, a signed 32-bit int."},
-    {"stamp_ints", (PyCFunction)(void (*)(void))stamp_ints, METH_FASTCALL,
-     "stamp_ints(prefix, values): each int value packed after the packed expiry, as a ttl store stores it."},
     {NULL, NULL, 0, NULL},
 };
 

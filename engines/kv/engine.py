@@ -67,6 +67,10 @@ __all__ = ["KeyValueEngine", "KVIterator", "META_OFFSET"]
 _MISS = object()
 #: The C get/put fast paths (native/_hotpath.c), or None: the reference methods get/put run.
 _HOTPATH = load_native("localstate.native._hotpath")
+#: The C flush (native/_sorting.c ``pending_items``), or None: :meth:`KeyValueEngine._py_pending_items` runs.
+_SORTING = load_native("localstate.native._sorting")
+#: ``pending_items``'s key kinds: cache keys that are their own encoding (bytes), str (UTF-8), int (8 bytes).
+_KEY_KINDS = {str: 1, int: 2}
 
 
 class _NoClass:
@@ -138,6 +142,10 @@ class KeyValueEngine(StorageEngine):
         # needs no serde call, only the backend's size check (e.g. the timer store's entries).
         self._raw_keys = type(kserde) is BytesSerde
         self._raw_values = type(vserde) is BytesSerde
+        # How the flush encodes cache keys in C (_pending_items): str and int keys by their serde's
+        # encoding, every other cache key is already its bytes (the bytes serde's, or serialized keys).
+        self._key_kind = _KEY_KINDS.get(self._key_class, 0)
+        self._native_flush = None if _SORTING is None else _SORTING.pending_items
         # Values are encoded once, at put, and the pending map holds those bytes (a bytearray put is
         # copied, as the bytes serde does); only the int serde's values are held as objects (an exact
         # int is checked by class and range, and packed at the flush, cheaper than packing it twice).
@@ -163,6 +171,10 @@ class KeyValueEngine(StorageEngine):
         self._backend_failed = self._logged.failed
         self._closed = False
         self._hot_merge: Any = None
+        # the batched operations' per-row passes in C (HotPath.lookup, put_many, missing), or None
+        self._hot_lookup: Any = None
+        self._hot_put_many: Any = None
+        self._hot_missing: Any = None
         self._merge_op = "add"
         self._bind_hot_path()
 
@@ -239,6 +251,8 @@ class KeyValueEngine(StorageEngine):
                                vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
                                hold_encoded=self._hold_encoded, merge_slow=self._merge_slow)
         self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        if self._key_class is not _NoClass:  # the batched operations' passes over keys of that class
+            self._hot_lookup, self._hot_put_many, self._hot_missing = hot.lookup, hot.put_many, hot.missing
         if self._int_values and self._key_class is not _NoClass:
             self._hot_merge = hot.merge  # merge_many's per-row loop in C (int values need no encoding)
 
@@ -458,16 +472,32 @@ class KeyValueEngine(StorageEngine):
     def _spill(self) -> None:
         """Write pending changes to the backend before a commit, obeying the contract: their
         changelog records are made durable first, and the recorded local offset does not move."""
-        _, items = self._pending_items()
+        _, items = self._pending_items(with_keys=False)
         self._settle()
         self._logged.spill(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the C hot path holds this dict
         self._tombstones = False
         self.spills += 1
 
-    def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
-        """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order (see
-        :meth:`_pending_columns`)."""
+    def _pending_items(self, with_keys: bool = True) -> tuple[list[Any] | None, list[tuple[bytes, bytes | None]]]:
+        """The pending changes, encoded now: ``(cache keys, [(key, value), ...])`` in key order (the
+        cache keys only ``with_keys``, else None), each stored value after :meth:`_stamp`. In C where
+        the extension is built (``_sorting.pending_items``: keys encoded, values packed and sorted by
+        stored key in one pass, no Python step per record), else, or for a pending entry it does not
+        take (e.g. an int subclass value), by :meth:`_py_pending_items`, the reference: the same bytes
+        in the same order (``tests/native/test_differential.py``)."""
+        if self._native_flush is not None and self._dirty:
+            done = self._native_flush(self._dirty, self._key_kind, self._int_values, self._stamp(), with_keys)
+            if done is not NotImplemented:
+                return done  # type: ignore[no-any-return]
+        return self._py_pending_items()
+
+    def _stamp(self) -> bytes:
+        """What goes before every stored value at this flush (nothing; a ttl store's expiry)."""
+        return b""
+
+    def _py_pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
+        """:meth:`_pending_items` in Python (the reference of the C flush; see :meth:`_pending_columns`)."""
         if self._encode_keys is list and self._hold_encoded:
             # Cache keys are the stored keys and values are held encoded (the timer store's bytes): the
             # pending map's items in key order are the changes, sorted in C (core.backend.sorted_items).
@@ -508,9 +538,17 @@ class KeyValueEngine(StorageEngine):
     # -- batched operations ----------------------------------------------------------------------
     def get_many(self, keys: Iterable[Any]) -> list[Any]:
         """The values of ``keys``, in order (None for an absent key): ``[get(k) for k in keys]``, with
-        the cache looked up in one C-level pass and one backend read (``KVBackend.get_many``) for the
-        distinct keys neither cached nor pending."""
+        the cache looked up in one C-level pass (``HotPath.lookup`` when every key is of the key
+        serde's class) and one backend read (``KVBackend.get_many``) for the distinct keys neither
+        cached nor pending."""
         keys = keys if isinstance(keys, list) else list(keys)
+        if self._hot_lookup is not None:
+            found = self._hot_lookup(keys, _MISS)
+            if found is not None:
+                values, missed = found
+                if missed is not None:
+                    self._fill_missed(keys, values, missed)
+                return values  # type: ignore[no-any-return]
         return self._lookup_many(self._read_keys(keys))
 
     def put_many(self, keys: Iterable[Any], values: Iterable[Any]) -> None:
@@ -520,6 +558,8 @@ class KeyValueEngine(StorageEngine):
         hold) applies none of the batch."""
         keys = keys if isinstance(keys, list) else list(keys)
         values = values if isinstance(values, list) else list(values)
+        if self._hot_put_many is not None and self._hot_put_many(keys, values) is not NotImplemented:
+            return  # every key cached and every value on put's fast path: applied in C, in one pass
         self._same_length(keys, values, "values")
         latest = dict(zip(self._write_keys(keys), values))
         self._apply(latest, self._held_many(latest))
@@ -578,18 +618,15 @@ class KeyValueEngine(StorageEngine):
         """Bring the distinct keys of ``keys`` that miss the young cache generation into the cache
         with one backend read (:meth:`_get_missed_many`), so that the C merge loop finds each of
         them there instead of calling back into Python for a read per key (a cold batch: a fresh
-        instance, keys not seen for a while). Only keys of exactly the key class (the only ones the
-        C loop looks up), and only as many as the cache holds: a batch larger than the cache would
-        evict its own prefetched keys."""
-        kc = self._key_class
-        young = self._cache.young
-        if kc is _NoClass or not self._cache.size:
+        instance, keys not seen for a while). The keys come from one C pass (``HotPath.missing``:
+        nothing to do when the cache holds them all); only keys of exactly the key class (the only
+        ones the C loop looks up), and only as many as the cache holds: a batch larger than the
+        cache would evict its own prefetched keys."""
+        if not self._cache.size:
             return
-        if not set(map(type, keys)) <= {kc}:
-            return  # keys the C loop hands to merge_slow anyway (and maybe unhashable ones)
-        missing = set(keys).difference(young)  # a dict argument: looked up by the hashes the set holds
-        if missing and len(missing) + len(young) <= self._cache.size:
-            self._get_missed_many(list(missing))
+        missing = self._hot_missing(keys)  # None: keys the C loop hands to merge_slow anyway
+        if missing and len(missing) + len(self._cache.young) <= self._cache.size:
+            self._get_missed_many(missing)
 
     def _merge_slow(self, key: Any, delta: Any) -> Any:
         """One row of :meth:`merge_many` through :meth:`get`/:meth:`put` (the C loop's fallback)."""
@@ -634,10 +671,15 @@ class KeyValueEngine(StorageEngine):
         values = list(map(self._cache.young.get, ckeys, repeat(_MISS)))
         missed = [i for i, value in enumerate(values) if value is _MISS]
         if missed:
-            found = self._get_missed_many(list(dict.fromkeys([ckeys[i] for i in missed])))
-            for i in missed:
-                values[i] = found[ckeys[i]]
+            self._fill_missed(ckeys, values, missed)
         return values
+
+    def _fill_missed(self, ckeys: list[Any], values: list[Any], missed: list[int]) -> None:
+        """Fill ``values[i]`` for each position ``i`` in ``missed`` (the young generation missed
+        ``ckeys[i]``) through :meth:`_get_missed_many` of the distinct keys."""
+        found = self._get_missed_many(list(dict.fromkeys([ckeys[i] for i in missed])))
+        for i in missed:
+            values[i] = found[ckeys[i]]
 
     def _get_missed_many(self, ckeys: list[Any]) -> dict[Any, Any]:
         """:meth:`_get_missed` of distinct cache keys, with one backend read for those found neither in
@@ -755,7 +797,7 @@ class KeyValueEngine(StorageEngine):
         if (start is not None and end is not None and start >= end) or not self._dirty:
             pending: list[tuple[bytes, bytes | None]] = []
         else:
-            pending = [(k, v) for k, v in self._pending_items()[1]
+            pending = [(k, v) for k, v in self._pending_items(with_keys=False)[1]
                        if (start is None or k >= start) and (end is None or k < end)]
             if reverse:
                 pending.reverse()
@@ -827,12 +869,12 @@ class KeyValueEngine(StorageEngine):
         """Encode and log pending changes (one record per key), flush the changelog, then write the
         changes and the new end offset to the backend in one atomic write (with ``write_behind``: on a
         background thread, readable through the in-flight map until it lands)."""
-        ckeys, items = self._pending_items()
+        behind = self._logged.background
+        ckeys, items = self._pending_items(with_keys=behind)
         if self._logged.writing or self._inflight:
             self._settle()
-        behind = self._logged.background
         if behind:
-            self._inflight.update(zip(ckeys, map(itemgetter(1), items)))
+            self._inflight.update(zip(ckeys, map(itemgetter(1), items)))  # type: ignore[arg-type]
         self._logged.commit(items, deletes=self._tombstones)
         self._dirty.clear()  # cleared in place: the C hot path holds this dict
         self._tombstones = False

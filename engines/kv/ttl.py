@@ -450,21 +450,17 @@ class TtlKeyValueEngine(KeyValueEngine):
         return {ckey: self._get_missed(ckey) for ckey in ckeys}
 
     # -- writes --------------------------------------------------------------------------------------
-    def _pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
-        """The pending changes as :meth:`KeyValueEngine._pending_items` encodes them, each value stamped
-        with the commit interval's expiry (every pending value was written in it)."""
-        prefix = pack_expiry(self._write_expiry)
+    def _stamp(self) -> bytes:
+        """Every pending value was written in this commit interval: stamped with its expiry."""
+        return pack_expiry(self._write_expiry)
+
+    def _py_pending_items(self) -> tuple[list[Any], list[tuple[bytes, bytes | None]]]:
+        """The reference of the C flush for a ttl store: :meth:`KeyValueEngine._py_pending_items`, each
+        value stamped with the commit interval's expiry (:meth:`_stamp`)."""
+        prefix = self._stamp()
         if self._int_values and not self._tombstones:  # ints held as objects: pack and stamp at once
             dirty = self._dirty
             ckeys = sorted(dirty)
-            native = kv_engine._HOTPATH
-            if native is not None:  # in C: one allocation per value, no tuple or bound call between
-                try:
-                    stamped = native.stamp_ints(prefix, list(map(dirty.__getitem__, ckeys)))
-                except (TypeError, OverflowError):
-                    pass  # a held value that is no exact int in range: the reference below encodes
-                else:
-                    return ckeys, list(zip(self._encode_keys(ckeys), stamped))
             values = map(INT_PACK, map(INT_BIAS.__add__, map(dirty.__getitem__, ckeys)))
             return ckeys, list(zip(self._encode_keys(ckeys), map(prefix.__add__, values)))
         ckeys, kbs, vbs = self._pending_columns()
@@ -486,7 +482,7 @@ class TtlKeyValueEngine(KeyValueEngine):
             pending: list[tuple[bytes, bytes | None]] = []
         else:
             width = len(pack_expiry(self._write_expiry))  # every pending value's prefix
-            pending = [(k, None if v is None else v[width:]) for k, v in self._pending_items()[1]
+            pending = [(k, None if v is None else v[width:]) for k, v in self._pending_items(with_keys=False)[1]
                        if (start is None or k >= start) and (end is None or k < end)]
             if reverse:
                 pending.reverse()

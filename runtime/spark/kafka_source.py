@@ -16,7 +16,10 @@ topic partition is listed, in order, even with nothing to read), so per-partitio
 (``df.rdd.mapPartitionsWithIndex``) sees exactly one topic partition, as a job partition does.
 Offsets: ``startingOffsets`` = ``earliest`` (default) | ``latest`` | JSON ``{"0": 42, "1": 0}``;
 ``endingOffsets`` (batch) = ``latest`` (default) | JSON. A streaming query keeps its offsets in its
-own Spark checkpoint; nothing is committed to Kafka. ``partitions`` = N makes a read fail unless
+own Spark checkpoint; nothing is committed to Kafka. ``max_records_per_trigger`` = N caps a
+micro-batch at N records, shared among the partitions in proportion to their lag (Spark's Kafka
+``maxOffsetsPerTrigger``; ``trigger(availableNow=True)`` then reads what is there in several
+micro-batches). ``partitions`` = N makes a read fail unless
 the topic has exactly N partitions.
 
 **Writing** takes a ``value`` column and optional ``key`` and ``partition`` columns (binary or
@@ -53,10 +56,13 @@ from localstate.changelog.kafka.io import TopicWriter, end_offsets, ensure_topic
     topic_partitions
 
 try:  # PySpark >= 4.2: lets trigger(availableNow=True) stop at the offsets current when it started
-    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+    from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows,
+                                                  SupportsTriggerAvailableNow)
 except ImportError:  # pragma: no cover - older PySpark 4
     class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
         pass
+
+    ReadAllAvailable = ReadLimit = ReadMaxRows = None  # type: ignore[assignment,misc]
 
 __all__ = ["KafkaDataSource", "KafkaRangePartition", "register", "SCHEMA", "NAME"]
 
@@ -74,6 +80,10 @@ _OPTIONS: dict[str, Option] = {
     "endingoffsets": Option(str, default="latest", doc="batch reads: latest | JSON {\"<partition>\": offset}"),
     "probe_timeout": Option((int, float, str), default=2.0, parse=parse_duration, minimum=0.01,
                             doc="how long planning waits for a partition's end"),
+    "max_records_per_trigger": Option(int, default=0, minimum=0,
+                                      doc="streaming reads: at most this many records per micro-batch, shared "
+                                          "among the partitions in proportion to what each has to read (0: no "
+                                          "limit; as Spark's Kafka maxOffsetsPerTrigger; PySpark 4.2 or later)"),
     "create": Option(bool, default=False, doc="writes: create the topic when missing (with `partitions`)"),
     "replication_factor": Option(int, default=-1, minimum=-1, doc="writes: replication of a created topic"),
     "linger": Option((int, float, str), default=0.005, parse=parse_duration, doc="writes: producer linger"),
@@ -236,12 +246,22 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {str(p): o for p, o in start.items()}
 
     def latestOffset(self, start: dict | None = None, limit: Any = None) -> dict:
-        # ``limit``: the default read limit is ReadAllAvailable, which is what this returns.
+        # ``limit``: ReadMaxRows from option max_records_per_trigger (getDefaultReadLimit), or
+        # ReadAllAvailable (the default, and what Spark passes when a trigger must read everything).
         known = {int(p): int(o) for p, o in (start or {}).items()}
         _, end = _plan(self.config, None, None, known)
         if self._target is not None:
             end = {p: min(o, self._target.get(p, o)) for p, o in end.items()}
-        return {str(p): max(o, known.get(p, 0)) for p, o in end.items()}
+        end = {p: max(o, known.get(p, 0)) for p, o in end.items()}
+        if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
+            end = _limited(known, end, limit.max_rows)
+        return {str(p): o for p, o in end.items()}
+
+    def getDefaultReadLimit(self) -> Any:  # noqa: N802 - Spark's name
+        most = self.config.options["max_records_per_trigger"]
+        if not most or ReadMaxRows is None:
+            return ReadAllAvailable() if ReadAllAvailable is not None else None
+        return ReadMaxRows(most)
 
     def prepareForTriggerAvailableNow(self) -> None:
         _, self._target = _plan(self.config, None, None)
@@ -256,6 +276,22 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Nothing to do: the positions live in Spark's checkpoint, never in Kafka."""
+
+
+def _limited(start: Mapping[int, int], end: Mapping[int, int], most: int) -> dict[int, int]:
+    """``end`` moved back so that at most ``most`` records lie between ``start`` and it, shared among
+    the partitions in proportion to what each has to read (largest remainders first, ties to the lower
+    partition: deterministic), at least one record in all while any is left."""
+    lag = {p: max(0, o - start.get(p, 0)) for p, o in end.items()}
+    total = sum(lag.values())
+    if total <= most:
+        return dict(end)
+    most = max(1, most)
+    share = {p: lag[p] * most // total for p in lag}
+    left = most - sum(share.values())
+    for p in sorted(lag, key=lambda p: (-(lag[p] * most % total), p))[:left]:
+        share[p] += 1
+    return {p: start.get(p, 0) + min(share[p], lag[p]) for p in end}
 
 
 @dataclass

@@ -332,3 +332,23 @@ def test_data_source_streaming_read_resumes_from_its_checkpoint(tmp_path, spark,
     assert sorted(r.value for r in both) == sorted([b"first-%d" % i for i in range(100)] +
                                                    [b"second-%d" % i for i in range(50)])
     assert sorted((r.partition, r.offset) for r in both) == [(p, o) for p in (0, 1) for o in range(75)]
+
+
+def test_data_source_streaming_read_limits_each_micro_batch(tmp_path, spark, kafka_broker, topic_prefix):
+    """``max_records_per_trigger``: availableNow reads what is there in micro-batches of at most that
+    many records, each record exactly once."""
+    servers = kafka_broker.bootstrap_servers
+    settings = _settings(servers)
+    topic = topic_prefix + "limited"
+    ensure_topic(settings, topic, 2, -1, create=True)
+    produce(settings, topic, [(b"k", b"v-%d" % i, i % 2) for i in range(100)])
+    stream = (spark.readStream.format("localstate-kafka").option("bootstrap_servers", servers)
+              .option("topic", topic).option("max_records_per_trigger", 30).load())
+    query = (stream.writeStream.format("parquet").option("path", str(tmp_path / "rows"))
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    assert query.exception() is None
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes == [30, 30, 30, 10]
+    rows = spark.read.parquet(str(tmp_path / "rows")).select("value").collect()
+    assert sorted(r.value for r in rows) == sorted(b"v-%d" % i for i in range(100))

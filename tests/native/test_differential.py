@@ -494,20 +494,22 @@ SERDES = {"string": StringSerde, "int": IntSerde, "bytes": BytesSerde, "json": J
 
 
 def _open(directory: Path, key_serde: str, value_serde: str, *, native: bool, cache_size: int = 4,
-          write_batch_size: int = 3, time: Any = None, **extra: Any) -> Any:
-    """A memory-backend kv store whose get/put are the C ones (``native``) or the reference methods
-    (``extra``: more options, e.g. ``ttl``, with ``time`` the store's time source)."""
-    saved = engine_module._HOTPATH
+          write_batch_size: int = 3, time: Any = None, backend: str = "memory", **extra: Any) -> Any:
+    """A kv store (memory backend unless ``backend``) whose get/put and flush are the C ones
+    (``native``) or the reference methods (``extra``: more options, e.g. ``ttl``, with ``time`` the
+    store's time source)."""
+    saved = engine_module._HOTPATH, engine_module._SORTING
     engine_module._HOTPATH = _hotpath() if native else None
+    engine_module._SORTING = _sorting() if native else None
     try:
         options = KeyValueEngineFactory().validate_options(
-            "s", {"backend": "memory", "cache_size": cache_size, "write_batch_size": write_batch_size, **extra})
+            "s", {"backend": backend, "cache_size": cache_size, "write_batch_size": write_batch_size, **extra})
         ctx = StoreContext(job="job", store="s", partition=0, directory=directory, options=options,
                            key_serde=SERDES[key_serde](), value_serde=SERDES[value_serde](),
                            changelog=MemoryChangelogPartition("hot", 0), **({"time": time} if time else {}))
         return KeyValueEngineFactory().create(ctx)
     finally:
-        engine_module._HOTPATH = saved
+        engine_module._HOTPATH, engine_module._SORTING = saved
 
 
 def test_the_c_hot_path_is_installed_unless_pure_python_is_requested(tmp_path: Path) -> None:
@@ -550,13 +552,20 @@ def _run(store: Any, ops: list[tuple[str, Any]]) -> list[Any]:
                 result = store.put(*(["a"] * arg))
             elif op == "delete":
                 result = store.delete(arg)
+            elif op == "get_many":
+                result = store.get_many(arg)
+            elif op == "put_many":
+                result = store.put_many(*arg)
+            elif op == "merge_many":
+                keys, deltas, how, results = arg
+                result = store.merge_many(keys, deltas, how, results=results)
             elif op == "tick":  # the clock moves; the store reads it (as at a commit)
                 store.context.time.advance_processing_time(arg)
                 result = store.refresh_time()
             else:
                 result = store.flush()
             out.append(("ok", result))
-        except (LocalStateError, TypeError) as exc:
+        except (LocalStateError, TypeError, ValueError) as exc:
             out.append((type(exc).__name__, str(exc).replace("KeyValueEngine.", "")))
     return out
 
@@ -588,6 +597,12 @@ def _assert_alike(stores: list[Any], ops: list[tuple[str, Any]]) -> None:
     records, contents, spills, and the cache (with ttl, the cached expiries too)."""
     results = [_run(store, ops) for store in stores]
     assert _normalise(results[0]) == _normalise(results[1])
+    _assert_same_state(stores)
+
+
+def _assert_same_state(stores: list[Any]) -> None:
+    """The two stores hold alike: logged records, contents, spills and the cache (with ttl, the
+    cached expiries too)."""
     for store in stores:
         store.flush()
     logged = [[(r.key, r.value) for r in store._logged.changelog.read(0)] for store in stores]
@@ -651,32 +666,6 @@ def test_a_hot_path_made_without_init_refuses_to_run() -> None:
         blank.put("a", 1)
 
 
-@given(expiry=st.one_of(st.floats(allow_nan=False), st.just(float("inf")),
-                       st.integers(1_577_836_801, 1_577_836_800 + 2**31 - 2).map(float)),
-       values=st.lists(st.one_of(st.integers(-2**63, 2**63 - 1), st.integers(2**63, 2**70), st.booleans(),
-                                 st.floats(allow_nan=False)), max_size=20))
-def test_stamp_ints_packs_as_the_ttl_reference(expiry: float, values: list[Any]) -> None:
-    """``_hotpath.stamp_ints`` (a ttl store's int values at flush) against the reference packing
-    (``engines/kv/ttl.py``: the packed expiry, compact, long or wide, then ``>Q`` of value + 2**63); what the
-    reference cannot pack as an int of the serde's range (a bool, a float, an int past 64 bits) raises
-    TypeError or OverflowError, after which the engine encodes through the reference."""
-    from localstate.engines.kv.ttl import pack_expiry
-    stamp = _hotpath().stamp_ints
-    prefix = pack_expiry(expiry)
-    if all(type(v) is int and -2**63 <= v < 2**63 for v in values):
-        assert stamp(prefix, values) == [prefix + struct.pack(">Q", v + 2**63) for v in values]
-    else:
-        with pytest.raises((TypeError, OverflowError)):
-            stamp(prefix, values)
-
-
-def test_stamp_ints_refuses_a_prefix_that_is_no_packed_expiry() -> None:
-    stamp = _hotpath().stamp_ints
-    for prefix in (1.0, b"1234567890123", bytearray(b"1234")):
-        with pytest.raises(TypeError, match="stamp_ints"):
-            stamp(prefix, [1])
-
-
 @given(data=st.binary(max_size=70))
 def test_murmur2_is_kafkas_as_the_reference_computes_it(data: bytes) -> None:
     """``_hotpath.murmur2`` (every key's partition, checked as inputs are read) against
@@ -692,3 +681,198 @@ def test_murmur2_known_values_and_refusals() -> None:
     for bad in ("21", bytearray(b"21"), None, 21):
         with pytest.raises(TypeError, match="murmur2"):
             murmur2(bad)
+
+
+# -- the C flush (_sorting.pending_items) ----------------------------------------------------------------
+
+class _Int(int):
+    """An int subclass: the int serde holds it as it is (the C flush leaves such a map to the reference)."""
+
+
+def _model_pending(dirty: dict[Any, Any], kind: int, int_values: bool, prefix: bytes) -> tuple[list[Any], list[Any]]:
+    """What the kv flush gives for a pending map, written out independently: each cache key's stored
+    key (bytes as they are, str as UTF-8, int as the int serde's 8 bytes), each held value after
+    ``prefix`` (an int packed by the int serde; None: a delete), in stored-key order."""
+    rows = []
+    for key, value in dirty.items():
+        kb = key if kind == 0 else key.encode() if kind == 1 else struct.pack(">Q", key + 2**63)
+        vb = None if value is None else prefix + (struct.pack(">Q", value + 2**63) if int_values else value)
+        rows.append((kb, vb, key))
+    rows.sort(key=itemgetter(0))
+    return [key for _, _, key in rows], [(kb, vb) for kb, vb, _ in rows]
+
+
+_LONE_SURROGATE = "a\udc80"
+CACHE_KEYS = {0: st.one_of(st.binary(max_size=12), st.sampled_from([b"", b"\x00", b"\xff" * 9]),
+                           st.just("not bytes")),
+              1: st.one_of(st.text(max_size=12), st.sampled_from(["", "\x00", "é", "\U0001f600", "user-0001"]),
+                           st.just(_LONE_SURROGATE), st.just(b"not str")),
+              2: st.one_of(st.integers(-2**63, 2**63 - 1), st.sampled_from([0, -1, 2**63 - 1, -2**63]),
+                           st.sampled_from([2**63, -2**63 - 1, 1.5]), st.builds(_Int, st.integers(0, 9)))}
+HELD_VALUES = {True: st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.sampled_from([2**63, -2**63 - 1]),
+                               st.builds(_Int, st.integers(0, 9)), st.just(2.5)),
+               False: st.one_of(st.none(), st.binary(max_size=10), st.builds(bytearray, st.binary(max_size=2)),
+                                st.just("text"))}
+
+
+def _supported(dirty: dict[Any, Any], kind: int, int_values: bool) -> bool:
+    """Whether every entry is what the kinds promise (else the C flush answers NotImplemented)."""
+    key_class = (bytes, str, int)[kind]
+    for key, value in dirty.items():
+        if type(key) is not key_class or (kind == 1 and key == _LONE_SURROGATE) or (
+                kind == 2 and not -2**63 <= key < 2**63):
+            return False
+        if value is not None and (type(value) is not int or not -2**63 <= value < 2**63 if int_values
+                                  else type(value) is not bytes):
+            return False
+    return True
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), kind=st.sampled_from([0, 1, 2]), int_values=st.booleans(),
+       prefix=st.one_of(st.just(b""), st.binary(min_size=1, max_size=8)), with_keys=st.booleans())
+def test_pending_items_encodes_and_sorts_as_the_model(data, kind, int_values, prefix, with_keys) -> None:
+    """``_sorting.pending_items`` (the kv flush in C) on hostile pending maps: keys of the wrong class,
+    lone surrogates, ints past the int serde's range, int subclasses, values of the wrong kind. Each
+    supported map gives exactly the model's stored keys and values, in stored-key order; any other map
+    gives NotImplemented (the engine's reference code then encodes, raising its own errors)."""
+    dirty = data.draw(st.dictionaries(CACHE_KEYS[kind], HELD_VALUES[int_values], max_size=40))
+    result = _sorting().pending_items(dirty, kind, int_values, prefix, with_keys)
+    if not _supported(dirty, kind, int_values):
+        assert result is NotImplemented
+        return
+    keys, items = _model_pending(dirty, kind, int_values, prefix)
+    assert result == (keys if with_keys else None, items)
+    assert all(type(kb) is bytes and (vb is None or type(vb) is bytes) for kb, vb in result[1])
+
+
+def test_pending_items_refuses_malformed_calls() -> None:
+    pending = _sorting().pending_items
+    with pytest.raises(TypeError):
+        pending([("a", 1)], 1, True, b"", True)
+    with pytest.raises(TypeError):
+        pending({"a": 1}, 1, True, "prefix", True)
+    with pytest.raises(ValueError, match="key_kind"):
+        pending({"a": 1}, 3, True, b"", True)
+    with pytest.raises(TypeError):
+        pending({"a": 1}, 1, True, b"")
+    assert pending({}, 1, True, b"", True) == ([], [])
+
+
+FLUSH_SERDES = [("string", "int"), ("int", "int"), ("bytes", "bytes"), ("string", "json"), ("string", "string"),
+                ("json", "int"), ("int", "bytes")]
+WRITE_OPS = st.lists(st.one_of(
+    st.tuples(st.just("put"), st.tuples(ANY_KEY, ANY_VALUE)),
+    st.tuples(st.just("delete"), ANY_KEY),
+    st.tuples(st.just("get"), ANY_KEY),
+    st.tuples(st.just("flush"), st.none()),
+    st.tuples(st.just("tick"), st.sampled_from([0.5, 2, 6])),
+), max_size=50)
+
+
+def _stored(store: Any) -> list[tuple[bytes, bytes]]:
+    """Every entry the store's backend holds, as bytes (what a restart reads)."""
+    store.flush()
+    return store.backend.scan(None, None, 10_000)
+
+
+def _assert_same_flushes(directories: list[Path], key_serde: str, value_serde: str, backend: str, ttl: str | None,
+                         ops: list[tuple[str, Any]]) -> None:
+    """A store with the C flush (and the C get/put) and one with the reference flush, each in its own
+    directory, given ``ops``: the same results and errors, and byte for byte the same changelog records
+    (keys, values, offsets) and stored keys and values."""
+    from localstate.testing.time import ManualTime
+    if ttl is None:
+        ops = [op for op in ops if op[0] != "tick"]  # only a ttl store reads the clock
+    stores = [_open(directory, key_serde, value_serde, native=native, backend=backend, cache_size=6,
+                    write_batch_size=4, **({} if ttl is None else {"ttl": ttl, "time": ManualTime(100.0)}))
+              for directory, native in zip(directories, (True, False))]
+    try:
+        if not PURE:
+            assert stores[0]._native_flush is not None and stores[1]._native_flush is None
+        results = [_run(store, ops) for store in stores]
+        assert _normalise(results[0]) == _normalise(results[1])
+        logged = [[(r.key, r.value, r.offset) for r in store._logged.changelog.read(0)] for store in stores]
+        stored = [_stored(store) for store in stores]
+        assert logged[0] == logged[1]
+        assert stored[0] == stored[1]
+        assert stores[0].spills == stores[1].spills
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("key_serde,value_serde", FLUSH_SERDES)
+@pytest.mark.parametrize("ttl", [None, "5s"], ids=["plain", "ttl"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(ops=WRITE_OPS)
+def test_c_flush_and_reference_write_the_same_bytes(tmp_path_factory, key_serde, value_serde, ttl, ops) -> None:
+    """The C flush against the reference flush for every built-in serde, with and without ttl (the
+    memory backend: many examples)."""
+    _assert_same_flushes([tmp_path_factory.mktemp("c"), tmp_path_factory.mktemp("py")], key_serde, value_serde,
+                         "memory", ttl, ops)
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "lmdb"])
+@pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "json"), ("bytes", "bytes")])
+@pytest.mark.parametrize("ttl", [None, "5s"], ids=["plain", "ttl"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(ops=WRITE_OPS)
+def test_c_flush_writes_rocksdb_and_lmdb_as_the_reference(tmp_path_factory, backend, key_serde, value_serde, ttl,
+                                                          ops) -> None:
+    """The same comparison on the file backends (what they store is what a restart reads)."""
+    _assert_same_flushes([tmp_path_factory.mktemp("c"), tmp_path_factory.mktemp("py")], key_serde, value_serde,
+                         backend, ttl, ops)
+
+
+# -- the batched operations' C passes (HotPath.lookup, put_many, missing with merge) ----------------------
+
+BATCH_KEY = st.one_of(st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "h"]), ANY_KEY)
+BATCH_OPS = st.lists(st.one_of(
+    st.tuples(st.just("get_many"), st.lists(BATCH_KEY, max_size=12)),
+    st.tuples(st.just("put_many"), st.lists(st.tuples(BATCH_KEY, ANY_VALUE), max_size=12).map(
+        lambda rows: ([k for k, _ in rows], [v for _, v in rows]))),
+    st.tuples(st.just("put_many"), st.tuples(st.lists(BATCH_KEY, max_size=4), st.lists(ANY_VALUE, max_size=4))),
+    st.tuples(st.just("merge_many"), st.tuples(
+        st.lists(BATCH_KEY, min_size=0, max_size=12).flatmap(lambda keys: st.tuples(
+            st.just(keys), st.lists(st.one_of(st.integers(-3, 3), st.sampled_from([2**63 - 1, True, 1.5])),
+                                    min_size=len(keys), max_size=len(keys)))),
+        st.sampled_from(["add", "min", "max"]), st.booleans()).map(lambda t: (t[0][0], t[0][1], t[1], t[2]))),
+    st.tuples(st.just("get"), BATCH_KEY),
+    st.tuples(st.just("put"), st.tuples(BATCH_KEY, ANY_VALUE)),
+    st.tuples(st.just("delete"), BATCH_KEY),
+    st.tuples(st.just("flush"), st.none()),
+), max_size=25)
+
+
+@pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "int"), ("bytes", "bytes"),
+                                                   ("string", "json"), ("string", "string"), ("json", "int")])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(ops=BATCH_OPS, cache_size=st.sampled_from([0, 3, 16]))
+def test_c_and_reference_batched_operations_behave_alike(tmp_path_factory, key_serde, value_serde, ops,
+                                                         cache_size) -> None:
+    """get_many, put_many and merge_many with their C passes (the cache lookups, a put of cached keys,
+    the keys a merge must prefetch) against the reference methods, on hostile batches (keys and values
+    of the wrong kinds, None values, unequal lengths, keys the cache does not hold): the same results
+    and errors, the same changelog records, contents, spills and caches."""
+    stores = [_open(tmp_path_factory.mktemp(kind), key_serde, value_serde, native=kind == "native",
+                    cache_size=cache_size) for kind in ("native", "python")]
+    try:
+        for step in ops:
+            outcomes = [_normalise(_run(store, [step])) for store in stores]
+            if step[0] == "merge_many" and "ok" not in (outcomes[0][0][0], outcomes[1][0][0]):
+                assert outcomes[0][0][0] == outcomes[1][0][0], step  # the same error (about another row)
+            if step[0] == "merge_many" and (outcomes[0][0][0], outcomes[1][0][0]) != ("ok", "ok"):
+                # merge_many in C checks each row as the per-key loop does (put(k, op(get(k), d))) and
+                # applies the rows before a failing one; the reference folds the rows, checks the
+                # values that survive and applies none on an error. Either way a failure fails the
+                # task's batch, rolled back to the last commit: the states after it may differ.
+                return
+            assert outcomes[0] == outcomes[1], step
+        _assert_same_state(stores)
+    finally:
+        for store in stores:
+            store.close()
