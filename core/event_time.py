@@ -3,7 +3,7 @@ for every input system (jsonl, file, kafka, generator, the DataFrame step, the T
 
 An input declares the unit its timestamps are in (``timestamp_unit``: ``s``, ``ms``, ``us``, ``ns``)
 and the plausible range of its event times, in seconds after conversion (``min_timestamp``,
-``max_timestamp``; default 1971-01-01 to 2200-01-01, ``false``: no bound). A timestamp that is not a
+``max_timestamp``; default the epoch (0) to 2200-01-01, ``false``: no bound). A timestamp that is not a
 number (a boolean, a string, a list), not finite, or outside the range is a bad record: the input's
 ``on_error`` applies (``fail`` raises :class:`~localstate.errors.TimestampError` naming the input,
 partition, offset and the timestamp as read). So a job fed milliseconds as seconds stops at the
@@ -25,9 +25,10 @@ from localstate.errors import InputError, TimestampError
 __all__ = ["TimestampRule", "BadTimestamp", "RecordProblem", "TIMESTAMP_OPTIONS", "DEFAULT_MIN_TIMESTAMP",
            "DEFAULT_MAX_TIMESTAMP", "timestamp_rule", "NO_BOUNDS"]
 
-DEFAULT_MIN_TIMESTAMP = 31_536_000.0
-"""1971-01-01T00:00:00Z: the default ``min_timestamp`` (an event time before it is most likely a
-count of something else, or seconds declared as milliseconds)."""
+DEFAULT_MIN_TIMESTAMP = 0.0
+"""1970-01-01T00:00:00Z, the epoch: the default ``min_timestamp``. A negative event time is refused;
+small ones are not, as logical clocks in tests and replays start at 0 (declare a later bound to
+catch seconds declared as milliseconds)."""
 
 DEFAULT_MAX_TIMESTAMP = 7_258_118_400.0
 """2200-01-01T00:00:00Z: the default ``max_timestamp`` (past it: most likely milliseconds,
@@ -183,8 +184,8 @@ TIMESTAMP_OPTIONS: Mapping[str, Option] = {
                                  "timestamp is divided by it as it is read"),
     "min_timestamp": Option((int, float, str, bool), default=DEFAULT_MIN_TIMESTAMP, parse=_bound,
                             doc="earliest plausible event time, in seconds after timestamp_unit (or a date such as "
-                                "'1971-01-01'; false: none); a record before it is a bad record (on_error). "
-                                "Default 1971-01-01"),
+                                "'2015-06-01'; false: none); a record before it is a bad record (on_error). "
+                                "Default 0, the epoch"),
     "max_timestamp": Option((int, float, str, bool), default=DEFAULT_MAX_TIMESTAMP, parse=_bound,
                             doc="latest plausible event time, in seconds after timestamp_unit (or a date such as "
                                 "'2200-01-01'; false: none); a record after it is a bad record (on_error): "

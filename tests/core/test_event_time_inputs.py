@@ -33,10 +33,10 @@ HOSTILE = {
     "true": "true", "false": "false", "string": '"12.5"', "numeric string": '"1700000000"', "list": "[1]",
     "object": '{"s": 1}', "NaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity", "1e400": "1e400",
     "milliseconds": "1700000000000", "microseconds": "1700000000000000", "nanoseconds": "1700000000000000000",
-    "negative": "-5", "zero": "0", "tiny": "5e-324", "1969": "-86400", "year 3000": "32503680000",
+    "negative": "-5", "tiny negative": "-5e-324", "1969": "-86400", "year 3000": "32503680000",
     "beyond 2**64": "18446744073709551617", "huge": "1e300",
 }
-GOOD = [1_700_000_000, 1_700_000_000.5, 31_536_000, 7_258_118_400]
+GOOD = [1_700_000_000, 1_700_000_000.5, 0, 5e-324, 31_536_000, 7_258_118_400]  # 0: a logical clock's start
 #: texts the strict json serde refuses before any timestamp is looked at (a bad record either way)
 SERDE_REFUSES = {"NaN", "Infinity", "-Infinity", "1e400", "beyond 2**64"}
 
@@ -180,7 +180,7 @@ def test_the_rule_returns_only_finite_seconds_inside_its_bounds(value: Any, unit
 def test_the_generator_outside_the_range_gives_bad_records(tmp_path: Path) -> None:
     job = parse_job_config({"job": {"name": "g", "partitions": 1, "task": "m:T"},
                             "inputs": {"early": {"system": "generator", "kind": "page_views", "events": 5,
-                                                 "start_ts": 0}}}, base_dir=tmp_path)
+                                                 "start_ts": -100}}}, base_dir=tmp_path)
     records = list(open_input(job, "early").read(0, 0, 5))
     assert all(r.error is not None and r.error.error_type is TimestampError for r in records)
 

@@ -2,7 +2,7 @@
 ``MIN_WINDOW_SECONDS`` (1 ms), whose windows cannot be told apart in float seconds and never close,
 and a hop that puts a record in more than ``MAX_WINDOWS_PER_RECORD`` (10,000) windows. At the bounds
 every window a record belongs to is found again by its timer, over the whole default range of
-plausible event times (1971 to 2200), and the operator emits and deletes every one of them."""
+plausible event times (the epoch to 2200), and the operator emits and deletes every one of them."""
 
 from __future__ import annotations
 
