@@ -272,9 +272,10 @@ class WindowedAggregation:
         if watermark is not None and any(s[1] + lateness <= watermark for s in sessions):
             # Sessions already closed, their timer due but not fired yet (timers fire at batch
             # boundaries): close them now, as their timer would, so they take no more records.
+            # (sent for the key's JSON value, as by the timer: a tuple key as a list)
             for s in [s for s in sessions if s[1] + lateness <= watermark]:
                 self.timer_namespace.delete_event_time(key, s[1] + lateness)
-                self._close_session(key, s[1] + lateness, collector)
+                self._close_session(_key_of(text), s[1] + lateness, collector)
             sessions = self.index.get(index_key) or []
         opened = window.window(timestamp)
         merging = [s for s in sessions if overlaps(s, opened)]
