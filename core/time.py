@@ -158,7 +158,8 @@ TIME_OPTIONS = {
                               doc="the timer store's changelog stream (default `\"<job>-timers-changelog\"`); "
                                   "timers are always logged"),
     "timer_key_serde": Option(str, default="json",
-                              doc="serde of the keys timers are registered for (`json`, `string`, `int`, ...)"),
+                              doc="serde of the keys of the task's own timers (`json`, `string`, `int`, ...; a "
+                                  "timer namespace has its own)"),
     "past_timers": Option(str, default="fire", choices=PAST_TIMER_POLICIES,
                           doc="a timer registered before its domain's current time: `fire` at the next firing "
                               "point (as Flink), or `error` (a ConfigError naming this option)"),

@@ -5,6 +5,8 @@ duplicate opens, unknown stored namespaces and failing callbacks are typed error
 
 from __future__ import annotations
 
+import runpy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -238,3 +240,19 @@ def test_an_on_fire_failure_is_a_task_error_naming_the_namespace() -> None:
             d.advance_event_time(5.0)
         assert "namespace 'a'" in str(caught.value) and "'k'" in caught.value.hint
         d.crash()
+
+
+def test_the_guides_idle_users_task() -> None:
+    """docs/time/index.md, "Timer namespaces": docs/snippets/time/idle_users.py."""
+    snippet = Path(__file__).resolve().parents[2] / "docs" / "snippets" / "time" / "idle_users.py"
+    task = runpy.run_path(str(snippet))["IdleUsers"]
+    stores = {"last_click": {"engine": "kv", "key_serde": "string", "value_serde": "json"}}
+    with TaskTestDriver(task, stores=stores, time={"timers": True}) as d:
+        d.send("clicks", "ann", {}, timestamp=1_000.0)
+        d.send("clicks", "bob", {}, timestamp=1_500.0)
+        d.send("clicks", "ann", {}, timestamp=2_000.0)         # ann's idle time moves to 5600
+        d.advance_event_time(5_100.0)                          # bob idle at 5100
+        d.advance_event_time(6_000.0)
+        d.commit()
+        assert d.outputs("idle") == [("bob", 5_100.0), ("ann", 5_600.0)]
+        assert list(d.store("last_click").all()) == []
