@@ -25,10 +25,11 @@ from typing import Any, Callable
 from localstate.core.codecs import FAST_ERRORS, fast_codec
 from localstate.core.serdes import JsonSerde, Serde
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TIMER_STORE
-from localstate.errors import ConfigError, InvalidValueError
+from localstate.errors import ConfigError, InvalidValueError, LocalStateError
 
 __all__ = ["PREFIX", "OLD_PREFIX", "MAX_NAMESPACE", "KeyCodec", "NamespaceTable", "encode_timestamp",
-           "decode_timestamp", "namespace_header", "migrate_old_entries", "MIGRATE_CHUNK", "UNDECODED"]
+           "decode_timestamp", "namespace_header", "namespace_codec", "migrate_old_entries", "MIGRATE_CHUNK",
+           "UNDECODED"]
 
 PREFIX = {EVENT_TIME: b"E", PROCESSING_TIME: b"P"}
 """The first byte of each domain's entries."""
@@ -164,6 +165,25 @@ class KeyCodec:
             return self.decode(data)
         except FAST_ERRORS:
             return self.serde.deserialize(data)
+
+
+def namespace_codec(job: Any, partition: int, name: str, spec: Any) -> KeyCodec:
+    """The key codec of timer namespace ``name`` from its ``key_serde`` as the task gave it: a serde
+    name (the job's registry resolves it) or a :class:`Serde`; a ConfigError for anything else."""
+    if isinstance(spec, Serde):
+        serde, serde_name = spec, getattr(spec, "name", type(spec).__name__)
+    elif isinstance(spec, str):
+        try:
+            serde = job.registry.serde(spec, allow_pickle=job.allow_pickle)
+        except LocalStateError as exc:
+            raise ConfigError.at("job.task", f"partition {partition}: the key serde {spec!r} of timer namespace "
+                                 f"{name!r}: {exc.message}", hint=exc.hint) from None
+        serde_name = spec
+    else:
+        raise ConfigError.at("job.task", f"partition {partition}: the key_serde of timer namespace {name!r} is a "
+                             f"{type(spec).__name__}", hint="pass a serde name such as 'json' or 'string', or a Serde")
+    return KeyCodec(serde, serde_name, f"register keys serde {serde_name!r} encodes in timer namespace {name!r}, "
+                    "or open it with another key_serde", partition)
 
 
 def migrate_old_entries(store: Any) -> int:

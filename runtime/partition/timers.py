@@ -48,12 +48,12 @@ from localstate.core.config import JobConfig
 from localstate.core.serdes import Serde
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TIMER_STORE
 from localstate.core.tracebacks import raise_task_error
-from localstate.errors import ConfigError, InvalidValueError, LocalStateError
+from localstate.errors import ConfigError, InvalidValueError
 from localstate.runtime.partition.timer_entries import (ALL, DOMAIN_BYTE, OWN, PREFIX, SIGN, UNDECODED, KeyCodec,
                                                         NamespaceTable, after, decode_timestamp, decode_timestamps,
-                                                        encode_timestamp, first_item, json_str,
-                                                        migrate_old_entries, namespace_header, pack_f64,
-                                                        pack_head, pack_u64, unpack_f64, unpack_u64)
+                                                        encode_timestamp, first_item, json_str, migrate_old_entries,
+                                                        namespace_codec, namespace_header, pack_f64, pack_head,
+                                                        pack_u64, unpack_f64, unpack_u64)
 
 __all__ = ["PartitionTime", "TimerNamespace", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK"]
 
@@ -206,26 +206,10 @@ class PartitionTime:
                                  "with another on_fire or key serde",
                                  hint="open each timer namespace once per partition (in init()); two "
                                       "WindowedAggregations need a store each")
-        namespace = TimerNamespace(self, name, header, self._namespace_codec(name, spec), on_fire, spec, usable=True)
+        codec = namespace_codec(self._job, self._partition, name, spec)
+        namespace = TimerNamespace(self, name, header, codec, on_fire, spec, usable=True)
         self._namespaces.add(namespace)
         return namespace
-
-    def _namespace_codec(self, name: str, spec: Any) -> KeyCodec:
-        if isinstance(spec, Serde):
-            serde, serde_name = spec, getattr(spec, "name", type(spec).__name__)
-        elif isinstance(spec, str):
-            try:
-                serde = self._job.registry.serde(spec, allow_pickle=self._job.allow_pickle)
-            except LocalStateError as exc:
-                raise ConfigError.at("job.task", f"partition {self._partition}: the key serde {spec!r} of timer "
-                                     f"namespace {name!r}: {exc.message}", hint=exc.hint) from None
-            serde_name = spec
-        else:
-            raise ConfigError.at("job.task", f"partition {self._partition}: the key_serde of timer namespace {name!r} "
-                                 f"is a {type(spec).__name__}",
-                                 hint="pass a serde name such as 'json' or 'string', or a Serde")
-        return KeyCodec(serde, serde_name, f"register keys serde {serde_name!r} encodes in timer namespace "
-                        f"{name!r}, or open it with another key_serde", self._partition)
 
     @property
     def enabled(self) -> bool:

@@ -91,7 +91,8 @@ def expected(records: list[tuple[Any, int, float]], final_watermark: float) -> d
     rows = [(k, v, ts, w) for (k, v, ts), w in zip(records, marks)]
     json_key = lambda key: json.loads(json.dumps(key))  # noqa: E731 - a window's key is sent as its JSON value
     out = {}
-    for name, kind, aggregate, lateness in (("tumbling", TUMBLING, count(), 0.0), ("sessions", SESSIONS, sum_of(), 1.0)):
+    kinds = (("tumbling", TUMBLING, count(), 0.0), ("sessions", SESSIONS, sum_of(), 1.0))
+    for name, kind, aggregate, lateness in kinds:
         result = reference_windows(rows, kind, aggregate, lateness=lateness, final_watermark=final_watermark)
         out[name] = Counter((repr(json_key(k)), w.start, w.end, n) for k, w, n in result.outputs)
     out["late"] = Counter(repr(kv) for kv in reference_windows(rows, TUMBLING, count()).late)
