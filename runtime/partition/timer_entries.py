@@ -57,6 +57,7 @@ _json_text = json.JSONDecoder().decode
 _json_scan = json.scanner.make_scanner(json.JSONDecoder())
 """``(value, end)`` of the JSON text at an index of a string: the C scanner, with no Python frame"""
 first_item, _second_item = itemgetter(0), itemgetter(1)
+_namespace_length = itemgetter(NAMESPACE_AT)
 OWN = b"\x00"
 """the header of namespace ``""`` (the task's own timers)"""
 UNDECODED = object()
@@ -249,7 +250,11 @@ class NamespaceTable:
             return [], []
         first, count = scanned[0], len(scanned)
         cut = NAMESPACE_AT + 1 + first[NAMESPACE_AT]
-        if len(set(map(itemgetter(slice(NAMESPACE_AT, cut)), scanned))) == 1:  # one namespace: the common chunk
+        if cut == NAMESPACE_AT + 1:  # the task's own first: all own if no entry has a namespace length
+            one = not any(map(_namespace_length, scanned))
+        else:
+            one = len(set(map(itemgetter(slice(NAMESPACE_AT, cut)), scanned))) == 1
+        if one:  # one namespace: the common chunk
             handler = self.handler(first, own_fire)
             try:
                 keys = self._by_header[first[NAMESPACE_AT:cut]].codec.decode_many([entry[cut:] for entry in scanned])
