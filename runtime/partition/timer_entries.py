@@ -28,8 +28,8 @@ from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TIMER_STORE
 from localstate.errors import ConfigError, InvalidValueError, LocalStateError
 
 __all__ = ["PREFIX", "OLD_PREFIX", "MAX_NAMESPACE", "KeyCodec", "NamespaceTable", "encode_timestamp",
-           "decode_timestamp", "namespace_header", "namespace_codec", "migrate_old_entries", "MIGRATE_CHUNK",
-           "UNDECODED"]
+           "decode_timestamp", "split_entry", "namespace_header", "namespace_codec", "migrate_old_entries",
+           "MIGRATE_CHUNK", "UNDECODED"]
 
 PREFIX = {EVENT_TIME: b"E", PROCESSING_TIME: b"P"}
 """The first byte of each domain's entries."""
@@ -88,6 +88,14 @@ def decode_timestamps(entries: list[bytes]) -> tuple[float, ...]:
     bits = struct.unpack(f">{count}Q", b"".join([entry[1:9] for entry in entries]))
     flipped = [b & ~SIGN if b & SIGN else b ^ ALL for b in bits]
     return struct.unpack(f">{count}d", struct.pack(f">{count}Q", *flipped))
+
+
+def split_entry(entry: bytes) -> tuple[str, float, str, bytes]:
+    """``(domain, timestamp, namespace, key bytes)`` of an entry (namespace ``""``: the task's own
+    timers, keys in ``[time] timer_key_serde``; another namespace's keys are in its own serde)."""
+    cut = NAMESPACE_AT + 1 + entry[NAMESPACE_AT]
+    domain = EVENT_TIME if entry[:1] == PREFIX[EVENT_TIME] else PROCESSING_TIME
+    return domain, decode_timestamp(entry[1:9]), entry[NAMESPACE_AT + 1:cut].decode("utf-8", "replace"), entry[cut:]
 
 
 def json_decode(data: bytes) -> Any:
@@ -268,12 +276,8 @@ class NamespaceTable:
         cut = NAMESPACE_AT + 1 + entry[NAMESPACE_AT]
         return self._by_header[entry[NAMESPACE_AT:cut]].codec.decode_slow(entry[cut:])
 
-    def name_of(self, entry: bytes) -> str:
-        return entry[NAMESPACE_AT + 1:NAMESPACE_AT + 1 + entry[NAMESPACE_AT]].decode("utf-8", "replace")
-
     def _no_handler(self, entry: bytes, namespace: Any) -> ConfigError:
-        domain = EVENT_TIME if entry[:1] == PREFIX[EVENT_TIME] else PROCESSING_TIME
-        timestamp = decode_timestamp(entry[1:9])
+        domain, timestamp, name, _key = split_entry(entry)
         if namespace is not None:  # the task's own timer, and no on_timer
             try:
                 key = repr(self.decode(entry))
@@ -286,7 +290,6 @@ class NamespaceTable:
                                   hint="define on_timer(self, key, timestamp, collector, coordinator) in the task; "
                                        "for the timers of a WindowedAggregation from before timer namespaces, "
                                        "forward to its on_timer(key, timestamp, collector)")
-        name = self.name_of(entry)
         return ConfigError.at("job.task", f"partition {self._partition}: a {domain}-time timer of timer namespace "
                               f"{name!r} at {timestamp!r} is due, but the task has not opened that namespace "
                               "(context.timers.namespace(name, on_fire)) since the partition opened",

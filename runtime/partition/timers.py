@@ -53,7 +53,7 @@ from localstate.runtime.partition.timer_entries import (ALL, DOMAIN_BYTE, OWN, P
                                                         NamespaceTable, after, decode_timestamp, decode_timestamps,
                                                         encode_timestamp, first_item, json_str, migrate_old_entries,
                                                         namespace_codec, namespace_header, pack_f64, pack_head,
-                                                        pack_u64, unpack_f64, unpack_u64)
+                                                        pack_u64, split_entry, unpack_f64, unpack_u64)
 
 __all__ = ["PartitionTime", "TimerNamespace", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK"]
 
@@ -430,7 +430,7 @@ class PartitionTime:
 
     def _namespace_failed(self, exc: BaseException, entry: bytes, key: Any, timestamp: float) -> None:
         """A namespace's ``on_fire`` raised ``exc`` for ``key`` at ``timestamp``: a TaskError naming it."""
-        name = self._namespaces.name_of(entry)
+        name = split_entry(entry)[2]
         raise_task_error(exc, f"on_fire() of timer namespace {name!r}", partition=self._partition,
                          hint=f"fix the on_fire of timer namespace {name!r} (it failed for key {key!r:.200} at "
                               f"{timestamp!r}); state and timers are rolled back to the last commit on restart")

@@ -16,7 +16,7 @@ from localstate.core.task import StreamTask
 from localstate.core.time import TIMER_STORE, TimerNamespace
 from localstate.errors import ConfigError, InvalidValueError, TaskError
 from localstate.runtime.partition import timers as timer_module
-from localstate.runtime.partition.timer_entries import MAX_NAMESPACE
+from localstate.runtime.partition.timer_entries import MAX_NAMESPACE, split_entry
 from localstate.testing.driver import TaskTestDriver
 
 TIMERS = {"timers": True, "timer_backend": "rocksdb"}
@@ -253,3 +253,15 @@ def test_the_guides_idle_users_task() -> None:
         d.commit()
         assert d.outputs("idle") == [("bob", 5_100.0), ("ann", 5_600.0)]
         assert list(d.store("last_click").all()) == []
+
+
+def test_an_entry_splits_into_domain_timestamp_namespace_and_key() -> None:
+    with driver() as d:
+        d.send("in", "k", ["", "register", "event", 2.5], timestamp=0.0)
+        d.send("in", 3, ["ints", "register", "processing", 5.0], timestamp=0.0)
+        d.send("in", {"a": [1]}, ["json", "register", "event", 2.5], timestamp=0.0)
+        with d.store(TIMER_STORE).all() as entries:
+            split = [split_entry(entry) for entry, _ in entries]
+        d.crash()
+    assert split == [("event", 2.5, "", b'"k"'), ("event", 2.5, "json", b'{"a":[1]}'),
+                     ("processing", 5.0, "ints", IntSerde().serialize(3))]
