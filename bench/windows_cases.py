@@ -47,18 +47,12 @@ def runtime(tmp: Path, p: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
             self.windows.add(envelope.key, envelope.value, envelope.timestamp, collector)
 
-        def on_timer(self, key: Any, timestamp: float, collector: Any, coordinator: Any) -> None:
-            self.windows.on_timer(key, timestamp, collector)
-
     class TumblingCountBatch(BatchTask):
         def init(self, context: Any) -> None:
             self.windows = WindowedAggregation(context, Tumbling(size), count(), store="counts", output="windows")
 
         def process_batch(self, batch: Any, collector: Any, coordinator: Any) -> None:
             self.windows.add_batch(batch.column("key"), batch.column("value"), batch.column("timestamp"), collector)
-
-        def on_timer(self, key: Any, timestamp: float, collector: Any, coordinator: Any) -> None:
-            self.windows.on_timer(key, timestamp, collector)
 
     if p.get("batch"):
         import numpy  # noqa: F401  (add_batch's; imported before the clock, as pyarrow below)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from localstate.core.options import Option, parse_duration
+from localstate.core.serdes import Serde
 
 __all__ = ["EVENT_TIME", "PROCESSING_TIME", "TIME_DOMAINS", "TIMESTAMP_UNITS", "TimeSource", "SystemTime",
-           "SYSTEM_TIME", "Timers", "current_time", "TimeConfig", "TIME_OPTIONS", "TIMER_STORE", "TIMER_WRITE_BATCH",
-           "PAST_TIMER_POLICIES"]
+           "SYSTEM_TIME", "Timers", "TimerNamespace", "current_time", "TimeConfig", "TIME_OPTIONS", "TIMER_STORE",
+           "TIMER_WRITE_BATCH", "PAST_TIMER_POLICIES"]
 
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
@@ -70,12 +71,15 @@ def current_time(source: TimeSource, domain: str) -> float | None:
 
 
 @runtime_checkable
-class Timers(TimeSource, Protocol):
-    """A task partition's timers (``context.timers``): per-key timers in either domain, kept in a
-    logged store and committed with the other stores. A timer is identified by (domain, key,
-    timestamp): registering it twice keeps one. It fires once, through ``StreamTask.on_timer``, when
-    its domain's time reaches its timestamp, in timestamp order; its firing, the outputs it sends and
-    its deletion are committed together."""
+class TimerNamespace(Protocol):
+    """A namespace of a partition's timers (``context.timers.namespace(...)``): its own timers, keys
+    encoded by its own serde, fired through its own ``on_fire`` instead of ``StreamTask.on_timer``.
+    A timer is identified by (domain, namespace, key, timestamp): registering it twice keeps one, and
+    timers of different namespaces never collide. Every namespace's timers share one firing order:
+    each domain in timestamp order."""
+
+    @property
+    def name(self) -> str: ...
 
     def register_event_time(self, key: Any, timestamp: float) -> None: ...
 
@@ -85,9 +89,39 @@ class Timers(TimeSource, Protocol):
 
     def delete_processing_time(self, key: Any, timestamp: float) -> None: ...
 
+
+@runtime_checkable
+class Timers(TimeSource, Protocol):
+    """A task partition's timers (``context.timers``): per-key timers in either domain, kept in a
+    logged store and committed with the other stores. A timer is identified by (domain, key,
+    timestamp): registering it twice keeps one. It fires once, through ``StreamTask.on_timer``, when
+    its domain's time reaches its timestamp, in timestamp order; its firing, the outputs it sends and
+    its deletion are committed together. :meth:`namespace` opens a separate set of timers with its
+    own key serde and callback (as Flink keys a timer by key and namespace)."""
+
+    def register_event_time(self, key: Any, timestamp: float) -> None: ...
+
+    def register_processing_time(self, key: Any, timestamp: float) -> None: ...
+
+    def delete_event_time(self, key: Any, timestamp: float) -> None: ...
+
+    def delete_processing_time(self, key: Any, timestamp: float) -> None: ...
+
+    def namespace(self, name: str, on_fire: Callable[[Any, float, Any, Any], None],
+                  key_serde: Serde | str | None = None) -> TimerNamespace:
+        """The timers of namespace ``name`` (a non-empty str of at most 255 UTF-8 bytes, no NUL): keys
+        encoded by ``key_serde`` (a serde name or a Serde; default ``json``, whatever ``[time]
+        timer_key_serde`` says), each due one fired through ``on_fire(key, timestamp, collector,
+        coordinator)``. Open it in ``init()``: a stored timer of a namespace not opened since the
+        partition opened stops the firing with a ConfigError. Opening it again with the same
+        ``on_fire`` and ``key_serde`` returns it; with others it is a ConfigError. The task need not
+        define ``on_timer`` for it."""
+        ...
+
     @property
     def firing_domain(self) -> str | None:
-        """The domain of the timer being fired (inside ``on_timer``), else None."""
+        """The domain of the timer being fired (inside ``on_timer`` or a namespace's ``on_fire``),
+        else None."""
         ...
 
 
@@ -128,7 +162,8 @@ TIME_OPTIONS = {
                               doc="the timer store's changelog stream (default `\"<job>-timers-changelog\"`); "
                                   "timers are always logged"),
     "timer_key_serde": Option(str, default="json",
-                              doc="serde of the keys timers are registered for (`json`, `string`, `int`, ...)"),
+                              doc="serde of the keys of the task's own timers (`json`, `string`, `int`, ...; a "
+                                  "timer namespace has its own)"),
     "past_timers": Option(str, default="fire", choices=PAST_TIMER_POLICIES,
                           doc="a timer registered before its domain's current time: `fire` at the next firing "
                               "point (as Flink), or `error` (a ConfigError naming this option)"),

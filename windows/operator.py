@@ -9,9 +9,6 @@ the job's stores, and emits it through the task's collector, closed by event-tim
         def process(self, envelope, collector, coordinator):
             self.hourly.add(envelope.key, envelope.value, envelope.timestamp, collector)
 
-        def on_timer(self, key, timestamp, collector, coordinator):
-            self.hourly.on_timer(key, timestamp, collector)
-
 Guarantees (with the runtime's timers, which are state committed with the stores):
 
 * a window is **closed** once the partition's watermark reaches its end plus ``lateness``; a record
@@ -23,12 +20,18 @@ Guarantees (with the runtime's timers, which are state committed with the stores
   ``lateness``; ``emit = "update"``: after each record, the aggregate of every window it changed;
 * a window's state is deleted when its timer fires, in both modes, so state holds open windows only.
 
-Timers: an aligned window (tumbling, hopping) closes for every key at once, so the operator keeps
-**one event-time timer per window**, registered for the key ``"windows:<store>"`` (a str: the job's
-``[time] timer_key_serde`` must encode strings, as the default ``json`` does), and its firing
-closes the window's entries of every key with one prefix scan of the store. A session window is
-per key, and has a timer per key and session, registered for ``"windows:<store>|<key>"``. Timers
-of one aggregation never collide with another's or with the task's own.
+Timers: each aggregation keeps its timers in its own timer namespace, ``"windows:<store>"``
+(``context.timers.namespace``), which fires them itself: they never collide with another
+aggregation's or with the task's own, and the job's ``[time] timer_key_serde`` does not matter to
+them. An aligned window (tumbling, hopping) closes for every key at once, so the operator keeps
+**one event-time timer per window** (key None), and its firing closes the window's entries of every
+key with one prefix scan of the store. A session window is per key, and has a timer per key and
+session (the record's key, in JSON: any JSON value).
+
+Timers stored before timer namespaces were the task's own, for the keys ``"windows:<store>"`` and
+``"windows:<store>|<key>"``: they fire through the task's ``on_timer``, which forwards them to
+:meth:`WindowedAggregation.on_timer` (a task whose state predates namespaces keeps that forwarding
+until they have fired: at most a window's length plus its lateness of event time).
 
 Exactly once: the firing, its output and the deletions are one commit (the timers' guarantee).
 """
@@ -40,7 +43,8 @@ import logging
 from math import floor
 from typing import Any, Callable
 
-from localstate.core.task import Collector, KeyValueStore, TaskContext
+from localstate.core.task import Collector, Coordinator, KeyValueStore, TaskContext
+from localstate.core.time import TimerNamespace
 from localstate.errors import ConfigError
 from localstate.windows.aggregations import Aggregation, Fold, WindowState
 from localstate.windows.checks import WindowUse, check_stores
@@ -121,7 +125,11 @@ class WindowedAggregation:
         """Late records seen by this task instance (dropped; the runtime reports them per committed
         batch from ``context.counters``)."""
         self.timer_key = f"windows:{store}"
-        """the key an aligned window's timer is registered for (a session's: this, ``|`` and its key)"""
+        """the name of this aggregation's timer namespace; also the key of an aligned window's timer
+        stored before timer namespaces (a session's: this, ``|`` and its key)"""
+        self.timer_namespace: TimerNamespace = self.timers.namespace(self.timer_key, self._fire)
+        """this aggregation's timers (an aligned window's key None, a session's its record key)"""
+        self._register = self.timer_namespace.register_event_time
         self._registered: set[float] = set()
         # closing times this instance registered a timer for (registering again is a no-op, so a
         # restart that forgets them registers each open window's timer once more: harmless)
@@ -206,7 +214,7 @@ class WindowedAggregation:
         self._kv.merge_many(names, [1] * len(names))  # type: ignore[attr-defined]
         registered = self._registered
         for close in set(closes.tolist()) - registered:
-            self.timers.register_event_time(self.timer_key, close)
+            self._register(None, close)
             registered.add(close)
 
     def _add_aligned(self, key: Any, value: Any, timestamp: float, collector: Collector,
@@ -225,7 +233,7 @@ class WindowedAggregation:
             name = f"{index}|{text}"
             self.state.add(name, value)
             if closes not in self._registered:
-                self.timers.register_event_time(self.timer_key, closes)
+                self._register(None, closes)
                 self._registered.add(closes)
             if not self.final:
                 collector.send(self.output, key, self.shape(key, bounds, self.state.result(name)))
@@ -255,7 +263,7 @@ class WindowedAggregation:
         name = f"{index}|{key}" if key.__class__ is str else f"{index}|{_key_text(key)}"
         self._put(name, self._step(self._get(name), value))
         if closes not in self._registered:
-            self.timers.register_event_time(self.timer_key, closes)
+            self._register(None, closes)
             self._registered.add(closes)
         if not self.final:
             collector.send(self.output, key, self.shape(key, self.window.window(index), self.state.result(name)))
@@ -283,13 +291,13 @@ class WindowedAggregation:
         text = _key_text(key)
         index_key = f"sessions|{text}"
         sessions: list[list[float]] = self.index.get(index_key) or []
-        timer_key = f"{self.timer_key}|{text}"
         if watermark is not None and any(s[1] + lateness <= watermark for s in sessions):
             # Sessions already closed, their timer due but not fired yet (timers fire at batch
             # boundaries): close them now, as their timer would, so they take no more records.
+            # (sent for the key's JSON value, as by the timer: a tuple key as a list)
             for s in [s for s in sessions if s[1] + lateness <= watermark]:
-                self.timers.delete_event_time(timer_key, s[1] + lateness)
-                self._close_session(key, s[1] + lateness, collector)
+                self.timer_namespace.delete_event_time(key, s[1] + lateness)
+                self._close_session(_key_of(text), s[1] + lateness, collector)
             sessions = self.index.get(index_key) or []
         opened = window.window(timestamp)
         merging = [s for s in sessions if overlaps(s, opened)]
@@ -301,32 +309,48 @@ class WindowedAggregation:
         name = f"{start!r}|{text}"
         for s in sorted(merging):
             if s[1] + lateness != end + lateness:
-                self.timers.delete_event_time(timer_key, s[1] + lateness)
+                self.timer_namespace.delete_event_time(key, s[1] + lateness)
             old = f"{s[0]!r}|{text}"
             if old != name:
                 self.state.merge(name, old)
                 self.state.delete(old)
         self.state.add(name, value)
-        self.timers.register_event_time(timer_key, end + lateness)
+        self._register(key, end + lateness)
         kept = [s for s in sessions if s not in merging]
         self.index.put(index_key, sorted([*kept, [start, end]]))
         if not self.final:
             collector.send(self.output, key, self.shape(key, Window(start, end), self.state.result(name)))
 
     # -- timers ----------------------------------------------------------------------------------
+    def _fire(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
+        """A timer of this aggregation's namespace fired: close its window (``key`` None) or ``key``'s
+        session ending at ``timestamp``."""
+        if self.index is not None:
+            self._close_session(key, timestamp, collector)
+        else:
+            self._close_aligned(timestamp, collector)
+
     def on_timer(self, key: Any, timestamp: float, collector: Collector) -> bool:
-        """Close the windows this aggregation's timer ``(key, timestamp)`` closes (an aligned
-        window's entries of every key, or ``key``'s session): send them (``emit = "final"``) and
-        delete their state. False when the timer is not one of this aggregation's."""
+        """Close the windows that a timer this aggregation stored *before timer namespaces* closes
+        (key ``"windows:<store>"``: an aligned window's entries of every key; ``"windows:<store>|<key>"``:
+        ``key``'s session), as its namespace's timers do: such timers fire through the task's
+        ``on_timer``, which forwards them here. False when the timer is not one of this
+        aggregation's (or its window is gone). Timers registered since fire through the namespace:
+        a task needs no ``on_timer`` for them."""
         if self.index is not None:
             prefix = self.timer_key + "|"
             if not (isinstance(key, str) and key.startswith(prefix)):
                 return False
             return self._close_session(_key_of(key[len(prefix):]), timestamp, collector)
-        window = self.window
-        assert isinstance(window, Hopping)
         if key != self.timer_key:
             return False
+        return self._close_aligned(timestamp, collector)
+
+    def _close_aligned(self, timestamp: float, collector: Collector) -> bool:
+        """Close the aligned window whose timer is at ``timestamp``: send each key's aggregate
+        (``emit = "final"``) and delete the window's entries. False when no window closes then."""
+        window = self.window
+        assert isinstance(window, Hopping)
         index = window.index_closing_at(timestamp, self.lateness)
         if index is None:
             return False

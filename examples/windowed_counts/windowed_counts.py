@@ -3,8 +3,9 @@ once, when the partition's watermark passes the end of the hour (then forget it)
 same: ``HourlyPageViews`` per record, ``HourlyPageViewsBatch`` on Arrow batches.
 
 The window library (``localstate.windows``) keeps one count per (hour, user) in the ``counts`` store
-and registers an event-time timer for the end of each hour a user was seen in; the timer's firing
-sends the count and deletes it, in the same commit."""
+and registers an event-time timer for the end of each hour (in its own timer namespace, so the
+tasks define no ``on_timer``); the timer's firing sends the hour's counts and deletes them, in the
+same commit."""
 
 from __future__ import annotations
 
@@ -28,9 +29,6 @@ class HourlyPageViews(StreamTask):
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
         self.hourly.add(envelope.key, envelope.value, envelope.timestamp, collector)
 
-    def on_timer(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
-        self.hourly.on_timer(key, timestamp, collector)
-
 
 class HourlyPageViewsBatch(BatchTask):
     """:class:`HourlyPageViews` on Arrow batches (``task = "windowed_counts:HourlyPageViewsBatch"``):
@@ -43,6 +41,3 @@ class HourlyPageViewsBatch(BatchTask):
 
     def process_batch(self, batch: Any, collector: Collector, coordinator: Coordinator) -> None:
         self.hourly.add_batch(batch.column("key"), batch.column("value"), batch.column("timestamp"), collector)
-
-    def on_timer(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
-        self.hourly.on_timer(key, timestamp, collector)

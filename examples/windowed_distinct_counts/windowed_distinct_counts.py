@@ -34,9 +34,6 @@ class PageVisitorsPerHour(StreamTask):
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
         self.visitors.add(envelope.value["page"], envelope.value, envelope.timestamp, collector)
 
-    def on_timer(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
-        self.visitors.on_timer(key, timestamp, collector)
-
 
 def merge_partitions(rows: Iterable[tuple[str, dict[str, int]]]) -> dict[tuple[str, int], int]:
     """Global distinct users per (page, hour) from the partitions' ``page-visitors`` rows: a sum,

@@ -9,13 +9,22 @@ restarts either). The feed loop raises :attr:`PartitionTime.high` after each rec
 after each batch), so the task sees the watermark from before the record (or batch) it processes.
 
 *Timers* are state: each is an entry of the logged kv store :data:`~localstate.core.time.TIMER_STORE`
-(raw bytes, recovered, flushed and checkpointed with the other stores), keyed
+(raw bytes, recovered, flushed and checkpointed with the other stores), keyed (see
+:mod:`.timer_entries`)
 
-    domain (1 byte) | timestamp (8 bytes, order-preserving) | key (the timer key serde's bytes)
+    domain (1 byte) | timestamp (8 bytes, order-preserving) | namespace (length byte, UTF-8) | key
 
-so a range scan of a domain returns its timers in timestamp order, and registering the same
-(domain, key, timestamp) twice writes the same entry (deduplicated, as Flink). The earliest
-timestamp of each domain is cached, so a batch boundary with nothing due costs two comparisons.
+so a range scan of a domain returns its timers in timestamp order across every namespace, and
+registering the same (domain, namespace, key, timestamp) twice writes the same entry (deduplicated,
+as Flink). The earliest timestamp of each domain is cached, so a batch boundary with nothing due
+costs two comparisons. Entries in the layout before namespaces are rewritten into namespace ``""``
+when the store is attached (they commit with the next commit).
+
+*Namespaces* (:class:`TimerNamespace`, Flink's per-(key, namespace) timers): the task's own timers
+(``context.timers.register_*``) are namespace ``""``, keys encoded by ``[time] timer_key_serde``, fired
+through the task's ``on_timer``; ``context.timers.namespace(name, on_fire, key_serde)`` opens another
+(a windowed aggregation opens one), with its own key serde, fired through its own ``on_fire``. Every
+namespace shares its domain's one firing order.
 
 *Firing* (:meth:`PartitionTime.fire`): every event-time timer with timestamp <= watermark, then
 every processing-time timer with timestamp <= the clock (read once per firing), each in timestamp
@@ -31,85 +40,62 @@ again after recovery, its earlier outputs trimmed with the rest).
 from __future__ import annotations
 
 import heapq
-import json
-import json.encoder
-import json.scanner
 import math
-import struct
-from itertools import repeat
-from operator import itemgetter
 from typing import Any, Callable
 
+from localstate.core.codecs import FAST_ERRORS
 from localstate.core.text import a
-
-from localstate.core.codecs import FAST_ERRORS, fast_codec
 from localstate.core.config import JobConfig
-from localstate.core.serdes import JsonSerde, Serde
+from localstate.core.serdes import Serde
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TIMER_STORE
+from localstate.core.tracebacks import raise_task_error
 from localstate.errors import ConfigError, InvalidValueError
+from localstate.runtime.partition.timer_entries import (ALL, DOMAIN_BYTE, OWN, PREFIX, SIGN, UNDECODED, KeyCodec,
+                                                        NamespaceTable, after, decode_timestamp, decode_timestamps,
+                                                        encode_timestamp, first_item, json_str, migrate_old_entries,
+                                                        namespace_codec, namespace_header, pack_f64, pack_head,
+                                                        pack_u64, split_entry, unpack_f64, unpack_u64)
 
-__all__ = ["PartitionTime", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK"]
+__all__ = ["PartitionTime", "TimerNamespace", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK"]
 
 SCAN_CHUNK = 16384
 """Due timers read from the store per scan while firing (bounded memory for a million due timers)."""
 
-_PREFIX = {EVENT_TIME: b"e", PROCESSING_TIME: b"p"}
-_SIGN = 1 << 63
-_ALL = (1 << 64) - 1
-_u64 = struct.Struct(">Q")
-_f64 = struct.Struct(">d")
-_pack_u64, _unpack_u64, _pack_f64, _unpack_f64 = _u64.pack, _u64.unpack, _f64.pack, _f64.unpack
 
+class TimerNamespace:
+    """A namespace of a partition's timers (:class:`~localstate.core.time.TimerNamespace`): its keys
+    encoded by its own serde, its due timers fired through its ``on_fire(key, timestamp, collector,
+    coordinator)``, in its domain's one order with every other namespace's."""
 
-_json_text = json.JSONDecoder().decode
-_json_scan = json.scanner.make_scanner(json.JSONDecoder())
-"""``(value, end)`` of the JSON text at an index of a string: the C scanner, with no Python frame"""
-_json_str = json.encoder.encode_basestring
-"""JsonSerde's text of an exact ``str`` (compact, ``ensure_ascii=False``): the C function its encoder calls"""
-_UNDECODED = object()
-"""a fired key the chunk's decoding left to the per-timer path"""
-_first_item, _second_item = itemgetter(0), itemgetter(1)
+    __slots__ = ("name", "header", "length", "name_bytes", "codec", "on_fire", "spec", "usable", "_time")
 
+    def __init__(self, time: "PartitionTime", name: str, header: bytes, codec: KeyCodec | None,
+                 on_fire: Callable[..., None] | None, spec: Any, usable: bool) -> None:
+        self.name = name
+        self.header = header
+        self.length, self.name_bytes = header[0], header[1:]
+        self.codec = codec
+        self.on_fire = on_fire
+        self.spec = spec
+        """the key serde as the task gave it (a second open must give the same)"""
+        self.usable = usable
+        """registering may go ahead (the task's own namespace: timers kept and ``on_timer`` defined)"""
+        self._time = time
 
-def _json_decode(data: bytes) -> Any:
-    return _json_text(data.decode("utf-8"))
+    def register_event_time(self, key: Any, timestamp: float) -> None:
+        self._time._register(EVENT_TIME, key, timestamp, self)
 
+    def register_processing_time(self, key: Any, timestamp: float) -> None:
+        self._time._register(PROCESSING_TIME, key, timestamp, self)
 
-def _decode_timestamps(entries: list[bytes]) -> tuple[float, ...]:
-    """:func:`decode_timestamp` of each store key's timestamp, in three C calls and one comprehension."""
-    count = len(entries)
-    bits = struct.unpack(f">{count}Q", b"".join([entry[1:9] for entry in entries]))
-    flipped = [b & ~_SIGN if b & _SIGN else b ^ _ALL for b in bits]
-    return struct.unpack(f">{count}d", struct.pack(f">{count}Q", *flipped))
+    def delete_event_time(self, key: Any, timestamp: float) -> None:
+        self._time._delete(EVENT_TIME, key, timestamp, self)
 
+    def delete_processing_time(self, key: Any, timestamp: float) -> None:
+        self._time._delete(PROCESSING_TIME, key, timestamp, self)
 
-def _json_decode_many(texts: list[bytes]) -> list[Any]:
-    """The json keys of a chunk, decoded by C-level maps (no frame per key); raises (ValueError,
-    StopIteration) unless each text is exactly one JSON value."""
-    strings = list(map(bytes.decode, texts))
-    scanned = list(map(_json_scan, strings, repeat(0)))
-    # a StopIteration inside map() ends it early: a short list is a text that is no JSON value
-    if len(scanned) != len(strings) or list(map(_second_item, scanned)) != list(map(len, strings)):
-        raise ValueError("not one JSON value per key")
-    return list(map(_first_item, scanned))
-
-
-def encode_timestamp(ts: float) -> bytes:
-    """8 bytes whose byte order is the numeric order of ``ts`` (IEEE 754 with the sign bit flipped
-    for positives and every bit flipped for negatives)."""
-    (bits,) = _u64.unpack(_f64.pack(ts + 0.0))  # + 0.0: -0.0 and 0.0 are one time
-    return _u64.pack(bits ^ _ALL if bits & _SIGN else bits | _SIGN)
-
-
-def decode_timestamp(data: bytes) -> float:
-    """The inverse of :func:`encode_timestamp`."""
-    (bits,) = _u64.unpack(data)
-    return _f64.unpack(_u64.pack(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
-
-
-def _after(encoded: bytes) -> bytes:
-    """The smallest 8-byte string greater than ``encoded``: the exclusive end of a scan up to it."""
-    return _u64.pack(min(_u64.unpack(encoded)[0] + 1, _ALL))
+    def __repr__(self) -> str:
+        return f"TimerNamespace({self.name!r})"
 
 
 class _Round:
@@ -153,17 +139,14 @@ class PartitionTime:
         self.high = -math.inf
         """the largest event timestamp fed since open (the feed loop raises it)"""
         self._store: Any = None
-        self._key_serde: Serde | None = None
-        self._encode_key: Callable[[Any], bytes] | None = None
-        self._decode_key: Callable[[bytes], Any] | None = None
-        self._decode_many: Callable[[list[bytes]], list[Any]] | None = None
-        self._json_keys = False
+        self._namespaces = NamespaceTable(partition)
+        self._own = TimerNamespace(self, "", OWN, None, None, None, usable=False)
+        """the task's own timers (namespace ``""``), usable once attached if the task defines on_timer"""
         self._earliest: dict[str, float | None] = {EVENT_TIME: None, PROCESSING_TIME: None}
         self._round: _Round | None = None
         self._firing_domain: str | None = None
-        self._task_fires = True
-        self._usable = False
-        """timers kept and ``on_timer`` defined: registering may go ahead"""
+        self.migrated = 0
+        """timers :meth:`attach` rewrote from the layout before namespaces"""
 
     # -- time ------------------------------------------------------------------------------------
     def processing_time(self) -> float:
@@ -190,22 +173,44 @@ class PartitionTime:
 
     # -- timers ----------------------------------------------------------------------------------
     def attach(self, store: Any, key_serde: Serde, task_fires: bool) -> None:
-        """Keep timers in ``store`` (the recovered timer store), keys encoded by ``key_serde``;
-        ``task_fires``: the task overrides ``on_timer`` (registering is refused otherwise)."""
+        """Keep timers in ``store`` (the recovered timer store; entries of the layout before
+        namespaces are migrated now), the task's own keys encoded by ``key_serde``; ``task_fires``:
+        the task overrides ``on_timer`` (registering its own timers is refused otherwise)."""
         self._store = store
-        self._key_serde = key_serde
-        self._encode_key, self._decode_key = fast_codec(key_serde)
-        if type(key_serde) is JsonSerde:
-            # The store holds only keys this service encoded: the serde's checks of foreign data
-            # (what its serialize would refuse) cannot fail, and cost as much as the decoding.
-            self._decode_key = _json_decode
-        self._json_keys = type(key_serde) is JsonSerde
-        decode = self._decode_key
-        self._decode_many = _json_decode_many if self._json_keys else lambda texts: list(map(decode, texts))
-        self._task_fires = task_fires
-        self._usable = task_fires
-        for domain in _PREFIX:
+        self.migrated = migrate_old_entries(store)
+        codec = KeyCodec(key_serde, self._job.time.timer_key_serde,
+                         "set [time] timer_key_serde to a serde that encodes the task's keys", self._partition)
+        self._own = TimerNamespace(self, "", OWN, codec, None, None, usable=task_fires)
+        self._namespaces.add(self._own, own=True, fires=task_fires)
+        for domain in PREFIX:
             self._earliest[domain] = self._first(domain)
+
+    def namespace(self, name: str, on_fire: Callable[[Any, float, Any, Any], None],
+                  key_serde: Serde | str | None = None) -> TimerNamespace:
+        """The timer namespace ``name`` (see :meth:`localstate.core.time.Timers.namespace`); opening
+        it again with the same ``on_fire`` and ``key_serde`` returns the same one."""
+        header = namespace_header(name, self._partition)
+        if self._store is None:
+            raise ConfigError.at("time.timers", f"the task of partition {self._partition} opened timer namespace "
+                                 f"{name!r}, but job {self._job.name!r} keeps no timers",
+                                 hint="add a [time] table with timers = true to the job config")
+        if not callable(on_fire):
+            raise ConfigError.at("job.task", f"partition {self._partition}: timer namespace {name!r} needs a callable "
+                                 f"on_fire, got {type(on_fire).__name__}",
+                                 hint="pass on_fire(key, timestamp, collector, coordinator)")
+        spec = "json" if key_serde is None else key_serde
+        opened = self._namespaces.get(header)
+        if opened is not None:
+            if opened.on_fire == on_fire and opened.spec == spec:
+                return opened
+            raise ConfigError.at("job.task", f"partition {self._partition}: timer namespace {name!r} is open already, "
+                                 "with another on_fire or key serde",
+                                 hint="open each timer namespace once per partition (in init()); two "
+                                      "WindowedAggregations need a store each")
+        codec = namespace_codec(self._job, self._partition, name, spec)
+        namespace = TimerNamespace(self, name, header, codec, on_fire, spec, usable=True)
+        self._namespaces.add(namespace)
+        return namespace
 
     @property
     def enabled(self) -> bool:
@@ -221,62 +226,53 @@ class PartitionTime:
         return self._earliest[PROCESSING_TIME]
 
     def register_event_time(self, key: Any, timestamp: float) -> None:
-        self._register(EVENT_TIME, key, timestamp)
+        self._register(EVENT_TIME, key, timestamp, self._own)
 
     def register_processing_time(self, key: Any, timestamp: float) -> None:
-        self._register(PROCESSING_TIME, key, timestamp)
+        self._register(PROCESSING_TIME, key, timestamp, self._own)
 
     def delete_event_time(self, key: Any, timestamp: float) -> None:
-        self._delete(EVENT_TIME, key, timestamp)
+        self._delete(EVENT_TIME, key, timestamp, self._own)
 
     def delete_processing_time(self, key: Any, timestamp: float) -> None:
-        self._delete(PROCESSING_TIME, key, timestamp)
+        self._delete(PROCESSING_TIME, key, timestamp, self._own)
 
     def _check_usable(self, domain: str) -> None:
-        """Raise why this partition cannot take timers (none kept, or no ``on_timer``), if so."""
+        """Raise why the task cannot register its own timers (none kept, or no ``on_timer``)."""
         if self._store is None:
             raise ConfigError.at("time.timers", f"the task of partition {self._partition} registered "
                                  f"{a(domain)}-time timer, but job {self._job.name!r} keeps no timers",
                                  hint="add a [time] table with timers = true to the job config")
-        if not self._task_fires:
-            raise ConfigError.at("job.task", "the task registers timers but does not define on_timer(); a timer "
-                                 "that fires would have nowhere to go",
-                                 hint="override on_timer(self, key, timestamp, collector, coordinator) in the task")
+        raise ConfigError.at("job.task", "the task registers timers but does not define on_timer(); a timer "
+                             "that fires would have nowhere to go",
+                             hint="override on_timer(self, key, timestamp, collector, coordinator) in the task")
 
-    def _entry(self, domain: str, key: Any, timestamp: Any) -> tuple[float, bytes]:
+    def _entry(self, domain: str, key: Any, timestamp: Any, namespace: TimerNamespace) -> tuple[float, bytes]:
         """``(timestamp as float, store key)`` of a timer; typed errors for what cannot be one."""
-        if not self._usable:
+        if not namespace.usable:
             self._check_usable(domain)
         if timestamp.__class__ is not float or timestamp - timestamp != 0.0:  # not a finite float: look closer
             if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+                where = f" in timer namespace {namespace.name!r}" if namespace.name else ""
                 raise InvalidValueError(f"{a(domain)}-time timer needs a finite timestamp (seconds since the epoch), "
-                                        f"got {timestamp!r} for key {key!r}", store=TIMER_STORE,
+                                        f"got {timestamp!r} for key {key!r}{where}", store=TIMER_STORE,
                                         partition=self._partition,
                                         hint="pass a number such as envelope.timestamp + 60")
             timestamp = float(timestamp)
+        codec = namespace.codec
         try:
-            if key.__class__ is str and self._json_keys:  # the common key, without the encoder's frames
-                kb = _json_str(key).encode()
+            if key.__class__ is str and codec.json_keys:  # type: ignore[union-attr]  # the common key, without the encoder's frames
+                kb = json_str(key).encode()
             else:
-                kb = self._encode_key(key)  # type: ignore[misc]
+                kb = codec.encode(key)  # type: ignore[union-attr]
         except FAST_ERRORS:
-            kb = self._slow_key(key)
-        (bits,) = _unpack_u64(_pack_f64(timestamp + 0.0))  # encode_timestamp, inline: the per-timer path
-        return timestamp, _PREFIX[domain] + _pack_u64(bits ^ _ALL if bits & _SIGN else bits | _SIGN) + kb
+            kb = codec.slow_key(key)  # type: ignore[union-attr]
+        (bits,) = unpack_u64(pack_f64(timestamp + 0.0))  # encode_timestamp, inline: the per-timer path
+        return timestamp, pack_head(DOMAIN_BYTE[domain], bits ^ ALL if bits & SIGN else bits | SIGN,
+                                    namespace.length) + namespace.name_bytes + kb
 
-    def _slow_key(self, key: Any) -> bytes:
-        """``key`` encoded by the serde itself after the fast path refused it (a typed error if it cannot)."""
-        try:
-            return self._key_serde.serialize(key)  # type: ignore[union-attr]
-        except Exception as exc:  # noqa: BLE001 - every serde failure is reported the same way
-            raise InvalidValueError(f"cannot encode the timer key {key!r} with serde "
-                                    f"{self._job.time.timer_key_serde!r}: {exc}", store=TIMER_STORE,
-                                    partition=self._partition,
-                                    hint="set [time] timer_key_serde to a serde that encodes the task's keys") \
-                from exc
-
-    def _register(self, domain: str, key: Any, timestamp: Any) -> None:  # noqa: C901
-        timestamp, entry = self._entry(domain, key, timestamp)
+    def _register(self, domain: str, key: Any, timestamp: Any, namespace: TimerNamespace) -> None:  # noqa: C901
+        timestamp, entry = self._entry(domain, key, timestamp, namespace)
         if self._forbid_past:
             now = self._clock() if domain == PROCESSING_TIME else self.watermark
             if now is not None and timestamp < now:
@@ -298,8 +294,8 @@ class PartitionTime:
                 heapq.heappush(firing.heap, entry)  # due already, and below what the next scan reads
                 firing.pending.add(entry)
 
-    def _delete(self, domain: str, key: Any, timestamp: Any) -> None:
-        _timestamp, entry = self._entry(domain, key, timestamp)
+    def _delete(self, domain: str, key: Any, timestamp: Any, namespace: TimerNamespace) -> None:
+        _timestamp, entry = self._entry(domain, key, timestamp, namespace)
         self._store.delete(entry)
         firing = self._round
         if firing is not None and entry > firing.last:
@@ -310,9 +306,10 @@ class PartitionTime:
 
     def _first(self, domain: str) -> float | None:
         """The earliest timer of ``domain`` in the store, or None."""
-        prefix = _PREFIX[domain]
-        for entry, _ in self._store.range(prefix, bytes([prefix[0] + 1])):
-            return decode_timestamp(entry[1:9])
+        prefix = PREFIX[domain]
+        with self._store.range(prefix, bytes([prefix[0] + 1])) as entries:
+            for entry, _ in entries:
+                return decode_timestamp(entry[1:9])
         return None
 
     # -- firing ----------------------------------------------------------------------------------
@@ -329,10 +326,11 @@ class PartitionTime:
 
     def fire(self, on_timer: Callable[[Any, float, Any, Any], None], collector: Any, coordinator: Any,
              failed: Callable[[BaseException, Any, float], None], before_each: Callable[[], None] | None) -> int:
-        """Fire every due timer (see the module docstring): ``on_timer(key, timestamp, collector,
-        coordinator)`` (the task's); an exception it raises goes to ``failed(exc, key, timestamp)``,
-        which raises; ``before_each()`` runs before each (a crash point; None: nothing). Returns how
-        many fired."""
+        """Fire every due timer (see the module docstring): the task's own through ``on_timer(key,
+        timestamp, collector, coordinator)`` (the task's; an exception it raises goes to ``failed(exc,
+        key, timestamp)``, which raises), a namespace's through its ``on_fire`` (an exception it
+        raises is a TaskError naming the namespace); ``before_each()`` runs before each (a crash
+        point; None: nothing). Returns how many fired."""
         if not self.due():
             return 0
         fired = self._fire_domain(EVENT_TIME, self.watermark, on_timer, (collector, coordinator), failed, before_each)
@@ -345,14 +343,11 @@ class PartitionTime:
         earliest = self._earliest[domain]
         if now is None or earliest is None or earliest > now:
             return 0
-        store, prefix = self._store, _PREFIX[domain]
-        end = prefix + _after(encode_timestamp(now))
-        decode_key, slow_decode = self._decode_key, self._key_serde.deserialize  # type: ignore[union-attr]
-        decode_many = self._decode_many
+        store, prefix, namespaces = self._store, PREFIX[domain], self._namespaces
+        end = prefix + after(encode_timestamp(now))
         firing = self._round = _Round(domain, now)
         heap, pending, deleted = firing.heap, firing.pending, firing.deleted
         pop, delete, delete_all = heapq.heappop, store.delete, store.delete_all
-        unpack_u64, pack_u64, unpack_f64 = _unpack_u64, _pack_u64, _unpack_f64
         collector, coordinator = args
         start = prefix
         fired = 0
@@ -361,17 +356,16 @@ class PartitionTime:
         # commit is as safe as any spill: a crash before the checkpoint rolls the store back.
         store.flush()
         backend = store.backend
-        self._firing_domain = domain  # only the task's on_timer runs in between: it sees the domain
+        self._firing_domain = domain  # only the callbacks run in between: they see the domain
         try:
             while True:
-                scanned = list(map(_first_item, backend.scan(start, end, SCAN_CHUNK)))
+                scanned = list(map(first_item, backend.scan(start, end, SCAN_CHUNK)))
                 exhausted = len(scanned) < SCAN_CHUNK
                 firing.last = end if exhausted else scanned[-1]
-                try:
-                    keys = decode_many([entry[9:] for entry in scanned])  # type: ignore[misc]
-                except (*FAST_ERRORS, StopIteration):
-                    keys = [_UNDECODED] * len(scanned)  # one refused: each decoded as it fires
-                stamps = _decode_timestamps(scanned)
+                # who fires each timer, resolved before anything is deleted (a namespace nobody opened
+                # is a ConfigError that leaves the store as it was)
+                handlers, keys = namespaces.chunk(scanned, on_timer)
+                stamps = decode_timestamps(scanned)
                 # The chunk's deletions in one batch, before any of its timers fires: all land in the
                 # same commit as the outputs either way. A timer re-registered while firing (pending)
                 # is deleted again as it fires; if the round stops early (an exception) the timers
@@ -387,12 +381,14 @@ class PartitionTime:
                                 continue  # deleted after it was registered
                             pending.discard(entry)
                             delete(entry)
-                            key = _UNDECODED
+                            key = UNDECODED
+                            handler = namespaces.handler(entry, on_timer)
                             (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
-                            timestamp = unpack_f64(pack_u64(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
+                            timestamp = unpack_f64(pack_u64(bits & ~SIGN if bits & SIGN else bits ^ ALL))[0]
                         elif index < count:
                             entry = scanned[index]
                             key = keys[index]
+                            handler = handlers[index]
                             timestamp = stamps[index]
                             index += 1
                             if deleted and entry in deleted:
@@ -404,15 +400,15 @@ class PartitionTime:
                             break
                         if before_each is not None:
                             before_each()
-                        if key is _UNDECODED:
-                            try:
-                                key = decode_key(entry[9:])  # type: ignore[misc]
-                            except FAST_ERRORS:
-                                key = slow_decode(entry[9:])
+                        if key is UNDECODED:
+                            key = namespaces.decode(entry)
                         try:
-                            on_timer(key, timestamp, collector, coordinator)
+                            handler(key, timestamp, collector, coordinator)
                         except (Exception, SystemExit) as exc:
-                            failed(exc, key, timestamp)
+                            if handler is on_timer:
+                                failed(exc, key, timestamp)
+                            else:
+                                self._namespace_failed(exc, entry, key, timestamp)
                             raise
                         fired += 1
                 except BaseException:
@@ -432,3 +428,10 @@ class PartitionTime:
             self._firing_domain = None
         self._earliest[domain] = self._first(domain)
         return fired
+
+    def _namespace_failed(self, exc: BaseException, entry: bytes, key: Any, timestamp: float) -> None:
+        """A namespace's ``on_fire`` raised ``exc`` for ``key`` at ``timestamp``: a TaskError naming it."""
+        name = split_entry(entry)[2]
+        raise_task_error(exc, f"on_fire() of timer namespace {name!r}", partition=self._partition,
+                         hint=f"fix the on_fire of timer namespace {name!r} (it failed for key {key!r:.200} at "
+                              f"{timestamp!r}); state and timers are rolled back to the last commit on restart")

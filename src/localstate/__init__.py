@@ -4,7 +4,7 @@ The public surface, in two parts:
 
 * for **task authors**: :class:`StreamTask`, :class:`BatchTask`, :class:`TaskContext`, :class:`Envelope`, :class:`Collector`,
   :class:`Coordinator`, :class:`KeyValueStore`, :class:`TaskTestDriver`, time (:class:`Timers`,
-  :class:`TimeSource`, :data:`EVENT_TIME`, :data:`PROCESSING_TIME`; windows in :mod:`localstate.windows`)
+  :class:`TimerNamespace`, :class:`TimeSource`, :data:`EVENT_TIME`, :data:`PROCESSING_TIME`; windows in :mod:`localstate.windows`)
   and the errors in :mod:`localstate.errors`;
 * for **plugin authors** (engines, changelog systems, stream systems, backends, serdes):
   :class:`StorageEngine`, :class:`StorageEngineFactory`, :class:`StoreContext` (and, for the state
@@ -32,7 +32,7 @@ from localstate.core.stream import IdentifiedInput, InputRecord, InputStream, Ou
     StreamSystem
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, KeyValueStore, StreamTask, TaskContext, \
     column_values
-from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TimeSource, Timers
+from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TimerNamespace, TimeSource, Timers
 from localstate.errors import LocalStateError
 
 try:
@@ -53,6 +53,7 @@ __all__ = [
     "Coordinator",
     "TaskTestDriver",
     "Timers",
+    "TimerNamespace",
     "TimeSource",
     "EVENT_TIME",
     "PROCESSING_TIME",

@@ -35,6 +35,7 @@ CONTRACTS = {
     "Item": "localstate.core.backend",
     # time (timers and the stores' TTL read it)
     "Timers": "localstate.core.time",
+    "TimerNamespace": "localstate.core.time",
     "TimeSource": "localstate.core.time",
     "EVENT_TIME": "localstate.core.time",
     "PROCESSING_TIME": "localstate.core.time",

@@ -339,6 +339,7 @@ TESTED_ELSEWHERE = {
     "sketch/engine_direct.py": "tests/sketch/test_store.py",
     "examples/windowed_counts/windowed_counts.py": "tests/windows/test_examples.py",
     "time/page_stats.py": "tests/windows/test_docs_snippets.py",
+    "time/idle_users.py": "tests/time/test_timer_namespaces.py",
 }
 
 

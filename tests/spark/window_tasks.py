@@ -4,7 +4,6 @@ a tumbling count and its job config."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.task import Collector, Coordinator, Envelope, StreamTask, TaskContext
@@ -23,9 +22,6 @@ class TumblingCount(StreamTask):
 
     def process(self, envelope: Envelope, collector: Collector, coordinator: Coordinator) -> None:
         self.windows.add(envelope.key, envelope.value, envelope.timestamp, collector)
-
-    def on_timer(self, key: Any, timestamp: float, collector: Collector, coordinator: Coordinator) -> None:
-        self.windows.on_timer(key, timestamp, collector)
 
 
 def job_config(state_dir: Path, partitions: int = 2) -> JobConfig:

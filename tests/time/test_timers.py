@@ -16,6 +16,7 @@ from localstate.core.time import TIMER_STORE, TIMER_WRITE_BATCH
 from localstate.core.task import BatchTask, StreamTask
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, Timers
 from localstate.errors import ConfigError, InvalidValueError
+from localstate.runtime.partition import timer_entries
 from localstate.runtime.partition import timers as timer_module
 from localstate.runtime.partition.timers import decode_timestamp, encode_timestamp
 from localstate.testing.driver import TaskTestDriver
@@ -477,7 +478,7 @@ def test_a_round_stopped_by_a_failure_leaves_the_unfired_timers_of_its_chunk_in_
 def test_a_chunk_whose_keys_the_fast_decoding_refuses_fires_through_the_serde(monkeypatch) -> None:
     """A json key the chunk-level decoding refuses is decoded by itself as it fires, through the same
     path as before batching (the others of its chunk are unaffected)."""
-    monkeypatch.setattr(timer_module, "_json_decode_many", lambda texts: (_ for _ in ()).throw(ValueError("no")))
+    monkeypatch.setattr(timer_entries, "json_decode_many", lambda texts: (_ for _ in ()).throw(ValueError("no")))
     with driver() as d:
         d.send("in", "k1", ["event", 5.0], timestamp=0.0)
         d.send("in", "k2", ["event", 6.0], timestamp=0.0)
@@ -490,15 +491,15 @@ def test_the_json_chunk_decoding_accepts_exactly_one_json_value_per_key() -> Non
 
     keys = ["a", "é\n\"", 1, 1.5, True, None, ["x", {"b": 2, "a": 1}], {}]
     texts = [JsonSerde().serialize(k) for k in keys]
-    assert timer_module._json_decode_many(texts) == keys
+    assert timer_entries.json_decode_many(texts) == keys
     for bad in ([b"1,[2", b"3]"], [b"\"a\" "], [b"[1"], [b"nope"], [b""], [b"\xff"]):
         with pytest.raises((ValueError, StopIteration)):
-            timer_module._json_decode_many(bad)
+            timer_entries.json_decode_many(bad)
 
 
 def test_a_chunks_timestamps_decode_as_each_one_does() -> None:
     stamps = [-1e300, -1.5, -0.0, 0.0, 5e-324, 1.0, 1.7e9 + 0.25, 1e300, 2.0 ** 62]
-    entries = [b"e" + encode_timestamp(ts) + b'"k"' for ts in stamps]
-    assert timer_module._decode_timestamps(entries) == tuple(map(decode_timestamp, [e[1:9] for e in entries]))
-    assert timer_module._decode_timestamps(entries) == tuple(ts + 0.0 for ts in stamps)
-    assert timer_module._decode_timestamps([]) == ()
+    entries = [b"E" + encode_timestamp(ts) + b'\x00"k"' for ts in stamps]
+    assert timer_entries.decode_timestamps(entries) == tuple(map(decode_timestamp, [e[1:9] for e in entries]))
+    assert timer_entries.decode_timestamps(entries) == tuple(ts + 0.0 for ts in stamps)
+    assert timer_entries.decode_timestamps([]) == ()

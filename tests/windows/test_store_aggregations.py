@@ -37,9 +37,6 @@ def task_for(window: Any, aggregate: Aggregation, store: str) -> type[StreamTask
         def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
             self.windows.add(envelope.key, envelope.value, envelope.timestamp, collector)
 
-        def on_timer(self, key: Any, timestamp: float, collector: Any, coordinator: Any) -> None:
-            self.windows.on_timer(key, timestamp, collector)
-
     return Windowed
 
 

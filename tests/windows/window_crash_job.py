@@ -33,9 +33,6 @@ class WindowTask(StreamTask):
         self.tumbling.add(envelope.key, envelope.value, envelope.timestamp, collector)
         self.sessions.add(envelope.key, envelope.value, envelope.timestamp, collector)
 
-    def on_timer(self, key, timestamp, collector, coordinator):
-        assert self.tumbling.on_timer(key, timestamp, collector) or self.sessions.on_timer(key, timestamp, collector)
-
 
 def input_record(i: int) -> tuple[str, int, float]:
     """Record ``i``: key, value and event time (out of order by up to 6 s; every 37th 40 s late)."""

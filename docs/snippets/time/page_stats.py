@@ -32,12 +32,6 @@ class PageStats(StreamTask):
         for aggregation in self.by_page:
             aggregation.add(view["page"], view, envelope.timestamp, collector)
         self.by_user.add(envelope.key, view, envelope.timestamp, collector)
-
-    def on_timer(self, key, timestamp, collector, coordinator):
-        # a timer is one aggregation's: the first that recognises it closes its window(s)
-        for aggregation in [*self.by_page, self.by_user]:
-            if aggregation.on_timer(key, timestamp, collector):
-                return
 # --8<-- [end:task]
 
 
