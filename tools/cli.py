@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from localstate.errors import LocalStateError, TaskImportInterrupted
 
-__all__ = ["main", "build_parser", "command"]
+__all__ = ["main", "build_parser", "command", "load_job"]
 
 _COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {}
 
@@ -28,6 +28,15 @@ def command(name: str, help: str) -> Callable:  # noqa: A002 - argparse's own wo
         return run
 
     return register
+
+
+def load_job(args: argparse.Namespace) -> Any:
+    """The job file ``args.job`` (under ``args.plugins``), bound to its current state epoch: what every
+    command that reads or writes the job's state works on (docs/state-as-data.md)."""
+    from localstate.core.config import load_job_config
+    from localstate.runtime.layout import resolve_epoch
+
+    return resolve_epoch(load_job_config(args.job, plugins=args.plugins))
 
 
 def _version() -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localstate.tools.cli import command
+from localstate.tools.cli import command, load_job
 from localstate.tools.dryrun import dry_run
 from localstate.tools.run import positive_int
 from localstate.core.config import job_policy, load_job_config
@@ -276,7 +276,7 @@ def seek(args: argparse.Namespace) -> int:
     from localstate.runtime.driver.views import load_checkpoints
     from localstate.tools.validation import require_input_paths
 
-    job = load_job_config(args.job, plugins=args.plugins)
+    job = load_job(args)
     name = args.input
     if name not in job.inputs:
         raise StateNotFoundError(f"job {job.name!r} has no input {name!r}" + did_you_mean(name, sorted(job.inputs)),
@@ -362,7 +362,7 @@ def compact(args: argparse.Namespace) -> int:
     from localstate.core.changelog import Compactable
     from localstate.runtime.layout import checkpoint_store, open_changelog_system
 
-    job = load_job_config(args.job, plugins=args.plugins)
+    job = load_job(args)
     system = open_changelog_system(job)
     if not isinstance(system, Compactable):
         print(f"changelog system {job.changelog_system!r} compacts on its own (e.g. Kafka's log cleaner); "
@@ -402,7 +402,7 @@ compact.arguments = lambda parser: parser.add_argument("job", help="job config (
 def inspect(args: argparse.Namespace) -> int:
     from localstate.tools.inspect import run_inspect
 
-    return run_inspect(load_job_config(args.job, plugins=args.plugins), args)
+    return run_inspect(load_job(args), args)
 
 
 def _count(text: str) -> int:

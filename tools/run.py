@@ -8,8 +8,8 @@ import signal
 import sys
 from typing import Any, Callable
 
-from localstate.tools.cli import command
-from localstate.core.config import apply_log_level, load_job_config
+from localstate.tools.cli import command, load_job
+from localstate.core.config import apply_log_level
 
 __all__ = ["positive_int", "partition_count", "install_stop_handlers", "STOP_SIGNALS"]
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
     from localstate.tools.validation import require_input_paths, require_own_changelogs, spark_notes
 
-    job = load_job_config(args.job, plugins=args.plugins)
+    job = load_job(args)
     # A mistyped input path would otherwise run as an empty input and exit 0.
     require_input_paths(job)
     require_own_changelogs(job)  # else refused later, at the first task, with a misleading message

@@ -31,7 +31,8 @@ from typing import Any, Callable
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.runtime.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
+from localstate.runtime.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system, \
+    resolve_epoch
 from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_master
 from localstate.runtime.spark.config import SparkConfig
 from localstate.runtime.spark.context import spark_context
@@ -154,6 +155,7 @@ class SparkJobRunner:
                  batch_size: int | None = None, fault: dict[str, Any] | None = None,
                  progress: Callable[[str], None] | None = print, keep_open: bool | None = None,
                  on_batch: Callable[[BatchResult, list[PartitionPlan]], None] | None = None) -> None:
+        job = resolve_epoch(job)  # its current state epoch (docs/state-as-data.md); refuses a stale one
         self.job = job
         self.on_batch = on_batch
         """called after each committed batch with its result and plans (``localstate run``: progress.jsonl,

@@ -21,7 +21,6 @@ unknown option or value), the rows made by one :class:`View` per ``view`` option
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,10 +32,10 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig, load_job_config
 from localstate.core.engine import SerdeColumn, StateColumns
 from localstate.runtime.driver.views import (changelog_partitions, changelog_records, checkpoint_manifest,
-                                     committed_contents, decoder, load_checkpoints, require_state,
-                                     store_config, store_serdes, to_jsonable, value_splitter)
+                                     committed_contents, load_checkpoints, require_state, serde_column,
+                                     store_config, store_serdes, value_splitter, NATIVE_TYPES)
 from localstate.core.options import did_you_mean
-from localstate.core.serdes import Serde
+from localstate.runtime.layout import resolve_epoch
 from localstate.errors import ConfigError, SerdeError, StateNotFoundError
 
 __all__ = ["StateDataSource", "ReadOptions", "View", "StateView", "ChangeFeedView", "CheckpointsView",
@@ -44,9 +43,6 @@ __all__ = ["StateDataSource", "ReadOptions", "View", "StateView", "ChangeFeedVie
 
 SOURCE_NAME = "localstate"
 
-#: Serdes whose decoded values have a native Spark type (kv stores, and the serde columns of the other
-#: engines' typed columns); any other serde's values are a string column holding JSON text.
-_NATIVE_TYPES = {"int": "bigint", "string": "string", "bytes": "binary"}
 
 
 # -- options -----------------------------------------------------------------------------------------
@@ -201,7 +197,7 @@ class Resolved:
 def load_view(options: ReadOptions) -> tuple["View", Resolved]:
     """Load the job, check the store and read the checkpoints: every user error is raised here, on
     the driver, before a Spark task runs."""
-    job = load_job_config(options.job, plugins=options.plugins)
+    job = resolve_epoch(load_job_config(options.job, plugins=options.plugins))
     if options.store is not None:
         config = store_config(job, options.store)
         if config.changelog is None:
@@ -285,29 +281,7 @@ def column_types(config: StoreConfig) -> tuple[str, str]:
     """Spark types of a store's ``key`` and ``value`` columns (see docs/state-reader.md)."""
     if config.engine != "kv":
         return "string", "string"
-    return _NATIVE_TYPES.get(config.key_serde, "string"), _NATIVE_TYPES.get(config.value_serde, "string")
-
-
-def _serde_column(serde: Serde | None, native: str | None, store: str) -> SerdeColumn:
-    """The column of values decoded with ``serde``: a native Spark type for the ``int``, ``string``
-    and ``bytes`` serdes (``native``: the serde's name when its column is to be native; a value the
-    serde refuses is a SerdeError naming the store and the record), else JSON text (bytes the serde
-    cannot decode, or that have no serde: ``{"hex": ...}``)."""
-    if serde is None or native not in _NATIVE_TYPES:
-        lenient = decoder(serde)
-        return SerdeColumn("string", lambda data: json.dumps(to_jsonable(lenient(data)), sort_keys=True))
-    if native == "bytes":
-        return SerdeColumn("binary", bytes)
-
-    def strict(data: bytes) -> Any:
-        try:
-            return serde.deserialize(data)
-        except Exception as exc:  # noqa: BLE001 - any serde failure is reported the same way
-            problem = exc.message if isinstance(exc, SerdeError) else f"{type(exc).__name__}: {exc}"
-            raise SerdeError(f"store {store!r}: {problem}", store=store,
-                             hint="check that the store's serde matches what was written; "
-                                  '.option("raw", "true") reads the bytes') from exc
-    return SerdeColumn(_NATIVE_TYPES[native], strict)
+    return NATIVE_TYPES.get(config.key_serde, "string"), NATIVE_TYPES.get(config.value_serde, "string")
 
 
 def _with_where(column: SerdeColumn) -> Any:
@@ -334,8 +308,8 @@ class _Decoding:
         self.key_type, self.value_type = column_types(config)
         key_serde, value_serde = store_serdes(resolved.job, config)
         native = config.engine == "kv"
-        self.key = _with_where(_serde_column(key_serde, config.key_serde if native else None, config.name))
-        self.value = _with_where(_serde_column(value_serde, config.value_serde if native else None, config.name))
+        self.key = _with_where(serde_column(key_serde, config.key_serde if native else None, config.name))
+        self.value = _with_where(serde_column(value_serde, config.value_serde if native else None, config.name))
 
 
 def state_columns(job: JobConfig, config: StoreConfig) -> StateColumns | None:
@@ -351,8 +325,8 @@ def state_columns(job: JobConfig, config: StoreConfig) -> StateColumns | None:
             serdes.append(registry.serde(name, allow_pickle=job.allow_pickle))
         except Exception:  # noqa: BLE001 - a refused serde (pickle without allow_pickle): JSON of the bytes
             serdes.append(None)
-    key = _serde_column(serdes[0], config.key_serde, config.name)
-    value = _serde_column(serdes[1], config.value_serde, config.name)
+    key = serde_column(serdes[0], config.key_serde, config.name)
+    value = serde_column(serdes[1], config.value_serde, config.name)
     return factory.state_columns(config.name, dict(config.options), key, value)
 
 
