@@ -46,7 +46,7 @@ from localstate.core.serdes import JsonSerde, Serde
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TIMER_STORE
 from localstate.errors import ConfigError, InvalidValueError
 
-__all__ = ["PartitionTime", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK"]
+__all__ = ["PartitionTime", "encode_timestamp", "decode_timestamp", "SCAN_CHUNK", "split_timer_entry"]
 
 SCAN_CHUNK = 16384
 """Due timers read from the store per scan while firing (bounded memory for a million due timers)."""
@@ -103,6 +103,12 @@ def decode_timestamp(data: bytes) -> float:
     """The inverse of :func:`encode_timestamp`."""
     (bits,) = _u64.unpack(data)
     return _f64.unpack(_u64.pack(bits & ~_SIGN if bits & _SIGN else bits ^ _ALL))[0]
+
+
+def split_timer_entry(entry: bytes) -> tuple[str, float, bytes]:
+    """``(domain, timestamp, key bytes)`` of a timer store entry (what a rescale routes a timer by)."""
+    domain = EVENT_TIME if entry[:1] == _PREFIX[EVENT_TIME] else PROCESSING_TIME
+    return domain, decode_timestamp(entry[1:9]), entry[9:]
 
 
 def _after(encoded: bytes) -> bytes:
