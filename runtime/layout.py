@@ -40,7 +40,7 @@ from localstate.errors import CheckpointError, CheckpointIOError, FencedError, L
 __all__ = ["open_changelog_system", "store_root", "store_directory", "job_directory", "checkpoint_store",
            "check_no_history", "checkpoint_where", "MISSING_CHECKPOINT_HINT", "state_places", "EpochPointer",
            "EPOCH_OBJECT", "epoch_parts", "epoch_stream", "with_epoch", "read_epoch", "write_epoch",
-           "resolve_epoch", "epoch_checkpoint_store", "epoch_checkpoint_objects", "state_directory"]
+           "resolve_epoch", "check_moved_inputs", "epoch_checkpoint_store", "epoch_checkpoint_objects", "state_directory"]
 
 EPOCH_OBJECT = "epoch.json"
 """The name of the epoch pointer (a file in ``<state_dir>/<job>``, or a job object in durable storage)."""
@@ -83,7 +83,7 @@ def job_directory(job: JobConfig) -> Path:
     """``<state_dir>/<job>``, created with localstate's ownership marker (what ``reset`` checks
     before deleting it); refuses symlinks (UnsafePathError)."""
     return make_owned_dir(job.state_dir, safe_join(job.state_dir, job.name), "job", job=job.name,
-                          layout=lambda entry: entry in ("checkpoints", "stores", "epochs", EPOCH_OBJECT))
+                          layout=lambda entry: entry in ("checkpoints", "stores", "epochs", "savepoints", EPOCH_OBJECT))
 
 
 def checkpoint_store(job: JobConfig) -> CheckpointStore:
@@ -133,6 +133,9 @@ class EpochPointer:
     source: str = ""
     """what made the current epoch: ``rescale``, ``savepoint <path>``, ``bootstrap``"""
     created: float = 0.0
+    history: dict[str, int] = field(default_factory=dict)
+    """epoch (as a string) -> its partition count, for every epoch a switch made or began (what
+    ``localstate reset --old-epochs`` removes)"""
     moved_inputs: dict[str, str] = field(default_factory=dict)
     """input -> where it was read before a rescale: a run refuses an input still read there (its
     records were laid out for the old partition count; see docs/state-as-data.md)"""
@@ -148,7 +151,7 @@ class EpochPointer:
                 raise ValueError(f"unknown format {raw.get('format') if isinstance(raw, dict) else raw!r:.40}")
             pointer = cls(**{name: raw[name] for name in cls.__dataclass_fields__ if name in raw})
             if type(pointer.epoch) is not int or pointer.epoch < 0 or type(pointer.reserved) is not int \
-                    or pointer.reserved < pointer.epoch or not isinstance(pointer.moved_inputs, dict) \
+                    or pointer.reserved < pointer.epoch or not isinstance(pointer.moved_inputs, dict) or not isinstance(pointer.history, dict) \
                     or not (pointer.partitions is None or type(pointer.partitions) is int):
                 raise ValueError("fields out of range")
             return pointer
@@ -245,6 +248,24 @@ def resolve_epoch(job: JobConfig) -> JobConfig:
             hint=f"set partitions = {current.partitions} in the job file; to change the count, rescale: "
                  f"`localstate rescale JOB --partitions {job.partitions}` (docs/state-as-data.md)")
     return with_epoch(job, current.epoch)
+
+
+def check_moved_inputs(job: JobConfig, inputs: Any) -> None:
+    """InputError if an input (``inputs``: name -> opened input) is still read where it was before
+    the rescale that made the current epoch: its records were laid out for the old partition count,
+    and the new state starts every input at 0 (docs/state-as-data.md, the rescale procedure)."""
+    from localstate.errors import InputError
+
+    moved = read_epoch(job).moved_inputs if job.epoch else {}
+    for name, source in sorted(inputs.items()):
+        place = source.location()
+        if name in moved and place is not None and f"{place[0]}:{place[1]}" == moved[name]:
+            raise InputError(f"input {name!r} still reads {place[1]}, the layout of the partition count the job had "
+                             f"before its rescale; the rescaled state (epoch {job.epoch}, {job.partitions} partitions) "
+                             "reads every input from the start of a new layout", input=name, place=place[1],
+                             hint=f"point inputs.{name} at the records laid out for {job.partitions} partitions (a new "
+                                  "directory, or a new Kafka topic with that many partitions); see "
+                                  "docs/state-as-data.md")
 
 
 def _moved(job: JobConfig, current: EpochPointer) -> FencedError:

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMAND_MODULES = ("localstate.tools.commands", "localstate.tools.run", "localstate.tools.status",
-                    "localstate.demo.commands")
+                    "localstate.tools.statedata", "localstate.demo.commands")
 
 
 def _load_commands() -> None:

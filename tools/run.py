@@ -84,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
     from localstate.tools.validation import require_input_paths, require_own_changelogs, spark_notes
 
+    if args.from_savepoint:
+        from localstate.tools.statedata import start_from_savepoint
+
+        start_from_savepoint(args)  # a new state epoch, switched to before the run starts
     job = load_job(args)
     # A mistyped input path would otherwise run as an empty input and exit 0.
     require_input_paths(job)
@@ -144,6 +148,9 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                              "SIGTERM or SIGINT)")
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="records per partition per micro-batch (default: [spark] batch_size, else all)")
+    from localstate.tools.statedata import add_from_savepoint_arguments
+
+    add_from_savepoint_arguments(parser)
 
 
 run.arguments = _run_arguments  # type: ignore[attr-defined]

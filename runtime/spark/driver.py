@@ -31,8 +31,8 @@ from typing import Any, Callable
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.runtime.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system, \
-    resolve_epoch
+from localstate.runtime.layout import check_moved_inputs, check_no_history, checkpoint_store, checkpoint_where, \
+    open_changelog_system, resolve_epoch
 from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_master
 from localstate.runtime.spark.config import SparkConfig
 from localstate.runtime.spark.context import spark_context
@@ -285,7 +285,9 @@ class SparkJobRunner:
     def check_inputs(self) -> None:
         """Check every partition's checkpointed input positions against the inputs as they are now
         (InputPositionError, see :func:`check_input_position`), without planning anything: what
-        :meth:`run` does before it starts Spark."""
+        :meth:`run` does before it starts Spark. An input still read where it was before a rescale is
+        refused (:func:`check_moved_inputs`)."""
+        check_moved_inputs(self.job, self.inputs)
         for partition in range(self.job.partitions):
             checkpoint = self.committed(partition)
             if checkpoint is None:

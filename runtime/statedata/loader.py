@@ -84,7 +84,11 @@ def load_savepoint(savepoint: Savepoint, job: JobConfig, options: LoadOptions | 
     rescaled = manifest.partitions != job.partitions
     moved = _check_drained(savepoint) if rescaled else {}
     new = max(current.reserved, current.epoch) + 1
-    write_epoch(job, replace(current, reserved=new))
+    history = dict(current.history)
+    if current.partitions is not None or (manifest.job == job.name and manifest.epoch == current.epoch):
+        history.setdefault(str(current.epoch), current.partitions or manifest.partitions)
+    history[str(new)] = job.partitions
+    write_epoch(job, replace(current, reserved=new, history=history))
     crash_point("epoch_reserved")
     target = with_epoch(job, new)
     writer = _EpochWriter(savepoint, target, options)
@@ -93,7 +97,7 @@ def load_savepoint(savepoint: Savepoint, job: JobConfig, options: LoadOptions | 
     for checkpoint in _checkpoints(savepoint, target, written, writer.next_timer, writer.formats):
         checkpoints.save(checkpoint)
     crash_point("epoch_checkpoints")
-    pointer = EpochPointer(epoch=new, partitions=job.partitions, reserved=new, previous=current.epoch,
+    pointer = EpochPointer(epoch=new, partitions=job.partitions, reserved=new, previous=current.epoch, history=history,
                            source=options.source or f"savepoint {savepoint.location.where()}", created=time.time(),
                            moved_inputs=moved if rescaled else dict(current.moved_inputs))
     write_epoch(job, pointer)

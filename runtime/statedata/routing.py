@@ -197,7 +197,11 @@ class MergeRouter:
 
 
 def _merge_one(store: str, key: bytes, values: list[bytes], merge: Callable[[list[bytes]], bytes] | None) -> bytes:
-    if len(values) == 1 or all(value == values[0] for value in values):
+    """One key's values from several old partitions as one (equal values need no merge only when the
+    store has none: a merge such as a sum counts each)."""
+    if len(values) == 1:
+        return values[0]
+    if merge is None and all(value == values[0] for value in values):
         return values[0]
     if merge is None:
         raise RescaleError(f"store {store!r}: record {key[:64]!r} has different values in several partitions and "
