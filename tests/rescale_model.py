@@ -61,10 +61,13 @@ class ModelTask(StreamTask):
 
 
 def model_job(state_dir: Path, partitions: int, *, backend: str = "memory", changelog: str = "file",
-              changelog_options: dict[str, Any] | None = None) -> JobConfig:
-    """The model job with ``partitions`` partitions, its state in ``state_dir``."""
+              changelog_options: dict[str, Any] | None = None, stores: dict[str, Any] | None = None,
+              inputs: dict[str, Any] | None = None, name: str = "model", time: dict[str, Any] | None = None
+              ) -> JobConfig:
+    """The model job with ``partitions`` partitions, its state in ``state_dir``; ``stores`` replaces
+    (or, None as a value, removes) store tables, ``inputs`` declares inputs, ``time`` adds to ``[time]``."""
     kv = {"engine": "kv", "backend": backend}
-    stores = {
+    model_stores = {
         "counts": {**kv, "key_serde": "string", "value_serde": "int"},
         "recent": {**kv, "key_serde": "string", "value_serde": "int", "ttl": f"{TTL}s"},
         "top": {"engine": "heap", "backend": backend, "key_serde": "string"},
@@ -77,14 +80,20 @@ def model_job(state_dir: Path, partitions: int, *, backend: str = "memory", chan
         "win": {**kv, "key_serde": "string", "value_serde": "json",
                 "rescale": "localstate.windows.rescale:window_state_owner"},
     }
+    for store, table in (stores or {}).items():
+        if table is None:
+            model_stores.pop(store, None)
+        else:
+            model_stores[store] = table
     return parse_job_config({
-        "job": {"name": "model", "partitions": partitions, "task": "rescale_model:ModelTask",
+        "job": {"name": name, "partitions": partitions, "task": "rescale_model:ModelTask",
                 "state_dir": str(state_dir), "commit_interval": 10 ** 9, "changelog": changelog},
         "changelogs": {changelog: dict(changelog_options or {})},
-        "time": {"timers": True, "allowed_lateness": "1000s", "timer_backend": backend},
+        "time": {"timers": True, "allowed_lateness": "1000s", "timer_backend": backend, **(time or {})},
+        "inputs": dict(inputs or {}),
         "outputs": {"windowed": {"system": "jsonl", "path": str(state_dir / "out-windowed")},
                     "alarms": {"system": "jsonl", "path": str(state_dir / "out-alarms")}},
-        "stores": stores}, base_dir=state_dir)
+        "stores": model_stores}, base_dir=state_dir)
 
 
 Record = tuple[str, int, float]
