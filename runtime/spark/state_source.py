@@ -32,7 +32,7 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig, load_job_config
 from localstate.core.engine import SerdeColumn, StateColumns
 from localstate.runtime.driver.views import (changelog_partitions, changelog_records, checkpoint_manifest,
-                                     committed_contents, load_checkpoints, require_state, serde_column,
+                                     committed_contents, live_filter, load_checkpoints, require_state, serde_column,
                                      store_config, store_serdes, value_splitter, NATIVE_TYPES)
 from localstate.core.options import did_you_mean
 from localstate.runtime.layout import resolve_epoch
@@ -62,13 +62,18 @@ class ReadOptions:
     checkpoint_dir: str | None = None
     batch_id: int | None = None
     plugins: str | None = None
+    savepoint: str | None = None
+    """a savepoint (folder or URL) read like a live job: the state and checkpoints views"""
+    endpoint: str | None = None
+    region: str | None = None
 
     NAMES: ClassVar[dict[str, str]] = {
         "job": "job", "path": "job", "store": "store", "storename": "store", "view": "view", "raw": "raw",
         "readchangefeed": "read_change_feed", "startoffset": "start_offset", "endoffset": "end_offset",
-        "checkpointdir": "checkpoint_dir", "batchid": "batch_id", "plugins": "plugins"}
+        "checkpointdir": "checkpoint_dir", "batchid": "batch_id", "plugins": "plugins", "savepoint": "savepoint",
+        "endpoint": "endpoint", "region": "region"}
     SHOWN: ClassVar[tuple[str, ...]] = ("job", "store", "view", "raw", "readChangeFeed", "startOffset", "endOffset",
-                                        "checkpointDir", "batchId", "plugins")
+                                        "checkpointDir", "batchId", "plugins", "savepoint", "endpoint", "region")
     VIEWS: ClassVar[tuple[str, ...]] = ("state", "checkpoints", "changelog")
 
     @classmethod
@@ -81,20 +86,22 @@ class ReadOptions:
                                      f"unknown option of the localstate reader{_suggest(name, cls.SHOWN)}",
                                      hint=f"options: {', '.join(cls.SHOWN)} (docs/state-reader.md)")
             values[attribute] = value
-        if not values.get("job"):
-            raise ConfigError.at("option 'job'", "the localstate reader needs the job file",
-                                 hint='.option("job", "path/to/job.toml") (or .load("path/to/job.toml"))')
+        if not values.get("job") and not values.get("savepoint"):
+            raise ConfigError.at("option 'job'", "the localstate reader needs the job file (or a savepoint)",
+                                 hint='.option("job", "path/to/job.toml") (or .load("path/to/job.toml")), or '
+                                      '.option("savepoint", "path/or/url")')
         view = str(values.get("view", "state")).lower()
         if view not in cls.VIEWS:
             raise ConfigError.at("option 'view'", f"unknown view {values['view']!r}{_suggest(view, cls.VIEWS)}",
                                  hint=f"views: {', '.join(cls.VIEWS)}")
-        parsed = cls(job=str(values["job"]), store=values.get("store") or None, view=view,
+        parsed = cls(job=str(values.get("job") or ""), store=values.get("store") or None, view=view,
                      raw=_flag(values, "raw"), read_change_feed=_flag(values, "read_change_feed"),
                      start_offset=_offset(values, "start_offset", 0),
                      end_offset=("end" if str(values.get("end_offset", "")).lower() == "end"
                                  else _offset(values, "end_offset", None)),
                      checkpoint_dir=values.get("checkpoint_dir") or None, batch_id=_offset(values, "batch_id", None),
-                     plugins=values.get("plugins") or None)
+                     plugins=values.get("plugins") or None, savepoint=values.get("savepoint") or None,
+                     endpoint=values.get("endpoint") or None, region=values.get("region") or None)
         parsed._check_combinations()
         return parsed
 
@@ -118,20 +125,25 @@ class ReadOptions:
         if self.raw and not (self.view == "state" or self.read_change_feed):
             raise ConfigError.at("option 'raw'", f"the {self.view} view has no keys or values",
                                  hint='raw applies to the state view and the change feed')
+        if self.savepoint is not None and (self.view == "changelog" or self.checkpoint_dir or self.batch_id is not None):
+            raise ConfigError.at("option 'savepoint'", "a savepoint has the state and checkpoints views only (no "
+                                 "changelogs, no other cut)", hint='drop view "changelog", checkpointDir and batchId')
 
     def absolute(self) -> "ReadOptions":
         """These options with their paths made absolute (against this process's working directory):
         Spark reads them in its Python workers, whose working directory may differ."""
         def resolve(path: str | None) -> str | None:
             return None if path is None else str(Path(path).expanduser().resolve())
-        return replace(self, job=resolve(self.job) or self.job, checkpoint_dir=resolve(self.checkpoint_dir),
-                       plugins=resolve(self.plugins))
+        savepoint = self.savepoint if self.savepoint is None or "://" in self.savepoint else resolve(self.savepoint)
+        return replace(self, job=(resolve(self.job) or self.job) if self.job else "",
+                       checkpoint_dir=resolve(self.checkpoint_dir), plugins=resolve(self.plugins), savepoint=savepoint)
 
     def as_options(self) -> dict[str, str]:
         """These options as Spark's ``.options(**...)`` takes them."""
-        out = {"job": self.job, "view": self.view}
+        out = {"view": self.view, **({"job": self.job} if self.job else {})}
         for attribute, name in (("store", "store"), ("checkpoint_dir", "checkpointDir"), ("plugins", "plugins"),
-                                ("batch_id", "batchId"), ("end_offset", "endOffset")):
+                                ("batch_id", "batchId"), ("end_offset", "endOffset"), ("savepoint", "savepoint"),
+                                ("endpoint", "endpoint"), ("region", "region")):
             if getattr(self, attribute) is not None:
                 out[name] = str(getattr(self, attribute))
         if self.raw:
@@ -187,6 +199,8 @@ class Resolved:
     job: JobConfig
     options: ReadOptions
     checkpoints: dict[int, Checkpoint | None] = field(default_factory=dict)
+    savepoint: dict[str, Any] | None = None
+    """the savepoint read (``savepoint`` option): how to open its location again in a Spark task"""
 
     @property
     def store(self) -> StoreConfig:
@@ -197,6 +211,8 @@ class Resolved:
 def load_view(options: ReadOptions) -> tuple["View", Resolved]:
     """Load the job, check the store and read the checkpoints: every user error is raised here, on
     the driver, before a Spark task runs."""
+    if options.savepoint is not None:
+        return _savepoint_view(options)
     job = resolve_epoch(load_job_config(options.job, plugins=options.plugins))
     if options.store is not None:
         config = store_config(job, options.store)
@@ -219,6 +235,22 @@ def load_view(options: ReadOptions) -> tuple["View", Resolved]:
     else:
         view = StateView(resolved)
     return view, resolved
+
+
+def _savepoint_view(options: ReadOptions) -> tuple["View", Resolved]:
+    """A savepoint read like a live job: checked whole on the driver, its stores as its job configured
+    them, its checkpoints the cut."""
+    from localstate.runtime.statedata.location import SavepointLocation, storage_options
+    from localstate.runtime.statedata.reader import Savepoint
+
+    assert options.savepoint is not None
+    location = SavepointLocation(storage_options(options.savepoint, endpoint=options.endpoint, region=options.region))
+    savepoint = Savepoint.open(location)
+    job = savepoint.job_config(plugins=options.plugins)
+    if options.store is not None:
+        store_config(job, options.store)
+    resolved = Resolved(job, options, dict(savepoint.manifest.checkpoints), savepoint=location.spec)
+    return (CheckpointsView(resolved) if options.view == "checkpoints" else StateView(resolved)), resolved
 
 
 def _checkpoints_in(job: JobConfig, directory: Path) -> dict[int, Checkpoint | None]:
@@ -348,7 +380,7 @@ class StateView(View):
         return f"partition int, key {self.decoding.key_type}, value {self.decoding.value_type}"
 
     def rows(self, piece: Slice) -> Iterator[tuple]:
-        entries = committed_contents(self.resolved.job, self.resolved.store, piece.partition, piece.checkpoint)
+        entries = self._entries(piece)
         if self.columns is not None:
             try:
                 for row in self.columns.rows(entries):
@@ -366,6 +398,20 @@ class StateView(View):
         decode_key, decode_value = self.decoding.key, self.decoding.value
         for key, value in entries:
             yield piece.partition, decode_key(key, where), decode_value(value, where)
+
+
+    def _entries(self, piece: Slice) -> list[tuple[bytes, bytes]]:
+        """The store partition's committed entries: from its changelog, or from the savepoint read."""
+        resolved = self.resolved
+        if resolved.savepoint is None:
+            return committed_contents(resolved.job, resolved.store, piece.partition, piece.checkpoint)
+        from localstate.runtime.statedata.location import SavepointLocation
+        from localstate.runtime.statedata.reader import Savepoint
+
+        savepoint = Savepoint.open(SavepointLocation(resolved.savepoint), verify=False)  # checked when planned
+        entries = savepoint.entries(resolved.store.name, piece.partition)
+        live = live_filter(resolved.job, resolved.store, piece.checkpoint)
+        return entries if live is None else list(live(entries))
 
 
 class ChangeFeedView(View):
@@ -467,6 +513,12 @@ class StateDataSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return StateReader(self.view())
+
+    def writer(self, schema: Any, overwrite: bool) -> Any:
+        """``df.write.format("localstate")``: a bootstrap (:mod:`localstate.runtime.spark.state_writer`)."""
+        from localstate.runtime.spark.state_writer import BootstrapWriter, WriteOptions
+
+        return BootstrapWriter(WriteOptions.parse(dict(self.options)), overwrite, list(schema.fieldNames()))
 
 
 class StateReader(DataSourceReader):

@@ -90,6 +90,18 @@ class Savepoint:
         entry = self.manifest.stores[store]
         return StoreConfig(store, entry.engine, entry.options, store, entry.key_serde, entry.value_serde)
 
+    def job_config(self, plugins: str | None = None) -> Any:
+        """A job config holding the savepoint's job as it was (its name, partition count and stores),
+        for readers that decode its records; nothing of it runs."""
+        from localstate.core.config import JobConfig
+        from localstate.core.policy import PluginPolicy
+
+        manifest = self.manifest
+        policy = PluginPolicy.discover(plugins) if plugins else PluginPolicy()
+        return JobConfig(name=manifest.job, partitions=manifest.partitions, task="unused:Unused",
+                         state_dir=Path("."), stores={name: self.store_config(name) for name in manifest.stores},
+                         policy=policy)
+
     def describe(self) -> dict[str, Any]:
         """What ``localstate savepoint --list`` and ``inspect --savepoint`` show."""
         manifest = self.manifest

@@ -26,7 +26,7 @@ from localstate.core.serdes import BytesSerde, Serde, StringSerde
 from localstate.errors import RescaleError
 from localstate.windows.rescale import window_number
 
-__all__ = ["KeyRouter", "MergeRouter", "redistribution_of", "Placed", "router_for"]
+__all__ = ["KeyRouter", "MergeRouter", "redistribution_of", "Placed", "router_for", "routing_bytes"]
 
 Placed = dict[int, tuple[list[bytes], list[bytes]]]
 """new partition -> (keys, values) of the records placed there"""
@@ -52,7 +52,7 @@ def redistribution_of(job: JobConfig, config: StoreConfig, merge: Callable[[list
     return factory.redistribution(config.name, dict(config.options), merge_values)
 
 
-def _routing_bytes(serde: Serde) -> Callable[[list[bytes]], list[bytes]]:
+def routing_bytes(serde: Serde) -> Callable[[list[bytes]], list[bytes]]:
     """Store keys (serialized) -> the bytes the partitioner hashes (``key_bytes`` of the decoded key):
     the serialized bytes themselves for the string and bytes serdes."""
     if type(serde) in (StringSerde, BytesSerde):
@@ -76,7 +76,7 @@ class KeyRouter:
         self.key_serde = registry.serde(config.key_serde, allow_pickle=job.allow_pickle)
         self.value_serde = registry.serde(config.value_serde, allow_pickle=job.allow_pickle) \
             if config.engine == "kv" else None
-        self.to_routing = _routing_bytes(self.key_serde)
+        self.to_routing = routing_bytes(self.key_serde)
         self.window_store = window_store
         self.window_targets: dict[int, dict[int | None, set[int]]] = {}
         """old partition -> window number (None: not a window's) -> new partitions given its state"""
