@@ -22,6 +22,7 @@ from typing import Any, Callable
 from localstate.core.changelog import ChangelogPartition, ListedHistory, ManifestedChangelog
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
+from localstate.core.partitioner import partition_for
 from localstate.core.time import TIMER_STORE
 from localstate.errors import InputLagError, RescaleError, SavepointMismatchError, StateExistsError
 from localstate.runtime.driver.views import load_checkpoints
@@ -205,6 +206,7 @@ class _EpochWriter:
                 for partition in range(self.old):
                     for keys, values in source.chunks(partition):
                         streams.write(router.route(partition, keys, values) if router else {partition: (keys, values)})
+                        streams.write(_by_new_key(source.take_moved(), self.new))
                 if router is not None:
                     streams.write(router.copy_records())
             done = streams.finish()
@@ -243,6 +245,16 @@ class _EpochWriter:
     def _progress(self, text: str) -> None:
         if self.options.progress is not None:
             self.options.progress(text)
+
+
+def _by_new_key(moved: list[tuple[Any, bytes, bytes]], partitions: int) -> Placed:
+    """Records a migration gave a new key, each placed in its new key's partition."""
+    placed: Placed = {}
+    for key, data, value in moved:
+        bucket = placed.setdefault(partition_for(key, partitions), ([], []))
+        bucket[0].append(data)
+        bucket[1].append(value)
+    return placed
 
 
 class _Streams:

@@ -66,6 +66,7 @@ class StoreSource:
                 hint="put the store's options back as they were in the savepoint, or start the store empty under a "
                      "new name")
         serdes_changed = (entry.key_serde, entry.value_serde) != (target.key_serde, target.value_serde)
+        self.moved: list[tuple[Any, bytes, bytes]] = []
         self.convert: Callable[[bytes, bytes], tuple[bytes, bytes] | None] | None = None
         if target.engine == "kv" and (migration is not None or serdes_changed):
             self.convert = self._kv_converter(job, source, target)
@@ -79,7 +80,8 @@ class StoreSource:
                 hint="keep the serdes, or give a migration for the store (docs/state-as-data.md, Migrations)")
 
     def chunks(self, partition: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
-        """Old partition ``partition``'s records, a file at a time, converted for the job's store."""
+        """Old partition ``partition``'s records, a file at a time, converted for the job's store;
+        the records a migration gave another key are in :attr:`moved` afterwards."""
         for keys, values in self.savepoint.records(self.name, partition):
             if self.convert is None:
                 yield keys, values
@@ -91,6 +93,12 @@ class StoreSource:
                     out_keys.append(converted[0])
                     out_values.append(converted[1])
             yield out_keys, out_values
+
+    def take_moved(self) -> list[tuple[Any, bytes, bytes]]:
+        """``(new key, key bytes, value bytes)`` of the records a migration gave another key since the
+        last call: they go to the partition of their new key, wherever they were."""
+        moved, self.moved = self.moved, []
+        return moved
 
     def _kv_converter(self, job: JobConfig, source: StoreConfig, target: StoreConfig
                       ) -> Callable[[bytes, bytes], tuple[bytes, bytes] | None]:
@@ -110,16 +118,21 @@ class StoreSource:
             except Exception as exc:  # noqa: BLE001 - any serde failure is reported the same way
                 raise SerdeError(f"store {name!r}: a saved record does not decode with its serdes: {exc}",
                                  store=name, key=key[:64], hint="check the savepoint's serdes") from exc
+            original = pair[0]
             if migration is not None:
                 pair = _migrated(migration, name, pair)
                 if pair is None:
                     return None
             try:
-                return new_key.serialize(pair[0]), stamp + new_value.serialize(pair[1])
+                encoded = new_key.serialize(pair[0]), stamp + new_value.serialize(pair[1])
             except Exception as exc:  # noqa: BLE001
                 raise SerdeError(f"store {name!r}: the record {pair!r:.120} does not encode with the job's serdes "
                                  f"{target.key_serde}/{target.value_serde}: {exc}", store=name,
                                  hint="give a migration that turns the saved records into the new layout") from exc
+            if pair[0] != original:  # a new key: it goes where the new key routes
+                self.moved.append((pair[0], *encoded))
+                return None
+            return encoded
         return convert
 
     def _raw_converter(self) -> Callable[[bytes, bytes], tuple[bytes, bytes] | None]:
