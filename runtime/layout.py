@@ -245,8 +245,9 @@ def resolve_epoch(job: JobConfig) -> JobConfig:
             f"job {job.name!r} has partitions = {job.partitions}, but its state (epoch {current.epoch}, made by "
             f"{current.source or 'a rescale'}) has {current.partitions} partitions", job_partitions=job.partitions,
             state_partitions=current.partitions, source=job.source,
-            hint=f"set partitions = {current.partitions} in the job file; to change the count, rescale: "
-                 f"`localstate rescale JOB --partitions {job.partitions}` (docs/state-as-data.md)")
+            hint=f"set partitions = {current.partitions} in the job file, the count of its state (to move the state "
+                 f"to {job.partitions} partitions, rescale it after that: `localstate rescale JOB --partitions "
+                 f"{job.partitions}`; docs/state-as-data.md)")
     return with_epoch(job, current.epoch)
 
 

@@ -8,33 +8,13 @@ import signal
 import sys
 from typing import Any, Callable
 
-from localstate.tools.cli import command, load_job
+from localstate.tools.cli import command, load_job, partition_count, positive_int
 from localstate.core.config import apply_log_level
 
 __all__ = ["positive_int", "partition_count", "install_stop_handlers", "STOP_SIGNALS"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """What stops ``localstate run`` cleanly; the same signal again aborts at once (exit 128 + signal)."""
-
-
-def positive_int(text: str) -> int:
-    """argparse type of counts that must be >= 1 (``--batches``, ``--batch-size``, ...): anything
-    else is a usage error (exit 2) naming the flag, never a silent no-op run."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def partition_count(text: str) -> int:
-    """argparse type of a job's partition count: 1 to 100000, as ``job.partitions``."""
-    value = positive_int(text)
-    if value > 100_000:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 100000, got {value}")
-    return value
 
 
 def install_stop_handlers(runner: Any) -> Callable[[], None]:

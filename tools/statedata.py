@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from localstate.tools.cli import command, load_job
+from localstate.tools.cli import command, load_job, partition_count
 
 __all__ = ["location_of", "start_from_savepoint", "inspect_savepoint", "reset_old_epochs", "add_location_arguments"]
 
@@ -106,8 +106,6 @@ def rescale(args: argparse.Namespace) -> int:
 
 
 def _rescale_arguments(parser: argparse.ArgumentParser) -> None:
-    from localstate.tools.run import partition_count
-
     parser.add_argument("job", help="job config (TOML), as it is now (its current partition count)")
     parser.add_argument("--partitions", type=partition_count, required=True, help="the new partition count")
     parser.add_argument("--yes", action="store_true", help="really rescale (default: check and show the plan)")
