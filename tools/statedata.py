@@ -203,12 +203,11 @@ def reset_old_epochs(args: argparse.Namespace) -> int:
     """``reset --old-epochs``: delete every epoch of the job's state but the current one: their
     checkpoints, local stores (on this host) and changelog streams."""
     from localstate.runtime.layout import read_epoch
-    from localstate.runtime.statedata.epochs import epoch_places
+    from localstate.runtime.statedata.epochs import old_epoch_places
 
     job = load_job(args)
     current = read_epoch(job)
-    old = [epoch for epoch in range(current.reserved + 1) if epoch != current.epoch]
-    places = epoch_places(job, old)
+    places = old_epoch_places(job)
     if not places.any():
         print(f"job {job.name!r}: no epoch but the current one ({current.epoch})")
         return 0

@@ -18,7 +18,7 @@ from localstate.core.names import safe_join
 from localstate.runtime.layout import (epoch_checkpoint_objects, epoch_parts, open_changelog_system, read_epoch,
                                        store_root, with_epoch)
 
-__all__ = ["EpochPlaces", "epoch_places"]
+__all__ = ["EpochPlaces", "epoch_places", "old_epoch_places"]
 
 log = logging.getLogger(__name__)
 
@@ -95,3 +95,10 @@ def epoch_places(job: JobConfig, epochs: Iterable[int]) -> EpochPlaces:
         if system is not None:
             system.close()
     return places
+
+
+def old_epoch_places(job: JobConfig) -> EpochPlaces:
+    """The places of every epoch of ``job``'s state but the current one (``reset --old-epochs``),
+    those of epochs a switch left unfinished included."""
+    current = read_epoch(job)
+    return epoch_places(job, [epoch for epoch in range(current.reserved + 1) if epoch != current.epoch])
