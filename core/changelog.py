@@ -16,6 +16,7 @@ from localstate.native import load as load_native
 from localstate.core.options import Option, validate_options
 
 __all__ = [
+    "EpochCheckpoints",
     "ChangelogRecord",
     "RecordColumns",
     "split_spans",
@@ -449,6 +450,26 @@ class DurableCheckpoints(Protocol):
 
     def checkpoint_objects(self, job: str) -> Any:
         """The :class:`~localstate.core.checkpoint.CheckpointObjects` where ``job`` keeps its checkpoints."""
+
+
+@runtime_checkable
+class EpochCheckpoints(Protocol):
+    """A :class:`DurableCheckpoints` system that keeps a job's state epochs (docs/state-as-data.md) in
+    its durable storage: the checkpoints of epoch ``epoch`` (> 0; epoch 0's are
+    :meth:`DurableCheckpoints.checkpoint_objects`), and small job objects such as the pointer naming
+    the current epoch, each replaced whole and atomically by a write."""
+
+    def epoch_checkpoint_objects(self, job: str, epoch: int) -> Any:
+        """The :class:`~localstate.core.checkpoint.CheckpointObjects` of ``job``'s epoch ``epoch``."""
+
+    def read_job_object(self, job: str, name: str) -> bytes | None:
+        """The bytes of ``job``'s object ``name``, None if there is none."""
+
+    def write_job_object(self, job: str, name: str, data: bytes) -> None:
+        """Replace ``job``'s object ``name`` with ``data``, atomically (a reader sees the old or the new)."""
+
+    def delete_job_object(self, job: str, name: str) -> None:
+        """Delete ``job``'s object ``name`` (missing is fine)."""
 
 
 @runtime_checkable

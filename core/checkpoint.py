@@ -29,6 +29,8 @@ from localstate.errors import CheckpointError, CheckpointIOError, FencedError
 __all__ = ["Checkpoint", "CheckpointStore", "CheckpointObjects"]
 
 _FORMAT = 1
+RETIRED = "RETIRED"
+"""The file marking a checkpoint directory whose state was replaced (:meth:`CheckpointStore.retire`)."""
 _LIMIT = 1 << 63  # offsets are 64-bit in every changelog and stream
 
 
@@ -248,7 +250,24 @@ class CheckpointStore:
             raise FencedError(f"another live instance holds task partition {partition}",
                               partition=partition, path=str(self.root),
                               hint="stop the other instance (or wait for it to die) before starting this one") from exc
+        retired = self.retired()
+        if retired is not None:
+            os.close(fd)
+            raise FencedError(f"task partition {partition}: this state was replaced ({retired})", partition=partition,
+                              path=str(self.root), hint="start the job again: it then reads its current state")
         self._locks[partition] = fd
+
+    def retire(self, note: str) -> None:
+        """Mark these checkpoints as replaced by a newer generation of the job's state (a rescale):
+        every later :meth:`lock` is refused, so a run that started before cannot go on writing here."""
+        write_atomic(safe_join(self.root, RETIRED, anchor=self.anchor), note.encode("utf-8"), error=CheckpointIOError)
+
+    def retired(self) -> str | None:
+        """Why these checkpoints were retired (:meth:`retire`), None if they were not."""
+        try:
+            return read_nofollow(safe_join(self.root, RETIRED, anchor=self.anchor)).decode("utf-8", "replace")
+        except FileNotFoundError:
+            return None
 
     def unlock(self, partition: int) -> None:
         fd = self._locks.pop(partition, None)

@@ -44,14 +44,18 @@ from localstate.core.time import TIME_OPTIONS, TIMER_STORE, TIMER_WRITE_BATCH, T
 from localstate.core.tomlfile import read_toml_file
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
-__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "TimeConfig", "job_policy", "load_job_config",
+__all__ = ["StoreConfig", "StreamConfig", "JobConfig", "TimeConfig", "RESCALE_POLICIES", "job_policy", "load_job_config",
            "parse_job_config", "LOG_LEVELS",
            "apply_log_level"]
 
 _JOB_KEYS = {"name", "partitions", "task", "commit_interval", "commit_every", "window_interval", "changelog",
              "state_dir", "local_dir", "allow_pickle", "plugins", "log_level", "pipelined_commits",
              "metrics_port", "metrics_host", "pythonpath"}
-_STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde"}
+_STORE_KEYS = {"engine", "changelog", "key_serde", "value_serde", "rescale", "rescale_merge"}
+#: ``[stores.<name>] rescale``: how a rescale moves the store's records to a new partition count
+#: (docs/state-as-data.md): by each record's key (the default), merged into every new partition or into
+#: partition 0, or routed by a user function ``module:function``.
+RESCALE_POLICIES = ("key", "all", "one")
 _SECTIONS = {"job", "stores", "inputs", "outputs", "changelogs", "spark", "time"}
 
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
@@ -82,6 +86,12 @@ class StoreConfig:
     """Changelog stream name, or None when the store is not logged."""
     key_serde: str = "bytes"
     value_serde: str = "bytes"
+    rescale: str = "key"
+    """how a rescale redistributes the store's records: ``key``, ``all``, ``one`` (:data:`RESCALE_POLICIES`)
+    or a user function ``module:function`` returning each record's routing key"""
+    rescale_merge: str | None = None
+    """``module:function`` merging the values one key has in several old partitions (a kv store
+    redistributed with ``all`` or ``one``)"""
 
 
 @dataclass(frozen=True)
@@ -133,6 +143,10 @@ class JobConfig:
     """``job.metrics_port``: the driver's Prometheus endpoint (``localstate run``); None: off"""
     metrics_host: str = "127.0.0.1"
     """``job.metrics_host``: the address the endpoint binds to"""
+    epoch: int = 0
+    """the state epoch this config reads and writes (:mod:`localstate.runtime.layout`): 0, the layout
+    of a job never rescaled, until a rescale or a start from a savepoint moves the job's state to a
+    new epoch; set by :func:`~localstate.runtime.layout.resolve_epoch`, never by the job file"""
     base_dir: Path | None = None
     """the absolute folder every relative path of the job is resolved against
     (:func:`~localstate.core.policy.job_folder` of the job file); None: the job was given without
@@ -393,9 +407,10 @@ def _time(data: Mapping[str, Any], job_name: Any, allow_pickle: bool, registry: 
         add("time.timer_key_serde", str(exc))
     except LocalStateError as exc:
         add("time.timer_key_serde", exc.message + (f" ({exc.hint})" if exc.hint else ""))
-    config = TimeConfig(checked["allowed_lateness"], checked["timers"], serde, checked["past_timers"])
+    config = TimeConfig(checked["allowed_lateness"], checked["timers"], serde, checked["past_timers"],
+                        checked["timer_rescale"])
     if not config.timers:
-        for key in ("timer_backend", "timer_changelog", "timer_key_serde", "past_timers"):
+        for key in ("timer_backend", "timer_changelog", "timer_key_serde", "past_timers", "timer_rescale"):
             if key in raw:
                 add(f"time.{key}", "applies to timers only: set timers = true in [time] (or remove this key)")
         return config
@@ -531,9 +546,34 @@ def _store(store_name: str, table: Any, job_name: Any, allow_pickle: bool, regis
                 if problem is not None:
                     add(f"{path}.{key}", problem)
                     ok = False
-    if not ok:
+    rescale, rescale_merge = _rescale_keys(path, table, add)
+    if not ok or rescale is None:
         return None
-    return StoreConfig(store_name, engine, options, changelog, serdes["key_serde"], serdes["value_serde"])
+    return StoreConfig(store_name, engine, options, changelog, serdes["key_serde"], serdes["value_serde"],
+                       rescale, rescale_merge)
+
+
+def _is_function(value: Any) -> bool:
+    """Whether ``value`` reads as ``module:function``."""
+    return isinstance(value, str) and value.count(":") == 1 and all(value.split(":"))
+
+
+def _rescale_keys(path: str, table: Mapping[str, Any], add) -> tuple[str | None, str | None]:  # noqa: ANN001
+    """A store's ``rescale`` and ``rescale_merge`` (None, None when reported)."""
+    rescale = table.get("rescale", "key")
+    merge = table.get("rescale_merge")
+    if not (rescale in RESCALE_POLICIES or _is_function(rescale)):
+        add(f"{path}.rescale", f"must be one of {', '.join(RESCALE_POLICIES)} or a routing function "
+                               f"'module:function', got {rescale!r}")
+        return None, None
+    if merge is not None and not _is_function(merge):
+        add(f"{path}.rescale_merge", f"must be a merge function 'module:function', got {merge!r}")
+        return None, None
+    if merge is not None and rescale not in ("all", "one"):
+        add(f"{path}.rescale_merge", 'applies to rescale = "all" or "one" (values of one key merged from '
+                                     'several partitions)')
+        return None, None
+    return rescale, merge
 
 
 def _streams(data: Mapping[str, Any], section: str, add) -> dict[str, StreamConfig]:  # noqa: ANN001

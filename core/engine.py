@@ -21,8 +21,9 @@ from localstate.core.text import a
 from localstate.core.time import SYSTEM_TIME, TimeSource
 from localstate.errors import ConfigError
 
-__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "SerdeUse", "StoreSerdes", "serde_problem", "ColumnRestore", "StateFormat", "SerdeColumn", "StateColumns",
-           "LiveEntries", "TimedStore"]
+__all__ = ["StoreContext", "StorageEngine", "StorageEngineFactory", "SerdeUse", "StoreSerdes", "serde_problem",
+           "ColumnRestore", "StateFormat", "SerdeColumn", "StateColumns", "LiveEntries", "TimedStore",
+           "Redistribution", "Rescalable", "COPY"]
 
 
 @dataclass(frozen=True)
@@ -181,6 +182,43 @@ class TimedStore(Protocol):
     an idle partition spent waiting counts), a test driver when it moves time."""
 
     def refresh_time(self) -> None: ...
+
+
+COPY = "copy"
+"""What :attr:`Redistribution.route` returns for a record that is the store's own metadata (a sketch
+store's layout record): it goes to every new partition that holds any of the store's records."""
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    """How a rescale (docs/state-as-data.md) moves one store's committed changelog records to
+    another partition count.
+
+    ``route(key)`` gives, for a record key, the serialized store key it belongs to: the runtime decodes
+    it with the store's key serde and routes it with the job's partitioner (a kv, heap or search
+    record: the key itself; a sketch unit: the sketch's name). It returns :data:`COPY` for the store's
+    own metadata and None for a record that belongs to no key (a reorder buffer's event): a store
+    holding one is refused unless it is redistributed as a whole. ``merge(values)``: the one value of
+    a record key found in several old partitions, when a store is merged into every new partition or
+    into one (HLL registers: the largest; Bloom words: or'ed; quantile sketches: merged; top-N
+    items: the best score); None: the kind cannot merge. ``finish(records)``: applied to each new
+    partition's merged records, in key order (a capped top-N keeps its best ``capacity`` items)."""
+
+    route: Callable[[bytes], bytes | str | None]
+    merge: Callable[[list[bytes]], bytes] | None = None
+    finish: Callable[[list[tuple[bytes, bytes]]], list[tuple[bytes, bytes]]] | None = None
+
+
+@runtime_checkable
+class Rescalable(Protocol):
+    """Optional factory capability: the engine's records can be redistributed to another partition
+    count. ``redistribution`` is given the store's validated options and, for a kind whose values
+    only the user can merge (a kv store), ``merge_values``: the user's merge of several values as
+    their serde wrote them (None: none configured). An engine factory without this capability is
+    refused by a rescale with a :class:`~localstate.errors.RescaleError` naming the store."""
+
+    def redistribution(self, store: str, options: Mapping[str, Any],
+                       merge_values: Callable[[list[bytes]], bytes] | None) -> Redistribution: ...
 
 
 class StorageEngine(ABC):

@@ -22,7 +22,7 @@ from localstate.core.serdes import Serde
 
 __all__ = ["EVENT_TIME", "PROCESSING_TIME", "TIME_DOMAINS", "TIMESTAMP_UNITS", "TimeSource", "SystemTime",
            "SYSTEM_TIME", "Timers", "TimerNamespace", "current_time", "TimeConfig", "TIME_OPTIONS", "TIMER_STORE",
-           "TIMER_WRITE_BATCH", "PAST_TIMER_POLICIES"]
+           "TIMER_WRITE_BATCH", "PAST_TIMER_POLICIES", "TIMER_RESCALE_POLICIES"]
 
 EVENT_TIME = "event"
 PROCESSING_TIME = "processing"
@@ -135,6 +135,9 @@ TIMER_WRITE_BATCH = 100_000
 """Pending timer changes that trigger a spill of the timer store before the next commit."""
 
 PAST_TIMER_POLICIES = ("fire", "error")
+TIMER_RESCALE_POLICIES = ("key", "all")
+"""``[time] timer_rescale``: a timer whose key does not route to the partition that holds it is
+refused by a rescale (``key``) or copied to every new partition (``all``)."""
 """``[time] past_timers``: a timer registered before its domain's current time fires at the next
 firing point (``fire``, as Flink does) or is refused with a ConfigError (``error``)."""
 
@@ -164,6 +167,10 @@ TIME_OPTIONS = {
     "timer_key_serde": Option(str, default="json",
                               doc="serde of the keys of the task's own timers (`json`, `string`, `int`, ...; a "
                                   "timer namespace has its own)"),
+    "timer_rescale": Option(str, default="key", choices=TIMER_RESCALE_POLICIES,
+                            doc="how a rescale moves a timer whose key does not route to its partition (the "
+                                "task's own per-partition timers): `key` refuses it, `all` copies it to every new "
+                                "partition (docs/state-as-data.md)"),
     "past_timers": Option(str, default="fire", choices=PAST_TIMER_POLICIES,
                           doc="a timer registered before its domain's current time: `fire` at the next firing "
                               "point (as Flink), or `error` (a ConfigError naming this option)"),
@@ -179,3 +186,4 @@ class TimeConfig:
     timers: bool = False
     timer_key_serde: str = "json"
     past_timers: str = "fire"
+    timer_rescale: str = "key"

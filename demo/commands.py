@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from localstate.tools.cli import command
-from localstate.tools.run import partition_count, positive_int
+from localstate.tools.cli import partition_count, positive_int
 
 __all__: list[str] = []
 

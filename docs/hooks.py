@@ -66,6 +66,11 @@ STORE_KEYS: dict[str, tuple[str, str, str]] = {
                   "`false`: not logged (state is lost with the host)"),
     "key_serde": ("string", "`\"bytes\"`", "serde of keys: `bytes`, `string`, `int`, `json`, `pickle` or a plugin"),
     "value_serde": ("string", "`\"bytes\"`", "serde of values, as `key_serde`"),
+    "rescale": ("string", "`\"key\"`", "how a rescale moves the store's records: `key` (each record by its key), "
+                "`all` / `one` (merged into every new partition / into partition 0), or a routing function "
+                "`module:function` (see [state-as-data.md](../state-as-data.md#stores-not-keyed-by-the-routing-key))"),
+    "rescale_merge": ("string", "unset", "a kv store redistributed with `all` or `one`: the function "
+                      "`module:function` merging the values one key has in several partitions"),
 }
 
 GROUP_TITLES = {"engines": "Engine", "changelogs": "Changelog system", "streams": "Stream system"}

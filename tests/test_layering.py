@@ -65,6 +65,7 @@ def test_the_source_tree_keeps_every_layering_contract(staged: Path) -> None:
     ("runtime/partition/feeder.py", "import localstate.runtime.spark.config", "what runs one partition imports"),
     ("runtime/driver/progress.py", "import localstate.runtime.spark.driver", "the driver's operations"),
     ("runtime/layout.py", "import localstate.runtime.spark.context", "the driver's operations"),
+    ("runtime/statedata/loader.py", "import localstate.runtime.spark.state_writer", "state as data"),
     ("runtime/spark/affinity/slots.py", "import localstate.runtime.spark.executor", "no import cycles"),
 ])
 def test_a_violating_import_is_caught(tmp_path: Path, module: str, line: str, contract: str) -> None:

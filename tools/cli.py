@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from localstate.errors import LocalStateError, TaskImportInterrupted
 
-__all__ = ["main", "build_parser", "command"]
+__all__ = ["main", "build_parser", "command", "load_job", "positive_int", "partition_count"]
 
 _COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], str]] = {}
 
@@ -28,6 +28,35 @@ def command(name: str, help: str) -> Callable:  # noqa: A002 - argparse's own wo
         return run
 
     return register
+
+
+def positive_int(text: str) -> int:
+    """argparse type of counts that must be >= 1 (``--batches``, ``--batch-size``, ...): anything
+    else is a usage error (exit 2) naming the flag, never a silent no-op run."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def partition_count(text: str) -> int:
+    """argparse type of a job's partition count: 1 to 100000, as ``job.partitions``."""
+    value = positive_int(text)
+    if value > 100_000:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 100000, got {value}")
+    return value
+
+
+def load_job(args: argparse.Namespace) -> Any:
+    """The job file ``args.job`` (under ``args.plugins``), bound to its current state epoch: what every
+    command that reads or writes the job's state works on (docs/state-as-data.md)."""
+    from localstate.core.config import load_job_config
+    from localstate.runtime.layout import resolve_epoch
+
+    return resolve_epoch(load_job_config(args.job, plugins=args.plugins))
 
 
 def _version() -> str:
@@ -71,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMAND_MODULES = ("localstate.tools.commands", "localstate.tools.run", "localstate.tools.status",
-                    "localstate.demo.commands")
+                    "localstate.tools.statedata", "localstate.demo.commands")
 
 
 def _load_commands() -> None:

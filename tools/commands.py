@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localstate.tools.cli import command
+from localstate.tools.cli import command, load_job
 from localstate.tools.dryrun import dry_run
-from localstate.tools.run import positive_int
+from localstate.tools.cli import positive_int
 from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
@@ -99,10 +99,18 @@ def reset(args: argparse.Namespace) -> int:
     Anything else is listed as kept, with the reason."""
     import shutil
 
-    from localstate.core.changelog import DurableCheckpoints
-    from localstate.runtime.layout import open_changelog_system
+    from localstate.core.changelog import DurableCheckpoints, EpochCheckpoints
+    from localstate.runtime.layout import EPOCH_OBJECT, open_changelog_system, read_epoch
+    from localstate.runtime.statedata.epochs import epoch_places
 
+    if args.old_epochs:
+        from localstate.tools.statedata import reset_old_epochs
+
+        return reset_old_epochs(args)
     job = load_job_config(args.job, plugins=args.plugins)
+    # Epochs after the first (docs/state-as-data.md): their checkpoints and streams outside the job's directory.
+    later = epoch_places(job, range(1, read_epoch(job).reserved + 1))
+    later.directories.clear()  # inside the job's directory, deleted with it
     streams = sorted({store.changelog for store in job.stores.values() if store.changelog})
     durable = issubclass(job.registry.changelog_system(job.changelog_system), DurableCheckpoints)
     system = open_changelog_system(job) if streams or durable else None
@@ -114,9 +122,11 @@ def reset(args: argparse.Namespace) -> int:
         committed = [p for p in range(job.partitions) if checkpoints is not None and checkpoints.latest(p)]
         for path, why in kept:
             print(f"keeping {path}: {why}")
-        if not targets and not remote_streams and not committed:
+        if not targets and not remote_streams and not committed and not later.any():
             print("nothing to delete")
             return 0
+        for line in later.describe():
+            print(f"{'deleting' if args.yes else 'would delete'} {line}")
         if committed:
             print(f"{'deleting' if args.yes else 'would delete'} the checkpoints in {checkpoints.describe()}")
         for target in targets:
@@ -131,6 +141,9 @@ def reset(args: argparse.Namespace) -> int:
         # runs again; the other way round it would find checkpoints naming deleted objects.
         for partition in committed:
             checkpoints.delete_partition(partition)  # type: ignore[union-attr]
+        later.delete()
+        if isinstance(system, EpochCheckpoints):
+            system.delete_job_object(job.name, EPOCH_OBJECT)
         for target in targets:
             shutil.rmtree(target)  # rmtree removes symlinks inside, never what they point to
         for stream in remote_streams:
@@ -237,6 +250,8 @@ def _nested(a: str, b: str) -> bool:
 def _reset_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job config (TOML)")
     parser.add_argument("--yes", action="store_true", help="really delete (default: show what would go)")
+    parser.add_argument("--old-epochs", action="store_true", help="delete only the state epochs a rescale or a start "
+                        "from a savepoint replaced, keeping the current one (docs/state-as-data.md)")
 
 
 reset.arguments = _reset_arguments  # type: ignore[attr-defined]
@@ -262,7 +277,7 @@ def seek(args: argparse.Namespace) -> int:
     from localstate.runtime.driver.views import load_checkpoints
     from localstate.tools.validation import require_input_paths
 
-    job = load_job_config(args.job, plugins=args.plugins)
+    job = load_job(args)
     name = args.input
     if name not in job.inputs:
         raise StateNotFoundError(f"job {job.name!r} has no input {name!r}" + did_you_mean(name, sorted(job.inputs)),
@@ -349,7 +364,7 @@ def compact(args: argparse.Namespace) -> int:
     from localstate.core.changelog import Compactable
     from localstate.runtime.layout import checkpoint_store, open_changelog_system
 
-    job = load_job_config(args.job, plugins=args.plugins)
+    job = load_job(args)
     system = open_changelog_system(job)
     if not isinstance(system, Compactable):
         print(f"changelog system {job.changelog_system!r} compacts on its own (e.g. Kafka's log cleaner); "
@@ -389,7 +404,14 @@ compact.arguments = lambda parser: parser.add_argument("job", help="job config (
 def inspect(args: argparse.Namespace) -> int:
     from localstate.tools.inspect import run_inspect
 
-    return run_inspect(load_job_config(args.job, plugins=args.plugins), args)
+    if args.savepoint is not None:
+        from localstate.tools.statedata import inspect_savepoint
+
+        return inspect_savepoint(args)
+    if args.job is None:
+        from localstate.errors import ConfigError
+        raise ConfigError.at("inspect", "give the job file (or --savepoint PATH)", hint="localstate inspect job.toml")
+    return run_inspect(load_job(args), args)
 
 
 def _count(text: str) -> int:
@@ -400,7 +422,12 @@ def _count(text: str) -> int:
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", help="job config (TOML)")
+    from localstate.tools.statedata import add_location_arguments
+
+    parser.add_argument("job", nargs="?", help="job config (TOML)")
+    parser.add_argument("--savepoint", metavar="PATH", help="show this savepoint instead of a job's state (checked "
+                        "whole; --store NAME: its records)")
+    add_location_arguments(parser)
     parser.add_argument("--store", metavar="NAME", help="dump this store's contents, decoded with its serdes")
     parser.add_argument("--changelog", metavar="STREAM", help="show this changelog stream (or the store's)")
     parser.add_argument("--partition", type=_count, default=None, help="only this partition")

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from localstate.tools.cli import command
+from localstate.tools.cli import command, partition_count, positive_int
 from localstate.core.config import apply_log_level
 
 log = logging.getLogger(__name__)
@@ -29,26 +29,6 @@ DUMP_SIGNAL = signal.SIGQUIT
 """What stops ``localstate run`` at once with a diagnostic dump (exit 131): every Python thread's stack
 on stderr (``faulthandler``), then exit without waiting for anything. Nothing committed is lost: what
 was not committed is rolled back and runs again at the next start."""
-
-
-def positive_int(text: str) -> int:
-    """argparse type of counts that must be >= 1 (``--batches``, ``--batch-size``, ...): anything
-    else is a usage error (exit 2) naming the flag, never a silent no-op run."""
-    try:
-        value = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def partition_count(text: str) -> int:
-    """argparse type of a job's partition count: 1 to 100000, as ``job.partitions``."""
-    value = positive_int(text)
-    if value > 100_000:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 100000, got {value}")
-    return value
 
 
 class StopSignals:
@@ -154,10 +134,16 @@ def run(args: argparse.Namespace) -> int:
 
     from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
     from localstate.tools.validation import require_valid
+    from localstate.runtime.layout import resolve_epoch
 
     # Everything `localstate validate` checks, before Spark starts, every problem at once and in its
     # words; only what depends on the inputs' contents waits for the plan (runner.check_inputs).
-    job = require_valid(args.job, plugins=args.plugins, master=args.master).job
+    checked = require_valid(args.job, plugins=args.plugins, master=args.master).job
+    if args.from_savepoint:
+        from localstate.tools.statedata import start_from_savepoint
+
+        start_from_savepoint(args)  # a new state epoch, switched to before the run starts
+    job = resolve_epoch(checked)  # the job bound to its current state epoch (docs/state-as-data.md)
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size, progress=_say)
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
@@ -221,6 +207,9 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                              "SIGTERM, SIGINT or SIGHUP)")
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="records per partition per micro-batch (default: [spark] batch_size, else all)")
+    from localstate.tools.statedata import add_from_savepoint_arguments
+
+    add_from_savepoint_arguments(parser)
 
 
 run.arguments = _run_arguments  # type: ignore[attr-defined]

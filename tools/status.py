@@ -18,8 +18,7 @@ import math
 import time
 from typing import Any
 
-from localstate.core.config import load_job_config
-from localstate.tools.cli import command
+from localstate.tools.cli import command, load_job
 
 __all__ = ["job_status"]
 
@@ -136,7 +135,7 @@ def _stale(text: str) -> float:
 
 @command("status", "is a job running, its last batch and its lag, read-only (exit 0 live, 3 not live)")
 def status(args: argparse.Namespace) -> int:
-    job = load_job_config(args.job, plugins=args.plugins)
+    job = load_job(args)
     found = job_status(job, stale=args.stale)
     if args.json:
         print(json.dumps(found, sort_keys=True, allow_nan=False))

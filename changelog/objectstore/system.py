@@ -6,6 +6,8 @@ Keys below the configured ``url``::
 
     changelogs/<stream>/...                          see :mod:`.chain`
     jobs/<job>/checkpoints/<p>/<seq:020d>-<token>.json   one per saved checkpoint, latest wins
+    jobs/<job>/epochs/<e>/checkpoints/<p>/...         the same, for the job's state epoch e > 0
+    jobs/<job>/<name>                                 small job objects (the epoch pointer ``epoch.json``)
 """
 
 from __future__ import annotations
@@ -169,7 +171,32 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
 
     def checkpoint_objects(self, job: str) -> "ObjectCheckpoints":
         check_name(job, "job", "job.name")
-        return ObjectCheckpoints(self.store, job, keep=self.gc_keep + 1)
+        return ObjectCheckpoints(self.store, f"jobs/{job}/checkpoints", keep=self.gc_keep + 1)
+
+    def epoch_checkpoint_objects(self, job: str, epoch: int) -> "ObjectCheckpoints":
+        """The checkpoints of ``job``'s state epoch ``epoch`` (``core.changelog.EpochCheckpoints``)."""
+        check_name(job, "job", "job.name")
+        if epoch == 0:
+            return self.checkpoint_objects(job)
+        return ObjectCheckpoints(self.store, f"jobs/{job}/epochs/{int(epoch)}/checkpoints", keep=self.gc_keep + 1)
+
+    def _job_key(self, job: str, name: str) -> str:
+        check_name(job, "job", "job.name")
+        check_name(name, "object", "name")
+        return f"jobs/{job}/{name}"
+
+    def read_job_object(self, job: str, name: str) -> bytes | None:
+        try:
+            return self.store.get(self._job_key(job, name))
+        except FileNotFoundError:
+            return None
+
+    def write_job_object(self, job: str, name: str, data: bytes) -> None:
+        """A PUT (on a directory: a temporary file, fsync, rename): a reader sees the old or the new."""
+        self.store.put(self._job_key(job, name), data)
+
+    def delete_job_object(self, job: str, name: str) -> None:
+        self.store.delete(self._job_key(job, name))
 
     # ---------------------------------------------------------------- garbage collection
 
@@ -180,8 +207,10 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         by_partition: dict[str, list[ObjectInfo]] = {}
         for info in self.store.list("jobs"):
             parts = info.key.split("/")
-            if len(parts) == 5 and parts[2] == "checkpoints" and _CHECKPOINT_RE.match(parts[4]):
-                by_partition.setdefault("/".join(parts[:4]), []).append(info)
+            # jobs/<job>/checkpoints/<p>/<name> and jobs/<job>/epochs/<e>/checkpoints/<p>/<name>
+            if len(parts) in (5, 7) and parts[-3] == "checkpoints" and _CHECKPOINT_RE.match(parts[-1]) \
+                    and (len(parts) == 5 or parts[2] == "epochs"):
+                by_partition.setdefault("/".join(parts[:-1]), []).append(info)
         for infos in by_partition.values():
             for info in sorted(infos, key=lambda i: i.key)[-self.gc_keep:]:
                 try:
@@ -280,7 +309,8 @@ class GarbageRounds:
 
 
 class ObjectCheckpoints(CheckpointObjects):
-    """Checkpoints as immutable objects ``jobs/<job>/checkpoints/<p>/<seq:020d>-<token>.json``: each
+    """Checkpoints as immutable objects ``<prefix>/<p>/<seq:020d>-<token>.json`` (``prefix``:
+    ``jobs/<job>/checkpoints``, or ``jobs/<job>/epochs/<e>/checkpoints``): each
     save writes the next sequence number, the highest wins, the ``keep`` newest are kept.
 
     A save (the runtime's: the generation check's :meth:`latest`, then :meth:`put`) costs three
@@ -291,9 +321,9 @@ class ObjectCheckpoints(CheckpointObjects):
     is none). That listing is at most one save old; a concurrent writer in between is what the
     generation check (a read, then a write: see docs/durable.md, Limits) already does not exclude."""
 
-    def __init__(self, store: ObjectStore, job: str, keep: int) -> None:
+    def __init__(self, store: ObjectStore, prefix: str, keep: int) -> None:
         self.store = store
-        self.prefix = f"jobs/{job}/checkpoints"
+        self.prefix = prefix
         self.keep = keep
         self._lock = threading.RLock()
         self._listed: dict[int, list[tuple[int, str]]] = {}  # partition -> the last listing (+ own puts)

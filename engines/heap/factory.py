@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping
 
-from localstate.core.engine import (SerdeColumn, SerdeUse, StateColumns, StorageEngine, StorageEngineFactory,
-                                    StoreContext, StoreSerdes)
+from localstate.core.engine import (COPY, Redistribution, SerdeColumn, SerdeUse, StateColumns, StorageEngine,
+                                    StorageEngineFactory, StoreContext, StoreSerdes)
 from localstate.core.options import Option, Removed
 from localstate.engines.heap.options import (HEAP_KINDS, HEAP_OPTIONS, backend_options_of,
                                              max_lateness_of)
@@ -67,3 +67,32 @@ class HeapEngineFactory(StorageEngineFactory):
         from localstate.engines.heap.columns import heap_columns
 
         return heap_columns({**options, "kind": kind_of(store, options)}, key, value)
+
+    def redistribution(self, store: str, options: Mapping[str, Any],
+                       merge_values: Any = None) -> Redistribution:
+        """``core.engine.Rescalable``. Top-N: an item goes with its key; an item found in several
+        partitions keeps its best score, and a capped heap keeps its best ``capacity`` items. Reorder
+        buffer: its events belong to no key (refused unless released first); its meta record is
+        copied, merged conservatively (the lowest drained watermark and largest timestamp seen, the
+        largest sequence)."""
+        from localstate.engines.heap.codec import META_KEY, SCORE_HEADER, decode_meta, encode_meta
+
+        if kind_of(store, options) == "reorder":
+            def merge_meta(values: list[bytes]) -> bytes:
+                metas = [decode_meta(value) for value in values]
+                return encode_meta(max(m[0] for m in metas), min(m[1] for m in metas), min(m[2] for m in metas))
+            return Redistribution(lambda key: COPY if key == META_KEY else None, merge_meta)
+        best = max if options.get("order", "max") == "max" else min
+
+        def merge_items(values: list[bytes]) -> bytes:
+            return best(values, key=lambda value: SCORE_HEADER.unpack_from(value)[0])
+
+        capacity = options.get("capacity")
+
+        def keep_best(records: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+            if capacity is None or len(records) <= capacity:
+                return records
+            sign = -1.0 if best is max else 1.0
+            ranked = sorted(records, key=lambda kv: (sign * SCORE_HEADER.unpack_from(kv[1])[0], kv[0]))
+            return sorted(ranked[:capacity])
+        return Redistribution(lambda key: key, merge_items, keep_best)

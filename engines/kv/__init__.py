@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Mapping
 
-from localstate.core.engine import StorageEngineFactory, StoreContext
+from localstate.core.engine import Redistribution, StorageEngineFactory, StoreContext
 from localstate.core.time import TimeSource
 from localstate.core.options import Option
 from localstate.engines.kv.engine import KeyValueEngine, KVIterator
 from localstate.engines.kv.options import KV_OPTIONS, ROCKSDB_PASSTHROUGH, check_kv_options
-from localstate.engines.kv.ttl import TtlKeyValueEngine, live_entries, split_stored
+from localstate.engines.kv.ttl import TtlKeyValueEngine, live_entries, split_stored, unpack_expiry
 
 __all__ = ["KeyValueEngineFactory", "KeyValueEngine", "TtlKeyValueEngine", "KVIterator", "KV_OPTIONS",
            "ROCKSDB_PASSTHROUGH"]
@@ -45,3 +45,25 @@ class KeyValueEngineFactory(StorageEngineFactory):
     def stored_value(self, options: Mapping[str, Any], data: bytes) -> tuple[bytes, float | None]:
         """A ttl store's stored value without its expiry, and the expiry; any other store's as is."""
         return split_stored(data) if options.get("ttl") is not None else (data, None)
+
+    def redistribution(self, store: str, options: Mapping[str, Any],
+                       merge_values: Callable[[list[bytes]], bytes] | None) -> Redistribution:
+        """Each record goes with its key (``core.engine.Rescalable``). Values of one key from several
+        partitions merge only with the user's ``merge_values``; a ttl store's merged value keeps the
+        latest expiry of those merged."""
+        if merge_values is None:
+            return Redistribution(_same_key)
+        if options.get("ttl") is None:
+            return Redistribution(_same_key, merge_values)
+
+        def merge_stamped(values: list[bytes]) -> bytes:
+            widths = [unpack_expiry(value) for value in values]
+            latest = max(range(len(values)), key=lambda i: widths[i][0])
+            prefix = values[latest][:widths[latest][1]]
+            return prefix + merge_values([value[width:] for value, (_, width) in zip(values, widths)])
+        return Redistribution(_same_key, merge_stamped)
+
+
+def _same_key(key: bytes) -> bytes:
+    """A kv record belongs to its own key."""
+    return key

@@ -19,8 +19,8 @@ import tantivy
 
 from localstate.core.changelog import ChangelogRecord
 from localstate.core.corruption import corrupt_reason, store_corrupt, wipe_local
-from localstate.core.engine import (SerdeColumn, SerdeUse, StateColumns, StorageEngine, StorageEngineFactory,
-                                    StoreContext, StoreSerdes)
+from localstate.core.engine import (Redistribution, SerdeColumn, SerdeUse, StateColumns, StorageEngine,
+                                    StorageEngineFactory, StoreContext, StoreSerdes)
 from localstate.core.logged import ChangelogCommit
 from localstate.core.fsutil import check_tree_no_symlinks, errno_in_text, os_error_hint, write_atomic
 from localstate.core.options import Option, did_you_mean, parse_size
@@ -613,3 +613,7 @@ class SearchEngineFactory(StorageEngineFactory):
         from localstate.engines.search.columns import search_columns
 
         return search_columns(store, options, key)
+
+    def redistribution(self, store: str, options: Mapping[str, Any], merge_values: Any = None) -> Redistribution:
+        """``core.engine.Rescalable``: a document goes with its id; documents do not merge."""
+        return Redistribution(lambda key: key)

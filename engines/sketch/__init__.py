@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any, ClassVar, Mapping
 
 from localstate.core.registry import open_store_backend
-from localstate.core.engine import (SerdeColumn, SerdeUse, StateColumns, StorageEngine, StorageEngineFactory,
-                                    StoreContext, StoreSerdes)
+from localstate.core.engine import (COPY, Redistribution, SerdeColumn, SerdeUse, StateColumns, StorageEngine,
+                                    StorageEngineFactory, StoreContext, StoreSerdes)
 from localstate.core.logged import LoggedStore
 from localstate.core.options import Option
 from localstate.core.text import a
@@ -143,3 +143,19 @@ class SketchEngineFactory(StorageEngineFactory):
         from localstate.engines.sketch.columns import sketch_columns
 
         return sketch_columns(options, key)
+
+    def redistribution(self, store: str, options: Mapping[str, Any],
+                       merge_values: Any = None) -> Redistribution:
+        """``core.engine.Rescalable``: a unit goes with its sketch's name (the layout record is copied);
+        sketches merge exactly as :meth:`merge` does (HLL registers: the largest, Bloom words: or'ed,
+        quantile sketches: KLL merge)."""
+        from localstate.engines.sketch.merging import merge_units
+        from localstate.engines.sketch.keys import META_KEY, split_key
+
+        def route(key: bytes) -> bytes | str | None:
+            if key == META_KEY:
+                return COPY
+            parsed = split_key(key)
+            return None if parsed is None else parsed[0]
+        kind = options["kind"]
+        return Redistribution(route, lambda values: merge_units(kind, values))

@@ -28,21 +28,23 @@ from localstate.core.changelog import ChangelogPartition, ChangelogSystem, Durab
     ManifestedChangelog, ManifestedStreams, ReadOnlyPartitions
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
+from localstate.core.backend import coalesce_sorted
 from localstate.core.logged import META_OFFSET, decode_offset
-from localstate.core.names import safe_join
-from localstate.runtime.layout import open_changelog_system, store_directory
-from localstate.core.engine import LiveEntries
+from localstate.runtime.layout import epoch_checkpoint_objects, open_changelog_system, state_directory, \
+    store_directory
+from localstate.core.engine import LiveEntries, SerdeColumn
 from localstate.core.serdes import Serde
-from localstate.errors import ChangelogError, CheckpointError, LocalStateError, StateNotFoundError
+from localstate.errors import ChangelogError, CheckpointError, LocalStateError, SerdeError, StateNotFoundError
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
            "load_checkpoints", "require_state", "live_filter", "value_splitter", "store_config", "store_partitions",
            "store_serdes", "store_entries",
            "resolve_stream", "changelog_partitions", "changelog_records", "open_changelog_reader",
-           "checkpoint_manifest", "checkpoint_location", "committed_contents", "stream_location", "dir_size",
+           "checkpoint_manifest", "checkpoint_location", "committed_contents", "committed_columns", "stream_location",
+           "dir_size",
            "InputPartitionInfo", "input_partitions",
            "decoder",
-           "raw_value", "to_jsonable"]
+           "raw_value", "to_jsonable", "serde_column", "NATIVE_TYPES"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,9 @@ _ROCKSDB_META_CF = "localstate_meta"
 # -- where things are ------------------------------------------------------------------------------
 
 def job_dir(job: JobConfig) -> Path:
-    """``<state_dir>/<job>``: checkpoints and local stores."""
-    return safe_join(job.state_dir, job.name)
+    """``<state_dir>/<job>`` (``.../epochs/<e>`` for a config bound to a later state epoch): its
+    checkpoints and local stores."""
+    return state_directory(job)
 
 
 def stream_location(job: JobConfig, section: str, name: str) -> str:
@@ -134,7 +137,7 @@ def _durable_checkpoints(job: JobConfig) -> bool:
 def _load_durable_checkpoints(job: JobConfig) -> dict[int, Checkpoint | None]:
     system = open_changelog_system(job)
     try:
-        objects = system.checkpoint_objects(job.name)  # type: ignore[attr-defined]
+        objects = epoch_checkpoint_objects(job, system)
         found: dict[int, Checkpoint | None] = {}
         for partition in range(job.partitions):
             latest = objects.latest(partition)
@@ -152,7 +155,7 @@ def checkpoint_location(job: JobConfig) -> str | None:
         return None
     system = open_changelog_system(job)
     try:
-        return system.checkpoint_objects(job.name).describe()  # type: ignore[attr-defined]
+        return epoch_checkpoint_objects(job, system).describe()
     finally:
         system.close()
 
@@ -554,13 +557,26 @@ def changelog_records(job: JobConfig, stream: str, partition: int, start: int = 
 
 
 def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
-                       checkpoint: Checkpoint | None) -> list[tuple[bytes, bytes]]:
+                       checkpoint: Checkpoint | None, *, live: bool = True) -> list[tuple[bytes, bytes]]:
     """A store partition's committed durable state: its changelog replayed up to the offset
     ``checkpoint`` records (0 without one), last record per key, tombstones dropped, in key (byte)
     order. Records after that offset (flushed before a crash, never committed) are not read.
+    ``live``: entries as a reader sees them (a ttl store's expired entries dropped, each value
+    without its expiry; :func:`live_filter`); False: as stored, raw (what a savepoint keeps).
 
     Raises ChangelogError when the changelog ends before the checkpointed offset (committed records
     are missing), StateNotFoundError for a store without a changelog."""
+    keys, values = committed_columns(job, config, partition, checkpoint)
+    entries = list(zip(keys, values))
+    live_entries = live_filter(job, config, checkpoint) if live else None
+    return entries if live_entries is None else list(live_entries(entries))  # type: ignore[arg-type]
+
+
+def committed_columns(job: JobConfig, config: StoreConfig, partition: int,
+                      checkpoint: Checkpoint | None) -> tuple[list[bytes], list[bytes]]:
+    """:func:`committed_contents` as stored (raw), in two columns: the keys in byte order and their
+    values. The changelog is read as column runs and coalesced in one sort (``coalesce_sorted``: in C
+    where the extension is built), so only the records kept become objects."""
     if config.changelog is None:
         raise StateNotFoundError(f"store {config.name!r} has no changelog (changelog = false): it keeps no "
                                  "durable state", store=config.name, partition=partition,
@@ -568,7 +584,7 @@ def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
                                       "set changelog = true on the store to make it durable")
     upto = checkpoint.changelogs.get(config.name, 0) if checkpoint is not None else 0
     if upto == 0:
-        return []
+        return [], []
     system = open_changelog_system(job)
     try:
         reader = open_changelog_reader(system, config.changelog, partition,
@@ -579,17 +595,24 @@ def committed_contents(job: JobConfig, config: StoreConfig, partition: int,
             end = reader.end_offset()
             if end < upto:
                 raise _missing_records(config, partition, upto, end)
-            latest: dict[bytes, bytes | None] = {}
-            for batch in reader.read_batches(0, upto):
-                for record in batch:
-                    latest[record.key] = record.value
+            key_runs: list[Any] = []
+            value_runs: list[Any] = []
+            for run in reader.read_columns(0, upto):
+                if run.framed is not None:  # still in the bytes read: objects only for the records kept
+                    key_runs.append(run.framed)
+                    value_runs.append(None)
+                else:
+                    key_runs.append(run.keys)
+                    value_runs.append(run.values)
         finally:
             reader.close()
     finally:
         system.close()
-    entries = [(key, latest[key]) for key in sorted(latest) if latest[key] is not None]
-    live = live_filter(job, config, checkpoint)
-    return entries if live is None else list(live(entries))  # type: ignore[arg-type]
+    merged = coalesce_sorted(key_runs, value_runs)
+    if not merged.deletes:
+        return merged.key_column, merged.value_column
+    kept = [i for i, value in enumerate(merged.value_column) if value is not None]
+    return [merged.key_column[i] for i in kept], [merged.value_column[i] for i in kept]
 
 
 def value_splitter(job: JobConfig, config: StoreConfig | None
@@ -730,6 +753,33 @@ def store_entries(job: JobConfig, store: str, checkpoints: dict[int, Checkpoint 
             key = decode_key(kb)
             if key_filter is None or key_filter(key):
                 yield Entry(partition, key, decode_value(vb), "changelog")
+
+
+#: Serdes whose decoded values have a native column type (Spark ``bigint``, ``string``, ``binary``;
+#: Arrow ``int64``, ``string``, ``binary``); any other serde's values are a string column holding JSON text.
+NATIVE_TYPES = {"int": "bigint", "string": "string", "bytes": "binary"}
+
+
+def serde_column(serde: Serde | None, native: str | None, store: str) -> SerdeColumn:
+    """The column of values decoded with ``serde``: a native Spark type for the ``int``, ``string``
+    and ``bytes`` serdes (``native``: the serde's name when its column is to be native; a value the
+    serde refuses is a SerdeError naming the store and the record), else JSON text (bytes the serde
+    cannot decode, or that have no serde: ``{"hex": ...}``)."""
+    if serde is None or native not in NATIVE_TYPES:
+        lenient = decoder(serde)
+        return SerdeColumn("string", lambda data: json.dumps(to_jsonable(lenient(data)), sort_keys=True))
+    if native == "bytes":
+        return SerdeColumn("binary", bytes)
+
+    def strict(data: bytes) -> Any:
+        try:
+            return serde.deserialize(data)
+        except Exception as exc:  # noqa: BLE001 - any serde failure is reported the same way
+            problem = exc.message if isinstance(exc, SerdeError) else f"{type(exc).__name__}: {exc}"
+            raise SerdeError(f"store {store!r}: {problem}", store=store,
+                             hint="check that the store's serde matches what was written; "
+                                  '.option("raw", "true") reads the bytes') from exc
+    return SerdeColumn(NATIVE_TYPES[native], strict)
 
 
 def to_jsonable(value: Any) -> Any:

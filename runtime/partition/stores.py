@@ -26,7 +26,7 @@ from localstate.core.fsutil import ensure_dir, os_error, read_nofollow, write_at
 from localstate.core.names import safe_join
 from localstate.core.time import TIMER_STORE, TimeSource
 from localstate.errors import ConfigError, StoreCorruptError, StoreIOError
-from localstate.runtime.layout import check_no_history, checkpoint_where, store_directory
+from localstate.runtime.layout import check_no_history, checkpoint_where, epoch_parts, store_directory
 from localstate.runtime.partition.faults import crash_point
 from localstate.runtime.partition.recovery import StoreRecovery, compaction_horizon, is_stale, recover_store
 
@@ -219,9 +219,10 @@ class StoreSet(Mapping[str, PartitionStore]):
 
     # -- attempt markers (cluster mode) --------------------------------------------------------------
     def _attempt_marker(self, store: str) -> Path:
-        """``<root>/<job>/attempts/<store>/<partition>``: the attempt that last wrote this host's local
+        """``<root>/<job>/[epochs/<e>/]attempts/<store>/<partition>``: the attempt that last wrote this host's local
         state of the store partition (cluster mode), kept beside the stores, not inside them."""
-        return safe_join(self.local_root, self.job.name, "attempts", store, str(self.partition))
+        return safe_join(self.local_root, self.job.name, *epoch_parts(self.job.epoch), "attempts", store,
+                         str(self.partition))
 
     def _forget_attempt(self, store: str) -> None:
         marker = self._attempt_marker(store)

@@ -62,7 +62,8 @@ from localstate.core.config import JobConfig, load_job_config
 from localstate.core.fsutil import ensure_dir, os_error, write_atomic
 from localstate.core.names import safe_join
 from localstate.core.partitioner import partitions_of
-from localstate.runtime.layout import checkpoint_store, job_directory, open_changelog_system
+from localstate.runtime.layout import checkpoint_store, epoch_parts, job_directory, open_changelog_system, \
+    resolve_epoch
 from localstate.runtime.spark.failures import executor_failure, spark_failure
 from localstate.runtime.spark.affinity.exchange import RowExchange
 from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
@@ -278,7 +279,7 @@ class BatchOutputs:
     @staticmethod
     def directory(job: JobConfig, partition: int) -> Path:
         job_directory(job)
-        return safe_join(job.state_dir, job.name, "dataframe-outputs", str(partition))
+        return safe_join(job.state_dir, job.name, *epoch_parts(job.epoch), "dataframe-outputs", str(partition))
 
     @classmethod
     def path(cls, job: JobConfig, partition: int, batch: int) -> Path:
@@ -702,7 +703,8 @@ def _run_partition(task: _BatchTask, partition: int, rows: Any) -> dict[str, Any
 
 # -- driver -------------------------------------------------------------------------------------------
 def _job(job: JobConfig | str | os.PathLike[str]) -> JobConfig:
-    return job if isinstance(job, JobConfig) else load_job_config(job)
+    """The job bound to its current state epoch (:func:`~localstate.runtime.layout.resolve_epoch`)."""
+    return resolve_epoch(job if isinstance(job, JobConfig) else load_job_config(job))
 
 
 def _create_changelogs(job: JobConfig) -> None:

@@ -31,7 +31,8 @@ from typing import Any, Callable
 from localstate.core.changelog import Compactable
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.runtime.layout import check_no_history, checkpoint_store, checkpoint_where, open_changelog_system
+from localstate.runtime.layout import check_moved_inputs, check_no_history, checkpoint_store, checkpoint_where, \
+    open_changelog_system, resolve_epoch
 from localstate.runtime.spark.cluster import Placement, has_state, is_cluster_master
 from localstate.runtime.spark.config import SparkConfig
 from localstate.runtime.spark.context import spark_context
@@ -155,6 +156,7 @@ class SparkJobRunner:
                  batch_size: int | None = None, fault: dict[str, Any] | None = None,
                  progress: Callable[[str], None] | None = print, keep_open: bool | None = None,
                  on_batch: Callable[[BatchResult, list[PartitionPlan]], None] | None = None) -> None:
+        job = resolve_epoch(job)  # its current state epoch (docs/state-as-data.md); refuses a stale one
         self.job = job
         self.on_batch = on_batch
         """called after each committed batch with its result and plans (``localstate run``: progress.jsonl,
@@ -294,7 +296,9 @@ class SparkJobRunner:
     def check_inputs(self) -> None:
         """Check every partition's checkpointed input positions against the inputs as they are now
         (InputPositionError, see :func:`check_input_position`), without planning anything: what
-        :meth:`run` does before it starts Spark."""
+        :meth:`run` does before it starts Spark. An input still read where it was before a rescale is
+        refused (:func:`check_moved_inputs`)."""
+        check_moved_inputs(self.job, self.inputs)
         for partition in range(self.job.partitions):
             checkpoint = self.committed(partition)
             if checkpoint is None:

@@ -21,7 +21,6 @@ unknown option or value), the rows made by one :class:`View` per ``view`` option
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,10 +32,10 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig, load_job_config
 from localstate.core.engine import SerdeColumn, StateColumns
 from localstate.runtime.driver.views import (changelog_partitions, changelog_records, checkpoint_manifest,
-                                     committed_contents, decoder, load_checkpoints, require_state,
-                                     store_config, store_serdes, to_jsonable, value_splitter)
+                                     committed_contents, live_filter, load_checkpoints, require_state, serde_column,
+                                     store_config, store_serdes, value_splitter, NATIVE_TYPES)
 from localstate.core.options import did_you_mean
-from localstate.core.serdes import Serde
+from localstate.runtime.layout import resolve_epoch
 from localstate.errors import ConfigError, SerdeError, StateNotFoundError
 
 __all__ = ["StateDataSource", "ReadOptions", "View", "StateView", "ChangeFeedView", "CheckpointsView",
@@ -44,9 +43,6 @@ __all__ = ["StateDataSource", "ReadOptions", "View", "StateView", "ChangeFeedVie
 
 SOURCE_NAME = "localstate"
 
-#: Serdes whose decoded values have a native Spark type (kv stores, and the serde columns of the other
-#: engines' typed columns); any other serde's values are a string column holding JSON text.
-_NATIVE_TYPES = {"int": "bigint", "string": "string", "bytes": "binary"}
 
 
 # -- options -----------------------------------------------------------------------------------------
@@ -66,13 +62,18 @@ class ReadOptions:
     checkpoint_dir: str | None = None
     batch_id: int | None = None
     plugins: str | None = None
+    savepoint: str | None = None
+    """a savepoint (folder or URL) read like a live job: the state and checkpoints views"""
+    endpoint: str | None = None
+    region: str | None = None
 
     NAMES: ClassVar[dict[str, str]] = {
         "job": "job", "path": "job", "store": "store", "storename": "store", "view": "view", "raw": "raw",
         "readchangefeed": "read_change_feed", "startoffset": "start_offset", "endoffset": "end_offset",
-        "checkpointdir": "checkpoint_dir", "batchid": "batch_id", "plugins": "plugins"}
+        "checkpointdir": "checkpoint_dir", "batchid": "batch_id", "plugins": "plugins", "savepoint": "savepoint",
+        "endpoint": "endpoint", "region": "region"}
     SHOWN: ClassVar[tuple[str, ...]] = ("job", "store", "view", "raw", "readChangeFeed", "startOffset", "endOffset",
-                                        "checkpointDir", "batchId", "plugins")
+                                        "checkpointDir", "batchId", "plugins", "savepoint", "endpoint", "region")
     VIEWS: ClassVar[tuple[str, ...]] = ("state", "checkpoints", "changelog")
 
     @classmethod
@@ -85,20 +86,22 @@ class ReadOptions:
                                      f"unknown option of the localstate reader{_suggest(name, cls.SHOWN)}",
                                      hint=f"options: {', '.join(cls.SHOWN)} (docs/state-reader.md)")
             values[attribute] = value
-        if not values.get("job"):
-            raise ConfigError.at("option 'job'", "the localstate reader needs the job file",
-                                 hint='.option("job", "path/to/job.toml") (or .load("path/to/job.toml"))')
+        if not values.get("job") and not values.get("savepoint"):
+            raise ConfigError.at("option 'job'", "the localstate reader needs the job file (or a savepoint)",
+                                 hint='.option("job", "path/to/job.toml") (or .load("path/to/job.toml")), or '
+                                      '.option("savepoint", "path/or/url")')
         view = str(values.get("view", "state")).lower()
         if view not in cls.VIEWS:
             raise ConfigError.at("option 'view'", f"unknown view {values['view']!r}{_suggest(view, cls.VIEWS)}",
                                  hint=f"views: {', '.join(cls.VIEWS)}")
-        parsed = cls(job=str(values["job"]), store=values.get("store") or None, view=view,
+        parsed = cls(job=str(values.get("job") or ""), store=values.get("store") or None, view=view,
                      raw=_flag(values, "raw"), read_change_feed=_flag(values, "read_change_feed"),
                      start_offset=_offset(values, "start_offset", 0),
                      end_offset=("end" if str(values.get("end_offset", "")).lower() == "end"
                                  else _offset(values, "end_offset", None)),
                      checkpoint_dir=values.get("checkpoint_dir") or None, batch_id=_offset(values, "batch_id", None),
-                     plugins=values.get("plugins") or None)
+                     plugins=values.get("plugins") or None, savepoint=values.get("savepoint") or None,
+                     endpoint=values.get("endpoint") or None, region=values.get("region") or None)
         parsed._check_combinations()
         return parsed
 
@@ -122,20 +125,25 @@ class ReadOptions:
         if self.raw and not (self.view == "state" or self.read_change_feed):
             raise ConfigError.at("option 'raw'", f"the {self.view} view has no keys or values",
                                  hint='raw applies to the state view and the change feed')
+        if self.savepoint is not None and (self.view == "changelog" or self.checkpoint_dir or self.batch_id is not None):
+            raise ConfigError.at("option 'savepoint'", "a savepoint has the state and checkpoints views only (no "
+                                 "changelogs, no other cut)", hint='drop view "changelog", checkpointDir and batchId')
 
     def absolute(self) -> "ReadOptions":
         """These options with their paths made absolute (against this process's working directory):
         Spark reads them in its Python workers, whose working directory may differ."""
         def resolve(path: str | None) -> str | None:
             return None if path is None else str(Path(path).expanduser().resolve())
-        return replace(self, job=resolve(self.job) or self.job, checkpoint_dir=resolve(self.checkpoint_dir),
-                       plugins=resolve(self.plugins))
+        savepoint = self.savepoint if self.savepoint is None or "://" in self.savepoint else resolve(self.savepoint)
+        return replace(self, job=(resolve(self.job) or self.job) if self.job else "",
+                       checkpoint_dir=resolve(self.checkpoint_dir), plugins=resolve(self.plugins), savepoint=savepoint)
 
     def as_options(self) -> dict[str, str]:
         """These options as Spark's ``.options(**...)`` takes them."""
-        out = {"job": self.job, "view": self.view}
+        out = {"view": self.view, **({"job": self.job} if self.job else {})}
         for attribute, name in (("store", "store"), ("checkpoint_dir", "checkpointDir"), ("plugins", "plugins"),
-                                ("batch_id", "batchId"), ("end_offset", "endOffset")):
+                                ("batch_id", "batchId"), ("end_offset", "endOffset"), ("savepoint", "savepoint"),
+                                ("endpoint", "endpoint"), ("region", "region")):
             if getattr(self, attribute) is not None:
                 out[name] = str(getattr(self, attribute))
         if self.raw:
@@ -191,6 +199,8 @@ class Resolved:
     job: JobConfig
     options: ReadOptions
     checkpoints: dict[int, Checkpoint | None] = field(default_factory=dict)
+    savepoint: dict[str, Any] | None = None
+    """the savepoint read (``savepoint`` option): how to open its location again in a Spark task"""
 
     @property
     def store(self) -> StoreConfig:
@@ -201,7 +211,9 @@ class Resolved:
 def load_view(options: ReadOptions) -> tuple["View", Resolved]:
     """Load the job, check the store and read the checkpoints: every user error is raised here, on
     the driver, before a Spark task runs."""
-    job = load_job_config(options.job, plugins=options.plugins)
+    if options.savepoint is not None:
+        return _savepoint_view(options)
+    job = resolve_epoch(load_job_config(options.job, plugins=options.plugins))
     if options.store is not None:
         config = store_config(job, options.store)
         if config.changelog is None:
@@ -223,6 +235,22 @@ def load_view(options: ReadOptions) -> tuple["View", Resolved]:
     else:
         view = StateView(resolved)
     return view, resolved
+
+
+def _savepoint_view(options: ReadOptions) -> tuple["View", Resolved]:
+    """A savepoint read like a live job: checked whole on the driver, its stores as its job configured
+    them, its checkpoints the cut."""
+    from localstate.runtime.statedata.location import SavepointLocation, storage_options
+    from localstate.runtime.statedata.reader import Savepoint
+
+    assert options.savepoint is not None
+    location = SavepointLocation(storage_options(options.savepoint, endpoint=options.endpoint, region=options.region))
+    savepoint = Savepoint.open(location)
+    job = savepoint.job_config(plugins=options.plugins)
+    if options.store is not None:
+        store_config(job, options.store)
+    resolved = Resolved(job, options, dict(savepoint.manifest.checkpoints), savepoint=location.spec)
+    return (CheckpointsView(resolved) if options.view == "checkpoints" else StateView(resolved)), resolved
 
 
 def _checkpoints_in(job: JobConfig, directory: Path) -> dict[int, Checkpoint | None]:
@@ -285,29 +313,7 @@ def column_types(config: StoreConfig) -> tuple[str, str]:
     """Spark types of a store's ``key`` and ``value`` columns (see docs/state-reader.md)."""
     if config.engine != "kv":
         return "string", "string"
-    return _NATIVE_TYPES.get(config.key_serde, "string"), _NATIVE_TYPES.get(config.value_serde, "string")
-
-
-def _serde_column(serde: Serde | None, native: str | None, store: str) -> SerdeColumn:
-    """The column of values decoded with ``serde``: a native Spark type for the ``int``, ``string``
-    and ``bytes`` serdes (``native``: the serde's name when its column is to be native; a value the
-    serde refuses is a SerdeError naming the store and the record), else JSON text (bytes the serde
-    cannot decode, or that have no serde: ``{"hex": ...}``)."""
-    if serde is None or native not in _NATIVE_TYPES:
-        lenient = decoder(serde)
-        return SerdeColumn("string", lambda data: json.dumps(to_jsonable(lenient(data)), sort_keys=True))
-    if native == "bytes":
-        return SerdeColumn("binary", bytes)
-
-    def strict(data: bytes) -> Any:
-        try:
-            return serde.deserialize(data)
-        except Exception as exc:  # noqa: BLE001 - any serde failure is reported the same way
-            problem = exc.message if isinstance(exc, SerdeError) else f"{type(exc).__name__}: {exc}"
-            raise SerdeError(f"store {store!r}: {problem}", store=store,
-                             hint="check that the store's serde matches what was written; "
-                                  '.option("raw", "true") reads the bytes') from exc
-    return SerdeColumn(_NATIVE_TYPES[native], strict)
+    return NATIVE_TYPES.get(config.key_serde, "string"), NATIVE_TYPES.get(config.value_serde, "string")
 
 
 def _with_where(column: SerdeColumn) -> Any:
@@ -334,8 +340,8 @@ class _Decoding:
         self.key_type, self.value_type = column_types(config)
         key_serde, value_serde = store_serdes(resolved.job, config)
         native = config.engine == "kv"
-        self.key = _with_where(_serde_column(key_serde, config.key_serde if native else None, config.name))
-        self.value = _with_where(_serde_column(value_serde, config.value_serde if native else None, config.name))
+        self.key = _with_where(serde_column(key_serde, config.key_serde if native else None, config.name))
+        self.value = _with_where(serde_column(value_serde, config.value_serde if native else None, config.name))
 
 
 def state_columns(job: JobConfig, config: StoreConfig) -> StateColumns | None:
@@ -351,8 +357,8 @@ def state_columns(job: JobConfig, config: StoreConfig) -> StateColumns | None:
             serdes.append(registry.serde(name, allow_pickle=job.allow_pickle))
         except Exception:  # noqa: BLE001 - a refused serde (pickle without allow_pickle): JSON of the bytes
             serdes.append(None)
-    key = _serde_column(serdes[0], config.key_serde, config.name)
-    value = _serde_column(serdes[1], config.value_serde, config.name)
+    key = serde_column(serdes[0], config.key_serde, config.name)
+    value = serde_column(serdes[1], config.value_serde, config.name)
     return factory.state_columns(config.name, dict(config.options), key, value)
 
 
@@ -374,7 +380,7 @@ class StateView(View):
         return f"partition int, key {self.decoding.key_type}, value {self.decoding.value_type}"
 
     def rows(self, piece: Slice) -> Iterator[tuple]:
-        entries = committed_contents(self.resolved.job, self.resolved.store, piece.partition, piece.checkpoint)
+        entries = self._entries(piece)
         if self.columns is not None:
             try:
                 for row in self.columns.rows(entries):
@@ -392,6 +398,20 @@ class StateView(View):
         decode_key, decode_value = self.decoding.key, self.decoding.value
         for key, value in entries:
             yield piece.partition, decode_key(key, where), decode_value(value, where)
+
+
+    def _entries(self, piece: Slice) -> list[tuple[bytes, bytes]]:
+        """The store partition's committed entries: from its changelog, or from the savepoint read."""
+        resolved = self.resolved
+        if resolved.savepoint is None:
+            return committed_contents(resolved.job, resolved.store, piece.partition, piece.checkpoint)
+        from localstate.runtime.statedata.location import SavepointLocation
+        from localstate.runtime.statedata.reader import Savepoint
+
+        savepoint = Savepoint.open(SavepointLocation(resolved.savepoint), verify=False)  # checked when planned
+        entries = savepoint.entries(resolved.store.name, piece.partition)
+        live = live_filter(resolved.job, resolved.store, piece.checkpoint)
+        return entries if live is None else list(live(entries))
 
 
 class ChangeFeedView(View):
@@ -493,6 +513,12 @@ class StateDataSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         return StateReader(self.view())
+
+    def writer(self, schema: Any, overwrite: bool) -> Any:
+        """``df.write.format("localstate")``: a bootstrap (:mod:`localstate.runtime.spark.state_writer`)."""
+        from localstate.runtime.spark.state_writer import BootstrapWriter, WriteOptions
+
+        return BootstrapWriter(WriteOptions.parse(dict(self.options)), overwrite, list(schema.fieldNames()))
 
 
 class StateReader(DataSourceReader):

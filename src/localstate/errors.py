@@ -44,6 +44,14 @@ __all__ = [
     "StoreIOError",
     "TaskImportTimeout",
     "TaskImportInterrupted",
+    "SavepointError",
+    "SavepointCorruptError",
+    "SavepointFormatError",
+    "SavepointMismatchError",
+    "RescaleError",
+    "InputLagError",
+    "StateExistsError",
+    "PartitionCountError",
 ]
 
 
@@ -334,3 +342,52 @@ class OutputIOError(OutputError, ResourceError):
 
 class StoreIOError(StoreError, ResourceError):
     """A store backend (RocksDB, LMDB, ...) could not open or write its files."""
+
+
+class SavepointError(LocalStateError):
+    """A savepoint (docs/state-as-data.md) could not be written or read: its location is unusable,
+    or it does not fit the job it is for."""
+
+
+class SavepointCorruptError(SavepointError):
+    """A savepoint is not whole: it has no manifest (``savepoint.json``, written last: the savepoint
+    was never completed), or a file it lists is missing, of another size or fails its sha256.
+    Nothing of it was used."""
+
+
+class SavepointFormatError(SavepointError):
+    """A savepoint written in a format this version of localstate does not know (a newer one)."""
+
+
+class SavepointMismatchError(SavepointError):
+    """A savepoint that belongs to another job, or whose stores do not fit the job's (another engine
+    kind, another stored layout)."""
+
+
+class RescaleError(LocalStateError):
+    """A rescale, or a start from a savepoint with another partition count, would not be sound: a
+    store whose keys do not route to the partition that holds them (``store``, ``partition``,
+    ``key``), a store kind that cannot be redistributed, timers that cannot follow their keys.
+    Nothing was changed: the job's state is as it was."""
+
+
+class InputLagError(RescaleError):
+    """An input still holds records the old partitions have not processed: after a rescale they
+    would reach partitions that do not hold their keys' state. ``input``, ``partition`` and ``lag``
+    say which; drain the job first (``localstate run JOB --until-drained``)."""
+
+
+class StateExistsError(LocalStateError):
+    """The target already holds state (a job's checkpoints, a non-empty savepoint folder): nothing
+    is overwritten unless the operator says so (``--yes``)."""
+
+
+class PartitionCountError(ConfigError):
+    """The job file's ``partitions`` is not the partition count of the job's state (after a rescale,
+    the job file must say the new count). ``job_partitions`` and ``state_partitions`` say both."""
+
+    def __init__(self, message: str, *, job_partitions: int, state_partitions: int, source: str | None = None,
+                 hint: str | None = None) -> None:
+        self.job_partitions = job_partitions
+        self.state_partitions = state_partitions
+        super().__init__([ConfigProblem("job.partitions", message)], source=source, hint=hint)

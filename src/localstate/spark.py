@@ -39,7 +39,7 @@ from localstate.runtime.spark.state_source import SOURCE_NAME, ReadOptions, Stat
 from localstate.errors import LocalStateError
 
 __all__ = ["run_batch", "foreach_batch", "release", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state",
-           "unwrap_error", "quiet_logs", "SOURCE_NAME"]
+           "read_savepoint", "bootstrap", "unwrap_error", "quiet_logs", "SOURCE_NAME"]
 
 
 def register(spark: Any) -> None:
@@ -63,6 +63,40 @@ def read_state(spark: Any, job: str, store: str | None = None, **options: Any) -
     register(spark)
     try:
         return spark.read.format(SOURCE_NAME).options(**parsed.as_options()).load()
+    except Exception as exc:  # noqa: BLE001 - Spark wraps the Python error: raise the typed one
+        raise _typed(exc) from None
+
+
+def read_savepoint(spark: Any, savepoint: str, store: str | None = None, **options: Any) -> Any:
+    """``spark.read.format("localstate").option("savepoint", ...)``: a savepoint read like a live job
+    (the state view of ``store``, or ``view="checkpoints"``), checked whole here first, with the typed
+    errors (SavepointCorruptError, ...) raised here (docs/state-as-data.md)."""
+    given = {"savepoint": str(savepoint), **({"store": store} if store is not None else {}),
+             **{name: _option_text(value) for name, value in options.items()}}
+    parsed = ReadOptions.parse(given).absolute()
+    load_view(parsed)
+    register(spark)
+    try:
+        return spark.read.format(SOURCE_NAME).options(**parsed.as_options()).load()
+    except Exception as exc:  # noqa: BLE001 - Spark wraps the Python error: raise the typed one
+        raise _typed(exc) from None
+
+
+def bootstrap(df: Any, job: str, *, store: str | None = None, key: str = "key", value: str = "value",
+              overwrite: bool = False, **options: Any) -> None:
+    """Build ``job``'s initial state from ``df`` (``df.write.format("localstate")``): its ``key`` and
+    ``value`` columns into ``store`` (or each row's ``store`` column), each row through the store's
+    engine, routed by the job's partitioner; then the job starts from it (a new state epoch). A job
+    that already has state is refused unless ``overwrite``. ``options``: ``staging``, ``savepoint``
+    (write back into that savepoint's state), ``endpoint``, ``region`` (docs/state-as-data.md)."""
+    from localstate.runtime.spark.state_writer import absolute
+
+    given = {"job": str(job), "keyColumn": key, "valueColumn": value, **({"store": store} if store else {}),
+             **{name: _option_text(option) for name, option in options.items()}}
+    register(df.sparkSession)
+    writer = df.write.format(SOURCE_NAME).options(**absolute(given)).mode("overwrite" if overwrite else "append")
+    try:
+        writer.save()
     except Exception as exc:  # noqa: BLE001 - Spark wraps the Python error: raise the typed one
         raise _typed(exc) from None
 

@@ -309,6 +309,8 @@ COMPILE = {
     "state_reader/read_state.py": "needs a SparkSession (`spark`) and a job (`job`) that ran",
     "state_reader/try_it.py": "starts Spark on the windowed_counts example's state",
     "operations/run_job.py": "runs under spark-submit on a cluster",
+    "state_as_data/bootstrap.py": "needs a SparkSession (`spark`) and a table",
+    "state_as_data/write_back.py": "needs a SparkSession (`spark`) and a savepoint",
 }
 
 
@@ -340,6 +342,8 @@ TESTED_ELSEWHERE = {
     "examples/windowed_counts/windowed_counts.py": "tests/windows/test_examples.py",
     "time/page_stats.py": "tests/windows/test_docs_snippets.py",
     "time/idle_users.py": "tests/time/test_timer_namespaces.py",
+    "state_as_data/read_with_pandas.py": "tests/spark/test_state_as_data_transcript.py",
+    "state_as_data/migrate.py": "tests/statedata/test_migrations.py",
 }
 
 
@@ -394,6 +398,7 @@ JOBS = {
     "examples/task_api/job.toml": ROOT / "examples" / "task_api" / "word_counts.py",
     "examples/windowed_counts/job.toml": WINDOWED / "windowed_counts.py",
     "time/page_stats.toml": SNIPPETS / "time" / "page_stats.py",
+    "state_as_data/job.toml": SNIPPETS / "state_as_data" / "clicks.py",
 }
 
 

@@ -52,7 +52,6 @@ name = "df-counts"
 partitions = 2
 task = "dataframe_tasks:CountAndRank"
 state_dir = "state"
-[spark]
 pythonpath = ["{Path(__file__).resolve().parent}"]
 [stores.counts]
 engine = "kv"

@@ -1,0 +1,79 @@
+"""State as data on the objectstore changelog, on a shared directory and on S3 (SeaweedFS): the
+epoch pointer and the epochs' checkpoints live in the durable storage; a savepoint read from the
+snapshots and deltas the checkpoints name (and kept on S3 itself); a rescale, then running on, gives
+the state of the job run with the new count from the start; garbage collection keeps what the new
+epoch's checkpoints name; ``reset --old-epochs`` removes the old epoch's objects and nothing else."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rescale_model import ModelRun, committed_state, model_job  # noqa: E402
+
+from localstate.runtime.layout import open_changelog_system, read_epoch, resolve_epoch
+from localstate.runtime.statedata.location import SavepointLocation, storage_options
+from localstate.runtime.statedata.reader import Savepoint
+from localstate.runtime.statedata.rescale import rescale
+
+RECORDS = [(f"user-{i % 17}", i, float(i % 90)) for i in range(80)]
+MORE = [(f"user-{(i * 5) % 23}", i, float(50 + i % 40)) for i in range(40)]
+
+
+def test_rescale_on_the_objectstore_changelog_with_a_savepoint_on_the_same_storage(
+        tmp_path: Path, objectstore_options: dict[str, Any]) -> None:
+    options = {**objectstore_options, "snapshot_every": 2}  # snapshots in the chains the savepoint reads
+    job = model_job(tmp_path, 2, changelog="objectstore", changelog_options=options)
+    run = ModelRun(job)
+    for start in range(0, len(RECORDS), 20):
+        run.feed(RECORDS[start:start + 20])
+        run.driver.commit()
+    run.event_time(50.0)
+    now = run.close()
+    url = options["url"] + "-savepoint" if options["url"].startswith("s3://") else str(tmp_path / "savepoint")
+    kept = SavepointLocation(storage_options(url, job))  # an s3:// savepoint takes the job's S3 options
+    rescale(resolve_epoch(job), 3, savepoint_to=kept)
+    assert Savepoint.open(kept).manifest.partitions == 2
+    pointer = read_epoch(job)
+    assert (pointer.epoch, pointer.partitions) == (1, 3)
+    assert not (tmp_path / "model" / "epoch.json").exists()  # the pointer is a job object in durable storage
+
+    rescaled = model_job(tmp_path, 3, changelog="objectstore", changelog_options=options)
+    after = ModelRun(rescaled, now=now)
+    after.feed(MORE)
+    now = after.close()
+    reference = tmp_path / "reference"
+    reference_options = {**options, "url": options["url"] + "-ref"} if options["url"].startswith("s3://") \
+        else {**options, "url": str(reference / "shared")}
+    expected_job = model_job(reference, 3, changelog="objectstore", changelog_options=reference_options)
+    expected = ModelRun(expected_job)
+    for start in range(0, len(RECORDS), 20):
+        expected.feed(RECORDS[start:start + 20])
+    expected.event_time(50.0)
+    expected.feed(MORE)
+    assert committed_state(rescaled, expected.close()) == committed_state(expected_job, now)
+
+    # garbage collection keeps every object the current epoch's checkpoints name
+    system = open_changelog_system(resolve_epoch(rescaled))
+    try:
+        for config in resolve_epoch(rescaled).stores.values():
+            if config.changelog:
+                system.collect_garbage(config.changelog, now=10 ** 12)
+    finally:
+        system.close()
+    assert committed_state(rescaled, now) == committed_state(expected_job, now)
+
+    # reset --old-epochs: epoch 0's checkpoints and streams go, the current epoch stays
+    from localstate.runtime.statedata.epochs import old_epoch_places
+
+    old_epoch_places(resolve_epoch(rescaled)).delete()
+    system = open_changelog_system(job)
+    try:
+        assert system.checkpoint_objects("model").latest(0) is None
+        assert system.objects("model-counts-changelog", 0) == []
+        assert system.objects("model-counts-changelog.e1", 0) != []
+    finally:
+        system.close()
+    assert committed_state(rescaled, now) == committed_state(expected_job, now)
