@@ -88,15 +88,18 @@ def rescale(job: JobConfig, partitions: int, *, savepoint_to: SavepointLocation 
         location = savepoint_to
         if location is None:
             job_directory(job)
-            scratch = safe_join(job.state_dir, job.name, "savepoints", f"rescale-{time.strftime('%Y%m%d-%H%M%S')}")
+            # unique per attempt: a refused rescale retried within the same second needs a new one
+            name = f"rescale-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 1_000_000_000:09d}"
+            scratch = safe_join(job.state_dir, job.name, "savepoints", name)
             location = SavepointLocation({"url": str(scratch)})
-        take_savepoint(job, location, progress=progress)
-        savepoint = Savepoint.open(location)
-        pointer = load_savepoint(savepoint, replace(job, partitions=partitions), LoadOptions(
-            yes=True, source=f"rescale from {job.partitions} to {partitions} partitions", progress=progress))
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return pointer
+        try:
+            take_savepoint(job, location, progress=progress)
+            savepoint = Savepoint.open(location)
+            return load_savepoint(savepoint, replace(job, partitions=partitions), LoadOptions(
+                yes=True, source=f"rescale from {job.partitions} to {partitions} partitions", progress=progress))
+        finally:
+            if scratch is not None:  # the scratch savepoint is the rescale's own: kept neither way
+                shutil.rmtree(scratch, ignore_errors=True)
     finally:
         for partition in locked:
             store.unlock(partition)
