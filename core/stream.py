@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "DirectoryInput", "ON_ERROR", "base_dir",
            "resolve_path", "overlap_problems", "places_overlap", "open_input", "open_output", "check_regular_file",
            "open_regular_file", "check_output_file", "PendingTail", "RetainedStart", "IdentifiedInput",
-           "PENDING_TAIL_WARN_AFTER", "check_input_position", "FileIdentities", "IDENTITY_BYTES", "seek_hint",
+           "PENDING_TAIL_WARN_AFTER", "check_input_position", "same_stream", "FileIdentities", "IDENTITY_BYTES", "seek_hint",
            "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS", "TimestampRule", "BadTimestamp",
            "RecordProblem", "NO_BOUNDS", "timestamp_rule"]
 
@@ -372,7 +372,8 @@ while the file is shorter; appending never changes bytes already there)."""
 class FileIdentities:
     """Identities of a file input's partitions (:class:`IdentifiedInput`), each the first segment the
     partition still has: ``"<base>:<device>:<inode>:<n>:<hash of its first n bytes>"``. A partition
-    renamed over has another inode; one truncated and written again, other first bytes (or fewer);
+    replaced (renamed over, truncated and written again) has other first bytes, or fewer (the inode
+is recorded for the message only: :func:`same_stream`);
     one appended to, the same identity. An identity recorded for a segment that is gone while the
     partition's first segment now starts later (segments read and then deleted by the operator) still
     matches: what was read is not there to compare, and a position below the first record the input
@@ -427,6 +428,17 @@ class FileIdentities:
         return found
 
 
+def same_stream(recorded: str, current: str) -> bool:
+    """Whether two identities name one stream. A file identity's device and inode say where the file
+    was read, for the message only: they change when a job's folder is copied or restored from a
+    backup, the content does not. What decides is the content: the segment, the bytes fingerprinted
+    and their hash (a file replaced by one that starts with the same bytes is the same records)."""
+    old, new = recorded.split(":"), current.split(":")
+    if len(old) == len(new) == 5:
+        return (old[0], old[3], old[4]) == (new[0], new[3], new[4])
+    return recorded == current
+
+
 def _parse_identity(recorded: str | None) -> tuple[int, int] | None:
     """``(segment base, bytes fingerprinted)`` of a recorded file identity; None if it is none."""
     if recorded is None:
@@ -464,7 +476,7 @@ def check_input_position(source: InputStream, partition: int, position: int | No
     found = {} if place is None else {"topic" if place[0] == "kafka" else place[0]: place[1]}
     if position > 0 and identity is not None and isinstance(source, IdentifiedInput):
         current = source.identity(partition, identity)
-        if current is not None and current != identity:
+        if current is not None and not same_stream(identity, current):
             what = (f"another file than the one there now (identity {identity}; now {current}): the input's "
                     f"partition was replaced under the job (renamed over, or truncated and written again), so "
                     f"reading on from {position} would skip the first {min(position, end)} record(s) of the new "

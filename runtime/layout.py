@@ -21,6 +21,8 @@ another epoch than the current one (a run that started before the switch).
 
 from __future__ import annotations
 
+import logging
+
 import json
 import os
 import re
@@ -35,12 +37,15 @@ from localstate.core.checkpoint import CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import make_owned_dir, read_nofollow, write_atomic
 from localstate.core.names import safe_join
-from localstate.errors import CheckpointError, CheckpointIOError, FencedError, LocalStateError, PartitionCountError
+from localstate.errors import (CheckpointError, CheckpointIOError, FencedError, LocalStateError, PartitionCountError,
+                               UnsafePathError)
 
 __all__ = ["open_changelog_system", "store_root", "store_directory", "job_directory", "checkpoint_store",
            "check_no_history", "checkpoint_where", "MISSING_CHECKPOINT_HINT", "state_places", "EpochPointer",
            "EPOCH_OBJECT", "epoch_parts", "epoch_stream", "with_epoch", "read_epoch", "write_epoch",
            "resolve_epoch", "check_moved_inputs", "epoch_checkpoint_store", "epoch_checkpoint_objects", "state_directory"]
+
+log = logging.getLogger(__name__)
 
 EPOCH_OBJECT = "epoch.json"
 """The name of the epoch pointer (a file in ``<state_dir>/<job>``, or a job object in durable storage)."""
@@ -196,8 +201,13 @@ def _pointer_place(job: JobConfig) -> tuple[Any, str]:
 
 
 def read_epoch(job: JobConfig) -> EpochPointer:
-    """The job's epoch pointer (epoch 0 when there is none)."""
-    system, where = _pointer_place(job)
+    """The job's epoch pointer (epoch 0 when there is none, or when the job's folder is no folder of
+    its own: a file, or a symlink that is never followed; whatever then writes there refuses)."""
+    try:
+        system, where = _pointer_place(job)
+    except (NotADirectoryError, UnsafePathError):
+        log.warning("job %r: no epoch pointer read (its state folder is a file or a symlink)", job.name)
+        return EpochPointer()
     if system is None and not where:
         return EpochPointer()  # durable checkpoints without epochs: always epoch 0
     try:
@@ -206,7 +216,7 @@ def read_epoch(job: JobConfig) -> EpochPointer:
         else:
             try:
                 data = read_nofollow(Path(where))
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):  # a file where a folder is: no pointer under it
                 data = None
             except OSError as exc:
                 raise CheckpointIOError(f"cannot read the epoch pointer {where}: {exc}", path=where,

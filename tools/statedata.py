@@ -17,9 +17,9 @@ __all__ = ["location_of", "start_from_savepoint", "inspect_savepoint", "reset_ol
 def add_location_arguments(parser: argparse.ArgumentParser) -> None:
     """The storage options of a savepoint location on object storage (credentials: the job's
     ``[changelogs.objectstore]`` table or the usual AWS environment variables)."""
-    parser.add_argument("--endpoint", default=None, help="S3 endpoint of an s3:// savepoint location "
+    parser.add_argument("--endpoint", default=None, help="S3 endpoint of a savepoint location on s3:// "
                         "(default: the job's [changelogs.objectstore] endpoint, else AWS)")
-    parser.add_argument("--region", default=None, help="S3 region of an s3:// savepoint location")
+    parser.add_argument("--region", default=None, help="S3 region of a savepoint location on s3://")
 
 
 def location_of(url: str, args: argparse.Namespace, job: Any = None) -> Any:
@@ -32,7 +32,7 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-@command("savepoint", "write a savepoint of a job's committed state to PATH (a folder or an s3:// or fsspec URL), "
+@command("savepoint", "write a savepoint of a job's committed state to PATH (a folder, or the URL of an S3 bucket or of any fsspec file system), "
                       "or --list the savepoints in a folder")
 def savepoint(args: argparse.Namespace) -> int:
     from localstate.errors import ConfigError
@@ -73,7 +73,7 @@ def savepoint(args: argparse.Namespace) -> int:
 
 def _savepoint_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", nargs="?", help="job config (TOML)")
-    parser.add_argument("--to", metavar="PATH", help="where: a new folder, or an s3://, hdfs:// or fsspec URL")
+    parser.add_argument("--to", metavar="PATH", help="where: a new folder, or a URL (s3://, hdfs://, any fsspec file system)")
     parser.add_argument("--list", metavar="FOLDER", help="list the savepoints found under FOLDER instead")
     parser.add_argument("--verify", action="store_true", help="--list: also check every file's sha256")
     add_location_arguments(parser)

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from localstate.core.codecs import FAST_ERRORS, fast_codec
 from localstate.core.serdes import JsonSerde, Serde
+from localstate.core.text import a
 from localstate.core.time import EVENT_TIME, PROCESSING_TIME, TIMER_STORE
 from localstate.errors import ConfigError, InvalidValueError, LocalStateError
 
@@ -119,7 +120,7 @@ def namespace_header(name: Any, partition: int) -> bytes:
     or not encodable)."""
     problem = None
     if not isinstance(name, str):
-        problem = f"is a {type(name).__name__}, not a str"
+        problem = f"is {a(type(name).__name__)}, not a str"
     elif not name:
         problem = "is empty (the task's own timers are the namespace without a name)"
     elif "\x00" in name:
@@ -189,8 +190,8 @@ def namespace_codec(job: Any, partition: int, name: str, spec: Any) -> KeyCodec:
                                  f"{name!r}: {exc.message}", hint=exc.hint) from None
         serde_name = spec
     else:
-        raise ConfigError.at("job.task", f"partition {partition}: the key_serde of timer namespace {name!r} is a "
-                             f"{type(spec).__name__}", hint="pass a serde name such as 'json' or 'string', or a Serde")
+        raise ConfigError.at("job.task", f"partition {partition}: the key_serde of timer namespace {name!r} is "
+                             f"{a(type(spec).__name__)}", hint="pass a serde name such as 'json' or 'string', or a Serde")
     return KeyCodec(serde, serde_name, f"register keys serde {serde_name!r} encodes in timer namespace {name!r}, "
                     "or open it with another key_serde", partition)
 
@@ -290,7 +291,7 @@ class NamespaceTable:
                                   hint="define on_timer(self, key, timestamp, collector, coordinator) in the task; "
                                        "for the timers of a WindowedAggregation from before timer namespaces, "
                                        "forward to its on_timer(key, timestamp, collector)")
-        return ConfigError.at("job.task", f"partition {self._partition}: a {domain}-time timer of timer namespace "
+        return ConfigError.at("job.task", f"partition {self._partition}: {a(domain)}-time timer of timer namespace "
                               f"{name!r} at {timestamp!r} is due, but the task has not opened that namespace "
                               "(context.timers.namespace(name, on_fire)) since the partition opened",
                               hint="open every timer namespace the stored timers use in the task's init() (a "

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterable
 
+from localstate.core.text import a
 from localstate.core.changelog import ChangelogWriter
 from localstate.core.config import JobConfig
 from localstate.core.engine import StoreContext
@@ -105,7 +106,7 @@ def _kv_store(job: JobConfig, store: str) -> None:
         raise StateNotFoundError(f"job {job.name!r} has no store {store!r} to bootstrap", store=store,
                                  hint=f"its stores: {', '.join(sorted(s for s in job.stores if not s.startswith('_')))}")
     if config.engine != "kv" or config.changelog is None:
-        raise ConfigError.at(f"stores.{store}", f"store {store!r} is a {config.engine} store"
+        raise ConfigError.at(f"stores.{store}", f"store {store!r} is {a(config.engine)} store"
                              + ("" if config.changelog else " without a changelog")
                              + ": a bootstrap fills logged kv stores", hint="fill other kinds from the task")
 

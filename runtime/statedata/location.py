@@ -43,8 +43,8 @@ class SavepointLocation:
             self.store: ObjectStore = open_object_store(dict(options), Path(base or os.getcwd()))
         except ConfigError as exc:
             raise SavepointError(f"cannot use savepoint location {url!r}: {exc.message}", path=url,
-                                 hint="give a folder, file://, s3://bucket/prefix (with --endpoint for a "
-                                      "non-AWS server), hdfs:// or an fsspec URL") from exc
+                                 hint="give a folder, file://, s3://bucket/prefix (with --endpoint for the "
+                                      "non-AWS server), hdfs:// or the URL of any fsspec file system") from exc
 
     def where(self, key: str = "") -> str:
         return self.store.where(key) if key else self.store.url

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable, Iterator
 
+from localstate.core.text import a
 from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.task import add_task_paths
 from localstate.errors import ConfigError, SavepointMismatchError, SerdeError
@@ -56,8 +57,8 @@ class StoreSource:
         entry = savepoint.manifest.stores[self.name]
         source = savepoint.store_config(self.name)
         if entry.engine != target.engine:
-            raise SavepointMismatchError(f"store {self.name!r} is a {entry.engine} store in the savepoint but a "
-                                         f"{target.engine} store in job {job.name!r}", store=self.name,
+            raise SavepointMismatchError(f"store {self.name!r} is {a(entry.engine)} store in the savepoint but "
+                                         f"{a(target.engine)} store in job {job.name!r}", store=self.name,
                                          hint="keep the engine kind, or give the new store another name")
         if entry.state_format and target_format and entry.state_format != target_format:
             raise SavepointMismatchError(
@@ -75,7 +76,7 @@ class StoreSource:
         elif serdes_changed:
             raise SavepointMismatchError(
                 f"store {self.name!r} ({target.engine}) was saved with serdes {entry.key_serde}/{entry.value_serde}, "
-                f"the job's are {target.key_serde}/{target.value_serde}; a {target.engine} store's records are not "
+                f"the job's are {target.key_serde}/{target.value_serde}; {a(target.engine)} store's records are not "
                 "re-encoded by themselves", store=self.name,
                 hint="keep the serdes, or give a migration for the store (docs/state-as-data.md, Migrations)")
 

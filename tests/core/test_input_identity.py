@@ -239,3 +239,15 @@ def test_the_identity_check_is_checked_per_partition(tmp_path: Path) -> None:
     with pytest.raises(InputPositionError) as caught:
         runner.plan(2)
     assert caught.value.partition == 0
+
+
+def test_identities_compare_content_not_where_the_file_lives() -> None:
+    """A job folder copied, or restored from a backup, has its inputs on another device and inode:
+    the same records, so the same stream; other first bytes, or another segment, are another one."""
+    from localstate.core.stream import same_stream
+
+    assert same_stream("0:2049:77:96:5ce97e08", "0:65024:3073307:96:5ce97e08")
+    assert not same_stream("0:2049:77:96:5ce97e08", "0:2049:77:96:00000000")
+    assert not same_stream("0:2049:77:96:5ce97e08", "0:2049:77:95:5ce97e08")
+    assert not same_stream("0:2049:77:96:5ce97e08", "3:2049:77:96:5ce97e08")
+    assert same_stream("topic-id-A", "topic-id-A") and not same_stream("topic-id-A", "topic-id-B")

@@ -37,6 +37,7 @@ RUNNER = Path(__file__).resolve().parent / "transcript_runner.py"
 #: ``page: the start of a command`` (as the shell reads it: quotes removed) -> why it does not run here.
 #: The way out of this table is a command that runs.
 NOT_RUN: dict[str, str] = {
+    "state-as-data.md: ": "the page's worked example, run as printed by tests/spark/test_state_as_data_transcript.py",
     "getting-started.md: python3 -m venv": "the README's commands: .ci/run runs both in a fresh clone",
     "getting-started.md: .venv/bin/pip install": "the README's commands: .ci/run runs both in a fresh clone",
     "getting-started.md: .venv/bin/localstate demo": "the README's run command: .ci/run runs it to verification: OK",

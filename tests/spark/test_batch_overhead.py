@@ -201,7 +201,10 @@ def test_quick_jit_goes_to_local_driver_jvms_of_localstate_run_only(monkeypatch,
     # Without worker affinity the driver JVM and the local Spark settings are Spark's own.
     asked.clear()
     path = _counting_job(tmp_path / "plain", "plain")
-    path.write_text(path.read_text().replace("[spark]\n", "[spark]\nworker_affinity = false\n", 1))
+    text = path.read_text()
+    text = text.replace("[spark]\n", "[spark]\nworker_affinity = false\n", 1) if "[spark]\n" in text \
+        else text + "\n[spark]\nworker_affinity = false\n"
+    path.write_text(text)
     assert SparkJobRunner(load_job_config(path), master="local[2]", progress=None).context == "context"
     assert asked == [{"master": "local[2]", "quick_jit": False, "affinity": False}]
     assert "spark.python.unix.domain.socket.enabled" not in dict(spark_conf("local[2]", affinity=False).getAll())

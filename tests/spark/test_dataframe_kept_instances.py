@@ -207,7 +207,7 @@ def test_kept_instance_is_reused_only_while_the_checkpoint_is_the_one_it_prepare
 
     def run(batch: int, commit: bool = True) -> dict:
         rows = keys * 3
-        result = _run_partition(_BatchTask(spec, batch, "run-1", keep_open=True), 0, _partition_rows(rows, batch * 100))
+        result = _run_partition(_BatchTask(spec, batch, "run-1", keep_open=True, tune_worker=True), 0, _partition_rows(rows, batch * 100))
         assert result["error"] is None and result["applied"] and result["query_batch"] is None
         if commit:  # the driver's part: save what the task prepared
             checkpoint = Checkpoint.from_json(result["checkpoint"], "test")

@@ -34,7 +34,7 @@ PARTITIONS, BATCH, RECORDS = 2, 70, 230
 
 def _job(directory: Path) -> Path:
     return write_counting_job(directory, "equivalence", partitions=PARTITIONS, job={"task": "timer_task:WindowCount"},
-                              store={"backend": "rocksdb"},
+                              store={"backend": "rocksdb"}, events={"on_misrouted": "allow"},
                               outputs={"windows": {"system": "jsonl", "path": "windows"}},
                               time={"timers": True, "allowed_lateness": "2s"})
 

@@ -126,7 +126,7 @@ def _skewed_job(tmp_path, per_partition: tuple[int, int]):
     keys = [f"k{i}" for i in range(2000)]
     mine = [[k for k in keys if partition_for(k, 2) == p][:n] for p, n in enumerate(per_partition)]
     write_keyed_events(tmp_path / "data", [k for part in mine for k in part])
-    return load_job_config(write_counting_job(tmp_path, "skewed"))
+    return load_job_config(write_counting_job(tmp_path, "skewed", events={"on_misrouted": "allow"}))
 
 
 def test_a_partition_stays_with_its_worker_when_a_batch_has_fewer_partitions_than_workers(tmp_path, spark_context):
@@ -199,7 +199,7 @@ def test_without_worker_affinity_every_batch_opens_its_partitions_and_counts_sta
     """``[spark] worker_affinity = false``: the plain path (plan -> one task per partition -> save):
     nothing is kept open between batches, no slot claims anything, and the state is the same."""
     path = _bad_input_job(tmp_path, "skip")
-    path.write_text(path.read_text().replace("[spark]\n", "[spark]\nworker_affinity = false\n", 1))
+    path.write_text(path.read_text() + "\n[spark]\nworker_affinity = false\n")
     job = load_job_config(path)
     assert SparkConfig.of(job).affinity_setting is False
     runner = SparkJobRunner(job, context=spark_context, batch_size=8, progress=None)

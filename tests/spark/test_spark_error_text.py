@@ -144,7 +144,8 @@ def test_run_batch_and_state_reader_errors_end_with_their_hint(spark, tmp_path):
 
 
 def test_native_runner_errors_end_with_their_hint(spark_context, tmp_path):
-    job_file = write_counting_job(tmp_path, "native-damaged", store={"backend": "memory"})
+    job_file = write_counting_job(tmp_path, "native-damaged", store={"backend": "memory"},
+                                  events={"on_misrouted": "allow"})  # keys written to any partition
     data = tmp_path / "data"
     for partition in range(2):
         write_jsonl(data, partition, [{"key": f"k{partition}-{i % 4}", "value": 0, "ts": 0.0} for i in range(20)])

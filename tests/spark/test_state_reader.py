@@ -45,6 +45,7 @@ state_dir = "state"
 [inputs.views]
 system = "jsonl"
 path = "in"
+on_misrouted = "allow"  # the same users in every partition: state per partition
 
 [stores.counts]
 engine = "kv"

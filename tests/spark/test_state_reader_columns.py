@@ -38,6 +38,7 @@ state_dir = "state"
 [inputs.events]
 system = "jsonl"
 path = "in"
+on_misrouted = "allow"  # the same users in every partition: state per partition
 
 [stores.top]
 engine = "heap"
