@@ -75,6 +75,7 @@ def test_a_test_driver_run_and_a_spark_run_give_the_same_state_outputs_and_timer
 
     test_job = load_job_config(_job(tmp_path / "driver"))
     with TaskTestDriver("timer_task:WindowCount", job=test_job) as driver:
+        driver.declare_input("events", on_misrouted="allow", min_timestamp=0)  # as [inputs.events] says
         for batch, start in enumerate(range(0, RECORDS, BATCH)):
             for p in range(PARTITIONS):
                 chunk = records[p][start:start + BATCH]
