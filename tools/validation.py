@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.tomlfile import read_toml_file
-from localstate.runtime.spark.config import SparkConfig
+from localstate.runtime.spark.config import SparkConfig, is_local_master
 from localstate.errors import ConfigError, ConfigProblem, LocalStateError
 
 __all__ = ["IMPORT_TIMEOUT", "JobCheck", "changelog_input_problems", "check_job", "require_valid",
@@ -223,7 +223,7 @@ def spark_notes(job: JobConfig, master: str | None = None, *, raw_job: Mapping[s
     notes = [f"job.{key}: not used by `localstate run` (Spark commits once per micro-batch; see docs/spark.md); "
              "it applies to the in-process runtime and the TaskTestDriver"
              for key in ("commit_interval", "commit_every", "pipelined_commits") if key in raw]
-    cluster = master is not None and not (master == "local" or master.startswith("local["))
+    cluster = master is not None and not is_local_master(master)
     if cluster and job.changelog_system == "file" and any(s.changelog is not None for s in job.stores.values()):
         notes.append(f"job.changelog: the file changelog on a cluster ({master}) needs state_dir ({job.state_dir}) "
                      "on a file system every executor and the driver see at the same path, with working flock; "

@@ -45,6 +45,7 @@ from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.runtime.partition.recovery import StoreRecovery
 from localstate.runtime.layout import store_root
+from localstate.runtime.spark.config import is_local_master
 
 __all__ = ["is_cluster_master", "executor_local_root", "PlannedCheckpoints", "Placement", "is_warm",
            "has_state", "local_home", "assign_executors", "LOCAL_SUBDIR", "PROBE_TIMEOUT", "REGISTER_POLL",
@@ -68,7 +69,7 @@ PROBE_TIMEOUT = 30.0
 
 def is_cluster_master(master: str) -> bool:
     """True for a master whose executors may run on other hosts (anything but ``local[...]``)."""
-    return not (master == "local" or master.startswith("local["))
+    return not is_local_master(master)
 
 
 def executor_local_root(job: JobConfig) -> Path:

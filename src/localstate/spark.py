@@ -58,6 +58,12 @@ def read_state(spark: Any, job: str, store: str | None = None, **options: Any) -
     AnalysisException wrapping it."""
     given = {"job": str(job), **({"store": store} if store is not None else {}),
              **{name: _option_text(value) for name, value in options.items()}}
+    return _checked_read(spark, given)
+
+
+def _checked_read(spark: Any, given: dict[str, str]) -> Any:
+    """The state source read with the reader options ``given``, checked here first (the options, the
+    job or savepoint, the store), so that a mistake raises localstate's typed error, not Spark's."""
     parsed = ReadOptions.parse(given).absolute()
     load_view(parsed)
     register(spark)
@@ -73,13 +79,7 @@ def read_savepoint(spark: Any, savepoint: str, store: str | None = None, **optio
     errors (SavepointCorruptError, ...) raised here (docs/state-as-data.md)."""
     given = {"savepoint": str(savepoint), **({"store": store} if store is not None else {}),
              **{name: _option_text(value) for name, value in options.items()}}
-    parsed = ReadOptions.parse(given).absolute()
-    load_view(parsed)
-    register(spark)
-    try:
-        return spark.read.format(SOURCE_NAME).options(**parsed.as_options()).load()
-    except Exception as exc:  # noqa: BLE001 - Spark wraps the Python error: raise the typed one
-        raise _typed(exc) from None
+    return _checked_read(spark, given)
 
 
 def bootstrap(df: Any, job: str, *, store: str | None = None, key: str = "key", value: str = "value",
