@@ -157,7 +157,9 @@ def assign_executors(partitions: Sequence[int], alive: Mapping[str, str],
         if candidates:
             owner[partition] = min(candidates, key=load.__getitem__)
             load[owner[partition]] += 1
-    for partition in partitions:
+    # Every counted partition without an owner gets one, in partition order, whether this batch plans
+    # it or not: so a batch's placement is the ownership of the whole, whatever subset it plans.
+    for partition in sorted(counted):
         if partition not in owner:
             owner[partition] = min(load, key=load.__getitem__)
             load[owner[partition]] += 1
