@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from localstate.core.options import Option
 from localstate.core.time import TIMESTAMP_UNITS
 from localstate.core.text import a
-from localstate.errors import InputError, TimestampError
+from localstate.errors import ConfigError, InputError, TimestampError
 
 __all__ = ["TimestampRule", "BadTimestamp", "RecordProblem", "TIMESTAMP_OPTIONS", "DEFAULT_MIN_TIMESTAMP",
            "DEFAULT_MAX_TIMESTAMP", "timestamp_rule", "NO_BOUNDS"]
@@ -117,6 +117,7 @@ class TimestampRule:
     def column_fits(self, seconds: Any) -> bool:
         """Whether every non-null value of ``seconds`` (a pyarrow float64 array or a numpy array, in
         seconds already) is finite and inside the bounds."""
+        # `import localstate` does not load numpy: only columns need it
         import numpy as np
 
         if not isinstance(seconds, np.ndarray):
@@ -197,8 +198,6 @@ TIMESTAMP_OPTIONS: Mapping[str, Option] = {
 def timestamp_rule(name: str, config: Mapping[str, Any]) -> TimestampRule:
     """The rule of input ``name`` from its validated options (:data:`TIMESTAMP_OPTIONS`); a
     ConfigError at ``inputs.<name>.min_timestamp`` when the bounds leave nothing between them."""
-    from localstate.errors import ConfigError
-
     low, high = config.get("min_timestamp"), config.get("max_timestamp")
     if low is not None and high is not None and low >= high:
         raise ConfigError.at(f"inputs.{name}.min_timestamp", f"min_timestamp {low!r} is not before max_timestamp "

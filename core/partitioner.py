@@ -76,6 +76,7 @@ def partitions_of(keys: Any, partitions: int) -> Any:
     if len(known) > _KNOWN_LIMIT:
         known.clear()
     if not isinstance(keys, list):  # a pyarrow array: its distinct keys, then their partitions taken per row
+        # CLI start-up: --help loads this module, not pyarrow (only key columns need it)
         import pyarrow as pa
         import pyarrow.compute as pc
 

@@ -16,12 +16,14 @@ chunks), and nothing with one job partition."""
 from __future__ import annotations
 
 import json
+from itertools import islice
 from typing import Any, Iterator, Mapping
 
 from localstate.core.options import Option
 from localstate.core.partitioner import partitions_of
 from localstate.core.event_time import RecordProblem
 from localstate.errors import MisroutedRecordError
+from localstate.core.stream import InputColumns, InputRecord
 
 __all__ = ["ON_MISROUTED", "ROUTING_OPTIONS", "MISROUTED", "RoutingCheck", "misrouted_problem", "misrouted_record"]
 
@@ -90,8 +92,6 @@ class RoutingCheck:
 
     def records(self, records: Iterator[Any]) -> Iterator[Any]:
         """``records`` (InputRecords), the misrouted ones as bad records; keys checked a chunk at a time."""
-        from itertools import islice
-
         records = iter(records)
         while True:
             chunk = list(islice(records, _CHUNK))
@@ -118,6 +118,7 @@ class RoutingCheck:
             if isinstance(owners, list):
                 wrong = [i for i, owner in enumerate(owners) if owner != self.partition]
             else:
+                # CLI start-up: --help loads this module, not pyarrow (only input columns need it)
                 import pyarrow.compute as pc
 
                 if pc.all(pc.equal(owners, self.partition)).as_py():
@@ -128,8 +129,6 @@ class RoutingCheck:
 
     def _without(self, columns: Any, wrong: list[int], owners: Any) -> Any:
         """``columns`` with rows ``wrong`` moved to its bad records."""
-        from localstate.core.stream import InputColumns, InputRecord
-
         owners = owners if isinstance(owners, list) else owners.to_pylist()
         values = [c if isinstance(c, list) else c.to_pylist() for c in (columns.keys, columns.values,
                                                                           columns.timestamps)]

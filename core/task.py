@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import sys
 import threading
@@ -332,7 +333,7 @@ def record_batch(streams: list[str], offsets: Sequence[int], keys: list[Any], va
     (key, key_meta), (value, value_meta) = _column(pa, keys), _column(pa, values)
     times = timestamps if isinstance(timestamps, pa.Array) else pa.array(timestamps, pa.float64())
     if isinstance(offsets, range):  # consecutive offsets (an input read as Arrow): no Python int per row
-        import numpy as np
+        import numpy as np  # as pyarrow above: `import localstate` loads neither
 
         offset_array = pa.array(np.arange(offsets.start, offsets.stop, offsets.step, dtype=np.int64))
     else:
@@ -355,8 +356,6 @@ def column_values(batch: "pyarrow.RecordBatch", name: str) -> list[Any]:
     field = batch.schema.field(name)
     values = batch.column(name).to_pylist()
     if field.metadata and field.metadata.get(b"localstate.encoding") == b"json":
-        import json  # only for JSON-text columns
-
         return [None if text is None else json.loads(text) for text in values]
     return values
 
@@ -389,14 +388,11 @@ def _column(pa: Any, values: list[Any]) -> tuple[Any, dict[str, str] | None]:
             if array is not None:
                 return array, None
         if classes <= {dict, list}:
-            import json  # only for nested columns
             array = pa.array(values)
             if json.dumps(array.to_pylist()) == json.dumps(values):
                 return array, None
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
         pass
-    import json  # only for columns pyarrow cannot hold exactly
-
     text = [None if v is None else json.dumps(v, default=str) for v in values]  # key order as given
     return pa.array(text, pa.string()), {"localstate.encoding": "json"}
 

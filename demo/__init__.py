@@ -29,6 +29,7 @@ from localstate.core.stream import open_output
 from localstate.runtime.partition.sink import StreamSink
 from localstate.streams.jsonl import write_jsonl
 from localstate.core.task import BatchTask, Collector, Coordinator, Envelope, StreamTask, TaskContext
+from localstate.core.serdes import JsonSerde, StringSerde
 
 __all__ = ["DemoPipeline", "PageViewCounter", "PageViewCounterBatch", "generate_events", "expected_results", "actual_results", "run_demo", "demo_job_toml"]
 
@@ -264,7 +265,6 @@ def actual_results(job: JobConfig) -> dict[str, Any]:
     users: dict[str, Any] = {}
     changelogs = open_changelog_system(job)
     store = job.stores["users"]
-    from localstate.core.serdes import JsonSerde, StringSerde
     for partition in range(job.partitions):
         log = changelogs.reader(store.changelog, partition)  # type: ignore[attr-defined]
         for record in log.read(0):
@@ -313,6 +313,7 @@ def run_demo(*, events: int = 200_000, partitions: int = 2, kill: bool = True, m
              directory: str | None = None, batch_size: int | None = None, context: Any = None,
              out: Any = print) -> int:
     """Generate, run with a worker kill, summarise, verify. Returns 0 when every result is exact."""
+    # CLI start-up: the runner loads pyspark (--help imports this package for `localstate demo`)
     from localstate.runtime.spark.runner import SparkJobRunner
 
     tmp = None

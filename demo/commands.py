@@ -6,6 +6,7 @@ import argparse
 
 from localstate.tools.cli import command
 from localstate.tools.cli import partition_count, positive_int
+from localstate.demo import run_demo
 
 __all__: list[str] = []
 
@@ -13,8 +14,6 @@ __all__: list[str] = []
 @command("demo", "generate page views, profiles, settings, ad impressions and clicks; run the demo pipeline on "
                  "local Spark, kill a worker midway, verify the results")
 def demo(args: argparse.Namespace) -> int:
-    from localstate.demo import run_demo
-
     return run_demo(events=args.events, partitions=args.partitions, kill=not args.no_kill, master=args.master,
                     directory=args.dir, batch_size=args.batch_size)
 

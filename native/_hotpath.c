@@ -33,6 +33,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -47,35 +48,24 @@ typedef struct {
     int int_values, hold_encoded;
 } HotPath;
 
+/* The object fields, in one list: what __init__ sets (in this order), tp_traverse visits and
+ * tp_clear drops. */
+static const size_t OBJECTS[] = {
+    offsetof(HotPath, young), offsetof(HotPath, old), offsetof(HotPath, dirty), offsetof(HotPath, key_class),
+    offsetof(HotPath, spill), offsetof(HotPath, reference_get), offsetof(HotPath, missed),
+    offsetof(HotPath, put_slow), offsetof(HotPath, vfast), offsetof(HotPath, slow_value), offsetof(HotPath, errors),
+    offsetof(HotPath, merge_slow)};
+#define N_OBJECTS (sizeof(OBJECTS) / sizeof(OBJECTS[0]))
+
+static PyObject **object_slot(HotPath *self, size_t i) { return (PyObject **)((char *)self + OBJECTS[i]); }
+
 static int hotpath_traverse(HotPath *self, visitproc visit, void *arg) {
-    Py_VISIT(self->young);
-    Py_VISIT(self->old);
-    Py_VISIT(self->dirty);
-    Py_VISIT(self->key_class);
-    Py_VISIT(self->spill);
-    Py_VISIT(self->reference_get);
-    Py_VISIT(self->missed);
-    Py_VISIT(self->put_slow);
-    Py_VISIT(self->vfast);
-    Py_VISIT(self->slow_value);
-    Py_VISIT(self->errors);
-    Py_VISIT(self->merge_slow);
+    for (size_t i = 0; i < N_OBJECTS; i++) Py_VISIT(*object_slot(self, i));
     return 0;
 }
 
 static int hotpath_clear(HotPath *self) {
-    Py_CLEAR(self->young);
-    Py_CLEAR(self->old);
-    Py_CLEAR(self->dirty);
-    Py_CLEAR(self->key_class);
-    Py_CLEAR(self->spill);
-    Py_CLEAR(self->reference_get);
-    Py_CLEAR(self->missed);
-    Py_CLEAR(self->put_slow);
-    Py_CLEAR(self->vfast);
-    Py_CLEAR(self->slow_value);
-    Py_CLEAR(self->errors);
-    Py_CLEAR(self->merge_slow);
+    for (size_t i = 0; i < N_OBJECTS; i++) Py_CLEAR(*object_slot(self, i));
     return 0;
 }
 
@@ -99,14 +89,11 @@ static int hotpath_init(HotPath *self, PyObject *args, PyObject *kwargs) {
                                      &spill, &reference_get, &missed, &put_slow, &int_values, &int_min, &int_max,
                                      &vfast, &slow_value, &errors, &hold_encoded, &merge_slow))
         return -1;
-    PyObject *held[] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast, slow_value,
-                        errors, merge_slow};
-    PyObject **slots[] = {&self->young, &self->old, &self->dirty, &self->key_class, &self->spill,
-                          &self->reference_get, &self->missed, &self->put_slow, &self->vfast, &self->slow_value,
-                          &self->errors, &self->merge_slow};
-    for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++) {
+    PyObject *held[N_OBJECTS] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast,
+                                 slow_value, errors, merge_slow}; /* in OBJECTS' order */
+    for (size_t i = 0; i < N_OBJECTS; i++) {
         Py_INCREF(held[i]);
-        Py_XSETREF(*slots[i], held[i]);
+        Py_XSETREF(*object_slot(self, i), held[i]);
     }
     self->batch = batch;
     self->int_values = int_values;

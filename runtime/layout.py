@@ -37,12 +37,12 @@ from localstate.core.checkpoint import CheckpointStore
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import make_owned_dir, read_nofollow, write_atomic
 from localstate.core.names import safe_join
-from localstate.errors import (CheckpointError, CheckpointIOError, FencedError, LocalStateError, PartitionCountError,
-                               UnsafePathError)
+from localstate.errors import (CheckpointError, CheckpointIOError, FencedError, InputError, LocalStateError,
+                               PartitionCountError, UnsafePathError)
 
-__all__ = ["open_changelog_system", "store_root", "store_directory", "job_directory", "checkpoint_store",
-           "check_no_history", "checkpoint_where", "MISSING_CHECKPOINT_HINT", "state_places", "EpochPointer",
-           "EPOCH_OBJECT", "epoch_parts", "epoch_stream", "with_epoch", "read_epoch", "write_epoch",
+__all__ = ["open_changelog_system", "create_changelog_streams", "store_root", "store_directory", "job_directory",
+           "checkpoint_store", "check_no_history", "checkpoint_where", "MISSING_CHECKPOINT_HINT", "state_places",
+           "EpochPointer", "EPOCH_OBJECT", "epoch_parts", "epoch_stream", "with_epoch", "read_epoch", "write_epoch",
            "resolve_epoch", "check_moved_inputs", "epoch_checkpoint_store", "epoch_checkpoint_objects", "state_directory"]
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,19 @@ def open_changelog_system(job: JobConfig, name: str | None = None) -> ChangelogS
     name = name or job.changelog_system
     system_class = job.registry.changelog_system(name)
     return system_class(job.changelog_options.get(name, {}), job.state_dir)
+
+
+def create_changelog_streams(job: JobConfig) -> None:
+    """Create the job's stores' changelog streams, once, on the driver, rather than in the first
+    batch's tasks all at the same time (creating a stream is idempotent, but concurrent creation is a
+    race that can fail a task attempt)."""
+    changelogs = open_changelog_system(job)
+    try:
+        for store in job.stores.values():
+            if store.changelog is not None:
+                changelogs.ensure_stream(store.changelog, job.partitions)
+    finally:
+        changelogs.close()
 
 
 def store_root(job: JobConfig) -> Path:
@@ -265,8 +278,6 @@ def check_moved_inputs(job: JobConfig, inputs: Any) -> None:
     """InputError if an input (``inputs``: name -> opened input) is still read where it was before
     the rescale that made the current epoch: its records were laid out for the old partition count,
     and the new state starts every input at 0 (docs/state-as-data.md, the rescale procedure)."""
-    from localstate.errors import InputError
-
     moved = read_epoch(job).moved_inputs if job.epoch else {}
     for name, source in sorted(inputs.items()):
         place = source.location()

@@ -22,6 +22,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple
 
+import numpy as np
+
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.fsutil import fsync_dir, open_nofollow, os_error
 from localstate.core.options import Option, parse_path, parse_size
@@ -396,8 +398,6 @@ def _objects_per_line(blob: bytes, lines: list[bytes]) -> bool:
     """Whether every line (each ending in its newline; ``blob`` is them joined) starts with ``{``
     and ends with ``}``: two gathers at the line boundaries (a search of the blob for the byte pairs
     takes several times as long)."""
-    import numpy as np  # with pyarrow: only a batch task's input comes here
-
     sizes = np.fromiter(map(len, lines), np.int64, len(lines))
     ends = np.cumsum(sizes)
     data = np.frombuffer(blob, np.uint8)
@@ -554,6 +554,7 @@ def _arrow() -> tuple[Any, Any, Any]:
     """pyarrow, its JSON reader and compute (imported when a batch task's input is first read), or
     Nones without pyarrow."""
     try:
+        # CLI start-up: --help loads this module, not pyarrow (only a batch task's input needs it)
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.json as pj
@@ -575,8 +576,6 @@ def _checked_times(times: list[float | None], classes: set[type], rule: Timestam
     ``rule``; ValueError when one is not (the chunk then goes line by line)."""
     if classes <= {type(None)}:
         return times
-    import numpy as np  # a batch task's input only
-
     present = times if type(None) not in classes else [ts for ts in times if ts is not None]
     seconds = np.asarray(present, dtype=np.float64)
     if rule.per_second != 1.0:

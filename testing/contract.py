@@ -53,6 +53,7 @@ from localstate.core.engine import StorageEngine, StorageEngineFactory, StoreCon
 from localstate.runtime.partition.recovery import recover_store
 from localstate.core.serdes import BytesSerde, Serde
 from localstate.core.time import SYSTEM_TIME, TimeSource
+from localstate.core.registry import Registry
 
 __all__ = [
     "EngineAdapter",
@@ -562,8 +563,6 @@ def builtin_changelog(name: str, options: Mapping[str, Any] | None = None,
                       state_dir: Path | None = None) -> ChangelogSystem:
     """A changelog system found by name through the plugin registry (default policy: the built-ins),
     so the suite runs on the very plugins a job gets and the core names none of them."""
-    from localstate.core.registry import Registry
-
     return Registry().changelog_system(name)(dict(options or {}), state_dir or Path("."))
 
 

@@ -8,11 +8,16 @@ SIGINT during a run's stop), 143 a second SIGTERM during a run's stop.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from typing import Any, Callable, Sequence
 
 from localstate.errors import LocalStateError, TaskImportInterrupted
+from localstate import __version__
+from localstate.core.config import load_job_config
+from localstate.native import status
+from localstate.runtime.layout import resolve_epoch
 
 __all__ = ["main", "build_parser", "command", "load_job", "positive_int", "partition_count"]
 
@@ -53,17 +58,11 @@ def partition_count(text: str) -> int:
 def load_job(args: argparse.Namespace) -> Any:
     """The job file ``args.job`` (under ``args.plugins``), bound to its current state epoch: what every
     command that reads or writes the job's state works on (docs/state-as-data.md)."""
-    from localstate.core.config import load_job_config
-    from localstate.runtime.layout import resolve_epoch
-
     return resolve_epoch(load_job_config(args.job, plugins=args.plugins))
 
 
 def _version() -> str:
     """The version, and which optional C extensions are in use (``localstate.native``)."""
-    from localstate import __version__
-    from localstate.native import status
-
     extensions = ", ".join(f"{name.rsplit('.', 1)[-1].lstrip('_')} {state}" for name, state in status().items())
     return f"{__version__} (C extensions: {extensions})"
 
@@ -105,8 +104,6 @@ _COMMAND_MODULES = ("localstate.tools.commands", "localstate.tools.run", "locals
 
 def _load_commands() -> None:
     # Commands live next to what they drive; importing the modules registers them.
-    import importlib
-
     for module in _COMMAND_MODULES:
         importlib.import_module(module)
 

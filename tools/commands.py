@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,6 +16,17 @@ from localstate.tools.cli import positive_int
 from localstate.core.config import job_policy, load_job_config
 from localstate.core.policy import PluginPolicy
 from localstate.core.registry import Registry
+from localstate.core.changelog import (Compactable, DeletableStreams, DurableCheckpoints, EpochCheckpoints,
+                                       LocalStreams, StreamLocations)
+from localstate.core.checkpoint import Checkpoint
+from localstate.core.fsutil import is_owned
+from localstate.core.names import safe_join
+from localstate.core.options import did_you_mean
+from localstate.core.stream import IdentifiedInput, RetainedStart, open_input, open_output
+from localstate.errors import ConfigError, FencedError, LocalStateError, StateNotFoundError, UnsafePathError
+from localstate.runtime.layout import EPOCH_OBJECT, checkpoint_store, open_changelog_system, read_epoch
+from localstate.tools.statedata import add_location_arguments, inspect_savepoint, reset_old_epochs
+from localstate.tools.validation import IMPORT_TIMEOUT, require_input_paths, require_valid
 
 if TYPE_CHECKING:
     from localstate.core.changelog import ChangelogSystem
@@ -52,8 +65,6 @@ plugins.arguments = lambda parser: parser.add_argument(  # type: ignore[attr-def
 
 @command("validate", "check a job config and report every problem with its path")
 def validate(args: argparse.Namespace) -> int:
-    from localstate.tools.validation import require_valid
-
     # Every stage runs even when an earlier one failed: one run shows every problem.
     job = require_valid(args.job, plugins=args.plugins, import_timeout=args.import_timeout).job
     print(f"{args.job}: ok — job {job.name!r}, {job.partitions} partition(s), "
@@ -68,8 +79,6 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def _validate_arguments(parser: argparse.ArgumentParser) -> None:
-    from localstate.tools.validation import IMPORT_TIMEOUT
-
     parser.add_argument("job", help="job config (TOML)")
     parser.add_argument("--import-timeout", type=_seconds, default=IMPORT_TIMEOUT, metavar="SECONDS",
                         help=f"give up on a task module still importing after SECONDS (default {IMPORT_TIMEOUT:g})")
@@ -97,15 +106,9 @@ def reset(args: argparse.Namespace) -> int:
     """Delete only what localstate created for this job: directories carrying its ownership marker
     (never through a symlink), and changelog streams that are not one of the job's inputs/outputs.
     Anything else is listed as kept, with the reason."""
-    import shutil
-
-    from localstate.core.changelog import DurableCheckpoints, EpochCheckpoints
-    from localstate.runtime.layout import EPOCH_OBJECT, open_changelog_system, read_epoch
-    from localstate.runtime.statedata.epochs import epoch_places
+    from localstate.runtime.statedata.epochs import epoch_places  # CLI start-up: --help does not load state epochs
 
     if args.old_epochs:
-        from localstate.tools.statedata import reset_old_epochs
-
         return reset_old_epochs(args)
     job = load_job_config(args.job, plugins=args.plugins)
     # Epochs after the first (docs/state-as-data.md): their checkpoints and streams outside the job's directory.
@@ -158,11 +161,6 @@ def _reset_local_targets(job: "JobConfig", system: "ChangelogSystem | None",
                          streams: list[str]) -> tuple[list[Path], list[tuple[str, str]]]:
     """Directories ``reset`` may delete (the job dir, changelog streams kept in local directories),
     and those it keeps with why: a symlink, no ownership marker, or a place the job reads or writes."""
-    from localstate.core.changelog import LocalStreams
-    from localstate.core.fsutil import is_owned
-    from localstate.core.names import safe_join
-    from localstate.errors import UnsafePathError
-
     targets: list[Path] = []
     kept: list[tuple[str, str]] = []
 
@@ -200,8 +198,6 @@ def _reset_remote_streams(job: "JobConfig", system: "ChangelogSystem | None", st
                           kept: list[tuple[str, str]]) -> list[str]:
     """The remote changelog streams ``reset`` may delete: never one that is also an input or output
     of the job. A system that can neither delete its streams nor keeps them locally is reported."""
-    from localstate.core.changelog import DeletableStreams, LocalStreams, StreamLocations
-
     if system is None or isinstance(system, LocalStreams):
         return []
     if not isinstance(system, DeletableStreams):
@@ -227,9 +223,6 @@ _PLACE_WORDS = {"kafka": "topic", "path": "path"}
 def _stream_places(job: "JobConfig") -> list[tuple[str, str]]:
     """Where the job's inputs and outputs live (see ``InputStream.location``); unopenable ones are
     skipped (validate reports them)."""
-    from localstate.core.stream import open_input, open_output
-    from localstate.errors import LocalStateError
-
     places = []
     for opener, names in ((open_input, job.inputs), (open_output, job.outputs)):
         for name in names:
@@ -266,16 +259,8 @@ def seek(args: argparse.Namespace) -> int:
     old position back). Every partition's instance lock is taken first: a partition a live job holds
     is refused and nothing is changed. Nothing but the checkpoints (in the state directory, or where
     the changelog system keeps them) is written; without ``--yes`` nothing at all."""
-    from dataclasses import replace
-
-    from localstate.core.checkpoint import Checkpoint
-    from localstate.runtime.layout import checkpoint_store
-    from localstate.core.options import did_you_mean
-    from localstate.core.stream import open_input
-    from localstate.core.stream import IdentifiedInput, RetainedStart
-    from localstate.errors import FencedError, StateNotFoundError
+    # CLI start-up: the driver's views open the storage backends (rocksdict, lmdb), which --help does not load
     from localstate.runtime.driver.views import load_checkpoints
-    from localstate.tools.validation import require_input_paths
 
     job = load_job(args)
     name = args.input
@@ -361,9 +346,6 @@ seek.arguments = _seek_arguments  # type: ignore[attr-defined]
 
 @command("compact", "compact a job's file changelogs up to the checkpointed offsets (last record per key)")
 def compact(args: argparse.Namespace) -> int:
-    from localstate.core.changelog import Compactable
-    from localstate.runtime.layout import checkpoint_store, open_changelog_system
-
     job = load_job(args)
     system = open_changelog_system(job)
     if not isinstance(system, Compactable):
@@ -402,14 +384,13 @@ compact.arguments = lambda parser: parser.add_argument("job", help="job config (
 @command("inspect", "show a job's state read-only: checkpoints and store partitions (default), a store's "
                     "contents (--store), or a changelog stream (--changelog)")
 def inspect(args: argparse.Namespace) -> int:
+    # CLI start-up: inspect reads through the driver's views, which open the storage backends (rocksdict, lmdb):
+    # --help loads neither
     from localstate.tools.inspect import run_inspect
 
     if args.savepoint is not None:
-        from localstate.tools.statedata import inspect_savepoint
-
         return inspect_savepoint(args)
     if args.job is None:
-        from localstate.errors import ConfigError
         raise ConfigError.at("inspect", "give the job file (or --savepoint PATH)", hint="localstate inspect job.toml")
     return run_inspect(load_job(args), args)
 
@@ -422,8 +403,6 @@ def _count(text: str) -> int:
 
 
 def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
-    from localstate.tools.statedata import add_location_arguments
-
     parser.add_argument("job", nargs="?", help="job config (TOML)")
     parser.add_argument("--savepoint", metavar="PATH", help="show this savepoint instead of a job's state (checked "
                         "whole; --store NAME: its records)")

@@ -7,6 +7,8 @@ import argparse
 import json
 import logging
 import sys
+import time
+from itertools import islice
 from typing import Any, Callable
 
 from localstate.core.config import JobConfig
@@ -57,8 +59,6 @@ def _print_store(job: JobConfig, args: argparse.Namespace, partitions: list[int]
 
 
 def _print_changelog(job: JobConfig, args: argparse.Namespace, partitions: list[int] | None) -> int:
-    from itertools import islice
-
     stream, store = resolve_stream(job, args.changelog)
     checkpoints = require_state(job)
     key_serde, value_serde = store_serdes(job, store) if store else (None, None)
@@ -133,8 +133,6 @@ def _key_filter(job: JobConfig, args: argparse.Namespace) -> Callable[[Any], boo
 def _print_inputs(inputs: list[InputPartitionInfo]) -> None:
     """The overview's input table: checkpointed position, end, lag and unterminated bytes per input
     partition, then each problem (a position the input does not hold) and each unterminated tail."""
-    import time
-
     if not inputs:
         return
     print("inputs:")

@@ -12,6 +12,9 @@ from typing import Any
 
 from localstate.tools.cli import command, partition_count, positive_int
 from localstate.core.config import apply_log_level
+from localstate.runtime.layout import resolve_epoch
+from localstate.tools.statedata import add_from_savepoint_arguments, start_from_savepoint
+from localstate.tools.validation import require_valid
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,7 @@ class StopSignals:
         name = signal.Signals(signum).name
         self.received.append(signum)
         if len(self.received) == 1:
-            self.say(f"{name}: stopping (no new batch; the batch in flight gets {self.runner.stop_grace:.0f}s to "
+            self.say(f"{name}: stopping (no new batch; the batch in flight gets {self.runner.stop_control.grace:.0f}s to "
                      f"complete and be committed, else it is abandoned; {name} again stops at once)")
             self.runner.stop()
         elif len(self.received) == 2:
@@ -128,20 +131,17 @@ def ignore_hangups(context: Any) -> None:
 @command("run", "run a job on Spark in micro-batches: standing (waits for new input) until SIGTERM, SIGINT or "
                 "SIGHUP, or --until-drained")
 def run(args: argparse.Namespace) -> int:
-    from localstate.runtime.driver.progress import ProgressObserver
+    # CLI start-up: --help loads no driver module (the runner loads pyspark, progress prometheus_client, the
+    # views the storage backends)
     from localstate.runtime.driver.plan import summary_line
-    from localstate.runtime.spark.runner import SparkJobRunner
-
+    from localstate.runtime.driver.progress import ProgressObserver
     from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
-    from localstate.tools.validation import require_valid
-    from localstate.runtime.layout import resolve_epoch
+    from localstate.runtime.spark.runner import SparkJobRunner
 
     # Everything `localstate validate` checks, before Spark starts, every problem at once and in its
     # words; only what depends on the inputs' contents waits for the plan (runner.check_inputs).
     checked = require_valid(args.job, plugins=args.plugins, master=args.master).job
     if args.from_savepoint:
-        from localstate.tools.statedata import start_from_savepoint
-
         start_from_savepoint(args)  # a new state epoch, switched to before the run starts
     job = resolve_epoch(checked)  # the job bound to its current state epoch (docs/state-as-data.md)
     runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size, progress=_say)
@@ -207,8 +207,6 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                              "SIGTERM, SIGINT or SIGHUP)")
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help="records per partition per micro-batch (default: [spark] batch_size, else all)")
-    from localstate.tools.statedata import add_from_savepoint_arguments
-
     add_from_savepoint_arguments(parser)
 
 

@@ -10,6 +10,9 @@ import time
 from typing import Any
 
 from localstate.tools.cli import command, load_job, partition_count
+from localstate.core.config import load_job_config, parse_job_config
+from localstate.errors import ConfigError, StateNotFoundError
+from localstate.runtime.layout import read_epoch
 
 __all__ = ["location_of", "start_from_savepoint", "inspect_savepoint", "reset_old_epochs", "add_location_arguments"]
 
@@ -23,6 +26,7 @@ def add_location_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def location_of(url: str, args: argparse.Namespace, job: Any = None) -> Any:
+    # CLI start-up: savepoints load pyarrow, which --help does not
     from localstate.runtime.statedata.location import SavepointLocation, storage_options
 
     return SavepointLocation(storage_options(url, job, endpoint=args.endpoint, region=args.region))
@@ -35,7 +39,7 @@ def _say(text: str) -> None:
 @command("savepoint", "write a savepoint of a job's committed state to PATH (a folder, or the URL of an S3 bucket or of any fsspec file system), "
                       "or --list the savepoints in a folder")
 def savepoint(args: argparse.Namespace) -> int:
-    from localstate.errors import ConfigError
+    # CLI start-up: savepoints load pyarrow, which --help does not
     from localstate.runtime.statedata.reader import Savepoint, find_savepoints
     from localstate.runtime.statedata.writer import take_savepoint
 
@@ -85,6 +89,7 @@ savepoint.arguments = _savepoint_arguments  # type: ignore[attr-defined]
 @command("rescale", "move a stopped, drained job's state to another partition count (a savepoint, every key "
                     "re-partitioned, a new state epoch switched to atomically)")
 def rescale(args: argparse.Namespace) -> int:
+    # CLI start-up: savepoints load pyarrow, which --help does not
     from localstate.runtime.statedata.rescale import check_drained, check_stopped, rescale as run_rescale
 
     job = load_job(args)
@@ -119,8 +124,7 @@ rescale.arguments = _rescale_arguments  # type: ignore[attr-defined]
 
 def start_from_savepoint(args: argparse.Namespace) -> None:
     """``run --from-savepoint PATH``: make the savepoint the job's state (a new epoch) before the run."""
-    from localstate.core.config import load_job_config
-    from localstate.errors import ConfigError
+    # CLI start-up: savepoints load pyarrow, which --help does not
     from localstate.runtime.statedata.loader import LoadOptions, load_savepoint
     from localstate.runtime.statedata.reader import Savepoint
     from localstate.runtime.statedata.sources import load_function
@@ -157,9 +161,9 @@ def add_from_savepoint_arguments(parser: argparse.ArgumentParser) -> None:
 
 def inspect_savepoint(args: argparse.Namespace) -> int:
     """``inspect --savepoint PATH``: what a savepoint holds (``--store``: its records, decoded)."""
-    from localstate.core.config import parse_job_config
-    from localstate.errors import StateNotFoundError
+    # CLI start-up: savepoints load pyarrow, which --help does not
     from localstate.runtime.driver.views import decoder, store_serdes, to_jsonable
+    # CLI start-up: savepoints load pyarrow, which --help does not
     from localstate.runtime.statedata.reader import Savepoint
 
     savepoint = Savepoint.open(location_of(args.savepoint, args))
@@ -202,8 +206,7 @@ def inspect_savepoint(args: argparse.Namespace) -> int:
 def reset_old_epochs(args: argparse.Namespace) -> int:
     """``reset --old-epochs``: delete every epoch of the job's state but the current one: their
     checkpoints, local stores (on this host) and changelog streams."""
-    from localstate.runtime.layout import read_epoch
-    from localstate.runtime.statedata.epochs import old_epoch_places
+    from localstate.runtime.statedata.epochs import old_epoch_places  # CLI start-up: --help does not load state epochs
 
     job = load_job(args)
     current = read_epoch(job)

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from localstate.tools.cli import command, load_job
+from localstate.errors import LocalStateError
 
 __all__ = ["job_status"]
 
@@ -27,7 +28,7 @@ NOT_LIVE = 3
 
 def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
     """Everything ``status`` shows, as a JSON-able dict (no NaN or infinity, whatever the files hold)."""
-    from localstate.errors import LocalStateError
+    # CLI start-up: --help loads no driver module (progress loads prometheus_client, the views the storage backends)
     from localstate.runtime.driver.operating import LIVE, UNKNOWN, json_safe, judge_live, progress_time
     from localstate.runtime.driver.progress import HEARTBEAT_STALE, progress_directory, read_last_progress, read_live
     from localstate.runtime.driver.views import input_partitions, job_dir, load_checkpoints
@@ -78,8 +79,9 @@ def _headed(heading: str, message: str) -> str:
 
 
 def _print(status: dict[str, Any]) -> None:
-    from localstate.runtime.driver.progress import describe_reason
+    # CLI start-up: --help loads no driver module (progress loads prometheus_client)
     from localstate.runtime.driver.plan import lag_text
+    from localstate.runtime.driver.progress import describe_reason
 
     print(f"job {status['job']!r}: {_SAYS[status['liveness']]} ({_printable(status['why'])})")
     if not status["has_state"]:

@@ -10,6 +10,8 @@ created, connected to or written.
 from __future__ import annotations
 
 import os
+import sys
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,7 +19,11 @@ from typing import Any, Mapping
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.tomlfile import read_toml_file
 from localstate.runtime.spark.config import SparkConfig, is_local_master
-from localstate.errors import ConfigError, ConfigProblem, LocalStateError
+from localstate.errors import ConfigError, ConfigProblem, LocalStateError, TaskImportTimeout
+from localstate.core.changelog import StreamLocations
+from localstate.core.stream import DirectoryInput, base_dir, open_input, open_output, overlap_problems, places_overlap
+from localstate.core.task import add_task_paths, load_task_class
+from localstate.runtime.layout import open_changelog_system, state_places
 
 __all__ = ["IMPORT_TIMEOUT", "JobCheck", "changelog_input_problems", "check_job", "require_valid",
            "window_problems",
@@ -47,11 +53,6 @@ def check_job(path: str | os.PathLike[str], *, plugins: str | os.PathLike[str] |
     :class:`~localstate.errors.TaskImportTimeout` problem at ``job.task``; the import goes on in a
     daemon thread, see :func:`~localstate.core.task.load_task_class`); None waits for ever.
     ``master``: the Spark master the notes are about (default: the job's ``[spark] master``)."""
-    from localstate.core.stream import open_input, open_output
-    from localstate.runtime.layout import state_places
-    from localstate.core.stream import overlap_problems
-    from localstate.core.task import add_task_paths, load_task_class
-
     problems: list[ConfigProblem] = []
     data = read_toml_file(path, "job config")  # parsed once: a job with 10k stores is a big file
     job = load_job_config(path, plugins=plugins, collect=problems, data=data)
@@ -100,10 +101,6 @@ def require_valid(path: str | os.PathLike[str], *, plugins: str | os.PathLike[st
     every problem raised at once as one :class:`ConfigError` (carrying where the task's module failed
     to import, if it did): what ``localstate validate`` reports and what ``localstate run`` refuses to
     start with, in the same words."""
-    import sys
-
-    from localstate.errors import TaskImportTimeout
-
     check = check_job(path, plugins=plugins, import_timeout=import_timeout, master=master)
     for note in check.notes:
         print(f"{path}: warning: {note}", file=sys.stderr)
@@ -122,7 +119,7 @@ def require_valid(path: str | os.PathLike[str], *, plugins: str | os.PathLike[st
 def window_problems(job: JobConfig, task_class: type) -> list[ConfigProblem]:
     """The stores the task's windowed aggregations cannot use (engine, kind, serdes), for the windows
     its source spells out (:func:`localstate.windows.checks.declared_windows`); each problem once."""
-    from localstate.windows.checks import declared_windows, store_problems
+    from localstate.windows.checks import declared_windows, store_problems  # CLI start-up: --help does not load windows
 
     problems: list[ConfigProblem] = []
     for use in declared_windows(task_class):
@@ -141,8 +138,6 @@ def _missing_path(job: JobConfig, name: str, stream: object) -> list[ConfigProbl
 
 def _input_directory(stream: object) -> Path | None:
     """The directory a file-based input reads (see ``DirectoryInput``), None for other inputs."""
-    from localstate.core.stream import DirectoryInput
-
     return stream.input_directory() if isinstance(stream, DirectoryInput) else None
 
 
@@ -153,11 +148,6 @@ def changelog_input_problems(job: JobConfig, inputs: Mapping[str, Any] | None = 
     own history, and the first run refuses to start ("no checkpoint ... holds N record(s)").
     ``inputs``: the job's opened inputs, if the caller has them. Needs no broker: the places come
     from the configuration alone."""
-    from localstate.core.changelog import StreamLocations
-    from localstate.runtime.layout import open_changelog_system
-    from localstate.core.stream import open_input
-    from localstate.core.stream import places_overlap
-
     streams = {store.name: store.changelog for store in job.stores.values() if store.changelog is not None}
     if not streams or not job.inputs:
         return []
@@ -196,8 +186,6 @@ def changelog_input_problems(job: JobConfig, inputs: Mapping[str, Any] | None = 
 
 def input_path_problems(job: JobConfig) -> list[ConfigProblem]:
     """Inputs of ``job`` whose directory does not exist (each at ``inputs.<name>.path``)."""
-    from localstate.core.stream import open_input
-
     problems = []
     for name in job.inputs:
         problems.extend(_missing_path(job, name, open_input(job, name)))
@@ -240,8 +228,6 @@ def shared_path_notes(job: JobConfig, master: str) -> list[str]:
     ``job.pythonpath`` folder (imported from that path on every executor). Whether another host
     sees the same directory cannot be told from here, so each is named with what it needs: a file
     system every host mounts at that path, or (the task module) an installed package."""
-    from localstate.core.stream import open_input, open_output
-
     notes = []
     for section, names, opener in (("inputs", job.inputs, open_input), ("outputs", job.outputs, open_output)):
         for name in names:
@@ -265,8 +251,6 @@ def shared_path_notes(job: JobConfig, master: str) -> list[str]:
 def _task_folder(job: JobConfig) -> Path | None:
     """The job file's folder or ``job.pythonpath`` folder the task module is found in, else None
     (an installed module, or one that cannot be found)."""
-    from localstate.core.stream import base_dir
-
     module = job.task.split(":")[0]
     if not module:
         return None
@@ -281,8 +265,6 @@ def _task_folder(job: JobConfig) -> Path | None:
 
 def _raw_job_table(source: str | None) -> dict:
     """The [job] table as written in the file (to tell settings given explicitly from defaults)."""
-    import tomllib
-
     try:
         table = tomllib.loads(Path(source).read_text(encoding="utf-8")).get("job", {}) if source else {}
     except (OSError, ValueError):

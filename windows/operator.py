@@ -43,6 +43,8 @@ import logging
 from math import floor
 from typing import Any, Callable
 
+import numpy as np
+
 from localstate.core.task import Collector, Coordinator, KeyValueStore, TaskContext
 from localstate.core.time import TimerNamespace
 from localstate.errors import ConfigError
@@ -171,8 +173,6 @@ class WindowedAggregation:
             raise ValueError(f"add_batch: {len(keys)} keys, {len(values)} values, {len(stamps)} timestamps")
         if not stamps:
             return
-        import numpy as np  # only batches need it
-
         ts = np.asarray(stamps, dtype=np.float64)
         marks = np.maximum.accumulate(ts) - self._allowed_lateness
         if self._batch_watermark is not None:
@@ -189,8 +189,6 @@ class WindowedAggregation:
     def _count_batch(self, keys: list[Any], values: list[Any], ts: Any, marks: Any, collector: Collector) -> None:
         """:meth:`add_batch` of a tumbling count, emit final: the window arithmetic of
         :meth:`_add_tumbling` on arrays (the same float operations, so the same windows)."""
-        import numpy as np
-
         window = self.window
         size, offset = window.size, window.offset  # type: ignore[attr-defined]
         index = np.floor((ts - offset) / size)

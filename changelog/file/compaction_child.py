@@ -13,6 +13,7 @@ Linux); a round killed half-way is safe, as compaction is (see :mod:`.compaction
 
 from __future__ import annotations
 
+import ctypes
 import json
 import signal
 import sys
@@ -20,13 +21,12 @@ from typing import Any
 
 from localstate.core.changelog import CompactionStats
 from localstate.errors import LocalStateError
+from .system import FileChangelogSystem
 
 __all__ = ["run_request"]
 
 def _die_with_parent() -> None:
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the round is short and crash-safe anyway
         pass
@@ -34,8 +34,6 @@ def _die_with_parent() -> None:
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
     """Compact every target of ``request`` (see the module docstring); never raises for one target."""
-    from .system import FileChangelogSystem
-
     system = FileChangelogSystem(request["options"], request["state_dir"])
     total = CompactionStats()
     errors = []

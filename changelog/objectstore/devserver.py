@@ -26,6 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pyarrow.fs as pafs
+
 __all__ = ["SeaweedS3", "weed_binary", "free_port"]  # tests/s3_server.py re-exports them
 
 
@@ -85,8 +87,6 @@ class SeaweedS3:
                 "access_key": self.access_key, "secret_key": self.secret_key, **extra}
 
     def filesystem(self, **kwargs: Any) -> Any:
-        import pyarrow.fs as pafs
-
         return pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key, region=self.region,
                                  endpoint_override=f"127.0.0.1:{self.port}", scheme="http", **kwargs)
 

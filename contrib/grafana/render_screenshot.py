@@ -235,10 +235,10 @@ def evaluate(expr: str, legend: str, scrapes) -> dict[str, list[tuple[float, flo
 
 
 def render(scrapes, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # optional dependency (the dashboard extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after matplotlib.use("Agg"): pyplot takes the backend set first
 
     dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
     panels = sorted(dashboard["panels"], key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 from localstate.core.options import Option, did_you_mean, parse_size
 from localstate.errors import ConfigError, ConfigProblem
+from localstate.core.registry import backend_names
 
 __all__ = ["BACKEND_OPTIONS", "ROCKSDB_PASSTHROUGH", "COMPRESSIONS", "DEFAULT_BACKEND", "check_backend_options"]
 
@@ -24,8 +25,6 @@ def _size(value: Any) -> int:
 
 def _backend_name(value: str) -> str:
     # The names are not listed here: the registry (entry-point group localstate.backends) is the one list.
-    from localstate.core.registry import backend_names  # lazy: the registry scans entry points
-
     known = backend_names()
     if value not in known:
         raise ValueError(f"must be one of {', '.join(map(repr, known))} (installed backend plugins), got {value!r}")

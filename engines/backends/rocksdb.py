@@ -17,6 +17,7 @@ import rocksdict
 from localstate.core.backend import DirectoryBackend, Item, has_deletes, sorted_items
 from localstate.core.corruption import store_corrupt
 from localstate.errors import StoreCorruptError, StoreError
+from localstate.core.options import parse_size
 
 __all__ = ["RocksDBBackend", "META_CF", "build_options"]
 
@@ -29,7 +30,6 @@ _BULK_FILE = "bulk-load.sst.tmp"
 
 def build_options(options: Mapping[str, Any]) -> rocksdict.Options:
     """rocksdict Options from validated engine options (tuning knobs + ``rocksdb`` pass-through)."""
-    from localstate.core.options import parse_size
     opts = rocksdict.Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)

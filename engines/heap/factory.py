@@ -11,6 +11,10 @@ from localstate.core.options import Option, Removed
 from localstate.engines.heap.options import (HEAP_KINDS, HEAP_OPTIONS, backend_options_of,
                                              max_lateness_of)
 from localstate.errors import ConfigError, ConfigProblem
+from localstate.engines.heap.codec import META_KEY, SCORE_HEADER, decode_meta, encode_meta
+from localstate.engines.heap.columns import heap_columns
+from localstate.engines.heap.reorder import ReorderBufferEngine
+from localstate.engines.heap.topn import TopNEngine
 
 __all__ = ["HEAP_KINDS", "HeapEngineFactory", "backend_options_of", "kind_of", "max_lateness_of"]
 
@@ -55,17 +59,13 @@ class HeapEngineFactory(StorageEngineFactory):
 
     def create(self, context: StoreContext) -> StorageEngine:
         if kind_of(context.store, context.options) == "reorder":
-            from localstate.engines.heap.reorder import ReorderBufferEngine
             return ReorderBufferEngine(context)
-        from localstate.engines.heap.topn import TopNEngine
         return TopNEngine(context)
 
     def state_columns(self, store: str, options: Mapping[str, Any], key: SerdeColumn,
                       value: SerdeColumn) -> StateColumns:
         """``item, score, payload`` (top-N) or ``timestamp, seq, event`` (reorder buffer):
         :func:`~localstate.engines.heap.columns.heap_columns`."""
-        from localstate.engines.heap.columns import heap_columns
-
         return heap_columns({**options, "kind": kind_of(store, options)}, key, value)
 
     def redistribution(self, store: str, options: Mapping[str, Any],
@@ -75,8 +75,6 @@ class HeapEngineFactory(StorageEngineFactory):
         buffer: its events belong to no key (refused unless released first); its meta record is
         copied, merged conservatively (the lowest drained watermark and largest timestamp seen, the
         largest sequence)."""
-        from localstate.engines.heap.codec import META_KEY, SCORE_HEADER, decode_meta, encode_meta
-
         if kind_of(store, options) == "reorder":
             def merge_meta(values: list[bytes]) -> bytes:
                 metas = [decode_meta(value) for value in values]

@@ -35,6 +35,7 @@ from localstate.engines.search.schema import (
 )
 from localstate.errors import (ConfigError, ConfigProblem, InvalidValueError, LocalStateError, RestoreError,
                                StoreClosedError, StoreError, StoreIOError)
+from localstate.engines.search.columns import search_columns
 
 __all__ = ["SearchEngineFactory", "SearchEngine", "SearchHit", "InvalidQueryError"]
 
@@ -610,8 +611,6 @@ class SearchEngineFactory(StorageEngineFactory):
     def state_columns(self, store: str, options: Mapping[str, Any], key: SerdeColumn,
                       value: SerdeColumn) -> StateColumns:
         """One row per document: :func:`~localstate.engines.search.columns.search_columns`."""
-        from localstate.engines.search.columns import search_columns
-
         return search_columns(store, options, key)
 
     def redistribution(self, store: str, options: Mapping[str, Any], merge_values: Any = None) -> Redistribution:

@@ -30,6 +30,9 @@ from localstate.engines.sketch.hashing import HASHES, encode_item, fast_hash32, 
 from localstate.engines.sketch.hll import MAX_PRECISION, MIN_PRECISION, HyperLogLog
 from localstate.engines.sketch.kll import MAX_K, MIN_K, KllSketch, rank_error
 from localstate.errors import ConfigError, ConfigProblem
+from localstate.engines.sketch.keys import META_KEY, split_key
+from localstate.engines.sketch.columns import sketch_columns
+from localstate.engines.sketch.merging import merge_units
 
 __all__ = [
     "SketchEngineFactory",
@@ -140,8 +143,6 @@ class SketchEngineFactory(StorageEngineFactory):
     def state_columns(self, store: str, options: Mapping[str, Any], key: SerdeColumn,
                       value: SerdeColumn) -> StateColumns:
         """One row per sketch: :func:`~localstate.engines.sketch.columns.sketch_columns`."""
-        from localstate.engines.sketch.columns import sketch_columns
-
         return sketch_columns(options, key)
 
     def redistribution(self, store: str, options: Mapping[str, Any],
@@ -149,9 +150,6 @@ class SketchEngineFactory(StorageEngineFactory):
         """``core.engine.Rescalable``: a unit goes with its sketch's name (the layout record is copied);
         sketches merge exactly as :meth:`merge` does (HLL registers: the largest, Bloom words: or'ed,
         quantile sketches: KLL merge)."""
-        from localstate.engines.sketch.merging import merge_units
-        from localstate.engines.sketch.keys import META_KEY, split_key
-
         def route(key: bytes) -> bytes | str | None:
             if key == META_KEY:
                 return COPY

@@ -21,6 +21,7 @@ from operator import itemgetter
 from typing import Any, ClassVar, Generic, Iterable, Iterator, TypeVar
 
 import numpy as np
+from datasketch import HyperLogLog as DatasketchHLL
 
 from localstate.core.backend import BackendIterator, prefix_end
 from localstate.core.changelog import ChangelogRecord, RecordColumns
@@ -414,8 +415,6 @@ class HyperLogLogEngine(_UnitStore):
 
     def to_datasketch(self, name: Any) -> Any:
         """A ``datasketch.HyperLogLog`` with this sketch's precision, registers and hash function."""
-        from datasketch import HyperLogLog as DatasketchHLL
-
         return DatasketchHLL(reg=self.registers(name), hashfunc=hash32_function(self.hash))
 
     def from_datasketch(self, name: Any, hll: Any) -> None:

@@ -12,6 +12,10 @@ import math
 import threading
 from typing import Any, Mapping
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from localstate.runtime.driver.operating import progress_time
+
 __all__ = ["JobMetrics", "METRICS", "DEFAULT_HOST"]
 
 log = logging.getLogger("localstate.metrics")
@@ -90,8 +94,6 @@ class JobMetrics:
     object; :meth:`serve` starts the HTTP endpoint, :meth:`close` stops it."""
 
     def __init__(self, job: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
         self.job = job
         self.registry = CollectorRegistry(auto_describe=True)
         self.metrics: dict[str, Any] = {}
@@ -164,8 +166,6 @@ class JobMetrics:
         (Prometheus counts a restart as a counter reset)."""
         if not isinstance(progress, Mapping):
             return
-        from localstate.runtime.driver.operating import progress_time
-
         lag = progress.get("lag")
         if type(lag) is int:
             self._m("localstate_lag_records").set(lag)
@@ -180,8 +180,6 @@ class JobMetrics:
 
     def serve(self, port: int, host: str = DEFAULT_HOST) -> int:
         """Serve ``/metrics`` on ``host:port`` (port 0: a free one) in a daemon thread; returns the port."""
-        from prometheus_client import start_http_server
-
         started = start_http_server(port, addr=host, registry=_WithoutCreated(self.registry))
         if isinstance(started, tuple):  # prometheus_client >= 0.20 returns (server, thread)
             self.server, self.thread = started

@@ -86,6 +86,25 @@ class BatchResult:
     """what the batch's tasks dropped or redirected, summed (:class:`~localstate.core.task.TaskCounters`:
     ``late_records`` per window store, ``misrouted`` per input)"""
 
+    def add_task(self, result: dict[str, Any], stateful: bool) -> None:
+        """Count one task's result (what :func:`~localstate.runtime.spark.executor.run_partition`
+        returns) into the batch; ``stateful``: its partition had committed state to find."""
+        self.records_in += result["in"]
+        self.records_out += result["out"]
+        self.skipped += result["skipped"]
+        self.dead_lettered += result["dead"]
+        self.restore_seconds += result["restore_seconds"]
+        self.replayed += result["replayed"]
+        self.trimmed += result["trimmed"]
+        self.reused += result["reused"]
+        merge_counts(self.counts, result.get("counts") or {})
+        if stateful:
+            self.stateful += 1
+            self.warm += bool(result["warm"])
+        for key, value in result["timings"].items():
+            self.task_seconds[key] = self.task_seconds.get(key, 0.0) + value
+        self.busiest_task = max(self.busiest_task, sum(result["timings"].values()))
+
 
 @dataclass
 class RunSummary:

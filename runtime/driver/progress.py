@@ -39,12 +39,14 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error, write_atomic
-from localstate.runtime.layout import job_directory, store_directory
+from localstate.runtime.layout import job_directory, open_changelog_system, store_directory
 from localstate.core.stream import PendingTail
-from localstate.errors import LocalStateError, UnsafePathError
-from localstate.runtime.driver import operating
+from localstate.errors import ConfigError, LocalStateError, UnsafePathError
+from localstate.runtime.driver import operating, views
 from localstate.runtime.driver.views import dir_size
 from localstate.runtime.driver.plan import DRIVER_PHASES, TASK_PHASES, BatchResult, PartitionPlan
+from localstate.core.changelog import LocalStreams
+from localstate.runtime.driver.metrics import JobMetrics
 
 __all__ = ["ProgressReport", "ProgressLog", "Heartbeat", "ProgressObserver", "StoreStats", "BatchObserver",
            "progress_directory", "attempt_reason", "describe_reason", "REASON_FIELDS", "read_live",
@@ -89,8 +91,6 @@ def _estimate_keys(directory: Path, backend: str | None) -> int | None:
     """The kv backend's own key estimate of a local store partition, read-only: LMDB's entry count,
     RocksDB's ``rocksdb.estimate-num-keys`` (on a private hard-linked snapshot, as ``inspect`` opens
     it); None for anything else."""
-    from localstate.runtime.driver import views
-
     reader = views._reader(directory, backend)  # noqa: SLF001 - the one read-only opener of local stores
     if reader is None:
         return None
@@ -121,9 +121,6 @@ class StoreStats:
     """the job's changelog system once opened (None: not a local one), False: not opened yet"""
 
     def collect(self) -> dict[str, dict[str, Any]]:
-        from localstate.core.changelog import LocalStreams
-        from localstate.runtime.layout import open_changelog_system
-
         now = time.monotonic()
         refresh = now - self._keys_at >= self.keys_interval
         if refresh:
@@ -522,10 +519,6 @@ class ProgressObserver:
         job = runner.job
         metrics = None
         if job.metrics_port is not None:
-            from localstate.runtime.driver.metrics import JobMetrics
-
-            from localstate.errors import ConfigError
-
             metrics = JobMetrics(job.name)
             metrics.seed(read_last_progress(job).value)  # the last batch of the run before, if it was sound
             try:

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import lmdb
+import rocksdict
+
 from localstate.core.changelog import ChangelogPartition, ChangelogSystem, DurableCheckpoints, LocalStreams, \
     ManifestedChangelog, ManifestedStreams, ReadOnlyPartitions
 from localstate.core.checkpoint import Checkpoint
@@ -35,6 +38,8 @@ from localstate.runtime.layout import epoch_checkpoint_objects, open_changelog_s
 from localstate.core.engine import LiveEntries, SerdeColumn
 from localstate.core.serdes import Serde
 from localstate.errors import ChangelogError, CheckpointError, LocalStateError, SerdeError, StateNotFoundError
+from localstate.core.options import did_you_mean
+from localstate.core.stream import PendingTail, check_input_position, open_input, open_output
 
 __all__ = ["StorePartitionInfo", "SegmentInfo", "ChangelogPartitionInfo", "Entry", "job_dir", "changelog_root",
            "load_checkpoints", "require_state", "live_filter", "value_splitter", "store_config", "store_partitions",
@@ -62,8 +67,6 @@ def job_dir(job: JobConfig) -> Path:
 def stream_location(job: JobConfig, section: str, name: str) -> str:
     """Where input/output ``name`` lives, for people: a directory, or a Kafka topic (its
     ``location()``); ``(<system>)`` when it has no place or cannot be opened."""
-    from localstate.core.stream import open_input, open_output
-
     config = (job.inputs if section == "inputs" else job.outputs)[name]
     try:
         stream = open_input(job, name) if section == "inputs" else open_output(job, name)
@@ -211,9 +214,6 @@ def input_partitions(job: JobConfig, checkpoints: dict[int, Checkpoint | None],
     the same position check (a problem here is the InputPositionError a run would raise), and the
     unterminated bytes at their ends. An input that cannot be opened or read is reported in
     ``problem``, never raised."""
-    from localstate.core.stream import open_input
-    from localstate.core.stream import PendingTail, check_input_position
-
     found = []
     for name in sorted(job.inputs):
         try:
@@ -260,8 +260,6 @@ class StorePartitionInfo:
 
 
 def store_config(job: JobConfig, store: str) -> StoreConfig:
-    from localstate.core.options import did_you_mean
-
     if store not in job.stores:
         known = sorted(job.stores)
         raise StateNotFoundError(f"job {job.name!r} has no store {store!r}{did_you_mean(store, known)}",
@@ -346,8 +344,6 @@ class _LocalReader:
 
 class _LMDBReader(_LocalReader):
     def __init__(self, path: Path) -> None:
-        import lmdb
-
         # readonly + lock=False: no lock file is created or written, no map is grown.
         self.env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=2, readahead=False)
         self.data = self.env.open_db(b"data", create=False)
@@ -369,8 +365,6 @@ class _LMDBReader(_LocalReader):
 
 class _RocksReader(_LocalReader):
     def __init__(self, path: Path) -> None:
-        import rocksdict
-
         self.snapshot = Path(tempfile.mkdtemp(prefix="localstate-inspect-"))
         try:
             _snapshot_rocksdb(path, self.snapshot)

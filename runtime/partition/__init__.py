@@ -1,6 +1,6 @@
 """What runs one task partition, on any host: :class:`~.instance.TaskInstance` and its parts.
 
-* :mod:`.instance`: one live task partition, composed of the parts below;
+* :mod:`.instance`: one live task partition, composed of the parts below (released whatever fails: :mod:`.release`);
 * :mod:`.stores`: its store set: open, recover to the checkpoint, attempt markers, flush, the
   checkpoint's store fields (what Kafka Streams' ``ProcessorStateManager`` does);
 * :mod:`.recovery`: bringing one store partition back to exactly a checkpoint;

@@ -21,7 +21,6 @@ background): see :mod:`.committer`.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,13 +40,12 @@ from localstate.runtime.partition.faults import crash_point, is_armed
 from localstate.runtime.partition.feeder import Feeder
 from localstate.runtime.partition.records import FeedStats, InputPolicy
 from localstate.runtime.partition.recovery import StoreRecovery
+from localstate.runtime.partition.release import Release
 from localstate.runtime.partition.sink import MemorySink, OutputSink
 from localstate.runtime.partition.stores import StoreSet
 from localstate.runtime.partition.timers import PartitionTime
 
 __all__ = ["TaskInstance"]
-
-log = logging.getLogger(__name__)
 
 
 def _before_timer() -> None:
@@ -120,7 +118,7 @@ class TaskInstance:
         try:
             return self._open_locked()
         except BaseException:
-            self._release_after_failure()
+            self._release_all().log_first()  # another error is on its way up: what fails here is logged
             raise
 
     def _open_locked(self) -> list[StoreRecovery]:
@@ -190,7 +188,7 @@ class TaskInstance:
                     raise_task_error(exc, "close()", partition=self.partition,
                                      hint="fix the task's close(); what was committed stays committed")
         except BaseException:
-            self._release_after_failure()  # a failed commit too lets go of the stores and the locks
+            self._release_all().log_first()  # a failed commit too lets go of the stores and the locks
             raise
         self.abandon()
 
@@ -199,35 +197,16 @@ class TaskInstance:
         pipelined commit in flight finishes first. Guarantee: every store is closed and every lock
         released even when a step fails, so the partition can open again in this process; the first
         error is raised afterwards, any later one logged."""
-        errors = self._release_all()
-        if errors:
-            raise errors[0]
+        self._release_all().raise_first()
 
-    def _release_after_failure(self) -> None:
-        """Release everything while another error is on its way up (what fails here is logged)."""
-        released = self._release_all()
-        if released:
-            log.warning("task partition %d: releasing the instance after a failure also failed: %s: %s",
-                        self.partition, type(released[0]).__name__, released[0])
-
-    def _release_all(self) -> list[BaseException]:
-        """Close and release everything, each step attempted whatever failed before; the errors in order."""
-        errors: list[BaseException] = []
-
-        def attempt(step: Callable[[], Any], what: str) -> None:
-            try:
-                step()
-            except BaseException as exc:  # noqa: BLE001 - every lock is released first, then it is raised
-                if errors:
-                    log.warning("task partition %d: %s also failed while releasing the instance: %s: %s",
-                                self.partition, what, type(exc).__name__, exc)
-                errors.append(exc)
-
-        attempt(self.committer.drop, "waiting for the commits in flight")
-        self.stores.close_all(attempt)
-        attempt(lambda: self.checkpoints.unlock(self.partition), "releasing the partition lock")
+    def _release_all(self) -> Release:
+        """Close and release everything, each step attempted whatever failed before (:class:`Release`)."""
+        release = Release(self.partition)
+        release(self.committer.drop, "waiting for the commits in flight")
+        self.stores.close_all(release)
+        release(lambda: self.checkpoints.unlock(self.partition), "releasing the partition lock")
         self._open = False
-        return errors
+        return release
 
     # -- the steps a runtime calls -------------------------------------------------------------
     def position(self, stream: str) -> int:

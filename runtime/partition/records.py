@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import Any, Callable, Protocol
 
+from localstate.core.stream import InputRecord
 from localstate.core.task import Collector, Envelope, TaskCounters
 from localstate.errors import ConfigError, InputError
-
-if TYPE_CHECKING:  # the stream contract is only named here: this module stays light to import
-    from localstate.core.stream import InputRecord
 
 __all__ = ["InputPolicy", "OnError", "FeedStats", "apply_on_error", "make_envelope", "safe_text", "PROCESS_HINT",
            "CHUNK", "BATCH_ROWS", "ArrowRows", "ColumnRows"]
@@ -45,10 +43,8 @@ class ArrowRows:
     """a ``pyarrow.RecordBatch``"""
     start: int
 
-    def records(self) -> list[tuple[str, "InputRecord"]]:
+    def records(self) -> list[tuple[str, InputRecord]]:
         """The rows as ``(stream, InputRecord)`` (for a StreamTask)."""
-        from localstate.core.stream import InputRecord  # the stream contract; imported when used
-
         columns = [self.batch.column(name).to_pylist() for name in ("offset", "key", "value", "timestamp")]
         return [(self.stream, InputRecord(*row)) for row in zip(*columns)]
 

@@ -99,14 +99,16 @@ class TimerNamespace:
 
 
 class _Round:
-    """A firing in progress in one domain: the due timers of the current scan (in key order), and a
-    heap of the due timers registered while firing below the scan's end."""
+    """A firing in progress in one domain (:meth:`PartitionTime.fire`, see the module docstring): the
+    due timers of the current scan (in key order), and a heap of the due timers registered while firing
+    below the scan's end (:meth:`PartitionTime._register` adds them while :meth:`fire` runs)."""
 
-    __slots__ = ("domain", "now", "last", "heap", "pending", "deleted", "ahead")
+    __slots__ = ("domain", "now", "partition", "last", "heap", "pending", "deleted", "ahead")
 
-    def __init__(self, domain: str, now: float) -> None:
+    def __init__(self, domain: str, now: float, partition: int) -> None:
         self.domain = domain
         self.now = now
+        self.partition = partition
         self.last = b""
         """the greatest store key the current scan covers: a due timer registered at or below it joins
         the heap (the next scan reads those above it)"""
@@ -118,6 +120,96 @@ class _Round:
         self.ahead = False
         """a timer above the scan's end was registered or deleted while firing (the next scan, which
         reads the backend, must see it: the store is flushed first)"""
+
+    def fire(self, store: Any, namespaces: NamespaceTable, on_timer: Callable[..., None], collector: Any,
+             coordinator: Any, failed: Callable[[BaseException, Any, float], None],
+             before_each: Callable[[], None] | None) -> int:
+        """Fire every timer of the domain due at :attr:`now` from ``store`` (the timer store), each
+        through its namespace's handler (see :meth:`PartitionTime.fire`). Returns how many fired."""
+        prefix = PREFIX[self.domain]
+        end = prefix + after(encode_timestamp(self.now))
+        heap, pending, deleted = self.heap, self.pending, self.deleted
+        pop, delete, delete_all = heapq.heappop, store.delete, store.delete_all
+        start = prefix
+        fired = 0
+        # Scans read the backend directly (the cheapest way through a million timers): the store is
+        # flushed first, so the backend holds every timer registered so far. Flushing before the
+        # commit is as safe as any spill: a crash before the checkpoint rolls the store back.
+        store.flush()
+        backend = store.backend
+        while True:
+            scanned = list(map(first_item, backend.scan(start, end, SCAN_CHUNK)))
+            exhausted = len(scanned) < SCAN_CHUNK
+            self.last = end if exhausted else scanned[-1]
+            # who fires each timer, resolved before anything is deleted (a namespace nobody opened
+            # is a ConfigError that leaves the store as it was)
+            handlers, keys = namespaces.chunk(scanned, on_timer)
+            stamps = decode_timestamps(scanned)
+            # The chunk's deletions in one batch, before any of its timers fires: all land in the
+            # same commit as the outputs either way. A timer re-registered while firing (pending)
+            # is deleted again as it fires; if the round stops early (an exception) the timers
+            # not fired yet are put back (below).
+            delete_all(scanned)
+            index, count = 0, len(scanned)
+            try:
+                # Two sources in key order: the scan, and the heap of timers registered while firing.
+                while True:
+                    if heap and (index == count or heap[0] < scanned[index]):
+                        entry = pop(heap)
+                        if entry not in pending:
+                            continue  # deleted after it was registered
+                        pending.discard(entry)
+                        delete(entry)
+                        key = UNDECODED
+                        handler = namespaces.handler(entry, on_timer)
+                        (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
+                        timestamp = unpack_f64(pack_u64(bits & ~SIGN if bits & SIGN else bits ^ ALL))[0]
+                    elif index < count:
+                        entry = scanned[index]
+                        key = keys[index]
+                        handler = handlers[index]
+                        timestamp = stamps[index]
+                        index += 1
+                        if deleted and entry in deleted:
+                            continue
+                        if pending and entry in pending:  # re-registered while firing: fires once, from here
+                            pending.discard(entry)
+                            delete(entry)
+                    else:
+                        break
+                    if before_each is not None:
+                        before_each()
+                    if key is UNDECODED:
+                        key = namespaces.decode(entry)
+                    try:
+                        handler(key, timestamp, collector, coordinator)
+                    except (Exception, SystemExit) as exc:
+                        if handler is on_timer:
+                            failed(exc, key, timestamp)
+                        else:
+                            self._namespace_failed(exc, entry, key, timestamp)
+                        raise
+                    fired += 1
+            except BaseException:
+                unfired = [entry for entry in scanned[index:] if entry not in deleted]
+                if unfired:
+                    store.put_many(unfired, [b""] * len(unfired))
+                raise
+            if exhausted:
+                break
+            start = self.last + b"\x00"
+            if self.ahead:
+                store.flush()
+                self.ahead = False
+            deleted.clear()  # below the next scan's start
+        return fired
+
+    def _namespace_failed(self, exc: BaseException, entry: bytes, key: Any, timestamp: float) -> None:
+        """A namespace's ``on_fire`` raised ``exc`` for ``key`` at ``timestamp``: a TaskError naming it."""
+        name = split_entry(entry)[2]
+        raise_task_error(exc, f"on_fire() of timer namespace {name!r}", partition=self.partition,
+                         hint=f"fix the on_fire of timer namespace {name!r} (it failed for key {key!r:.200} at "
+                              f"{timestamp!r}); state and timers are rolled back to the last commit on restart")
 
 
 class PartitionTime:
@@ -343,95 +435,12 @@ class PartitionTime:
         earliest = self._earliest[domain]
         if now is None or earliest is None or earliest > now:
             return 0
-        store, prefix, namespaces = self._store, PREFIX[domain], self._namespaces
-        end = prefix + after(encode_timestamp(now))
-        firing = self._round = _Round(domain, now)
-        heap, pending, deleted = firing.heap, firing.pending, firing.deleted
-        pop, delete, delete_all = heapq.heappop, store.delete, store.delete_all
-        collector, coordinator = args
-        start = prefix
-        fired = 0
-        # Scans read the backend directly (the cheapest way through a million timers): the store is
-        # flushed first, so the backend holds every timer registered so far. Flushing before the
-        # commit is as safe as any spill: a crash before the checkpoint rolls the store back.
-        store.flush()
-        backend = store.backend
+        firing = self._round = _Round(domain, now, self._partition)
         self._firing_domain = domain  # only the callbacks run in between: they see the domain
         try:
-            while True:
-                scanned = list(map(first_item, backend.scan(start, end, SCAN_CHUNK)))
-                exhausted = len(scanned) < SCAN_CHUNK
-                firing.last = end if exhausted else scanned[-1]
-                # who fires each timer, resolved before anything is deleted (a namespace nobody opened
-                # is a ConfigError that leaves the store as it was)
-                handlers, keys = namespaces.chunk(scanned, on_timer)
-                stamps = decode_timestamps(scanned)
-                # The chunk's deletions in one batch, before any of its timers fires: all land in the
-                # same commit as the outputs either way. A timer re-registered while firing (pending)
-                # is deleted again as it fires; if the round stops early (an exception) the timers
-                # not fired yet are put back (below).
-                delete_all(scanned)
-                index, count = 0, len(scanned)
-                try:
-                    # Two sources in key order: the scan, and the heap of timers registered while firing.
-                    while True:
-                        if heap and (index == count or heap[0] < scanned[index]):
-                            entry = pop(heap)
-                            if entry not in pending:
-                                continue  # deleted after it was registered
-                            pending.discard(entry)
-                            delete(entry)
-                            key = UNDECODED
-                            handler = namespaces.handler(entry, on_timer)
-                            (bits,) = unpack_u64(entry[1:9])  # decode_timestamp, inline
-                            timestamp = unpack_f64(pack_u64(bits & ~SIGN if bits & SIGN else bits ^ ALL))[0]
-                        elif index < count:
-                            entry = scanned[index]
-                            key = keys[index]
-                            handler = handlers[index]
-                            timestamp = stamps[index]
-                            index += 1
-                            if deleted and entry in deleted:
-                                continue
-                            if pending and entry in pending:  # re-registered while firing: fires once, from here
-                                pending.discard(entry)
-                                delete(entry)
-                        else:
-                            break
-                        if before_each is not None:
-                            before_each()
-                        if key is UNDECODED:
-                            key = namespaces.decode(entry)
-                        try:
-                            handler(key, timestamp, collector, coordinator)
-                        except (Exception, SystemExit) as exc:
-                            if handler is on_timer:
-                                failed(exc, key, timestamp)
-                            else:
-                                self._namespace_failed(exc, entry, key, timestamp)
-                            raise
-                        fired += 1
-                except BaseException:
-                    unfired = [entry for entry in scanned[index:] if entry not in deleted]
-                    if unfired:
-                        store.put_many(unfired, [b""] * len(unfired))
-                    raise
-                if exhausted:
-                    break
-                start = firing.last + b"\x00"
-                if firing.ahead:
-                    store.flush()
-                    firing.ahead = False
-                deleted.clear()  # below the next scan's start
+            fired = firing.fire(self._store, self._namespaces, on_timer, *args, failed, before_each)
         finally:
             self._round = None
             self._firing_domain = None
         self._earliest[domain] = self._first(domain)
         return fired
-
-    def _namespace_failed(self, exc: BaseException, entry: bytes, key: Any, timestamp: float) -> None:
-        """A namespace's ``on_fire`` raised ``exc`` for ``key`` at ``timestamp``: a TaskError naming it."""
-        name = split_entry(entry)[2]
-        raise_task_error(exc, f"on_fire() of timer namespace {name!r}", partition=self._partition,
-                         hint=f"fix the on_fire of timer namespace {name!r} (it failed for key {key!r:.200} at "
-                              f"{timestamp!r}); state and timers are rolled back to the last commit on restart")

@@ -41,14 +41,18 @@ import uuid
 from pathlib import Path
 from typing import Any, Collection, Iterable, Mapping, Sequence
 
+from pyspark import RDD
+from pyspark.serializers import CPickleSerializer
+
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
 from localstate.runtime.partition.recovery import StoreRecovery
 from localstate.runtime.layout import store_root
 from localstate.runtime.spark.config import is_local_master
+from localstate.runtime.spark.failures import attempt_error
 
 __all__ = ["is_cluster_master", "executor_local_root", "PlannedCheckpoints", "Placement", "is_warm",
-           "has_state", "local_home", "assign_executors", "LOCAL_SUBDIR", "PROBE_TIMEOUT", "REGISTER_POLL",
+           "local_home", "assign_executors", "LOCAL_SUBDIR", "PROBE_TIMEOUT", "REGISTER_POLL",
            "REGISTER_WAIT_SETTING"]
 
 log = logging.getLogger(__name__)
@@ -118,11 +122,6 @@ def is_warm(recoveries: Sequence[StoreRecovery]) -> bool:
     """True if every logged store's local state was exactly at the committed changelog offset when
     the task opened it (nothing replayed, trimmed or rebuilt)."""
     return all(r.local_offset == r.checkpoint_offset and not r.replayed and not r.trimmed for r in recoveries)
-
-
-def has_state(checkpoint: Checkpoint | None) -> bool:
-    """True if the partition has committed state a task could find warm (a changelog offset > 0)."""
-    return checkpoint is not None and any(offset > 0 for offset in checkpoint.changelogs.values())
 
 
 def local_home(job: JobConfig) -> str:
@@ -317,9 +316,6 @@ class Placement:
 
     def _rdd(self, items: Sequence[Any], where: Sequence[Sequence[str]]) -> Any:
         """A Python RDD with one partition per item, preferring the locations ``where`` names for it."""
-        from pyspark import RDD
-        from pyspark.serializers import CPickleSerializer
-
         serializer = CPickleSerializer()
         jvm = self._jvm
         pairs = [jvm.scala.Tuple2(bytearray(serializer.dumps(item)), self._scala_seq(locations))
@@ -374,8 +370,6 @@ class Placement:
         (:func:`~localstate.runtime.spark.failures.record_failed_attempt` writes them for local
         masters only). One reason per failed attempt, as ``failed_attempt_reasons`` makes them; []
         if the status store cannot be read (the reasons are a diagnosis, never needed to commit)."""
-        from localstate.runtime.spark.failures import attempt_error
-
         try:
             out = []
             for task in self._tasks(group):

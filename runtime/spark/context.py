@@ -4,11 +4,14 @@ Python workers running this interpreter, and :data:`LOCAL_DEFAULTS` on local mas
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
+
+from pyspark import SparkConf, SparkContext
 
 from localstate.runtime.spark.config import is_local_master
 
@@ -82,8 +85,6 @@ def quiet_logs(spark: Any) -> None:
     ``awaitTermination()``, not printed first as a JVM stack trace), and Python's ``py4j`` logger at
     WARNING. ``spark``: a SparkSession or SparkContext; for a session of your own, call it once,
     right after creating it (``localstate.spark.quiet_logs(spark)``)."""
-    import logging
-
     context = getattr(spark, "sparkContext", spark)
     context.setLogLevel("WARN")
     jvm = context._jvm
@@ -134,10 +135,6 @@ def spark_conf(master: str, app_name: str = "localstate", conf: Mapping[str, str
     masters, reused Python workers running this interpreter, :data:`STATUS_RETENTION`,
     :data:`LOCAL_DEFAULTS` on local masters with ``affinity`` unless already set, then ``conf`` (the
     job's ``[spark] conf``), which wins over all of them. ``quick_jit``: a local driver JVM that only schedules gets :data:`QUICK_JIT_OPTIONS`."""
-    from pyspark import SparkConf
-
-    import logging
-
     debug = logging.getLogger("localstate").isEnabledFor(logging.DEBUG)  # -vv: the JVM's traces too
     log4j = _log4j_file(debug)
     spark_conf = (SparkConf().setMaster(normalize_master(master)).setAppName(app_name)
@@ -163,10 +160,6 @@ def spark_context(master: str = "local[*]", app_name: str = "localstate",
     only when this starts the JVM: PySpark keeps one JVM per Python process, for every later context."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    import logging
-
-    from pyspark import SparkContext
-
     if is_local_master(master):
         # One host: the driver binds to loopback (else Spark warns on every start of a machine whose
         # hostname resolves to loopback, and picks another interface). Read when the JVM starts.

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import pyspark
+
 __all__ = ["StandaloneCluster", "Worker", "free_port", "wait_for_port", "HOST_DIR_VARIABLE"]
 
 HOST_DIR_VARIABLE = "LOCALSTATE_TEST_HOST_DIR"
@@ -110,8 +112,6 @@ class StandaloneCluster:
     """A standalone master and its workers (``w0``, ``w1``...), all on 127.0.0.1."""
 
     def __init__(self, root: Path) -> None:
-        import pyspark
-
         self.root = root
         self.spark_home = Path(pyspark.__file__).parent
         self.spark_class = self.spark_home / "bin" / "spark-class"

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping, Sequence
 
+from kafka import TopicPartition
+from pyspark import TaskContext
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
                                     DataSourceWriter, InputPartition, WriterCommitMessage)
 from pyspark.sql.types import StructType
@@ -182,8 +184,6 @@ def _plan(config: _Config, starting: Mapping[int, int] | str | None, ending: Map
             raise InputError(f"topic {config.topic!r} has {count} partition(s), expected {expected}",
                              topic=config.topic, bootstrap_servers=config.servers,
                              hint="read a topic with the expected partition count, or change option partitions")
-        from kafka import TopicPartition
-
         tps = [TopicPartition(config.topic, p) for p in range(count)]
         earliest = {tp.partition: int(o or 0) for tp, o in consumer.beginning_offsets(tps).items()}
         latest = end_offsets(consumer, config.topic, range(count), known, timeout=config.options["probe_timeout"])
@@ -329,8 +329,6 @@ class _Writer:
         self.has_key, self.has_partition = "key" in names, "partition" in names
 
     def write(self, iterator: Iterator[Any]) -> KafkaWriteMessage:
-        from pyspark import TaskContext
-
         config = self.config
         settings = config.settings()
         options = config.options

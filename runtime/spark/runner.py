@@ -34,7 +34,9 @@ This module is the runner's public face; the parts live by responsibility:
 * :mod:`.cluster`: cluster mode (non-local masters): per-host local stores, checkpoints carried by the
   plans and committed by the driver only, tasks placed on the executor holding their warm state;
 * :mod:`.devcluster`: a standalone cluster on loopback for tests and benchmarks;
-* :mod:`.driver`: :class:`SparkJobRunner` and :class:`BatchCompaction`.
+* :mod:`.driver`: :class:`SparkJobRunner` and :class:`BatchCompaction`; the runner plans and commits
+  through a :class:`~localstate.runtime.driver.planner.BatchPlanner` and stops through a
+  :class:`~localstate.runtime.driver.stopping.StopControl` (neither imports Spark).
 """
 
 from __future__ import annotations

@@ -37,6 +37,9 @@ from localstate.runtime.driver.views import (changelog_partitions, changelog_rec
 from localstate.core.options import did_you_mean
 from localstate.runtime.layout import resolve_epoch
 from localstate.errors import ConfigError, SerdeError, StateNotFoundError
+from localstate.runtime.spark.state_writer import BootstrapWriter, WriteOptions
+from localstate.runtime.statedata.location import SavepointLocation, storage_options
+from localstate.runtime.statedata.reader import Savepoint
 
 __all__ = ["StateDataSource", "ReadOptions", "View", "StateView", "ChangeFeedView", "CheckpointsView",
            "ChangelogView", "SOURCE_NAME", "column_types", "load_view", "state_columns"]
@@ -240,9 +243,6 @@ def load_view(options: ReadOptions) -> tuple["View", Resolved]:
 def _savepoint_view(options: ReadOptions) -> tuple["View", Resolved]:
     """A savepoint read like a live job: checked whole on the driver, its stores as its job configured
     them, its checkpoints the cut."""
-    from localstate.runtime.statedata.location import SavepointLocation, storage_options
-    from localstate.runtime.statedata.reader import Savepoint
-
     assert options.savepoint is not None
     location = SavepointLocation(storage_options(options.savepoint, endpoint=options.endpoint, region=options.region))
     savepoint = Savepoint.open(location)
@@ -405,9 +405,6 @@ class StateView(View):
         resolved = self.resolved
         if resolved.savepoint is None:
             return committed_contents(resolved.job, resolved.store, piece.partition, piece.checkpoint)
-        from localstate.runtime.statedata.location import SavepointLocation
-        from localstate.runtime.statedata.reader import Savepoint
-
         savepoint = Savepoint.open(SavepointLocation(resolved.savepoint), verify=False)  # checked when planned
         entries = savepoint.entries(resolved.store.name, piece.partition)
         live = live_filter(resolved.job, resolved.store, piece.checkpoint)
@@ -516,8 +513,6 @@ class StateDataSource(DataSource):
 
     def writer(self, schema: Any, overwrite: bool) -> Any:
         """``df.write.format("localstate")``: a bootstrap (:mod:`localstate.runtime.spark.state_writer`)."""
-        from localstate.runtime.spark.state_writer import BootstrapWriter, WriteOptions
-
         return BootstrapWriter(WriteOptions.parse(dict(self.options)), overwrite, list(schema.fieldNames()))
 
 

@@ -26,6 +26,10 @@ from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from localstate.core.config import load_job_config
 from localstate.core.names import safe_join
 from localstate.errors import ConfigError
+from localstate.runtime.statedata.bootstrap import StagedWriter, commit_bootstrap
+from localstate.runtime.statedata.location import SavepointLocation, storage_options
+from localstate.runtime.statedata.reader import Savepoint
+from localstate.runtime.statedata.writer import check_empty
 
 __all__ = ["WriteOptions", "BootstrapWriter"]
 
@@ -74,9 +78,6 @@ class BootstrapWriter(DataSourceWriter):
     """Stages each task's rows; the driver's :meth:`commit` starts the job from them."""
 
     def __init__(self, options: WriteOptions, overwrite: bool, columns: list[str]) -> None:
-        from localstate.runtime.statedata.location import SavepointLocation, storage_options
-        from localstate.runtime.statedata.writer import check_empty
-
         self.options = options
         self.overwrite = overwrite
         job = load_job_config(options.job, plugins=options.plugins)
@@ -93,9 +94,6 @@ class BootstrapWriter(DataSourceWriter):
         check_empty(SavepointLocation(self.location_options))
 
     def write(self, iterator: Iterator[Any]) -> _Staged:
-        from localstate.runtime.statedata.bootstrap import StagedWriter
-        from localstate.runtime.statedata.location import SavepointLocation
-
         options = self.options
         job = load_job_config(options.job, plugins=options.plugins)
         writer = StagedWriter(job, SavepointLocation(self.location_options))
@@ -106,10 +104,6 @@ class BootstrapWriter(DataSourceWriter):
         return _Staged(writer.close())
 
     def commit(self, messages: list[Any]) -> None:
-        from localstate.runtime.statedata.bootstrap import commit_bootstrap
-        from localstate.runtime.statedata.location import SavepointLocation, storage_options
-        from localstate.runtime.statedata.reader import Savepoint
-
         options = self.options
         job = load_job_config(options.job, plugins=options.plugins)
         files: dict[str, Any] = {}

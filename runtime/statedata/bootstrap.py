@@ -36,6 +36,7 @@ from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.manifest import MANIFEST, FileEntry, SavepointManifest, StoreEntry
 from localstate.runtime.statedata.reader import Savepoint
 from localstate.runtime.statedata.routing import routing_bytes
+from localstate.runtime.statedata.writer import check_empty
 
 __all__ = ["StagedWriter", "commit_bootstrap", "bootstrap"]
 
@@ -172,8 +173,6 @@ def bootstrap(job: JobConfig, rows: Iterable[tuple[str, Any, Any]], location: Sa
               yes: bool = False, savepoint: Savepoint | None = None) -> EpochPointer:
     """Bootstrap ``job`` from ``rows`` (``(store, key, value)``) in this process, staging them at
     ``location`` (an empty folder or URL, kept as the savepoint the job started from)."""
-    from localstate.runtime.statedata.writer import check_empty
-
     check_empty(location)
     writer = StagedWriter(job, location)
     for store, key, value in rows:

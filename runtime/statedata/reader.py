@@ -13,11 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from localstate.core.config import StoreConfig
+from localstate.core.config import JobConfig, StoreConfig
 from localstate.errors import SavepointCorruptError
 from localstate.runtime.statedata.columns import from_parquet
 from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.manifest import MANIFEST, SavepointManifest
+from localstate.core.policy import PluginPolicy
 
 __all__ = ["Savepoint", "find_savepoints"]
 
@@ -93,9 +94,6 @@ class Savepoint:
     def job_config(self, plugins: str | None = None) -> Any:
         """A job config holding the savepoint's job as it was (its name, partition count and stores),
         for readers that decode its records; nothing of it runs."""
-        from localstate.core.config import JobConfig
-        from localstate.core.policy import PluginPolicy
-
         manifest = self.manifest
         policy = PluginPolicy.discover(plugins) if plugins else PluginPolicy()
         return JobConfig(name=manifest.job, partitions=manifest.partitions, task="unused:Unused",

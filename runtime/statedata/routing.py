@@ -25,6 +25,8 @@ from localstate.core.partitioner import key_bytes, partitions_of_bytes
 from localstate.core.serdes import BytesSerde, Serde, StringSerde
 from localstate.errors import RescaleError
 from localstate.windows.rescale import window_number
+from localstate.core.tracebacks import raise_task_error
+from localstate.runtime.statedata.sources import load_function
 
 __all__ = ["KeyRouter", "MergeRouter", "redistribution_of", "Placed", "router_for", "routing_bytes"]
 
@@ -126,7 +128,6 @@ class KeyRouter:
             try:
                 out.append(key_bytes(self.function(self._decode_key(store_key), decoded_value)))
             except Exception as exc:  # noqa: BLE001 - the user's function
-                from localstate.core.tracebacks import raise_task_error
                 raise_task_error(exc, f"the rescale routing function of store {self.store!r}", store=self.store,
                                  hint="fix the store's rescale function; nothing was changed")
         return out
@@ -220,8 +221,6 @@ def _lenient(serde: Serde, data: bytes) -> Any:
 def router_for(job: JobConfig, config: StoreConfig, old: int, new: int, window_stores: Iterable[str] = ()
                ) -> KeyRouter | MergeRouter:
     """The router of a store under its ``rescale`` config (see the module docstring)."""
-    from localstate.runtime.statedata.sources import load_function
-
     merge = load_function(job, config.rescale_merge, f"stores.{config.name}.rescale_merge") \
         if config.rescale_merge else None
     redistribution = redistribution_of(job, config, merge)

@@ -21,6 +21,7 @@ from localstate.core.task import add_task_paths
 from localstate.errors import ConfigError, SavepointMismatchError, SerdeError
 from localstate.runtime.driver.views import value_splitter
 from localstate.runtime.statedata.reader import Savepoint
+from localstate.core.tracebacks import raise_task_error
 
 __all__ = ["Migration", "StoreSource", "load_function"]
 
@@ -152,7 +153,6 @@ def _migrated(migration: Migration, store: str, pair: tuple[Any, Any]) -> tuple[
     try:
         result = migration(*pair)
     except Exception as exc:  # noqa: BLE001 - the user's function
-        from localstate.core.tracebacks import raise_task_error
         raise_task_error(exc, f"the migration of store {store!r}", store=store,
                          hint="fix the migration function; nothing of the new state was switched to")
     if result is not None and not (isinstance(result, tuple) and len(result) == 2):

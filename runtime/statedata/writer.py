@@ -17,19 +17,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
-from localstate.core.changelog import LocalStreams
+from localstate.core.changelog import LocalStreams, NullChangelogWriter
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, StoreConfig
-from localstate.core.engine import StateFormat
+from localstate.core.engine import StateFormat, StoreContext
 from localstate.runtime.driver.views import committed_columns, input_partitions, load_checkpoints
 from localstate.runtime.layout import open_changelog_system
 from localstate.runtime.partition.faults import crash_point
 from localstate.runtime.statedata.columns import store_columns, to_parquet
 from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.manifest import MANIFEST, FileEntry, SavepointManifest, StoreEntry, data_key
-from localstate.errors import ChangelogError, StateExistsError
+from localstate.errors import ChangelogError, LocalStateError, StateExistsError
+from localstate.core.stream import open_input
 
 __all__ = ["take_savepoint", "ROWS_PER_FILE", "check_empty", "store_formats"]
 
@@ -60,12 +63,6 @@ def logged_stores(job: JobConfig) -> list[StoreConfig]:
 def store_formats(job: JobConfig) -> dict[str, str]:
     """Each store's stored layout under the job's options (:class:`StateFormat`), from an engine
     opened on scratch state (a memory backend, no changelog): what a checkpoint records."""
-    import tempfile
-    from pathlib import Path
-
-    from localstate.core.changelog import NullChangelogWriter
-    from localstate.core.engine import StoreContext
-
     formats: dict[str, str] = {}
     registry = job.registry
     with tempfile.TemporaryDirectory(prefix="localstate-formats-") as scratch:
@@ -132,9 +129,6 @@ def take_savepoint(job: JobConfig, location: SavepointLocation, *,
 
 def _inputs(job: JobConfig, checkpoints: dict[int, Checkpoint | None]) -> dict[str, dict[str, Any]]:
     """Each input's place and lag per partition, as the savepoint's checkpoints left them."""
-    from localstate.core.stream import open_input
-    from localstate.errors import LocalStateError
-
     out: dict[str, dict[str, Any]] = {}
     for info in input_partitions(job, checkpoints):
         entry = out.setdefault(info.input, {"place": None, "lag": {}})

@@ -91,8 +91,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # The test driver pulls in the whole runtime; import it only when a test asks for it.
     if name == "TaskTestDriver":
+        # The test driver pulls in the whole runtime: imported only when a test asks for it.
         from localstate.testing.driver import TaskTestDriver
 
         return TaskTestDriver

@@ -37,6 +37,8 @@ from localstate.runtime.spark.context import quiet_logs
 from localstate.runtime.spark.dataframe import OUTPUT_SCHEMA, DataFrameBatch, foreach_batch, release, run_batch
 from localstate.runtime.spark.state_source import SOURCE_NAME, ReadOptions, StateDataSource, load_view
 from localstate.errors import LocalStateError
+from localstate.runtime.spark.failures import python_error
+from localstate.runtime.spark.state_writer import absolute
 
 __all__ = ["run_batch", "foreach_batch", "release", "DataFrameBatch", "OUTPUT_SCHEMA", "register", "read_state",
            "read_savepoint", "bootstrap", "unwrap_error", "quiet_logs", "SOURCE_NAME"]
@@ -89,8 +91,6 @@ def bootstrap(df: Any, job: str, *, store: str | None = None, key: str = "key", 
     engine, routed by the job's partitioner; then the job starts from it (a new state epoch). A job
     that already has state is refused unless ``overwrite``. ``options``: ``staging``, ``savepoint``
     (write back into that savepoint's state), ``endpoint``, ``region`` (docs/state-as-data.md)."""
-    from localstate.runtime.spark.state_writer import absolute
-
     given = {"job": str(job), "keyColumn": key, "valueColumn": value, **({"store": store} if store else {}),
              **{name: _option_text(option) for name, option in options.items()}}
     register(df.sparkSession)
@@ -117,8 +117,6 @@ def unwrap_error(exc: BaseException | None) -> LocalStateError | None:
         return None
     if isinstance(exc, LocalStateError):
         return exc
-    from localstate.runtime.spark.failures import python_error
-
     return python_error(exc)
 
 

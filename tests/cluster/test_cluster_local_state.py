@@ -40,7 +40,7 @@ def _runner(directory: Path, batch: int = BATCH) -> tuple[object, SparkJobRunner
     driver, never contacting the (absent) master."""
     job = load_job_config(write_job(directory, "spark://127.0.0.1:7077", state_dir=directory / "state"))
     runner = SparkJobRunner(job, context=object(), batch_size=batch, progress=None)
-    runner._initial_checkpoints()
+    runner.planner.initial_checkpoints()
     return job, runner
 
 
@@ -52,7 +52,7 @@ def _batch(job, runner: SparkJobRunner, batch: int) -> list[dict]:
         assert "error" not in result, result
         checkpoint = Checkpoint(**result["checkpoint"])
         if runner.cluster:
-            runner._check_attempt(checkpoint)
+            runner.planner.check_attempt(checkpoint)
         runner.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
     return results
 
@@ -149,7 +149,7 @@ def test_a_local_mode_run_in_between_invalidates_the_cluster_jobs_local_state(tm
                                         local_dir=str(tmp_path / "host")))
         runner = SparkJobRunner(job, context=object(), batch_size=batch, progress=None, keep_open=False)
         if runner.cluster:
-            runner._initial_checkpoints()
+            runner.planner.initial_checkpoints()
         return job, runner
 
     job, runner = runner_for(tmp_path / "job", "spark://127.0.0.1:7077", 600)

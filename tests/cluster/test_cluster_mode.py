@@ -41,7 +41,7 @@ def cluster_job(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-local"))
     job = load_job_config(write_job(tmp_path / "job", "spark://127.0.0.1:7077", state_dir=tmp_path / "state"))
     runner = SparkJobRunner(job, context=object(), batch_size=BATCH, progress=None)
-    runner._initial_checkpoints()
+    runner.planner.initial_checkpoints()
     return job, runner
 
 
@@ -50,7 +50,7 @@ def _commit(runner: SparkJobRunner, results: list[dict]) -> None:
     for result in results:
         assert "error" not in result, result
         checkpoint = Checkpoint(**result["checkpoint"])
-        runner._check_attempt(checkpoint)
+        runner.planner.check_attempt(checkpoint)
         runner.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
 
 
@@ -108,7 +108,7 @@ def test_driver_refuses_an_attempt_from_another_checkpoint(cluster_job):
     result = run_partition(job, plans[0])
     stale = Checkpoint(**result["checkpoint"])
     with pytest.raises(FencedError) as info:
-        runner._check_attempt(replace(stale, generation=stale.generation + 5))
+        runner.planner.check_attempt(replace(stale, generation=stale.generation + 5))
     assert "partition 0" in str(info.value)
 
 
@@ -140,7 +140,7 @@ def test_fresh_partition_with_changelog_records_but_no_checkpoint_is_refused(clu
     shutil.rmtree(tmp_path / "state" / "cluster-counts" / "checkpoints")
     runner = SparkJobRunner(job, context=object(), batch_size=BATCH, progress=None)
     with pytest.raises(Exception) as info:
-        runner._initial_checkpoints()
+        runner.planner.initial_checkpoints()
     assert type(info.value).__name__ == "CheckpointError" and "checkpoint is missing" in str(info.value)
 
 

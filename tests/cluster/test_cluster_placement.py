@@ -106,7 +106,7 @@ def test_a_task_on_a_cluster_reports_its_home(tmp_path: Path, monkeypatch: pytes
     job = load_job_config(write_job(tmp_path / "job", "spark://127.0.0.1:7077", state_dir=tmp_path / "state",
                                     local_dir="${LOCALSTATE_TEST_HOST_DIR}"))
     runner = SparkJobRunner(job, context=object(), batch_size=600, progress=None)
-    runner._initial_checkpoints()
+    runner.planner.initial_checkpoints()
     plans, _ = runner.plan(0)
     homes = set()
     for host, plan in zip(("a", "b"), plans):
@@ -123,7 +123,7 @@ def test_the_driver_places_by_the_homes_of_committed_state_only(tmp_path: Path) 
     job = load_job_config(write_job(tmp_path / "job", "spark://127.0.0.1:7077", state_dir=tmp_path / "state",
                                     local_dir="${LOCALSTATE_TEST_HOST_DIR}"))
     runner = SparkJobRunner(job, context=object(), batch_size=600, progress=None)
-    runner._initial_checkpoints()
+    runner.planner.initial_checkpoints()
     store = runner.checkpoints
     homes = {0: "a" * 32, 1: "b" * 32, 2: "NOT-HEX", 3: None}
     for partition, home in homes.items():
@@ -133,7 +133,7 @@ def test_the_driver_places_by_the_homes_of_committed_state_only(tmp_path: Path) 
         data = {**json.loads(committed.to_json()), "generation": 1, "changelogs": state, "home": home}
         (store.root / f"{partition}.json").write_text(json.dumps(data))
     runner.plan(0)
-    assert runner.homes == {0: "a" * 32}
+    assert runner.planner.homes == {0: "a" * 32}
 
 
 # -- placing partitions on their homes ------------------------------------------------------------

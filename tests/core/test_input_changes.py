@@ -260,7 +260,7 @@ def test_jsonl_unterminated_tail_is_counted_and_warned_about(tmp_path: Path, cap
     runner = SparkJobRunner(job, progress=None)
     with caplog.at_level(logging.WARNING, logger="localstate"):
         plans, lag = runner.plan(0)
-    assert lag == 4 and runner.pending_bytes == len(tail)
+    assert lag == 4 and runner.planner.pending_bytes == len(tail)
     assert not [r for r in caplog.records if "unterminated" in r.getMessage()]  # just written: in progress
 
     _age(path, PENDING_TAIL_WARN_AFTER + 30)
@@ -275,7 +275,7 @@ def test_jsonl_unterminated_tail_is_counted_and_warned_about(tmp_path: Path, cap
     with open(path, "ab") as handle:  # the writer completes the line: it is read, nothing pending
         handle.write(b'ue":1}\n')
     plans, lag = runner.plan(0)
-    assert lag == 5 and runner.pending_bytes == 0 and source.pending_bytes(0) == 0
+    assert lag == 5 and runner.planner.pending_bytes == 0 and source.pending_bytes(0) == 0
 
 
 def test_jsonl_tail_only_no_newline_at_all(tmp_path: Path) -> None:
@@ -285,7 +285,7 @@ def test_jsonl_tail_only_no_newline_at_all(tmp_path: Path) -> None:
     assert (source.end_offset(0), source.pending_bytes(0)) == (0, 21)
     assert source.pending_since(0) == pytest.approx(os.stat(tmp_path / "data" / "0.jsonl").st_mtime)
     runner = SparkJobRunner(job, progress=None)
-    assert runner.plan(0) == ([], 0) and runner.pending_bytes == 21
+    assert runner.plan(0) == ([], 0) and runner.planner.pending_bytes == 21
 
 
 def test_file_log_incomplete_last_record_is_counted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -312,7 +312,7 @@ def test_file_log_incomplete_last_record_is_counted(tmp_path: Path, caplog: pyte
     runner = SparkJobRunner(job, progress=None)
     with caplog.at_level(logging.WARNING, logger="localstate"):
         plans, lag = runner.plan(0)
-    assert lag == 3 and runner.pending_bytes == record // 2
+    assert lag == 3 and runner.planner.pending_bytes == record // 2
     assert [r for r in caplog.records if f"{record // 2} byte(s)" in r.getMessage()]
 
 

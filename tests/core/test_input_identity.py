@@ -126,7 +126,7 @@ def _setup(tmp: Path, system: str):  # noqa: ANN202
     plans, lag = runner.plan(0)
     assert lag == len(OLD) and plans[0].ranges == {"events": (0, len(OLD))}
     checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": len(OLD)},
-                                          input_ids=dict(runner._input_ids[0])))
+                                          input_ids=dict(runner.planner.input_ids[0])))
     assert runner.plan(1) == ([], 0)  # nothing new: no error, no plan
     return source, job, runner
 
@@ -191,7 +191,7 @@ def test_rolled_segments_read_then_deleted_keep_the_identity(tmp_path: Path) -> 
     runner = SparkJobRunner(job, progress=None)
     runner.plan(0)
     checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": 15},
-                                          input_ids=dict(runner._input_ids[0])))
+                                          input_ids=dict(runner.planner.input_ids[0])))
     assert runner.plan(1)[0][0].ranges == {"events": (15, 20)}
     source.path.unlink()  # the first segment, read: deleted by the operator
     assert runner.plan(2)[0][0].ranges == {"events": (15, 20)}
@@ -228,8 +228,8 @@ def test_the_identity_check_is_checked_per_partition(tmp_path: Path) -> None:
     job = load_job_config(job_file)
     runner = SparkJobRunner(job, progress=None)
     runner.plan(0)
-    assert set(runner._input_ids) == {0}
-    checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": 10}, input_ids=runner._input_ids[0]))
+    assert set(runner.planner.input_ids) == {0}
+    checkpoint_store(job).save(Checkpoint(0, generation=1, inputs={"events": 10}, input_ids=runner.planner.input_ids[0]))
     (tmp_path / "data" / "1.jsonl").write_bytes(_jsonl(["x", "y"]))
     plans, lag = runner.plan(1)
     assert [plan.partition for plan in plans] == [1] and lag == 2

@@ -152,7 +152,7 @@ def test_a_checkpoint_without_the_topic_id_plans_as_before(tmp_path: Path, kafka
     runner = SparkJobRunner(job, progress=None)
     plans, lag = runner.plan(0)
     assert lag == 4 and plans[0].ranges == {"events": (2, 6)}
-    assert runner._input_ids == {0: {"events": open_input(job, "events").identity(0)}}
+    assert runner.planner.input_ids == {0: {"events": open_input(job, "events").identity(0)}}
 
 
 @pytest.mark.spark

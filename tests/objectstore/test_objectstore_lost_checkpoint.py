@@ -135,7 +135,7 @@ def test_a_lost_checkpoint_is_refused_and_restoring_it_gives_the_exact_state(obj
     # (cluster mode), and saves none.
     runner = SparkJobRunner(config, context=object(), master="spark://cluster:7077", progress=None)
     with pytest.raises(CheckpointError, match="the checkpoint is missing") as refused:
-        runner._initial_checkpoints()
+        runner.planner.initial_checkpoints()
     assert refused.value.context["path"] == where and refused.value.context["objects"] == len(before)
     assert listing(store, CHECKPOINTS) == {}
     # Garbage collection does not destroy the evidence, however old the objects are.

@@ -327,7 +327,7 @@ def test_stop_abandons_a_batch_that_outlives_the_grace(tmp_path, spark_context):
     job = load_job_config(job_file)
     lines: list[str] = []
     runner = SparkJobRunner(job, context=spark_context, progress=lines.append)
-    runner.stop_grace = 1.0
+    runner.stop_control.grace = 1.0
     summaries: list[Any] = []
     thread = threading.Thread(target=lambda: summaries.append(runner.run(until_drained=False)), daemon=True)
     thread.start()

@@ -34,6 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+import pyarrow as pa
+
 from localstate.core.fsutil import os_error, read_nofollow, write_atomic
 from localstate.runtime.spark.affinity.kept import claimed_by, try_claim
 from localstate.errors import CheckpointIOError
@@ -89,13 +91,9 @@ class RowExchange:
         return self._rows_path(partition).exists()
 
     def _read_rows(self, partition: int) -> Any:
-        import pyarrow as pa
-
         return pa.ipc.open_file(pa.py_buffer(read_nofollow(self._rows_path(partition)))).read_all()
 
     def _offer(self, partition: int, rows: Any) -> None:
-        import pyarrow as pa
-
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, rows.schema) as writer:
             writer.write_table(rows)

@@ -39,6 +39,7 @@ The watcher only looks while its worker runs no task, so it never competes with 
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import importlib
 import logging
@@ -49,6 +50,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from pyspark import TaskContext
 
 from localstate.core.changelog import ChangelogPartition, ChangelogRecord, ChangelogSystem, RecordColumns
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
@@ -441,8 +444,6 @@ def return_free_memory() -> bool:
     _last_return = now
     if _malloc_trim is None:
         try:
-            import ctypes
-
             _malloc_trim = ctypes.CDLL(None).malloc_trim
         except (OSError, AttributeError):  # not glibc
             _malloc_trim = False
@@ -499,8 +500,6 @@ _BATCH_MODULES = ("numpy", "pyarrow", "pyarrow.compute", "pyarrow.json")
 
 def task_context() -> Any:
     """The running Spark task's TaskContext, or None outside a Spark task."""
-    from pyspark import TaskContext
-
     return TaskContext.get()
 
 
