@@ -130,7 +130,7 @@ def ignore_hangups(context: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from localstate.runtime.driver.progress import ProgressObserver
     from localstate.runtime.driver.plan import summary_line
-    from localstate.runtime.spark.runner import SparkJobRunner
+    from localstate.runtime.spark.continuous import runner_for
 
     from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
     from localstate.tools.validation import require_valid
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
 
         start_from_savepoint(args)  # a new state epoch, switched to before the run starts
     job = resolve_epoch(checked)  # the job bound to its current state epoch (docs/state-as-data.md)
-    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size, progress=_say)
+    runner = runner_for(job, master=args.master, batch_size=args.batch_size, progress=_say)
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
     signals = StopSignals(runner).install()  # from here on, a signal stops the run (Spark starting or not)
@@ -159,8 +159,11 @@ def run(args: argparse.Namespace) -> int:
             signals.install()  # again: PySpark installs its SIGINT handler when it makes the context
             ignore_hangups(context)
             try:
+                if runner.spark.continuous:
+                    _say(f"continuous: long-running tasks follow the inputs, epochs of {runner.spark.epoch:g}s")
                 if not args.until_drained:
-                    trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger else ""
+                    trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger and not \
+                        runner.spark.continuous else ""
                     _say(f"standing: waiting for new input when there is none{trigger}; stop with SIGTERM, SIGINT "
                          f"(Ctrl-C) or SIGHUP (or run with --until-drained)")
                 summary = runner.run(batches=args.batches, until_drained=args.until_drained)
