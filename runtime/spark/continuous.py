@@ -58,13 +58,13 @@ __all__ = ["ContinuousRunner", "EpochPlan", "run_epoch", "group_partitions", "BU
 
 log = logging.getLogger(__name__)
 
-BUSY_POLL = 0.0005
+BUSY_POLL = 0.001
 """Seconds a task waits before looking at its inputs again while records keep arriving."""
 
-IDLE_POLL = 0.02
+IDLE_POLL = 0.05
 """...once no record arrived for :data:`BUSY_FOR` seconds: what an idle job pays, as polls."""
 
-BUSY_FOR = 2.0
+BUSY_FOR = 1.0
 
 DRIVER_CHECK = 1.0
 """Seconds between a task's checks that its driver still lives (same host)."""
@@ -306,7 +306,7 @@ class ContinuousRunner(SparkJobRunner):
                 group_name = f"localstate-{self.run_id}-{epoch}"
                 context.setJobGroup(group_name, f"localstate {self.job.name} continuous epoch {epoch}")
                 self._running = group_name
-                watcher = _Watcher(self, progress)
+                watcher = _Watcher(self, progress, summary)
                 try:
                     results = context.parallelize(plans, len(plans)).mapPartitions(
                         lambda items: [run_epoch(shipped.value, plan) for plan in items]).collect()
@@ -358,7 +358,7 @@ class ContinuousRunner(SparkJobRunner):
             ranges = {name: (before.get(name, 0), position) for name, position in checkpoint.inputs.items()}
             result.records_in += sum(end - start for start, end in ranges.values())
             out_before = seen.outputs.get(partition, {})
-            result.records_out += sum(max(0, end - out_before.get(name, end)) for name, end in checkpoint.outputs.items())
+            result.records_out += sum(max(0, end - out_before.get(name, 0)) for name, end in checkpoint.outputs.items())
             seen.positions[partition] = dict(checkpoint.inputs)
             seen.outputs[partition] = dict(checkpoint.outputs)
             for name, source in self.inputs.items():
@@ -388,9 +388,10 @@ class _Watcher:
     """The driver's look at the committed checkpoints every :data:`PROGRESS_EVERY` seconds while an
     epoch runs (a thread; the epoch's Spark job blocks the run's own)."""
 
-    def __init__(self, runner: ContinuousRunner, seen: _Progress) -> None:
+    def __init__(self, runner: ContinuousRunner, seen: _Progress, summary: RunSummary) -> None:
         self._runner = runner
         self._seen = seen
+        self._summary = summary
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="localstate-continuous-progress", daemon=True)
         self._thread.start()
@@ -398,7 +399,7 @@ class _Watcher:
     def _loop(self) -> None:
         while not self._done.wait(PROGRESS_EVERY):
             try:
-                self._runner._look(self._seen)  # noqa: SLF001 - the runner's own progress, on its thread
+                self._runner._look(self._seen, summary=self._summary)  # noqa: SLF001 - the runner's own progress, on its thread
             except Exception:  # noqa: BLE001 - progress is best effort; the epoch's result says what failed
                 log.debug("continuous progress: reading the checkpoints failed", exc_info=True)
 
