@@ -4,6 +4,7 @@ CPU, and a soak run with worker kills.
     python -m bench standing [--json] [--quick] [--rates 1000,10000,50000] [--seconds S]
                              [--idle-seconds I] [--no-peer]
     python -m bench standing --minutes N [--kill-every SECONDS] [--rate R]      # soak (default 30, 10k/s)
+    python -m bench standing --modes continuous --minutes N ...                  # soak continuous mode
 
 Latency: events ``{"key": "user-%05d", "value": 1, "ts": i}`` (user ``i % users``) are appended to the
 job's JSON-lines input at a fixed rate, in ticks of ``--tick`` seconds; the job (a count per user in a
@@ -501,7 +502,8 @@ class StructuredStreaming:
 
 # -- the measurements ------------------------------------------------------------------------------------------
 
-def _setup(root: Path, compact_interval: float | None = None, mode: str = "micro-batch") -> None:
+def _setup(root: Path, compact_interval: float | None = None, mode: str = "micro-batch",
+           epoch: float | None = None) -> None:
     job = root / "job"
     (job / "data").mkdir(parents=True)
     (job / "out").mkdir()
@@ -510,6 +512,7 @@ def _setup(root: Path, compact_interval: float | None = None, mode: str = "micro
     (job / "standing_task.py").write_text(TASK)
     compaction = f'\n[changelogs.file]\ncompact_interval = "{compact_interval:g}s"\n' if compact_interval else ""
     spark = f'mode = "{mode}"\n' if mode != "micro-batch" else ""
+    spark += f'epoch = "{epoch:g}s"\n' if epoch is not None and mode == "continuous" else ""
     (job / "job.toml").write_text(JOB + spark + compaction)
 
 
@@ -770,6 +773,8 @@ def main(argv: list[str]) -> int:
                              "10 min of 30, its default)")
     parser.add_argument("--modes", default="micro-batch,continuous",
                         help="localstate's [spark] modes to measure, comma-separated")
+    parser.add_argument("--epoch", type=float, default=None,
+                        help="continuous mode: [spark] epoch in seconds (default: the job's default, 5 minutes)")
     parser.add_argument("--burst", type=int, default=None,
                         help="events appended at once after the rates, for the sustained throughput (default 300000; "
                              "--quick 100000; 0: skip)")
@@ -795,10 +800,12 @@ def main(argv: list[str]) -> int:
                 args.kill_every = args.minutes * 60.0 / 6
             if args.compact_every is None:
                 args.compact_every = args.minutes * 60.0 / 3
+            soak_mode = modes[0] if len(modes) == 1 else "micro-batch"  # --modes continuous: soak that mode
             report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode,
+                                              "spark_mode": soak_mode,
                                               "minutes": args.minutes, "rate": args.rate,
                                               "kill_every_s": args.kill_every, "compact_every_s": args.compact_every})
-            _setup(root, args.compact_every)
+            _setup(root, args.compact_every, mode=soak_mode, epoch=args.epoch)
             ok = _soak(report, root, args.minutes, args.rate, args.kill_every, args.users, args.tick, standing)
         else:
             report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode,
@@ -807,7 +814,7 @@ def main(argv: list[str]) -> int:
             measured: dict[str, tuple[dict, dict[int, dict], float]] = {}
             for mode in modes:  # each mode on its own copy of the job, with the same events
                 (root / mode).mkdir()
-                _setup(root / mode, mode=mode)
+                _setup(root / mode, mode=mode, epoch=args.epoch)
                 measured[mode] = _measure("localstate", root / mode, rates, seconds, idle, args.users, args.tick,
                                           standing, burst)
                 if not measured[mode][0]["warm"]:
