@@ -51,7 +51,8 @@ from localstate.runtime.spark.affinity.kept import acquire_partition
 from localstate.runtime.spark.config import SparkConfig
 from localstate.runtime.spark.driver import KEPT_BATCHES, BatchCompaction, SparkJobRunner
 from localstate.runtime.spark.executor import task_attempt
-from localstate.runtime.spark.failures import executor_failure, record_failed_attempt, spark_failure
+from localstate.runtime.spark.failures import (executor_failure, failed_attempt_reasons, log_failed_attempts,
+                                               record_failed_attempt, spark_failure)
 
 __all__ = ["ContinuousRunner", "EpochPlan", "run_epoch", "group_partitions", "BUSY_POLL", "IDLE_POLL",
            "BUSY_FOR", "DRIVER_CHECK", "PROGRESS_EVERY"]
@@ -221,7 +222,8 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
                 close()
         if errors and clean:
             raise errors[0]
-    return {"partitions": list(plan.partitions), "reason": reason, "attempt": task_attempt(), "pid": os.getpid(),
+    return {"partitions": list(plan.partitions), "partition": plan.partitions[0] if plan.partitions else None,
+            "reason": reason, "attempt": task_attempt(), "pid": os.getpid(),
             "records": {each.follower.partition: each.follower.records for each in opened},
             "commits": {each.follower.partition: each.follower.commits for each in opened}}
 
@@ -326,8 +328,11 @@ class ContinuousRunner(SparkJobRunner):
                     raise pickle.loads(errors[0]["error"])
                 if roll:
                     compaction.start_round()  # type: ignore[union-attr]
+                # Attempts that failed and were retried in the epoch (a killed worker), each with why.
+                reasons = failed_attempt_reasons(self._attempts, epoch, results)
+                log_failed_attempts(reasons)
                 self._look(progress, summary=summary, tasks=len(plans),
-                           failed=sum(r.get("attempt", 0) for r in results))
+                           failed=sum(r.get("attempt", 0) for r in results), reasons=reasons)
                 epoch += 1
                 if until_drained and all(r.get("reason") == "drained" for r in results):
                     break
@@ -346,11 +351,11 @@ class ContinuousRunner(SparkJobRunner):
         return summary
 
     def _look(self, seen: _Progress, *, report: bool = True, summary: RunSummary | None = None, tasks: int = 0,
-              failed: int = 0) -> None:
+              failed: int = 0, reasons: list[dict[str, Any]] | None = None) -> None:
         """Read every partition's committed checkpoint; report what was committed since the last look
         (a progress line, ``on_batch``: progress.jsonl and the metrics), if anything was."""
         plans: list[PartitionPlan] = []
-        result = BatchResult(seen.tick, tasks=tasks, failed_attempts=failed)
+        result = BatchResult(seen.tick, tasks=tasks, failed_attempts=failed, failed_attempt_reasons=list(reasons or []))
         lag = 0
         for partition in range(self.job.partitions):
             checkpoint = self.checkpoints.load(partition) or Checkpoint(partition)

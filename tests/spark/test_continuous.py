@@ -78,6 +78,9 @@ def test_continuous_follows_appends_across_epochs_survives_a_killed_worker_and_s
     stderr = process.stderr.read()  # type: ignore[union-attr]
     assert "stopped:" in stdout, stdout + stderr[-3000:]
     assert "\tat org.apache" not in stderr, stderr[-3000:]
+    # The killed worker's attempt is reported at WARNING when its epoch ends, naming the partition.
+    warning = next(line for line in stderr.splitlines() if "task attempt 0 of partition" in line)
+    assert "WARNING" in warning and "Python worker exited unexpectedly" in warning, stderr[-3000:]
     # The record in flight at SIGTERM was committed, once; what no task had read yet waits for the restart.
     counts = emitted(job_file)
     assert counts["user-2"] == list(range(1, Counter(keys)["user-2"] + 1)) or \
