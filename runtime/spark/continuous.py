@@ -55,7 +55,7 @@ from localstate.runtime.spark.failures import (executor_failure, failed_attempt_
                                                record_failed_attempt, spark_failure)
 
 __all__ = ["ContinuousRunner", "EpochPlan", "run_epoch", "group_partitions", "BUSY_POLL", "IDLE_POLL",
-           "BUSY_FOR", "DRIVER_CHECK", "PROGRESS_EVERY"]
+           "BUSY_FOR", "DRIVER_CHECK", "PROGRESS_EVERY", "MIN_RUN", "FAILED_EPOCHS"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,13 @@ IDLE_POLL = 0.05
 """...once no record arrived for :data:`BUSY_FOR` seconds: what an idle job pays, as polls."""
 
 BUSY_FOR = 1.0
+
+MIN_RUN = 1.0
+"""Seconds a task runs at least, even when it opened its partitions after its epoch's end."""
+
+FAILED_EPOCHS = 3
+"""Epochs in a row whose Spark job fails (task attempts used up by dying workers) before the run
+fails: a failed epoch's partitions keep their last commits, so the next epoch goes on from there."""
 
 DRIVER_CHECK = 1.0
 """Seconds between a task's checks that its driver still lives (same host)."""
@@ -82,9 +89,9 @@ class EpochPlan:
 
     epoch: int
     partitions: tuple[int, ...]
-    seconds: float
-    """how long the task runs once its partitions are open, then commits and ends (a task that
-    starts late, or a retry, still runs a whole epoch: the driver regains control after the last)"""
+    ends_at: float
+    """wall-clock time (epoch seconds) at which every task of the epoch commits and ends together: a
+    retried task ends with its siblings, which would otherwise wait for it with their partitions idle"""
     run_id: str
     control: str
     """the run's control folder: the driver drops :data:`STOP_FILE` there to stop the tasks"""
@@ -183,7 +190,9 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
                 _roll(each.follower.instance)
         busy_since = time.monotonic()
         driver_checked = busy_since
-        ends_at = busy_since + plan.seconds
+        # On the monotonic clock; a task that opened after the epoch's end (a slow first start, a late
+        # retry) still runs MIN_RUN seconds, so that each epoch makes progress.
+        ends_at = busy_since + max(plan.ends_at - time.time(), MIN_RUN)
         while True:
             now = time.monotonic()
             if now >= ends_at:
@@ -298,11 +307,11 @@ class ContinuousRunner(SparkJobRunner):
         progress = _Progress()
         self._look(progress, report=False)
         started = time.perf_counter()
-        epoch = 0
+        epoch = failed_in_a_row = 0
         try:
             while (batches is None or epoch < batches) and not self._stop.is_set():
                 roll = compaction is not None and compaction.due()
-                plans = [EpochPlan(epoch, group, self.epoch_seconds, self.run_id, str(self.control),
+                plans = [EpochPlan(epoch, group, time.time() + self.epoch_seconds, self.run_id, str(self.control),
                                    socket.gethostname(), os.getpid(), until_drained, roll, str(self._attempts))
                          for group in groups]
                 group_name = f"localstate-{self.run_id}-{epoch}"
@@ -319,10 +328,19 @@ class ContinuousRunner(SparkJobRunner):
                         log.warning("epoch %d cancelled on stop: its partitions keep their last commits", epoch)
                         summary.abandoned = epoch
                         break
-                    raise spark_failure(exc, epoch) from None
+                    failed_in_a_row += 1
+                    error = spark_failure(exc, epoch)
+                    if failed_in_a_row >= FAILED_EPOCHS:
+                        raise error from None
+                    log.warning("epoch %d failed (%s); its partitions keep their last commits: starting the next "
+                                "epoch (%d of %d failed epochs in a row)", epoch, error, failed_in_a_row,
+                                FAILED_EPOCHS)
+                    epoch += 1
+                    continue
                 finally:
                     self._running = None
                     watcher.close()
+                failed_in_a_row = 0
                 errors = [r for r in results if "error" in r]
                 if errors:
                     raise pickle.loads(errors[0]["error"])
