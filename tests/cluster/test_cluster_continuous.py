@@ -11,7 +11,8 @@ import pytest
 from localstate.core.config import load_job_config
 from tests.spark.test_spark_runtime import actual_hourly, cli_command, expected_hourly, windowed_counts_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark]
+# slow: the local continuous tests (tests/spark/test_continuous.py) run the same task code in the default run
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
 
 EVENTS = 8000
 

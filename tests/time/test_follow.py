@@ -162,7 +162,7 @@ def test_a_crash_in_the_middle_of_a_round_loses_nothing_and_applies_nothing_twic
                 part = Partition(job_file)
             else:
                 part.follower.step()
-        while not part.follower.caught_up or part.follower.step():
+        while part.follower.step() or not part.follower.caught_up:
             pass
     finally:
         part.close()
