@@ -93,6 +93,18 @@ def _generated(job: JobConfig, stream: str, partition: int) -> list[tuple[int, A
                          float(o.get("rate", 100.0)), float(o.get("start_ts", 1_700_000_000.0)), 0, o["events"]))
 
 
+def _closed_hours(source: JobConfig, job: JobConfig) -> Counter:
+    """Views per closed (user, hour) window of the generator's page views: what the job must emit."""
+    expected: Counter = Counter()
+    for partition in range(job.partitions):
+        rows = _generated(source, "page_views", partition)
+        last_hour = int(rows[-1][2]["ts"] // 3600)
+        for _, user, value in rows:
+            if int(value["ts"] // 3600) < last_hour:
+                expected[(user, int(value["ts"] // 3600))] += 1
+    return expected
+
+
 def _output_records(job: JobConfig, name: str) -> list[tuple[int, Any, Any, dict[str, bytes]]]:
     """(topic partition, key, value, headers) of every record of a Kafka output, and a check
     that each sits in the partition murmur2 gives its key."""
@@ -114,13 +126,7 @@ def test_windowed_counts_on_kafka_exact(tmp_path, spark, kafka_broker, topic_pre
     summary = SparkJobRunner(job, context=spark.sparkContext, progress=None).run()
     assert summary.records_in == 2 * 6000 and summary.lag == 0 and len(summary.batches) == 3
 
-    expected: Counter = Counter()  # independent: closed (user, hour) windows from the generator
-    for partition in range(job.partitions):
-        rows = _generated(source, "page_views", partition)
-        last_hour = int(rows[-1][2]["ts"] // 3600)
-        for _, user, value in rows:
-            if int(value["ts"] // 3600) < last_hour:
-                expected[(user, int(value["ts"] // 3600))] += 1
+    expected = _closed_hours(source, job)  # independent: closed (user, hour) windows from the generator
     records = _output_records(job, "hourly-counts")
     actual = {(user, value["hour"]): value["count"] for _, user, value, _ in records}
     assert len(actual) == len(records), "a window was emitted twice"
@@ -146,13 +152,7 @@ def test_windowed_counts_on_kafka_exact_in_continuous_mode(tmp_path, spark, kafk
     job = replace(job, spark={**job.spark, "mode": "continuous", "epoch": "1m"})
     summary = ContinuousRunner(job, context=spark.sparkContext, progress=None).run(until_drained=True)
     assert summary.records_in == 2 * 6000 and summary.records_out > 0
-    expected: Counter = Counter()
-    for partition in range(job.partitions):
-        rows = _generated(source, "page_views", partition)
-        last_hour = int(rows[-1][2]["ts"] // 3600)
-        for _, user, value in rows:
-            if int(value["ts"] // 3600) < last_hour:
-                expected[(user, int(value["ts"] // 3600))] += 1
+    expected = _closed_hours(source, job)
     records = _output_records(job, "hourly-counts")
     actual = {(user, value["hour"]): value["count"] for _, user, value, _ in records}
     assert len(actual) == len(records), "a window was emitted twice"
