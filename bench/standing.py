@@ -4,6 +4,7 @@ CPU, and a soak run with worker kills.
     python -m bench standing [--json] [--quick] [--rates 1000,10000,50000] [--seconds S]
                              [--idle-seconds I] [--no-peer]
     python -m bench standing --minutes N [--kill-every SECONDS] [--rate R]      # soak (default 30, 10k/s)
+    python -m bench standing --modes continuous --minutes N ...                  # soak continuous mode
 
 Latency: events ``{"key": "user-%05d", "value": 1, "ts": i}`` (user ``i % users``) are appended to the
 job's JSON-lines input at a fixed rate, in ticks of ``--tick`` seconds; the job (a count per user in a
@@ -367,7 +368,7 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             self.poll()
-            time.sleep(0.005)
+            time.sleep(0.001)
         self.poll()
 
     def caught_up(self, upto: int, timeout: float) -> bool:
@@ -386,6 +387,7 @@ def _latency(events: Events, watcher: Watcher, first: int, end: int) -> dict[str
     return {"events": int(end - first), "missing": int((~ok).sum()),
             "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
             "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"),
+            "p99_9_ms": float(np.percentile(lat, 99.9)) if lat.size else float("nan"),
             "max_ms": float(lat.max()) if lat.size else float("nan")}
 
 
@@ -500,7 +502,8 @@ class StructuredStreaming:
 
 # -- the measurements ------------------------------------------------------------------------------------------
 
-def _setup(root: Path, compact_interval: float | None = None) -> None:
+def _setup(root: Path, compact_interval: float | None = None, mode: str = "micro-batch",
+           epoch: float | None = None) -> None:
     job = root / "job"
     (job / "data").mkdir(parents=True)
     (job / "out").mkdir()
@@ -508,7 +511,9 @@ def _setup(root: Path, compact_interval: float | None = None) -> None:
         (job / "data" / f"{p}.jsonl").touch()
     (job / "standing_task.py").write_text(TASK)
     compaction = f'\n[changelogs.file]\ncompact_interval = "{compact_interval:g}s"\n' if compact_interval else ""
-    (job / "job.toml").write_text(JOB + compaction)
+    spark = f'mode = "{mode}"\n' if mode != "micro-batch" else ""
+    spark += f'epoch = "{epoch:g}s"\n' if epoch is not None and mode == "continuous" else ""
+    (job / "job.toml").write_text(JOB + spark + compaction)
 
 
 def _restore_probe(job_file: Path) -> tuple[int, float]:
@@ -567,9 +572,20 @@ def _idle_cpu(system, seconds: float) -> float:
     return 100.0 * used / seconds
 
 
+def _throughput(events: Events, watcher: Watcher, burst: int, timeout: float = 600.0) -> float:
+    """Sustained throughput, events/s: ``burst`` events appended at once, until the output shows them all."""
+    began = time.monotonic()
+    first = events.count
+    for _ in range(0, burst, 50_000):
+        events.write(min(50_000, first + burst - events.count))
+    if not watcher.caught_up(events.count, timeout):
+        return float("nan")
+    return burst / (time.monotonic() - began)
+
+
 def _measure(system_name: str, root: Path, rates: list[int], seconds: float, idle: float, users: int,
-             tick: float, standing: bool) -> tuple[dict, dict[int, dict], float]:
-    capacity = int(sum(rates) * seconds * 1.1) + 200_000
+             tick: float, standing: bool, burst: int = 0) -> tuple[dict, dict[int, dict], float]:
+    capacity = int(sum(rates) * seconds * 1.1) + 200_000 + burst
     ss = system_name == "spark"
     events = Events(root, users, capacity, ss, tick)
     log = root / f"{system_name}.log"
@@ -592,6 +608,8 @@ def _measure(system_name: str, root: Path, rates: list[int], seconds: float, idl
             watcher.caught_up(end, 60.0)
             per_rate[rate] = _latency(events, watcher, first, end)
         idle_pct = _idle_cpu(system, idle)
+        if burst:
+            info["throughput"] = _throughput(events, watcher, burst)
     finally:
         info["exit"] = system.stop()
         info["leftovers"] = system.leftovers
@@ -753,12 +771,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--compact-every", type=float, default=None,
                         help="soak: the file changelog's compact_interval, seconds (default: a third of the run, "
                              "10 min of 30, its default)")
+    parser.add_argument("--modes", default="micro-batch,continuous",
+                        help="localstate's [spark] modes to measure, comma-separated")
+    parser.add_argument("--epoch", type=float, default=None,
+                        help="continuous mode: [spark] epoch in seconds (default: the job's default, 5 minutes)")
+    parser.add_argument("--burst", type=int, default=None,
+                        help="events appended at once after the rates, for the sustained throughput (default 300000; "
+                             "--quick 100000; 0: skip)")
     parser.add_argument("--keep", action="store_true", help="keep the temp folder (its path is printed)")
     args = parser.parse_args(argv)
     # A SIGTERM or SIGHUP of the bench stops its processes in order (the finally blocks) before it exits.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on_signal)
     rates = [int(r) for r in args.rates.split(",") if r]
+    modes = [m for m in args.modes.split(",") if m]
+    burst = args.burst if args.burst is not None else (100_000 if args.quick else 300_000)
     seconds = args.seconds if args.seconds is not None else (6.0 if args.quick else 30.0)
     idle = args.idle_seconds if args.idle_seconds is not None else (5.0 if args.quick else 30.0)
     standing = standing_supported()
@@ -773,43 +800,68 @@ def main(argv: list[str]) -> int:
                 args.kill_every = args.minutes * 60.0 / 6
             if args.compact_every is None:
                 args.compact_every = args.minutes * 60.0 / 3
+            soak_mode = modes[0] if len(modes) == 1 else "micro-batch"  # --modes continuous: soak that mode
             report = Report("standing soak", {"master": "local[2]", "partitions": 2, "mode": mode,
+                                              "spark_mode": soak_mode,
                                               "minutes": args.minutes, "rate": args.rate,
                                               "kill_every_s": args.kill_every, "compact_every_s": args.compact_every})
-            _setup(root, args.compact_every)
+            _setup(root, args.compact_every, mode=soak_mode, epoch=args.epoch)
             ok = _soak(report, root, args.minutes, args.rate, args.kill_every, args.users, args.tick, standing)
         else:
             report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode,
                                          "seconds_per_rate": seconds, "tick_s": args.tick, "users": args.users,
                                          "idle_s": idle})
-            _setup(root)
-            info, mine, idle_mine = _measure("localstate", root, rates, seconds, idle, args.users, args.tick, standing)
-            if not info["warm"]:
-                report.notes.append(f"localstate produced no output; see {root / 'localstate.log'}")
-                ok = False
+            measured: dict[str, tuple[dict, dict[int, dict], float]] = {}
+            for mode in modes:  # each mode on its own copy of the job, with the same events
+                (root / mode).mkdir()
+                _setup(root / mode, mode=mode, epoch=args.epoch)
+                measured[mode] = _measure("localstate", root / mode, rates, seconds, idle, args.users, args.tick,
+                                          standing, burst)
+                if not measured[mode][0]["warm"]:
+                    report.notes.append(f"localstate ({mode}) produced no output; see {root / mode / 'localstate.log'}")
+                    ok = False
             peer: dict[int, dict] = {}
             idle_peer = float("nan")
+            peer_info: dict = {}
             if not args.no_peer:
                 peer_info, peer, idle_peer = _measure("spark", root, rates, seconds, idle, args.users, args.tick, True)
                 if not peer_info["warm"]:
                     report.notes.append(f"Structured Streaming produced no output; see {root / 'spark.log'}")
             for rate in rates:
-                if rate in mine:
-                    report.add(f"localstate {rate:,}/s", **mine[rate])
-                    ok = ok and mine[rate]["missing"] == 0
+                for mode, (_, mine, _) in measured.items():
+                    if rate in mine:
+                        report.add(f"localstate {mode} {rate:,}/s", **mine[rate])
+                        ok = ok and mine[rate]["missing"] == 0
                 if rate in peer:
                     report.add(f"Structured Streaming {rate:,}/s", **peer[rate])
-                if rate in mine and rate in peer and mine[rate]["p50_ms"] > 0:
-                    for q in ("p50", "p99"):
-                        report.ratio(f"{q} latency: Spark / localstate at {rate:,}/s",
-                                     peer[rate][f"{q}_ms"] / mine[rate][f"{q}_ms"])
-            report.add("idle CPU, localstate", cpu_pct_of_core=idle_mine)
+                for mode, (_, mine, _) in measured.items():
+                    if rate in mine and rate in peer and mine[rate]["p50_ms"] > 0:
+                        for q in ("p50", "p99"):
+                            report.ratio(f"{q} latency: Spark / localstate {mode} at {rate:,}/s",
+                                         peer[rate][f"{q}_ms"] / mine[rate][f"{q}_ms"])
+                if {"micro-batch", "continuous"} <= measured.keys():
+                    batch, cont = measured["micro-batch"][1].get(rate), measured["continuous"][1].get(rate)
+                    if batch and cont and cont["p99_ms"] > 0:
+                        for q in ("p50", "p99", "p99_9"):
+                            report.ratio(f"{q.replace('_', '.')} latency: micro-batch / continuous at {rate:,}/s",
+                                         batch[f"{q}_ms"] / cont[f"{q}_ms"])
+            for mode, (found, _, idle_mine) in measured.items():
+                report.add(f"idle CPU, localstate {mode}", cpu_pct_of_core=idle_mine)
+                if burst:
+                    report.add(f"sustained throughput, localstate {mode}", events_per_s=found.get("throughput"),
+                               burst=burst)
+            if burst and {"micro-batch", "continuous"} <= measured.keys():
+                report.ratio("sustained throughput: continuous / micro-batch",
+                             measured["continuous"][0].get("throughput", float("nan"))
+                             / measured["micro-batch"][0].get("throughput", float("nan")))
             if not args.no_peer:
                 report.add("idle CPU, Structured Streaming", cpu_pct_of_core=idle_peer)
-            for name, found in (("localstate", info), ("Structured Streaming", peer_info if not args.no_peer else {})):
+            named = [(f"localstate {mode}", found) for mode, (found, _, _) in measured.items()]
+            for name, found in named + [("Structured Streaming", peer_info)]:
                 if found.get("leftovers"):
                     report.notes.append(f"{name}: {found['leftovers']} process(es) of its group were still there "
                                         f"{GROUP_GRACE:.0f}s after it exited (SIGKILLed)")
+            info = next(iter(measured.values()))[0] if measured else {}
             startup = info.get("startup_s", float("nan"))
             report.notes.append(f"startup (until the first output) localstate {startup:.1f}s, "
                                 f"runs {info.get('runs')}; excluded from the latencies")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import sys
@@ -82,31 +83,45 @@ os.environ.setdefault("SPARK_CONF_DIR", str(write_spark_defaults(TEST_JVM_OPTION
 # process's own: a worker's sweep must not kill what the other worker is still using.
 SESSION_VARIABLE = "LOCALSTATE_TEST_SESSION"
 PROCESS_VARIABLE = "LOCALSTATE_TEST_PROCESS"
+# kafka-python's clients keep retrying in background threads after a test's broker is gone (a
+# module's Spark session, pooled consumers): their WARNINGs ("No node available ...") would land in
+# whatever test the same worker runs next, and fail the ones that count warnings. ERRORs still show.
+logging.getLogger("kafka").setLevel(logging.ERROR)
+
 os.environ.setdefault(SESSION_VARIABLE, uuid.uuid4().hex)
 os.environ[PROCESS_VARIABLE] = uuid.uuid4().hex
 
-# The session-scoped resources whose tests one worker must own, each an xdist group: the local
-# SparkContext (get-or-create, one JVM per worker process) and the standalone cluster of tests/cluster
-# (a master, two workers, their executors, and the cluster's Tansu and SeaweedFS). A test that carries
-# the marker of a group but uses neither fixture (a subprocess driver, `localstate run`) joins it too:
-# it starts a JVM, and two JVM tests at once on two cores slow each other's start-ups and heartbeats.
-SPARK_GROUP, CLUSTER_GROUP = "spark", "cluster"
+# The JVM tests, in three xdist groups, each run by one worker, one test after the other:
+# - "spark": the tests that share the session's local SparkContext (the `spark_context` fixture,
+#   get-or-create: one JVM per worker process, so only the worker that runs this group starts one);
+# - "jvm": the other tests of the `spark` marker, which start JVMs of their own (subprocess drivers,
+#   `localstate run`, the transcripts' runner) and share no session with the first group;
+# - "cluster": the standalone cluster of tests/cluster (a master, two workers, their executors, and
+#   the cluster's Tansu and SeaweedFS), session-scoped on the worker that runs the group.
+# Two workers, so that both cores run JVM tests from the start: one worker takes "spark", the other
+# "jvm", and whichever is done first "cluster"; the light tests (engines, changelogs, kill -9
+# children, Kafka on Tansu, S3 on SeaweedFS) fill in behind them. A test that carries a group's
+# marker but uses none of its fixtures joins that group too: it starts a JVM.
+SPARK_GROUP, JVM_GROUP, CLUSTER_GROUP = "spark", "jvm", "cluster"
 GROUP_FIXTURES = {CLUSTER_GROUP: {"spark_cluster", "live_cluster", "start_driver"}, SPARK_GROUP: {"spark_context"}}
 GROUP_MARKERS = {CLUSTER_GROUP: "cluster", SPARK_GROUP: "spark"}
 
 # Where each group enters the controller's queue, as the fraction of the ungrouped (light) tests
-# queued before it: the local-Spark group first (the first worker runs it from the start), the
-# cluster group after part of the light tests (the other worker runs light tests while the first
-# runs Spark, then the cluster while Spark still runs, then both share the light tests left).
-GROUP_QUEUE_POSITION = {SPARK_GROUP: 0.0, CLUSTER_GROUP: 0.4}
+# queued before it; groups at the same position queue in this order. All three first: the two
+# workers take the first two, the one done first the third, and the light tests come last, small
+# units that even out the two workers' ends.
+GROUP_QUEUE_POSITION = {SPARK_GROUP: 0.0, JVM_GROUP: 0.0, CLUSTER_GROUP: 0.0}
 
 
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group of a test that starts or shares a JVM, else None (a light test)."""
     fixtures = set(getattr(item, "fixturenames", ()))
-    for group in (CLUSTER_GROUP, SPARK_GROUP):  # a cluster test also carries the spark marker
-        if fixtures & GROUP_FIXTURES[group] or item.get_closest_marker(GROUP_MARKERS[group]) is not None:
-            return group
+    if fixtures & GROUP_FIXTURES[CLUSTER_GROUP] or item.get_closest_marker(GROUP_MARKERS[CLUSTER_GROUP]) is not None:
+        return CLUSTER_GROUP  # a cluster test also carries the spark marker
+    if fixtures & GROUP_FIXTURES[SPARK_GROUP]:
+        return SPARK_GROUP
+    if item.get_closest_marker(GROUP_MARKERS[SPARK_GROUP]) is not None:
+        return JVM_GROUP
     return None
 
 

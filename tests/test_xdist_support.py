@@ -24,6 +24,10 @@ def test_groups_are_queued_at_their_positions_and_the_rest_keeps_its_order():
                                                *[s for s, _ in light[4:]]]
     assert queue_in_order(light, {"spark": 0.0}) == light  # a group not collected changes nothing
     assert [s for s, _ in queue_in_order([("spark", {}), *light[:2]], {"spark": 1.0})][-1] == "spark"
+    # At the same position, in the order the positions name them (not the order they were collected).
+    tied = queue_in_order([("cluster", {}), light[0], ("jvm", {}), ("spark", {})],
+                          {"spark": 0.0, "jvm": 0.0, "cluster": 0.0})
+    assert [scope for scope, _ in tied] == ["spark", "jvm", "cluster", light[0][0]]
 
 
 def test_the_sweep_kills_the_processes_carrying_the_token_wherever_they_went():
@@ -55,8 +59,11 @@ def test_jvm_tests_are_in_their_xdist_groups(request):
     items = request.session.items
     spark = [item for item in items if "spark_context" in item.fixturenames]
     cluster = [item for item in items if "spark_cluster" in item.fixturenames]
-    if not spark or not cluster:
-        pytest.skip("run with the whole suite: this session collected no local-Spark or cluster test")
+    # The tests of the spark marker that share no session: they start JVMs of their own.
+    own = [item for item in items if item.get_closest_marker("spark") is not None
+           and item.get_closest_marker("cluster") is None and "spark_context" not in item.fixturenames]
+    if not spark or not cluster or not own:
+        pytest.skip("run with the whole suite: this session collected no local-Spark, own-JVM or cluster test")
 
     def group(item: pytest.Item) -> str | None:
         mark = item.get_closest_marker("xdist_group")
@@ -64,9 +71,11 @@ def test_jvm_tests_are_in_their_xdist_groups(request):
 
     assert {group(item) for item in spark} == {"spark"}
     assert {group(item) for item in cluster} == {"cluster"}
+    assert {group(item) for item in own} == {"jvm"}
     assert group(next(item for item in items if item.nodeid == request.node.nodeid)) is None  # a light test
     folder = os.environ.get("LOCALSTATE_TEST_XDIST_GROUPS")
     if os.environ.get("PYTEST_XDIST_WORKER") and folder:  # on a worker: what it told the controller
         written = json.loads((Path(folder) / f"{os.environ['PYTEST_XDIST_WORKER']}.json").read_text())
         assert {written[item.nodeid] for item in spark} == {"spark"}
         assert {written[item.nodeid] for item in cluster} == {"cluster"}
+        assert {written[item.nodeid] for item in own} == {"jvm"}

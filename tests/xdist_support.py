@@ -16,9 +16,12 @@ Unit = TypeVar("Unit", bound=tuple)
 
 def queue_in_order(units: Sequence[Unit], positions: Mapping[str, float]) -> list[Unit]:
     """``units`` (``(scope, tests)`` pairs, in queue order) with each scope named in ``positions``
-    moved to that fraction of the other units (0.0: first, 1.0: last); the rest keep their order."""
+    moved to that fraction of the other units (0.0: first, 1.0: last; scopes at the same position in
+    the order ``positions`` names them); the rest keep their order."""
+    rank = {scope: index for index, scope in enumerate(positions)}
     rest = [unit for unit in units if unit[0] not in positions]
-    placed = sorted((unit for unit in units if unit[0] in positions), key=lambda unit: positions[unit[0]])
+    placed = sorted((unit for unit in units if unit[0] in positions),
+                    key=lambda unit: (positions[unit[0]], rank[unit[0]]))
     slots = [round(positions[unit[0]] * len(rest)) for unit in placed]
     for unit, slot in reversed(list(zip(placed, slots))):  # from the back: earlier slots stay valid
         rest.insert(slot, unit)

@@ -22,8 +22,8 @@ __all__ = ["positive_int", "partition_count", "install_stop_handlers", "StopSign
            "ignore_hangups"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""What stops ``localstate run`` cleanly (exit 0): no new batch, the batch in flight gets ``stop_grace``
-seconds to complete and be committed. SIGHUP is one of them: a service manager or a terminal that
+"""What stops ``localstate run`` cleanly (exit 0): no new batch, the batch in flight gets a grace period
+(``StopControl.grace`` seconds) to complete and be committed. SIGHUP is one of them: a service manager or a terminal that
 hangs up means "stop", and re-reading job.toml under a running job (nginx's reload) could change what
 its committed state means. A second one of them stops faster (exit 128 + its number): the batch in
 flight is abandoned, nothing of it committed; a third exits at once."""
@@ -135,8 +135,8 @@ def run(args: argparse.Namespace) -> int:
     # views the storage backends)
     from localstate.runtime.driver.plan import summary_line
     from localstate.runtime.driver.progress import ProgressObserver
+    from localstate.runtime.spark.continuous import runner_for
     from localstate.runtime.driver.views import changelog_root, job_dir, stream_location
-    from localstate.runtime.spark.runner import SparkJobRunner
 
     # Everything `localstate validate` checks, before Spark starts, every problem at once and in its
     # words; only what depends on the inputs' contents waits for the plan (runner.check_inputs).
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.from_savepoint:
         start_from_savepoint(args)  # a new state epoch, switched to before the run starts
     job = resolve_epoch(checked)  # the job bound to its current state epoch (docs/state-as-data.md)
-    runner = SparkJobRunner(job, master=args.master, batch_size=args.batch_size, progress=_say)
+    runner = runner_for(job, master=args.master, batch_size=args.batch_size, progress=_say)
     if not getattr(args, "verbose", 0):  # -v/-vv on the command line wins over the job file
         apply_log_level(job)
     signals = StopSignals(runner).install()  # from here on, a signal stops the run (Spark starting or not)
@@ -159,8 +159,11 @@ def run(args: argparse.Namespace) -> int:
             signals.install()  # again: PySpark installs its SIGINT handler when it makes the context
             ignore_hangups(context)
             try:
+                if runner.spark.continuous:
+                    _say(f"continuous: long-running tasks follow the inputs, epochs of {runner.spark.epoch:g}s")
                 if not args.until_drained:
-                    trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger else ""
+                    trigger = f", a batch at most every {runner.trigger:g}s" if runner.trigger and not \
+                        runner.spark.continuous else ""
                     _say(f"standing: waiting for new input when there is none{trigger}; stop with SIGTERM, SIGINT "
                          f"(Ctrl-C) or SIGHUP (or run with --until-drained)")
                 summary = runner.run(batches=args.batches, until_drained=args.until_drained)

@@ -266,11 +266,13 @@ class TaskInstance:
                          hint=f"fix the task's on_timer() (it failed for key {key!r} at {timestamp!r}); "
                               "state and timers are rolled back to the last commit on restart")
 
-    def maybe_window(self) -> None:
-        """Call the task's window() if ``window_interval`` has passed."""
+    def maybe_window(self) -> bool:
+        """Call the task's window() if ``window_interval`` has passed; True if it did."""
         interval = self.job.window_interval
         if interval is not None and self.clock() - self._last_window >= interval:
             self.window()
+            return True
+        return False
 
     def window(self) -> None:
         """Fire the due timers, then the task's ``window()``; then commit if the policy says so."""

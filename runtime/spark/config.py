@@ -16,7 +16,7 @@ from localstate.core.config import JobConfig
 from localstate.core.options import Option, Removed, parse_duration, validate_options
 from localstate.errors import ConfigError, ConfigProblem
 
-__all__ = ["SparkConfig", "SPARK_OPTIONS", "DEFAULT_MASTER", "is_local_master"]
+__all__ = ["SparkConfig", "SPARK_OPTIONS", "DEFAULT_MASTER", "MODES", "DEFAULT_EPOCH", "is_local_master"]
 
 DEFAULT_MASTER = "local[*]"
 
@@ -25,6 +25,26 @@ def _positive_batch_size(value: Any) -> int:
     if value < 1:
         raise ValueError(f"must be >= 1 (records per partition per micro-batch), got {value!r}")
     return value
+
+
+MODES = ("micro-batch", "continuous")
+"""``[spark] mode`` values: a Spark job per batch, or long-running tasks (:mod:`.continuous`)."""
+
+DEFAULT_EPOCH = 300.0
+"""Seconds a continuous run's tasks run before the next epoch starts (``[spark] epoch``)."""
+
+
+def _mode(value: str) -> str:
+    if value not in MODES:
+        raise ValueError(f"must be one of {', '.join(repr(m) for m in MODES)}, got {value!r}")
+    return value
+
+
+def _epoch(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds < 1.0:
+        raise ValueError(f"must be at least 1s (a continuous epoch's length), got {value!r}")
+    return seconds
 
 
 def _master(value: str) -> str:
@@ -62,6 +82,12 @@ SPARK_OPTIONS: dict[str, Option | Removed] = {
     "trigger": Option((int, float, str), default=None, parse=parse_duration,
                       doc="processing-time trigger of `localstate run`: a batch starts at most once per this "
                           "interval, e.g. '500ms' (default: as soon as input is there)"),
+    "mode": Option(str, default="micro-batch", parse=_mode,
+                   doc="how `localstate run` runs a standing job: 'micro-batch' (a Spark job per batch) or "
+                       "'continuous' (long-running tasks that follow their inputs, record at a time)"),
+    "epoch": Option((int, float, str), default=None, parse=_epoch,
+                    doc="continuous mode: how long its long-running tasks run before the driver starts the "
+                        "next epoch (snapshots, compaction, fencing), e.g. '5m' (default 5m)"),
     "keep_open": Removed(lambda value: f"write worker_affinity = {'true' if value else 'false'} instead (the one "
                                        "switch of the local-master tuning, kept instances included)"),
     "pythonpath": Removed("write pythonpath in [job] instead: the task's import path is the same on every "
@@ -87,6 +113,14 @@ class SparkConfig:
     conf: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     affinity_setting: bool = True
     """``[spark] worker_affinity`` as the file sets it (see :attr:`worker_affinity`)"""
+    mode: str = "micro-batch"
+    """``[spark] mode``: one of :data:`MODES`"""
+    epoch: float = DEFAULT_EPOCH
+    """continuous mode: seconds each epoch's long-running tasks run"""
+
+    @property
+    def continuous(self) -> bool:
+        return self.mode == "continuous"
 
     @property
     def local(self) -> bool:
@@ -115,7 +149,8 @@ class SparkConfig:
         return cls(master=str(chosen),
                    batch_size=batch_size if batch_size is not None else checked["batch_size"],
                    trigger=float(checked["trigger"] or 0.0), conf=dict(checked["conf"] or {}),
-                   affinity_setting=bool(checked["worker_affinity"]))
+                   affinity_setting=bool(checked["worker_affinity"]), mode=str(checked["mode"]),
+                   epoch=float(checked["epoch"] if checked["epoch"] is not None else DEFAULT_EPOCH))
 
     @classmethod
     def of(cls, job: JobConfig, *, master: str | None = None, batch_size: int | None = None) -> "SparkConfig":

@@ -8,12 +8,9 @@ and timings go back to the driver, which saves the checkpoint."""
 
 from __future__ import annotations
 
-import heapq
 import os
 import time
 from dataclasses import asdict
-from itertools import islice, repeat
-from operator import itemgetter
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -28,62 +25,25 @@ from localstate.runtime.spark.affinity.kept import (Lease, checkin, checkout, cl
                                                open_planned, task_context)
 from localstate.runtime.driver.plan import PartitionPlan
 from localstate.core.stream import open_input
-from localstate.core.stream import ColumnarInput, InputRecord, InputStream, seek_hint
-from localstate.core.routing import RoutingCheck
-from localstate.core.task import BatchTask, add_task_paths
-from localstate.runtime.partition.records import ColumnRows
+from localstate.core.stream import InputRecord, InputStream, seek_hint
+from localstate.core.task import add_task_paths
+from localstate.runtime.partition.reading import read_inputs
 from localstate.errors import InputPositionError
 
 __all__ = ["run_partition", "run_slot", "plan_records", "plan_fault", "task_attempt", "PlannedPartition"]
 
 
-def _sort_key(ts: float | None, index: int, offset: int) -> tuple[float, int, int]:
-    return (float("-inf") if ts is None else ts, index, offset)
-
-
-def _keyed(records: Iterator[InputRecord], index: int, name: str) -> Iterator[tuple[Any, str, InputRecord]]:
-    for record in records:
-        yield _sort_key(record.ts, index, record.offset), name, record
-
 def plan_records(instance: TaskInstance, plan: PartitionPlan,
                  inputs: Mapping[str, InputStream]) -> Iterator[tuple[str, InputRecord]]:
     """The plan's input records from the instance's positions, as ``(input, record)`` in processing
-    order: one input as read; several merged by ``(ts, input, offset)``, a merge resumable at any cut
-    (the order does not depend on batch boundaries); at most ``plan.limit`` records. A batch task
-    reading one :class:`~localstate.core.stream.ColumnarInput` gets
-    :class:`~localstate.runtime.partition.records.ColumnRows` chunks instead (the same rows). Each input's
-    co-partitioning is checked as it is read (:class:`RoutingCheck`)."""
-    partition = plan.partition
-    names = sorted(plan.ranges)
-    for name in names:
+    order (:func:`~localstate.runtime.partition.reading.read_inputs`), at most ``plan.limit`` records.
+    An instance past a planned end is refused first (:func:`_check_position`)."""
+    for name in sorted(plan.ranges):
         _check_position(instance, plan, name, inputs[name])
     planned = sum(max(0, end - instance.position(name)) for name, (_, end) in plan.ranges.items())
-    limited = plan.limit is not None and planned > plan.limit
-    if len(names) == 1 and not limited and isinstance(getattr(instance, "task", None), BatchTask) \
-            and isinstance(inputs[names[0]], ColumnarInput):
-        # A batch task reading one input that decodes to columns: chunks, no record tuple per row.
-        name = names[0]
-        chunks = inputs[name].read_columns(partition, instance.position(name), plan.ranges[name][1])  # type: ignore[attr-defined]
-        check = RoutingCheck.of(inputs[name], partition)
-        chunks = chunks if check is None else check.columns(chunks)
-        return (ColumnRows(name, columns) for columns in chunks)  # type: ignore[misc]
-    streams = [_routed(inputs[name], partition, inputs[name].read(partition, instance.position(name),
-                                                                  plan.ranges[name][1])) for name in names]
-    if len(streams) == 1:  # the common case needs no merge (and no sort key per record)
-        items: Iterator[tuple[str, InputRecord]] = zip(repeat(names[0]), streams[0])
-    else:
-        merged = heapq.merge(*(_keyed(s, i, n) for i, (n, s) in enumerate(zip(names, streams))), key=itemgetter(0))
-        items = ((name, record) for _, name, record in merged)
-    if limited:
-        items = islice(items, plan.limit)
-    return items
-
-
-def _routed(source: InputStream, partition: int, records: Iterator[InputRecord]) -> Iterator[InputRecord]:
-    """``records`` of ``source``'s ``partition`` with co-partitioning checked (:class:`RoutingCheck`):
-    a record whose key belongs to another partition becomes a bad record under ``on_misrouted``."""
-    check = RoutingCheck.of(source, partition)
-    return records if check is None else check.records(records)
+    limit = plan.limit if plan.limit is not None and planned > plan.limit else None
+    ends = {name: end for name, (_, end) in plan.ranges.items()}
+    return read_inputs(instance, plan.partition, ends, inputs, limit)
 
 
 def _check_position(instance: TaskInstance, plan: PartitionPlan, name: str, source: InputStream) -> None:

@@ -26,13 +26,18 @@ __all__ = ["Savepoint", "find_savepoints"]
 class Savepoint:
     """A whole savepoint at a location: its manifest, and its records by store and partition."""
 
-    def __init__(self, location: SavepointLocation, manifest: SavepointManifest) -> None:
+    def __init__(self, location: SavepointLocation, manifest: SavepointManifest, verify_reads: bool = False) -> None:
         self.location = location
         self.manifest = manifest
+        self.verify_reads = verify_reads
+        """check each file's size and sha256 when it is read (:meth:`records`)"""
 
     @classmethod
-    def open(cls, location: SavepointLocation, *, verify: bool = True) -> "Savepoint":
-        """The savepoint at ``location``, checked (``verify``: every file's size and sha256 too)."""
+    def open(cls, location: SavepointLocation, *, verify: bool = True, verify_reads: bool = False) -> "Savepoint":
+        """The savepoint at ``location``, checked (``verify``: every file's size and sha256 too, read
+        once beforehand; ``verify_reads``: each file's when :meth:`records` reads it, so a reader
+        that reads every file before it uses any, such as the start of a job from it, checks each
+        file without reading it twice)."""
         data = location.get(MANIFEST)
         if data is None:
             found = location.keys()
@@ -41,7 +46,7 @@ class Savepoint:
             raise SavepointCorruptError(f"savepoint location {location.where()} {what}", path=location.where(),
                                         hint="take the savepoint again, to a new location; delete what a savepoint "
                                              "cut short left")
-        savepoint = cls(location, SavepointManifest.from_json(data, location.where(MANIFEST)))
+        savepoint = cls(location, SavepointManifest.from_json(data, location.where(MANIFEST)), verify_reads)
         if verify:
             savepoint.verify()
         return savepoint
@@ -76,6 +81,12 @@ class Savepoint:
             data = self.location.get(key)
             if data is None:
                 raise self._bad(key, "is missing")
+            if self.verify_reads:
+                entry = self.manifest.files[key]
+                if len(data) != entry.bytes:
+                    raise self._bad(key, f"has {len(data)} bytes, the manifest says {entry.bytes} (truncated or replaced)")
+                if hashlib.sha256(data).hexdigest() != entry.sha256:
+                    raise self._bad(key, "fails its sha256 (altered or damaged)")
             yield from_parquet(data)
 
     def entries(self, store: str, partition: int) -> list[tuple[bytes, bytes]]:

@@ -6,7 +6,9 @@ The checks come first, each a typed error that changes nothing: the job must not
 can start meanwhile); every input must be drained (no record after the checkpointed positions:
 :class:`InputLagError` naming the input, partition and lag), because the new partitions hold their
 keys' state and would never see records left in the old ones. Then a savepoint of the current epoch
-is taken to a scratch folder in the job's directory (or to ``savepoint_to``), and the job is started
+is taken to a scratch folder in the job's directory (its raw columns only, uncompressed: nothing else
+reads it; each file checked against its size and sha256 as it is read back) or to ``savepoint_to`` (a
+whole one, every column, checked whole before it is read), and the job is started
 from it with ``partitions`` partitions (:func:`~.loader.load_savepoint`: a new epoch, switched to
 atomically; every store checked on the data to be keyed by the routing key). The old epoch stays,
 retired, until ``localstate reset --old-epochs``.
@@ -93,8 +95,10 @@ def rescale(job: JobConfig, partitions: int, *, savepoint_to: SavepointLocation 
             scratch = safe_join(job.state_dir, job.name, "savepoints", name)
             location = SavepointLocation({"url": str(scratch)})
         try:
-            take_savepoint(job, location, progress=progress)
-            savepoint = Savepoint.open(location)
+            take_savepoint(job, location, progress=progress, scratch=scratch is not None)
+            # a scratch savepoint is checked file by file as the start reads it (before the switch),
+            # not read once more beforehand; one kept elsewhere is checked whole first
+            savepoint = Savepoint.open(location, verify=scratch is None, verify_reads=scratch is not None)
             return load_savepoint(savepoint, replace(job, partitions=partitions), LoadOptions(
                 yes=True, source=f"rescale from {job.partitions} to {partitions} partitions", progress=progress))
         finally:

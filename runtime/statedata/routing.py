@@ -88,9 +88,28 @@ class KeyRouter:
 
     def route(self, partition: int, keys: list[bytes], values: list[bytes]) -> Placed:
         """Place old partition ``partition``'s records; RescaleError if one does not route there."""
+        owners = list(map(self.route_of, keys))
+        if None in owners or COPY in owners:
+            owned_keys, owned_values, store_keys = self._owned(partition, keys, values, owners)
+        else:  # every record belongs to a key (a kv store's always do)
+            owned_keys, owned_values, store_keys = keys, values, owners
+        routing = self._routing(store_keys, owned_values)
+        self._check(partition, routing, store_keys)
+        targets = partitions_of_bytes(routing, self.new) if self.new > 1 else np.zeros(len(routing), dtype=np.int64)
+        placed = _placed(owned_keys, owned_values, targets, self.new)
+        self.receivers.update(placed)
+        if self.window_store:
+            windows = self.window_targets.setdefault(partition, {})
+            for store_key, target in zip(store_keys, targets.tolist()):
+                windows.setdefault(window_number(self._decode_key(store_key)), set()).add(target)
+        return placed
+
+    def _owned(self, partition: int, keys: list[bytes], values: list[bytes], owners: list[Any]
+               ) -> tuple[list[bytes], list[bytes], list[Any]]:
+        """The records that belong to a key, with their store keys; the metadata records kept aside
+        (:attr:`copies`); RescaleError for a record that belongs to no key."""
         owned_keys, owned_values, store_keys = [], [], []
-        for key, value in zip(keys, values):
-            owner = self.route_of(key)
+        for key, value, owner in zip(keys, values, owners):
             if owner == COPY:
                 self.copies.setdefault(key, {})[partition] = value
             elif owner is None:
@@ -102,22 +121,7 @@ class KeyRouter:
                 owned_keys.append(key)
                 owned_values.append(value)
                 store_keys.append(owner)
-        routing = self._routing(store_keys, owned_values)
-        self._check(partition, routing, store_keys)
-        targets = partitions_of_bytes(routing, self.new) if self.new > 1 else np.zeros(len(routing), dtype=np.int64)
-        placed: Placed = {}
-        for key, value, target in zip(owned_keys, owned_values, targets.tolist()):
-            bucket = placed.get(target)
-            if bucket is None:
-                bucket = placed[target] = ([], [])
-            bucket[0].append(key)
-            bucket[1].append(value)
-        self.receivers.update(placed)
-        if self.window_store:
-            windows = self.window_targets.setdefault(partition, {})
-            for store_key, target in zip(store_keys, targets.tolist()):
-                windows.setdefault(window_number(self._decode_key(store_key)), set()).add(target)
-        return placed
+        return owned_keys, owned_values, store_keys
 
     def _routing(self, store_keys: list[bytes], values: list[bytes]) -> list[bytes]:
         if self.function is None:
@@ -195,6 +199,25 @@ class MergeRouter:
         keys = [key for key, _ in records]
         values = [value for _, value in records]
         return {target: (list(keys), list(values)) for target in self.targets}
+
+
+def _placed(keys: list[bytes], values: list[bytes], targets: np.ndarray, partitions: int) -> Placed:
+    """The records grouped by their target partition, each group in the records' order."""
+    if not keys:
+        return {}
+    counts = np.bincount(targets, minlength=partitions)
+    if np.count_nonzero(counts) == 1:
+        return {int(targets[0]): (list(keys), list(values))}
+    order = np.argsort(targets, kind="stable").tolist()
+    sorted_keys = [keys[i] for i in order]
+    sorted_values = [values[i] for i in order]
+    placed: Placed = {}
+    start = 0
+    for target, count in enumerate(counts.tolist()):
+        if count:
+            placed[target] = (sorted_keys[start:start + count], sorted_values[start:start + count])
+            start += count
+    return placed
 
 
 def _merge_one(store: str, key: bytes, values: list[bytes], merge: Callable[[list[bytes]], bytes] | None) -> bytes:

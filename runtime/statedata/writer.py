@@ -28,7 +28,7 @@ from localstate.core.engine import StateFormat, StoreContext
 from localstate.runtime.driver.views import committed_columns, input_partitions, load_checkpoints
 from localstate.runtime.layout import open_changelog_system
 from localstate.runtime.partition.faults import crash_point
-from localstate.runtime.statedata.columns import store_columns, to_parquet
+from localstate.runtime.statedata.columns import StoreColumns, store_columns, to_parquet
 from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.manifest import MANIFEST, FileEntry, SavepointManifest, StoreEntry, data_key
 from localstate.errors import ChangelogError, LocalStateError, StateExistsError
@@ -88,13 +88,16 @@ def store_formats(job: JobConfig) -> dict[str, str]:
 
 
 def take_savepoint(job: JobConfig, location: SavepointLocation, *,
-                   progress: Callable[[str], None] | None = None) -> SavepointManifest:
+                   progress: Callable[[str], None] | None = None, scratch: bool = False) -> SavepointManifest:
     """Write a savepoint of ``job``'s committed state (at its current epoch) to ``location``, which
-    must be empty; returns its manifest. Crash points: ``savepoint_file`` after each file,
+    must be empty; returns its manifest. ``scratch``: the savepoint a rescale takes for itself and
+    deletes once done (only it reads it back): the raw columns only, not compressed (its manifest
+    lists no decoded columns). Crash points: ``savepoint_file`` after each file,
     ``savepoint_manifest`` before the manifest."""
     check_empty(location)
     stores = logged_stores(job)
-    columns = {config.name: store_columns(job, config) for config in stores}
+    columns = {config.name: StoreColumns(()) if scratch else store_columns(job, config) for config in stores}
+    compression = "none" if scratch else "zstd"
     files: dict[str, FileEntry] = {}
     records = dict.fromkeys((config.name for config in stores), 0)
     checkpoints: dict[int, Checkpoint | None] = {}
@@ -107,7 +110,7 @@ def take_savepoint(job: JobConfig, location: SavepointLocation, *,
                 if not keys:
                     break
                 chunk = slice(start, start + ROWS_PER_FILE)
-                data = to_parquet(keys[chunk], values[chunk], columns[name])
+                data = to_parquet(keys[chunk], values[chunk], columns[name], compression)
                 key = data_key(name, partition, part)
                 location.put(key, data)
                 files[key] = FileEntry(hashlib.sha256(data).hexdigest(), len(data), len(keys[chunk]))

@@ -22,7 +22,6 @@ crash_writer = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 _spec.loader.exec_module(crash_writer)  # type: ignore[union-attr]
 
 
-@pytest.mark.slow
 def test_kill_minus_nine_never_loses_flushed_records(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     rng = random.Random(20261122)
     flushed = 0

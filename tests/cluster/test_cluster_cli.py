@@ -11,7 +11,7 @@ import pytest
 from localstate.core.config import load_job_config
 from tests.spark.test_spark_runtime import actual_hourly, cli_command, expected_hourly, windowed_counts_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 #: Events per partition: two batches of 4000 on the cluster, the first hour of every user closed
 #: (the example's 20000 add nothing here).

@@ -27,7 +27,7 @@ from jobs import PARTITIONS, actual_outputs, expected_outputs, expected_state, f
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.runtime.layout import open_changelog_system
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.kafka]
 
 BATCH = 300
 CHANGELOG = "cluster-counts-counts-changelog"

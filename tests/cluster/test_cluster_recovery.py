@@ -32,7 +32,7 @@ from jobs import EVENTS, PARTITIONS, actual_outputs, check_exact, freeze_host_mi
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.runtime.layout import checkpoint_store, open_changelog_system
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 BATCH = 600  # records per partition and batch: 4 batches
 

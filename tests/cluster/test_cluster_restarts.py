@@ -39,7 +39,7 @@ from localstate.runtime.driver.progress import PROGRESS_FILE, progress_directory
 from localstate.runtime.spark.cluster import local_home  # noqa: E402
 from localstate.runtime.spark.devcluster import HOST_DIR_VARIABLE  # noqa: E402
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 LINES = 120
 """lines appended to each input partition before each run"""

@@ -27,7 +27,7 @@ from jobs import EVENTS, PARTITIONS, check_exact, wait_for, write_job  # noqa: E
 from localstate.core.config import load_job_config  # noqa: E402
 from localstate.runtime.layout import checkpoint_store, open_changelog_system  # noqa: E402
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 EVERY = 5
 BATCHES = 20

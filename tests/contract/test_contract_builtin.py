@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from contract_adapters import CRASH_ADAPTERS
 
 from localstate.testing.contract import ContractSuite, check_crash
@@ -34,6 +33,5 @@ KILL_POINTS = [("flushing", _adapter("KvAdapter(backend=rocksdb)"), 2, 0.0002),
                 1, 0.0145)]
 
 
-@pytest.mark.slow
 def test_crash_every_builtin_engine(tmp_path: Path) -> None:
     check_crash(CRASH_ADAPTERS, tmp_path, seed=1, kill_points=KILL_POINTS)

@@ -31,7 +31,6 @@ def doc_files(directory: Path) -> dict[str, Path]:
     return files
 
 
-@pytest.mark.slow
 def test_doc_example_passes_the_suite(tmp_path: Path) -> None:
     files = doc_files(tmp_path)
     assert set(files) == {"toy_engine.py", "test_toy_contract.py"}
@@ -193,7 +192,6 @@ class AheadAdapter(ToyAdapter):
 '''
 
 
-@pytest.mark.slow
 def test_crash_check_catches_local_state_ahead_of_the_changelog(toy: Any, tmp_path: Path) -> None:
     """Only a SIGKILL inside flush shows it: the kill point is the engine's own "early" line."""
     directory = Path(toy[0].__file__).parent

@@ -43,7 +43,6 @@ class TestWriteBehindKv(ContractSuite):
     test_crash = None  # one child for all adapters below
 
 
-@pytest.mark.slow
 def test_crash_write_behind(tmp_path: Path) -> None:
     check_crash([WriteBehindKvAdapter("rocksdb", bulk=3000), WriteBehindKvAdapter("lmdb", bulk=3000)],
                 tmp_path, seed=3, kills=4)

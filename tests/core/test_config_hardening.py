@@ -153,7 +153,10 @@ def test_a_valid_spark_table_parses_once_into_a_spark_config():
     assert spark == SparkConfig(master="local[2]", batch_size=10, trigger=0.0, affinity_setting=False,
                                 conf={"spark.executor.memory": "2g", "spark.task.maxFailures": 4})
     assert SparkConfig.of(parse_job_config(with_job())) == SparkConfig()
-    assert set(live_options(SPARK_OPTIONS)) == {"master", "batch_size", "worker_affinity", "conf", "trigger"}
+    assert set(live_options(SPARK_OPTIONS)) == {"master", "batch_size", "worker_affinity", "conf", "trigger", "mode",
+                                                "epoch"}
+    assert SparkConfig.parse({"mode": "continuous", "epoch": "2m"}).continuous
+    assert SparkConfig.parse({"mode": "continuous", "epoch": "2m"}).epoch == 120.0
     assert SparkConfig.parse({"trigger": "500ms"}).trigger == 0.5
     # command-line flags win over the table
     assert SparkConfig.of(job, master="local[4]", batch_size=3).master == "local[4]"

@@ -468,6 +468,7 @@ FRAGMENTS: dict[str, tuple[Path, Path, dict]] = {
     "search/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "sketch/stores.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "spark/worker_affinity.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
+    "spark/continuous.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "operations/metrics.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     "time/job.toml": (FIRST / "job.toml", FIRST / "my_tasks.py", {}),
     # a plugin's store: validated with that plugin installed as a local plugin of the job's policy

@@ -56,7 +56,6 @@ def final_state(state: Path, mode: str) -> tuple[list[Any], list[Any], int]:
     return content, outputs, commit["position"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("mode,ops", [("topn", 12_000), ("reorder", 8_000)])  # >= 4 commits of 400 ops left to kill in
 def test_kill9_mid_run_recovers_identically(tmp_path: Path, mode: str, ops: int) -> None:
     seed, every = 7, 400

@@ -16,6 +16,7 @@ import json
 import shutil
 import tomllib
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from localstate.changelog.kafka.devbroker import free_port
 from localstate.core.config import JobConfig, parse_job_config
 from localstate.core.options import validate_options
 from localstate.core.partitioner import partition_for
+from localstate.runtime.spark.continuous import ContinuousRunner
 from localstate.runtime.spark.runner import SparkJobRunner, spark_context
 from localstate.core.stream import open_output
 from localstate.streams.generator import generate
@@ -91,6 +93,18 @@ def _generated(job: JobConfig, stream: str, partition: int) -> list[tuple[int, A
                          float(o.get("rate", 100.0)), float(o.get("start_ts", 1_700_000_000.0)), 0, o["events"]))
 
 
+def _closed_hours(source: JobConfig, job: JobConfig) -> Counter:
+    """Views per closed (user, hour) window of the generator's page views: what the job must emit."""
+    expected: Counter = Counter()
+    for partition in range(job.partitions):
+        rows = _generated(source, "page_views", partition)
+        last_hour = int(rows[-1][2]["ts"] // 3600)
+        for _, user, value in rows:
+            if int(value["ts"] // 3600) < last_hour:
+                expected[(user, int(value["ts"] // 3600))] += 1
+    return expected
+
+
 def _output_records(job: JobConfig, name: str) -> list[tuple[int, Any, Any, dict[str, bytes]]]:
     """(topic partition, key, value, headers) of every record of a Kafka output, and a check
     that each sits in the partition murmur2 gives its key."""
@@ -112,13 +126,7 @@ def test_windowed_counts_on_kafka_exact(tmp_path, spark, kafka_broker, topic_pre
     summary = SparkJobRunner(job, context=spark.sparkContext, progress=None).run()
     assert summary.records_in == 2 * 6000 and summary.lag == 0 and len(summary.batches) == 3
 
-    expected: Counter = Counter()  # independent: closed (user, hour) windows from the generator
-    for partition in range(job.partitions):
-        rows = _generated(source, "page_views", partition)
-        last_hour = int(rows[-1][2]["ts"] // 3600)
-        for _, user, value in rows:
-            if int(value["ts"] // 3600) < last_hour:
-                expected[(user, int(value["ts"] // 3600))] += 1
+    expected = _closed_hours(source, job)  # independent: closed (user, hour) windows from the generator
     records = _output_records(job, "hourly-counts")
     actual = {(user, value["hour"]): value["count"] for _, user, value, _ in records}
     assert len(actual) == len(records), "a window was emitted twice"
@@ -135,6 +143,20 @@ def test_windowed_counts_on_kafka_exact(tmp_path, spark, kafka_broker, topic_pre
     finally:
         release_consumer(settings, consumer)
     assert len(ends) == 2 and all(end > 0 for end in ends.values())
+
+
+def test_windowed_counts_on_kafka_exact_in_continuous_mode(tmp_path, spark, kafka_broker, topic_prefix):
+    """Continuous mode follows Kafka input topics and writes Kafka outputs and changelogs: the same
+    closed windows, each once, as the generator gives."""
+    source, job = _jobs(tmp_path, "windowed_counts", kafka_broker, topic_prefix, {"page_views": 6000}, 2500)
+    job = replace(job, spark={**job.spark, "mode": "continuous", "epoch": "1m"})
+    summary = ContinuousRunner(job, context=spark.sparkContext, progress=None).run(until_drained=True)
+    assert summary.records_in == 2 * 6000 and summary.records_out > 0
+    expected = _closed_hours(source, job)
+    records = _output_records(job, "hourly-counts")
+    actual = {(user, value["hour"]): value["count"] for _, user, value, _ in records}
+    assert len(actual) == len(records), "a window was emitted twice"
+    assert expected and actual == expected
 
 
 def test_stream_table_join_on_kafka_exact(tmp_path, spark, kafka_broker, topic_prefix):

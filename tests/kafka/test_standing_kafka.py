@@ -25,7 +25,7 @@ from localstate.runtime.driver.progress import PROGRESS_FILE, progress_directory
 from tests.spark.test_spark_runtime import cli_command
 from tests.spark.test_standing_run import (STOP_TIMEOUT, assert_exact, standing, wait_for_counts, wait_for_file)
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 
 
@@ -99,6 +99,7 @@ def test_standing_run_on_kafka_follows_produced_records_and_stops_on_ctrl_c(tmp_
     assert_exact(job_file, keys)
 
 
+@pytest.mark.slow  # the same kill on a jsonl input: tests/spark/test_standing_run.py, in the default run
 def test_standing_run_on_kafka_driver_sigkill_mid_batch_then_restart_is_exact(tmp_path, kafka_broker, topic_prefix):
     topic = topic_prefix + "killed-driver"
     send = _topic(kafka_broker, topic)

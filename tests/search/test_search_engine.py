@@ -366,7 +366,6 @@ def test_docs_example_runs(capsys) -> None:
     assert out[1] == "[]" and out[2].startswith("a1 ") and out[-1] == "2 2"
 
 
-@pytest.mark.slow
 def test_stdlib_example_runs(tmp_path: Path) -> None:
     import subprocess
     import sys

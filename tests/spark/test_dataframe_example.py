@@ -18,7 +18,7 @@ from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import add_task_paths
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dataframe"
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.spark
 
 
 def _load_example(example: Path):
@@ -28,7 +28,10 @@ def _load_example(example: Path):
     return module
 
 
-@pytest.mark.parametrize("task", ["CountPerUser", "CountPerUserBatch"])
+# The example's default task in the default run; its batch task as this streaming query is the slow
+# soak (`-m slow`): tests/spark/test_batch_examples_spark.py's test_counting_dataframe_step runs both
+# of the example's tasks through a DataFrame step in the default run.
+@pytest.mark.parametrize("task", ["CountPerUser", pytest.param("CountPerUserBatch", marks=pytest.mark.slow)])
 def test_rate_counts_example(spark_context, tmp_path, capsys, task):
     from pyspark.sql import SparkSession
 

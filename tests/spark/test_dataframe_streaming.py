@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dataframe_tasks import expected_outputs, job_config, read_state  # noqa: E402
 
 DRIVER = Path(__file__).resolve().parent / "dataframe_stream_driver.py"
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.spark
 
 
 def _write_inputs(directory: Path, batches: list[list[dict]]) -> None:

@@ -45,7 +45,7 @@ from localstate.tools.status import job_status
 from .test_spark_runtime import cli_command
 from .test_standing_run import PARTITIONS, START_TIMEOUT, Lines, append, assert_exact, counting_job, wait_for_file
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.spark
 
 STOP_TIMEOUT = 120.0  # generous bound on a stop (never asserted as a timing): grace 10 s + Spark's shutdown
 

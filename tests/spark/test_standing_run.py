@@ -160,7 +160,6 @@ def counting_job(tmp_path: Path, name: str) -> Path:
     return write_counting_job(tmp_path, name, job={"task": "standing_task:SlowOnce"}, store={"backend": "memory"})
 
 
-@pytest.mark.slow
 def test_standing_jsonl_follows_appends_survives_a_killed_worker_and_stops_on_sigterm(tmp_path):
     job_file = counting_job(tmp_path, "standing-jsonl")
     data = tmp_path / "data"
@@ -221,7 +220,6 @@ def test_standing_jsonl_follows_appends_survives_a_killed_worker_and_stops_on_si
     assert_exact(job_file, keys)
 
 
-@pytest.mark.slow
 def test_standing_driver_sigkill_mid_batch_then_restart_is_exact(tmp_path):
     job_file = counting_job(tmp_path, "standing-kill")
     data = tmp_path / "data"

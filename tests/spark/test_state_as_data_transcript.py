@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.spark
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "state-as-data.md"

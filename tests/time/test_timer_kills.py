@@ -83,10 +83,12 @@ def test_the_model_fires_timers_pending_across_commits_and_while_firing() -> Non
     assert 20 < sum(kind == "processing" for _, (_, kind) in fired) < RECORDS // 5  # the last ones stay pending
 
 
-@pytest.mark.slow
+# Each crash point once in the default run; a second firing kill and three kills in a row are the
+# slow soak (`-m slow`).
 @pytest.mark.parametrize("crashes", [
-    ["process:57"], ["timer_fire:1"], ["timer_fire:9"], ["after_timers:2"], ["mid_flush:3"],
-    ["after_flush:3"], ["after_checkpoint:3"], ["timer_fire:30", "after_flush:2", "timer_fire:5"],
+    ["process:57"], ["timer_fire:1"], pytest.param(["timer_fire:9"], marks=pytest.mark.slow), ["after_timers:2"],
+    ["mid_flush:3"], ["after_flush:3"], ["after_checkpoint:3"],
+    pytest.param(["timer_fire:30", "after_flush:2", "timer_fire:5"], marks=pytest.mark.slow),
 ])
 def test_each_timer_fires_exactly_once_across_kills(tmp_path: Path, crashes: list[str]) -> None:
     state = tmp_path / "state"
@@ -100,8 +102,8 @@ def test_an_uninterrupted_run_matches_the_model(tmp_path: Path) -> None:
     assert outputs(tmp_path / "state") == [(key, list(value)) for key, value in model(RECORDS, COMMIT_EVERY)]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("crashes", [["commit_pending:3"], ["timer_fire:12", "commit_pending:2"]])
+@pytest.mark.parametrize("crashes", [["commit_pending:3"],
+                                     pytest.param(["timer_fire:12", "commit_pending:2"], marks=pytest.mark.slow)])
 def test_each_timer_fires_exactly_once_across_kills_with_pipelined_commits(tmp_path: Path, crashes: list[str]) -> None:
     """The objectstore changelog: commits are pipelined, and a kill between a commit's writes and its
     checkpoint (``commit_pending``, on the committer thread) rolls the firings of that commit back."""
