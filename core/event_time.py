@@ -95,6 +95,17 @@ class TimestampRule:
         self._low = -_FINITE if minimum is None else float(minimum)
         self._high = _FINITE if maximum is None else float(maximum)
 
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.input, self.unit, self.minimum, self.maximum)
+
+    def __eq__(self, other: object) -> bool:
+        """Rules are equal when they are made of the same options (a DataFrame step's micro-batches
+        each build theirs, and share one apply stage while they are equal)."""
+        return isinstance(other, TimestampRule) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
     def seconds(self, value: Any, per_second: float | None = None) -> float | None:
         """``value`` (a record's timestamp as read, in the input's unit, or ``per_second`` units a
         second for a timestamp whose unit is fixed, such as a Kafka record's milliseconds; None: it

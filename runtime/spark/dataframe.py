@@ -14,7 +14,9 @@ One batch (:func:`run_batch`, on the driver):
    and ``monotonically_increasing_id()`` its sequence number, assigned *before* the
    shuffle (input partition and row index), so the order is the same each time Spark executes the
    batch again. ``repartition`` on a route value chosen per partition (:func:`routes`) puts job
-   partition ``p`` into Spark partition ``p``.
+   partition ``p`` into Spark partition ``p``. With ``partitioned`` (input already partitioned by
+   key, e.g. a Kafka topic read through ``localstate-kafka``) there is none of this: the rows stay
+   where they are and step 3 checks each row's partition.
 3. ``mapInArrow`` sorts each job partition's rows by ``(order_by, sequence)``, checks Spark's
    ``streaming.sql.batchId`` against the batch id, checks the partition's instance out of its Python
    worker (:func:`~.instances.checkout`: the one kept open since the partition's last batch if the
@@ -26,6 +28,10 @@ One batch (:func:`run_batch`, on the driver):
    ``keep_open`` the worker keeps the instance open for the partition's next batch.
 4. When every task succeeded, the driver saves the checkpoints; the result is a DataFrame read from
    the batch's output files (:data:`OUTPUT_SCHEMA`).
+
+Steps 2 and 3 are one Spark job (adaptive query execution off for it: :func:`_job_settings`) whose
+apply stage is made once per DataFrame shape (:class:`_ApplyStage`); the batch's own fields reach its
+tasks as JSON in a local property (:data:`BATCH_PROPERTY`).
 
 Why exactly once. The batch id is committed in each partition's checkpoint, atomically with its state
 (the same file names the changelog offsets). A partition whose checkpoint already holds batch ``B``
@@ -57,13 +63,25 @@ from itertools import count, repeat
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, cast
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark import TaskContext
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.functions import pandas_udf
+from pyspark.sql.pandas.types import to_arrow_type
+from pyspark.sql.types import DateType, IntegerType, NumericType, TimestampNTZType, TimestampType
+from pyspark.util import PythonEvalType
+
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig, load_job_config
 from localstate.core.fsutil import ensure_dir, os_error, write_atomic
 from localstate.core.names import safe_join
-from localstate.core.partitioner import partitions_of
-from localstate.runtime.layout import checkpoint_store, epoch_parts, job_directory, open_changelog_system, \
-    resolve_epoch
+from localstate.core.partitioner import partition_for, partitions_of
+from localstate.runtime.layout import (checkpoint_store, create_changelog_streams, epoch_parts, job_directory,
+                                       resolve_epoch)
 from localstate.runtime.spark.failures import executor_failure, spark_failure
 from localstate.runtime.spark.affinity.exchange import RowExchange
 from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
@@ -74,11 +92,12 @@ from localstate.core.options import validate_options
 from localstate.core.stream import NO_BOUNDS, BadTimestamp, InputRecord, TimestampRule, timestamp_rule
 from localstate.core.event_time import TIMESTAMP_OPTIONS
 from localstate.core.task import BatchTask, OutgoingMessage, add_task_paths, load_task_class, merge_counts
-from localstate.errors import BatchOrderError, CheckpointIOError, LocalStateError, OutputIOError, SchemaError
+from localstate.errors import (BatchOrderError, CheckpointIOError, InputError, LocalStateError, OutputIOError,
+                               SchemaError)
 
 __all__ = ["run_batch", "foreach_batch", "release", "BATCH_ID_PROPERTY", "batch_outputs", "dataframe_spec", "DataFrameSpec", "DataFrameBatch",
            "BatchOutputs", "OUTPUT_SCHEMA", "TASK_PHASES", "routes", "ARROW_BATCH_ROWS", "partition_column",
-           "MURMUR2_CLASS", "routed", "jvm_has_murmur2"]
+           "MURMUR2_CLASS", "routed", "jvm_has_murmur2", "BATCH_PROPERTY", "APPLY_WORKERS_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +114,7 @@ ARROW_BATCH_ROWS = 100_000
 mapInArrow), unless the session sets ``spark.sql.execution.arrow.maxRecordsPerBatch`` itself: Spark's
 default (10,000) hands a 100k-row micro-batch over in ten round trips per stage, this in one."""
 _ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+_AQE_CONF = "spark.sql.adaptive.enabled"
 
 _PARTITION, _SEQ = "__localstate_partition", "__localstate_seq"
 _COLUMN = "__localstate_c"
@@ -184,9 +204,6 @@ def dataframe_spec(df: Any, job: JobConfig, *, key: str, order_by: str | None = 
     an input's options of the same names (:data:`~localstate.core.event_time.TIMESTAMP_OPTIONS`;
     by default no bounds: the order column may be any ordering number); a bad one is a ConfigError at
     ``<stream>.<option>``."""
-    from pyspark.sql.pandas.types import to_arrow_type
-    from pyspark.sql.types import DateType, NumericType, TimestampNTZType, TimestampType
-
     schema = df.schema
     names = [field.name for field in schema.fields]
     for name in names:
@@ -288,9 +305,6 @@ class BatchOutputs:
     def write(self, partition: int, messages: list[OutgoingMessage]) -> dict[str, int]:
         """Write the batch's messages; returns ``{OUTPUT_ROWS: n}``, which the checkpoint records (a
         batch without messages writes no file: its checkpoint says there is none to read)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         if self.batch is None:
             raise OutputIOError("DataFrame outputs written before the batch began", partition=partition)
         n = len(messages)
@@ -381,8 +395,6 @@ def partition_column(spec: DataFrameSpec, jvm: bool = True) -> Any:
     cannot pass, go through an Arrow UDF, as every key does with ``jvm=False`` (a Spark without the
     class, :func:`jvm_has_murmur2`). A null key is refused with SchemaError naming the column (by the
     UDF, or by the apply task when the JVM gave it a null partition)."""
-    from pyspark.sql import functions as F
-
     sql = _partition_sql(spec, jvm)
     if sql is None:
         return _partition_udf(spec)(F.col(_sql_name(spec.key)))
@@ -439,9 +451,7 @@ def _sql_name(column: str) -> str:
 def _partition_udf(spec: DataFrameSpec) -> Any:
     """An Arrow UDF of the key column: each row's job partition. Only the key column travels to
     Python and back (the other columns stay in the JVM until the task that applies them)."""
-    import pyarrow as pa
-    from pyspark.sql.functions import arrow_udf
-    from pyspark.sql.types import IntegerType
+    from pyspark.sql.functions import arrow_udf  # why: PySpark >= 4.1 only; JVM routing needs no UDF
 
     partitions, column = spec.job.partitions, spec.key
 
@@ -454,7 +464,10 @@ def _partition_udf(spec: DataFrameSpec) -> Any:
 
 @dataclass(frozen=True)
 class _BatchTask:
-    """What every task of one batch's apply stage gets from the driver."""
+    """What every task of one batch's apply stage gets from the driver: the DataFrame's spec and
+    whether its input is partitioned by key already (the same for every batch of a query: shipped
+    with the apply function, :class:`_ApplyStage`), and the batch's own fields (shipped as JSON in
+    the local property :data:`BATCH_PROPERTY`, :meth:`property_value`)."""
 
     spec: DataFrameSpec
     batch: int
@@ -466,22 +479,57 @@ class _BatchTask:
     fault: Mapping[str, Any] | None = None
     exchange: str | None = None
     """the batch's row exchange directory (:mod:`.exchange`; with ``keep_open``), None: no exchange"""
+    partitioned: bool = False
+    """the DataFrame's Spark partition p holds job partition p's rows only: no shuffle (checked per row)"""
+
+    def property_value(self) -> str:
+        """The batch's own fields as the value of :data:`BATCH_PROPERTY`: a JSON object of plain
+        values (nothing an executor unpickles)."""
+        return json.dumps({"batch": self.batch, "run_id": self.run_id, "keep_open": self.keep_open,
+                           "tune_worker": self.tune_worker, "fault": None if self.fault is None else dict(self.fault),
+                           "exchange": self.exchange}, separators=(",", ":"))
+
+    @classmethod
+    def on_executor(cls, spec: DataFrameSpec, partitioned: bool) -> "_BatchTask":
+        """The batch this task runs: ``spec``, ``partitioned`` and the fields the driver set in
+        :data:`BATCH_PROPERTY` (BatchOrderError when there is none, or it is not what
+        :meth:`property_value` writes)."""
+        context = TaskContext.get()
+        value = context.getLocalProperty(BATCH_PROPERTY) if context is not None else None
+        hint = "apply a DataFrame through localstate.spark.run_batch or foreach_batch"
+        if value is None:
+            raise BatchOrderError(f"the apply task found no {BATCH_PROPERTY} property: it was not started by "
+                                  "localstate's run_batch", hint=hint)
+        try:
+            fields = json.loads(value)
+            task = cls(spec, fields["batch"], fields["run_id"], fields["keep_open"], fields["tune_worker"],
+                       fields["fault"], fields["exchange"], partitioned)
+        except (ValueError, TypeError, KeyError):
+            task = None
+        if task is None or type(task.batch) is not int or not isinstance(task.run_id, str) \
+                or not isinstance(task.exchange, (str, type(None))) or not isinstance(task.fault, (dict, type(None))):
+            raise BatchOrderError(f"the apply task found a {BATCH_PROPERTY} property it cannot read: {value[:200]!r}",
+                                  hint=hint)
+        return task
 
 
-def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """mapInArrow after the shuffle: feed each job partition found in this Spark partition."""
+BATCH_PROPERTY = "localstate.dataframe.batch"
+"""The Spark local property carrying a batch's own fields (:class:`_BatchTask`, as JSON) to its apply
+tasks: one Py4J call per batch, where shipping them with the apply function would build a new
+Python UDF, and its JVM objects, for every micro-batch."""
+
+
+def _apply(spec: DataFrameSpec, partitioned: bool) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """mapInArrow's function: feed each job partition found in this Spark partition (after the
+    shuffle, or as the input is with ``partitioned``) the rows of the batch named by
+    :data:`BATCH_PROPERTY`. The same for every batch of a DataFrame shape (``spec``)."""
 
     def apply(batches: Iterator[Any]) -> Iterator[Any]:
-        import numpy as np
-        import pyarrow as pa
-
-        from pyspark import TaskContext
-
         started_at, started = time.time(), time.perf_counter()
-        spec = task.spec
+        task = _BatchTask.on_executor(spec, partitioned)
+        slot = TaskContext.get().partitionId()
         exchange, kept, offer = None, None, False
         if task.exchange is not None:  # announced before the rows arrive: the partner task reads it meanwhile
-            slot = TaskContext.get().partitionId()
             exchange = RowExchange(Path(task.exchange), slot)
             kept = kept_partition(spec.job, task.run_id)
             offer = exchange.announce(slot, kept)
@@ -494,14 +542,16 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
         if table.column(spec.key).null_count:  # before anything is applied: no partition gets the batch
             raise SchemaError(f"key column {spec.key!r} holds a null key", column=spec.key,
                               hint="filter out rows without a key, or fill them in")
-        order = [(_PARTITION, "ascending")] + ([(spec.order_by, "ascending")] if spec.order_by else []) \
-            + [(_SEQ, "ascending")]
-        table = table.sort_by(order)
-        parts = table.column(_PARTITION).to_numpy()
-        starts = np.flatnonzero(np.r_[True, parts[1:] != parts[:-1]])
-        ends = np.r_[starts[1:], len(parts)]
-        own = {int(parts[start]): table.slice(start, end - start)
-               for start, end in zip(starts.tolist(), ends.tolist())}
+        if partitioned:
+            misplaced = _misplaced(table, spec, slot)
+            if misplaced is not None:
+                if exchange is not None and offer:
+                    exchange.withdraw()
+                yield _error_row(misplaced, task.batch, slot, started_at)
+                return
+            own = {slot: _in_order(table, spec)}
+        else:
+            own = _split(table, spec)
         assigned = exchange.assignments(own, kept, offer) if exchange is not None else own.items()
         received = time.perf_counter() - started
         for partition, rows in assigned:
@@ -513,6 +563,61 @@ def _apply(task: _BatchTask) -> Callable[[Iterator[Any]], Iterator[Any]]:
     return apply
 
 
+def _in_order(table: Any, spec: DataFrameSpec) -> Any:
+    """One job partition's rows in feeding order: by ``order_by`` (a stable sort: ties keep their
+    order), then by sequence number where the rows came through the shuffle (whose order a retry
+    may change); rows read as they are (``partitioned``) are in their input order already."""
+    keys = ([(spec.order_by, "ascending")] if spec.order_by else []) + \
+        ([(_SEQ, "ascending")] if _SEQ in table.column_names else [])
+    return table.sort_by(keys) if keys else table
+
+
+def _split(table: Any, spec: DataFrameSpec) -> dict[int, Any]:
+    """The rows of a shuffled Spark partition by job partition (:func:`routes` puts one in each),
+    each in feeding order (:func:`_in_order`)."""
+
+    parts = table.column(_PARTITION)
+    low, high = pc.min_max(parts).values()
+    if low == high:
+        return {int(low.as_py()): _in_order(table, spec)}
+    table = table.sort_by([(_PARTITION, "ascending")])
+    column = table.column(_PARTITION).to_numpy()
+    starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]])
+    ends = np.r_[starts[1:], len(column)]
+    return {int(column[start]): _in_order(table.slice(start, end - start), spec)
+            for start, end in zip(starts.tolist(), ends.tolist())}
+
+
+def _misplaced(table: Any, spec: DataFrameSpec, slot: int) -> LocalStateError | None:
+    """With ``partitioned``: the InputError for rows of Spark partition ``slot`` whose key belongs to
+    another job partition (or a Spark partition beyond the job's partitions), else None."""
+
+    partitions = spec.job.partitions
+    hint = ("pass partitioned=False (the rows are then shuffled by key), or read a source whose Spark partition p "
+            "holds job partition p's keys only, e.g. a Kafka topic with the job's partition count written with "
+            "Kafka's default (murmur2) partitioner through localstate-kafka")
+    if slot >= partitions:
+        return InputError(f"partitioned=True, but the DataFrame has a Spark partition {slot} and the job "
+                          f"{partitions} partitions", partition=slot, hint=hint)
+    owners = _partitions_of(table.column(spec.key).combine_chunks(), partitions, spec.key)
+    wrong = pc.not_equal(owners, slot)
+    if pc.any(wrong).as_py():
+        key = table.column(spec.key).filter(wrong)[0].as_py()
+        return InputError(f"partitioned=True, but Spark partition {slot} holds key {key!r:.80} of job partition "
+                          f"{partition_for(key, partitions)}", partition=slot, column=spec.key, hint=hint)
+    return None
+
+
+def _error_row(error: BaseException, batch: int, partition: int, started: float) -> Any:
+    """The apply stage's result row reporting ``error`` (raised on the driver)."""
+
+    result: dict[str, Any] = {"partition": partition, "applied": False, "checkpoint": None, "records": 0,
+                              "outputs": 0, "reused": False, "query_batch": None, "pid": os.getpid(),
+                              "started": started, "error": executor_failure(error, batch, partition),
+                              "counts": "{}", **dict.fromkeys(TASK_PHASES, 0.0)}
+    return pa.RecordBatch.from_pylist([result], schema=_result_schema())
+
+
 def _original_names(table: Any, spec: DataFrameSpec) -> Any:
     """``table`` (the apply stage's input) with the input columns under their own names again."""
     names = {f"{_COLUMN}{index}": name for index, name in enumerate(spec.columns)}
@@ -520,8 +625,6 @@ def _original_names(table: Any, spec: DataFrameSpec) -> Any:
 
 
 def _result_schema() -> Any:
-    import pyarrow as pa
-
     return pa.schema([("partition", pa.int32()), ("applied", pa.bool_()), ("checkpoint", pa.string()),
                       ("records", pa.int64()), ("outputs", pa.int64()), ("reused", pa.bool_()),
                       ("query_batch", pa.int64()), ("pid", pa.int64()), ("started", pa.float64()),
@@ -538,25 +641,39 @@ def _row_values(rows: Any, names: Iterable[str]) -> list[dict[str, Any]]:
 
 
 def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, InputRecord]]:
-    """The rows as ``(stream, InputRecord)``, offsets counting on from the partition's position."""
-    import pyarrow.compute as pc
-
+    """The rows as ``(stream, InputRecord)``, offsets counting on from the partition's position. The
+    order column's timestamps are checked as one column (:meth:`TimestampRule.column_fits`): when all
+    fit, each record takes its seconds as they are; else every row is checked on its own, and one
+    the rule refuses is a bad record (:func:`_checked_record`)."""
     keys = rows.column(spec.key).to_pylist()
     if spec.value is not None:
         values: list[Any] = rows.column(spec.value).to_pylist()
     else:
         values = _row_values(rows, spec.columns)
-    if spec.ts == "number":  # seconds as a float, as every input gives them (and a batch task's column)
+    if spec.ts is None:
+        return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, repeat(None)))
+    seconds = _seconds(spec, rows.column(spec.order_by))
+    if spec.timestamps.column_fits(seconds):  # seconds as a float, as every input gives them
+        return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, seconds.to_pylist()))
+    if spec.ts == "number":
         times: Iterable[Any] = pc.cast(rows.column(spec.order_by), "float64").to_pylist()
         per_second = None
-    elif spec.ts == "timestamp":
-        column = rows.column(spec.order_by)
-        times = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()
-        per_second = 1e6
     else:
-        return zip(repeat(spec.stream), map(InputRecord, count(start), keys, values, repeat(None)))
+        times = pc.cast(pc.cast(rows.column(spec.order_by), "timestamp[us]"), "int64").to_pylist()
+        per_second = 1e6
     return zip(repeat(spec.stream), map(_checked_record, count(start), keys, values, times,
                                         repeat(spec.timestamps), repeat(per_second)))
+
+
+def _seconds(spec: DataFrameSpec, column: Any) -> Any:
+    """The order column (``spec.ts`` set) as event time in seconds, float64: a numeric one divided by
+    its ``timestamp_unit``, a timestamp or date one from its microseconds. Each value is what
+    :meth:`TimestampRule.seconds` gives for it (the same float division)."""
+    if spec.ts == "number":
+        times = pc.cast(column, pa.float64())
+        return times if spec.timestamps.per_second == 1.0 else pc.divide(times, spec.timestamps.per_second)
+    micros = pc.cast(pc.cast(column, "timestamp[us]"), "int64")
+    return pc.divide(pc.cast(micros, pa.float64()), 1e6)
 
 
 def _checked_record(offset: int, key: Any, value: Any, ts: Any, rule: TimestampRule,
@@ -575,10 +692,6 @@ def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows] |
     or a struct of every input column; ``timestamp`` the order column in seconds (float64) when it is
     numeric, a timestamp or a date, else null. None when a timestamp is one ``spec.timestamps`` refuses
     (the caller feeds the rows as records instead, that row a bad record)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     table = rows.combine_chunks()
     n = table.num_rows
     if not n:
@@ -593,17 +706,8 @@ def _arrow_rows(spec: DataFrameSpec, rows: Any, start: int) -> list[ArrowRows] |
         value = column(spec.value)
     else:
         value = pa.StructArray.from_arrays([column(name) for name in spec.columns], names=list(spec.columns))
-    rule = spec.timestamps
-    if spec.ts == "number":
-        times = pc.cast(column(spec.order_by), pa.float64())  # type: ignore[arg-type]
-        if rule.per_second != 1.0:
-            times = pc.divide(times, rule.per_second)
-    elif spec.ts == "timestamp":
-        micros = pc.cast(pc.cast(column(spec.order_by), "timestamp[us]"), "int64")  # type: ignore[arg-type]
-        times = pc.divide(pc.cast(micros, pa.float64()), 1e6)
-    else:
-        times = pa.nulls(n, pa.float64())
-    if spec.ts is not None and times.null_count < n and not rule.column_fits(times):
+    times = _seconds(spec, column(spec.order_by)) if spec.ts is not None else pa.nulls(n, pa.float64())
+    if spec.ts is not None and times.null_count < n and not spec.timestamps.column_fits(times):
         return None  # a timestamp the rule refuses: the rows go as records, that one a bad record
     offsets = pa.array(np.arange(start, start + n, dtype=np.int64))
     schema = pa.schema([pa.field("key", key.type), pa.field("value", value.type),
@@ -616,8 +720,6 @@ def _query_batch(batch: int) -> int | None:
     """The micro-batch id Spark gave this task (:data:`BATCH_ID_PROPERTY`), None outside a streaming
     query; BatchOrderError naming both ids if it is not ``batch`` (the driver passed another query's
     id, or the wrong one)."""
-    from pyspark import TaskContext
-
     context = TaskContext.get()
     value = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
     if value is None:
@@ -707,39 +809,57 @@ def _job(job: JobConfig | str | os.PathLike[str]) -> JobConfig:
     return resolve_epoch(job if isinstance(job, JobConfig) else load_job_config(job))
 
 
-def _create_changelogs(job: JobConfig) -> None:
-    """Create the stores' changelog streams here, once, not in every task at the same time."""
-    changelogs = open_changelog_system(job)
+@contextmanager
+def _job_settings(spark: Any) -> Iterator[None]:
+    """The session settings of localstate's own Spark job while it is planned and run, the session's
+    own restored afterwards: :data:`ARROW_BATCH_ROWS` per Arrow batch if the session did not set a
+    size (a size the user set is kept, even Spark's default value), and adaptive query execution
+    off (:data:`_AQE_CONF`: the job's one shuffle has the job's partition count, which AQE keeps,
+    and AQE would run the shuffle's map stage as a Spark job of its own and plan the rest again:
+    one more job per micro-batch)."""
+    conf = spark.conf
+    changed: list[tuple[str, str | None]] = []  # (setting, the session's own value; None: not set)
     try:
-        for store in job.stores.values():
-            if store.changelog is not None:
-                changelogs.ensure_stream(store.changelog, job.partitions)
+        if conf.get(_ARROW_BATCH_CONF, None) is None:  # None: not set in this session
+            conf.set(_ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))
+            changed.append((_ARROW_BATCH_CONF, None))
+        adaptive = conf.get(_AQE_CONF, None)
+        if adaptive is None or adaptive.strip().lower() != "false":
+            conf.set(_AQE_CONF, "false")
+            changed.append((_AQE_CONF, adaptive))
+        yield
     finally:
-        changelogs.close()
+        for name, value in reversed(changed):
+            if value is None:
+                conf.unset(name)
+            else:
+                conf.set(name, value)
 
 
 @contextmanager
-def _arrow_batches(spark: Any) -> Iterator[None]:
-    """:data:`ARROW_BATCH_ROWS` per Arrow batch while localstate's job is planned and run, if the
-    session did not set a size (a size the user set is kept, even Spark's default value); the
-    session's setting is restored afterwards."""
-    if spark.conf.get(_ARROW_BATCH_CONF, None) is not None:  # None: not set in this session
-        yield  # the user chose a size: keep it
-        return
-    spark.conf.set(_ARROW_BATCH_CONF, str(ARROW_BATCH_ROWS))
+def _batch_property(context: Any, task: _BatchTask) -> Iterator[None]:
+    """:data:`BATCH_PROPERTY` set to ``task``'s fields on this thread (the batch's job inherits it)
+    while the job runs, then unset."""
+    context.setLocalProperty(BATCH_PROPERTY, task.property_value())
     try:
         yield
     finally:
-        spark.conf.unset(_ARROW_BATCH_CONF)
+        context.setLocalProperty(BATCH_PROPERTY, None)
 
 
 def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, batch_id: int | None = None,
               order_by: str | None = None, value: str | None = None, stream: str = "dataframe",
-              keep_open: bool = False, fault: Mapping[str, Any] | None = None,
+              keep_open: bool = False, fault: Mapping[str, Any] | None = None, partitioned: bool = False,
               progress: Callable[[DataFrameBatch], None] | None = None, timestamp_unit: str = "s",
               min_timestamp: Any = False, max_timestamp: Any = False) -> Any:
     """Apply the batch ``df`` to the job's state, exactly once per ``batch_id``, and return the task's
     outputs as a DataFrame (:data:`OUTPUT_SCHEMA`), read from files kept until the next batch.
+
+    ``partitioned``: ``df``'s Spark partition ``p`` holds only rows whose key belongs to job partition
+    ``p`` (a Kafka topic with the job's partition count, written with Kafka's default partitioner,
+    read through ``localstate-kafka``): the rows are applied where they are, in their input order
+    (then by ``order_by``), in one stage with no shuffle; a row in another partition fails the batch
+    (no partition commits it) with an InputError naming its key.
 
     ``batch_id``: the micro-batch id (foreachBatch's); None: the batch after the last one applied (a
     batch DataFrame). An id the job already applied is not applied again: its outputs are returned as
@@ -772,19 +892,20 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
             hint="a query's checkpointLocation must stay with the job's state: restore it, or start the job "
                  "over with `localstate reset`")
     if any(checkpoint is None for checkpoint in committed.values()):
-        _create_changelogs(job)  # a partition commits its first batch only after its streams exist
+        create_changelog_streams(job)  # a partition commits its first batch only after its streams exist
     spark = df.sparkSession
-    shuffled = routed(df, spec)
+    context = spark.sparkContext
+    started = time.perf_counter()
+    job_df = _batch_job(df, spec, partitioned)
     # "dataframe:" keeps these run ids apart from `localstate run`'s (their instances have other sinks).
     # A fresh exchange directory per call: a batch Spark executes again exchanges from scratch.
     exchange = safe_join(checkpoints.root, "exchange", uuid.uuid4().hex) if keep_open else None
-    context = spark.sparkContext
     _per_context(context, "retries checked", lambda: warn_without_retries(context))
     application = _per_context(context, "application", lambda: context.applicationId)
+    master = _per_context(context, "master", lambda: context.master)  # a Py4J call each time otherwise
     task = _BatchTask(spec, batch_id, f"dataframe:{application}", keep_open,
-                      SparkConfig.of(job, master=context.master).affinity_setting, fault,
-                      None if exchange is None else str(exchange))
-    started = time.perf_counter()
+                      SparkConfig.of(job, master=master).affinity_setting, fault,
+                      None if exchange is None else str(exchange), partitioned)
     try:
         if exchange is not None:
             try:
@@ -792,11 +913,10 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
             except OSError as exc:
                 raise os_error(exc, "create the batch's row exchange directory", exchange, CheckpointIOError,
                                batch=batch_id) from exc
-        with _arrow_batches(spark):
-            applied = shuffled.mapInArrow(_apply(task), _RESULT_SCHEMA)
-            applied._jdf.queryExecution().executedPlan()  # planned here (collect reuses it): timed apart
+        with _job_settings(spark), _batch_property(context, task):
+            job_df._jdf.queryExecution().executedPlan()  # planned here (collect reuses it): timed apart
             planned, started_at = time.perf_counter(), time.time()
-            results = applied.collect()
+            results = job_df.collect()
     except LocalStateError:
         raise
     except Exception as exc:  # Py4JJavaError: the Spark job failed after its retries
@@ -880,24 +1000,119 @@ def routed(df: Any, spec: DataFrameSpec, jvm: bool | None = None) -> Any:
     if :func:`jvm_has_murmur2`) and sequence number, shuffled so that job partition ``p`` is Spark
     partition ``p``. The sequence number is fixed before the shuffle (input partition and row
     position), so it is the same each time Spark executes the batch again."""
-    from pyspark.sql import functions as F
-
     if jvm is None:
         jvm = jvm_has_murmur2(df.sparkSession)
 
     # Few DataFrame calls, SQL text rather than Column objects: each DataFrame call is a Py4J round
     # trip and an analysis of the plan, each Column function several round trips, per micro-batch.
-    projection = [f"{_sql_name(name)} AS {_COLUMN}{index}" for index, name in enumerate(spec.columns)]
-    projection.append(f"monotonically_increasing_id() AS {_SEQ}")  # in this projection: before the shuffle
+    projection = _projection(spec)
     partition = _partition_sql(spec, jvm)
     if partition is not None:
         prepared = df.selectExpr(*projection, f"{partition} AS {_PARTITION}")
     else:  # the Arrow UDF is a Column, not SQL text
         prepared = df.select(*map(F.expr, projection), partition_column(spec, jvm).alias(_PARTITION))
-    # Bigint literals: routes() gives the values by Spark's hash of a long (an int hashes otherwise).
-    # The route is the shuffle's expression, not a column: the apply stage gets no column it ignores.
+    return prepared.repartition(spec.job.partitions, F.expr(_route_sql(spec)))
+
+
+def _projection(spec: DataFrameSpec, partitioned: bool = False) -> list[str]:
+    """The input columns under positional names (:data:`_COLUMN`), then, for rows that go through the
+    shuffle, each row's sequence number (fixed in this projection: before the shuffle)."""
+    projection = [f"{_sql_name(name)} AS {_COLUMN}{index}" for index, name in enumerate(spec.columns)]
+    if not partitioned:
+        projection.append(f"monotonically_increasing_id() AS {_SEQ}")
+    return projection
+
+
+def _route_sql(spec: DataFrameSpec) -> str:
+    """The shuffle's expression: the route value (:func:`routes`, bigint literals: Spark hashes a long
+    otherwise than an int) of each row's job partition. An expression, not a column: the apply stage
+    gets no column it ignores."""
     route_of = ", ".join(f"{value}L" for value in routes(spec.job.partitions))
-    return prepared.repartition(spec.job.partitions, F.expr(f"element_at(array({route_of}), {_PARTITION} + 1)"))
+    return f"element_at(array({route_of}), {_PARTITION} + 1)"
+
+
+class _ApplyStage:
+    """The parts of a batch's Spark job that are the same for every batch of one DataFrame shape
+    (``spec``), made once per SparkContext: the apply stage's Python UDF (its function pickled and its
+    JVM objects made, some forty Py4J calls) and the routing projection and shuffle expression as JVM
+    objects. A batch then costs three DataFrame calls (a Py4J call and an analysis each): project,
+    repartition (not with ``partitioned``), mapInArrow; the batch's own fields go to the tasks as a
+    local property (:data:`BATCH_PROPERTY`). Keys hashed in the JVM only (:func:`_partition_sql`);
+    :meth:`make` says None otherwise, and :func:`routed` with ``mapInArrow`` builds the job."""
+
+    def __init__(self, spark: Any, spec: DataFrameSpec, partitioned: bool, partition_sql: str | None) -> None:
+        from pyspark.sql.classic.column import _to_seq  # why: PySpark internals, absent from some versions: make()
+
+        context = spark.sparkContext
+        self.spec, self.partitioned = spec, partitioned
+        projection = _projection(spec, partitioned)
+        if partition_sql is not None:
+            projection.append(f"{partition_sql} AS {_PARTITION}")
+        names = [text.rsplit(" AS ", 1)[1] for text in projection]
+        self._projection = _to_seq(context, projection)
+        self._route = _to_seq(context, [F.expr(_route_sql(spec))._jc])
+        udf = pandas_udf(_apply(spec, partitioned), returnType=_RESULT_SCHEMA,  # type: ignore[call-overload]
+                         functionType=PythonEvalType.SQL_MAP_ARROW_ITER_UDF)
+        environment = context.environment
+        context.environment = {**environment, APPLY_WORKERS_ENV: "1"}  # read as the UDF's JVM function is made
+        try:
+            self._udf = udf(*map(F.col, names))  # by name: resolved against each batch's plan
+        finally:
+            context.environment = environment
+        self._udf_column = self._udf._jc
+
+    @classmethod
+    def make(cls, spark: Any, spec: DataFrameSpec, partitioned: bool) -> "_ApplyStage | None":
+        """The stage for ``spec`` in ``spark``'s context, made once and kept (a few per context); None
+        where the rows are routed by the Arrow UDF (binary keys, a JVM without murmur2) or this PySpark
+        lacks what the stage uses."""
+        partition_sql = None if partitioned else _partition_sql(spec, jvm_has_murmur2(spark))
+        if not partitioned and partition_sql is None:
+            return None
+        stages = _context_facts(spark.sparkContext).setdefault("apply stages", [])
+        for stage in stages:
+            if stage.spec == spec and stage.partitioned == partitioned:
+                return cast("_ApplyStage", stage)
+        try:
+            stage = cls(spark, spec, partitioned, partition_sql)
+        except (ImportError, AttributeError):  # another PySpark's internals: the public API builds the job
+            return None
+        stages.append(stage)
+        del stages[:-_STAGES_KEPT]
+        return stage
+
+    def job(self, df: Any) -> Any:
+        """The batch's job over ``df``: a DataFrame of the apply stage's result rows."""
+
+        jdf = df._jdf.selectExpr(self._projection)
+        if not self.partitioned:
+            jdf = jdf.repartition(self.spec.job.partitions, self._route)
+        return DataFrame(jdf.mapInArrow(self._udf_column, False, None), df.sparkSession)
+
+
+APPLY_WORKERS_ENV = "LOCALSTATE_APPLY_WORKERS"
+"""An environment variable the apply stage's Python function carries (and nothing else of the
+session): Spark keeps one pool of idle Python workers per set of environment variables, so the apply
+tasks get workers of their own. With the session's pool, a stage that also runs Python for its input
+(a Python data source such as ``localstate-kafka``, with ``partitioned``: no stage boundary between
+the read and the apply) gives each task two workers, taken from the pool in the order they went
+idle, so the worker that applied partition p (and keeps it open) reads the input of the next batch
+while another worker applies p, reopening it: no instance would stay open between micro-batches."""
+
+_STAGES_KEPT = 8
+"""Apply stages kept per SparkContext (one per DataFrame shape a query uses; a new one per
+``run_batch`` call with a job loaded from its file)."""
+
+
+def _batch_job(df: Any, spec: DataFrameSpec, partitioned: bool) -> Any:
+    """The batch's Spark job over ``df``: a DataFrame of the apply stage's result rows, through the
+    kept :class:`_ApplyStage` where there is one, else through the public DataFrame API."""
+    stage = _ApplyStage.make(df.sparkSession, spec, partitioned)
+    if stage is not None:
+        return stage.job(df)
+    if partitioned:
+        return df.selectExpr(*_projection(spec, partitioned=True)).mapInArrow(_apply(spec, True), _RESULT_SCHEMA)
+    return routed(df, spec).mapInArrow(_apply(spec, False), _RESULT_SCHEMA)
 
 
 def release(job: JobConfig | str | os.PathLike[str]) -> None:
@@ -915,8 +1130,6 @@ def batch_outputs(spark: Any, job: JobConfig, batch_id: int,
     """The outputs of ``batch_id`` from every partition whose checkpoint holds it, as a DataFrame
     (files without rows are left out: a batch that sent nothing gives the sink an empty local relation).
     ``committed``: the partitions' committed checkpoints if the caller has them (not read again)."""
-    import pyarrow.parquet as pq
-
     if committed is None:
         committed = checkpoint_store(job).load_all(job.partitions)
     files = []
@@ -948,8 +1161,6 @@ def _no_outputs(spark: Any) -> Any:
     and kept (one per SparkContext): a streaming query hands every micro-batch a new Python session
     around the same JVM session, which one Py4J call recognises, where building it costs a parse and
     an analysis. The DataFrame returned belongs to ``spark`` itself."""
-    from pyspark.sql import DataFrame
-
     facts, session = _context_facts(spark.sparkContext), spark._jsparkSession
     kept = facts.get("no outputs")
     if kept is not None and (kept[0] is session or kept[0].equals(session)):
@@ -970,7 +1181,8 @@ def foreach_batch(job: JobConfig | str | os.PathLike[str], *, key: str, sink: Ca
     per batch id (overwrite a per-batch location, Delta's ``txnAppId``/``txnVersion``): after a failure
     Spark calls it again for the same batch, with the same rows. The Python workers keep their
     partitions' instances open between micro-batches unless the job sets ``[spark] worker_affinity =
-    false`` (or ``keep_open=False`` is passed): after the query stops, :func:`release` closes them."""
+    false`` (or ``keep_open=False`` is passed): after the query stops, :func:`release` closes them.
+    ``options`` are :func:`run_batch`'s (``order_by``, ``partitioned``, ``progress``, ...)."""
     job = _job(job)
 
     def handle(df: Any, batch_id: int) -> None:

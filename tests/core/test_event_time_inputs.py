@@ -205,6 +205,41 @@ def test_the_dataframe_step_refuses_a_nan_order_value_and_converts_its_unit() ->
     assert [r.ts for _, r in _records(unbounded, pa.table({"user": ["a"], "ts": [3]}), 0)] == [3.0]
 
 
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.integers(-2**62, 2**62), st.floats(allow_nan=True, allow_infinity=True)),
+                       max_size=30),
+       unit=st.sampled_from(["s", "ms", "us", "ns"]),
+       bounds=st.sampled_from([(None, None), (0.0, None), (DEFAULT_MIN_TIMESTAMP, DEFAULT_MAX_TIMESTAMP), (-5.0, 1e6)]),
+       as_timestamps=st.booleans())
+def test_the_dataframe_steps_column_check_gives_every_row_what_the_row_check_gives(
+        values: list[Any], unit: str, bounds: tuple[Any, Any], as_timestamps: bool) -> None:
+    """The per-record DataFrame step checks an order column whole and, when every value fits, gives
+    each record its seconds as they are; each record (ts, or the bad record) is what checking the rows
+    one by one gives."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from localstate.runtime.spark.dataframe import DataFrameSpec, _checked_record, _records
+
+    if as_timestamps:
+        column = pa.array([None if v is None or isinstance(v, float) else v % 2**50 for v in values],
+                          pa.timestamp("us"))
+        kind, per_second = "timestamp", 1e6
+        times = pc.cast(pc.cast(column, "timestamp[us]"), "int64").to_pylist()
+    else:
+        column = pa.array([float(v) if isinstance(v, int) else v for v in values], pa.float64())
+        kind, per_second = "number", None
+        times = column.to_pylist()
+    rows = pa.table({"user": [f"u{i}" for i in range(len(values))], "ts": column})
+    job = parse_job_config({"job": {"name": "d", "partitions": 1, "task": "m:T"}})
+    rule = timestamp_rule("dataframe", {"timestamp_unit": unit, "min_timestamp": bounds[0], "max_timestamp": bounds[1]})
+    spec = DataFrameSpec(job, "user", "dataframe", "ts", "ts", ("user", "ts"), kind, "StringType", rule)
+    got = [record for _, record in _records(spec, rows, 10)]
+    one_by_one = [_checked_record(10 + i, f"u{i}", value, ts, rule, per_second)
+                  for i, (value, ts) in enumerate(zip(column.to_pylist(), times))]
+    assert [(r.offset, r.key, r.ts, r.error) for r in got] == [(r.offset, r.key, r.ts, r.error) for r in one_by_one]
+
+
 class _Seen(StreamTask):
     def process(self, envelope: Any, collector: Any, coordinator: Any) -> None:
         collector.send("out", envelope.key, envelope.timestamp)

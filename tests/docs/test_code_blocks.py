@@ -304,6 +304,7 @@ COMPILE = {
     "kafka/spark_source.py": "needs a SparkSession (`spark`) and a broker",
     "spark/read_state.py": "needs a SparkSession (`spark`) and a job that ran",
     "spark_users/foreach_batch.py": "needs a streaming DataFrame (`events`)",
+    "spark_users/partitioned.py": "needs a SparkSession (`spark`), a broker and a sink (`write`)",
     "spark_users/reader_options.py": "needs a SparkSession (`spark`) and a job that ran",
     "state_reader/register.py": "needs a SparkSession (`spark`) and a job that ran",
     "state_reader/read_state.py": "needs a SparkSession (`spark`) and a job (`job`) that ran",

@@ -374,3 +374,52 @@ def test_data_source_streaming_read_limits_each_micro_batch(tmp_path, spark, kaf
     assert sizes == [30, 30, 30, 10]
     rows = spark.read.parquet(str(tmp_path / "rows")).select("value").collect()
     assert sorted(r.value for r in rows) == sorted(b"v-%d" % i for i in range(100))
+
+
+@pytest.mark.parametrize("task", ["CountAndRank", "CountAndRankBatch"])
+def test_dataframe_step_on_the_kafka_source_exact_partitioned_by_key_or_shuffled(tmp_path, spark, kafka_broker,
+                                                                                  topic_prefix, task):
+    """``foreach_batch`` over the ``localstate-kafka`` streaming source, whose topic is placed by
+    Kafka's partitioner with the job's partition count: told the input is partitioned by key
+    (``partitioned=True``: one stage, no shuffle) and not (shuffled by key), in several micro-batches.
+    Both give the state and the outputs of a plain-Python count over the topic, per key in offset
+    order."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests" / "spark"))  # the tasks module, as the Python workers import it
+    from dataframe_tasks import job_config, read_state
+
+    from localstate.spark import foreach_batch, release
+
+    servers = kafka_broker.bootstrap_servers
+    settings = _settings(servers)
+    topic = topic_prefix + "dataframe-step"
+    ensure_topic(settings, topic, 3, -1, create=True)
+    sent = [(f"user-{(i * 7) % 37}", f"/p/{i}") for i in range(400)]
+    produce(settings, topic, [(key.encode(), page.encode(), partition_for(key, 3)) for key, page in sent])
+    counts: Counter[str] = Counter()
+    expected = []
+    for key, page in sent:  # a key lives in one topic partition: its records come in the order sent
+        counts[key] += 1
+        expected.append((key, counts[key], page))
+    for partitioned in (True, False):
+        job = job_config(tmp_path / f"state-{partitioned}", partitions=3, task=f"dataframe_tasks:{task}")
+        rows: list[tuple[str, int, str]] = []
+        reports: list[Any] = []
+
+        def sink(outputs: Any, batch_id: int) -> None:
+            rows.extend((json.loads(r.key), *json.loads(r.value)[:2]) for r in outputs.collect())
+
+        stream = (spark.readStream.format("localstate-kafka").option("bootstrap_servers", servers)
+                  .option("topic", topic).option("max_records_per_trigger", 90).load()
+                  .selectExpr("CAST(key AS STRING) AS user", "CAST(value AS STRING) AS page", "offset"))
+        query = (stream.writeStream.foreachBatch(foreach_batch(job, key="user", sink=sink, partitioned=partitioned,
+                                                               progress=reports.append))
+                 .option("checkpointLocation", str(tmp_path / f"query-{partitioned}")).trigger(availableNow=True)
+                 .start())
+        query.awaitTermination()
+        assert query.exception() is None
+        release(job)
+        assert len(reports) >= 4 and sum(r.records for r in reports) == len(sent)
+        assert sorted(rows) == sorted(expected), partitioned
+        assert read_state(job)[0] == dict(counts), partitioned

@@ -1,6 +1,7 @@
 """How localstate's Spark job hands rows over, without changing what it computes: Arrow batches of
-:data:`ARROW_BATCH_ROWS` rows unless the session chose a size (the session's setting is left as it
-was), and a batch without outputs gives the sink an empty local relation (built once per JVM session)."""
+:data:`ARROW_BATCH_ROWS` rows unless the session chose a size, adaptive query execution off for its
+job only (the session's settings are left as they were), one Spark job per batch, and a batch
+without outputs gives the sink an empty local relation (built once per JVM session)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from localstate.spark import OUTPUT_SCHEMA, run_batch
 pytestmark = pytest.mark.spark
 SCHEMA = "user string, page string, ts long"
 ARROW_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+AQE_CONF = "spark.sql.adaptive.enabled"
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,32 @@ def test_arrow_batch_size_is_set_for_localstates_job_only(spark, tmp_path):
         spark.conf.unset(ARROW_CONF)
     counts, expected = expected_outputs(batches)
     got = [(row.batch_id, json.loads(row.key), *json.loads(row.value)[:2]) for out in outputs for row in out]
+    assert sorted(got) == sorted(expected)
+    assert read_state(job)[0] == counts
+
+
+def test_one_spark_job_per_batch_and_the_sessions_adaptive_setting_is_kept(spark, tmp_path):
+    """The batch's read-route-shuffle and apply stages run as one Spark job (adaptive query execution
+    would run the shuffle's map stage as a job of its own): AQE is off while localstate's job is
+    planned and run, and the session's own setting (unset, true, false) is as it was afterwards."""
+    job = job_config(tmp_path / "state")
+    batches = _batches(9, [200, 150, 100])
+    scheduler = spark.sparkContext._jsc.sc().dagScheduler()
+    outputs = []
+    for batch_id, (setting, batch) in enumerate(zip([None, "true", "false"], batches)):
+        if setting is not None:
+            spark.conf.set(AQE_CONF, setting)
+        try:
+            df = spark.createDataFrame(batch, SCHEMA).repartition(3)
+            first = scheduler.nextJobId()
+            out = run_batch(df, job, key="user", order_by="ts", batch_id=batch_id)
+            assert scheduler.nextJobId() - first == 1  # reading the outputs' files runs no job before collect()
+            assert spark.conf.get(AQE_CONF, None) == setting
+            outputs += out.collect()
+        finally:
+            spark.conf.unset(AQE_CONF)
+    counts, expected = expected_outputs(batches)
+    got = [(row.batch_id, json.loads(row.key), *json.loads(row.value)[:2]) for row in outputs]
     assert sorted(got) == sorted(expected)
     assert read_state(job)[0] == counts
 
