@@ -49,6 +49,10 @@ __all__ = ["CompactionStats", "CompactionManifest", "compact_partition", "compac
 
 log = logging.getLogger(__name__)
 
+PARENT_OPTION = "--parent"
+"""The compaction child's one argument, followed by the pid of the process that starts it
+(:mod:`.compaction_child` exits at once when that process is already gone)."""
+
 COMPACT_LOCK = "compact.lock"
 MANIFEST = "compaction.json"
 TMP_SUFFIX = ".compacting"
@@ -420,7 +424,8 @@ class BackgroundCompactor:
                    "targets": [[stream, partition, upto] for (stream, partition), upto in sorted(targets.items())]}
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "localstate.changelog.file.compaction_child"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "localstate.changelog.file.compaction_child", PARENT_OPTION, str(os.getpid())],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
             out, err = self._child.communicate(json.dumps(request).encode())
             code = self._child.returncode

@@ -8,28 +8,42 @@ the operating system when it exits, and its CPU is off the driver's GIL.
 The request (JSON on stdin, nothing pickled): the changelog system's validated options and state
 directory, and the ``[stream, partition, upto]`` targets. The answer (JSON on stdout): the round's
 totals and one entry per target that failed. The child dies with its parent (``PR_SET_PDEATHSIG`` on
-Linux); a round killed half-way is safe, as compaction is (see :mod:`.compaction`).
+Linux, and ``--parent PID``: a parent that died before the signal was armed is noticed); a round
+killed half-way is safe, as compaction is (see :mod:`.compaction`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import sys
 from typing import Any
 
 from localstate.core.changelog import CompactionStats
 from localstate.errors import LocalStateError
+from .compaction import PARENT_OPTION
 from .system import FileChangelogSystem
 
 __all__ = ["run_request"]
 
-def _die_with_parent() -> None:
+
+def _die_with_parent(parent: int | None) -> None:
+    """Arm the parent-death signal, then make sure the parent is still alive: one that died before
+    the signal was armed never sends it (the child was adopted by then, so its parent pid changed)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):  # not Linux: the round is short and crash-safe anyway
         pass
+    if parent is not None and os.getppid() != parent:
+        raise SystemExit(f"compaction child: its parent {parent} is gone; nothing compacted")
+
+
+def _parent(argv: list[str]) -> int | None:
+    if len(argv) == 2 and argv[0] == PARENT_OPTION and argv[1].isdigit():
+        return int(argv[1])
+    return None
 
 
 def run_request(request: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +60,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
-    _die_with_parent()
+    _die_with_parent(_parent(sys.argv[1:]))
     answer = run_request(json.load(sys.stdin))
     json.dump(answer, sys.stdout)
     return 0

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from localstate.changelog.file import FileChangelogSystem, compact_stream
-from localstate.changelog.file.compaction import BackgroundCompactor
+from localstate.changelog.file.compaction import PARENT_OPTION, BackgroundCompactor
 from localstate.changelog.file.format import list_segments, segment_name
 from localstate.errors import ChangelogError
 
@@ -180,38 +180,55 @@ def test_one_round_in_a_child_process_or_in_process(tmp_path: Path, in_child: bo
     system.close()
 
 
-def test_the_compaction_child_dies_with_its_parent(request: pytest.FixtureRequest) -> None:
-    """A driver SIGKILLed while a round runs leaves no compaction process behind."""
+def _gone_or_zombie(pid: int, within: float = 60.0) -> bool:
+    """True once ``pid`` has ended (or is a zombie waiting for init), within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().split(") ")[1].startswith("Z"):
+                    return True
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("settle", [0.0, 0.5], ids=["killed while the child starts", "killed while it waits"])
+def test_the_compaction_child_dies_with_its_parent(request: pytest.FixtureRequest, settle: float) -> None:
+    """A driver SIGKILLed while a round runs leaves no compaction process behind, whenever it dies:
+    before the child armed its parent-death signal (the child sees its parent changed) or after."""
     # The child waits for its request on a pipe that a third process also holds open, so the
-    # parent's death does not end the child's input: only the parent-death signal can stop it (as
+    # parent's death does not end the child's input: only the child's own checks can stop it (as
     # a child busy compacting, which reads nothing, would be stopped).
     parent = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import os, subprocess, sys, time
+        from localstate.changelog.file.compaction import PARENT_OPTION
         read, write = os.pipe()
         holder = subprocess.Popen(["sleep", "600"], pass_fds=(write,))
-        child = subprocess.Popen([sys.executable, "-m", "localstate.changelog.file.compaction_child"],
-                                 stdin=read, stdout=subprocess.DEVNULL)
+        child = subprocess.Popen([sys.executable, "-m", "localstate.changelog.file.compaction_child",
+                                  PARENT_OPTION, str(os.getpid())], stdin=read, stdout=subprocess.DEVNULL)
         print(child.pid, holder.pid, flush=True)
         time.sleep(600)
         """)], stdout=subprocess.PIPE, text=True)
     child, holder = map(int, parent.stdout.readline().split())
     request.addfinalizer(lambda: os.kill(holder, signal.SIGKILL))
-    time.sleep(0.5)  # let the child import and set its parent-death signal
+    time.sleep(settle)
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
-        with open(f"/proc/{child}/stat") as stat:
-            if stat.read().split(") ")[1].startswith("Z"):
-                break  # dead, waiting to be reaped by init
-        time.sleep(0.05)
-    else:
+    if not _gone_or_zombie(child):
         os.kill(child, signal.SIGKILL)
         pytest.fail("the compaction child outlived its parent")
+
+
+def test_a_compaction_child_whose_parent_is_already_gone_compacts_nothing(tmp_path: Path) -> None:
+    """Started for a parent that is not its parent any more (it died, the child was adopted), the
+    child exits at once with a message, without reading its request."""
+    done = subprocess.run([sys.executable, "-m", "localstate.changelog.file.compaction_child", PARENT_OPTION, "1"],
+                          input="{}", capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "parent 1 is gone" in done.stderr and done.stdout == ""
 
 
 def test_compaction_while_reader_follows_and_writer_appends(tmp_path: Path) -> None:

@@ -100,6 +100,7 @@ def test_worker_killed_after_its_task_wrote_the_batch(tmp_path, spark_cluster, s
     check_exact(job_file, tmp_path / "verify")
 
 
+@pytest.mark.slow  # a zombie attempt fenced on a cluster: test_cluster_kafka.py, in the default run
 def test_zombie_on_the_objectstore_changelog_never_becomes_committed_state(tmp_path, spark_cluster, start_driver,
                                                                            seaweed):
     options = seaweed.options(f"zombie-{uuid.uuid4().hex[:10]}", snapshot_every=2)

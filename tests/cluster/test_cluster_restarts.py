@@ -125,6 +125,7 @@ def _warm(first: dict[str, Any]) -> float:
     return state["warm_tasks"] / state["stateful_tasks"]
 
 
+@pytest.mark.slow  # a cluster driver killed, a new one resuming: test_cluster_recovery.py, in the default run
 def test_clean_stop_and_driver_kill_restart_warm(tmp_path, live_cluster, seaweed, monkeypatch):
     options = seaweed.options(f"restarts-{uuid.uuid4().hex[:10]}", snapshot_every=3)
     section = "[changelogs.objectstore]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in options.items())

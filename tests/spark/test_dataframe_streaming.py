@@ -44,6 +44,9 @@ def _sink_rows(sink: Path) -> dict[int, list[tuple]]:
     return per_batch
 
 
+# slow: killed workers, restarted queries and replayed batches of the DataFrame step run in the default
+# run (tests/spark/test_dataframe_kept_instances.py); this is the soak with a real query's driver killed.
+@pytest.mark.slow
 def test_streaming_query_survives_worker_and_driver_kills(tmp_path):
     rng = random.Random(7)
     sizes = [40, 30, 50, 35]  # batch 3 is the last fault's; small batches: the three driver starts dominate

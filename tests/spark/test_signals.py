@@ -15,7 +15,9 @@ reaches it there when it continues. After each step the committed positions are 
 it committed; each next step's run is the restart that rolls back what the previous one left, and a
 last bounded run finishes the input: every count emitted exactly once, nothing lost.
 
-The three chains (one per moment) run side by side, each a job of its own: 13 runs in all."""
+The three chains (one per moment) run side by side, each a job of its own: 13 runs in all with
+``-m slow``; the default run takes a subset that still sends every signal kind and the double signal
+(7 runs, :data:`DEFAULT_CHAINS`)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,15 @@ CHAINS = {
                Step(signal.SIGHUP, "commit", group=True), Step(signal.SIGQUIT, "commit")],
     "idle": [Step(signal.SIGTERM, "idle", damaged_files=True), Step(signal.SIGINT, "idle", group=True),
              Step(signal.SIGHUP, "idle", terminal=True), Step(signal.SIGQUIT, "idle", group=True)],
+}
+
+# Each signal kind, a second signal, a real terminal's hang-up and damaged operating files, at one
+# moment or another: the default run's chains (the full ones above are the slow soak).
+DEFAULT_CHAINS = {
+    "batch": [Step(signal.SIGTERM, "batch"), Step(signal.SIGHUP, "batch", group=True),
+              Step(signal.SIGTERM, "batch", twice=True)],
+    "commit": [Step(signal.SIGINT, "commit", group=True), Step(signal.SIGQUIT, "commit")],
+    "idle": [Step(signal.SIGTERM, "idle", damaged_files=True), Step(signal.SIGHUP, "idle", terminal=True)],
 }
 
 
@@ -209,7 +220,7 @@ def _pty_wait_for(master: int, text: str, timeout: float = START_TIMEOUT) -> Non
             seen += os.read(master, 65536)
 
 
-def run_chain(tmp_path: Path, moment: str, outcome: dict[str, Any]) -> None:
+def run_chain(tmp_path: Path, moment: str, steps: list[Step], outcome: dict[str, Any]) -> None:
     """The steps of one chain, one standing run each, on one job; ``outcome[moment]``: the job file
     and every key appended (or the exception that failed the chain)."""
     try:
@@ -217,7 +228,7 @@ def run_chain(tmp_path: Path, moment: str, outcome: dict[str, Any]) -> None:
         data = tmp_path / moment / "data"
         keys = [f"user-{i % 5}" for i in range(12)]
         append(data, keys)
-        for index, step in enumerate(CHAINS[moment]):
+        for index, step in enumerate(steps):
             directory = progress_directory(load_job_config(job_file))
             if step.damaged_files:
                 job_directory(load_job_config(job_file))  # the job's directory, as localstate makes it
@@ -240,18 +251,22 @@ def run_chain(tmp_path: Path, moment: str, outcome: dict[str, Any]) -> None:
         outcome[f"{moment} failed"] = exc
 
 
-def test_signals_during_a_batch_a_commit_and_idle(tmp_path, spark_context):
+@pytest.mark.parametrize("chains", [DEFAULT_CHAINS, pytest.param(CHAINS, marks=pytest.mark.slow)],
+                         ids=["default", "every-step"])
+def test_signals_during_a_batch_a_commit_and_idle(tmp_path, spark_context, chains):
     outcome: dict[str, Any] = {}
-    threads = [threading.Thread(target=run_chain, args=(tmp_path, moment, outcome), daemon=True) for moment in CHAINS]
+    threads = [threading.Thread(target=run_chain, args=(tmp_path, moment, steps, outcome), daemon=True)
+               for moment, steps in chains.items()]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    for moment in CHAINS:
+    for moment in chains:
         if f"{moment} failed" in outcome:
             raise outcome[f"{moment} failed"]
-    # The last runs left their batches uncommitted (SIGQUIT): a bounded run rolls back and finishes.
-    for moment in CHAINS:
+    # A chain's last run may have left a batch uncommitted (SIGQUIT, a second signal): a bounded run
+    # rolls back and finishes.
+    for moment in chains:
         job_file, keys = outcome[moment]
         SparkJobRunner(load_job_config(job_file), context=spark_context, progress=None).run()
         assert committed(job_file) == len(keys)

@@ -220,6 +220,7 @@ def test_standing_jsonl_follows_appends_survives_a_killed_worker_and_stops_on_si
     assert_exact(job_file, keys)
 
 
+@pytest.mark.slow  # a driver SIGKILLed mid-batch, then rerun: tests/spark/test_driver_kill.py, in the default run
 def test_standing_driver_sigkill_mid_batch_then_restart_is_exact(tmp_path):
     job_file = counting_job(tmp_path, "standing-kill")
     data = tmp_path / "data"

@@ -49,6 +49,7 @@ def matches(shown: list[str], printed: list[str]) -> bool:
     return walk(0, 0)
 
 
+@pytest.mark.slow  # every step of the worked example runs in the default run: tests/spark/test_state_as_data.py, tests/statedata
 def test_the_worked_example_runs_as_printed(tmp_path: Path) -> None:
     for name in ("job.toml", "clicks.py", "make_input.py", "read_with_pandas.py"):
         shutil.copy(SNIPPETS / name, tmp_path / name)
