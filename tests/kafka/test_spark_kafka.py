@@ -62,6 +62,13 @@ def _settings(servers: str) -> dict[str, Any]:
     return client_settings(validate_options(CONNECTION_OPTIONS, {"bootstrap_servers": servers}, "test"))
 
 
+def _keyed_topic(settings: dict[str, Any], topic: str, sent: list[tuple[str, str]]) -> None:
+    """A topic of 3 partitions holding ``sent``'s (key, value) pairs, each where Kafka's default
+    partitioner puts its key."""
+    ensure_topic(settings, topic, 3, -1, create=True)
+    produce(settings, topic, [(key.encode(), value.encode(), partition_for(key, 3)) for key, value in sent])
+
+
 def _jobs(tmp_path: Path, example: str, broker, prefix: str, events: dict[str, int],
           batch_size: int) -> tuple[JobConfig, JobConfig]:
     """The example's generator job (fewer events) and its Kafka variant on ``broker``, with every
@@ -300,9 +307,8 @@ def test_data_source_reads_partition_p_as_spark_partition_p_and_writes_by_murmur
     servers = kafka_broker.bootstrap_servers
     settings = _settings(servers)
     topic = topic_prefix + "source"
-    ensure_topic(settings, topic, 3, -1, create=True)
     sent = [(f"user-{i % 17}", f"view-{i}") for i in range(600)]
-    produce(settings, topic, [(k.encode(), v.encode(), partition_for(k, 3)) for k, v in sent])
+    _keyed_topic(settings, topic, sent)
 
     reader = spark.read.format("localstate-kafka").option("bootstrap_servers", servers).option("topic", topic)
     rows = reader.option("partitions", 3).load().select("*", spark_partition_id().alias("spark_partition")).collect()
@@ -394,9 +400,8 @@ def test_dataframe_step_on_the_kafka_source_exact_partitioned_by_key_or_shuffled
     servers = kafka_broker.bootstrap_servers
     settings = _settings(servers)
     topic = topic_prefix + "dataframe-step"
-    ensure_topic(settings, topic, 3, -1, create=True)
     sent = [(f"user-{(i * 7) % 37}", f"/p/{i}") for i in range(400)]
-    produce(settings, topic, [(key.encode(), page.encode(), partition_for(key, 3)) for key, page in sent])
+    _keyed_topic(settings, topic, sent)
     counts: Counter[str] = Counter()
     expected = []
     for key, page in sent:  # a key lives in one topic partition: its records come in the order sent

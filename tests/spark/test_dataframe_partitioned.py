@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,23 +23,10 @@ from localstate.runtime.layout import checkpoint_store
 from localstate.runtime.spark import dataframe
 from localstate.spark import run_batch
 
+from .test_dataframe_batch import SCHEMA, _batches, spark  # noqa: F401 - spark: the module's session fixture
+
 pytestmark = pytest.mark.spark
-SCHEMA = "user string, page string, ts long"
 TASKS = {"record": "dataframe_tasks:CountAndRank", "batch": "dataframe_tasks:CountAndRankBatch"}
-
-
-@pytest.fixture(scope="module")
-def spark(spark_context):
-    from pyspark.sql import SparkSession
-
-    return SparkSession(spark_context)
-
-
-def _batches(seed: int, sizes: list[int], users: int = 40) -> list[list[dict]]:
-    rng = random.Random(seed)
-    ts = iter(rng.sample(range(10**6), sum(sizes)))  # unique, shuffled: the order column is not the input order
-    return [[{"user": f"user-{rng.randrange(users)}", "page": f"/p/{rng.randrange(9)}", "ts": next(ts)}
-             for _ in range(size)] for size in sizes]
 
 
 def _by_key(spark, rows: list[dict], partitions: int, spark_partitions: int | None = None,
