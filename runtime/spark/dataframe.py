@@ -508,7 +508,7 @@ class _BatchTask:
             task = None
         if task is None or type(task.batch) is not int or not isinstance(task.run_id, str) \
                 or not isinstance(task.exchange, (str, type(None))) or not isinstance(task.fault, (dict, type(None))):
-            raise BatchOrderError(f"the apply task found a {BATCH_PROPERTY} property it cannot read: {value[:200]!r}",
+            raise BatchOrderError(f"the apply task cannot read its {BATCH_PROPERTY} property: {value[:200]!r}",
                                   hint=hint)
         return task
 

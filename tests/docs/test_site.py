@@ -28,6 +28,10 @@ SNIPPETS = ROOT / "docs" / "snippets" / "first_task"
 pytest.importorskip("mkdocs")
 pytest.importorskip("mkdocstrings")
 
+# One xdist worker runs the module, so the site (the `site` fixture, a build of most of a minute) is
+# built once, not once per worker that takes one of its tests.
+pytestmark = pytest.mark.xdist_group("docs-site")
+
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -382,7 +382,9 @@ def test_data_source_streaming_read_limits_each_micro_batch(tmp_path, spark, kaf
     assert sorted(r.value for r in rows) == sorted(b"v-%d" % i for i in range(100))
 
 
-@pytest.mark.parametrize("task", ["CountAndRank", "CountAndRankBatch"])
+# The batch task on input partitioned by key runs in the default run on local DataFrames
+# (tests/spark/test_dataframe_partitioned.py); on Kafka it is the slow soak.
+@pytest.mark.parametrize("task", ["CountAndRank", pytest.param("CountAndRankBatch", marks=pytest.mark.slow)])
 def test_dataframe_step_on_the_kafka_source_exact_partitioned_by_key_or_shuffled(tmp_path, spark, kafka_broker,
                                                                                   topic_prefix, task):
     """``foreach_batch`` over the ``localstate-kafka`` streaming source, whose topic is placed by
