@@ -26,15 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.report import Report
+from bench.report import Report, scratch_folder
 
 __all__ = ["main"]
 
@@ -124,14 +122,14 @@ def main(argv: list[str]) -> int:
     from localstate.changelog.objectstore.devserver import SeaweedS3
 
     server = None
-    work = Path(tempfile.mkdtemp(prefix="bench-durable-seaweed-"))
-    try:
+    with scratch_folder("bench-durable-seaweed-") as scratch:
+        work = scratch.work
         if args.shared_dir:
             def options(prefix: str) -> dict[str, Any]:
                 return {"url": str(Path(args.shared_dir) / prefix)}
             where = f"shared directory {args.shared_dir}"
         else:
-            server = SeaweedS3(work).start()
+            server = scratch.server = SeaweedS3(work).start()
             options = server.options
             where = "SeaweedFS S3 on loopback"
         report = Report("durable", params={"keys": keys, "updates": args.updates, "commits": commits,
@@ -167,12 +165,7 @@ def main(argv: list[str]) -> int:
         if server is not None:
             report.notes.append("SeaweedFS is configured to fsync every object of the bucket before answering its PUT "
                                 "(fs.configure -fsync), as the file changelog fsyncs each flush")
-        report.params["load_average_end"] = round(os.getloadavg()[0], 2)
-        report.emit(args.json)
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        report.emit_with_load_average(args.json)
     return 0
 
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["Report", "timed", "peak_rss_mb"]
+__all__ = ["Report", "Scratch", "scratch_folder", "timed", "peak_rss_mb"]
 
 
 def peak_rss_mb() -> float:
@@ -29,6 +32,26 @@ def timed() -> Iterator[dict[str, float]]:
         yield result
     finally:
         result["seconds"] = time.perf_counter() - start
+
+
+@dataclass
+class Scratch:
+    """A benchmark run's temporary folder (``work``) and the storage server it started there, if any."""
+
+    work: Path
+    server: Any = None
+
+
+@contextmanager
+def scratch_folder(prefix: str) -> Iterator[Scratch]:
+    """A fresh temporary folder; when the block ends, the server set on it is stopped and the folder removed."""
+    scratch = Scratch(Path(tempfile.mkdtemp(prefix=prefix)))
+    try:
+        yield scratch
+    finally:
+        if scratch.server is not None:
+            scratch.server.stop()
+        shutil.rmtree(scratch.work, ignore_errors=True)
 
 
 @dataclass
@@ -49,6 +72,11 @@ class Report:
         self.ratios[label] = round(value, 4)
         if target:
             self.targets[label] = target
+
+    def emit_with_load_average(self, as_json: bool) -> None:
+        """Record the load average at the end (``params["load_average_end"]``), then :meth:`emit`."""
+        self.params["load_average_end"] = round(os.getloadavg()[0], 2)
+        self.emit(as_json)
 
     def emit(self, as_json: bool) -> None:
         # Which optional C extensions ran (LOCALSTATE_PURE_PYTHON=1 measures the pure-Python code).

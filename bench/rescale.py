@@ -46,13 +46,12 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.report import Report, peak_rss_mb
+from bench.report import Report, peak_rss_mb, scratch_folder
 from bench.rescale_cases import KEY_BYTES, Corpus, key_of, read_state, restore, timed_call
 
 __all__ = ["main"]
@@ -502,15 +501,14 @@ def main(argv: list[str]) -> int:
                                        "value_bytes": args.value_size, "rounds": args.rounds,
                                        "load_average_start": round(os.getloadavg()[0], 2)})
     corpus = Corpus(args.value_size)
-    work = Path(tempfile.mkdtemp(prefix="bench-rescale-"))
-    server = None
-    try:
+    with scratch_folder("bench-rescale-") as scratch:
+        work = scratch.work
         if args.changelog in ("file", "both"):
             _run(report, Storage("file", work / "file"), corpus, records, args)
         if args.changelog in ("objectstore", "both"):
             from localstate.changelog.objectstore.devserver import SeaweedS3
 
-            server = SeaweedS3(work / "seaweed").start()
+            server = scratch.server = SeaweedS3(work / "seaweed").start()
             _run(report, Storage("objectstore", work / "objectstore", server), corpus, records, args)
         report.add("Flink, RocksDB rescale by file ingestion (published figure)", s_per_gb="0.4-0.5")
         report.notes.append(FLINK)
@@ -527,12 +525,7 @@ def main(argv: list[str]) -> int:
                             "changelog bytes read whole, and copied, with no decoding")
         report.notes.append(f"peak RSS {peak_rss_mb():.0f} MiB; cpu seconds: this process, every thread (not the "
                             "SeaweedFS server, the objectstore compactor or the savepoint subprocess)")
-        report.params["load_average_end"] = round(os.getloadavg()[0], 2)
-        report.emit(args.json)
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        report.emit_with_load_average(args.json)
     return 0
 
 

@@ -10,32 +10,18 @@ merged over (and may replace) the defaults."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 from localstate.core.config import JobConfig
 from localstate.core.stream import open_output
+from toml_tables import toml_text  # tests/ is on sys.path (tests/conftest.py)
 
 __all__ = ["SPARK_TESTS", "counting_job_text", "write_counting_job", "final_counts"]
 
 SPARK_TESTS = Path(__file__).resolve().parent / "spark"  # where count_task.py is (the job's pythonpath)
 TASK = "count_task:CountByKey"
 OUTPUT = "counts-out"
-
-
-def _value(value: Any) -> str:
-    """A TOML value: strings, numbers, booleans and lists of them are written as JSON (valid TOML
-    for these); paths as strings."""
-    if isinstance(value, Path):
-        value = str(value)
-    elif isinstance(value, (list, tuple)):
-        value = [str(v) if isinstance(v, Path) else v for v in value]
-    return json.dumps(value)
-
-
-def _table(name: str, values: Mapping[str, Any]) -> str:
-    return "\n".join([f"[{name}]", *(f"{key} = {_value(value)}" for key, value in values.items())])
 
 
 def counting_job_text(name: str, *, partitions: int = 2, job: Mapping[str, Any] | None = None,
@@ -62,7 +48,7 @@ def counting_job_text(name: str, *, partitions: int = 2, job: Mapping[str, Any] 
         "stores.counts": {"engine": "kv", "key_serde": "string", "value_serde": "int", **(store or {})},
         **({"time": dict(time)} if time else {}),
     }
-    return "\n\n".join(_table(table, values) for table, values in tables.items()) + "\n"
+    return toml_text(tables)
 
 
 def write_counting_job(directory: Path, name: str, **variant: Any) -> Path:

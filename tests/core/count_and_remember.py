@@ -25,3 +25,41 @@ class CountAndRemember(StreamTask):
         self.cache.put(user, count)
         self.last.put(user, {"page": value})
         self.top.push(user, count)
+
+
+_STORES = """[stores.counts]
+engine = "kv"
+backend = "rocksdb"
+key_serde = "string"
+value_serde = "int"
+
+[stores.last]
+engine = "kv"
+backend = "lmdb"
+key_serde = "string"
+value_serde = "json"
+
+[stores.cache]
+engine = "kv"
+backend = "memory"
+key_serde = "string"
+value_serde = "int"
+
+[stores.top]
+engine = "heap"
+key_serde = "string"
+"""
+
+_SCRATCH = """
+[stores.scratch]
+engine = "kv"
+backend = "lmdb"
+key_serde = "string"
+value_serde = "int"
+changelog = false
+"""
+
+
+def stores_toml(*, top_order: bool = True, scratch: bool = True) -> str:
+    """The ``[stores.*]`` tables of a CountAndRemember job: top max-ordered, and an unlogged lmdb scratch store."""
+    return _STORES + ('order = "max"\n' if top_order else "") + (_SCRATCH if scratch else "")

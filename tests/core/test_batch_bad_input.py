@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from localstate.changelog.file import FileChangelogSystem
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import load_job_config
 from localstate.core.serdes import JsonSerde
@@ -27,7 +26,7 @@ from localstate.runtime.driver.views import committed_contents, store_config
 from localstate.streams.jsonl import JsonLinesInput
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_poison_pills import DEEP, GOOD, POISON, _job  # noqa: E402
+from test_poison_pills import DEEP, GOOD, POISON, _job, write_lines  # noqa: E402
 
 #: Hostile lines beyond the poison pills, by what they exercise.
 HOSTILE = {
@@ -57,25 +56,19 @@ HOSTILE = {
 CASES = {**HOSTILE, **{f"poison {i}": line for i, line in enumerate(POISON)}}
 
 
+def _file_record(line: bytes) -> tuple[bytes, bytes]:
+    """A file-log record: a JSON object's key and value as their JSON texts (written by a permissive
+    encoder: NaN, lone surrogates), anything else as the value bytes."""
+    try:
+        data = json.loads(line)
+        return json.dumps(data["key"]).encode(), json.dumps(data.get("value")).encode()
+    except Exception:  # noqa: BLE001 - not an object with a key, undecodable, too deep: as it is
+        return b'"raw"', line
+
+
 def _write_input(tmp_path: Path, system: str, lines: list[bytes]) -> None:
-    """The lines as a jsonl file, or as file-log records: a JSON object's key and value as their JSON
-    texts (written by a permissive encoder: NaN, lone surrogates), anything else as the value bytes."""
-    if system == "jsonl":
-        (tmp_path / "data").mkdir()
-        (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
-        return
-    system_ = FileChangelogSystem({"path": str(tmp_path / "data")}, tmp_path)
-    system_.ensure_stream("events", 1)
-    writer = system_.partition("events", 0)
-    for line in lines:
-        try:
-            data = json.loads(line)
-            key, value = json.dumps(data["key"]).encode(), json.dumps(data.get("value")).encode()
-        except Exception:  # noqa: BLE001 - not an object with a key, undecodable, too deep: as it is
-            key, value = b'"raw"', line
-        writer.append(key, value)
-    writer.flush()
-    writer.close()
+    """The lines as a jsonl file, or as file-log records (:func:`_file_record`)."""
+    write_lines(tmp_path, system, lines, _file_record)
 
 
 def _run(tmp_path: Path, system: str, on_error: str, task: str, lines: list[bytes]) -> dict[str, Any]:

@@ -49,15 +49,25 @@ def _drive(driver: TaskTestDriver, steps: list[tuple[Any, ...]]) -> None:
     driver.commit()
 
 
-def _join(task: Any, steps: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    stores = {"profiles": {"engine": "kv", "key_serde": "string", "value_serde": "json"}}
+def _state_and_outputs(task: Any, steps: list[tuple[Any, ...]], store: str, value_serde: str,
+                       output: str) -> tuple[Any, ...]:
+    """Drive ``task`` (2 partitions) through ``steps``; its kv ``store`` in each partition and its ``output``."""
+    stores = {store: {"engine": "kv", "key_serde": "string", "value_serde": value_serde}}
     with TaskTestDriver(task, stores=stores, partitions=2) as driver:
         _drive(driver, steps)
-        state = [sorted(driver.store("profiles", p).all()) for p in (0, 1)]
-        return state, driver.outputs("enriched-views")
+        state = [sorted(driver.store(store, p).all()) for p in (0, 1)]
+        return state, driver.outputs(output)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def _join(task: Any, steps: list[tuple[Any, ...]]) -> tuple[Any, ...]:
+    return _state_and_outputs(task, steps, "profiles", "json", "enriched-views")
+
+
+#: The Hypothesis settings both property tests run with
+EXAMPLES_40 = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@EXAMPLES_40
 @given(steps=st.lists(join_step, max_size=12))
 def test_stream_table_join_batch_task_matches_the_per_record_task(steps: list[tuple[Any, ...]]) -> None:
     per_record = _join(EnrichWithZip, steps)
@@ -78,14 +88,10 @@ count_step = st.one_of(
 
 
 def _count(task: Any, steps: list[tuple[Any, ...]]) -> tuple[Any, ...]:
-    stores = {"counts": {"engine": "kv", "key_serde": "string", "value_serde": "int"}}
-    with TaskTestDriver(task, stores=stores, partitions=2) as driver:
-        _drive(driver, steps)
-        state = [sorted(driver.store("counts", p).all()) for p in (0, 1)]
-        return state, driver.outputs("counts")
+    return _state_and_outputs(task, steps, "counts", "int", "counts")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@EXAMPLES_40
 @given(steps=st.lists(count_step, max_size=10))
 def test_counting_batch_task_matches_the_per_record_task(steps: list[tuple[Any, ...]]) -> None:
     assert _count(CountPerUserBatch, steps) == _count(CountPerUser, steps)

@@ -20,7 +20,7 @@ from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import Envelope
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from count_and_remember import CountAndRemember  # noqa: E402
+from count_and_remember import CountAndRemember, stores_toml  # noqa: E402
 from fs_snapshot import snapshot as _snapshot  # noqa: E402
 
 PARTITIONS = 2
@@ -33,36 +33,7 @@ name = "inspect-me"
 partitions = 2
 task = "not_imported_by_inspect:Task"
 
-[stores.counts]
-engine = "kv"
-backend = "rocksdb"
-key_serde = "string"
-value_serde = "int"
-
-[stores.last]
-engine = "kv"
-backend = "lmdb"
-key_serde = "string"
-value_serde = "json"
-
-[stores.cache]
-engine = "kv"
-backend = "memory"
-key_serde = "string"
-value_serde = "int"
-
-[stores.top]
-engine = "heap"
-key_serde = "string"
-order = "max"
-
-[stores.scratch]
-engine = "kv"
-backend = "lmdb"
-key_serde = "string"
-value_serde = "int"
-changelog = false
-"""
+""" + stores_toml()
 
 
 def _records(partition: int, start: int, n: int) -> list[tuple[str, str]]:

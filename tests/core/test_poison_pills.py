@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -77,26 +78,35 @@ value_serde = "json"
     return tmp_path / "job.toml"
 
 
-def _write_input(tmp_path: Path, system: str, lines: list[bytes]) -> None:
+def write_lines(tmp_path: Path, system: str, lines: list[bytes],
+                file_record: Callable[[bytes], tuple[bytes, bytes]]) -> None:
+    """The lines as ``data/0.jsonl`` (jsonl), or as the file input's records ``file_record(line)`` (file)."""
     if system == "jsonl":
         (tmp_path / "data").mkdir()
         (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
         return
-    # The file input: keys and values are the JSON texts of the line's key and value fields, as a
-    # producer with another JSON library (one that writes NaN, 1e400, lone surrogates) would write them.
     system_ = FileChangelogSystem({"path": str(tmp_path / "data")}, tmp_path)
     system_.ensure_stream("events", 1)
     writer = system_.partition("events", 0)
     for line in lines:
-        try:
-            data = json.loads(line)  # permissive: NaN, Infinity, 1e400 (inf), lone surrogates
-        except RecursionError:
-            writer.append(b'"k"', line)
-            continue
-        value = {k: v for k, v in data.items() if k != "key"} if "ts" in data else data.get("value")
-        writer.append(json.dumps(data["key"]).encode(), json.dumps(value).encode())  # writes NaN, Infinity
+        writer.append(*file_record(line))
     writer.flush()
     writer.close()
+
+
+def _file_record(line: bytes) -> tuple[bytes, bytes]:
+    """The file input: key and value are the JSON texts of the line's key and value fields, as a
+    producer with another JSON library (one that writes NaN, 1e400, lone surrogates) would write them."""
+    try:
+        data = json.loads(line)  # permissive: NaN, Infinity, 1e400 (inf), lone surrogates
+    except RecursionError:
+        return b'"k"', line
+    value = {k: v for k, v in data.items() if k != "key"} if "ts" in data else data.get("value")
+    return json.dumps(data["key"]).encode(), json.dumps(value).encode()  # writes NaN, Infinity
+
+
+def _write_input(tmp_path: Path, system: str, lines: list[bytes]) -> None:
+    write_lines(tmp_path, system, lines, _file_record)
 
 
 def _run(tmp_path: Path, system: str, on_error: str, lines: list[bytes]) -> tuple[dict, object]:

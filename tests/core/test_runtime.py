@@ -58,18 +58,23 @@ def test_crash_loses_only_uncommitted_work_and_replays_its_inputs(tmp_path):
         assert len(outputs) == len(set(outputs)) == 260
 
 
+def crash_after_flush_and_restart(driver):
+    """Commit a, a, b; flush a, c without a checkpoint; crash, drop the uncommitted input, restart."""
+    for key in "aab":
+        driver.send("views", key, 0)
+    driver.commit()
+    driver.send("views", "a", 0)
+    driver.send("views", "c", 0)
+    driver.instances[0].prepare_commit()  # the changelog and local state hold a=3, c=1 ...
+    driver.crash()                          # ... but no checkpoint says so
+    # Lose the input that was not committed too: state must be exactly the checkpoint.
+    driver.inputs[("views", 0)] = driver.inputs[("views", 0)][:3]
+    return driver.restart()
+
+
 def test_crash_between_changelog_flush_and_checkpoint_is_trimmed(tmp_path):
     with TaskTestDriver(Counter, stores=COUNTS, state_dir=tmp_path) as driver:
-        for key in "aab":
-            driver.send("views", key, 0)
-        driver.commit()
-        driver.send("views", "a", 0)
-        driver.send("views", "c", 0)
-        driver.instances[0].prepare_commit()  # changelog and local state hold a=3, c=1 ...
-        driver.crash()                          # ... but no checkpoint says so
-        # Lose the input that was not committed too: state must be exactly the checkpoint.
-        driver.inputs[("views", 0)] = driver.inputs[("views", 0)][:3]
-        recoveries = driver.restart()
+        recoveries = crash_after_flush_and_restart(driver)
         assert recoveries[0].trimmed == 2
         assert snapshot(driver) == {"a": 2, "b": 1}
         # A restore from the changelog alone (local state deleted) cannot see the trimmed values.

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from localstate.runtime.layout import checkpoint_store, open_changelog_system
 from localstate.core.task import Envelope, StreamTask
 from localstate.errors import ConfigError
 from localstate.runtime.partition.instance import TaskInstance
+from toml_tables import toml_text  # tests/ is on sys.path (tests/conftest.py)
 
 
 class Remember(StreamTask):
@@ -31,19 +31,12 @@ class Remember(StreamTask):
 
 def job_file(tmp_path: Path, backend: str, ttl: str | None) -> Path:
     path = tmp_path / "job.toml"
-    path.write_text(textwrap.dedent(f"""
-        [job]
-        name = "formats"
-        task = "test_state_format:Remember"
-        [inputs.events]
-        system = "jsonl"
-        path = "in"
-        [stores.seen]
-        engine = "kv"
-        backend = "{backend}"
-        key_serde = "string"
-        value_serde = "bytes"
-    """) + (f'ttl = "{ttl}"\n' if ttl else ""))
+    path.write_text(toml_text({
+        "job": {"name": "formats", "task": "test_state_format:Remember"},
+        "inputs.events": {"system": "jsonl", "path": "in"},
+        "stores.seen": {"engine": "kv", "backend": backend, "key_serde": "string", "value_serde": "bytes",
+                        **({"ttl": ttl} if ttl else {})},
+    }))
     return path
 
 

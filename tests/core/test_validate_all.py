@@ -14,6 +14,7 @@ import pytest
 from localstate.core.config import load_job_config, parse_job_config
 from localstate.tools.validation import check_job, require_input_paths
 from localstate.errors import ConfigError
+from toml_tables import toml_text  # tests/ is on sys.path (tests/conftest.py)
 
 TASK = ("from localstate.core.task import StreamTask\n\n"
         "class T(StreamTask):\n    def process(self, envelope, collector, coordinator):\n        pass\n")
@@ -30,20 +31,12 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_store_input_system_missing_path_and_task_reported_at_once(tmp_path):
-    job_file = _write(tmp_path, """
-        [job]
-        name = "j"
-        task = "no_such_tasks_module:Task"
-        [inputs.clicks]
-        system = "jsnl"
-        path = "data/clicks"
-        [inputs.views]
-        system = "jsonl"
-        path = "data/veiws"
-        [stores.counts]
-        engine = "kv"
-        backend = "rocksbd"
-    """)
+    job_file = _write(tmp_path, toml_text({
+        "job": {"name": "j", "task": "no_such_tasks_module:Task"},
+        "inputs.clicks": {"system": "jsnl", "path": "data/clicks"},
+        "inputs.views": {"system": "jsonl", "path": "data/veiws"},
+        "stores.counts": {"engine": "kv", "backend": "rocksbd"},
+    }))
     result = _cli("validate", str(job_file), cwd=tmp_path)
     assert result.returncode == 1, result.stdout
     for path in ("stores.counts.backend", "inputs.clicks.system", "inputs.views.path", "job.task"):

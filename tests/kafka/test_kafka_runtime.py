@@ -18,6 +18,7 @@ from localstate.runtime.partition.instance import TaskInstance
 from localstate.core.task import Envelope, StreamTask
 from localstate.testing.driver import TaskTestDriver
 from localstate.errors import ChangelogError, ChangelogFencedError, FencedError
+from tests.core.test_runtime import crash_after_flush_and_restart
 
 pytestmark = pytest.mark.kafka
 
@@ -74,15 +75,7 @@ def test_restore_from_kafka_after_deleting_local_state_is_identical(tmp_path, ka
 
 def test_uncommitted_changelog_records_are_trimmed_over_kafka(tmp_path, kafka_broker, topic_prefix):
     with driver_for(tmp_path, kafka_broker, topic_prefix) as driver:
-        for key in "aab":
-            driver.send("views", key, 0)
-        driver.commit()
-        driver.send("views", "a", 0)
-        driver.send("views", "c", 0)
-        driver.instances[0].prepare_commit()   # Kafka and local state hold a=3, c=1 ...
-        driver.crash()                           # ... but no checkpoint says so
-        driver.inputs[("views", 0)] = driver.inputs[("views", 0)][:3]
-        recoveries = driver.restart()
+        recoveries = crash_after_flush_and_restart(driver)  # the changelog: Kafka
         assert recoveries[0].trimmed == 2
         assert snapshot(driver) == {"a": 2, "b": 1}
         driver.crash()
@@ -256,25 +249,31 @@ value_serde = "int"
         assert snapshot(driver, 3) == {f"k{i}": 1 for i in range(30)}
 
 
-def test_reset_deletes_the_kafka_changelog_topics(tmp_path, kafka_broker, topic_prefix, capsys):
-    from localstate.tools.cli import main
-
+def write_reset_job(tmp_path, name, broker, topic_prefix, *, inputs: str = "", store: str = ""):
+    """Write a job with store ``counts`` on Kafka changelogs (and ``inputs`` tables, ``store`` options) to job.toml."""
     job_file = tmp_path / "job.toml"
     job_file.write_text(f"""
 [job]
-name = "resetme"
+name = "{name}"
 task = "localstate.demo:PageViewCounter"
 state_dir = "{tmp_path / 'state'}"
 changelog = "kafka"
 [changelogs.kafka]
-bootstrap_servers = "{kafka_broker.bootstrap_servers}"
+bootstrap_servers = "{broker.bootstrap_servers}"
 topic_prefix = "{topic_prefix}"
-[stores.counts]
+{inputs}[stores.counts]
 engine = "kv"
 backend = "memory"
 key_serde = "string"
 value_serde = "int"
-""")
+{store}""")
+    return job_file
+
+
+def test_reset_deletes_the_kafka_changelog_topics(tmp_path, kafka_broker, topic_prefix, capsys):
+    from localstate.tools.cli import main
+
+    job_file = write_reset_job(tmp_path, "resetme", kafka_broker, topic_prefix)
     job = load_job_config(job_file)
     instance = TaskInstance(job, 0, open_changelog_system(job), task_factory=Counter)
     instance.open()

@@ -4,29 +4,13 @@ outputs, even when a store's changelog is named so that its topic is that topic 
 from localstate.tools.cli import main
 from localstate.core.config import load_job_config
 from localstate.runtime.layout import open_changelog_system
+from tests.kafka.test_kafka_runtime import write_reset_job
 
 
 def test_reset_keeps_a_changelog_topic_that_is_the_input_topic(tmp_path, kafka_broker, topic_prefix, capsys):
-    job_file = tmp_path / "job.toml"
-    job_file.write_text(f"""
-[job]
-name = "resetsafe"
-task = "localstate.demo:PageViewCounter"
-state_dir = "{tmp_path / 'state'}"
-changelog = "kafka"
-[changelogs.kafka]
-bootstrap_servers = "{kafka_broker.bootstrap_servers}"
-topic_prefix = "{topic_prefix}"
-[inputs.events]
-system = "kafka"
-topic = "{topic_prefix}events"
-[stores.counts]
-engine = "kv"
-backend = "memory"
-key_serde = "string"
-value_serde = "int"
-changelog = "events"
-""")
+    job_file = write_reset_job(tmp_path, "resetsafe", kafka_broker, topic_prefix,
+                               inputs=f'[inputs.events]\nsystem = "kafka"\ntopic = "{topic_prefix}events"\n',
+                               store='changelog = "events"\n')
     job = load_job_config(job_file)
     system = open_changelog_system(job)
     system.ensure_stream("events", 1)  # the input topic, as the producer of the input created it

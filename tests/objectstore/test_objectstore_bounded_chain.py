@@ -14,23 +14,11 @@ import pytest
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.core.checkpoint import Checkpoint
 
+from .test_objectstore_changelog import chain_state, expected_state
+
 EVERY = 5
 BATCHES = 20
 KEYS = 12
-
-
-def expected_state(ops):
-    state: dict[bytes, bytes] = {}
-    for key, value in ops:
-        if value is None:
-            state.pop(key, None)
-        else:
-            state[key] = value
-    return state
-
-
-def chain_state(log) -> dict[bytes, bytes]:
-    return expected_state((record.key, record.value) for record in log.read())
 
 
 @pytest.mark.parametrize("compactor", ["thread", "process"])

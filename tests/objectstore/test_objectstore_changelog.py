@@ -220,6 +220,7 @@ def test_old_checkpoints_without_manifests_still_load():
 # ---------------------------------------------------------------- snapshots and tail
 
 def expected_state(ops):
+    """Each live key's last value after the (key, value) ``ops``; a None value deletes the key."""
     state: dict[bytes, bytes] = {}
     for key, value in ops:
         if value is None:
@@ -230,13 +231,8 @@ def expected_state(ops):
 
 
 def chain_state(log) -> dict[bytes, bytes]:
-    state: dict[bytes, bytes] = {}
-    for record in log.read():
-        if record.value is None:
-            state.pop(record.key, None)
-        else:
-            state[record.key] = record.value
-    return state
+    """What replaying ``log``'s records from its start gives: each live key's last value."""
+    return expected_state((record.key, record.value) for record in log.read())
 
 
 def test_snapshot_replaces_the_deltas_it_covers(objectstore_options, tmp_path):

@@ -7,11 +7,13 @@ against plain Python (nothing lost, nothing applied twice)."""
 
 from __future__ import annotations
 
-import os
-import time
 import signal
+import subprocess
+import time
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -19,8 +21,9 @@ from counting_job import write_counting_job
 from localstate.core.config import load_job_config
 from localstate.core.stream import open_output
 
-from .test_standing_run import (STOP_TIMEOUT, append, assert_exact, emitted, standing, wait_for_counts,
-                                wait_for_file)
+from .test_standing_run import (STOP_TIMEOUT, Lines, append, assert_exact, emitted, kill_a_worker_mid_record,
+                                kill_the_driver_mid_record, killed_on_exit, sigterm_mid_record, standing,
+                                stopped_output, wait_for_counts)
 
 pytestmark = pytest.mark.spark
 
@@ -37,15 +40,29 @@ def continuous_job(tmp_path: Path, name: str, **variant) -> Path:
     return path
 
 
-def test_continuous_follows_appends_across_epochs_survives_a_killed_worker_and_stops_on_sigterm(tmp_path):
-    job_file = continuous_job(tmp_path, "continuous-jsonl")
-    data = tmp_path / "data"
-    keys = [f"user-{i % 7}" for i in range(40)]
-    append(data, keys)
+@contextmanager
+def continuous_run(tmp_path: Path, name: str, keys: list[str]) -> Iterator[tuple[Path, subprocess.Popen, Lines]]:
+    """A continuous run of a fresh job over ``keys``, once it has counted them; killed when the block is left."""
+    job_file = continuous_job(tmp_path, name)
+    append(tmp_path / "data", keys)
     process, lines = standing(job_file)
-    try:
+    with killed_on_exit(process):
         lines.wait_for("continuous:")
         wait_for_counts(job_file, Counter(keys))
+        yield job_file, process, lines
+
+
+def restart_until_drained(job_file: Path, keys: list[str]) -> None:
+    """Restart the job with ``--until-drained``: it exits 0 and every key's counts are exact."""
+    process, lines = standing(job_file, "--until-drained")
+    assert process.wait(timeout=300) == 0, lines.rest() + process.stderr.read()  # type: ignore[union-attr]
+    assert_exact(job_file, keys)
+
+
+def test_continuous_follows_appends_across_epochs_survives_a_killed_worker_and_stops_on_sigterm(tmp_path):
+    data = tmp_path / "data"
+    keys = [f"user-{i % 7}" for i in range(40)]
+    with continuous_run(tmp_path, "continuous-jsonl", keys) as (job_file, process, lines):
         lines.wait_for("committed", anywhere=True)
         for round_ in range(3):  # records keep coming while epochs (3 s) end and start
             more = [f"user-{(i + round_) % 5}" for i in range(30)]
@@ -55,32 +72,17 @@ def test_continuous_follows_appends_across_epochs_survives_a_killed_worker_and_s
 
         # A Python worker killed while it processes a record: Spark retries the task, which reopens its
         # partitions at their last commits.
-        killed = tmp_path / "killed.marker"
-        append(data, ["user-1"], {"marker": str(killed), "sleep": 30})
-        keys.append("user-1")
-        os.kill(int(wait_for_file(killed)), signal.SIGKILL)
+        kill_a_worker_mid_record(data, keys, tmp_path / "killed.marker")
         more = ["user-1", "user-2", "user-6"]
         append(data, more)
         keys += more
         wait_for_counts(job_file, Counter(keys))
 
         # SIGTERM while a record is being processed: the task finishes it, commits, and the run exits 0.
-        slow = tmp_path / "slow.marker"
-        append(data, ["user-2", "user-3"], {"marker": str(slow), "sleep": 2})
-        keys += ["user-2", "user-3"]
-        wait_for_file(slow)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=STOP_TIMEOUT) == 0
-    finally:
-        process.kill()
-        process.wait()
-    stdout = lines.rest()
-    stderr = process.stderr.read()  # type: ignore[union-attr]
-    assert "stopped:" in stdout, stdout + stderr[-3000:]
-    assert "\tat org.apache" not in stderr, stderr[-3000:]
+        sigterm_mid_record(process, data, keys, tmp_path / "slow.marker", sleep=2)
     # The killed worker's attempt is reported at WARNING when its epoch ends, naming the partition.
-    warning = next(line for line in stderr.splitlines() if "task attempt 0 of partition" in line)
-    assert "WARNING" in warning and "Python worker exited unexpectedly" in warning, stderr[-3000:]
+    stdout, stderr = stopped_output(process, lines)
+    assert "\tat org.apache" not in stderr, stderr[-3000:]
     # The record in flight at SIGTERM was committed, once; what no task had read yet waits for the restart.
     counts = emitted(job_file)
     assert counts["user-2"] == list(range(1, Counter(keys)["user-2"] + 1)) or \
@@ -90,36 +92,20 @@ def test_continuous_follows_appends_across_epochs_survives_a_killed_worker_and_s
     # Restarted: it goes on from the committed positions; --until-drained ends once everything is read.
     append(data, ["user-9"] * 3)
     keys += ["user-9"] * 3
-    process, lines = standing(job_file, "--until-drained")
-    assert process.wait(timeout=300) == 0, lines.rest() + process.stderr.read()  # type: ignore[union-attr]
-    assert_exact(job_file, keys)
+    restart_until_drained(job_file, keys)
 
 
 def test_continuous_driver_sigkill_then_restart_is_exact(tmp_path):
-    job_file = continuous_job(tmp_path, "continuous-kill")
     data = tmp_path / "data"
     keys = [f"user-{i % 4}" for i in range(20)]
-    append(data, keys)
-    process, lines = standing(job_file)
-    try:
-        lines.wait_for("continuous:")
-        wait_for_counts(job_file, Counter(keys))
-        marker = tmp_path / "slow.marker"
-        append(data, ["user-1", "user-2"], {"marker": str(marker), "sleep": 5})
-        keys += ["user-1", "user-2"]
-        wait_for_file(marker)
-        os.kill(process.pid, signal.SIGKILL)  # the driver, while a task processes a record
-        process.wait(timeout=STOP_TIMEOUT)
-    finally:
-        process.kill()
-        process.wait()
+    with continuous_run(tmp_path, "continuous-kill", keys) as (job_file, process, lines):
+        # the driver, while a task processes a record
+        kill_the_driver_mid_record(process, data, keys, tmp_path / "slow.marker", sleep=5)
     append(data, ["user-3"] * 2)
     keys += ["user-3"] * 2
     # The killed driver's task notices within seconds and stops without committing; the restart takes
     # new generations (and the partition locks once the old task let go of them).
-    process, lines = standing(job_file, "--until-drained")
-    assert process.wait(timeout=300) == 0, lines.rest() + process.stderr.read()  # type: ignore[union-attr]
-    assert_exact(job_file, keys)
+    restart_until_drained(job_file, keys)
 
 
 def test_continuous_processing_time_timer_fires_with_no_later_record(tmp_path):

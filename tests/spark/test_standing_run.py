@@ -19,8 +19,9 @@ import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pytest
 
@@ -148,6 +149,53 @@ def standing(job_file: Path, *flags: str, **popen: Any) -> tuple[subprocess.Pope
     return process, Lines(process)
 
 
+@contextmanager
+def killed_on_exit(process: subprocess.Popen) -> Iterator[subprocess.Popen]:
+    """Kill ``process`` and reap it when the block is left, however it is left."""
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def kill_a_worker_mid_record(data: Path, keys: list[str], marker: Path) -> None:
+    """Append a record of user-1 whose Python worker sleeps in it; SIGKILL that worker there."""
+    append(data, ["user-1"], {"marker": str(marker), "sleep": 30})
+    keys.append("user-1")
+    os.kill(int(wait_for_file(marker)), signal.SIGKILL)
+
+
+def sigterm_mid_record(process: subprocess.Popen, data: Path, keys: list[str], marker: Path, sleep: float) -> None:
+    """Append records of user-2 and user-3 (one sleeps ``sleep`` s); SIGTERM the run in it; it exits 0."""
+    append(data, ["user-2", "user-3"], {"marker": str(marker), "sleep": sleep})
+    keys += ["user-2", "user-3"]
+    wait_for_file(marker)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=STOP_TIMEOUT) == 0
+
+
+def kill_the_driver_mid_record(process: subprocess.Popen, data: Path, keys: list[str], marker: Path,
+                               sleep: float) -> None:
+    """Append records of user-1 and user-2 (one sleeps ``sleep`` s); SIGKILL the driver while a task is in it."""
+    append(data, ["user-1", "user-2"], {"marker": str(marker), "sleep": sleep})
+    keys += ["user-1", "user-2"]
+    wait_for_file(marker)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=STOP_TIMEOUT)
+
+
+def stopped_output(process: subprocess.Popen, lines: Lines) -> tuple[str, str]:
+    """A stopped run's stdout and stderr; its stdout says ``stopped:`` and its killed worker's attempt is
+    reported at WARNING, naming the partition."""
+    stdout = lines.rest()
+    stderr = process.stderr.read()  # type: ignore[union-attr]
+    assert "stopped:" in stdout, stdout + stderr[-3000:]
+    warning = next(line for line in stderr.splitlines() if "task attempt 0 of partition" in line)
+    assert "WARNING" in warning and "Python worker exited unexpectedly" in warning, stderr[-3000:]
+    return stdout, stderr
+
+
 def finish(job_file: Path) -> subprocess.CompletedProcess:
     done = subprocess.run(cli_command("run", str(job_file), "--master", "local[2]", "--until-drained"),
                           capture_output=True, text=True, timeout=300)
@@ -166,7 +214,7 @@ def test_standing_jsonl_follows_appends_survives_a_killed_worker_and_stops_on_si
     keys = [f"user-{i % 7}" for i in range(40)]
     append(data, keys)
     process, lines = standing(job_file)
-    try:
+    with killed_on_exit(process):
         lines.wait_for("standing:")
         lines.wait_for("batch 0:")
         # Appended after the start: processed by the same run.
@@ -176,30 +224,15 @@ def test_standing_jsonl_follows_appends_survives_a_killed_worker_and_stops_on_si
         wait_for_counts(job_file, Counter(keys))
 
         # A Python worker killed in the middle of a batch: Spark retries the task by itself.
-        killed = tmp_path / "killed.marker"
-        append(data, ["user-1"], {"marker": str(killed), "sleep": 30})
-        keys.append("user-1")
-        os.kill(int(wait_for_file(killed)), signal.SIGKILL)
+        kill_a_worker_mid_record(data, keys, tmp_path / "killed.marker")
         wait_for_counts(job_file, Counter(keys))
         lines.wait_for("(1 failed task attempt(s) retried)", anywhere=True)
 
         # SIGTERM while a batch runs: it completes and is committed, the run exits 0.
-        slow = tmp_path / "slow.marker"
-        append(data, ["user-2", "user-3"], {"marker": str(slow), "sleep": 3})
-        keys += ["user-2", "user-3"]
-        wait_for_file(slow)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=STOP_TIMEOUT) == 0
-    finally:
-        process.kill()
-        process.wait()
-    stdout = lines.rest()
-    stderr = process.stderr.read()  # type: ignore[union-attr]
-    assert "stopped:" in stdout, stdout + stderr[-3000:]
-    assert "SIGTERM: stopping" in stderr
+        sigterm_mid_record(process, data, keys, tmp_path / "slow.marker", sleep=3)
     # The killed worker's attempt is reported at WARNING, with partition, batch and the reason.
-    warning = next(line for line in stderr.splitlines() if "task attempt 0 of partition" in line)
-    assert "WARNING" in warning and "Python worker exited unexpectedly" in warning, stderr[-3000:]
+    stdout, stderr = stopped_output(process, lines)
+    assert "SIGTERM: stopping" in stderr
     # No Java stack; no Python traceback but PySpark's own note when Spark stops (an idle worker's
     # socket closed under it: "PySpark daemon failed to flush the output to the worker process").
     assert "\tat org.apache" not in stderr and "localstate/" not in stderr.partition("Traceback")[2], stderr
@@ -227,17 +260,9 @@ def test_standing_driver_sigkill_mid_batch_then_restart_is_exact(tmp_path):
     keys = [f"user-{i % 4}" for i in range(20)]
     append(data, keys)
     process, lines = standing(job_file)
-    try:
+    with killed_on_exit(process):
         lines.wait_for("batch 0:")
-        marker = tmp_path / "slow.marker"
-        append(data, ["user-1", "user-2"], {"marker": str(marker), "sleep": 30})
-        keys += ["user-1", "user-2"]
-        wait_for_file(marker)
-        os.kill(process.pid, signal.SIGKILL)  # the driver, in the middle of the batch
-        process.wait(timeout=STOP_TIMEOUT)
-    finally:
-        process.kill()
-        process.wait()
+        kill_the_driver_mid_record(process, data, keys, tmp_path / "slow.marker", sleep=30)  # mid-batch
     append(data, ["user-3"] * 2)
     keys += ["user-3"] * 2
     finish(job_file)  # the killed driver's workers die with it (the restart waits for their locks)

@@ -7,6 +7,7 @@ equals the model; a job with state is not bootstrapped over without overwrite.""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,9 @@ from localstate.streams.jsonl import write_jsonl
 pytestmark = pytest.mark.spark
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "core"))
+from count_and_remember import stores_toml  # noqa: E402 - tests/core: the job's task and its stores
+
 USERS = [f"user-{i:02d}" for i in range(23)]
 
 JOB = """
@@ -38,28 +42,7 @@ state_dir = "state"
 system = "jsonl"
 path = "{inputs}"
 
-[stores.counts]
-engine = "kv"
-backend = "rocksdb"
-key_serde = "string"
-value_serde = "int"
-
-[stores.last]
-engine = "kv"
-backend = "lmdb"
-key_serde = "string"
-value_serde = "json"
-
-[stores.cache]
-engine = "kv"
-backend = "memory"
-key_serde = "string"
-value_serde = "int"
-
-[stores.top]
-engine = "heap"
-key_serde = "string"
-"""
+""" + stores_toml(top_order=False, scratch=False)
 
 
 def job_file(root: Path, partitions: int, inputs: str) -> Path:

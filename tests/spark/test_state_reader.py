@@ -30,53 +30,30 @@ pytestmark = pytest.mark.spark
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "core"))
 import crash_job  # noqa: E402 - tests/core: the kill -9 child job and its plain-Python expectation
-from count_and_remember import CountAndRemember  # noqa: E402 - the job's task
+from count_and_remember import CountAndRemember, stores_toml  # noqa: E402 - the job's task and its stores
 from fs_snapshot import snapshot  # noqa: E402
 PARTITIONS = 3
 USERS = [f"user-{i:02d}" for i in range(11)]
 
-JOB = """
+
+def reader_job_head(name: str, partitions: int, task: str, input_name: str) -> str:
+    """The ``[job]`` and ``[inputs.<input_name>]`` tables of a state-reader test job (jsonl input ``in``)."""
+    return f"""
 [job]
-name = "reader"
-partitions = 3
-task = "count_and_remember:CountAndRemember"
+name = "{name}"
+partitions = {partitions}
+task = "{task}"
 state_dir = "state"
 
-[inputs.views]
+[inputs.{input_name}]
 system = "jsonl"
 path = "in"
 on_misrouted = "allow"  # the same users in every partition: state per partition
 
-[stores.counts]
-engine = "kv"
-backend = "rocksdb"
-key_serde = "string"
-value_serde = "int"
-
-[stores.last]
-engine = "kv"
-backend = "lmdb"
-key_serde = "string"
-value_serde = "json"
-
-[stores.cache]
-engine = "kv"
-backend = "memory"
-key_serde = "string"
-value_serde = "int"
-
-[stores.top]
-engine = "heap"
-key_serde = "string"
-order = "max"
-
-[stores.scratch]
-engine = "kv"
-backend = "lmdb"
-key_serde = "string"
-value_serde = "int"
-changelog = false
 """
+
+
+JOB = reader_job_head("reader", PARTITIONS, "count_and_remember:CountAndRemember", "views") + stores_toml()
 
 
 def records(partition: int, start: int, n: int) -> list[tuple[str, str]]:
@@ -96,6 +73,29 @@ def expected(rows: list[tuple[str, str]]) -> dict[str, dict]:
             counts[user] = counts.get(user, 0) + 1
             last[user] = {"page": value}
     return {"counts": counts, "last": last}
+
+
+def run_in_two_batches(spark_context, job_file: Path, rows, n: int, *, batch_size: int):
+    """Write ``rows(p, 0, n)`` of every partition to ``in`` and run the job on Spark (2 batches); its config."""
+    job = load_job_config(job_file)
+    for p in range(job.partitions):
+        write_jsonl(job_file.parent / "in", p, [{"key": u, "value": v} for u, v in rows(p, 0, n)])
+    summary = SparkJobRunner(job, context=spark_context, batch_size=batch_size, progress=None).run()
+    assert summary.records_in == n * job.partitions and len(summary.batches) == 2
+    return job
+
+
+def flush_without_checkpoint(job, task_factory, input_name: str, rows, start: int, n: int) -> None:
+    """Process ``rows(p, start, n)`` in every partition and flush them, but never save the checkpoint (a crash)."""
+    system = open_changelog_system(job)
+    for p in range(job.partitions):
+        instance = TaskInstance(job, p, system, task_factory=task_factory)
+        instance.open()
+        for offset, (user, value) in enumerate(rows(p, start, n), start=start):
+            instance.process(Envelope(input_name, p, offset, user, value))
+        instance.prepare_commit()  # flushed; the checkpoint is never saved
+        instance.abandon()
+    system.close()
 
 
 def make_job(root: Path) -> Path:
@@ -121,20 +121,8 @@ def spark_run(tmp_path_factory, spark_context):
     Returns (job file, committed state per partition, the state with the uncommitted tail)."""
     root = tmp_path_factory.mktemp("reader-spark")
     job_file = make_job(root)
-    for p in range(PARTITIONS):
-        write_jsonl(root / "in", p, [{"key": u, "value": v} for u, v in records(p, 0, 60)])
-    job = load_job_config(job_file)
-    summary = SparkJobRunner(job, context=spark_context, batch_size=35, progress=None).run()
-    assert summary.records_in == 60 * PARTITIONS and len(summary.batches) == 2
-    system = open_changelog_system(job)
-    for p in range(PARTITIONS):
-        instance = TaskInstance(job, p, system, task_factory=CountAndRemember)
-        instance.open()
-        for offset, (user, value) in enumerate(records(p, 60, 6), start=60):
-            instance.process(Envelope("views", p, offset, user, value))
-        instance.prepare_commit()  # flushed; the checkpoint is never saved
-        instance.abandon()
-    system.close()
+    job = run_in_two_batches(spark_context, job_file, records, 60, batch_size=35)
+    flush_without_checkpoint(job, CountAndRemember, "views", records, 60, 6)
     committed = {p: expected(records(p, 0, 60)) for p in range(PARTITIONS)}
     uncommitted = {p: expected(records(p, 0, 66)) for p in range(PARTITIONS)}
     assert committed != uncommitted  # else the test could not tell them apart

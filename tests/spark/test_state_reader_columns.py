@@ -15,10 +15,7 @@ import pytest
 import localstate.spark
 from localstate.core.config import load_job_config
 from localstate.runtime.layout import open_changelog_system
-from localstate.core.task import Envelope
 from localstate.runtime.partition.instance import TaskInstance
-from localstate.runtime.spark.runner import SparkJobRunner
-from localstate.streams.jsonl import write_jsonl
 
 pytestmark = pytest.mark.spark
 
@@ -26,21 +23,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from typed_state_task import TypedState  # noqa: E402
 
+from .test_state_reader import flush_without_checkpoint, reader_job_head, run_in_two_batches  # noqa: E402
+
 PARTITIONS = 2
 USERS = [f"user-{i:02d}" for i in range(9)]
-JOB = """
-[job]
-name = "typed"
-partitions = 2
-task = "typed_state_task:TypedState"
-state_dir = "state"
-
-[inputs.events]
-system = "jsonl"
-path = "in"
-on_misrouted = "allow"  # the same users in every partition: state per partition
-
-[stores.top]
+JOB = reader_job_head("typed", PARTITIONS, "typed_state_task:TypedState", "events") + """[stores.top]
 engine = "heap"
 key_serde = "string"
 value_serde = "json"
@@ -107,21 +94,9 @@ def typed_run(tmp_path_factory, spark, spark_context):
     root = tmp_path_factory.mktemp("reader-typed")
     (root / "job.toml").write_text(JOB)
     shutil.copy(HERE / "typed_state_task.py", root)
-    for p in range(PARTITIONS):
-        write_jsonl(root / "in", p, [{"key": u, "value": v} for u, v in events(p, 0, 40)])
-    job = load_job_config(root / "job.toml")
-    summary = SparkJobRunner(job, context=spark_context, batch_size=25, progress=None).run()
-    assert summary.records_in == 40 * PARTITIONS and len(summary.batches) == 2
+    job = run_in_two_batches(spark_context, root / "job.toml", events, 40, batch_size=25)
     after_run = read_all(spark, root / "job.toml")
-    system = open_changelog_system(job)
-    for p in range(PARTITIONS):
-        instance = TaskInstance(job, p, system, task_factory=TypedState)
-        instance.open()
-        for offset, (user, value) in enumerate(events(p, 40, 7), start=40):
-            instance.process(Envelope("events", p, offset, user, value))
-        instance.prepare_commit()  # flushed; the checkpoint is never saved
-        instance.abandon()
-    system.close()
+    flush_without_checkpoint(job, TypedState, "events", events, 40, 7)
     changelogs = localstate.spark.read_state(spark, root / "job.toml", view="changelog").collect()
     # records after the checkpoint (a Bloom filter or HLL that saw the same users again may not change)
     assert {r["store"] for r in changelogs if r["uncommitted"]} >= {"top", "buffer", "latency", "docs"}

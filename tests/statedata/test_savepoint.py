@@ -24,6 +24,7 @@ from localstate.runtime.statedata.writer import take_savepoint
 CORE = Path(__file__).resolve().parents[1] / "core"
 sys.path.insert(0, str(CORE))
 import crash_job  # noqa: E402
+from toml_tables import toml_text  # noqa: E402 - tests/ is on sys.path (tests/conftest.py)
 
 
 def test_savepoints_taken_while_a_standing_job_runs_are_consistent_and_the_job_is_undisturbed(tmp_path: Path) -> None:
@@ -75,14 +76,15 @@ class Mixed(StreamTask):
         self.stores["docs"].put(key, json.dumps(value).encode())
 
 
+MIXED_STORES = {"names": {"engine": "kv", "key_serde": "string", "value_serde": "json"},
+                "numbers": {"engine": "kv", "key_serde": "int", "value_serde": "int", "backend": "lmdb"},
+                "docs": {"engine": "kv", "key_serde": "string", "value_serde": "bytes", "backend": "memory"}}
+
+
 def mixed_job(root: Path, partitions: int = 3):
     return parse_job_config({"job": {"name": "mixed", "partitions": partitions, "task": "unused:Unused",
                                      "state_dir": str(root), "commit_interval": 10 ** 9},
-                             "stores": {"names": {"engine": "kv", "key_serde": "string", "value_serde": "json"},
-                                        "numbers": {"engine": "kv", "key_serde": "int", "value_serde": "int",
-                                                    "backend": "lmdb"},
-                                        "docs": {"engine": "kv", "key_serde": "string", "value_serde": "bytes",
-                                                 "backend": "memory"}}},
+                             "stores": MIXED_STORES},
                             base_dir=root)
 
 
@@ -109,27 +111,9 @@ def test_a_savepoint_read_by_pandas_from_its_files_alone_gives_the_state_readers
 
 
 def write_job_toml(path: Path, root: Path) -> None:
-    path.write_text(f"""
-[job]
-name = "mixed"
-partitions = 3
-task = "unused:Unused"
-state_dir = "{root}"
-[stores.names]
-engine = "kv"
-key_serde = "string"
-value_serde = "json"
-[stores.numbers]
-engine = "kv"
-key_serde = "int"
-value_serde = "int"
-backend = "lmdb"
-[stores.docs]
-engine = "kv"
-key_serde = "string"
-value_serde = "bytes"
-backend = "memory"
-""")
+    """The mixed job's file (without its commit interval): what the state reader is given."""
+    path.write_text(toml_text({"job": {"name": "mixed", "partitions": 3, "task": "unused:Unused", "state_dir": root},
+                               **{f"stores.{store}": options for store, options in MIXED_STORES.items()}}))
 
 
 class Raw(StreamTask):
