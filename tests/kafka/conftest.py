@@ -11,6 +11,7 @@ from typing import Iterator
 import pytest
 
 from localstate.changelog.kafka.devbroker import DevBroker
+from localstate.changelog.kafka.io import close_clients
 
 
 def _start(tmp_path_factory: pytest.TempPathFactory) -> DevBroker:
@@ -28,9 +29,13 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevBroker
 
 @pytest.fixture
 def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevBroker]:
-    """A broker of the test's own, for tests that pause (SIGSTOP) or stop it."""
+    """A broker of the test's own, for tests that pause (SIGSTOP) or stop it. When it stops, this
+    process's pooled Kafka clients are closed first: a client of a broker that is gone reconnects
+    forever on its own thread (with jittered backoff from the global `random`, which Hypothesis then
+    finds changing under a later test's strategies)."""
     broker = _start(tmp_path_factory)
     yield broker
+    close_clients()
     broker.stop()
 
 
