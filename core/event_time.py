@@ -121,13 +121,14 @@ class TimestampRule:
             except OverflowError:  # an int beyond a double
                 raise BadTimestamp(self.problem(value, "is beyond any double")) from None
             if self._low <= ts <= self._high:  # NaN and the infinities fail it: the bounds are finite
-                return ts
+                return ts + 0.0  # -0.0 is 0.0: a column reader cannot tell a "-0" from a "-0.0"
             raise BadTimestamp(self._out_of_range(value, ts))
         raise BadTimestamp(self.problem(value, f"is {_a(value)}, not a number"))
 
     def column_fits(self, seconds: Any) -> bool:
         """Whether every non-null value of ``seconds`` (a pyarrow float64 array or a numpy array, in
-        seconds already) is finite and inside the bounds."""
+        seconds already) is finite and inside the bounds. A column that fits is used as
+        :meth:`seconds` would give it once its negative zeros are made 0.0 (add 0.0)."""
         # `import localstate` does not load numpy: only columns need it
         import numpy as np
 

@@ -524,6 +524,7 @@ def _arrow_columns(blob: bytes, n: int, first: int, stream: str = "",
         if ts.null_count < n:
             if rule.per_second != 1.0:
                 ts = pc.divide(ts, rule.per_second)
+            ts = pc.add(ts, 0.0)  # -0.0 is 0.0, as TimestampRule.seconds gives it
             if not rule.column_fits(ts):
                 return None
     else:
@@ -582,8 +583,9 @@ def _checked_times(times: list[float | None], classes: set[type], rule: Timestam
         seconds = seconds / rule.per_second
     if not rule.column_fits(seconds):
         raise ValueError("a timestamp the input's rule refuses")
-    if rule.per_second == 1.0:
+    if rule.per_second == 1.0 and not np.signbit(seconds[seconds == 0.0]).any():
         return times
+    seconds = seconds + 0.0  # -0.0 is 0.0, as TimestampRule.seconds gives it
     converted = iter(seconds.tolist())
     return [None if ts is None else next(converted) for ts in times]
 

@@ -671,7 +671,9 @@ def _seconds(spec: DataFrameSpec, column: Any) -> Any:
     :meth:`TimestampRule.seconds` gives for it (the same float division)."""
     if spec.ts == "number":
         times = pc.cast(column, pa.float64())
-        return times if spec.timestamps.per_second == 1.0 else pc.divide(times, spec.timestamps.per_second)
+        if spec.timestamps.per_second != 1.0:
+            times = pc.divide(times, spec.timestamps.per_second)
+        return pc.add(times, 0.0)  # -0.0 is 0.0, as TimestampRule.seconds gives it
     micros = pc.cast(pc.cast(column, "timestamp[us]"), "int64")
     return pc.divide(pc.cast(micros, pa.float64()), 1e6)
 

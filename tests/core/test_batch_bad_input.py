@@ -183,6 +183,31 @@ def test_read_columns_yields_exactly_what_read_yields(tmp_path_factory: Any, lin
             JsonSerde().serialize(row[2])
 
 
+@pytest.mark.parametrize("chunk", [
+    [b'{"key":"a","ts":-0}', b'{"key":"b","ts":1.5}', b'{"key":"c","ts":-0.0}'],  # a float column (Arrow)
+    [b'{"key":"a","ts":-0}', b'{"key":"b","ts":2}'],                               # an int column (Arrow)
+    [b'{"key":"a","ts":-0.0}', b'{"key":"b","ts":"x"}', b'{"key":"c","ts":-0}'],     # a bad line among them
+    [b'{"key":"a","ts":-0.0,"value":{"x":[1,{"y":2}]}}', b'{"key":"b","ts":-0}'],    # nested values
+], ids=["floats", "ints", "with-a-bad-line", "nested"])
+@pytest.mark.parametrize("unit", ["s", "ms"])
+def test_a_negative_zero_timestamp_is_zero_on_every_path(tmp_path: Path, chunk: list[bytes], unit: str) -> None:
+    """A ``ts`` of -0 or -0.0 is event time 0.0 (not -0.0) whichever reader reads it: a column
+    reader cannot tell the two apart, and the row reader must give what the columns give."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "0.jsonl").write_bytes(b"".join(line + b"\n" for line in chunk))
+    (tmp_path / "job.toml").write_text('[job]\nname = "j"\npartitions = 1\ntask = "m:T"\n'
+                                       f'[inputs.events]\nsystem = "jsonl"\npath = "data"\ntimestamp_unit = "{unit}"\n')
+    source = open_input(load_job_config(tmp_path / "job.toml"), "events")
+    rows = [record.ts for record in source.read(0, 0, len(chunk)) if record.error is None]
+    columns = []
+    for part in source.read_columns(0, 0, len(chunk)):
+        times = part.timestamps.to_pylist() if hasattr(part.timestamps, "to_pylist") else list(part.timestamps)
+        columns.extend(times)
+    zeros = [ts for ts in rows + columns if ts == 0.0]
+    assert zeros and all(repr(ts) == "0.0" for ts in zeros), (rows, columns)
+    assert repr(rows) == repr(columns)
+
+
 _ordinary_value = st.one_of(
     st.integers(-10 ** 6, 10 ** 6), st.text(alphabet="abc /-é", max_size=4), st.booleans(), st.none(),
     st.lists(st.integers(0, 9), max_size=3), st.fixed_dictionaries({"page": st.text(alphabet="ab", max_size=3)}),
