@@ -261,11 +261,15 @@ class CompactionStats:
     bytes_before: int = 0
     bytes_after: int = 0
     tombstones_dropped: int = 0
+    """a key's last record, a delete, dropped too: appended longer ago than the tombstone retention"""
     segments_rewritten: int = 0
+    """segments replaced by a copy without their superseded records"""
     segments_deleted: int = 0
+    """segments removed whole: every record in them superseded or dropped"""
     seconds: float = 0.0
-    horizon: int = 0
     partitions: dict[int, "CompactionStats"] = field(default_factory=dict)
+    """a stream's compaction: each partition's own figures"""
+    horizon: int = 0
 
     TOTALS: ClassVar[tuple[str, ...]] = ("records_before", "records_after", "bytes_before", "bytes_after",
                                          "tombstones_dropped", "segments_rewritten", "segments_deleted", "seconds")

@@ -26,52 +26,13 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The [job] keys and the keys every [stores.<name>] table takes are checked in code
-# (core/config.py: _JOB_KEYS, _STORE_KEYS) but not declared as Options. Their meaning is written
-# here; the build fails when a key is added to or removed from the code without changing this table.
+# The meaning of the [job] keys and of the keys every [stores.<name>] table takes: the code checks
+# them (core/config.py: _JOB_KEYS, _STORE_KEYS) but does not declare them as Options.
+_KEY_DOCS = tomllib.loads((ROOT / "docs" / "config_keys.toml").read_text(encoding="utf-8"))
 JOB_KEYS: dict[str, tuple[str, str, str]] = {
-    "name": ("string", "required", "the job's name: its directory in `state_dir`, the default changelog stream names"),
-    "partitions": ("integer, 1..100000", "`1`", "job partitions: input partition *p* feeds task partition *p*"),
-    "task": ("string", "required", "the task class as `module:Class` (a `StreamTask` or `BatchTask` subclass); "
-             "the module is imported from the job file's folder"),
-    "commit_interval": ("duration", "`\"5s\"`", "time between commits of the in-process runtime and the "
-                        "TaskTestDriver (not `localstate run`: Spark commits once per micro-batch)"),
-    "commit_every": ("integer >= 1", "unset", "records between commits of the in-process runtime and the "
-                     "TaskTestDriver (not `localstate run`)"),
-    "window_interval": ("duration", "unset (no windows)", "how often `window()` runs; `\"0s\"`: at the end of "
-                        "every micro-batch"),
-    "changelog": ("string", "`\"file\"`", "the default changelog system of every store (`file`, `kafka`, "
-                  "`objectstore`, or a plugin); its options go in `[changelogs.<system>]`"),
-    "state_dir": ("path", "`\"state\"`", "checkpoints, changelogs and local stores, relative to the job file"),
-    "local_dir": ("absolute path", "unset", "per-host directory for the local stores (`$VARS` expanded on each "
-                  "host); see [cluster.md](../cluster.md)"),
-    "allow_pickle": ("boolean", "`false`", "allow the `pickle` serde (it runs code from the data it reads)"),
-    "plugins": ("path", "unset", "the job's plugin policy file (see [plugins.md](../plugins.md)); an "
-                "operator's `--plugins` or `$LOCALSTATE_PLUGINS` wins"),
-    "log_level": ("string", "unset", "level of the `localstate` loggers: CRITICAL, ERROR, WARNING, INFO or "
-                  "DEBUG (any case)"),
-    "pipelined_commits": ("boolean", "`true`", "let the in-process runtime pipeline commits when every logged "
-                          "store's changelog writes in the background (the `objectstore` changelog)"),
-    "metrics_port": ("integer, 1..65535", "unset (off)", "`localstate run` serves Prometheus metrics on this port "
-                     "of the driver (see [operations.md](../operations.md#metrics))"),
-    "metrics_host": ("string", "`\"127.0.0.1\"`", "the address the metrics endpoint binds to (`0.0.0.0`: every "
-                     "interface, e.g. for a Kubernetes scrape)"),
-    "pythonpath": ("list of paths", "`[]`", "extra folders for the task's imports, relative to the job file's "
-                   "folder (on every executor too)"),
-}
-
+    key: (doc["type"], doc["default"], doc["meaning"]) for key, doc in _KEY_DOCS["job"].items()}
 STORE_KEYS: dict[str, tuple[str, str, str]] = {
-    "engine": ("string", "required", "the engine plugin: `kv`, `heap`, `sketch`, `search` or a third-party one"),
-    "changelog": ("string or `false`", "`\"<job>-<store>-changelog\"`", "the store's changelog stream; "
-                  "`false`: not logged (state is lost with the host)"),
-    "key_serde": ("string", "`\"bytes\"`", "serde of keys: `bytes`, `string`, `int`, `json`, `pickle` or a plugin"),
-    "value_serde": ("string", "`\"bytes\"`", "serde of values, as `key_serde`"),
-    "rescale": ("string", "`\"key\"`", "how a rescale moves the store's records: `key` (each record by its key), "
-                "`all` / `one` (merged into every new partition / into partition 0), or a routing function "
-                "`module:function` (see [state-as-data.md](../state-as-data.md#stores-not-keyed-by-the-routing-key))"),
-    "rescale_merge": ("string", "unset", "a kv store redistributed with `all` or `one`: the function "
-                      "`module:function` merging the values one key has in several partitions"),
-}
+    key: (doc["type"], doc["default"], doc["meaning"]) for key, doc in _KEY_DOCS["stores"].items()}
 
 GROUP_TITLES = {"engines": "Engine", "changelogs": "Changelog system", "streams": "Stream system"}
 

@@ -20,13 +20,14 @@ import re
 from itertools import islice, repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, Iterator, Mapping, NamedTuple
+from typing import Any, BinaryIO, ClassVar, Iterable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.fsutil import fsync_dir, open_nofollow, os_error
 from localstate.core.options import Option, parse_path, parse_size
+from localstate.core.partitioner import partition_for
 from localstate.core.serdes import STRICT_JSON, json_problem
 from localstate.errors import InputError, OutputError, OutputIOError
 
@@ -40,7 +41,7 @@ try:  # optional (the "columnar" extra): a faster parser for a batch task's inpu
 except ImportError:  # pragma: no cover - without it every line takes the json serde's decoder
     _ORJSON_LOADS = None
 
-__all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl"]
+__all__ = ["JsonLinesInput", "JsonLinesOutput", "write_jsonl", "read_jsonl", "by_key_partition"]
 
 
 _DECODER = STRICT_JSON
@@ -165,6 +166,16 @@ def write_jsonl(directory: str | os.PathLike[str], partition: int, records: list
     with open(_file(directory, partition), "a", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
+def by_key_partition(records: Iterable[dict[str, Any]], partitions: int) -> dict[int, list[dict[str, Any]]]:
+    """``records`` (dicts with key/value/ts) grouped by the partition of their ``key`` under the
+    Kafka-compatible partitioner (:func:`~localstate.core.partitioner.partition_for`), as a job's
+    jsonl input expects them; every partition is present, in order (test/demo helper)."""
+    grouped: dict[int, list[dict[str, Any]]] = {partition: [] for partition in range(partitions)}
+    for record in records:
+        grouped[partition_for(record["key"], partitions)].append(record)
+    return grouped
 
 
 def read_jsonl(directory: str | os.PathLike[str], partition: int) -> list[dict[str, Any]]:

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from localstate.core.config import load_job_config
-from localstate.core.partitioner import partition_for
-from localstate.streams.jsonl import write_jsonl
+from localstate.streams.jsonl import by_key_partition, write_jsonl
 from localstate.core.stream import resolve_path
 
 __all__ = ["listing_events", "saved_searches", "write_input", "main", "CATEGORIES", "COLORS", "CONDITIONS"]
@@ -101,9 +100,8 @@ def write_input(job_file: Path, listings: int = 3000, searches: int = 24, seed: 
     for directory in (listing_dir, search_dir):
         if directory.exists() and any(directory.iterdir()):
             raise SystemExit(f"{directory} already has input; `localstate reset JOB --yes` starts the job over on it, deleting .work/ starts from scratch")
-    by_partition: dict[int, list[dict[str, Any]]] = {p: [] for p in range(job.partitions)}
-    for ts, listing_id, value in listing_events(listings, seed):
-        by_partition[partition_for(listing_id, job.partitions)].append({"key": listing_id, "value": value, "ts": ts})
+    by_partition = by_key_partition(({"key": listing_id, "value": value, "ts": ts}
+                                     for ts, listing_id, value in listing_events(listings, seed)), job.partitions)
     searches_rows = [{"key": search_id, "value": value, "ts": ts}
                      for ts, search_id, value in saved_searches(searches, seed)]
     for partition in range(job.partitions):

@@ -50,10 +50,13 @@ class PartitionPlan:
 DRIVER_PHASES = ("plan", "spark", "checkpoint")
 @dataclass
 class BatchResult:
+    """What one batch (or one tick of the continuous runner) did, summed over its tasks."""
+
     batch: int
     records_in: int = 0
     records_out: int = 0
     skipped: int = 0
+    """bad input records skipped (``on_error = "skip"``)"""
     dead_lettered: int = 0
     lag: int = 0
     pending_bytes: int = 0
@@ -61,7 +64,10 @@ class BatchResult:
     seconds: float = 0.0
     restore_seconds: float = 0.0
     replayed: int = 0
+    """changelog records replayed into local stores that were behind their checkpoint"""
     trimmed: int = 0
+    """keys re-written to their checkpointed value over changelog records past the checkpoint (an
+    attempt that wrote and did not commit)"""
     tasks: int = 0
     failed_attempts: int = 0
     """task attempts that failed and were retried by Spark (a killed worker, an I/O error)"""

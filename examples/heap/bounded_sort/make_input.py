@@ -22,7 +22,7 @@ from pathlib import Path
 
 from localstate.core.config import load_job_config
 from localstate.core.partitioner import partition_for
-from localstate.streams.jsonl import write_jsonl
+from localstate.streams.jsonl import by_key_partition, write_jsonl
 from localstate.core.stream import resolve_path
 
 __all__ = ["collected_lines", "write_input", "main"]
@@ -60,18 +60,21 @@ def write_input(job_file: Path, lines_per_host: int = 450, seed: int = 3) -> Pat
     directory = resolve_path(job, job.inputs["logs"].options["path"])
     if directory.exists() and any(directory.iterdir()):
         raise SystemExit(f"{directory} already has input; `localstate reset JOB --yes` starts the job over on it, deleting .work/ starts from scratch")
-    by_partition: dict[int, list[dict]] = {p: [] for p in range(job.partitions)}
-    for line in collected_lines(lines_per_host, seed):
-        arrives = line.pop("arrives")
-        by_partition[partition_for(line["service"], job.partitions)].append(
-            {"key": line["service"], "value": line, "ts": arrives / 1000})
-    for partition, records in by_partition.items():
-        if records:
-            newest = max(record["value"]["at"] for record in records)
-            records.append({"key": control_key(partition, job.partitions), "value": {"watermark": newest},
-                            "ts": records[-1]["ts"]})
-        write_jsonl(directory, partition, records)
+    records = ({"key": line["service"], "value": line, "ts": line.pop("arrives") / 1000}
+               for line in collected_lines(lines_per_host, seed))
+    for partition, records in by_key_partition(records, job.partitions).items():
+        write_jsonl(directory, partition, with_watermark(records, partition, job.partitions))
     return directory
+
+
+def with_watermark(records: list[dict], partition: int, partitions: int) -> list[dict]:
+    """``records`` of one partition, then a control line carrying the newest ``at`` among them (none
+    for an empty partition)."""
+    if not records:
+        return records
+    newest = max(record["value"]["at"] for record in records)
+    return records + [{"key": control_key(partition, partitions), "value": {"watermark": newest},
+                       "ts": records[-1]["ts"]}]
 
 
 def main(argv: list[str]) -> int:

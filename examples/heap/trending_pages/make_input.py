@@ -19,8 +19,7 @@ from itertools import accumulate
 from pathlib import Path
 
 from localstate.core.config import load_job_config
-from localstate.core.partitioner import partition_for
-from localstate.streams.jsonl import write_jsonl
+from localstate.streams.jsonl import by_key_partition, write_jsonl
 from localstate.core.stream import resolve_path
 
 __all__ = ["page_views", "write_input", "main"]
@@ -28,6 +27,7 @@ __all__ = ["page_views", "write_input", "main"]
 PAGES = [f"/page/{i:03d}" for i in range(300)]
 START_TS = 1_700_000_040.0  # on a minute boundary: windows line up with the minutes
 MINUTES = 10
+JOB_FILE = Path(__file__).resolve().parent / "job.toml"
 
 
 def page_views(views: int, seed: int) -> list[tuple[float, str, str]]:
@@ -52,11 +52,9 @@ def write_input(job_file: Path, views: int = 12_000, seed: int = 5) -> Path:
     directory = resolve_path(job, job.inputs["page_views"].options["path"])
     if directory.exists() and any(directory.iterdir()):
         raise SystemExit(f"{directory} already has input; `localstate reset JOB --yes` starts the job over on it, deleting .work/ starts from scratch")
-    by_partition: dict[int, list[dict]] = {p: [] for p in range(job.partitions)}
-    for ts, page, user in page_views(views, seed):
-        by_partition[partition_for(page, job.partitions)].append(
-            {"key": page, "value": {"page": page, "user": user}, "ts": ts})
-    for partition, records in by_partition.items():
+    records = ({"key": page, "value": {"page": page, "user": user}, "ts": ts}
+               for ts, page, user in page_views(views, seed))
+    for partition, records in by_key_partition(records, job.partitions).items():
         write_jsonl(directory, partition, records)
     return directory
 
@@ -66,8 +64,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--views", type=int, default=12_000)
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args(argv)
-    directory = write_input(Path(__file__).resolve().parent / "job.toml", args.views, args.seed)
-    print(f"wrote {args.views:,} page views to {directory}")
+    print(f"wrote {args.views:,} page views to {write_input(JOB_FILE, args.views, args.seed)}")
     return 0
 
 
