@@ -1,8 +1,9 @@
-"""A standing job: end-to-end latency at fixed input rates next to Spark Structured Streaming, idle
-CPU, and a soak run with worker kills.
+"""A standing job: end-to-end latency at fixed input rates next to Spark Structured Streaming (JSON
+lines) and Quix Streams (Kafka), idle CPU, and a soak run with worker kills.
 
     python -m bench standing [--json] [--quick] [--rates 1000,10000,50000] [--seconds S]
-                             [--idle-seconds I] [--no-peer]
+                             [--idle-seconds I] [--inputs jsonl,kafka] [--no-peer] [--no-quix]
+                             [--quix-guarantee exactly-once] [--quix-commit-interval 0.1]
     python -m bench standing --minutes N [--kill-every SECONDS] [--rate R]      # soak (default 30, 10k/s)
     python -m bench standing --modes continuous --minutes N ...                  # soak continuous mode
 
@@ -26,6 +27,20 @@ changelog checkpointing, ``spark.sql.shuffle.partitions=2`` as in ../shared/peer
 same events, one new file per tick (written hidden, then renamed into place); each micro-batch's rows
 are appended by ``foreachBatch`` as the same ``{"key","value"}`` lines to one file the same watcher
 polls. Each system is warmed up (untimed) until its output shows a first batch of events.
+
+Kafka (``--inputs kafka``, the default with jsonl): a Tansu dev broker (``DevBroker``, in memory,
+loopback) for the whole Kafka part; each system gets an input and an output topic of two partitions.
+The same events are produced by this process (``produce``: ``acks=all``, one call per tick, each
+record in its key's murmur2 partition) and their time is taken when the call returns, every record
+acknowledged. localstate runs the same job with ``system = "kafka"`` input and output (it writes its
+outputs at each commit); Quix Streams (bench/quix_standing_peer.py, run by the Python of
+``/tmp/localstate-peers`` or ``PEERS_VENV``, as a process of its own) counts per key with
+``processing_guarantee="exactly-once"`` (``--quix-guarantee``) and ``commit_interval`` 0.1 s
+(``--quix-commit-interval``; Quix's default is 5 s) and sends each record's new count. A
+``read_committed`` consumer in this process reads the output topic: an event is visible when the
+count that covers it is received, so a transactional writer's outputs count from their commit.
+``written_per_s`` says what the producer managed (kafka-python in one process: it can fall short of
+the rate on a busy machine). The broker's own CPU is not in any system's idle CPU.
 
 Idle CPU: after the rates, no new input for ``--idle-seconds``; CPU seconds of the process tree (the
 driver, its JVM, the Python workers) over that time, as % of one core.
@@ -109,14 +124,7 @@ window_interval = "0s"
 state_dir = "state"
 pythonpath = ["."]
 
-[inputs.events]
-system = "jsonl"
-path = "data"
-
-[outputs.counts]
-system = "jsonl"
-path = "out"
-
+{io}
 [stores.counts]
 engine = "kv"
 backend = "rocksdb"
@@ -126,6 +134,31 @@ value_serde = "int"
 [spark]
 master = "local[2]"
 '''
+
+
+JSONL_IO = '''
+[inputs.events]
+system = "jsonl"
+path = "data"
+
+[outputs.counts]
+system = "jsonl"
+path = "out"
+'''
+
+KAFKA_IO = '''
+[inputs.events]
+system = "kafka"
+topic = "{events}"
+bootstrap_servers = "{servers}"
+
+[outputs.counts]
+system = "kafka"
+topic = "{counts}"
+bootstrap_servers = "{servers}"
+'''
+"""The Kafka variant of the job: the same task reading a topic and writing its counts to a topic (the
+bench creates both, two partitions each)."""
 
 
 # -- processes ---------------------------------------------------------------------------------------------
@@ -278,9 +311,10 @@ def _group_members(group: int) -> list[int]:
 # -- input and output ----------------------------------------------------------------------------------------
 
 class Events:
-    """Appends events at a fixed rate; remembers when each became visible."""
+    """Appends events at a fixed rate to the job's JSON-lines input (or, for Structured Streaming, one
+    new file per tick); remembers when each became visible to the system under test."""
 
-    def __init__(self, root: Path, users: int, capacity: int, ss: bool, tick: float) -> None:
+    def __init__(self, root: Path | None, users: int, capacity: int, ss: bool, tick: float) -> None:
         self.root, self.users, self.ss, self.tick = root, users, ss, tick
         self.appended = np.full(capacity, np.nan)
         self.count = 0
@@ -288,7 +322,13 @@ class Events:
         self.files = 0
 
     def write(self, n: int) -> None:
+        """Append the next ``n`` events; their time is taken once the write has returned."""
         start, end = self.count, self.count + n
+        self._deliver(start, end)
+        self.appended[start:end] = time.time()
+        self.count = end
+
+    def _deliver(self, start: int, end: int) -> None:
         lines: list[list[str]] = [[], []]
         for i in range(start, end):
             u = i % self.users
@@ -303,8 +343,6 @@ class Events:
                 if lines[p]:
                     with open(self.root / "job" / "data" / f"{p}.jsonl", "a") as handle:
                         handle.write("".join(lines[p]))
-        self.appended[start:end] = time.time()
-        self.count = end
 
     def run(self, rate: float, seconds: float, stop: threading.Event | None = None) -> tuple[int, int]:
         """Events of [start, end) appended at ``rate`` for ``seconds``."""
@@ -324,6 +362,24 @@ class Events:
         return first, self.count
 
 
+class KafkaEvents(Events):
+    """The same events produced to a Kafka topic of two partitions: key ``user-%05d``, value
+    ``{"value": 1, "ts": i}``, each in its key's murmur2 partition (what a Kafka input requires). A
+    tick's events are one produce call; their time is taken when it returns, every record acknowledged
+    (``acks=all``)."""
+
+    def __init__(self, settings: dict, topic: str, users: int, capacity: int, tick: float) -> None:
+        super().__init__(None, users, capacity, False, tick)
+        self.settings, self.topic = settings, topic
+        self.keys = [f"user-{u:05d}".encode() for u in range(users)]
+
+    def _deliver(self, start: int, end: int) -> None:
+        from localstate.changelog.kafka.io import produce
+
+        produce(self.settings, self.topic, ((self.keys[i % self.users], b'{"value":1,"ts":%d}' % i,
+                                             self.owner[i % self.users]) for i in range(start, end)), linger=0.0)
+
+
 class Watcher(threading.Thread):
     """Polls output files for ``{"key","value"}`` lines and records when each event became visible.
     A directory among ``files`` stands for every ``*.jsonl`` in it (an output's later segments)."""
@@ -336,9 +392,18 @@ class Watcher(threading.Thread):
         self.visible = np.full(events.appended.shape[0], np.nan)
         self.stop = threading.Event()
 
+    def saw(self, u: int, count: int, now: float) -> None:
+        """User ``u``'s count ``count`` is visible at ``now``: so is every event of ``u`` up to its
+        ``count``-th (the first time a count that high shows)."""
+        if count > self.seen[u]:
+            index = np.arange(self.seen[u], count) * self.events.users + u
+            index = index[index < self.visible.shape[0]]
+            fresh = index[np.isnan(self.visible[index])]
+            self.visible[fresh] = now
+            self.seen[u] = count
+
     def poll(self) -> None:
         now = time.time()
-        users = self.events.users
         paths = [q for f in self.files for q in (sorted(f.glob("*.jsonl")) if f.is_dir() else [f])]
         for path in paths:
             try:
@@ -357,19 +422,17 @@ class Watcher(threading.Thread):
             self.offsets[path] += cut
             for line in data[:cut].splitlines():
                 record = json.loads(line)
-                u, count = int(record["key"][5:]), int(record["value"])
-                if count > self.seen[u]:
-                    index = np.arange(self.seen[u], count) * users + u
-                    index = index[index < self.visible.shape[0]]
-                    fresh = index[np.isnan(self.visible[index])]
-                    self.visible[fresh] = now
-                    self.seen[u] = count
+                self.saw(int(record["key"][5:]), int(record["value"]), now)
 
     def run(self) -> None:
         while not self.stop.is_set():
             self.poll()
             time.sleep(0.001)
         self.poll()
+        self.close()
+
+    def close(self) -> None:
+        """Nothing to release: files are read and closed at each poll."""
 
     def caught_up(self, upto: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -378,6 +441,33 @@ class Watcher(threading.Thread):
                 return True
             time.sleep(0.05)
         return False
+
+
+class KafkaWatcher(Watcher):
+    """Reads an output topic (both partitions, from the start) with a ``read_committed`` consumer: a
+    record counts as visible when this reader receives it, so a transactional writer's records count
+    from their transaction's commit. Keys are ``user-%05d``, values the count as JSON."""
+
+    def __init__(self, settings: dict, topic: str, events: Events) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        from localstate.changelog.kafka.io import consumer_settings
+
+        super().__init__([], events)
+        # fetch_max_wait_ms: a fetch finding nothing new comes back within 5 ms, as the file watcher polls.
+        self.consumer = KafkaConsumer(**consumer_settings(settings, isolation_level="read_committed",
+                                                          auto_offset_reset="earliest", fetch_max_wait_ms=5))
+        self.consumer.assign([TopicPartition(topic, p) for p in (0, 1)])
+
+    def poll(self) -> None:
+        batches = self.consumer.poll(timeout_ms=5)
+        now = time.time()
+        for records in batches.values():
+            for record in records:
+                self.saw(int(record.key[5:]), int(record.value), now)
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def _latency(events: Events, watcher: Watcher, first: int, end: int) -> dict[str, float]:
@@ -478,17 +568,17 @@ spark.stop()
 '''
 
 
-class StructuredStreaming:
-    def __init__(self, root: Path, log: Path) -> None:
-        self.root, self.log = root, log
-        (root / "ss-in").mkdir()
-        (root / "ss_query.py").write_text(SS_QUERY)
+class PeerProcess:
+    """A peer system as one process (``command``) in a session of its own, dying with the bench, stopped
+    by SIGTERM (its own handler ends its query or app and exits), then its whole group waited for."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        self.command, self.log = command, log
         self.proc: subprocess.Popen | None = None
         self.leftovers = 0
 
     def start(self) -> None:
-        self.proc = _spawn([sys.executable, "-c", DIE_WITH_PARENT + "exec(open(sys.argv[1]).read())",
-                            str(self.root / "ss_query.py"), str(self.root)], self.log)
+        self.proc = _spawn(self.command, self.log)
 
     def pid(self) -> int:
         return self.proc.pid if self.proc is not None else 0
@@ -500,10 +590,39 @@ class StructuredStreaming:
         return code
 
 
+class StructuredStreaming(PeerProcess):
+    """The Structured Streaming query (:data:`SS_QUERY`) over the files in ``root/ss-in``."""
+
+    def __init__(self, root: Path, log: Path) -> None:
+        (root / "ss-in").mkdir()
+        (root / "ss_query.py").write_text(SS_QUERY)
+        super().__init__([sys.executable, "-c", DIE_WITH_PARENT + "exec(open(sys.argv[1]).read())",
+                          str(root / "ss_query.py"), str(root)], log)
+
+
+QUIX_PEER = REPO / "bench" / "quix_standing_peer.py"
+RUN_SCRIPT = "import runpy; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+"""Runs the script named after ``-c``'s code with the arguments after it (as ``python script ...``)."""
+
+
+class QuixPeer(PeerProcess):
+    """Quix Streams counting per key (bench/quix_standing_peer.py), run by a Python that has
+    quixstreams; SIGTERM makes Quix end its current checkpoint and exit."""
+
+    def __init__(self, root: Path, log: Path, python: str, servers: str, events: str, counts: str,
+                 guarantee: str, commit_interval: float) -> None:
+        super().__init__([python, "-c", DIE_WITH_PARENT + RUN_SCRIPT, str(QUIX_PEER), "--servers", servers,
+                          "--input", events, "--output", counts, "--group", f"bench-{counts}",
+                          "--state-dir", str(root / "quix-state"), "--guarantee", guarantee,
+                          "--commit-interval", str(commit_interval)], log)
+
+
 # -- the measurements ------------------------------------------------------------------------------------------
 
 def _setup(root: Path, compact_interval: float | None = None, mode: str = "micro-batch",
-           epoch: float | None = None) -> None:
+           epoch: float | None = None, io: str = JSONL_IO) -> None:
+    """The job's folder under ``root``: its task, its (empty) JSON-lines input files and its job.toml,
+    with ``io`` as its input and output sections and ``mode`` as its ``[spark] mode``."""
     job = root / "job"
     (job / "data").mkdir(parents=True)
     (job / "out").mkdir()
@@ -513,7 +632,7 @@ def _setup(root: Path, compact_interval: float | None = None, mode: str = "micro
     compaction = f'\n[changelogs.file]\ncompact_interval = "{compact_interval:g}s"\n' if compact_interval else ""
     spark = f'mode = "{mode}"\n' if mode != "micro-batch" else ""
     spark += f'epoch = "{epoch:g}s"\n' if epoch is not None and mode == "continuous" else ""
-    (job / "job.toml").write_text(JOB + spark + compaction)
+    (job / "job.toml").write_text(JOB.replace("{io}", io) + spark + compaction)
 
 
 def _restore_probe(job_file: Path) -> tuple[int, float]:
@@ -583,15 +702,38 @@ def _throughput(events: Events, watcher: Watcher, burst: int, timeout: float = 6
     return burst / (time.monotonic() - began)
 
 
-def _measure(system_name: str, root: Path, rates: list[int], seconds: float, idle: float, users: int,
-             tick: float, standing: bool, burst: int = 0) -> tuple[dict, dict[int, dict], float]:
-    capacity = int(sum(rates) * seconds * 1.1) + 200_000 + burst
-    ss = system_name == "spark"
+def _capacity(rates: list[int], seconds: float, burst: int) -> int:
+    """Events a latency run may write: every rate's window, the warm-up and the burst, with room to spare."""
+    return int(sum(rates) * seconds * 1.1) + 200_000 + burst
+
+
+def _file_trial(kind: str, root: Path, capacity: int, users: int, tick: float,
+                standing: bool) -> tuple[object, Events, Watcher]:
+    """``kind`` "spark" (Structured Streaming) or "localstate" (the job set up in ``root``) on the
+    JSON-lines/file events, watched in its output files."""
+    ss = kind == "spark"
     events = Events(root, users, capacity, ss, tick)
-    log = root / f"{system_name}.log"
+    log = root / f"{kind}.log"
     system = StructuredStreaming(root, log) if ss else Localstate(root, standing, log)
-    watcher = Watcher([root / "ss-out.jsonl"] if ss else [root / "job" / "out"],
-                      events)
+    return system, events, Watcher([root / "ss-out.jsonl"] if ss else [root / "job" / "out"], events)
+
+
+def _kafka_topics(settings: dict, name: str) -> tuple[str, str]:
+    """The input and output topics of one system's Kafka run, created with two partitions and an
+    explicit retention: Quix reads ``retention.ms`` back with DescribeConfigs, and Tansu reports only
+    the configs set explicitly on a topic."""
+    from localstate.changelog.kafka.io import ensure_topic
+
+    topics = (f"events-{name}", f"counts-{name}")
+    for topic in topics:
+        ensure_topic(settings, topic, 2, -1, create=True, configs={"retention.ms": "-1", "retention.bytes": "-1"})
+    return topics
+
+
+def _measure(system, events: Events, watcher: Watcher, rates: list[int], seconds: float, idle: float,
+             burst: int = 0) -> tuple[dict, dict[int, dict], float]:
+    """Start ``system``, warm it up, then each rate's latencies, the idle CPU and (``burst``) the
+    sustained throughput; the system stopped at the end, whatever happened."""
     watcher.start()
     info: dict = {"warm": False}
     per_rate: dict[int, dict] = {}
@@ -604,9 +746,12 @@ def _measure(system_name: str, root: Path, rates: list[int], seconds: float, idl
         if not info["warm"]:
             return info, per_rate, idle_pct
         for rate in rates:
+            began = time.monotonic()
             first, end = events.run(rate, seconds)
+            # What the writer managed: a Kafka producer in this process may fall short of the rate.
+            written_per_s = (end - first) / (time.monotonic() - began)
             watcher.caught_up(end, 60.0)
-            per_rate[rate] = _latency(events, watcher, first, end)
+            per_rate[rate] = {**_latency(events, watcher, first, end), "written_per_s": written_per_s}
         idle_pct = _idle_cpu(system, idle)
         if burst:
             info["throughput"] = _throughput(events, watcher, burst)
@@ -749,6 +894,142 @@ def _soak(report: Report, root: Path, minutes: float, rate: int, kill_every: flo
     return state_ok and outputs_ok and drained
 
 
+Measured = tuple[dict, dict[int, dict], float]
+"""One system's run: (info: warm, startup_s, throughput, leftovers...; per rate's figures; idle CPU %)."""
+
+
+def _latency_runs(report: Report, root: Path, args: argparse.Namespace, rates: list[int], modes: list[str],
+                  inputs: list[str], seconds: float, idle: float, burst: int, standing: bool) -> bool:
+    """Every system of the latency run, one after the other on the same events: localstate in each
+    mode on each input, Structured Streaming on the files, Quix Streams on Kafka; then the table's rows
+    and ratios. False when a localstate run failed or missed events."""
+    capacity = _capacity(rates, seconds, burst)
+    measured: dict[str, Measured] = {}
+    ok = True
+    if "jsonl" in inputs:
+        for mode in modes:  # each mode on its own copy of the job, with the same events
+            (root / mode).mkdir()
+            _setup(root / mode, mode=mode, epoch=args.epoch)
+            measured[f"localstate {mode}"] = _measure(*_file_trial("localstate", root / mode, capacity, args.users,
+                                                                   args.tick, standing), rates, seconds, idle, burst)
+        if not args.no_peer:
+            measured["Structured Streaming"] = _measure(*_file_trial("spark", root, capacity, args.users, args.tick,
+                                                                     True), rates, seconds, idle)
+    if "kafka" in inputs:
+        measured.update(_kafka_runs(report, root, args, rates, modes, seconds, idle, burst, standing, capacity))
+    for name, (found, per_rate, _) in measured.items():
+        if not found["warm"]:
+            report.notes.append(f"{name} produced no output; see its log under the temp folder (--keep)")
+        if name.startswith("localstate"):
+            ok = ok and found["warm"] and all(r["missing"] == 0 for r in per_rate.values())
+    _rows(report, measured, rates, burst)
+    _ratios(report, measured, rates, burst)
+    for name, (found, _, _) in measured.items():
+        if found.get("leftovers"):
+            report.notes.append(f"{name}: {found['leftovers']} process(es) of its group were still there "
+                                f"{GROUP_GRACE:.0f}s after it exited (SIGKILLed)")
+    startups = ", ".join(f"{name} {found.get('startup_s', float('nan')):.1f}s" for name, (found, _, _) in
+                         measured.items())
+    report.notes.append(f"startup (until the first output; excluded from the latencies): {startups}")
+    if not standing:
+        report.notes.append("bounded mode: latency includes starting a run (JVM, SparkContext) per loop; "
+                            "idle CPU is the loop of runs finding nothing to do")
+    return ok
+
+
+def _kafka_runs(report: Report, root: Path, args: argparse.Namespace, rates: list[int], modes: list[str],
+                seconds: float, idle: float, burst: int, standing: bool, capacity: int) -> dict[str, Measured]:
+    """localstate in each mode reading and writing Kafka topics, then Quix Streams, on one dev broker
+    (Tansu, in memory) that this function starts and stops; each system on topics of its own."""
+    from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
+    from localstate.changelog.kafka.devbroker import DevBroker
+    from localstate.changelog.kafka.io import close_clients
+    from localstate.core.options import validate_options
+
+    from bench.kv import _quix_python
+
+    measured: dict[str, Measured] = {}
+    broker = DevBroker(log_file=root / "tansu.log").start()
+    try:
+        servers = broker.bootstrap_servers
+        settings = client_settings(validate_options(CONNECTION_OPTIONS, {"bootstrap_servers": servers}, "bench"))
+        report.params["kafka"] = "Tansu dev broker (memory, loopback); outputs read with isolation_level=read_committed"
+        for mode in modes:
+            where = root / f"kafka-{mode}"
+            events_topic, counts_topic = _kafka_topics(settings, mode)
+            _setup(where, mode=mode, epoch=args.epoch,
+                   io=KAFKA_IO.format(events=events_topic, counts=counts_topic, servers=servers))
+            events = KafkaEvents(settings, events_topic, args.users, capacity, args.tick)
+            system = Localstate(where, standing, where / "localstate.log")
+            measured[f"localstate {mode}, Kafka"] = _measure(system, events, KafkaWatcher(settings, counts_topic, events),
+                                                             rates, seconds, idle, burst)
+        python = None if args.no_peer or args.no_quix else _quix_python()
+        if python is None and not (args.no_peer or args.no_quix):
+            report.notes.append("Quix Streams was not measured (no Python with quixstreams; make "
+                                "/tmp/localstate-peers with `pip install quixstreams`, or set PEERS_VENV)")
+        if python is not None:
+            events_topic, counts_topic = _kafka_topics(settings, "quix")
+            (root / "quix").mkdir()
+            events = KafkaEvents(settings, events_topic, args.users, capacity, args.tick)
+            system = QuixPeer(root / "quix", root / "quix" / "quix.log", python, servers, events_topic, counts_topic,
+                              args.quix_guarantee, args.quix_commit_interval)
+            report.params["quix"] = (f"processing_guarantee={args.quix_guarantee}, "
+                                     f"commit_interval={args.quix_commit_interval:g}s")
+            measured[f"Quix Streams {args.quix_guarantee}, Kafka"] = _measure(
+                system, events, KafkaWatcher(settings, counts_topic, events), rates, seconds, idle, burst)
+    finally:
+        close_clients()  # this process's pooled producers would reconnect to the stopped broker forever
+        broker.stop()
+    return measured
+
+
+def _rows(report: Report, measured: dict[str, Measured], rates: list[int], burst: int) -> None:
+    """The table: every system's latencies per rate, then the idle CPU and sustained throughput."""
+    for rate in rates:
+        for name, (_, per_rate, _) in measured.items():
+            if rate in per_rate:
+                report.add(f"{name} {rate:,}/s", **per_rate[rate])
+    for name, (found, _, idle_pct) in measured.items():
+        report.add(f"idle CPU, {name}", cpu_pct_of_core=idle_pct)
+    for name, (found, _, _) in measured.items():
+        if burst and "throughput" in found:
+            report.add(f"sustained throughput, {name}", events_per_s=found["throughput"], burst=burst)
+
+
+def _ratios(report: Report, measured: dict[str, Measured], rates: list[int], burst: int) -> None:
+    """The ratios issue #46 targets, within this run: micro-batch / continuous latency (≥ 10 at
+    10k/s), a peer's / continuous latency (Quix: ≥ 1 at 1k and 10k/s), continuous / micro-batch
+    throughput (≥ 0.8)."""
+    def ratio(label: str, slower: dict | None, faster: dict | None, q: str, target: str | None = None) -> None:
+        if slower and faster and faster[f"{q}_ms"] > 0:
+            report.ratio(label, slower[f"{q}_ms"] / faster[f"{q}_ms"], target)
+
+    for rate in rates:
+        at = f"at {rate:,}/s"
+        for suffix in ("", ", Kafka"):
+            batch = measured.get(f"localstate micro-batch{suffix}", ({}, {}, 0.0))[1].get(rate)
+            cont = measured.get(f"localstate continuous{suffix}", ({}, {}, 0.0))[1].get(rate)
+            for q in ("p50", "p99", "p99_9"):
+                ratio(f"{q.replace('_', '.')} latency: micro-batch / continuous{suffix} {at}", batch, cont, q,
+                      ">= 10" if q == "p99" and rate == 10_000 else None)
+        for peer, (_, theirs, _) in measured.items():
+            if not peer.startswith("localstate"):
+                suffix = ", Kafka" if peer.endswith("Kafka") else ""
+                for mode in ("micro-batch", "continuous"):
+                    mine = measured.get(f"localstate {mode}{suffix}", ({}, {}, 0.0))[1].get(rate)
+                    for q in ("p50", "p99"):
+                        target = ">= 1" if peer.startswith("Quix") and mode == "continuous" and q == "p99" \
+                            and rate in (1_000, 10_000) else None
+                        ratio(f"{q} latency: {peer.rsplit(',', 1)[0]} / localstate {mode}{suffix} {at}",
+                              theirs.get(rate), mine, q, target)
+    if burst:
+        for suffix in ("", ", Kafka"):
+            batch = measured.get(f"localstate micro-batch{suffix}", ({}, {}, 0.0))[0].get("throughput")
+            cont = measured.get(f"localstate continuous{suffix}", ({}, {}, 0.0))[0].get("throughput")
+            if batch and cont:
+                report.ratio(f"sustained throughput: continuous / micro-batch{suffix}", cont / batch, ">= 0.8")
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -762,7 +1043,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle-seconds", type=float, default=None, help="idle CPU window (default 30; --quick 5)")
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--tick", type=float, default=0.1, help="seconds between appends (one file each for Spark)")
-    parser.add_argument("--no-peer", action="store_true", help="skip Structured Streaming")
+    parser.add_argument("--no-peer", action="store_true", help="skip the peers (Structured Streaming and Quix Streams)")
+    parser.add_argument("--inputs", default="jsonl,kafka",
+                        help="inputs to measure, comma-separated: jsonl (JSON-lines files; Structured Streaming's "
+                             "peer) and kafka (topics on a dev broker; Quix Streams' peer)")
+    parser.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peer (Kafka)")
+    parser.add_argument("--quix-guarantee", default="exactly-once", choices=("exactly-once", "at-least-once"),
+                        help="Quix Streams' processing_guarantee")
+    parser.add_argument("--quix-commit-interval", type=float, default=0.1,
+                        help="Quix Streams' commit_interval, seconds (its default is 5; 0.1 is Kafka Streams' "
+                             "default under exactly-once)")
     parser.add_argument("--minutes", type=float, nargs="?", const=30.0, default=None,
                         help="soak mode: N minutes (default 30) at --rate with worker kills")
     parser.add_argument("--rate", type=int, default=10_000, help="soak: events/s")
@@ -785,6 +1075,9 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, _exit_on_signal)
     rates = [int(r) for r in args.rates.split(",") if r]
     modes = [m for m in args.modes.split(",") if m]
+    inputs = [i for i in args.inputs.split(",") if i]
+    if set(inputs) - {"jsonl", "kafka"}:
+        parser.error(f"--inputs: jsonl, kafka (got {args.inputs})")
     burst = args.burst if args.burst is not None else (100_000 if args.quick else 300_000)
     seconds = args.seconds if args.seconds is not None else (6.0 if args.quick else 30.0)
     idle = args.idle_seconds if args.idle_seconds is not None else (5.0 if args.quick else 30.0)
@@ -810,64 +1103,9 @@ def main(argv: list[str]) -> int:
         else:
             report = Report("standing", {"master": "local[2]", "partitions": 2, "mode": mode,
                                          "seconds_per_rate": seconds, "tick_s": args.tick, "users": args.users,
-                                         "idle_s": idle})
-            measured: dict[str, tuple[dict, dict[int, dict], float]] = {}
-            for mode in modes:  # each mode on its own copy of the job, with the same events
-                (root / mode).mkdir()
-                _setup(root / mode, mode=mode, epoch=args.epoch)
-                measured[mode] = _measure("localstate", root / mode, rates, seconds, idle, args.users, args.tick,
-                                          standing, burst)
-                if not measured[mode][0]["warm"]:
-                    report.notes.append(f"localstate ({mode}) produced no output; see {root / mode / 'localstate.log'}")
-                    ok = False
-            peer: dict[int, dict] = {}
-            idle_peer = float("nan")
-            peer_info: dict = {}
-            if not args.no_peer:
-                peer_info, peer, idle_peer = _measure("spark", root, rates, seconds, idle, args.users, args.tick, True)
-                if not peer_info["warm"]:
-                    report.notes.append(f"Structured Streaming produced no output; see {root / 'spark.log'}")
-            for rate in rates:
-                for mode, (_, mine, _) in measured.items():
-                    if rate in mine:
-                        report.add(f"localstate {mode} {rate:,}/s", **mine[rate])
-                        ok = ok and mine[rate]["missing"] == 0
-                if rate in peer:
-                    report.add(f"Structured Streaming {rate:,}/s", **peer[rate])
-                for mode, (_, mine, _) in measured.items():
-                    if rate in mine and rate in peer and mine[rate]["p50_ms"] > 0:
-                        for q in ("p50", "p99"):
-                            report.ratio(f"{q} latency: Spark / localstate {mode} at {rate:,}/s",
-                                         peer[rate][f"{q}_ms"] / mine[rate][f"{q}_ms"])
-                if {"micro-batch", "continuous"} <= measured.keys():
-                    batch, cont = measured["micro-batch"][1].get(rate), measured["continuous"][1].get(rate)
-                    if batch and cont and cont["p99_ms"] > 0:
-                        for q in ("p50", "p99", "p99_9"):
-                            report.ratio(f"{q.replace('_', '.')} latency: micro-batch / continuous at {rate:,}/s",
-                                         batch[f"{q}_ms"] / cont[f"{q}_ms"])
-            for mode, (found, _, idle_mine) in measured.items():
-                report.add(f"idle CPU, localstate {mode}", cpu_pct_of_core=idle_mine)
-                if burst:
-                    report.add(f"sustained throughput, localstate {mode}", events_per_s=found.get("throughput"),
-                               burst=burst)
-            if burst and {"micro-batch", "continuous"} <= measured.keys():
-                report.ratio("sustained throughput: continuous / micro-batch",
-                             measured["continuous"][0].get("throughput", float("nan"))
-                             / measured["micro-batch"][0].get("throughput", float("nan")))
-            if not args.no_peer:
-                report.add("idle CPU, Structured Streaming", cpu_pct_of_core=idle_peer)
-            named = [(f"localstate {mode}", found) for mode, (found, _, _) in measured.items()]
-            for name, found in named + [("Structured Streaming", peer_info)]:
-                if found.get("leftovers"):
-                    report.notes.append(f"{name}: {found['leftovers']} process(es) of its group were still there "
-                                        f"{GROUP_GRACE:.0f}s after it exited (SIGKILLed)")
-            info = next(iter(measured.values()))[0] if measured else {}
-            startup = info.get("startup_s", float("nan"))
-            report.notes.append(f"startup (until the first output) localstate {startup:.1f}s, "
-                                f"runs {info.get('runs')}; excluded from the latencies")
-            if not standing:
-                report.notes.append("bounded mode: latency includes starting a run (JVM, SparkContext) per loop; "
-                                    "idle CPU is the loop of runs finding nothing to do")
+                                         "idle_s": idle, "inputs": ",".join(inputs),
+                                         "load_average_start": round(os.getloadavg()[0], 2)})
+            ok = _latency_runs(report, root, args, rates, modes, inputs, seconds, idle, burst, standing)
     finally:
         if not args.keep:  # also when the bench is stopped by a signal
             import shutil
@@ -875,5 +1113,5 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(root, ignore_errors=True)
     if args.keep:
         report.notes.append(f"kept {root}")
-    report.emit(args.json)
+    report.emit_with_load_average(args.json)
     return 0 if ok else 1

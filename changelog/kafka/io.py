@@ -308,10 +308,10 @@ def read_records(settings: Mapping[str, Any], topic: str, partition: int, start:
 
 
 def ensure_topic(settings: Mapping[str, Any], topic: str, partitions: int, replication_factor: int,
-                 create: bool) -> int:
-    """The partition count of ``topic``, creating it with ``partitions`` partitions when missing
-    and ``create`` is true. Returns 0 when it is missing and may not be created. Raises
-    kafka-python errors."""
+                 create: bool, configs: Mapping[str, str] | None = None) -> int:
+    """The partition count of ``topic``, creating it with ``partitions`` partitions (and the topic
+    ``configs``) when missing and ``create`` is true. Returns 0 when it is missing and may not be
+    created. Raises kafka-python errors."""
     consumer = pooled_consumer(settings)
     ok = False
     try:
@@ -319,7 +319,7 @@ def ensure_topic(settings: Mapping[str, Any], topic: str, partitions: int, repli
         if count == 0 and create:
             admin = KafkaAdminClient(**settings)
             try:
-                admin.create_topics([NewTopic(topic, partitions, replication_factor)])
+                admin.create_topics([NewTopic(topic, partitions, replication_factor, topic_configs=dict(configs or {}))])
                 log.info("created Kafka topic %s with %d partitions", topic, partitions)
             except TopicAlreadyExistsError:
                 pass  # another task created it a moment ago
