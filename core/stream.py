@@ -33,7 +33,7 @@ __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "Direct
            "open_regular_file", "check_output_file", "PendingTail", "RetainedStart", "IdentifiedInput",
            "PENDING_TAIL_WARN_AFTER", "check_input_position", "same_stream", "FileIdentities", "IDENTITY_BYTES", "seek_hint",
            "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS", "TimestampRule", "BadTimestamp",
-           "RecordProblem", "NO_BOUNDS", "timestamp_rule"]
+           "RecordProblem", "NO_BOUNDS", "timestamp_rule", "WaitableInput"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -362,6 +362,20 @@ class IdentifiedInput(Protocol):
         recorded earlier: a file's fingerprints as many bytes as it did), so that it equals
         ``recorded`` exactly when the input is still the one it was read from. Appending to the
         input never changes it. None: not known."""
+
+
+@runtime_checkable
+class WaitableInput(Protocol):
+    """An input that can wait for records instead of being probed again and again (Kafka: a fetch that
+    waits at the broker). A continuous run's idle task waits on it when every input of its group offers
+    it. The wait only decides *when* to look: records are still read through
+    :meth:`InputStream.read`, so a wait that wakes too early or too late changes latency, never what
+    is read. Optional: without it the task sleeps between probes."""
+
+    def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
+        """Wait until any partition of ``positions`` (partition -> position) holds a record at or past
+        its position (True, as soon as it does), or ``timeout`` seconds pass (False). Raises
+        :class:`~localstate.errors.InputError` when it cannot wait (the caller sleeps instead)."""
 
 
 IDENTITY_BYTES = 4096

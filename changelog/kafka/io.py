@@ -21,7 +21,7 @@ from localstate.errors import InputError, LocalStateError, OutputError
 from .client import bootstrap_servers, kafka_error
 
 __all__ = ["TopicWriter", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "topic_id", "ensure_topic",
-           "produce", "pooled_consumer", "release_consumer", "close_clients"]
+           "produce", "pooled_consumer", "release_consumer", "close_clients", "RecordWaiter", "WAIT_FETCH_MS"]
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,76 @@ def end_offsets(consumer: Any, topic: str, partitions: Sequence[int], known: Map
         log.debug("topic %s: no fetch answer for partitions %s within %.1fs; using ListOffsets", topic,
                   sorted(tp.partition for tp in pending), timeout)
     return ends
+
+
+# -- waiting for records: a long-poll fetch instead of repeated end probes --------------------------
+
+WAIT_FETCH_MS = 500
+"""How long a :class:`RecordWaiter`'s fetch may wait at the broker for a record (``fetch_max_wait_ms``):
+the broker answers at once when one arrives, so this bounds only how often an idle waiter asks."""
+
+
+class RecordWaiter:
+    """Waits until a topic's partitions hold a record past given positions, with one consumer of its
+    own (not pooled: it keeps its assignment and its fetch in flight between waits) whose fetches wait
+    at the broker (a long poll). It only says *whether* there is something to read: the records it
+    fetches are dropped, the caller reads them with its own reader. Not thread safe."""
+
+    def __init__(self, settings: Mapping[str, Any], topic: str, *, max_wait_ms: int = WAIT_FETCH_MS) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.max_wait_ms = max_wait_ms
+        self._consumer: Any = None
+        self._assigned: frozenset[int] = frozenset()
+        self._at: dict[int, int] = {}  # where the consumer fetches from, per partition, as last sought
+
+    def wait(self, positions: Mapping[int, int], timeout: float) -> bool:
+        """True as soon as any partition of ``positions`` has a record at or past its position; False
+        after ``timeout`` seconds without one. Raises kafka-python errors (the consumer is then
+        closed; the next wait opens another)."""
+        try:
+            return self._wait(positions, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait(self, positions: Mapping[int, int], timeout: float) -> bool:
+        consumer = self._follow(positions)
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            # max_records=1: one record is enough to know, and the fewest to decode.
+            fetched = consumer.poll(timeout_ms=max(1, int(remaining * 1000)), max_records=1)
+            if fetched:
+                self._at = {}  # the consumer moved past what it returned: seek again next time
+                if any(r.offset >= positions[tp.partition] for tp, records in fetched.items() for r in records):
+                    return True
+        return False
+
+    def _follow(self, positions: Mapping[int, int]) -> Any:
+        """The consumer, assigned to the partitions of ``positions`` and fetching from them. Seeks only
+        what moved: a seek would drop the fetch already waiting at the broker."""
+        if self._consumer is None:
+            self._consumer = KafkaConsumer(**{**_consumer_config(self.settings), "fetch_max_wait_ms": self.max_wait_ms})
+            self._assigned, self._at = frozenset(), {}
+        consumer = self._consumer
+        if self._assigned != set(positions):
+            consumer.assign([TopicPartition(self.topic, p) for p in positions])
+            self._assigned, self._at = frozenset(positions), {}
+        for partition, position in positions.items():
+            if self._at.get(partition) != position:
+                consumer.seek(TopicPartition(self.topic, partition), position)
+                self._at[partition] = position
+        return consumer
+
+    def close(self) -> None:
+        """Close the consumer (a later wait opens another)."""
+        consumer, self._consumer = self._consumer, None
+        self._assigned, self._at = frozenset(), {}
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception:  # noqa: BLE001 - closing is best effort: the consumer is dropped either way
+                log.debug("closing a waiting Kafka consumer raised", exc_info=True)
 
 
 def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, *, timeout: float,

@@ -38,8 +38,8 @@ from localstate.core.stream import BadTimestamp, InputColumns, InputRecord, Inpu
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
-from .io import (TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce, read_range,
-                 read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_id,
+from .io import (RecordWaiter, TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce,
+                 read_range, read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_id,
                  topic_partitions)
 
 __all__ = ["KafkaStreams", "KafkaInput", "KafkaOutput", "TopicWriter", "end_offsets", "read_range", "read_records",
@@ -105,7 +105,8 @@ class _KafkaTopic:
 
 class KafkaInput(_KafkaTopic, InputStream):
     """``[inputs.<name>] system = "kafka"``: topic partition ``p`` feeds job partition ``p``. Its
-    identity (:class:`~localstate.core.stream.IdentifiedInput`) is the topic's id."""
+    identity (:class:`~localstate.core.stream.IdentifiedInput`) is the topic's id; an idle continuous
+    task waits on it with a long-poll fetch (:class:`~localstate.core.stream.WaitableInput`)."""
 
     system = "kafka"
     section = "inputs"
@@ -128,6 +129,7 @@ class KafkaInput(_KafkaTopic, InputStream):
         self._starts: dict[int, int] = {}
         self._served: set[int] | None = None
         self._topic_id: str | None = None
+        self._waiter = RecordWaiter(self.settings, self.topic)
 
     # driver side ------------------------------------------------------------------------------
     def _error(self, exc: BaseException, action: str, **context: Any) -> InputError:
@@ -198,6 +200,19 @@ class KafkaInput(_KafkaTopic, InputStream):
         self._served = set()
 
     # executor side ----------------------------------------------------------------------------
+    def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
+        """See :class:`~localstate.core.stream.WaitableInput`: one long-lived consumer per input object,
+        assigned to the asking group's partitions, whose fetch waits at the broker. Any broker error
+        is raised as InputError (the caller sleeps instead; its next end probe reports what is wrong)."""
+        try:
+            return self._waiter.wait(positions, timeout)
+        except Exception as exc:  # noqa: BLE001 - every kafka-python failure becomes a typed error
+            raise self._error(exc, f"wait for records of input {self.name!r}") from exc
+
+    def close(self) -> None:
+        """Close the waiting consumer (the pooled ones are this process's, not the input's)."""
+        self._waiter.close()
+
     def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
         """:meth:`read` as :class:`~localstate.core.stream.InputColumns` chunks (a batch task's
         input): each record decoded by the stream's serdes as for :meth:`read`, no record tuple per

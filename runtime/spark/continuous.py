@@ -39,9 +39,9 @@ from typing import Any
 
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.config import JobConfig
-from localstate.core.stream import InputStream, open_input
+from localstate.core.stream import InputStream, WaitableInput, open_input
 from localstate.core.task import add_task_paths
-from localstate.errors import LocalStateError
+from localstate.errors import InputError, LocalStateError
 from localstate.runtime.driver.plan import BatchResult, PartitionPlan, RunSummary, lag_text, rate_text
 from localstate.runtime.layout import create_changelog_streams, open_changelog_system
 from localstate.runtime.partition.follow import FollowingPartition
@@ -55,7 +55,7 @@ from localstate.runtime.spark.failures import (executor_failure, failed_attempt_
                                                record_failed_attempt, spark_failure)
 
 __all__ = ["ContinuousRunner", "EpochPlan", "run_epoch", "group_partitions", "BUSY_POLL", "IDLE_POLL",
-           "BUSY_FOR", "DRIVER_CHECK", "PROGRESS_EVERY", "MIN_RUN", "FAILED_EPOCHS"]
+           "BUSY_FOR", "WAIT_FOR", "DRIVER_CHECK", "PROGRESS_EVERY", "MIN_RUN", "FAILED_EPOCHS"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,11 @@ IDLE_POLL = 0.05
 """...once no record arrived for :data:`BUSY_FOR` seconds: what an idle job pays, as polls."""
 
 BUSY_FOR = 1.0
+
+WAIT_FOR = 0.5
+"""Seconds an idle task waits at most for records when every input can wait for them
+(:class:`~localstate.core.stream.WaitableInput`, e.g. Kafka's long-poll fetch) instead of probing them
+every :data:`IDLE_POLL`: it wakes as soon as one arrives, and at least this often to see a stop."""
 
 MIN_RUN = 1.0
 """Seconds a task runs at least, even when it opened its partitions after its epoch's end."""
@@ -188,6 +193,8 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
         if plan.roll_changelogs:
             for each in opened:
                 _roll(each.follower.instance)
+        waitable = _waitable(inputs)
+        woken = False
         busy_since = time.monotonic()
         driver_checked = busy_since
         # On the monotonic clock; a task that opened after the epoch's end (a slow first start, a late
@@ -209,14 +216,21 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
                     return {"partitions": list(plan.partitions), "reason": reason}
             fed = sum(each.follower.step() for each in opened)
             if fed:
-                busy_since = time.monotonic()
+                busy_since, woken = time.monotonic(), False
                 continue
             if plan.until_drained and all(each.follower.caught_up for each in opened):
                 reason = "drained"
                 break
-            wait = BUSY_POLL if time.monotonic() - busy_since < BUSY_FOR else IDLE_POLL
+            idle = time.monotonic() - busy_since >= BUSY_FOR
             wakeups = [w for w in (each.follower.next_wakeup() for each in opened) if w is not None]
-            time.sleep(min([wait, max(0.0, ends_at - time.monotonic())] + wakeups))
+            bounds = [max(0.0, ends_at - time.monotonic())] + wakeups
+            # A wait that woke for records the round then did not find sleeps once, so that a wait
+            # and an end probe that disagree cannot spin.
+            if idle and waitable and not woken:
+                woken = _wait_for_records(waitable, opened, min([WAIT_FOR] + bounds), IDLE_POLL)
+            else:
+                woken = False
+                time.sleep(min([IDLE_POLL if idle else BUSY_POLL] + bounds))
         clean = True
     finally:
         errors: list[BaseException] = []
@@ -235,6 +249,38 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
             "reason": reason, "attempt": task_attempt(), "pid": os.getpid(),
             "records": {each.follower.partition: each.follower.records for each in opened},
             "commits": {each.follower.partition: each.follower.commits for each in opened}}
+
+
+def _waitable(inputs: dict[str, InputStream]) -> dict[str, WaitableInput]:
+    """The inputs an idle task waits on: all of them when every one can wait, else none (a wait on
+    some would leave the others unwatched: the task sleeps between probes instead)."""
+    if inputs and all(isinstance(source, WaitableInput) for source in inputs.values()):
+        return dict(inputs)  # type: ignore[arg-type]
+    return {}
+
+
+def _wait_for_records(inputs: dict[str, WaitableInput], opened: list[_Opened], timeout: float, turn: float) -> bool:
+    """Wait until an input holds a record past a partition's position (True) or ``timeout`` passes
+    (False). One input waits the whole time; several take turns of ``turn`` seconds each (their
+    fetches stay in flight at the broker between turns, so a turn costs no request). An input that
+    cannot wait (a broker error) makes the task sleep out the time instead: the next round's end
+    probe reports what is wrong."""
+    deadline = time.monotonic() + timeout
+    slice_ = timeout if len(inputs) == 1 else min(turn, timeout)
+    while (remaining := deadline - time.monotonic()) > 0:
+        for name, source in inputs.items():
+            positions = {each.follower.partition: each.follower.instance.position(name) for each in opened}
+            try:
+                if source.wait_for_records(positions, min(slice_, remaining)):
+                    return True
+            except InputError:
+                log.debug("continuous: input %s cannot wait for records; sleeping instead", name, exc_info=True)
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+    return False
 
 
 def _roll(instance: TaskInstance) -> None:

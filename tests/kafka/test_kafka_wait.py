@@ -1,0 +1,78 @@
+"""An idle continuous task waits on its Kafka input with a long-poll fetch
+(:class:`~localstate.core.stream.WaitableInput`), on a real broker (Tansu): the wait returns False
+after its timeout on an idle topic without spinning, True once a record past a position arrives, and
+never for records below the positions."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_settings
+from localstate.changelog.kafka.streams import ensure_topic, produce
+from localstate.core.config import parse_job_config
+from localstate.core.options import validate_options
+from localstate.core.stream import WaitableInput, open_input
+from localstate.errors import InputError
+
+pytestmark = pytest.mark.kafka
+
+
+def _settings(servers: str) -> dict[str, Any]:
+    return client_settings(validate_options(CONNECTION_OPTIONS, {"bootstrap_servers": servers}, "test"))
+
+
+def _records(partition: int, count: int) -> list[tuple[bytes, bytes, int]]:
+    return [(json.dumps(f"k{i}").encode(), json.dumps({"i": i}).encode(), partition) for i in range(count)]
+
+
+def _input(tmp_path: Path, servers: str, topic: str, partitions: int) -> Any:
+    job = parse_job_config({
+        "job": {"name": "kafka-wait", "partitions": partitions, "task": "m:T"},
+        "inputs": {"events": {"system": "kafka", "bootstrap_servers": servers, "topic": topic,
+                              "key_serde": "json", "value_serde": "json", "connect_timeout": "1s"}},
+    }, base_dir=tmp_path)
+    return open_input(job, "events")
+
+
+def test_wait_is_quiet_when_idle_and_wakes_on_a_record_past_the_positions(tmp_path: Path, kafka_broker,
+                                                                          topic_prefix) -> None:
+    servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "wait"
+    settings = _settings(servers)
+    assert ensure_topic(settings, topic, 2, -1, create=True) == 2
+    produce(settings, topic, _records(0, 5) + _records(1, 3))
+    source = _input(tmp_path, servers, topic, 2)
+    assert isinstance(source, WaitableInput)
+    try:
+        # Records below the positions are not a reason to wake; a record at a position is.
+        assert source.wait_for_records({0: 4, 1: 3}, 30.0)
+        assert source.wait_for_records({0: 5, 1: 0}, 30.0)
+
+        # Idle: False after the timeout, with the fetch waiting at the broker rather than the
+        # process spinning (a busy loop would use about as much CPU as the wait lasts).
+        cpu = time.process_time()
+        assert not source.wait_for_records({0: 5, 1: 3}, 2.0)
+        assert time.process_time() - cpu < 0.5
+
+        # A record produced during the wait wakes it (True: the timeout is only the test's bound).
+        producer = threading.Timer(0.3, produce, (settings, topic, _records(1, 1)))
+        producer.start()
+        try:
+            assert source.wait_for_records({0: 5, 1: 3}, 60.0)
+        finally:
+            producer.join()
+        assert not source.wait_for_records({0: 5, 1: 4}, 0.3)
+    finally:
+        source.close()
+
+
+def test_wait_raises_a_typed_error_when_the_broker_is_unreachable(tmp_path: Path) -> None:
+    source = _input(tmp_path, "127.0.0.1:1", "nowhere", 1)
+    with pytest.raises(InputError):
+        source.wait_for_records({0: 0}, 0.2)
+    source.close()
