@@ -5,7 +5,8 @@ logged store (the timer store included), the changelog coalesced to the last rec
 that checkpoint's offset, tombstones dropped (on the objectstore system: the snapshot and deltas the
 checkpoint's manifest names). It reads the durable state only, read-only (the changelog systems'
 readers; no lock, nothing created in the job's state), so it works while a standing job runs and
-from another host.
+from another host. :func:`read_partition` and :func:`savepoint_manifest` also serve
+:class:`~.durable.DurableState`, the same state read in place (what a rescale starts from).
 
 Guarantees: every partition's records are those of the one checkpoint the manifest records for it
 (a file changelog compacted while a partition was read is read again, at the newer checkpoint); the
@@ -166,7 +167,7 @@ def _formats(checkpoints: dict[int, Checkpoint | None]) -> dict[str, str]:
 
 
 def read_partition(job: JobConfig, stores: list[StoreConfig], partition: int
-                    ) -> tuple[Checkpoint | None, dict[str, tuple[list[bytes], list[bytes]]]]:
+                   ) -> tuple[Checkpoint | None, dict[str, tuple[list[bytes], list[bytes]]]]:
     """One partition's checkpoint and every store's committed records at it. The changelogs'
     compaction state is noted before the checkpoint is read and compared after: a compaction that ran
     meanwhile (it may have dropped a record the checkpoint still needs, keeping a later one) makes the
