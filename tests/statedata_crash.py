@@ -4,6 +4,7 @@
     python statedata_crash.py savepoint STATE_DIR LOCATION     # a savepoint of the 2-partition model job
     python statedata_crash.py load STATE_DIR LOCATION           # start the job with 3 partitions from it
     python statedata_crash.py rescale STATE_DIR                 # rescale the job from 2 to 3 partitions
+    python statedata_crash.py rescale STATE_DIR LOCATION        # the same, by a savepoint kept at LOCATION
 
 With LOCALSTATE_CRASH_AT=point:n (and the test switch LOCALSTATE_TESTING=1) it SIGKILLs itself there.
 """
@@ -28,7 +29,8 @@ def main() -> None:
         load_savepoint(Savepoint.open(SavepointLocation({"url": sys.argv[3]})), model_job(root, 3),
                        LoadOptions(yes=True))
     elif mode == "rescale":
-        rescale(resolve_epoch(model_job(root, 2)), 3)
+        kept = SavepointLocation({"url": sys.argv[3]}) if len(sys.argv) > 3 else None
+        rescale(resolve_epoch(model_job(root, 2)), 3, savepoint_to=kept)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

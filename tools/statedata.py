@@ -86,8 +86,8 @@ def _savepoint_arguments(parser: argparse.ArgumentParser) -> None:
 savepoint.arguments = _savepoint_arguments  # type: ignore[attr-defined]
 
 
-@command("rescale", "move a stopped, drained job's state to another partition count (a savepoint, every key "
-                    "re-partitioned, a new state epoch switched to atomically)")
+@command("rescale", "move a stopped, drained job's state to another partition count (every key of its "
+                    "committed state re-partitioned into a new state epoch, switched to atomically)")
 def rescale(args: argparse.Namespace) -> int:
     # CLI start-up: savepoints load pyarrow, which --help does not
     from localstate.runtime.statedata.rescale import check_drained, check_stopped, rescale as run_rescale
@@ -114,8 +114,8 @@ def _rescale_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", help="job config (TOML), as it is now (its current partition count)")
     parser.add_argument("--partitions", type=partition_count, required=True, help="the new partition count")
     parser.add_argument("--yes", action="store_true", help="really rescale (default: check and show the plan)")
-    parser.add_argument("--savepoint", metavar="PATH", help="keep the savepoint taken on the way at PATH "
-                        "(default: a scratch folder in the job's directory, deleted once done)")
+    parser.add_argument("--savepoint", metavar="PATH", help="take a savepoint to PATH on the way, rescale from it "
+                        "and keep it (default: none; the committed state is read in place)")
     add_location_arguments(parser)
 
 

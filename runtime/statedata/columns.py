@@ -115,7 +115,7 @@ def _finite(expiry: float | None) -> float | None:
 
 def to_parquet(keys: list[bytes], values: list[bytes], columns: StoreColumns, compression: str = "zstd") -> bytes:
     """One Parquet file of records (keys in byte order) with their decoded columns, compressed with
-    ``compression`` (a Parquet codec: zstd; none for the scratch savepoint of a rescale)."""
+    ``compression`` (a Parquet codec: savepoints use zstd)."""
     arrays = [pa.array(keys, pa.binary()), pa.array(values, pa.binary())]
     batches = columns.batches or (None,) * len(columns.decoded)
     for (_name, kind, decode), batch in zip(columns.decoded, batches):

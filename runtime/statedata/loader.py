@@ -1,6 +1,10 @@
 """Starting a job from a savepoint: the new state is written as a new epoch, then switched to in one
 atomic step.
 
+The saved state is read through :class:`~.saved.SavedState`: a savepoint's files
+(:class:`~.reader.Savepoint`), or a stopped job's committed state read in place
+(:class:`~.durable.DurableState`, what ``rescale`` starts from).
+
 :func:`load_savepoint` reserves a new epoch number in the job's epoch pointer, writes every logged
 store's records into the new epoch's changelog streams (re-partitioned by :mod:`.routing` when the
 partition count changes; migrated and re-encoded by :mod:`.sources`), writes each new partition's
@@ -29,7 +33,7 @@ from localstate.runtime.driver.views import load_checkpoints
 from localstate.runtime.layout import (EpochPointer, epoch_checkpoint_store, open_changelog_system, read_epoch,
                                        with_epoch, write_epoch)
 from localstate.runtime.partition.faults import crash_point
-from localstate.runtime.statedata.reader import Savepoint
+from localstate.runtime.statedata.saved import SavedState
 from localstate.runtime.statedata.routing import KeyRouter, MergeRouter, Placed, router_for
 from localstate.runtime.statedata.sources import Migration, StoreSource
 from localstate.runtime.statedata.timer_routing import TimerRouter, window_stores_of
@@ -64,7 +68,7 @@ def has_state(job: JobConfig) -> bool:
     return any(checkpoint is not None for checkpoint in load_checkpoints(job).values())
 
 
-def load_savepoint(savepoint: Savepoint, job: JobConfig, options: LoadOptions | None = None) -> EpochPointer:
+def load_savepoint(savepoint: SavedState, job: JobConfig, options: LoadOptions | None = None) -> EpochPointer:
     """Make ``savepoint`` the state of ``job`` (its partition count, stores, backends, serdes and
     changelog system as the job file says now) in a new epoch, and switch to it; returns the new
     pointer. Refuses (nothing changed): a savepoint of another job (SavepointMismatchError), stores
@@ -79,7 +83,7 @@ def load_savepoint(savepoint: Savepoint, job: JobConfig, options: LoadOptions | 
     current_job = with_epoch(job, current.epoch)
     if not options.yes and has_state(current_job):
         raise StateExistsError(f"job {job.name!r} already has state (epoch {current.epoch}): starting it from "
-                               f"{savepoint.location.where()} would replace it", job=job.name,
+                               f"{savepoint.where()} would replace it", job=job.name,
                                hint="re-run with --yes to switch to the savepoint's state (the current state is kept, "
                                     "no longer current, until `localstate reset --old-epochs --yes`)")
     rescaled = manifest.partitions != job.partitions
@@ -99,7 +103,7 @@ def load_savepoint(savepoint: Savepoint, job: JobConfig, options: LoadOptions | 
         checkpoints.save(checkpoint)
     crash_point("epoch_checkpoints")
     pointer = EpochPointer(epoch=new, partitions=job.partitions, reserved=new, previous=current.epoch, history=history,
-                           source=options.source or f"savepoint {savepoint.location.where()}", created=time.time(),
+                           source=options.source or f"savepoint {savepoint.where()}", created=time.time(),
                            moved_inputs=moved if rescaled else dict(current.moved_inputs))
     write_epoch(job, pointer)
     crash_point("epoch_flipped")
@@ -111,10 +115,10 @@ def load_savepoint(savepoint: Savepoint, job: JobConfig, options: LoadOptions | 
     return pointer
 
 
-def _check_fits(savepoint: Savepoint, job: JobConfig, options: LoadOptions) -> None:
+def _check_fits(savepoint: SavedState, job: JobConfig, options: LoadOptions) -> None:
     manifest = savepoint.manifest
     if manifest.job != job.name and not options.other_job:
-        raise SavepointMismatchError(f"savepoint {savepoint.location.where()} belongs to job {manifest.job!r}, not "
+        raise SavepointMismatchError(f"savepoint {savepoint.where()} belongs to job {manifest.job!r}, not "
                                      f"{job.name!r}", job=job.name, savepoint_job=manifest.job,
                                      hint="use a savepoint of this job; to seed this job with another job's state on "
                                           "purpose, pass --other-job")
@@ -130,7 +134,7 @@ def _check_fits(savepoint: Savepoint, job: JobConfig, options: LoadOptions) -> N
                                      "hold", stores=", ".join(unknown), hint="name stores of the savepoint")
 
 
-def _check_drained(savepoint: Savepoint) -> dict[str, str]:
+def _check_drained(savepoint: SavedState) -> dict[str, str]:
     """With another partition count, every input must have been drained when the savepoint was taken
     (InputLagError otherwise); returns each input's place then, which the new state refuses to read."""
     moved: dict[str, str] = {}
@@ -153,7 +157,7 @@ class _EpochWriter:
     """Writes every logged store of the new epoch from the savepoint; returns, per store, each new
     partition's changelog end offset and manifest."""
 
-    def __init__(self, savepoint: Savepoint, target: JobConfig, options: LoadOptions) -> None:
+    def __init__(self, savepoint: SavedState, target: JobConfig, options: LoadOptions) -> None:
         self.savepoint = savepoint
         self.target = target
         self.options = options
@@ -318,7 +322,7 @@ class _Streams:
         self.system.close()
 
 
-def _checkpoints(savepoint: Savepoint, target: JobConfig, written: dict[str, dict[int, tuple[int, dict[str, Any] | None]]],
+def _checkpoints(savepoint: SavedState, target: JobConfig, written: dict[str, dict[int, tuple[int, dict[str, Any] | None]]],
                  next_timer: dict[int, float], formats: dict[str, str]) -> list[Checkpoint]:
     """Each new partition's checkpoint: the new changelogs' offsets and manifests; with the same
     partition count the savepoint's positions, watermark, timers and outputs as they were, else every

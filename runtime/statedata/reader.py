@@ -13,31 +13,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from localstate.core.config import JobConfig, StoreConfig
 from localstate.errors import SavepointCorruptError
 from localstate.runtime.statedata.columns import from_parquet
 from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.manifest import MANIFEST, SavepointManifest
-from localstate.core.policy import PluginPolicy
+from localstate.runtime.statedata.saved import SavedState
 
 __all__ = ["Savepoint", "find_savepoints"]
 
 
-class Savepoint:
+class Savepoint(SavedState):
     """A whole savepoint at a location: its manifest, and its records by store and partition."""
 
-    def __init__(self, location: SavepointLocation, manifest: SavepointManifest, verify_reads: bool = False) -> None:
+    def __init__(self, location: SavepointLocation, manifest: SavepointManifest) -> None:
         self.location = location
         self.manifest = manifest
-        self.verify_reads = verify_reads
-        """check each file's size and sha256 when it is read (:meth:`records`)"""
 
     @classmethod
-    def open(cls, location: SavepointLocation, *, verify: bool = True, verify_reads: bool = False) -> "Savepoint":
-        """The savepoint at ``location``, checked (``verify``: every file's size and sha256 too, read
-        once beforehand; ``verify_reads``: each file's when :meth:`records` reads it, so a reader
-        that reads every file before it uses any, such as the start of a job from it, checks each
-        file without reading it twice)."""
+    def open(cls, location: SavepointLocation, *, verify: bool = True) -> "Savepoint":
+        """The savepoint at ``location``, checked (``verify``: every file's size and sha256 too)."""
         data = location.get(MANIFEST)
         if data is None:
             found = location.keys()
@@ -46,7 +40,7 @@ class Savepoint:
             raise SavepointCorruptError(f"savepoint location {location.where()} {what}", path=location.where(),
                                         hint="take the savepoint again, to a new location; delete what a savepoint "
                                              "cut short left")
-        savepoint = cls(location, SavepointManifest.from_json(data, location.where(MANIFEST)), verify_reads)
+        savepoint = cls(location, SavepointManifest.from_json(data, location.where(MANIFEST)))
         if verify:
             savepoint.verify()
         return savepoint
@@ -75,41 +69,16 @@ class Savepoint:
                                      path=self.location.where(key),
                                      hint="the savepoint is not whole: use an intact copy, or take it again")
 
+    def where(self) -> str:
+        return self.location.where()
+
     def records(self, store: str, partition: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
         """The raw records of a store partition, file by file (keys in byte order within a file)."""
         for key in self.manifest.store_files(store, partition):
             data = self.location.get(key)
             if data is None:
                 raise self._bad(key, "is missing")
-            if self.verify_reads:
-                entry = self.manifest.files[key]
-                if len(data) != entry.bytes:
-                    raise self._bad(key, f"has {len(data)} bytes, the manifest says {entry.bytes} (truncated or replaced)")
-                if hashlib.sha256(data).hexdigest() != entry.sha256:
-                    raise self._bad(key, "fails its sha256 (altered or damaged)")
             yield from_parquet(data)
-
-    def entries(self, store: str, partition: int) -> list[tuple[bytes, bytes]]:
-        """All raw records of a store partition, in key byte order."""
-        out: list[tuple[bytes, bytes]] = []
-        for keys, values in self.records(store, partition):
-            out.extend(zip(keys, values))
-        out.sort()
-        return out
-
-    def store_config(self, store: str) -> StoreConfig:
-        """The store as the savepoint's job configured it."""
-        entry = self.manifest.stores[store]
-        return StoreConfig(store, entry.engine, entry.options, store, entry.key_serde, entry.value_serde)
-
-    def job_config(self, plugins: str | None = None) -> Any:
-        """A job config holding the savepoint's job as it was (its name, partition count and stores),
-        for readers that decode its records; nothing of it runs."""
-        manifest = self.manifest
-        policy = PluginPolicy.discover(plugins) if plugins else PluginPolicy()
-        return JobConfig(name=manifest.job, partitions=manifest.partitions, task="unused:Unused",
-                         state_dir=Path("."), stores={name: self.store_config(name) for name in manifest.stores},
-                         policy=policy)
 
     def describe(self) -> dict[str, Any]:
         """What ``localstate savepoint --list`` and ``inspect --savepoint`` show."""

@@ -1,23 +1,22 @@
-"""``localstate rescale JOB --partitions N``: a savepoint, every key re-partitioned by the job's
-partitioner, a start from it, in one command.
+"""``localstate rescale JOB --partitions N``: every key of a stopped job's committed state
+re-partitioned by the job's partitioner into a new state epoch, switched to atomically, in one
+command.
 
 The checks come first, each a typed error that changes nothing: the job must not be running (its
 ``live.json`` heartbeat, and every partition's instance lock, held for the whole rescale, so no run
 can start meanwhile); every input must be drained (no record after the checkpointed positions:
 :class:`InputLagError` naming the input, partition and lag), because the new partitions hold their
-keys' state and would never see records left in the old ones. Then a savepoint of the current epoch
-is taken to a scratch folder in the job's directory (its raw columns only, uncompressed: nothing else
-reads it; each file checked against its size and sha256 as it is read back) or to ``savepoint_to`` (a
-whole one, every column, checked whole before it is read), and the job is started
-from it with ``partitions`` partitions (:func:`~.loader.load_savepoint`: a new epoch, switched to
-atomically; every store checked on the data to be keyed by the routing key). The old epoch stays,
-retired, until ``localstate reset --old-epochs``.
+keys' state and would never see records left in the old ones. Then the job is started with
+``partitions`` partitions (:func:`~.loader.load_savepoint`: a new epoch, switched to atomically;
+every store checked on the data to be keyed by the routing key) from its current epoch's committed
+state read in place (:class:`~.durable.DurableState`: the changelogs read once, at the checkpoints,
+nothing written but the new epoch), or, given ``savepoint_to``, from a savepoint taken there first
+and kept (checked whole before it is read). The old epoch stays, retired, until ``localstate reset
+--old-epochs``.
 """
 
 from __future__ import annotations
 
-import shutil
-import time
 from dataclasses import replace
 from typing import Callable
 
@@ -26,11 +25,12 @@ from localstate.errors import FencedError, InputLagError, RescaleError
 from localstate.runtime.driver.operating import LIVE, UNKNOWN, judge_live
 from localstate.runtime.driver.progress import read_live
 from localstate.runtime.driver.views import input_partitions, load_checkpoints
-from localstate.runtime.layout import EpochPointer, checkpoint_store, job_directory
-from localstate.core.names import safe_join
+from localstate.runtime.layout import EpochPointer, checkpoint_store
+from localstate.runtime.statedata.durable import DurableState
 from localstate.runtime.statedata.loader import LoadOptions, load_savepoint
 from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.reader import Savepoint
+from localstate.runtime.statedata.saved import SavedState
 from localstate.runtime.statedata.writer import take_savepoint
 
 __all__ = ["rescale", "check_stopped", "check_drained"]
@@ -68,8 +68,7 @@ def check_drained(job: JobConfig) -> None:
 def rescale(job: JobConfig, partitions: int, *, savepoint_to: SavepointLocation | None = None,
             progress: Callable[[str], None] | None = None) -> EpochPointer:
     """Rescale ``job`` (bound to its current epoch) to ``partitions`` (see the module docstring);
-    returns the new epoch pointer. The scratch savepoint is deleted once the new epoch is current; one
-    written to ``savepoint_to`` is kept."""
+    returns the new epoch pointer. A savepoint written to ``savepoint_to`` is kept."""
     if partitions == job.partitions:
         raise RescaleError(f"job {job.name!r} already has {partitions} partition(s)", partitions=partitions,
                            hint="give another count")
@@ -86,24 +85,20 @@ def rescale(job: JobConfig, partitions: int, *, savepoint_to: SavepointLocation 
                                   hint="stop the job, then rescale again") from exc
             locked.append(partition)
         check_drained(job)
-        scratch = None
-        location = savepoint_to
-        if location is None:
-            job_directory(job)
-            # unique per attempt: a refused rescale retried within the same second needs a new one
-            name = f"rescale-{time.strftime('%Y%m%d-%H%M%S')}-{time.time_ns() % 1_000_000_000:09d}"
-            scratch = safe_join(job.state_dir, job.name, "savepoints", name)
-            location = SavepointLocation({"url": str(scratch)})
-        try:
-            take_savepoint(job, location, progress=progress, scratch=scratch is not None)
-            # a scratch savepoint is checked file by file as the start reads it (before the switch),
-            # not read once more beforehand; one kept elsewhere is checked whole first
-            savepoint = Savepoint.open(location, verify=scratch is None, verify_reads=scratch is not None)
-            return load_savepoint(savepoint, replace(job, partitions=partitions), LoadOptions(
-                yes=True, source=f"rescale from {job.partitions} to {partitions} partitions", progress=progress))
-        finally:
-            if scratch is not None:  # the scratch savepoint is the rescale's own: kept neither way
-                shutil.rmtree(scratch, ignore_errors=True)
+        return load_savepoint(_saved_state(job, savepoint_to, progress), replace(job, partitions=partitions),
+                              LoadOptions(yes=True, source=f"rescale from {job.partitions} to {partitions} partitions",
+                                          progress=progress))
     finally:
         for partition in locked:
             store.unlock(partition)
+
+
+def _saved_state(job: JobConfig, savepoint_to: SavepointLocation | None,
+                 progress: Callable[[str], None] | None) -> SavedState:
+    """What the rescale starts from: the job's committed state read in place (the partition locks
+    held by the caller keep it from changing), or a savepoint taken to ``savepoint_to`` and checked
+    whole (the user keeps it)."""
+    if savepoint_to is None:
+        return DurableState.open(job)
+    take_savepoint(job, savepoint_to, progress=progress)
+    return Savepoint.open(savepoint_to)

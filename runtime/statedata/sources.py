@@ -20,7 +20,7 @@ from localstate.core.config import JobConfig, StoreConfig
 from localstate.core.task import add_task_paths
 from localstate.errors import ConfigError, SavepointMismatchError, SerdeError
 from localstate.runtime.driver.views import value_splitter
-from localstate.runtime.statedata.reader import Savepoint
+from localstate.runtime.statedata.saved import SavedState
 from localstate.core.tracebacks import raise_task_error
 
 __all__ = ["Migration", "StoreSource", "load_function"]
@@ -50,7 +50,7 @@ def load_function(job: JobConfig, spec: str, what: str) -> Callable[..., Any]:
 class StoreSource:
     """One savepoint store's records for the job's store ``target`` (see the module docstring)."""
 
-    def __init__(self, savepoint: Savepoint, target: StoreConfig, job: JobConfig, target_format: str | None,
+    def __init__(self, savepoint: SavedState, target: StoreConfig, job: JobConfig, target_format: str | None,
                  migration: Migration | None = None) -> None:
         self.savepoint = savepoint
         self.name = target.name

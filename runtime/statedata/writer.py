@@ -5,7 +5,8 @@ logged store (the timer store included), the changelog coalesced to the last rec
 that checkpoint's offset, tombstones dropped (on the objectstore system: the snapshot and deltas the
 checkpoint's manifest names). It reads the durable state only, read-only (the changelog systems'
 readers; no lock, nothing created in the job's state), so it works while a standing job runs and
-from another host.
+from another host. :func:`read_partition` and :func:`savepoint_manifest` also serve
+:class:`~.durable.DurableState`, the same state read in place (what a rescale starts from).
 
 Guarantees: every partition's records are those of the one checkpoint the manifest records for it
 (a file changelog compacted while a partition was read is read again, at the newer checkpoint); the
@@ -28,13 +29,14 @@ from localstate.core.engine import StateFormat, StoreContext
 from localstate.runtime.driver.views import committed_columns, input_partitions, load_checkpoints
 from localstate.runtime.layout import open_changelog_system
 from localstate.runtime.partition.faults import crash_point
-from localstate.runtime.statedata.columns import StoreColumns, store_columns, to_parquet
+from localstate.runtime.statedata.columns import store_columns, to_parquet
 from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.manifest import MANIFEST, FileEntry, SavepointManifest, StoreEntry, data_key
 from localstate.errors import ChangelogError, LocalStateError, StateExistsError
 from localstate.core.stream import open_input
 
-__all__ = ["take_savepoint", "ROWS_PER_FILE", "check_empty", "store_formats"]
+__all__ = ["take_savepoint", "ROWS_PER_FILE", "check_empty", "store_formats", "logged_stores", "read_partition",
+           "savepoint_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +90,18 @@ def store_formats(job: JobConfig) -> dict[str, str]:
 
 
 def take_savepoint(job: JobConfig, location: SavepointLocation, *,
-                   progress: Callable[[str], None] | None = None, scratch: bool = False) -> SavepointManifest:
+                   progress: Callable[[str], None] | None = None) -> SavepointManifest:
     """Write a savepoint of ``job``'s committed state (at its current epoch) to ``location``, which
-    must be empty; returns its manifest. ``scratch``: the savepoint a rescale takes for itself and
-    deletes once done (only it reads it back): the raw columns only, not compressed (its manifest
-    lists no decoded columns). Crash points: ``savepoint_file`` after each file,
+    must be empty; returns its manifest. Crash points: ``savepoint_file`` after each file,
     ``savepoint_manifest`` before the manifest."""
     check_empty(location)
     stores = logged_stores(job)
-    columns = {config.name: StoreColumns(()) if scratch else store_columns(job, config) for config in stores}
-    compression = "none" if scratch else "zstd"
+    columns = {config.name: store_columns(job, config) for config in stores}
     files: dict[str, FileEntry] = {}
     records = dict.fromkeys((config.name for config in stores), 0)
     checkpoints: dict[int, Checkpoint | None] = {}
     for partition in range(job.partitions):
-        checkpoint, contents = _read_partition(job, stores, partition)
+        checkpoint, contents = read_partition(job, stores, partition)
         checkpoints[partition] = checkpoint
         for name, (keys, values) in contents.items():
             records[name] += len(keys)
@@ -110,24 +109,38 @@ def take_savepoint(job: JobConfig, location: SavepointLocation, *,
                 if not keys:
                     break
                 chunk = slice(start, start + ROWS_PER_FILE)
-                data = to_parquet(keys[chunk], values[chunk], columns[name], compression)
+                data = to_parquet(keys[chunk], values[chunk], columns[name])
                 key = data_key(name, partition, part)
                 location.put(key, data)
                 files[key] = FileEntry(hashlib.sha256(data).hexdigest(), len(data), len(keys[chunk]))
                 crash_point("savepoint_file")
         if progress is not None:
             progress(f"partition {partition}: {sum(len(k) for k, _ in contents.values()):,} record(s)")
-    formats = _formats(checkpoints)
-    manifest = SavepointManifest(
-        inputs=_inputs(job, checkpoints),
-        job=job.name, partitions=job.partitions, epoch=job.epoch, changelog_system=job.changelog_system,
-        timer_key_serde=job.time.timer_key_serde, checkpoints=checkpoints, files=files,
-        stores={config.name: StoreEntry(config.engine, dict(config.options), config.key_serde, config.value_serde,
-                                        formats.get(config.name), records[config.name], columns[config.name].names)
-                for config in stores})
+    manifest = savepoint_manifest(job, stores, checkpoints, files=files, records=records,
+                                  columns={name: list(found.names) for name, found in columns.items()})
     crash_point("savepoint_manifest")
     location.put(MANIFEST, manifest.to_json())
     return manifest
+
+
+def savepoint_manifest(job: JobConfig, stores: list[StoreConfig], checkpoints: dict[int, Checkpoint | None], *,
+                       files: dict[str, FileEntry] | None = None, records: dict[str, int] | None = None,
+                       columns: dict[str, list[str]] | None = None) -> SavepointManifest:
+    """The manifest of ``job``'s state at ``checkpoints`` (one per partition): its stores as
+    configured now, their state formats as the checkpoints recorded them, each input's place and lag.
+    ``files``, ``records`` and ``columns`` are a written savepoint's (state read in place has no
+    files, and its records are not counted: 0)."""
+    formats = _formats(checkpoints)
+    records = records or {}
+    columns = columns or {}
+    return SavepointManifest(
+        inputs=_inputs(job, checkpoints),
+        job=job.name, partitions=job.partitions, epoch=job.epoch, changelog_system=job.changelog_system,
+        timer_key_serde=job.time.timer_key_serde, checkpoints=checkpoints, files=files or {},
+        stores={config.name: StoreEntry(config.engine, dict(config.options), config.key_serde, config.value_serde,
+                                        formats.get(config.name), records.get(config.name, 0),
+                                        columns.get(config.name, []))
+                for config in stores})
 
 
 def _inputs(job: JobConfig, checkpoints: dict[int, Checkpoint | None]) -> dict[str, dict[str, Any]]:
@@ -153,8 +166,8 @@ def _formats(checkpoints: dict[int, Checkpoint | None]) -> dict[str, str]:
     return merged
 
 
-def _read_partition(job: JobConfig, stores: list[StoreConfig], partition: int
-                    ) -> tuple[Checkpoint | None, dict[str, tuple[list[bytes], list[bytes]]]]:
+def read_partition(job: JobConfig, stores: list[StoreConfig], partition: int
+                   ) -> tuple[Checkpoint | None, dict[str, tuple[list[bytes], list[bytes]]]]:
     """One partition's checkpoint and every store's committed records at it. The changelogs'
     compaction state is noted before the checkpoint is read and compared after: a compaction that ran
     meanwhile (it may have dropped a record the checkpoint still needs, keeping a later one) makes the

@@ -1,7 +1,8 @@
 """State as data on the objectstore changelog, on a shared directory and on S3 (SeaweedFS): the
 epoch pointer and the epochs' checkpoints live in the durable storage; a savepoint read from the
-snapshots and deltas the checkpoints name (and kept on S3 itself); a rescale, then running on, gives
-the state of the job run with the new count from the start; garbage collection keeps what the new
+snapshots and deltas the checkpoints name (and kept on S3 itself); a rescale (by that savepoint, or
+reading the committed state in place), then running on, gives the state of the job run with the new
+count from the start; garbage collection keeps what the new
 epoch's checkpoints name; ``reset --old-epochs`` removes the old epoch's objects and nothing else."""
 
 from __future__ import annotations
@@ -22,15 +23,29 @@ RECORDS = [(f"user-{i % 17}", i, float(i % 90)) for i in range(80)]
 MORE = [(f"user-{(i * 5) % 23}", i, float(50 + i % 40)) for i in range(40)]
 
 
-def test_rescale_on_the_objectstore_changelog_with_a_savepoint_on_the_same_storage(
-        tmp_path: Path, objectstore_options: dict[str, Any]) -> None:
-    options = {**objectstore_options, "snapshot_every": 2}  # snapshots in the chains the savepoint reads
-    job = model_job(tmp_path, 2, changelog="objectstore", changelog_options=options)
+def run_records(root: Path, partitions: int, options: dict[str, Any]) -> tuple[Any, ModelRun]:
+    """The model job on the objectstore changelog at ``options``, RECORDS fed 20 at a time, each
+    batch committed (snapshots and deltas in the chains), event time at 50; the run still open."""
+    job = model_job(root, partitions, changelog="objectstore", changelog_options=options)
     run = ModelRun(job)
     for start in range(0, len(RECORDS), 20):
         run.feed(RECORDS[start:start + 20])
         run.driver.commit()
     run.event_time(50.0)
+    return job, run
+
+
+def reference_options(tmp_path: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """Another location on the same storage, for the job run with the new count from the start."""
+    if options["url"].startswith("s3://"):
+        return {**options, "url": options["url"] + "-ref"}
+    return {**options, "url": str(tmp_path / "reference" / "shared")}
+
+
+def test_rescale_on_the_objectstore_changelog_with_a_savepoint_on_the_same_storage(
+        tmp_path: Path, objectstore_options: dict[str, Any]) -> None:
+    options = {**objectstore_options, "snapshot_every": 2}  # snapshots in the chains the savepoint reads
+    job, run = run_records(tmp_path, 2, options)
     now = run.close()
     url = options["url"] + "-savepoint" if options["url"].startswith("s3://") else str(tmp_path / "savepoint")
     kept = SavepointLocation(storage_options(url, job))  # an s3:// savepoint takes the job's S3 options
@@ -44,14 +59,7 @@ def test_rescale_on_the_objectstore_changelog_with_a_savepoint_on_the_same_stora
     after = ModelRun(rescaled, now=now)
     after.feed(MORE)
     now = after.close()
-    reference = tmp_path / "reference"
-    reference_options = {**options, "url": options["url"] + "-ref"} if options["url"].startswith("s3://") \
-        else {**options, "url": str(reference / "shared")}
-    expected_job = model_job(reference, 3, changelog="objectstore", changelog_options=reference_options)
-    expected = ModelRun(expected_job)
-    for start in range(0, len(RECORDS), 20):
-        expected.feed(RECORDS[start:start + 20])
-    expected.event_time(50.0)
+    expected_job, expected = run_records(tmp_path / "reference", 3, reference_options(tmp_path, options))
     expected.feed(MORE)
     assert committed_state(rescaled, expected.close()) == committed_state(expected_job, now)
 
@@ -77,3 +85,19 @@ def test_rescale_on_the_objectstore_changelog_with_a_savepoint_on_the_same_stora
     finally:
         system.close()
     assert committed_state(rescaled, now) == committed_state(expected_job, now)
+
+
+def test_rescale_on_the_objectstore_changelog_reads_the_committed_state_in_place(
+        tmp_path: Path, objectstore_options: dict[str, Any]) -> None:
+    """No --savepoint: the snapshots and deltas the checkpoints name are read in place, the keys
+    routed into the new epoch's objects; the state equals the job's run with 3 partitions."""
+    options = {**objectstore_options, "snapshot_every": 2}
+    job, run = run_records(tmp_path, 2, options)
+    now = run.close()
+    rescale(resolve_epoch(job), 3)
+    pointer = read_epoch(job)
+    assert (pointer.epoch, pointer.partitions, pointer.previous) == (1, 3, 0)
+    assert not (tmp_path / "model" / "savepoints").exists()  # nothing staged on the way
+    expected_job, expected = run_records(tmp_path / "reference", 3, reference_options(tmp_path, options))
+    rescaled = model_job(tmp_path, 3, changelog="objectstore", changelog_options=options)
+    assert committed_state(rescaled, now) == committed_state(expected_job, expected.close())

@@ -1,6 +1,7 @@
-"""SIGKILL at every step of a savepoint, a start from a savepoint and a rescale: afterwards the job
-has either its old state, intact and runnable, or the complete new one, never a mix; a savepoint cut
-short is never read as whole; running the step again completes it."""
+"""SIGKILL at every step of a savepoint, a start from a savepoint and a rescale (from the committed
+state read in place, or by a kept savepoint): afterwards the job has either its old state, intact and
+runnable, or the complete new one, never a mix; a savepoint cut short is never read as whole; running
+the step again completes it."""
 
 from __future__ import annotations
 
@@ -104,16 +105,38 @@ def test_a_start_from_a_savepoint_killed_midway_leaves_the_old_state_or_the_new_
     runs_on(root, 3, now)
 
 
-# A rescale is a savepoint and a start from it: the steps they share are the two tests' above in the
-# default run; the rescale's own (its last store written) is here, the shared ones are the slow soak.
-@pytest.mark.parametrize("crash", [pytest.param("savepoint_manifest:1", marks=pytest.mark.slow), f"epoch_store:{STORES}",
-                                   pytest.param("epoch_checkpoints:1", marks=pytest.mark.slow)])
+# A rescale reads the committed state in place and starts from it: its steps are a start's (above),
+# each killed here too (the first store's and the last's; the shared ones beyond the first and last
+# store are the slow soak). Nothing is written before the epoch is reserved.
+RESCALE_STEPS = [pytest.param("epoch_reserved:1", marks=pytest.mark.slow), "epoch_store:1", f"epoch_store:{STORES}",
+                 pytest.param("epoch_checkpoints:1", marks=pytest.mark.slow), "epoch_flipped:1"]
+
+
+@pytest.mark.parametrize("crash", RESCALE_STEPS)
 def test_a_rescale_killed_midway_leaves_the_old_state_or_the_new_one(original, tmp_path: Path, crash: str) -> None:
     source, before, now, after = original
     root = copy_of(source, tmp_path)
     assert child("rescale", str(root), crash=crash) == -signal.SIGKILL
     epoch = old_or_new(root, before, after, now)
+    assert epoch == (1 if crash.startswith("epoch_flipped") else 0)
     if epoch == 0:  # the dead rescale's instance locks went with its process: it runs again
         assert child("rescale", str(root)) == 0
         assert committed_state(model_job(root, 3), now) == after
     runs_on(root, 3, now)
+
+
+# With --savepoint PATH a rescale takes a savepoint first (kept): killed while it is written, the job
+# is untouched and the savepoint cut short is never read; the start's steps are those above.
+@pytest.mark.slow
+@pytest.mark.parametrize("crash", ["savepoint_file:1", "savepoint_manifest:1"])
+def test_a_rescale_by_a_kept_savepoint_killed_while_it_is_taken_leaves_the_old_state(original, tmp_path: Path,
+                                                                                      crash: str) -> None:
+    source, before, now, after = original
+    root = copy_of(source, tmp_path)
+    kept = tmp_path / "kept"
+    assert child("rescale", str(root), str(kept), crash=crash) == -signal.SIGKILL
+    assert old_or_new(root, before, after, now) == 0
+    with pytest.raises(SavepointCorruptError, match="cut short"):
+        Savepoint.open(SavepointLocation({"url": str(kept)}))
+    assert child("rescale", str(root), str(tmp_path / "kept-again")) == 0
+    assert committed_state(model_job(root, 3), now) == after

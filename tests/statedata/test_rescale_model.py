@@ -1,7 +1,8 @@
 """The model test of a rescale: over random jobs holding every kind of state (kv, kv with ttl, heap,
 sketch, search, a store merged on rescale, windows and their timers, per-key timers) and random
-partition counts P -> N (up and down, 1, non-divisors): savepoint -> start with N partitions -> run on
-gives the state and the outputs of the same job run with N partitions from the start."""
+partition counts P -> N (up and down, 1, non-divisors): a rescale to N (the committed state read in
+place; the same count: a savepoint and a start from it) -> run on gives the state and the outputs of
+the same job run with N partitions from the start."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rescale_model import ModelRun, committed_state, model_job
+from localstate.runtime.layout import resolve_epoch
 from localstate.runtime.statedata.loader import LoadOptions, load_savepoint
 from localstate.runtime.statedata.location import SavepointLocation
 from localstate.runtime.statedata.reader import Savepoint
+from localstate.runtime.statedata.rescale import rescale
 from localstate.runtime.statedata.writer import take_savepoint
 
 KEYS = st.sampled_from([f"user-{i}" for i in range(12)] + ["", "ü", "a|b"])
@@ -23,18 +26,22 @@ CUT = 50.0
 
 
 def run_through(root: Path, first: list, second: list, old: int, new: int) -> tuple[dict, dict, dict]:
-    """The rescaled run: ``first`` on ``old`` partitions, savepoint, start on ``new``, ``second``:
-    the state right after ``second`` (windows and timers still pending), the state and outputs at
-    the end (every window closed)."""
+    """The rescaled run: ``first`` on ``old`` partitions, rescale to ``new`` (the same count: a
+    savepoint and a start from it; a rescale by a kept savepoint equals the rescale:
+    test_durable_state.py), ``second``: the state right after ``second`` (windows and timers still
+    pending), the state and outputs at the end (every window closed)."""
     job = model_job(root, old)
     run = ModelRun(job)
     run.feed(first)
     run.event_time(CUT)
     now = run.close()
     outputs_before = run.outputs()
-    location = SavepointLocation({"url": str(root / "savepoint")})
-    take_savepoint(job, location)
-    load_savepoint(Savepoint.open(location), model_job(root, new), LoadOptions(yes=True))
+    if old != new:
+        rescale(resolve_epoch(job), new)
+    else:
+        location = SavepointLocation({"url": str(root / "savepoint")})
+        take_savepoint(job, location)
+        load_savepoint(Savepoint.open(location), model_job(root, new), LoadOptions(yes=True))
     after = ModelRun(model_job(root, new), now=now)
     after.feed(second)
     pending = after.state()
