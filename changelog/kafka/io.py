@@ -80,8 +80,13 @@ def release_consumer(settings: Mapping[str, Any], consumer: Any, ok: bool = True
         _FREE_CONSUMERS.setdefault(_pool_key(settings, {}), []).append(consumer)
 
 
-def _producer(settings: Mapping[str, Any], tuning: Mapping[str, Any]) -> Any:
-    key = _pool_key(settings, tuning)
+def _producer(settings: Mapping[str, Any], tuning: Mapping[str, Any], topic: str) -> Any:
+    """This process's pooled producer for ``topic`` with these settings. One per topic: a
+    kafka-python 3.0 producer that first sends to a topic created after it last fetched metadata
+    refreshes that topic's metadata alone, forgets the leaders of the topics it sent to before, and
+    its sender thread then asks for metadata in a loop, a whole core for as long as the process
+    lives. A producer that only ever sends to one topic never adds one."""
+    key = _pool_key(settings, {**tuning, "topic": topic})
     with _LOCK:
         producer = _PRODUCERS.get(key)
     if producer is None:
@@ -433,10 +438,10 @@ class TopicWriter:
 
     @property
     def producer(self) -> Any:
-        """This process's pooled producer for these settings (a new one after a failure)."""
+        """This process's pooled producer for these settings and this topic (a new one after a failure)."""
         if self._producer is None:
             try:
-                self._producer = _producer(self.settings, self._tuning)
+                self._producer = _producer(self.settings, self._tuning, self.topic)
             except Exception as exc:  # noqa: BLE001 - kafka-python raises many kinds; all become typed
                 raise self._error(exc, "connect to") from exc
         return self._producer
