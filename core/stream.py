@@ -367,10 +367,14 @@ class IdentifiedInput(Protocol):
 @runtime_checkable
 class WaitableInput(Protocol):
     """An input that can wait for records instead of being probed again and again (Kafka: a fetch that
-    waits at the broker). A continuous run's idle task waits on it when every input of its group offers
-    it. The wait only decides *when* to look: records are still read through
+    waits at the broker; the file inputs: inotify on their directories). A continuous run's task
+    waits on it, after a round that found nothing, when every input of its group offers it and
+    :meth:`can_wait`. The wait only decides *when* to look: records are still read through
     :meth:`InputStream.read`, so a wait that wakes too early or too late changes latency, never what
     is read. Optional: without it the task sleeps between probes."""
+
+    def can_wait(self) -> bool:
+        """Whether waiting works here (False, e.g., where inotify cannot be used: the task probes)."""
 
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
         """Wait until any partition of ``positions`` (partition -> position) holds a record at or past

@@ -200,6 +200,10 @@ class KafkaInput(_KafkaTopic, InputStream):
         self._served = set()
 
     # executor side ----------------------------------------------------------------------------
+    def can_wait(self) -> bool:
+        """Always: a broker that cannot be reached makes :meth:`wait_for_records` raise instead."""
+        return True
+
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
         """See :class:`~localstate.core.stream.WaitableInput`: one long-lived consumer per input object,
         assigned to the asking group's partitions, whose fetch waits at the broker. Any broker error

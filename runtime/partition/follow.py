@@ -61,9 +61,14 @@ class FollowingPartition:
         return sum(max(0, source.end_offset(self.partition) - self.instance.position(name))
                    for name, source in self.inputs.items())
 
-    def step(self) -> int:
-        """One round (see the module docstring); returns the records it fed."""
+    def step(self, probe: bool = True) -> int:
+        """One round (see the module docstring); returns the records it fed. ``probe=False``: the
+        caller knows nothing was appended since the last round (a wait on the inputs timed out), so
+        the round skips reading and only fires timers, runs ``window()`` and commits as due."""
         instance = self.instance
+        if not probe:
+            self._after_feed(0)
+            return 0
         ends = {name: source.end_offset(self.partition) for name, source in self.inputs.items()}
         behind = {name: end for name, end in ends.items() if end > instance.position(name)}
         fed = 0
@@ -77,13 +82,18 @@ class FollowingPartition:
         else:
             self.caught_up = True
         self.records += fed
+        self._after_feed(fed)
+        return fed
+
+    def _after_feed(self, fed: int) -> None:
+        """Steps 2 to 4 of a round (timers, ``window()``, the caught-up commit)."""
+        instance = self.instance
         fired = instance.fire_timers()
         self._dirty = self._dirty or fed > 0 or fired > 0 or instance.committer.processed > 0
         if instance.job.window_interval and instance.maybe_window():
             self._dirty = True
         if self._dirty and (self.caught_up or instance.committer.due(instance.coordinator.commit_requested)):
             self.commit()
-        return fed
 
     def commit(self) -> None:
         """``window()`` first when it runs at every commit (``window_interval = 0``), then the commit."""
@@ -97,9 +107,16 @@ class FollowingPartition:
         self._dirty = False
 
     def next_wakeup(self) -> float | None:
-        """Seconds until the earliest processing-time timer is due (None: no timer pending)."""
-        due = self.instance.time.next_processing_timer
-        return None if due is None else max(0.0, due - self.instance.processing_clock())
+        """Seconds until the earliest processing-time timer or the next ``window()`` (by
+        ``window_interval``) is due (None: neither): how long the partition may wait for records."""
+        instance = self.instance
+        due = instance.time.next_processing_timer
+        wakeups = [] if due is None else [max(0.0, due - instance.processing_clock())]
+        interval = instance.job.window_interval
+        if interval:
+            since = instance.clock() - instance._last_window  # noqa: SLF001 - maybe_window()'s own clock
+            wakeups.append(max(0.0, interval - since))
+        return min(wakeups) if wakeups else None
 
     def finish(self) -> None:
         """End of the epoch (or a stop): commit what is uncommitted and wait for it to be saved."""

@@ -55,7 +55,7 @@ from localstate.runtime.spark.failures import (executor_failure, failed_attempt_
                                                record_failed_attempt, spark_failure)
 
 __all__ = ["ContinuousRunner", "EpochPlan", "run_epoch", "group_partitions", "BUSY_POLL", "IDLE_POLL",
-           "BUSY_FOR", "WAIT_FOR", "DRIVER_CHECK", "PROGRESS_EVERY", "MIN_RUN", "FAILED_EPOCHS"]
+           "BUSY_FOR", "WAIT_FOR", "BUSY_TURN", "PROBE_EVERY", "DRIVER_CHECK", "PROGRESS_EVERY", "MIN_RUN", "FAILED_EPOCHS"]
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,18 @@ IDLE_POLL = 0.05
 BUSY_FOR = 1.0
 
 WAIT_FOR = 0.5
-"""Seconds an idle task waits at most for records when every input can wait for them
-(:class:`~localstate.core.stream.WaitableInput`, e.g. Kafka's long-poll fetch) instead of probing them
-every :data:`IDLE_POLL`: it wakes as soon as one arrives, and at least this often to see a stop."""
+"""Seconds a task waits at most for records when every input can wait for them
+(:class:`~localstate.core.stream.WaitableInput`: Kafka's long-poll fetch, the file inputs' inotify)
+instead of probing them every :data:`BUSY_POLL` or :data:`IDLE_POLL`: it wakes as soon as one
+arrives, and at least this often to see a stop."""
+
+BUSY_TURN = 0.005
+"""Seconds each input's wait takes per turn while records keep arriving, when several inputs wait
+(:func:`_wait_for_records`); :data:`IDLE_POLL` once idle."""
+
+PROBE_EVERY = 5.0
+"""Seconds between two end probes at most while every wait times out: a safety net should a wait
+miss a record (a round after a timed-out wait does not probe)."""
 
 MIN_RUN = 1.0
 """Seconds a task runs at least, even when it opened its partitions after its epoch's end."""
@@ -193,10 +202,9 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
         if plan.roll_changelogs:
             for each in opened:
                 _roll(each.follower.instance)
-        waitable = _waitable(inputs)
-        woken = False
+        woken = quiet = False
         busy_since = time.monotonic()
-        driver_checked = busy_since
+        driver_checked = probed = busy_since
         # On the monotonic clock; a task that opened after the epoch's end (a slow first start, a late
         # retry) still runs MIN_RUN seconds, so that each epoch makes progress.
         ends_at = busy_since + max(plan.ends_at - time.time(), MIN_RUN)
@@ -214,9 +222,14 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
                     log.warning("continuous epoch %d: the driver (pid %d) is gone: stopping without committing",
                                 plan.epoch, plan.driver_pid)
                     return {"partitions": list(plan.partitions), "reason": reason}
-            fed = sum(each.follower.step() for each in opened)
+            # A wait that timed out saw no record arrive: the round skips the end probes (on Kafka a
+            # request each), but probes at least every PROBE_EVERY should a wait ever miss one.
+            probe = not quiet or now - probed >= PROBE_EVERY
+            if probe:
+                probed = now
+            fed = sum(each.follower.step(probe) for each in opened)
             if fed:
-                busy_since, woken = time.monotonic(), False
+                busy_since, woken, quiet = time.monotonic(), False, False
                 continue
             if plan.until_drained and all(each.follower.caught_up for each in opened):
                 reason = "drained"
@@ -224,12 +237,16 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
             idle = time.monotonic() - busy_since >= BUSY_FOR
             wakeups = [w for w in (each.follower.next_wakeup() for each in opened) if w is not None]
             bounds = [max(0.0, ends_at - time.monotonic())] + wakeups
-            # A wait that woke for records the round then did not find sleeps once, so that a wait
-            # and an end probe that disagree cannot spin.
-            if idle and waitable and not woken:
-                woken = _wait_for_records(waitable, opened, min([WAIT_FOR] + bounds), IDLE_POLL)
+            waitable = _waitable(inputs)  # each round: an input may have found it cannot wait after all
+            # Waiting replaces the busy polls too: it wakes as soon as a record arrives. A wait that
+            # woke for records the round then did not find sleeps once, so that a wait and an end
+            # probe that disagree cannot spin.
+            if waitable and not woken:
+                timeout = min([WAIT_FOR] + bounds)
+                woken = _wait_for_records(waitable, opened, timeout, IDLE_POLL if idle else BUSY_TURN)
+                quiet = not woken and timeout > 0
             else:
-                woken = False
+                woken = quiet = False
                 time.sleep(min([IDLE_POLL if idle else BUSY_POLL] + bounds))
         clean = True
     finally:
@@ -252,9 +269,9 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
 
 
 def _waitable(inputs: dict[str, InputStream]) -> dict[str, WaitableInput]:
-    """The inputs an idle task waits on: all of them when every one can wait, else none (a wait on
+    """The inputs a task waits on: all of them when every one can wait, else none (a wait on
     some would leave the others unwatched: the task sleeps between probes instead)."""
-    if inputs and all(isinstance(source, WaitableInput) for source in inputs.values()):
+    if inputs and all(isinstance(source, WaitableInput) and source.can_wait() for source in inputs.values()):
         return dict(inputs)  # type: ignore[arg-type]
     return {}
 
@@ -263,8 +280,8 @@ def _wait_for_records(inputs: dict[str, WaitableInput], opened: list[_Opened], t
     """Wait until an input holds a record past a partition's position (True) or ``timeout`` passes
     (False). One input waits the whole time; several take turns of ``turn`` seconds each (their
     fetches stay in flight at the broker between turns, so a turn costs no request). An input that
-    cannot wait (a broker error) makes the task sleep out the time instead: the next round's end
-    probe reports what is wrong."""
+    cannot wait (a broker error) makes the task sleep out the time instead and returns True, so that
+    the next round probes: its end probe reports what is wrong."""
     deadline = time.monotonic() + timeout
     slice_ = timeout if len(inputs) == 1 else min(turn, timeout)
     while (remaining := deadline - time.monotonic()) > 0:
@@ -276,7 +293,7 @@ def _wait_for_records(inputs: dict[str, WaitableInput], opened: list[_Opened], t
             except InputError:
                 log.debug("continuous: input %s cannot wait for records; sleeping instead", name, exc_info=True)
                 time.sleep(max(0.0, deadline - time.monotonic()))
-                return False
+                return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -429,11 +446,13 @@ class ContinuousRunner(SparkJobRunner):
             result.records_out += sum(max(0, end - out_before.get(name, 0)) for name, end in checkpoint.outputs.items())
             seen.positions[partition] = dict(checkpoint.inputs)
             seen.outputs[partition] = dict(checkpoint.outputs)
-            for name, source in self.inputs.items():
-                lag += max(0, source.end_offset(partition) - checkpoint.inputs.get(name, 0))
             plans.append(PartitionPlan(seen.tick, partition, ranges, None, run_id=self.run_id))
         if not report or (result.records_in == 0 and result.records_out == 0 and not failed):
             return
+        # The lag only for a report: an idle run's looks probe no input (on Kafka a request each).
+        for partition in range(self.job.partitions):
+            for name, source in self.inputs.items():
+                lag += max(0, source.end_offset(partition) - seen.positions[partition].get(name, 0))
         now = time.perf_counter()
         result.lag, result.seconds, seen.at = lag, now - seen.at, now
         seen.tick += 1

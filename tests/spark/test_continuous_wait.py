@@ -13,9 +13,12 @@ from localstate.runtime.spark.continuous import _wait_for_records, _waitable
 
 
 class _Waiting:
-    def __init__(self, wakes: bool = False, fails: bool = False) -> None:
-        self.wakes, self.fails = wakes, fails
+    def __init__(self, wakes: bool = False, fails: bool = False, can: bool = True) -> None:
+        self.wakes, self.fails, self.can = wakes, fails, can
         self.calls: list[tuple[dict[int, int], float]] = []
+
+    def can_wait(self) -> bool:
+        return self.can
 
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
         self.calls.append((positions, timeout))
@@ -33,6 +36,7 @@ def test_waits_only_when_every_input_can() -> None:
     waiting = _Waiting()
     assert _waitable({"a": waiting, "b": waiting}) == {"a": waiting, "b": waiting}
     assert _waitable({"a": waiting, "b": object()}) == {}  # type: ignore[dict-item]
+    assert _waitable({"a": waiting, "b": _Waiting(can=False)}) == {}  # e.g. no inotify: probed
     assert _waitable({}) == {}
 
 
@@ -46,9 +50,9 @@ def test_each_input_waits_on_the_group_positions_and_the_first_with_a_record_wak
     assert alone.calls and alone.calls[0][1] > 0.01  # one input waits the whole time at once
 
 
-def test_an_input_that_cannot_wait_sleeps_instead(monkeypatch) -> None:
+def test_an_input_that_cannot_wait_sleeps_instead_then_the_round_probes(monkeypatch) -> None:
     slept: list[float] = []
     monkeypatch.setattr(continuous.time, "sleep", slept.append)
     failing = _Waiting(fails=True)
-    assert not _wait_for_records({"a": failing}, _opened({"a": 0}), 0.5, 0.05)
+    assert _wait_for_records({"a": failing}, _opened({"a": 0}), 0.5, 0.05)  # True: the next round probes
     assert len(failing.calls) == 1 and len(slept) == 1 and 0 < slept[0] <= 0.5
