@@ -49,11 +49,17 @@ def _later(action: Callable[[], None], delay: float = 0.2) -> threading.Thread:
     return thread
 
 
-def _timed_wait(source: Any, positions: dict[int, int], timeout: float) -> tuple[bool, float]:
-    """The wait's result and the CPU seconds of the waiting thread."""
+def _timed_wait(source: Any, positions: dict[int, int], timeout: float,
+                during: Callable[[], None] | None = None) -> tuple[bool, float]:
+    """The wait's result and the CPU seconds of the waiting thread; ``during``: done by another
+    thread shortly after the wait began."""
+    other = _later(during) if during is not None else None
     began = time.thread_time()
     result = source.wait_for_records(positions, timeout)
-    return result, time.thread_time() - began
+    cpu = time.thread_time() - began
+    if other is not None:
+        other.join()
+    return result, cpu
 
 
 def test_jsonl_wait_wakes_on_an_append_and_on_a_new_partition_file(tmp_path: Path) -> None:
@@ -63,13 +69,10 @@ def test_jsonl_wait_wakes_on_an_append_and_on_a_new_partition_file(tmp_path: Pat
     try:
         assert isinstance(source, WaitableInput) and source.can_wait()
         assert source.wait_for_records({0: 0, 1: 0}, 5.0)  # already there: found at the watch's start
-        appender = _later(lambda: _append(data / "0.jsonl", _line(1)))
-        woke, cpu = _timed_wait(source, {0: 1, 1: 0}, 30.0)
-        appender.join()
+        woke, _ = _timed_wait(source, {0: 1, 1: 0}, 30.0, lambda: _append(data / "0.jsonl", _line(1)))
         assert woke and source.end_offset(0) == 2
-        creator = _later(lambda: _append(data / "1.jsonl", _line(2)))  # partition 1's first file
-        woke, _ = _timed_wait(source, {0: 2, 1: 0}, 30.0)
-        creator.join()
+        woke, _ = _timed_wait(source, {0: 2, 1: 0}, 30.0,  # partition 1's first file
+                               lambda: _append(data / "1.jsonl", _line(2)))
         assert woke and source.end_offset(1) == 1
     finally:
         source.close()
@@ -86,15 +89,12 @@ def test_jsonl_wait_times_out_quietly_and_ignores_what_is_not_a_record_past_the_
         assert not woke and cpu < 0.1, cpu
         # An unterminated last line, and another partition's file (2 is not waited on), wake the
         # kernel wait but end it only with a complete line past a position.
-        writer = _later(lambda: (_append(data / "0.jsonl", '{"key": "half'), _append(data / "2.jsonl", _line(3))))
-        woke, cpu = _timed_wait(source, {0: 2, 1: 0}, 1.0)
-        writer.join()
+        woke, cpu = _timed_wait(source, {0: 2, 1: 0}, 1.0, lambda: (_append(data / "0.jsonl", '{"key": "half'),
+                                                                    _append(data / "2.jsonl", _line(3))))
         assert not woke and cpu < 0.1, cpu
         # Lines below the positions are no reason to wake either.
         assert not source.wait_for_records({0: 2}, 0.2)
-        finisher = _later(lambda: _append(data / "0.jsonl", '"}\n'))
-        woke, _ = _timed_wait(source, {0: 2, 1: 0}, 30.0)
-        finisher.join()
+        woke, _ = _timed_wait(source, {0: 2, 1: 0}, 30.0, lambda: _append(data / "0.jsonl", '"}\n'))
         assert woke and source.end_offset(0) == 3
     finally:
         source.close()
