@@ -19,7 +19,7 @@ import select
 import struct
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Sequence
 
 __all__ = ["FileWatch", "wait_for_files", "WATCH_MASK"]
 
@@ -42,7 +42,7 @@ deleted or moved (its watch is then gone and is added again, or the input is pro
 
 _EVENT = struct.Struct("iIII")
 _READ_BYTES = 64 * 1024
-MAX_WATCHES = 64
+MAX_WATCHES = 1024
 """Directories one :class:`FileWatch` watches at most (a file input watches one per partition of
 its task's group, plus the stream's directory)."""
 
@@ -110,20 +110,20 @@ class FileWatch:
         """Watch ``directory`` (no-op when already watched); True when it was added just now (the
         caller then looks at the files once: what was appended before the watch raised no event).
         A ``required`` directory that cannot be watched makes the watch unavailable; an optional one
-        (e.g. a partition's directory not created yet) is skipped."""
+        that does not exist yet (a partition's directory) is skipped."""
         directory = Path(directory)
         if directory in self._by_path or not self._open():
             return False
-        if len(self._watches) >= MAX_WATCHES:
-            if required:
-                self._give_up(f"more than {MAX_WATCHES} directories to watch")
+        if len(self._watches) >= MAX_WATCHES:  # an unwatched partition would wait for nothing
+            self._give_up(f"more than {MAX_WATCHES} directories to watch")
             return False
         wd = _load_libc().inotify_add_watch(self._fd, os.fsencode(directory), WATCH_MASK)
         if wd < 0:
             code = ctypes.get_errno()
-            if required:
-                hint = "; raise fs.inotify.max_user_watches" if code == errno.ENOSPC else ""
-                self._give_up(f"watch {directory}: {os.strerror(code)}{hint}")
+            if not required and code == errno.ENOENT:
+                return False  # created later: the event in its parent's watch says so
+            hint = "; raise fs.inotify.max_user_watches" if code == errno.ENOSPC else ""
+            self._give_up(f"watch {directory}: {os.strerror(code)}{hint}")
             return False
         self._watches[wd] = directory
         self._by_path[directory] = wd
@@ -178,7 +178,7 @@ class FileWatch:
             os.close(fd)
 
 
-def wait_for_files(watch: FileWatch, directories: Iterable[tuple[Path, bool]], touched: Callable[[Path, str], bool],
+def wait_for_files(watch: FileWatch, directories: Sequence[tuple[Path, bool]], touched: Callable[[Path, str], bool],
                    holds: Callable[[], bool], timeout: float) -> bool:
     """The :meth:`~localstate.core.stream.WaitableInput.wait_for_records` of a file input: watch
     ``directories`` (``(path, required)``), then wait until an event that ``touched`` says concerns

@@ -20,7 +20,8 @@ their last commits and goes on to the same epoch end. A killed driver: each task
 :data:`DRIVER_CHECK` seconds that the driver process lives (same host) and stops without committing
 when it does not; on a cluster the master stops the executors of a dead application. Either way the
 next driver's tasks take new generations, which fence anything still running. A stop (SIGTERM) drops
-a marker the tasks see within a poll: they commit what they hold and end, and the run exits 0.
+a marker the tasks see within half a second (:data:`WAIT_FOR`): they commit what they hold and end,
+and the run exits 0.
 """
 
 from __future__ import annotations
