@@ -369,12 +369,18 @@ class WaitableInput(Protocol):
     """An input that can wait for records instead of being probed again and again (Kafka: a fetch that
     waits at the broker; the file inputs: inotify on their directories). A continuous run's task
     waits on it, after a round that found nothing, when every input of its group offers it and
-    :meth:`can_wait`. The wait only decides *when* to look: records are still read through
-    :meth:`InputStream.read`, so a wait that wakes too early or too late changes latency, never what
-    is read. Optional: without it the task sleeps between probes."""
+    :meth:`can_wait` (while records keep arriving, only when every one also :meth:`wakes_at_once`).
+    The wait only decides *when* to look: records are still read through :meth:`InputStream.read`,
+    so a wait that wakes too early or too late changes latency, never what is read. Optional: without
+    it the task sleeps between probes."""
 
     def can_wait(self) -> bool:
         """Whether waiting works here (False, e.g., where inotify cannot be used: the task probes)."""
+
+    def wakes_at_once(self) -> bool:
+        """Whether a wait returns as soon as a record arrives (inotify: the kernel wakes it). False
+        when another party decides when a waiting read is answered (a Kafka broker holds a fetch up
+        to its wait): a task then waits only once idle, and keeps probing while records arrive."""
 
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
         """Wait until any partition of ``positions`` (partition -> position) holds a record at or past

@@ -98,6 +98,10 @@ class FileLogInput(_FileLog, InputStream):
         self._identities = FileIdentities()
         self._watch = FileWatch(self.name)
 
+    def wakes_at_once(self) -> bool:
+        """Yes: the kernel wakes the wait at the append."""
+        return True
+
     def can_wait(self) -> bool:
         """Whether :meth:`wait_for_records` waits in the kernel (inotify): else the input is probed."""
         return self._watch.available

@@ -200,6 +200,11 @@ class KafkaInput(_KafkaTopic, InputStream):
         self._served = set()
 
     # executor side ----------------------------------------------------------------------------
+    def wakes_at_once(self) -> bool:
+        """No: the broker answers a waiting fetch when it chooses (up to the fetch's wait), so a
+        task keeps probing while records arrive and waits only once idle."""
+        return False
+
     def can_wait(self) -> bool:
         """Always: a broker that cannot be reached makes :meth:`wait_for_records` raise instead."""
         return True

@@ -239,10 +239,9 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
             wakeups = [w for w in (each.follower.next_wakeup() for each in opened) if w is not None]
             bounds = [max(0.0, ends_at - time.monotonic())] + wakeups
             waitable = _waitable(inputs)  # each round: an input may have found it cannot wait after all
-            # Waiting replaces the busy polls too: it wakes as soon as a record arrives. A wait that
-            # woke for records the round then did not find sleeps once, so that a wait and an end
-            # probe that disagree cannot spin.
-            if waitable and not woken:
+            # A wait that woke for records the round then did not find sleeps once, so that a wait and
+            # an end probe that disagree cannot spin.
+            if _waits_now(waitable, idle) and not woken:
                 timeout = min([WAIT_FOR] + bounds)
                 woken = _wait_for_records(waitable, opened, timeout, IDLE_POLL if idle else BUSY_TURN)
                 quiet = not woken and timeout > 0
@@ -275,6 +274,13 @@ def _waitable(inputs: dict[str, InputStream]) -> dict[str, WaitableInput]:
     if inputs and all(isinstance(source, WaitableInput) and source.can_wait() for source in inputs.values()):
         return dict(inputs)  # type: ignore[arg-type]
     return {}
+
+
+def _waits_now(waitable: dict[str, WaitableInput], idle: bool) -> bool:
+    """Whether a task with nothing to read waits on its inputs rather than sleeping between probes:
+    once idle, whenever they can wait; while records keep arriving, only when every wait wakes as soon
+    as a record arrives (a broker may answer a waiting fetch late: those keep the busy probes)."""
+    return bool(waitable) and (idle or all(source.wakes_at_once() for source in waitable.values()))
 
 
 def _wait_for_records(inputs: dict[str, WaitableInput], opened: list[_Opened], timeout: float, turn: float) -> bool:

@@ -9,16 +9,19 @@ from typing import Any
 
 from localstate.errors import InputError
 from localstate.runtime.spark import continuous
-from localstate.runtime.spark.continuous import _wait_for_records, _waitable
+from localstate.runtime.spark.continuous import _wait_for_records, _waitable, _waits_now
 
 
 class _Waiting:
-    def __init__(self, wakes: bool = False, fails: bool = False, can: bool = True) -> None:
-        self.wakes, self.fails, self.can = wakes, fails, can
+    def __init__(self, wakes: bool = False, fails: bool = False, can: bool = True, prompt: bool = True) -> None:
+        self.wakes, self.fails, self.can, self.prompt = wakes, fails, can, prompt
         self.calls: list[tuple[dict[int, int], float]] = []
 
     def can_wait(self) -> bool:
         return self.can
+
+    def wakes_at_once(self) -> bool:
+        return self.prompt
 
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
         self.calls.append((positions, timeout))
@@ -38,6 +41,14 @@ def test_waits_only_when_every_input_can() -> None:
     assert _waitable({"a": waiting, "b": object()}) == {}  # type: ignore[dict-item]
     assert _waitable({"a": waiting, "b": _Waiting(can=False)}) == {}  # e.g. no inotify: probed
     assert _waitable({}) == {}
+
+
+def test_busy_tasks_wait_only_on_inputs_whose_wait_wakes_at_once() -> None:
+    prompt, late = _Waiting(), _Waiting(prompt=False)  # inotify; a broker's waiting fetch
+    assert _waits_now({"a": prompt}, idle=False) and _waits_now({"a": prompt}, idle=True)
+    assert not _waits_now({"a": prompt, "b": late}, idle=False)  # busy: keep probing
+    assert _waits_now({"a": prompt, "b": late}, idle=True)
+    assert not _waits_now({}, idle=True)
 
 
 def test_each_input_waits_on_the_group_positions_and_the_first_with_a_record_wakes(monkeypatch) -> None:
