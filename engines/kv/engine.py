@@ -253,6 +253,12 @@ class KeyValueEngine(StorageEngine):
                                vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
                                hold_encoded=self._hold_encoded, merge_slow=self._merge_slow)
         self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        if (self._key_class is not _NoClass and type(cache) is GenerationalCache
+                and type(self)._get_missed is KeyValueEngine._get_missed):
+            # get's misses read in C too (not a subclass's own _get_missed: the ttl store's)
+            hot.cold_reads(backend=self._backend, inflight=self._inflight, key_kind=self._key_kind,
+                           min_key=self._min_key, max_key=self._max_key, cache_size=cache.size, rotate=cache.rotate,
+                           vdecode=self._vde_fast)
         if self._key_class is not _NoClass:  # the batched operations' passes over keys of that class
             self._hot_lookup, self._hot_put_many, self._hot_missing = hot.lookup, hot.put_many, hot.missing
         if self._int_values and self._key_class is not _NoClass:

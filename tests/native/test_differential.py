@@ -885,12 +885,13 @@ def test_c_and_reference_batched_operations_behave_alike(tmp_path_factory, key_s
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow])
 @given(ops=BATCH_OPS, cache_size=st.sampled_from([3, 16]))
-def test_batched_misses_read_rocksdb_and_lmdb_as_the_reference(tmp_path_factory, backend, key_serde, value_serde,
+def test_misses_read_rocksdb_and_lmdb_as_the_reference(tmp_path_factory, backend, key_serde, value_serde,
                                                                ops, cache_size) -> None:
-    """A batch's misses read column-wise (``_read_cold``: one encode, one backend read, one cache
-    update) against the reference's key-by-key reads, on the file backends, after a commit of every
-    key and with the cache emptied (every batched read then misses, and finds stored values to decode):
-    the same results, changelog records and stored bytes, the same cache."""
+    """Reads of keys neither cached nor pending: a batch's read column-wise (``_read_cold``: one
+    encode, one backend read, one cache update) and get's read in C (``HotPath.cold_reads``) against
+    the reference's key-by-key reads in Python, on the file backends, after a commit of every key and
+    with the cache emptied (every read then misses, and finds stored values to decode; a cache of 3
+    entries evicts): the same results, changelog records and stored bytes, the same cache."""
     stores = [_open(tmp_path_factory.mktemp(kind), key_serde, value_serde, native=kind == "native", backend=backend,
                     cache_size=cache_size) for kind in ("native", "python")]
     keys = {"string": ["a", "b", "c", "d", "e", "f", "g", "h"], "int": [-3, -1, 0, 1, 2, 3],
@@ -905,6 +906,12 @@ def test_batched_misses_read_rocksdb_and_lmdb_as_the_reference(tmp_path_factory,
         assert first[0] == first[1] == [("ok", [value] * (len(keys) + 1))]
         caches = [(store._cache.young, store._cache.old) for store in stores]
         assert caches[0] == caches[1] and sum(map(len, caches[0])) <= cache_size
+        for store in stores:
+            store._cache.clear()
+        each = [_run(store, [("get", key) for key in keys + keys[:2]]) for store in stores]
+        assert each[0] == each[1] == [("ok", value)] * (len(keys) + 2)
+        caches = [(store._cache.young, store._cache.old) for store in stores]
+        assert caches[0] == caches[1] and sum(map(len, caches[0])) <= cache_size
         for step in ops:
             outcomes = [_normalise(_run(store, [step])) for store in stores]
             if step[0] == "merge_many" and (outcomes[0][0][0], outcomes[1][0][0]) != ("ok", "ok"):
@@ -912,6 +919,27 @@ def test_batched_misses_read_rocksdb_and_lmdb_as_the_reference(tmp_path_factory,
             assert outcomes[0] == outcomes[1], step
         assert _stored(stores[0]) == _stored(stores[1])
         _assert_same_state(stores)
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb", "lmdb"])
+@pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "json"), ("bytes", "string")])
+def test_a_stored_value_that_does_not_decode_fails_get_alike(tmp_path: Path, backend, key_serde, value_serde) -> None:
+    """A stored value the fast decoders refuse (7 bytes for the int serde, bad UTF-8, bad json) read by
+    get and get_many after a miss: the C read hands it to the reference, which raises the same typed
+    SerdeError, and caches nothing."""
+    stores = [_open(tmp_path / kind, key_serde, value_serde, native=kind == "native", backend=backend)
+              for kind in ("native", "python")]
+    key = {"string": "k", "int": 5, "bytes": b"k"}[key_serde]
+    try:
+        for store in stores:
+            store.backend.write([(store._key_bytes(key), b"\xff" * 7)], deletes=False)
+        outcomes = [_run(store, [("get", key), ("get_many", [key])]) for store in stores]
+        assert outcomes[0] == outcomes[1]
+        assert [kind for kind, _ in outcomes[0]] == ["SerdeError", "SerdeError"]
+        assert not any(len(store._cache) for store in stores)
     finally:
         for store in stores:
             store.close()
