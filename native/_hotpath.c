@@ -30,7 +30,10 @@
  *              exact int delta, gets its new value stored in
  *              young and the pending map when it is in the int serde's range (spill() as put does);
  *              any other row calls merge_slow(key, delta) (the engine's per-key read-modify-write).
- *              Returns the list of each row's new value with results, else None.
+ *              Returns the list of each row's new value with results, else None. With a fifth
+ *              argument stop true (and results false): stops before the first row whose key is of
+ *              exactly the key class but not in the young generation, returning its index (the rows
+ *              before it applied), so the caller reads the batch's misses at once and resumes.
  *
  * A store with ttl (engines/kv/ttl.py) uses HotPath as it is: its cache holds only live values.
  *
@@ -364,8 +367,8 @@ static PyObject *merge_row(HotPath *self, PyObject *key, PyObject *delta, int op
 
 static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t nargs) {
     if (uninitialised(self)) return NULL;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "merge(keys, deltas, op, results)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "merge(keys, deltas, op, results[, stop])");
         return NULL;
     }
     if (self->merge_slow == Py_None) {
@@ -381,6 +384,12 @@ static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t 
     if (op == -1 && PyErr_Occurred()) return NULL;
     int results = PyObject_IsTrue(args[3]);
     if (results < 0) return NULL;
+    int stop = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    if (stop < 0) return NULL;
+    if (stop && results) {
+        PyErr_SetString(PyExc_ValueError, "merge: stop with results");
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(keys);
     PyObject *out = results ? PyList_New(n) : NULL;
     if (results && out == NULL) return NULL;
@@ -392,6 +401,14 @@ static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
         PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i)), *delta = Py_NewRef(PyList_GET_ITEM(deltas, i));
+        if (stop && (PyObject *)Py_TYPE(key) == self->key_class) {
+            int cached = PyDict_Contains(self->young, key);
+            if (cached <= 0) {
+                Py_DECREF(key);
+                Py_DECREF(delta);
+                return cached < 0 ? NULL : PyLong_FromSsize_t(i);
+            }
+        }
         PyObject *value = merge_row(self, key, delta, (int)op);
         Py_DECREF(key);
         Py_DECREF(delta);
@@ -584,7 +601,7 @@ static PyMethodDef hotpath_methods[] = {
     {"cold_reads", (PyCFunction)(void (*)(void))hotpath_cold_reads, METH_VARARGS | METH_KEYWORDS,
      "cold_reads(backend, inflight, key_kind, min_key, max_key, cache_size, rotate, vdecode): get reads misses."},
     {"merge", (PyCFunction)(void (*)(void))hotpath_merge, METH_FASTCALL,
-     "merge(keys, deltas, op, results): KeyValueEngine.merge_many's per-row loop for the int serde."},
+     "merge(keys, deltas, op, results[, stop]): KeyValueEngine.merge_many's per-row loop for the int serde."},
     {"missing", (PyCFunction)hotpath_missing, METH_O,
      "missing(keys): the distinct keys not in the young generation (None: a key of another class)."},
     {"lookup", (PyCFunction)(void (*)(void))hotpath_lookup, METH_FASTCALL,

@@ -594,8 +594,16 @@ class KeyValueEngine(StorageEngine):
         self._same_length(keys, deltas, "deltas")
         if self._hot_merge is not None:
             self._merge_op = op
+            how = MERGE_OPS.index(op)
+            if not results and self._cache.size:
+                # rows up to the first key the cache misses (none, once the keys are cached: no
+                # pass to look for misses), then the rest's misses read at once (_prefetch)
+                done = self._hot_merge(keys, deltas, how, False, True)
+                if done is None:
+                    return None
+                keys, deltas = keys[done:], deltas[done:]
             self._prefetch(keys)
-            return self._hot_merge(keys, deltas, MERGE_OPS.index(op), results)
+            return self._hot_merge(keys, deltas, how, results)
         ckeys = self._write_keys(keys)
         distinct = list(dict.fromkeys(ckeys))
         current = dict(zip(distinct, self._lookup_many(distinct)))
