@@ -10,6 +10,13 @@
  *   get(key):  key of exactly the key class: young-generation hit -> value; old-generation hit ->
  *              moved to young, value; else missed(key) (the engine's _get_missed). Any other key:
  *              reference_get(key).
+ *   cold_reads(backend, inflight, key_kind, min_key, max_key, cache_size, rotate, vdecode): lets get
+ *              do _get_missed's backend read itself for a key neither cached nor pending, while
+ *              nothing is in flight: the key encoded (key_kind 0: it is its bytes, 1: UTF-8 of a
+ *              str, 2: the int serde's 8 bytes), of a size in [min_key, max_key], read with
+ *              backend.get, decoded (int values: the int serde's 8 bytes in C; else vdecode), cached
+ *              as GenerationalCache.insert caches it (rotate() when full). Anything else (a key that
+ *              does not encode, a size out of range, a read or decode error): missed(key).
  *   put(key, value):  key of exactly the key class, in the young generation, and (int values) an
  *              int in [int_min, int_max] or (other values) not None and accepted by vfast: stored
  *              in young and in the pending map (the encoded bytes there when hold_encoded), then
@@ -23,7 +30,10 @@
  *              exact int delta, gets its new value stored in
  *              young and the pending map when it is in the int serde's range (spill() as put does);
  *              any other row calls merge_slow(key, delta) (the engine's per-key read-modify-write).
- *              Returns the list of each row's new value with results, else None.
+ *              Returns the list of each row's new value with results, else None. With a fifth
+ *              argument stop true (and results false): stops before the first row whose key is of
+ *              exactly the key class but not in the young generation, returning its index (the rows
+ *              before it applied), so the caller reads the batch's misses at once and resumes.
  *
  * A store with ttl (engines/kv/ttl.py) uses HotPath as it is: its cache holds only live values.
  *
@@ -43,9 +53,12 @@ typedef struct {
     PyObject *spill, *reference_get, *missed, *put_slow;
     PyObject *vfast, *slow_value, *errors; /* non-int values: fast encoder, its fallback, its errors */
     PyObject *merge_slow;              /* merge's per-row fallback (None: merge is refused) */
+    PyObject *backend, *inflight, *rotate, *vdecode; /* cold_reads (NULL: get's misses all go to missed) */
     Py_ssize_t batch;
     long long int_min, int_max;
     int int_values, hold_encoded;
+    Py_ssize_t min_key, max_key, cache_size;
+    int key_kind;
 } HotPath;
 
 /* The object fields, in one list: what __init__ sets (in this order), tp_traverse visits and
@@ -54,8 +67,10 @@ static const size_t OBJECTS[] = {
     offsetof(HotPath, young), offsetof(HotPath, old), offsetof(HotPath, dirty), offsetof(HotPath, key_class),
     offsetof(HotPath, spill), offsetof(HotPath, reference_get), offsetof(HotPath, missed),
     offsetof(HotPath, put_slow), offsetof(HotPath, vfast), offsetof(HotPath, slow_value), offsetof(HotPath, errors),
-    offsetof(HotPath, merge_slow)};
+    offsetof(HotPath, merge_slow), offsetof(HotPath, backend), offsetof(HotPath, inflight),
+    offsetof(HotPath, rotate), offsetof(HotPath, vdecode)};
 #define N_OBJECTS (sizeof(OBJECTS) / sizeof(OBJECTS[0]))
+#define N_INIT 12 /* the first N_INIT objects are __init__'s; the others cold_reads' */
 
 static PyObject **object_slot(HotPath *self, size_t i) { return (PyObject **)((char *)self + OBJECTS[i]); }
 
@@ -89,9 +104,9 @@ static int hotpath_init(HotPath *self, PyObject *args, PyObject *kwargs) {
                                      &spill, &reference_get, &missed, &put_slow, &int_values, &int_min, &int_max,
                                      &vfast, &slow_value, &errors, &hold_encoded, &merge_slow))
         return -1;
-    PyObject *held[N_OBJECTS] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast,
-                                 slow_value, errors, merge_slow}; /* in OBJECTS' order */
-    for (size_t i = 0; i < N_OBJECTS; i++) {
+    PyObject *held[N_INIT] = {young, old, dirty, key_class, spill, reference_get, missed, put_slow, vfast,
+                              slow_value, errors, merge_slow}; /* in OBJECTS' order */
+    for (size_t i = 0; i < N_INIT; i++) {
         Py_INCREF(held[i]);
         Py_XSETREF(*object_slot(self, i), held[i]);
     }
@@ -108,6 +123,115 @@ static int uninitialised(HotPath *self) {
     if (self->young != NULL) return 0;
     PyErr_SetString(PyExc_RuntimeError, "HotPath used before __init__");
     return 1;
+}
+
+static PyObject *str_get; /* "get", interned at module init */
+
+/* The stored key of cache key ``key`` (a new reference), or NULL without an exception when it has
+ * no fast encoding (the reference encodes it and raises the typed error). */
+static PyObject *cold_key(HotPath *self, PyObject *key) {
+    if (self->key_kind == 0) return PyBytes_CheckExact(key) ? Py_NewRef(key) : NULL;
+    if (self->key_kind == 1) {
+        PyObject *kb = PyUnicode_CheckExact(key) ? PyUnicode_AsUTF8String(key) : NULL;
+        if (kb == NULL) PyErr_Clear(); /* e.g. a lone surrogate */
+        return kb;
+    }
+    if (!PyLong_CheckExact(key)) return NULL;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (overflow) return NULL;
+    uint64_t u = (uint64_t)v ^ ((uint64_t)1 << 63); /* the serde's v + 2**63, big endian */
+    unsigned char packed[8];
+    for (int i = 7; i >= 0; i--, u >>= 8) packed[i] = (unsigned char)u;
+    return PyBytes_FromStringAndSize((const char *)packed, 8);
+}
+
+/* The object of stored value ``vb`` (a new reference), or NULL without an exception when the fast
+ * decoders refuse it (the reference decodes it and raises the typed error). */
+static PyObject *cold_value(HotPath *self, PyObject *vb) {
+    if (self->int_values) {
+        if (!PyBytes_CheckExact(vb) || PyBytes_GET_SIZE(vb) != 8) return NULL;
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(vb);
+        uint64_t u = 0;
+        for (int i = 0; i < 8; i++) u = (u << 8) | b[i];
+        return PyLong_FromLongLong((long long)(u ^ ((uint64_t)1 << 63)));
+    }
+    PyObject *value = PyObject_CallOneArg(self->vdecode, vb);
+    if (value == NULL && PyErr_ExceptionMatches(self->errors)) PyErr_Clear();
+    return value;
+}
+
+/* _get_missed for a key in neither cache generation (see cold_reads). */
+static PyObject *cold_read(HotPath *self, PyObject *key) {
+    if (PyDict_GET_SIZE(self->inflight) != 0) return PyObject_CallOneArg(self->missed, key);
+    int pending = PyDict_Contains(self->dirty, key);
+    if (pending < 0) return NULL;
+    if (pending) return PyObject_CallOneArg(self->missed, key);
+    PyObject *kb = cold_key(self, key);
+    if (kb == NULL) return PyErr_Occurred() ? NULL : PyObject_CallOneArg(self->missed, key);
+    if (PyBytes_GET_SIZE(kb) < self->min_key || PyBytes_GET_SIZE(kb) > self->max_key) {
+        Py_DECREF(kb);
+        return PyObject_CallOneArg(self->missed, key);
+    }
+    PyObject *vb = PyObject_CallMethodOneArg(self->backend, str_get, kb);
+    Py_DECREF(kb);
+    if (vb == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+        PyErr_Clear(); /* the reference reads again and raises the typed error */
+        return PyObject_CallOneArg(self->missed, key);
+    }
+    PyObject *value = vb == Py_None ? Py_NewRef(Py_None) : cold_value(self, vb);
+    Py_DECREF(vb);
+    if (value == NULL) return PyErr_Occurred() ? NULL : PyObject_CallOneArg(self->missed, key);
+    if (self->cache_size > 0) { /* GenerationalCache.insert of a key not in the old generation */
+        int cached = PyDict_Contains(self->young, key);
+        if (cached < 0) {
+            Py_DECREF(value);
+            return NULL;
+        }
+        if (!cached && PyDict_GET_SIZE(self->young) + PyDict_GET_SIZE(self->old) >= self->cache_size) {
+            PyObject *done = PyObject_CallNoArgs(self->rotate);
+            if (done == NULL) {
+                Py_DECREF(value);
+                return NULL;
+            }
+            Py_DECREF(done);
+        }
+        if (PyDict_SetItem(self->young, key, value) < 0) {
+            Py_DECREF(value);
+            return NULL;
+        }
+    }
+    return value;
+}
+
+static PyObject *hotpath_cold_reads(HotPath *self, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"backend", "inflight", "key_kind", "min_key", "max_key", "cache_size", "rotate",
+                            "vdecode", NULL};
+    PyObject *backend, *inflight, *rotate, *vdecode;
+    int key_kind;
+    Py_ssize_t min_key, max_key, cache_size;
+    if (uninitialised(self)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!innnOO:cold_reads", names, &backend, &PyDict_Type,
+                                     &inflight, &key_kind, &min_key, &max_key, &cache_size, &rotate, &vdecode))
+        return NULL;
+    if (key_kind < 0 || key_kind > 2) {
+        PyErr_SetString(PyExc_ValueError, "cold_reads: key_kind is 0 (bytes), 1 (str) or 2 (int)");
+        return NULL;
+    }
+    Py_XSETREF(self->backend, Py_NewRef(backend));
+    Py_XSETREF(self->inflight, Py_NewRef(inflight));
+    Py_XSETREF(self->rotate, Py_NewRef(rotate));
+    Py_XSETREF(self->vdecode, Py_NewRef(vdecode));
+    self->key_kind = key_kind;
+    self->min_key = min_key;
+    self->max_key = max_key;
+    self->cache_size = cache_size;
+    Py_RETURN_NONE;
 }
 
 static PyObject *hotpath_get(HotPath *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
@@ -129,6 +253,7 @@ static PyObject *hotpath_get(HotPath *self, PyObject *const *args, Py_ssize_t na
         return value;
     }
     if (PyErr_Occurred()) return NULL;
+    if (self->backend != NULL) return cold_read(self, key);
     return PyObject_CallOneArg(self->missed, key);
 }
 
@@ -242,8 +367,8 @@ static PyObject *merge_row(HotPath *self, PyObject *key, PyObject *delta, int op
 
 static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t nargs) {
     if (uninitialised(self)) return NULL;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "merge(keys, deltas, op, results)");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "merge(keys, deltas, op, results[, stop])");
         return NULL;
     }
     if (self->merge_slow == Py_None) {
@@ -259,6 +384,12 @@ static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t 
     if (op == -1 && PyErr_Occurred()) return NULL;
     int results = PyObject_IsTrue(args[3]);
     if (results < 0) return NULL;
+    int stop = nargs == 5 ? PyObject_IsTrue(args[4]) : 0;
+    if (stop < 0) return NULL;
+    if (stop && results) {
+        PyErr_SetString(PyExc_ValueError, "merge: stop with results");
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(keys);
     PyObject *out = results ? PyList_New(n) : NULL;
     if (results && out == NULL) return NULL;
@@ -270,6 +401,14 @@ static PyObject *hotpath_merge(HotPath *self, PyObject *const *args, Py_ssize_t 
             return NULL;
         }
         PyObject *key = Py_NewRef(PyList_GET_ITEM(keys, i)), *delta = Py_NewRef(PyList_GET_ITEM(deltas, i));
+        if (stop && (PyObject *)Py_TYPE(key) == self->key_class) {
+            int cached = PyDict_Contains(self->young, key);
+            if (cached <= 0) {
+                Py_DECREF(key);
+                Py_DECREF(delta);
+                return cached < 0 ? NULL : PyLong_FromSsize_t(i);
+            }
+        }
         PyObject *value = merge_row(self, key, delta, (int)op);
         Py_DECREF(key);
         Py_DECREF(delta);
@@ -459,8 +598,10 @@ static PyMethodDef hotpath_methods[] = {
      "The value of key, or None (KeyValueEngine.get)."},
     {"put", (PyCFunction)(void (*)(void))hotpath_put, METH_FASTCALL | METH_KEYWORDS,
      "Set key to value (KeyValueEngine.put)."},
+    {"cold_reads", (PyCFunction)(void (*)(void))hotpath_cold_reads, METH_VARARGS | METH_KEYWORDS,
+     "cold_reads(backend, inflight, key_kind, min_key, max_key, cache_size, rotate, vdecode): get reads misses."},
     {"merge", (PyCFunction)(void (*)(void))hotpath_merge, METH_FASTCALL,
-     "merge(keys, deltas, op, results): KeyValueEngine.merge_many's per-row loop for the int serde."},
+     "merge(keys, deltas, op, results[, stop]): KeyValueEngine.merge_many's per-row loop for the int serde."},
     {"missing", (PyCFunction)hotpath_missing, METH_O,
      "missing(keys): the distinct keys not in the young generation (None: a key of another class)."},
     {"lookup", (PyCFunction)(void (*)(void))hotpath_lookup, METH_FASTCALL,
@@ -530,6 +671,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
     if (PyType_Ready(&HotPathType) < 0) return NULL;
+    if (str_get == NULL && (str_get = PyUnicode_InternFromString("get")) == NULL) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     Py_INCREF(&HotPathType);

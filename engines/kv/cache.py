@@ -60,6 +60,18 @@ class GenerationalCache:
                 self.rotate()
             young[key] = value
 
+    def insert_many(self, keys: list[Any], values: list[Any]) -> None:
+        """:meth:`insert` of each pair, in order, for distinct keys in neither generation: one
+        C-level update when they fit without an eviction, else one insert each."""
+        if not self.size:
+            return
+        if len(self.young) + len(self.old) + len(keys) <= self.size:
+            self.young.update(zip(keys, values))
+            return
+        insert = self.insert
+        for key, value in zip(keys, values):
+            insert(key, value)
+
     def rotate(self) -> None:
         """Evict: drop the old generation; when it is empty, the young generation becomes the old one
         and its first-inserted half is dropped. Rotations are rare (a few per ``size`` inserts, and

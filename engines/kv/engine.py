@@ -176,6 +176,8 @@ class KeyValueEngine(StorageEngine):
         self._hot_put_many: Any = None
         self._hot_missing: Any = None
         self._merge_op = "add"
+        #: whether batched misses take the column-wise path (:meth:`_read_cold`); False: the reference
+        self._bulk_misses = True
         self._bind_hot_path()
 
     # -- keys ------------------------------------------------------------------------------------
@@ -251,6 +253,12 @@ class KeyValueEngine(StorageEngine):
                                vfast=self._vfast, slow_value=self._slow_value, errors=FAST_ERRORS,
                                hold_encoded=self._hold_encoded, merge_slow=self._merge_slow)
         self.get, self.put = hot.get, hot.put  # type: ignore[method-assign]
+        if (self._key_class is not _NoClass and type(cache) is GenerationalCache
+                and type(self)._get_missed is KeyValueEngine._get_missed):
+            # get's misses read in C too (not a subclass's own _get_missed: the ttl store's)
+            hot.cold_reads(backend=self._backend, inflight=self._inflight, key_kind=self._key_kind,
+                           min_key=self._min_key, max_key=self._max_key, cache_size=cache.size, rotate=cache.rotate,
+                           vdecode=self._vde_fast)
         if self._key_class is not _NoClass:  # the batched operations' passes over keys of that class
             self._hot_lookup, self._hot_put_many, self._hot_missing = hot.lookup, hot.put_many, hot.missing
         if self._int_values and self._key_class is not _NoClass:
@@ -586,8 +594,16 @@ class KeyValueEngine(StorageEngine):
         self._same_length(keys, deltas, "deltas")
         if self._hot_merge is not None:
             self._merge_op = op
+            how = MERGE_OPS.index(op)
+            if not results and self._cache.size:
+                # rows up to the first key the cache misses (none, once the keys are cached: no
+                # pass to look for misses), then the rest's misses read at once (_prefetch)
+                done = self._hot_merge(keys, deltas, how, False, True)
+                if done is None:
+                    return None
+                keys, deltas = keys[done:], deltas[done:]
             self._prefetch(keys)
-            return self._hot_merge(keys, deltas, MERGE_OPS.index(op), results)
+            return self._hot_merge(keys, deltas, how, results)
         ckeys = self._write_keys(keys)
         distinct = list(dict.fromkeys(ckeys))
         current = dict(zip(distinct, self._lookup_many(distinct)))
@@ -683,10 +699,51 @@ class KeyValueEngine(StorageEngine):
 
     def _get_missed_many(self, ckeys: list[Any]) -> dict[Any, Any]:
         """:meth:`_get_missed` of distinct cache keys, with one backend read for those found neither in
-        the old generation, the pending changes nor the in-flight commit."""
+        the old generation, the pending changes nor the in-flight commit. When none of the keys is
+        in any of them (a cold batch) they are encoded, read, decoded and cached column-wise
+        (:meth:`_read_cold`), else key by key (:meth:`_get_missed_each`, the reference)."""
+        found: dict[Any, Any] = {}
+        cache, dirty, inflight = self._cache, self._dirty, self._inflight
+        if self._bulk_misses and not any(known and not known.keys().isdisjoint(ckeys)  # C-level passes
+                                         for known in (cache.old, dirty, inflight)):
+            if self._read_cold(ckeys, found):
+                return found
+        return self._get_missed_each(ckeys, found)
+
+    def _read_cold(self, ckeys: list[Any], found: dict[Any, Any]) -> bool:
+        """Read distinct cache keys held neither in the cache, the pending changes nor the in-flight
+        commit with one backend read, caching and adding each value to ``found``, as
+        :meth:`_get_missed_each` would, with no Python step per key for keys the backend does not
+        hold. False (nothing done) when a key does not encode on the fast path or has a size the
+        backend cannot hold: :meth:`_get_missed_each` then handles them (typed errors, sizes)."""
+        if not ckeys:
+            return True
+        try:
+            kbs = self._encode_keys(ckeys)
+        except (*FAST_ERRORS, OverflowError):
+            return False
+        if not self._min_key <= min(map(len, kbs)) or max(map(len, kbs)) > self._max_key:
+            return False
+        if self._inflight and not self._backend.concurrent_reads:
+            self._settle()
+        try:
+            stored = self._backend.get_many(kbs)
+        except Exception as exc:
+            raise self._backend_failed(exc) from exc
+        stored = stored if type(stored) is list else list(stored)
+        if stored.count(None) == len(stored):
+            values = stored  # none held (first touch): nothing to decode
+        else:
+            decode = self._decode_stored
+            values = [None if vb is None else decode(kb, vb) for kb, vb in zip(kbs, stored)]
+        self._cache.insert_many(ckeys, values)
+        found.update(zip(ckeys, values))
+        return True
+
+    def _get_missed_each(self, ckeys: list[Any], found: dict[Any, Any]) -> dict[Any, Any]:
+        """:meth:`_get_missed_many`'s reference, key by key, adding each value to ``found`` (returned)."""
         cache = self._cache
         old, young, dirty, inflight = cache.old, cache.young, self._dirty, self._inflight
-        found: dict[Any, Any] = {}
         fetch: list[tuple[Any, bytes]] = []
         for ckey in ckeys:
             value = old.pop(ckey, _MISS)

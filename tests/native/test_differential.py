@@ -18,6 +18,7 @@ pass unnoticed (``native_support.native_module``).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import struct
 import subprocess
@@ -507,7 +508,9 @@ def _open(directory: Path, key_serde: str, value_serde: str, *, native: bool, ca
         ctx = StoreContext(job="job", store="s", partition=0, directory=directory, options=options,
                            key_serde=SERDES[key_serde](), value_serde=SERDES[value_serde](),
                            changelog=MemoryChangelogPartition("hot", 0), **({"time": time} if time else {}))
-        return KeyValueEngineFactory().create(ctx)
+        store = KeyValueEngineFactory().create(ctx)
+        store._bulk_misses = native  # the reference reads a batch's misses key by key
+        return store
     finally:
         engine_module._HOTPATH, engine_module._SORTING = saved
 
@@ -847,6 +850,17 @@ BATCH_OPS = st.lists(st.one_of(
 ), max_size=25)
 
 
+def _per_key_merge(store: Any, keys: list[Any], deltas: list[Any], op: str = "add", *,
+                   results: bool = False) -> list[Any] | None:
+    """merge_many as the loop of per-key read-modify-writes (``KeyValueEngine._merge_slow`` per row),
+    after merge_many's own argument checks."""
+    if op not in engine_module.MERGE_OPS or len(keys) != len(deltas):  # refused before any row
+        return engine_module.KeyValueEngine.merge_many(store, keys, deltas, op, results=results)
+    store._merge_op = op
+    out = [store._merge_slow(key, delta) for key, delta in zip(keys, deltas)]
+    return out if results else None
+
+
 @pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "int"), ("bytes", "bytes"),
                                                    ("string", "json"), ("string", "string"), ("json", "int")])
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -860,6 +874,10 @@ def test_c_and_reference_batched_operations_behave_alike(tmp_path_factory, key_s
     and errors, the same changelog records, contents, spills and caches."""
     stores = [_open(tmp_path_factory.mktemp(kind), key_serde, value_serde, native=kind == "native",
                     cache_size=cache_size) for kind in ("native", "python")]
+    if stores[0]._hot_merge is not None:
+        # the C merge_many is the per-key loop (put(k, op(get(k), d)) row by row: spills between rows,
+        # rows before a failing row applied), not the reference method's fold of the batch
+        stores[1].merge_many = functools.partial(_per_key_merge, stores[1])
     try:
         for step in ops:
             outcomes = [_normalise(_run(store, [step])) for store in stores]
@@ -873,6 +891,81 @@ def test_c_and_reference_batched_operations_behave_alike(tmp_path_factory, key_s
                 return
             assert outcomes[0] == outcomes[1], step
         _assert_same_state(stores)
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("backend", ["rocksdb", "lmdb"])
+@pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "json"), ("bytes", "bytes")])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(ops=BATCH_OPS, cache_size=st.sampled_from([3, 16]))
+def test_misses_read_rocksdb_and_lmdb_as_the_reference(tmp_path_factory, backend, key_serde, value_serde,
+                                                               ops, cache_size) -> None:
+    """Reads of keys neither cached nor pending: a batch's read column-wise (``_read_cold``: one
+    encode, one backend read, one cache update) and get's read in C (``HotPath.cold_reads``) against
+    the reference's key-by-key reads in Python, on the file backends, after a commit of every key and
+    with the cache emptied (every read then misses, and finds stored values to decode; a cache of 3
+    entries evicts): the same results, changelog records and stored bytes, the same cache."""
+    # no spill (write_batch_size 64): a C merge_many spills between rows as the per-key loop would, the
+    # reference after folding its batch, so their changelogs would differ in record order
+    stores = [_open(tmp_path_factory.mktemp(kind), key_serde, value_serde, native=kind == "native", backend=backend,
+                    cache_size=cache_size, write_batch_size=64) for kind in ("native", "python")]
+    keys = {"string": ["a", "b", "c", "d", "e", "f", "g", "h"], "int": [-3, -1, 0, 1, 2, 3],
+            "bytes": [b"a", b"b", b"c", b"d"]}[key_serde]
+    value = {"int": 7, "json": {"n": [1]}, "bytes": b"v"}[value_serde]
+    try:
+        for store in stores:
+            store.put_many(keys, [value] * len(keys))
+            store.flush()
+            store._cache.clear()
+        first = [_run(store, [("get_many", keys[1:] + keys[:2])]) for store in stores]
+        assert first[0] == first[1] == [("ok", [value] * (len(keys) + 1))]
+        caches = [(store._cache.young, store._cache.old) for store in stores]
+        assert caches[0] == caches[1] and sum(map(len, caches[0])) <= cache_size
+        for store in stores:
+            store._cache.clear()
+        each = [_run(store, [("get", key) for key in keys + keys[:2]]) for store in stores]
+        assert each[0] == each[1] == [("ok", value)] * (len(keys) + 2)
+        caches = [(store._cache.young, store._cache.old) for store in stores]
+        assert caches[0] == caches[1] and sum(map(len, caches[0])) <= cache_size
+        # a merge whose first rows hit the cache and the next miss it (the C merge stops there, reads
+        # the rest's misses at once and resumes)
+        merged = [_run(store, [("merge_many", (keys[-2:] + keys, [1] * (len(keys) + 2), "add", False)),
+                               ("get_many", keys)]) for store in stores]
+        assert merged[0] == merged[1]
+        for step in ops:
+            outcomes = [_normalise(_run(store, [step])) for store in stores]
+            if step[0] == "merge_many" and (outcomes[0][0][0], outcomes[1][0][0]) != ("ok", "ok"):
+                return  # a failed merge_many: see test_c_and_reference_batched_operations_behave_alike
+            assert outcomes[0] == outcomes[1], step
+        assert _stored(stores[0]) == _stored(stores[1])
+        # not the caches: after a merge_many under cache pressure the C merge (key by key) and the
+        # reference (the batch's distinct keys first) leave different, equally valid, cache contents
+        logged = [[(r.key, r.value, r.offset) for r in store._logged.changelog.read(0)] for store in stores]
+        assert logged[0] == logged[1] and stores[0].spills == stores[1].spills
+    finally:
+        for store in stores:
+            store.close()
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb", "lmdb"])
+@pytest.mark.parametrize("key_serde,value_serde", [("string", "int"), ("int", "json"), ("bytes", "string")])
+def test_a_stored_value_that_does_not_decode_fails_get_alike(tmp_path: Path, backend, key_serde, value_serde) -> None:
+    """A stored value the fast decoders refuse (7 bytes for the int serde, bad UTF-8, bad json) read by
+    get and get_many after a miss: the C read hands it to the reference, which raises the same typed
+    SerdeError, and caches nothing."""
+    stores = [_open(tmp_path / kind, key_serde, value_serde, native=kind == "native", backend=backend)
+              for kind in ("native", "python")]
+    key = {"string": "k", "int": 5, "bytes": b"k"}[key_serde]
+    try:
+        for store in stores:
+            store.backend.write([(store._key_bytes(key), b"\xff" * 7)], deletes=False)
+        outcomes = [_run(store, [("get", key), ("get_many", [key])]) for store in stores]
+        assert outcomes[0] == outcomes[1]
+        assert [kind for kind, _ in outcomes[0]] == ["SerdeError", "SerdeError"]
+        assert not any(len(store._cache) for store in stores)
     finally:
         for store in stores:
             store.close()
