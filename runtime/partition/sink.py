@@ -27,6 +27,7 @@ from localstate.runtime.layout import state_places
 from localstate.core.stream import OutputStream, open_input, open_output, overlap_problems
 from localstate.core.task import OutgoingMessage
 from localstate.errors import ConfigError, OutputError, TaskError
+from localstate.runtime.partition.faults import crash_point
 
 __all__ = ["OutputSink", "MemorySink", "StreamSink", "NoTransactions", "commit_recorded"]
 
@@ -125,7 +126,9 @@ class StreamSink:
                                      f"(declared: {', '.join(self.outputs) or 'none'})")
             grouped.setdefault(message.stream, []).append((message.key, message.value))
         self.written += len(messages)
-        return {name: output.append(partition, grouped.get(name, [])) for name, output in self.outputs.items()}
+        positions = {name: output.append(partition, grouped.get(name, [])) for name, output in self.outputs.items()}
+        crash_point("after_outputs")  # delivered (transactions open), the checkpoint not written yet
+        return positions
 
     def rollback(self, partition: int, positions: Mapping[str, int]) -> dict[str, int]:
         """Truncate every output to ``positions`` (the checkpoint's) and return the position of
