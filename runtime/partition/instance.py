@@ -129,13 +129,8 @@ class TaskInstance:
         self.stores = StoreSet(self.job, self.partition, self.changelogs, self.checkpoints, self.local_root,
                                self.attempt, self.time)
         self.stores.open(loaded)
-        # Transactional outputs keep one transaction open per commit until its checkpoint is saved:
-        # commits cannot overlap there.
-        self.pipelined = (self.job.pipelined_commits and self.stores.writes_in_background
-                          and not self.sink.transactional)
-        # The checkpoint's output transactions are committed first (its state counts their records);
-        # the sink returns every output's position (StreamSink), so even this first checkpoint covers
-        # the outputs: a restart then truncates what this instance wrote instead of refusing it.
+        self.pipelined = self.job.pipelined_commits and self.stores.writes_in_background and not self.sink.transactional
+        # Its output transactions first (its state counts them); rollback returns every output's position.
         self.sink.resume(self.partition, checkpoint.transactions)
         outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
         self.positions = dict(checkpoint.inputs)
@@ -152,9 +147,7 @@ class TaskInstance:
         # a checkpoint records is in place by now (the timers above: their next processing-time
         # timer), so this checkpoint carries every field of the one it follows.
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
-        # Only now, with no checkpoint naming an older transaction left to commit: abort what older
-        # attempts left open and fence them (Kafka's init_transactions).
-        self.sink.fence(self.partition)
+        self.sink.fence(self.partition)  # only now (no saved checkpoint names an older transaction)
         self.feeder = Feeder(self.task, self.partition, self.collector, self.coordinator, self.counters,
                              self.positions, self.time, several_inputs=len(self.job.inputs) > 1)
         context = TaskContext(self.job.name, self.partition, self.job.partitions, self.stores.task_stores(),
@@ -325,8 +318,7 @@ class TaskInstance:
         The Spark runtime returns it to the driver, which writes it once every partition succeeded:
         it always waits for the changelogs' writes (never pipelined)."""
         self.committer.settle()
-        checkpoint, _waits = self._prepare(in_flight=False)
-        return checkpoint
+        return self._prepare(in_flight=False)[0]
 
     def _prepare(self, in_flight: bool) -> tuple[Checkpoint, list[Callable[[], None]]]:
         """Fire the due timers (their outputs and deletions belong to this commit), flush the stores,
@@ -340,8 +332,7 @@ class TaskInstance:
         return replace(self._checkpoint(outputs, manifests), transactions=self.sink.pending(self.partition)), waits
 
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
-        """Second half of a commit: write ``checkpoint`` atomically (fenced by generation), then
-        commit the output transactions it names."""
+        """Second half of a commit: save ``checkpoint`` (fenced by generation), commit its outputs."""
         self.committer.save(checkpoint, self.generation)
         self.sink.commit(self.partition)
         self._counted()

@@ -124,7 +124,7 @@ backend = "rocksdb"
 key_serde = "string"
 value_serde = "int"
 """)
-    command = _cli("run", str(tmp_path / "job.toml"), "--master", "local[1]")
+    command = _cli("run", str(tmp_path / "job.toml"), "--master", "local[1]", "--until-drained")
     killed = _run(command, crash, cwd=tmp_path)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     done = _run(command, None, cwd=tmp_path)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from localstate.core.config import parse_job_config
 from localstate.core.stream import open_output
 from localstate.changelog.kafka.streams import PRODUCER_HEADER, SEQ_HEADER, KafkaOutput, ensure_topic
-from localstate.errors import OutputError
+from localstate.core.checkpoint import Checkpoint
+from localstate.errors import CheckpointError, OutputError
 from localstate.testing.kafka import read_committed
 
 pytestmark = [pytest.mark.kafka]
@@ -176,3 +178,16 @@ def test_without_transactions_outputs_are_at_least_once_with_headers(tmp_path, k
         assert [dict(r.headers)[SEQ_HEADER] for r in read_committed(servers, topic, 0)] == [b"0", b"0"]
     finally:
         output.close()
+
+
+def test_the_checkpoint_field_is_optional_and_validated():
+    old = Checkpoint(0, inputs={"in": 3}).to_json()
+    assert "transactions" not in old and Checkpoint.from_json(old, "old").transactions == {}
+    txn = {"out": {"id": "localstate-j.out.0.1", "producer_id": 7, "epoch": 2}}
+    assert Checkpoint.from_json(Checkpoint(0, transactions=txn).to_json(), "new").transactions == txn
+    for bad in ({"out": {"id": "x", "producer_id": -1, "epoch": 0}}, {"out": {"id": "", "producer_id": 1, "epoch": 0}},
+                {"out": {"id": "x", "producer_id": 1}}, {"out": {"id": "x", "producer_id": 1, "epoch": 1 << 20}},
+                ["out"]):
+        text = Checkpoint(0).to_json()[:-1] + ', "transactions": ' + json.dumps(bad) + "}"
+        with pytest.raises(CheckpointError, match="transactions"):
+            Checkpoint.from_json(text, "bad")
