@@ -428,10 +428,15 @@ class KafkaOutput(_KafkaTopic, OutputStream):
 
     def fence(self, partition: int) -> None:
         """Open the task partition's producers now (``init_transactions()``): fences older
-        instances and aborts what they left open. Call after the recorded transaction was committed."""
+        instances and aborts what they left open. Call after the recorded transaction was committed.
+        The id of that transaction is left alone (opened when next used): a new epoch there would
+        make a second commit of the record, by a restart from the same checkpoint, fail as fenced;
+        what may be open after that checkpoint is on the other id anyway."""
         if self.transactional:
+            recorded_slot = self._slot.get(partition)
             for slot in (0, 1):
-                self._producer(partition, slot)
+                if slot != recorded_slot:
+                    self._producer(partition, slot)
 
     # -- stream ----------------------------------------------------------------------------------
     def end_offset(self, partition: int) -> int:

@@ -69,9 +69,15 @@ class BatchPlanner:
 
     def start_run(self) -> None:
         """Forget what the previous run saved and warned about: a run plans its first batch from disk
-        (a restarted driver does too)."""
+        (a restarted driver does too). Commit the output transactions the saved checkpoints name."""
         self._saved.clear()
         self._tails_warned.clear()
+        for partition in range(self.job.partitions):
+            # A driver (or partition) that died between a checkpoint's save and the commit of the output
+            # transactions it names: commit them now, also for partitions that get no batch again.
+            checkpoint = self.checkpoints.load(partition)
+            if checkpoint is not None and checkpoint.transactions:
+                commit_recorded(self.job, partition, checkpoint.transactions)
 
     def committed(self, partition: int) -> Checkpoint | None:
         """The partition's committed checkpoint: the one this run saved, else the one on disk (a

@@ -136,6 +136,38 @@ def test_a_recorded_transaction_is_committed_from_another_client_and_again_harml
         driver.close()
 
 
+def test_reopening_twice_from_one_checkpoint_commits_its_transaction_again_harmlessly(tmp_path, kafka_broker,
+                                                                                      topic_prefix):
+    """A partition reopened from a checkpoint (commit its transaction, fence, pre-commit the next)
+    that dies before a newer checkpoint is saved (in cluster mode the open's own checkpoint is not
+    saved either): the next open commits the same record again. The open left the recorded id's
+    epoch alone, so that commit still succeeds; the dead attempt's transaction is aborted."""
+    servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "out"
+    first = _output(tmp_path, servers, topic)
+    first.fence(0)
+    first.append(0, [("a", 1)])
+    recorded = first.pending(0)
+    first.close()  # died after the checkpoint naming `recorded` was saved, before the commit
+    for attempt in range(2):
+        reopened = _output(tmp_path, servers, topic, delivery_timeout="3s")
+        try:
+            reopened.commit_recorded(0, recorded)  # what resume does at open
+            reopened.fence(0)
+            reopened.append(0, [("b", 2)])  # then dies before its checkpoint is saved
+            assert reopened.pending(0)["id"] != recorded["id"]
+        finally:
+            reopened.close()
+    last = _output(tmp_path, servers, topic)
+    try:
+        last.commit_recorded(0, recorded)
+        last.fence(0)  # aborts the second attempt's transaction
+        last.append(0, [("b", 2)])
+        last.commit(0)
+    finally:
+        last.close()
+    assert _values(servers, topic) == [b"1", b"2"]
+
+
 def test_a_zombie_cannot_commit_after_a_newer_instance_opened(tmp_path, kafka_broker, topic_prefix):
     servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "out"
     zombie, newer = (_output(tmp_path, servers, topic, delivery_timeout="3s"),
