@@ -83,8 +83,8 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-c", "import sys; from localstate.tools.cli import main; sys.exit(main())", *args]
 
 
-@pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.slow  # about 20 s each: the default suite covers the driver's steps in test_kafka_transactions.py
 @pytest.mark.parametrize("crash", ["driver_commit:2", "driver_saved:3"])
 def test_a_micro_batch_driver_killed_around_the_checkpoint_save_commits_each_output_once(tmp_path, kafka_broker,
                                                                                         topic_prefix, crash):

@@ -21,6 +21,8 @@ from localstate.core.config import parse_job_config
 from localstate.core.stream import open_output
 from localstate.changelog.kafka.streams import PRODUCER_HEADER, SEQ_HEADER, KafkaOutput, ensure_topic
 from localstate.core.checkpoint import Checkpoint
+from localstate.runtime.driver.planner import BatchPlanner
+from localstate.runtime.layout import checkpoint_store
 from localstate.errors import CheckpointError, OutputError
 from localstate.testing.kafka import read_committed
 
@@ -29,7 +31,7 @@ pytestmark = [pytest.mark.kafka]
 
 def _output(tmp_path: Path, servers: str, topic: str, **options) -> KafkaOutput:
     job = parse_job_config({
-        "job": {"name": "txn-job", "partitions": 1, "task": "m:C"},
+        "job": {"name": "txn-job", "partitions": 1, "task": "m:C", "state_dir": str(tmp_path / "state")},
         "outputs": {"out": {"system": "kafka", "bootstrap_servers": servers, "topic": topic, **options}}},
         base_dir=tmp_path)
     output = open_output(job, "out")
@@ -166,6 +168,24 @@ def test_reopening_twice_from_one_checkpoint_commits_its_transaction_again_harml
     finally:
         last.close()
     assert _values(servers, topic) == [b"1", b"2"]
+
+
+def test_a_run_commits_the_transactions_its_saved_checkpoints_name(tmp_path, kafka_broker, topic_prefix):
+    """A driver that died between saving a checkpoint and committing its transaction, on a partition
+    that gets no further batch (so no task reopens it): the next run's start commits it."""
+    servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "out"
+    task = _output(tmp_path, servers, topic)
+    job = task.job
+    try:
+        task.fence(0)
+        task.append(0, [("a", 1)])
+        store = checkpoint_store(job)
+        store.save(Checkpoint(0, outputs={"out": 1}, transactions={"out": task.pending(0)}))
+        assert _values(servers, topic) == []
+        BatchPlanner(job, store, {}).start_run()
+        assert _values(servers, topic) == [b"1"]
+    finally:
+        task.close()
 
 
 def test_a_zombie_cannot_commit_after_a_newer_instance_opened(tmp_path, kafka_broker, topic_prefix):
