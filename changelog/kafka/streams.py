@@ -46,7 +46,7 @@ from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafk
 from .transactions import FENCED, commit_recorded, recorded
 from .io import (RecordWaiter, TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce,
                  read_range, read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_id,
-                 topic_partitions)
+                 topic_partitions, wait_acknowledged)
 
 __all__ = ["KafkaStreams", "KafkaInput", "KafkaOutput", "TopicWriter", "end_offsets", "read_range", "read_records",
            "topic_partitions", "ensure_topic", "produce", "copy_input_to_topic", "pooled_consumer", "release_consumer",
@@ -511,14 +511,7 @@ class KafkaOutput(_KafkaTopic, OutputStream):
             self._open.add((partition, slot))
             futures = [producer.send(self.topic, key=k, value=v, partition=p, headers=h)
                        for k, v, p, h in self._records(partition, encoded, seq, self._partitions)]
-            timeout = self.config["delivery_timeout"]
-            producer.flush(timeout=timeout)
-            for future in futures:
-                if not future.is_done:
-                    raise TimeoutError(f"{sum(not f.is_done for f in futures)} record(s) not acknowledged "
-                                       f"within {timeout:g}s")
-                if future.failed():
-                    raise future.exception
+            wait_acknowledged(producer, futures, self.config["delivery_timeout"])
         except Exception as exc:  # noqa: BLE001 - kafka-python raises many kinds; all become typed
             error = self._txn_error(exc, action, partition, slot)
             self._discard(partition)
