@@ -77,6 +77,10 @@ class Checkpoint:
     with this home, where the partition's local state is warm. A placement hint only, never trusted
     for correctness (the ``attempt`` markers decide whether local state is used); a damaged value
     reads as None (unknown)"""
+    transactions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """output -> the transaction this commit left open on it (transactional Kafka outputs: ``id``,
+    ``producer_id``, ``epoch``), to be committed once this checkpoint is saved; a partition opened
+    from this checkpoint commits them first (committing again is harmless)"""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -90,7 +94,7 @@ class Checkpoint:
         for name in ("watermark", "next_timer"):
             if data[name] is None:
                 del data[name]  # only jobs with timestamped input or timers have them
-        for name in ("formats", "input_ids"):
+        for name in ("formats", "input_ids", "transactions"):
             if not data[name]:
                 del data[name]  # only jobs whose stores or inputs name them have them
         return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
@@ -122,7 +126,8 @@ class Checkpoint:
                    next_timer=_time(data.get("next_timer"), where, "next_timer"),
                    formats=_names(data.get("formats", {}), where, "formats", "store -> format name"),
                    input_ids=_names(data.get("input_ids", {}), where, "input_ids", "input -> identity"),
-                   home=_home(data.get("home")))
+                   home=_home(data.get("home")),
+                   transactions=_transactions(data.get("transactions", {}), where))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:
@@ -181,6 +186,25 @@ def _home(value: Any) -> str | None:
 def _is_hex_id(value: Any) -> bool:
     """True for a string of 1 to 64 lowercase hex digits."""
     return isinstance(value, str) and 0 < len(value) <= 64 and not value.strip("0123456789abcdef")
+
+
+def _transactions(value: Any, where: str) -> dict[str, dict[str, Any]]:
+    """output -> {"id": transactional id, "producer_id": int, "epoch": int}."""
+    if not isinstance(value, dict):
+        raise _corrupt(where, "transactions", f"expected an object of output -> transaction, got "
+                                              f"{type(value).__name__}")
+    result = {}
+    for name, txn in value.items():
+        label = f"transactions.{name}"
+        if not isinstance(txn, dict) or set(txn) != {"id", "producer_id", "epoch"}:
+            raise _corrupt(where, label, "expected an object with exactly id, producer_id and epoch")
+        if not isinstance(txn["id"], str) or not 0 < len(txn["id"]) <= 400:
+            raise _corrupt(where, f"{label}.id", f"expected a transactional id, got {txn['id']!r:.40}")
+        if type(txn["epoch"]) is not int or not 0 <= txn["epoch"] < 1 << 15:
+            raise _corrupt(where, f"{label}.epoch", f"expected a producer epoch (0..32767), got {txn['epoch']!r:.40}")
+        result[name] = {"id": txn["id"], "producer_id": _offset(txn["producer_id"], where, f"{label}.producer_id"),
+                        "epoch": txn["epoch"]}
+    return result
 
 
 def _manifests(value: Any, where: str) -> dict[str, dict[str, Any]]:

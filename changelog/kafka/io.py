@@ -20,7 +20,7 @@ from localstate.errors import InputError, LocalStateError, OutputError
 
 from .client import bootstrap_servers, kafka_error
 
-__all__ = ["TopicWriter", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "topic_id", "ensure_topic",
+__all__ = ["TopicWriter", "wait_acknowledged", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "topic_id", "ensure_topic",
            "produce", "pooled_consumer", "release_consumer", "close_clients", "RecordWaiter", "WAIT_FETCH_MS"]
 
 log = logging.getLogger(__name__)
@@ -483,18 +483,23 @@ class TopicWriter:
         if not futures:
             return 0
         try:
-            self.producer.flush(timeout=self.delivery_timeout)
-            for future in futures:
-                if not future.is_done:
-                    raise TimeoutError(f"{sum(not f.is_done for f in futures)} record(s) not acknowledged "
-                                       f"within {self.delivery_timeout:g}s")
-                if future.failed():
-                    raise future.exception
+            wait_acknowledged(self.producer, futures, self.delivery_timeout)
         except LocalStateError:
             raise
         except Exception as exc:  # noqa: BLE001
             raise self._fail(exc, "deliver records to") from exc
         return len(futures)
+
+
+def wait_acknowledged(producer: Any, futures: list[Any], timeout: float) -> None:
+    """Flush ``producer`` and raise unless every one of ``futures`` (its sends) was acknowledged
+    within ``timeout`` seconds (TimeoutError, or the send's own error)."""
+    producer.flush(timeout=timeout)
+    for future in futures:
+        if not future.is_done:
+            raise TimeoutError(f"{sum(not f.is_done for f in futures)} record(s) not acknowledged within {timeout:g}s")
+        if future.failed():
+            raise future.exception
 
 
 def produce(settings: Mapping[str, Any], topic: str, records: Iterable[tuple[bytes | None, bytes | None, int]],

@@ -8,15 +8,18 @@ partition with :func:`end_offsets`; the Spark task reads exactly that range with
 
 **Output.** Each record goes to ``partition_for(key, topic partitions)``: murmur2 of the key, the
 default partitioner of Kafka's Java producer, so outputs co-partition with inputs and changelogs
-(a record without a key goes to the producing task's partition). ``acks=all``; a commit waits
-until every record is acknowledged before its checkpoint is written. Kafka cannot take records
-back, and a Kafka transaction can only be committed by the producer that opened it, before the
-driver writes the checkpoint: delivery and checkpoint cannot be one atomic step. So
-:meth:`KafkaOutput.truncate` cannot drop what a failed attempt delivered: state stays
-exactly-once, outputs are at-least-once across a crash between the flush and the checkpoint.
-Every record carries the headers ``localstate-producer`` (``<job>/<task partition>``) and
-``localstate-seq`` (its position in that task partition's output); a record delivered again after
-a failure carries the same pair when the task is deterministic, so a consumer can drop duplicates.
+(a record without a key goes to the producing task's partition). ``acks=all``. With
+``transactions = true`` (the default) outputs are exactly-once for ``read_committed`` consumers, by
+Flink's two-phase commit (:mod:`.transactions`): each commit's records go in one Kafka transaction
+of the task partition's transactional producer, which stays open while the checkpoint is written
+and is committed once it is durable; a restart commits the transaction its checkpoint names, then
+``init_transactions()`` aborts whatever a crashed attempt left open after it. With
+``transactions = false`` (brokers without transactions) a commit waits until every record is
+acknowledged and Kafka cannot take records back: outputs are at-least-once across a crash between
+the flush and the checkpoint. Every record carries the headers ``localstate-producer``
+(``<job>/<task partition>``) and ``localstate-seq`` (its position in that task partition's output);
+a record delivered again after a failure carries the same pair when the task is deterministic, so
+a consumer can drop duplicates.
 
 The same functions serve the PySpark Data Source ``localstate-kafka``
 (:mod:`localstate.runtime.spark.kafka_source`); the Kafka I/O itself is
@@ -29,6 +32,8 @@ import dataclasses
 import logging
 from typing import Any, ClassVar, Iterator, Mapping
 
+from kafka import KafkaProducer
+
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_duration
 from localstate.core.partitioner import partition_for
@@ -38,9 +43,10 @@ from localstate.core.stream import BadTimestamp, InputColumns, InputRecord, Inpu
 from localstate.errors import ConfigError, InputError, LocalStateError, OutputError, SerdeError, TaskError
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
+from .transactions import FENCED, commit_recorded, recorded
 from .io import (RecordWaiter, TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce,
                  read_range, read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_id,
-                 topic_partitions)
+                 topic_partitions, wait_acknowledged)
 
 __all__ = ["KafkaStreams", "KafkaInput", "KafkaOutput", "TopicWriter", "end_offsets", "read_range", "read_records",
            "topic_partitions", "ensure_topic", "produce", "copy_input_to_topic", "pooled_consumer", "release_consumer",
@@ -263,7 +269,11 @@ class KafkaOutput(_KafkaTopic, OutputStream):
     """``[outputs.<name>] system = "kafka"``: keyed records, partitioned by murmur2 of the key.
 
     The position kept in the checkpoint is the number of records the task partition has delivered
-    to this output; it numbers the ``localstate-seq`` headers."""
+    to this output; it numbers the ``localstate-seq`` headers. Transactional (the default): one
+    producer per task partition and slot (:meth:`transactional_id`:
+    ``<prefix><job>.<output>.<task partition>.<0|1>``);
+    :meth:`append` leaves its transaction open (:meth:`pending`), :meth:`commit` or
+    :func:`~.transactions.commit_recorded` commits it once the checkpoint naming it is saved."""
 
     system = "kafka"
     section = "outputs"
@@ -283,6 +293,16 @@ class KafkaOutput(_KafkaTopic, OutputStream):
                                    doc="a commit fails when its records are not acknowledged within this"),
         "headers": Option(bool, default=True, doc="add the localstate-producer/localstate-seq headers "
                                                   "(duplicate detection)"),
+        "transactions": Option(bool, default=True,
+                               doc="exactly-once for read_committed consumers: each commit's records in a Kafka "
+                                   "transaction committed once its checkpoint is saved (needs transactional.id "
+                                   "ACLs); false: at-least-once without transactions"),
+        "transactional_id_prefix": Option(str, default=None,
+                                          doc="transactional.id = <prefix><job>.<output>.<task partition>.<0|1>; "
+                                              "default: [changelogs.kafka]'s (localstate-)"),
+        "transaction_timeout": Option((int, float, str), default=900.0, parse=parse_duration, minimum=1.0,
+                                      doc="the broker aborts a transaction open longer ('15m'): a crashed job must "
+                                          "restart within it; at most the broker's transaction.max.timeout.ms"),
     }
 
     def __init__(self, job: JobConfig, config: StreamConfig) -> None:
@@ -291,37 +311,154 @@ class KafkaOutput(_KafkaTopic, OutputStream):
         self._counts: dict[int, int] = {}
         self._writer: TopicWriter | None = None
         self._partitions = 0
+        self.transactional: bool = self.config["transactions"]
+        self.exactly_once = self.transactional
+        prefix = self.config["transactional_id_prefix"]
+        if prefix is None:
+            prefix = (job.changelog_options.get("kafka") or {}).get("transactional_id_prefix") or "localstate-"
+        self.transactional_id_prefix: str = prefix
+        self._producers: dict[tuple[int, int], Any] = {}  # (task partition, slot) -> transactional producer
+        self._pending: dict[int, dict[str, Any]] = {}  # task partition -> its open transaction (recorded)
+        self._open: set[tuple[int, int]] = set()  # (task partition, slot) whose producer is in a transaction
+        self._slot: dict[int, int] = {}  # task partition -> the slot of its last transaction
+
+    def _check_topic(self) -> None:
+        if topic_checked(self.servers, self.topic):
+            return
+        try:
+            count = ensure_topic(self.settings, self.topic, self.config["partitions"] or self.job.partitions,
+                                 self.config["replication_factor"], self.config["create"])
+        except Exception as exc:  # noqa: BLE001
+            raise kafka_error(exc, f"check output topic {self.topic!r}", self.servers,
+                              error=OutputError, stream=self.name, topic=self.topic) from exc
+        if count == 0:
+            raise OutputError(f"output topic {self.topic!r} does not exist on {self.servers}",
+                              stream=self.name, topic=self.topic,
+                              hint=f"create it, or set [outputs.{self.name}] create = true")
+        remember_topic(self.servers, self.topic)
 
     def _topic_writer(self) -> tuple[TopicWriter, int]:
         if self._writer is None:
-            if not topic_checked(self.servers, self.topic):
-                try:
-                    count = ensure_topic(self.settings, self.topic, self.config["partitions"] or self.job.partitions,
-                                         self.config["replication_factor"], self.config["create"])
-                except Exception as exc:  # noqa: BLE001
-                    raise kafka_error(exc, f"check output topic {self.topic!r}", self.servers,
-                                      error=OutputError, stream=self.name, topic=self.topic) from exc
-                if count == 0:
-                    raise OutputError(f"output topic {self.topic!r} does not exist on {self.servers}",
-                                      stream=self.name, topic=self.topic,
-                                      hint=f"create it, or set [outputs.{self.name}] create = true")
-                remember_topic(self.servers, self.topic)
+            self._check_topic()
             c = self.config
             self._writer = TopicWriter(self.settings, self.topic, linger=c["linger"], compression=c["compression"],
                                        delivery_timeout=c["delivery_timeout"], stream=self.name)
             self._partitions = self._writer.partitions()
         return self._writer, self._partitions
 
+    # -- transactions ----------------------------------------------------------------------------
+    def transactional_id(self, partition: int, slot: int = 0) -> str:
+        """``slot`` 0 or 1: a task partition's transactions alternate between two transactional
+        ids. A producer keeps its id and epoch from one transaction to the next, so a recorded
+        (id, producer id, epoch) names "the open transaction of that id"; alternating, the one
+        transaction that may be open after the last saved checkpoint is never on the id it
+        recorded, and committing that record again cannot commit it (Flink rotates its ids too)."""
+        return f"{self.transactional_id_prefix}{self.job.name}.{self.name}.{partition}.{slot}"
+
+    def _txn_error(self, exc: BaseException, action: str, partition: int, slot: int) -> OutputError:
+        tid = self.transactional_id(partition, slot)
+        if type(exc).__name__ in FENCED:
+            return OutputError(
+                f"output {self.name!r}: cannot {action}: a newer producer with transactional id {tid!r} took over "
+                f"task partition {partition} ({type(exc).__name__})", stream=self.name, topic=self.topic,
+                partition=partition, transactional_id=tid, bootstrap_servers=self.servers,
+                hint="another instance of this task partition is running (this one is a zombie): stop this one; "
+                     "its uncommitted outputs are aborted and the newer instance produces them again")
+        return kafka_error(exc, f"{action} Kafka topic {self.topic} (transactional id {tid!r})",  # type: ignore
+                           self.servers, error=OutputError, stream=self.name, topic=self.topic, partition=partition,
+                           transactional_id=tid)
+
+    def _producer(self, partition: int, slot: int) -> Any:
+        """The transactional producer of ``(partition, slot)``, opened with ``init_transactions()``:
+        that fences every older producer of its transactional id and aborts what it left open."""
+        producer = self._producers.get((partition, slot))
+        if producer is not None:
+            return producer
+        self._check_topic()
+        c = self.config
+        request_ms = int(self.settings.get("request_timeout_ms", 30000))
+        try:
+            producer = KafkaProducer(
+                **self.settings, acks="all", enable_idempotence=True, linger_ms=int(c["linger"] * 1000),
+                compression_type=c["compression"], batch_size=256 * 1024, allow_auto_create_topics=False,
+                max_block_ms=int(c["delivery_timeout"] * 1000),
+                delivery_timeout_ms=max(int(c["delivery_timeout"] * 1000), request_ms + int(c["linger"] * 1000)),
+                transactional_id=self.transactional_id(partition, slot),
+                transaction_timeout_ms=int(c["transaction_timeout"] * 1000))
+        except Exception as exc:  # noqa: BLE001
+            raise self._txn_error(exc, "connect to", partition, slot) from exc
+        try:
+            producer.init_transactions()
+            self._partitions = len(producer.partitions_for(self.topic) or ())
+        except Exception as exc:  # noqa: BLE001
+            producer.close(timeout=0)
+            raise self._txn_error(exc, "initialise the transactions of", partition, slot) from exc
+        self._producers[(partition, slot)] = producer
+        return producer
+
+    def _discard(self, partition: int) -> None:
+        """Drop the partition's producers after a failure: nothing they still buffer may reach
+        Kafka, and their open transactions are aborted by the next ``init_transactions()`` (or time out)."""
+        self._pending.pop(partition, None)
+        for slot in (0, 1):
+            self._open.discard((partition, slot))
+            producer = self._producers.pop((partition, slot), None)
+            if producer is not None:
+                try:
+                    producer.close(timeout=0)
+                except Exception:  # noqa: BLE001 - closing a broken producer may fail again
+                    log.debug("closing a failed producer raised", exc_info=True)
+
+    def pending(self, partition: int) -> dict[str, Any] | None:
+        """The open transaction of the last :meth:`append` with records, not committed yet (what
+        the checkpoint records), or None."""
+        return self._pending.get(partition)
+
+    def commit(self, partition: int) -> None:
+        """Commit the open transaction of ``partition`` with the live producer: call once the
+        checkpoint naming it is saved."""
+        if self._pending.pop(partition, None) is None:
+            return
+        slot = self._slot[partition]
+        try:
+            _commit_transaction(self._producers[(partition, slot)], self.config["delivery_timeout"])
+        except Exception as exc:  # noqa: BLE001
+            error = self._txn_error(exc, "commit the transaction of", partition, slot)
+            self._discard(partition)
+            raise error from exc
+        self._open.discard((partition, slot))
+
+    def commit_recorded(self, partition: int, pending: Mapping[str, Any]) -> None:
+        """Commit a transaction a checkpoint recorded, from any process (see :mod:`.transactions`)."""
+        commit_recorded(self.settings, pending, stream=self.name, topic=self.topic, partition=partition)
+        for slot in (0, 1):
+            if pending["id"] == self.transactional_id(partition, slot):
+                self._slot[partition] = slot  # the next transaction goes on the other id
+
+    def fence(self, partition: int) -> None:
+        """Open the task partition's producers now (``init_transactions()``): fences older
+        instances and aborts what they left open. Call after the recorded transaction was committed.
+        The id of that transaction is left alone (opened when next used): a new epoch there would
+        make a second commit of the record, by a restart from the same checkpoint, fail as fenced;
+        what may be open after that checkpoint is on the other id anyway."""
+        if self.transactional:
+            recorded_slot = self._slot.get(partition)
+            for slot in (0, 1):
+                if slot != recorded_slot:
+                    self._producer(partition, slot)
+
+    # -- stream ----------------------------------------------------------------------------------
     def end_offset(self, partition: int) -> int:
         return self._counts.get(partition, 0)
 
     def truncate(self, partition: int, position: int) -> int:
         """Kafka cannot drop records: keep ``position`` (the checkpointed count) as the base of the
-        sequence numbers and return it. Records delivered after that checkpoint stay in the topic
-        and are delivered again by the replay (at-least-once); when this process delivered them,
-        a warning says how many."""
+        sequence numbers and return it. Transactional, what was written after that checkpoint is in
+        transactions that :meth:`fence` aborts. Otherwise those records stay in the topic and are
+        delivered again by the replay (at-least-once); when this process delivered them, a warning
+        says how many."""
         delivered = _DELIVERED.get((self.servers, self.topic, self.job.name, partition), 0)
-        if delivered > position:
+        if delivered > position and not self.transactional:
             log.warning("output %s: %d record(s) of partition %d already delivered to Kafka topic %s after the last "
                         "checkpoint cannot be taken back and will be delivered again (at-least-once; duplicates carry "
                         "the same %s/%s headers)", self.name, delivered - position, partition, self.topic,
@@ -330,6 +467,10 @@ class KafkaOutput(_KafkaTopic, OutputStream):
         return position
 
     def append(self, partition: int, items: list[tuple[Any, Any]]) -> int:
+        """Deliver ``items``, every one acknowledged on return. Transactional, in a new transaction
+        left open (:meth:`pending`); a transaction still open from the previous append is committed
+        first: the runtime appends again only once the checkpoint naming it is saved (the Spark
+        driver committed it already, so this commit is a harmless repeat)."""
         seq = self._counts.get(partition, 0)
         if not items:
             return seq
@@ -343,18 +484,64 @@ class KafkaOutput(_KafkaTopic, OutputStream):
                             hint=f"send keys/values that key_serde {self.config['key_serde']!r} and value_serde "
                                  f"{self.config['value_serde']!r} of [outputs.{self.name}] accept, or change "
                                  f"them") from exc
+        if self.transactional:
+            return self._append_transaction(partition, encoded, seq)
         writer, count = self._topic_writer()
+        for data_key, data_value, target, headers in self._records(partition, encoded, seq, count):
+            writer.send(data_key, data_value, target, headers)
+        writer.flush()
+        seq += len(encoded)
+        self._counts[partition] = seq
+        _DELIVERED[(self.servers, self.topic, self.job.name, partition)] = seq
+        return seq
+
+    def _records(self, partition: int, encoded: list[tuple[Any, Any, Any]], seq: int,
+                 count: int) -> Iterator[tuple[Any, Any, int, list[tuple[str, bytes]] | None]]:
+        """(key, value, topic partition, headers) of each encoded record, numbered from ``seq``."""
         producer_id = f"{self.job.name}/{partition}".encode()
         headers = self.config["headers"]
         for key, data_key, data_value in encoded:
             target = partition_for(key, count) if key is not None else partition % count
-            writer.send(data_key, data_value, target,
-                        [(PRODUCER_HEADER, producer_id), (SEQ_HEADER, str(seq).encode())] if headers else None)
+            yield (data_key, data_value, target,
+                   [(PRODUCER_HEADER, producer_id), (SEQ_HEADER, str(seq).encode())] if headers else None)
             seq += 1
-        writer.flush()
+
+    def _append_transaction(self, partition: int, encoded: list[tuple[Any, Any, Any]], seq: int) -> int:
+        slot = 1 - self._slot.get(partition, 1)  # the other id than the last transaction's
+        producer = self._producer(partition, slot)
+        action = "commit the previous transaction of"
+        try:
+            if (partition, slot) in self._open:
+                # the runtime saved its checkpoint (and committed it) already: a harmless repeat
+                _commit_transaction(producer, self.config["delivery_timeout"])
+                self._open.discard((partition, slot))
+            action = "send to"
+            producer.begin_transaction()
+            self._open.add((partition, slot))
+            futures = [producer.send(self.topic, key=k, value=v, partition=p, headers=h)
+                       for k, v, p, h in self._records(partition, encoded, seq, self._partitions)]
+            wait_acknowledged(producer, futures, self.config["delivery_timeout"])
+        except Exception as exc:  # noqa: BLE001 - kafka-python raises many kinds; all become typed
+            error = self._txn_error(exc, action, partition, slot)
+            self._discard(partition)
+            raise error from exc
+        self._slot[partition] = slot
+        self._pending[partition] = recorded(producer, self.transactional_id(partition, slot))
+        seq += len(encoded)
         self._counts[partition] = seq
-        _DELIVERED[(self.servers, self.topic, self.job.name, partition)] = seq
         return seq
+
+    def close(self) -> None:
+        """Close the transactional producers (an open transaction stays open: the checkpoint that
+        names it decides, at the next open, whether it is committed)."""
+        producers, self._producers = list(self._producers.values()), {}
+        self._pending.clear()
+        self._open.clear()
+        for producer in producers:
+            try:
+                producer.close(timeout=1)
+            except Exception:  # noqa: BLE001 - best effort
+                log.debug("closing a transactional producer raised", exc_info=True)
 
     def read(self, partition: int) -> Iterator[tuple[Any, Any]]:
         """Every record of *topic* partition ``partition`` as ``(key, value)``."""
@@ -378,6 +565,15 @@ class KafkaOutput(_KafkaTopic, OutputStream):
             return topic_partitions(consumer, self.topic)
         finally:
             release_consumer(self.settings, consumer)
+
+
+def _commit_transaction(producer: Any, timeout: float) -> None:
+    """``producer.commit_transaction()`` within ``timeout`` seconds (kafka-python 3.0 waits forever,
+    e.g. retrying an EndTxn a broker answers by closing the connection)."""
+    result = producer._transaction_manager.begin_commit()
+    producer._sender.wakeup()
+    if not result.wait(timeout_ms=int(timeout * 1000)):
+        raise TimeoutError(f"the transaction commit was not confirmed within {timeout:g}s")
 
 
 def copy_input_to_topic(job: JobConfig, name: str, settings: Mapping[str, Any], topic: str, *,

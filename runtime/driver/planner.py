@@ -21,7 +21,8 @@ from localstate.core.stream import PENDING_TAIL_WARN_AFTER, IdentifiedInput, Inp
 from localstate.errors import FencedError
 from localstate.runtime.driver.plan import PartitionPlan
 from localstate.runtime.layout import check_moved_inputs, check_no_history, checkpoint_where, open_changelog_system
-from localstate.runtime.partition.sink import StreamSink
+from localstate.runtime.partition.faults import crash_point
+from localstate.runtime.partition.sink import StreamSink, commit_recorded
 
 __all__ = ["BatchPlanner", "has_state"]
 
@@ -68,9 +69,15 @@ class BatchPlanner:
 
     def start_run(self) -> None:
         """Forget what the previous run saved and warned about: a run plans its first batch from disk
-        (a restarted driver does too)."""
+        (a restarted driver does too). Commit the output transactions the saved checkpoints name."""
         self._saved.clear()
         self._tails_warned.clear()
+        for partition in range(self.job.partitions):
+            # A driver (or partition) that died between a checkpoint's save and the commit of the output
+            # transactions it names: commit them now, also for partitions that get no batch again.
+            checkpoint = self.checkpoints.load(partition)
+            if checkpoint is not None and checkpoint.transactions:
+                commit_recorded(self.job, partition, checkpoint.transactions)
 
     def committed(self, partition: int) -> Checkpoint | None:
         """The partition's committed checkpoint: the one this run saved, else the one on disk (a
@@ -177,9 +184,13 @@ class BatchPlanner:
     def save(self, checkpoint: Checkpoint) -> None:
         """Save a partition's checkpoint, atomically and fenced by the generation its task instance
         took at open (FencedError: a zombie attempt of a later run took a newer one), and plan the
-        partition's next batch from it."""
+        partition's next batch from it. Then commit the output transactions it names (the
+        task left them open for this save): outputs become visible once the checkpoint is durable."""
         self.checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
         self._saved[checkpoint.partition] = checkpoint
+        if checkpoint.transactions:
+            crash_point("driver_saved")  # the checkpoint saved, its output transactions still open
+            commit_recorded(self.job, checkpoint.partition, checkpoint.transactions)
 
     def check_attempt(self, checkpoint: Checkpoint) -> None:
         """Cluster mode: the accepted attempt must have started from the checkpoint the driver planned

@@ -2,10 +2,11 @@
 crash calls :func:`crash_point` at the moments a process could die: ``process`` (before each input
 record is fed, good or bad), ``timer_fire`` (before each timer fires), ``after_timers`` (after a
 round of firings), ``mid_flush`` (some stores flushed), ``after_flush`` (stores flushed, checkpoint
-not yet written), ``commit_pending`` (a pipelined commit's objects written, its
+not yet written), ``after_outputs`` (a commit's outputs delivered, transactions open), ``commit_pending`` (a pipelined commit's objects written, its
 checkpoint not yet saved; reached on the committer thread), ``after_checkpoint``, and on the Spark
 driver ``driver_commit`` (a batch's tasks prepared its commit, the driver has not saved its
-checkpoints yet). An *armed* point SIGKILLs this process the n-th time it is reached (1-based), or,
+checkpoints yet) and ``driver_saved`` (a partition's checkpoint saved, the output transactions it
+names not committed yet). An *armed* point SIGKILLs this process the n-th time it is reached (1-based), or,
 with the action ``stop``, SIGSTOPs it there: a test then signals it in the middle of that moment
 and continues it (SIGCONT).
 

@@ -11,9 +11,10 @@ Every runner uses it through the steps of :class:`~.lifecycle.PartitionTask`: th
 the DataFrame step, the TaskTestDriver and the continuous runtime.
 
 Commit (exactly-once state): fire the due timers -> flush every store (local write + changelog
-durable, end offsets known) -> deliver outputs (durable, positions known) -> atomically write the
-checkpoint (input positions, changelog offsets, output positions, watermark, next timer,
-generation). On open, every logged store is brought back to exactly the checkpoint
+durable, end offsets known) -> deliver outputs (durable, positions known; transactional outputs
+leave their transaction open) -> atomically write the checkpoint (input positions, changelog
+offsets, output positions and open transactions, watermark, next timer, generation) -> commit the
+output transactions. On open, every logged store is brought back to exactly the checkpoint
 (:mod:`.recovery`), outputs written after it are rolled back, and inputs resume from the checkpointed
 positions. Pipelined commits (``job.pipelined_commits``, on a changelog that writes in the
 background): see :mod:`.committer`.
@@ -22,7 +23,7 @@ background): see :mod:`.committer`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -128,9 +129,9 @@ class TaskInstance:
         self.stores = StoreSet(self.job, self.partition, self.changelogs, self.checkpoints, self.local_root,
                                self.attempt, self.time)
         self.stores.open(loaded)
-        self.pipelined = self.job.pipelined_commits and self.stores.writes_in_background
-        # The sink returns every output's position (StreamSink), so even this first checkpoint covers
-        # the outputs: a restart then truncates what this instance wrote instead of refusing it.
+        self.pipelined = self.job.pipelined_commits and self.stores.writes_in_background and not self.sink.transactional
+        # Its output transactions first (its state counts them); rollback returns every output's position.
+        self.sink.resume(self.partition, checkpoint.transactions)
         outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
         self.positions = dict(checkpoint.inputs)
         self.input_ids = dict(checkpoint.input_ids)
@@ -146,6 +147,7 @@ class TaskInstance:
         # a checkpoint records is in place by now (the timers above: their next processing-time
         # timer), so this checkpoint carries every field of the one it follows.
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
+        self.sink.fence(self.partition)  # only now (no saved checkpoint names an older transaction)
         self.feeder = Feeder(self.task, self.partition, self.collector, self.coordinator, self.counters,
                              self.positions, self.time, several_inputs=len(self.job.inputs) > 1)
         context = TaskContext(self.job.name, self.partition, self.job.partitions, self.stores.task_stores(),
@@ -316,8 +318,7 @@ class TaskInstance:
         The Spark runtime returns it to the driver, which writes it once every partition succeeded:
         it always waits for the changelogs' writes (never pipelined)."""
         self.committer.settle()
-        checkpoint, _waits = self._prepare(in_flight=False)
-        return checkpoint
+        return self._prepare(in_flight=False)[0]
 
     def _prepare(self, in_flight: bool) -> tuple[Checkpoint, list[Callable[[], None]]]:
         """Fire the due timers (their outputs and deletions belong to this commit), flush the stores,
@@ -328,11 +329,12 @@ class TaskInstance:
         self.stores.flush()
         outputs = self.sink.write(self.partition, self.collector.take())
         manifests, waits = self.stores.manifests(in_flight)
-        return self._checkpoint(outputs, manifests), waits
+        return replace(self._checkpoint(outputs, manifests), transactions=self.sink.pending(self.partition)), waits
 
     def save_checkpoint(self, checkpoint: Checkpoint) -> None:
-        """Second half of a commit: write ``checkpoint`` atomically (fenced by generation)."""
+        """Second half of a commit: save ``checkpoint`` (fenced by generation), commit its outputs."""
         self.committer.save(checkpoint, self.generation)
+        self.sink.commit(self.partition)
         self._counted()
 
     def _counted(self) -> None:

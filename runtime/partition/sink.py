@@ -7,6 +7,12 @@ durably, and returns the end position of *every* configured output (so a checkpo
 them all); ``rollback`` truncates each to its checkpointed position. Together with the runtime's
 commit order this gives exactly-once outputs for file and JSON-lines streams.
 
+Transactional outputs (Kafka, two-phase commit) leave each commit's transaction open: ``pending``
+is what the checkpoint records of them, ``commit`` commits them once that checkpoint is saved (the
+Spark driver, which saves it in another process, uses :func:`commit_recorded`). At open,
+``resume`` first commits what the loaded checkpoint recorded, and ``fence``, after the open's own
+checkpoint is saved, aborts whatever a crashed attempt left open after it.
+
 An output never destroys data the job did not write: an output that also is an input (or another
 output) is refused when the sink is built, and ``rollback`` refuses (OutputError) to truncate an
 output partition that holds data no checkpoint of this job covers, unless ``overwrite = true``.
@@ -21,8 +27,9 @@ from localstate.runtime.layout import state_places
 from localstate.core.stream import OutputStream, open_input, open_output, overlap_problems
 from localstate.core.task import OutgoingMessage
 from localstate.errors import ConfigError, OutputError, TaskError
+from localstate.runtime.partition.faults import crash_point
 
-__all__ = ["OutputSink", "MemorySink", "StreamSink"]
+__all__ = ["OutputSink", "MemorySink", "StreamSink", "NoTransactions", "commit_recorded"]
 
 
 class OutputSink(Protocol):
@@ -34,8 +41,45 @@ class OutputSink(Protocol):
 
     def rollback(self, partition: int, positions: Mapping[str, int]) -> Mapping[str, int] | None: ...
 
+    transactional: bool
+    """whether some output keeps transactions open between a commit's write and its checkpoint"""
 
-class MemorySink:
+    def pending(self, partition: int) -> dict[str, dict[str, Any]]:
+        """output -> the transaction the last ``write`` left open (for the checkpoint)."""
+        ...
+
+    def commit(self, partition: int) -> None:
+        """The checkpoint naming ``pending`` is saved: commit those transactions."""
+        ...
+
+    def resume(self, partition: int, transactions: Mapping[str, Mapping[str, Any]]) -> None:
+        """At open, before ``rollback``: commit the transactions the loaded checkpoint recorded."""
+        ...
+
+    def fence(self, partition: int) -> None:
+        """At open, once the open's checkpoint is saved: abort what older attempts left open."""
+        ...
+
+
+class NoTransactions:
+    """The transaction steps of a sink whose outputs have none."""
+
+    transactional = False
+
+    def pending(self, partition: int) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def commit(self, partition: int) -> None:
+        pass
+
+    def resume(self, partition: int, transactions: Mapping[str, Mapping[str, Any]]) -> None:
+        pass
+
+    def fence(self, partition: int) -> None:
+        pass
+
+
+class MemorySink(NoTransactions):
     """Outputs kept in lists per (stream, partition): for tests and the TaskTestDriver."""
 
     def __init__(self) -> None:
@@ -68,6 +112,9 @@ class StreamSink:
             raise ConfigError(problems, source=job.source,
                               hint="give every output its own path or topic, apart from the inputs")
         self.written = 0
+        self._transactional = {name: output for name, output in self.outputs.items()
+                               if getattr(output, "transactional", False)}
+        self.transactional = bool(self._transactional)
 
     def write(self, partition: int, messages: list[OutgoingMessage]) -> dict[str, int]:
         grouped: dict[str, list[tuple[Any, Any]]] = {}
@@ -79,7 +126,9 @@ class StreamSink:
                                      f"(declared: {', '.join(self.outputs) or 'none'})")
             grouped.setdefault(message.stream, []).append((message.key, message.value))
         self.written += len(messages)
-        return {name: output.append(partition, grouped.get(name, [])) for name, output in self.outputs.items()}
+        positions = {name: output.append(partition, grouped.get(name, [])) for name, output in self.outputs.items()}
+        crash_point("after_outputs")  # delivered (transactions open), the checkpoint not written yet
+        return positions
 
     def rollback(self, partition: int, positions: Mapping[str, int]) -> dict[str, int]:
         """Truncate every output to ``positions`` (the checkpoint's) and return the position of
@@ -93,6 +142,22 @@ class StreamSink:
                 self._check_unwritten(partition, name, output)
                 result[name] = output.truncate(partition, 0)
         return result
+
+    def pending(self, partition: int) -> dict[str, dict[str, Any]]:
+        found = {name: output.pending(partition) for name, output in self._transactional.items()}
+        return {name: pending for name, pending in found.items() if pending is not None}
+
+    def commit(self, partition: int) -> None:
+        for output in self._transactional.values():
+            output.commit(partition)
+
+    def resume(self, partition: int, transactions: Mapping[str, Mapping[str, Any]]) -> None:
+        for name, pending in sorted(transactions.items()):
+            _commit_recorded(self.job, partition, name, self._transactional.get(name), pending)
+
+    def fence(self, partition: int) -> None:
+        for output in self._transactional.values():
+            output.fence(partition)
 
     def _check_unwritten(self, partition: int, name: str, output: OutputStream) -> None:
         if not output.exactly_once or output.overwrite:
@@ -110,3 +175,28 @@ class StreamSink:
     def close(self) -> None:
         for output in self.outputs.values():
             output.close()
+
+
+def commit_recorded(job: JobConfig, partition: int, transactions: Mapping[str, Mapping[str, Any]]) -> None:
+    """Commit the output transactions a saved checkpoint of ``partition`` recorded, from a process
+    that holds no producer of them (the Spark driver, right after saving the checkpoint)."""
+    for name, pending in sorted(transactions.items()):
+        output = open_output(job, name) if name in job.outputs else None
+        try:
+            _commit_recorded(job, partition, name, output if getattr(output, "transactional", False) else None,
+                             pending)
+        finally:
+            if output is not None:
+                output.close()
+
+
+def _commit_recorded(job: JobConfig, partition: int, name: str, output: Any,
+                     pending: Mapping[str, Any]) -> None:
+    if output is None:
+        raise OutputError(f"the checkpoint of task partition {partition} names an open transaction of output "
+                          f"{name!r}, which is not a transactional output of job {job.name!r} any more: its "
+                          f"records would never be committed", stream=name, partition=partition,
+                          transactional_id=pending.get("id"),
+                          hint=f"run the job once more with [outputs.{name}] as it was (transactions = true) to "
+                               f"commit them, then change the output")
+    output.commit_recorded(partition, pending)

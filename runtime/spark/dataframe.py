@@ -84,6 +84,7 @@ from localstate.runtime.layout import (checkpoint_store, create_changelog_stream
                                        resolve_epoch)
 from localstate.runtime.spark.failures import executor_failure, spark_failure
 from localstate.runtime.spark.affinity.exchange import RowExchange
+from localstate.runtime.partition.sink import NoTransactions, commit_recorded
 from localstate.runtime.partition.lifecycle import PartitionTask, fault_for
 from localstate.runtime.partition.records import ArrowRows
 from localstate.runtime.spark.affinity.kept import Lease, checkin, checkout, kept_partition, release_partitions
@@ -275,7 +276,7 @@ def routes(partitions: int) -> list[int]:
     return [found[p] for p in range(partitions)]
 
 
-class BatchOutputs:
+class BatchOutputs(NoTransactions):
     """The output sink of a DataFrame batch: the messages a partition sent in batch ``batch``, as one
     Parquet file ``<state_dir>/<job>/dataframe-outputs/<partition>/<batch>.parquet`` written
     atomically (durable before the checkpoint names the batch). Only the last applied batch's file is
@@ -937,6 +938,7 @@ def run_batch(df: Any, job: JobConfig | str | os.PathLike[str], *, key: str, bat
             checkpoint = Checkpoint.from_json(row["checkpoint"], f"batch {batch_id} partition {row['partition']}")
             # Fenced by the generation the task's instance took at open, like every commit.
             checkpoints.save(checkpoint, expect_generation=checkpoint.generation)
+            commit_recorded(job, checkpoint.partition, checkpoint.transactions)  # the task left them open
             committed[row["partition"]] = checkpoint
             report.applied.append(row["partition"])
             report.records += row["records"]

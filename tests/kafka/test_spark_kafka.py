@@ -34,6 +34,7 @@ from localstate.streams.generator import generate
 from localstate.changelog.kafka.streams import (PRODUCER_HEADER, SEQ_HEADER, KafkaOutput, copy_input_to_topic, end_offsets,
                                            ensure_topic, pooled_consumer, produce, read_records, release_consumer)
 from localstate.errors import InputError, OutputError
+from localstate.testing.kafka import read_committed
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -138,6 +139,8 @@ def test_windowed_counts_on_kafka_exact(tmp_path, spark, kafka_broker, topic_pre
     actual = {(user, value["hour"]): value["count"] for _, user, value, _ in records}
     assert len(actual) == len(records), "a window was emitted twice"
     assert expected and actual == expected
+    # Every batch's transactions were committed by the driver: read_committed reads them all.
+    assert sorted(map(repr, _committed_records(job, "hourly-counts"))) == sorted(map(repr, records))
 
     # Nothing left to do; running again changes nothing.
     assert SparkJobRunner(job, context=spark.sparkContext, progress=None).run().records_in == 0
@@ -152,6 +155,19 @@ def test_windowed_counts_on_kafka_exact(tmp_path, spark, kafka_broker, topic_pre
     assert len(ends) == 2 and all(end > 0 for end in ends.values())
 
 
+def _committed_records(job: JobConfig, name: str) -> list[tuple[int, Any, Any, dict[str, bytes]]]:
+    """:func:`_output_records` as a real Kafka read_committed consumer reads them (aborted
+    transactions left out, see localstate.testing.kafka)."""
+    output = open_output(job, name)
+    assert isinstance(output, KafkaOutput)
+    rows = []
+    for partition in range(output.topic_partitions()):
+        for record in read_committed(output.servers, output.topic, partition):
+            rows.append((partition, output.key_serde.deserialize(record.key),
+                         output.value_serde.deserialize(record.value), dict(record.headers)))
+    return rows
+
+
 def test_windowed_counts_on_kafka_exact_in_continuous_mode(tmp_path, spark, kafka_broker, topic_prefix):
     """Continuous mode follows Kafka input topics and writes Kafka outputs and changelogs: the same
     closed windows, each once, as the generator gives."""
@@ -164,6 +180,7 @@ def test_windowed_counts_on_kafka_exact_in_continuous_mode(tmp_path, spark, kafk
     actual = {(user, value["hour"]): value["count"] for _, user, value, _ in records}
     assert len(actual) == len(records), "a window was emitted twice"
     assert expected and actual == expected
+    assert sorted(map(repr, _committed_records(job, "hourly-counts"))) == sorted(map(repr, records))
 
 
 def test_stream_table_join_on_kafka_exact(tmp_path, spark, kafka_broker, topic_prefix):
@@ -189,7 +206,7 @@ def test_stream_table_join_on_kafka_exact(tmp_path, spark, kafka_broker, topic_p
 
 
 def _count_job(tmp_path: Path, broker, prefix: str, on_error: str, servers: str | None = None,
-               partitions: int = 2) -> JobConfig:
+               partitions: int = 2, transactions: bool = True) -> JobConfig:
     """tests/spark/count_task.py's CountByKey: Kafka input ``events``, Kafka output ``counts-out``."""
     servers = servers or broker.bootstrap_servers
     return parse_job_config({
@@ -198,16 +215,20 @@ def _count_job(tmp_path: Path, broker, prefix: str, on_error: str, servers: str 
         "inputs": {"events": {"system": "kafka", "bootstrap_servers": servers, "topic": prefix + "events",
                               "on_error": on_error, "connect_timeout": "1s"}},
         "outputs": {"counts-out": {"system": "kafka", "bootstrap_servers": servers, "topic": prefix + "counts",
-                                   "value_serde": "int"}},
+                                   "value_serde": "int", "transactions": transactions}},
         "stores": {"counts": {"engine": "kv", "backend": "memory", "key_serde": "string", "value_serde": "int",
                               "changelog": False}},
     }, base_dir=tmp_path, source=str(tmp_path / "job.toml"))
 
 
-def test_failed_batch_redelivers_outputs_with_the_same_headers(tmp_path, spark, kafka_broker, topic_prefix):
+@pytest.mark.parametrize("transactions", [False, True])
+def test_failed_batch_redelivers_outputs_with_the_same_headers(tmp_path, spark, kafka_broker, topic_prefix,
+                                                               transactions):
     """Partition 1 meets an undecodable record (on_error = fail): the batch fails after partition 0
-    flushed its outputs. With on_error = skip the rerun delivers partition 0's outputs again: Kafka
-    outputs are at-least-once, and (producer, seq) identifies each duplicate exactly."""
+    flushed its outputs. With on_error = skip the rerun delivers partition 0's outputs again. Without
+    transactions Kafka outputs are at-least-once, and (producer, seq) identifies each duplicate
+    exactly; with them, the failed batch's transaction is aborted when partition 0 reopens and a
+    read_committed reader (the reference one: Tansu shows aborted records) reads each record once."""
     settings = _settings(kafka_broker.bootstrap_servers)
     topic = topic_prefix + "events"
     assert ensure_topic(settings, topic, 2, -1, create=True) == 2
@@ -218,14 +239,14 @@ def test_failed_batch_redelivers_outputs_with_the_same_headers(tmp_path, spark, 
     produce(settings, topic, records)
 
     with pytest.raises(InputError) as failed:
-        SparkJobRunner(_count_job(tmp_path, kafka_broker, topic_prefix, "fail"), context=spark.sparkContext,
-                       progress=None).run()
+        SparkJobRunner(_count_job(tmp_path, kafka_broker, topic_prefix, "fail", transactions=transactions),
+                       context=spark.sparkContext, progress=None).run()
     assert failed.value.context["stream"] == "events" and failed.value.context["offset"] == 10
-    job = _count_job(tmp_path, kafka_broker, topic_prefix, "skip")
+    job = _count_job(tmp_path, kafka_broker, topic_prefix, "skip", transactions=transactions)
     summary = SparkJobRunner(job, context=spark.sparkContext, progress=None).run()
     assert sum(b.skipped for b in summary.batches) == 1 and summary.lag == 0
 
-    rows = _output_records(job, "counts-out")
+    rows = _output_records(job, "counts-out") if not transactions else _committed_records(job, "counts-out")
     by_seq: dict[tuple[bytes, int], tuple[str, int]] = {}
     for _, key, value, headers in rows:
         ident = (headers[PRODUCER_HEADER], int(headers[SEQ_HEADER]))
@@ -239,7 +260,7 @@ def test_failed_batch_redelivers_outputs_with_the_same_headers(tmp_path, spark, 
             expected[(key, seen[key])] += 1
     assert Counter(by_seq.values()) == expected  # exact once deduplicated
     duplicates = len(rows) - len(by_seq)
-    assert duplicates == 300  # partition 0's outputs of the failed batch, delivered twice
+    assert duplicates == (0 if transactions else 300)  # partition 0's outputs of the failed batch
     assert {producer for producer, _ in by_seq} == {b"kafka-counts/0", b"kafka-counts/1"}
 
 

@@ -159,6 +159,22 @@ class _TimedSink:
     def rollback(self, partition: int, positions: Mapping[str, int]) -> Mapping[str, int] | None:
         return self._inner.rollback(partition, positions)
 
+    @property
+    def transactional(self) -> bool:
+        return self._inner.transactional
+
+    def pending(self, partition: int) -> dict[str, dict[str, Any]]:
+        return self._inner.pending(partition)
+
+    def commit(self, partition: int) -> None:
+        self._inner.commit(partition)
+
+    def resume(self, partition: int, transactions: Mapping[str, Mapping[str, Any]]) -> None:
+        self._inner.resume(partition, transactions)
+
+    def fence(self, partition: int) -> None:
+        self._inner.fence(partition)
+
     def close(self) -> None:
         self._inner.close()
 
