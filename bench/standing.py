@@ -43,7 +43,10 @@ count that covers it is received, so a transactional writer's outputs count from
 the rate on a busy machine). The broker's own CPU is not in any system's idle CPU.
 
 Idle CPU: after the rates, no new input for ``--idle-seconds``; CPU seconds of the process tree (the
-driver, its JVM, the Python workers) over that time, as % of one core.
+driver, its JVM, the Python workers) over that time, as % of one core. The window starts
+``IDLE_SETTLE`` seconds after the outputs caught up, for every system alike: what a system still does
+just after its last record (continuous mode keeps probing a busy Kafka input for a second) is not
+what it costs while it idles for hours.
 
 Soak (``--minutes N``): ``--rate`` events/s (default 10k) for N minutes, a Python worker SIGKILLed
 every ``--kill-every`` seconds (default: six kills a run, every 5 minutes of 30); RSS of the driver
@@ -668,6 +671,10 @@ def _warm(events: Events, watcher: Watcher, system, n: int = 2000, timeout: floa
     return False
 
 
+IDLE_SETTLE = 2.0
+"""Seconds between the outputs catching up and the start of the idle CPU window."""
+
+
 def _idle_cpu(system, seconds: float) -> float:
     """CPU of the system's process tree over ``seconds`` without new input, % of one core. Looped
     bounded runs: the runs that ended in the window count by their own CPU (reaped children), their
@@ -754,6 +761,7 @@ def _measure(system, events: Events, watcher: Watcher, rates: list[int], seconds
             written_per_s = (end - first) / (time.monotonic() - began)
             watcher.caught_up(end, 60.0)
             per_rate[rate] = {**_latency(events, watcher, first, end), "written_per_s": written_per_s}
+        time.sleep(IDLE_SETTLE)
         idle_pct = _idle_cpu(system, idle)
         if burst:
             info["throughput"] = _throughput(events, watcher, burst)

@@ -21,7 +21,7 @@ from localstate.errors import InputError, LocalStateError, OutputError
 from .client import bootstrap_servers, kafka_error
 
 __all__ = ["TopicWriter", "wait_acknowledged", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "topic_id", "ensure_topic",
-           "produce", "pooled_consumer", "release_consumer", "close_clients", "RecordWaiter", "WAIT_FETCH_MS"]
+           "produce", "pooled_consumer", "release_consumer", "close_clients", "pooled_admin", "drop_admin", "RecordWaiter", "WAIT_FETCH_MS"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _FREE_CONSUMERS: dict[str, list[Any]] = {}
 _PRODUCERS: dict[str, Any] = {}
+_ADMINS: dict[str, Any] = {}
 _ENSURED: set[tuple[str, str]] = set()
 
 
@@ -109,15 +110,42 @@ def _drop_producer(producer: Any) -> None:
         log.debug("closing a failed producer raised", exc_info=True)
 
 
+def pooled_admin(settings: Mapping[str, Any]) -> Any:
+    """This process's pooled KafkaAdminClient for ``settings`` (drop it with :func:`drop_admin`
+    after a failure). Raises kafka-python errors."""
+    key = _pool_key(settings, {})
+    with _LOCK:
+        admin = _ADMINS.get(key)
+    if admin is None:
+        admin = KafkaAdminClient(**settings)
+        with _LOCK:
+            admin = _ADMINS.setdefault(key, admin)
+    return admin
+
+
+def drop_admin(admin: Any) -> None:
+    """Forget and close a pooled admin client that failed."""
+    with _LOCK:
+        for key, value in list(_ADMINS.items()):
+            if value is admin:
+                del _ADMINS[key]
+    try:
+        admin.close()
+    except Exception:  # noqa: BLE001 - a broken client may fail to close; nothing to save
+        log.debug("closing an admin client raised", exc_info=True)
+
+
 def close_clients() -> None:
-    """Close every pooled consumer and producer of this process."""
+    """Close every pooled consumer, producer and admin client of this process."""
     with _LOCK:
         consumers = [c for free in _FREE_CONSUMERS.values() for c in free]
         producers = list(_PRODUCERS.values())
+        admins = list(_ADMINS.values())
         _FREE_CONSUMERS.clear()
         _PRODUCERS.clear()
+        _ADMINS.clear()
         _ENSURED.clear()
-    for client in consumers + producers:
+    for client in consumers + producers + admins:
         try:
             client.close(timeout=1) if client in producers else client.close()
         except Exception:  # noqa: BLE001 - best effort at exit

@@ -14,12 +14,9 @@ naming it, never silently lost outputs.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 from typing import Any, Mapping
 
-from kafka.admin import KafkaAdminClient
 from kafka.errors import for_code
 from kafka.protocol.metadata import CoordinatorType
 from kafka.protocol.producer.transaction import EndTxnRequest
@@ -27,44 +24,20 @@ from kafka.protocol.producer.transaction import EndTxnRequest
 from localstate.errors import OutputError
 
 from .client import bootstrap_servers, kafka_error
+from .io import drop_admin, pooled_admin
 
-__all__ = ["recorded", "commit_recorded", "FENCED", "close_admins"]
+__all__ = ["recorded", "commit_recorded", "FENCED"]
 
 log = logging.getLogger(__name__)
 
 FENCED = ("ProducerFencedError", "InvalidProducerEpochError", "InvalidTxnStateError", "TransactionalIdNotFoundError")
 """kafka-python errors meaning: this transaction can no longer be committed by this producer/epoch."""
 
-_LOCK = threading.Lock()
-_ADMINS: dict[str, Any] = {}
-
 
 def recorded(producer: Any, transactional_id: str) -> dict[str, Any]:
     """What a checkpoint records of ``producer``'s open transaction, to commit it from elsewhere."""
     ids = producer._transaction_manager.producer_id_and_epoch  # kafka-python 3.0 keeps them here
     return {"id": transactional_id, "producer_id": int(ids.producer_id), "epoch": int(ids.epoch)}
-
-
-def _admin(settings: Mapping[str, Any]) -> Any:
-    key = repr(sorted(settings.items()))
-    with _LOCK:
-        admin = _ADMINS.get(key)
-    if admin is None:
-        admin = KafkaAdminClient(**settings)
-        with _LOCK:
-            admin = _ADMINS.setdefault(key, admin)
-    return admin
-
-
-def _drop_admin(admin: Any) -> None:
-    with _LOCK:
-        for key, value in list(_ADMINS.items()):
-            if value is admin:
-                del _ADMINS[key]
-    try:
-        admin.close()
-    except Exception:  # noqa: BLE001 - a broken client may fail to close; nothing to save
-        log.debug("closing an admin client raised", exc_info=True)
 
 
 def commit_recorded(settings: Mapping[str, Any], pending: Mapping[str, Any], *, stream: str, topic: str,
@@ -76,7 +49,7 @@ def commit_recorded(settings: Mapping[str, Any], pending: Mapping[str, Any], *, 
     servers = bootstrap_servers(settings)
     where = {"stream": stream, "topic": topic, "partition": partition, "transactional_id": tid}
     try:
-        admin = _admin(settings)
+        admin = pooled_admin(settings)
 
         async def end() -> Any:
             node = await admin._find_coordinator_id(tid, CoordinatorType.TRANSACTION)
@@ -88,7 +61,7 @@ def commit_recorded(settings: Mapping[str, Any], pending: Mapping[str, Any], *, 
         error = for_code(response.error_code)
     except Exception as exc:  # noqa: BLE001 - kafka-python raises many kinds; all become typed
         if "admin" in locals():
-            _drop_admin(admin)
+            drop_admin(admin)  # a fresh client for the retry
         raise _unconfirmed(kafka_error(exc, f"commit the output transaction {tid!r}", servers, error=OutputError,
                                        **where), tid) from exc
     if error.__name__ == "NoError":
@@ -115,18 +88,3 @@ def _unconfirmed(error: OutputError, tid: str) -> OutputError:
                        hint=f"the checkpoint names the open transaction {tid!r}: restarting the job retries its "
                             f"commit (harmless if it was committed); it must happen within transaction_timeout, "
                             f"after which the broker aborts the transaction. " + (error.hint or ""))
-
-
-def close_admins() -> None:
-    """Close the admin clients :func:`commit_recorded` keeps."""
-    with _LOCK:
-        admins = list(_ADMINS.values())
-        _ADMINS.clear()
-    for admin in admins:
-        try:
-            admin.close()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            log.debug("closing an admin client raised", exc_info=True)
-
-
-atexit.register(close_admins)
