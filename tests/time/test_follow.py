@@ -134,6 +134,28 @@ def test_a_backlog_round_resumes_the_file_where_the_last_round_stopped(tmp_path)
     assert final_counts(load_job_config(job_file)) == Counter(keys)
 
 
+def test_a_batch_task_behind_gets_each_round_as_the_columns_of_one_read(tmp_path):
+    # Bounding a round by each input's end (not by a cut in the middle of the read) keeps a batch
+    # task's columnar read: one batch per round's chunk, not batches of records built row by row.
+    job_file = _job(tmp_path, commit_interval="1h", task="count_task:CountByKeyBatch")
+    keys = [f"k{i % 13}" for i in range(10_000)]
+    _append(tmp_path, keys)
+    part = Partition(job_file)
+    part.follower.round_records = 5000
+    task = part.instance.task
+    sizes: list[int] = []
+    process_batch = task.process_batch
+    task.process_batch = lambda batch, collector, coordinator: (sizes.append(batch.num_rows),
+                                                               process_batch(batch, collector, coordinator))
+    try:
+        while not part.follower.caught_up:
+            part.follower.step()
+        assert sizes == [5000, 5000]
+    finally:
+        part.close()
+    assert final_counts(load_job_config(job_file)) == Counter(keys)
+
+
 def test_a_processing_time_timer_fires_once_after_it_is_due_with_no_later_record_across_a_crash(tmp_path):
     job_file = write_counting_job(tmp_path, "follow-timer", partitions=1,
                                   job={"task": "timer_task:ReportLater", "commit_interval": "1h"},
