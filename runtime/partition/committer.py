@@ -40,7 +40,7 @@ not wait when one save (a PUT plus the checkpoint's requests, each needing the G
 busy task thread) takes a little longer than a batch."""
 
 
-CHECK_EVERY = 64
+CHECK_EVERY = 16
 """Records between two looks at a time-based commit policy inside a feed: the clock is read once per
 that many records, not per record, so a commit due by time comes at most that many records late."""
 
