@@ -30,7 +30,7 @@ from typing import Callable, Protocol
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
 from localstate.runtime.partition.faults import crash_point
 
-__all__ = ["CommitPolicy", "ConfiguredCommits", "BatchCommits", "Committer", "PIPELINE_DEPTH"]
+__all__ = ["CommitPolicy", "ConfiguredCommits", "BatchCommits", "Committer", "PIPELINE_DEPTH", "CHECK_EVERY"]
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,22 @@ not wait when one save (a PUT plus the checkpoint's requests, each needing the G
 busy task thread) takes a little longer than a batch."""
 
 
+CHECK_EVERY = 16
+"""Records between two looks at a time-based commit policy inside a feed: the clock is read once per
+that many records, not per record, so a commit due by time comes at most that many records late."""
+
+
 class CommitPolicy(Protocol):
     """Whether a commit is due between two calls into the task."""
 
     def due(self, processed: int, elapsed: float, requested: bool) -> bool:
         """``processed`` records since the last commit, ``elapsed`` seconds since it, ``requested``:
         the task asked (``coordinator.commit()``)."""
+        ...
+
+    def records_until_due(self, processed: int) -> int:
+        """Records (at least 1) that may be processed, after ``processed`` since the last commit,
+        before :meth:`due` needs asking again (a request by the task aside)."""
         ...
 
 
@@ -61,6 +71,9 @@ class ConfiguredCommits:
             return True
         return processed >= self.every if self.every is not None else elapsed >= self.interval
 
+    def records_until_due(self, processed: int) -> int:
+        return max(1, self.every - processed) if self.every is not None else CHECK_EVERY
+
 
 class BatchCommits:
     """A micro-batch decides: nothing commits between two calls into the task (the batch's runtime
@@ -68,6 +81,9 @@ class BatchCommits:
 
     def due(self, processed: int, elapsed: float, requested: bool) -> bool:
         return False
+
+    def records_until_due(self, processed: int) -> int:
+        return CHECK_EVERY
 
 
 class Committer:
@@ -96,6 +112,10 @@ class Committer:
     def due(self, requested: bool) -> bool:
         """Whether the policy wants a commit now (``requested``: the task asked for one)."""
         return self.policy.due(self.processed, self.clock() - self.last_commit, requested)
+
+    def records_until_due(self) -> int:
+        """Records that may be processed before :meth:`due` needs asking again (a task's request aside)."""
+        return self.policy.records_until_due(self.processed)
 
     def counted(self) -> None:
         """A commit was made: the commit triggers start over."""

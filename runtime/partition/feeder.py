@@ -8,7 +8,9 @@ between them as the commit policy says). Per ``(input stream, record)`` pair it
 2. calls ``task.process()`` (a failure becomes a TaskError naming the user's frame), or, for a bad
    record, applies the input's ``on_error`` policy (:mod:`.records`);
 3. advances the input's position past the record (what the next checkpoint stores);
-4. calls ``between`` when given, which may commit, and stops the feed when it returns True.
+4. calls ``between`` when given, which may commit, and stops the feed when it returns True: after
+   each record, or, with ``check_every``, once the records it allows have passed, right after a
+   record whose ``process()`` asked for a commit or a shutdown, and at the feed's end.
 
 A :class:`~localstate.core.task.BatchTask` gets the same records as Arrow batches: up to
 :data:`~.records.BATCH_ROWS` records at a time become one batch (bad records get their input's
@@ -42,6 +44,10 @@ __all__ = ["Feeder", "Between"]
 Between = Callable[[int], bool]
 """Called after each record (or batch) with how many it covered; True stops the feed."""
 
+CheckEvery = Callable[[], int]
+"""How many records (at least 1) may pass before ``between`` is called again (a request by the task
+aside): asked after each call of ``between``."""
+
 
 class Feeder:
     """Feeds one task partition's task. ``positions`` is the partition's input positions (shared with
@@ -61,7 +67,7 @@ class Feeder:
         """a batch carries a ``stream`` column only when the job has several inputs"""
 
     def feed(self, records: Iterable[tuple[str, "InputRecord"]], policies: Mapping[str, InputPolicy] | None = None,
-             between: Between | None = None) -> FeedStats:
+             between: Between | None = None, check_every: CheckEvery | None = None) -> FeedStats:
         """Feed ``(input stream, record)`` pairs in processing order (see the module docstring);
         ``policies``: each input's bad-record policy (none: fail with an InputError)."""
         if isinstance(self.task, BatchTask):
@@ -73,6 +79,8 @@ class Feeder:
         envelope, point = make_envelope, crash_point
         partition_time = self.time
         n = 0
+        pending = 0  # records fed since the last call of between
+        stride = check_every() if between is not None and check_every is not None else 1
         try:
             for chunk in _timed_chunks(records, CHUNK, stats):
                 if chunk[0].__class__ is ArrowRows:  # rows held as Arrow (the DataFrame step)
@@ -93,8 +101,16 @@ class Feeder:
                     else:
                         apply_on_error(policies.get(name), partition, collector, self.counters, name, record, stats)
                     positions[name] = record.offset + 1
-                    if between is not None and between(1):
-                        return stats
+                    if between is not None:
+                        pending += 1
+                        if pending >= stride or coordinator.commit_requested or coordinator.shutdown_requested:
+                            covered, pending = pending, 0
+                            if between(covered):
+                                return stats
+                            if check_every is not None:
+                                stride = check_every()
+            if pending:
+                between(pending)  # type: ignore[misc]  # the feed ends here anyway
         finally:
             stats.records = n
         return stats

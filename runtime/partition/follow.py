@@ -74,11 +74,18 @@ class FollowingPartition:
         fed = 0
         if behind:
             waiting = sum(end - instance.position(name) for name, end in behind.items())
-            limit = self.round_records if waiting > self.round_records else None
+            self.caught_up = waiting <= self.round_records
+            limit = None
+            if not self.caught_up:
+                # Each input's read ends where the round can end, so the reader runs its range to
+                # the end and the next round resumes where it stopped (a read cut short in the
+                # middle starts over from the file's first line); several inputs still share one
+                # round's worth of records.
+                behind = {name: min(end, instance.position(name) + self.round_records) for name, end in behind.items()}
+                limit = self.round_records if len(behind) > 1 else None
             stats = instance.feed(read_inputs(instance, self.partition, behind, self.inputs, limit), self.inputs,
                                   autocommit=True)
             fed = stats.records + stats.skipped + stats.dead_lettered
-            self.caught_up = limit is None
         else:
             self.caught_up = True
         self.records += fed

@@ -221,7 +221,9 @@ class TaskInstance:
         inputs' positions. With ``autocommit`` the instance commits between records as its commit
         policy says and stops when the task asks to shut down; without it nothing commits until the
         caller does."""
-        return self.feeder.feed(records, policies, self._between if autocommit else None)  # type: ignore[union-attr]
+        if not autocommit:
+            return self.feeder.feed(records, policies)  # type: ignore[union-attr]
+        return self.feeder.feed(records, policies, self._between, self.committer.records_until_due)  # type: ignore[union-attr]
 
     def process(self, envelope: Envelope) -> bool:
         """Process one record unless the checkpoint already covers it. May commit afterwards."""

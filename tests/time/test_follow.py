@@ -6,6 +6,7 @@ rounds loses nothing and applies nothing twice (a plain-Python count is the mode
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ from localstate.runtime.layout import open_changelog_system
 from localstate.runtime.partition.follow import FollowingPartition
 from localstate.runtime.partition.instance import TaskInstance
 from localstate.runtime.partition.sink import StreamSink
+from localstate.streams import jsonl
 from localstate.streams.jsonl import write_jsonl
 
 sys.path.insert(0, str(SPARK_TESTS))  # count_task / timer_task, as the job's pythonpath says
@@ -105,6 +107,50 @@ def test_a_backlog_is_read_in_bounded_rounds(tmp_path):
             rounds.append(part.follower.step())
         assert rounds == [300, 300, 300, 100]
         assert part.follower.commits == 1  # committed once caught up (the interval never came)
+    finally:
+        part.close()
+    assert final_counts(load_job_config(job_file)) == Counter(keys)
+
+
+def test_a_backlog_round_resumes_the_file_where_the_last_round_stopped(tmp_path):
+    # A round that stopped in the middle of its read would leave no remembered byte position: every
+    # later round would read the file again from its first line (a backlog read in quadratic time).
+    job_file = _job(tmp_path, commit_interval="1h")
+    keys = [f"k{i % 13}" for i in range(1000)]
+    _append(tmp_path, keys)
+    inode = os.stat(tmp_path / "data" / "0.jsonl").st_ino
+    part = Partition(job_file)
+    part.follower.round_records = 300
+    try:
+        resumed = []
+        while not part.follower.caught_up:
+            part.follower.step()
+            position = part.instance.position("events")
+            resumed.append(any(key[1:] == (inode, position) for key in jsonl._POSITIONS))
+        assert part.instance.position("events") == 1000
+        assert resumed == [True] * 4
+    finally:
+        part.close()
+    assert final_counts(load_job_config(job_file)) == Counter(keys)
+
+
+def test_a_batch_task_behind_gets_each_round_as_the_columns_of_one_read(tmp_path):
+    # Bounding a round by each input's end (not by a cut in the middle of the read) keeps a batch
+    # task's columnar read: one batch per round's chunk, not batches of records built row by row.
+    job_file = _job(tmp_path, commit_interval="1h", task="count_task:CountByKeyBatch")
+    keys = [f"k{i % 13}" for i in range(10_000)]
+    _append(tmp_path, keys)
+    part = Partition(job_file)
+    part.follower.round_records = 5000
+    task = part.instance.task
+    sizes: list[int] = []
+    process_batch = task.process_batch
+    task.process_batch = lambda batch, collector, coordinator: (sizes.append(batch.num_rows),
+                                                               process_batch(batch, collector, coordinator))
+    try:
+        while not part.follower.caught_up:
+            part.follower.step()
+        assert sizes == [5000, 5000]
     finally:
         part.close()
     assert final_counts(load_job_config(job_file)) == Counter(keys)
