@@ -219,11 +219,9 @@ class TaskInstance:
              *, autocommit: bool = False) -> FeedStats:
         """Feed ``(input stream, record)`` pairs through the one feed loop (:mod:`.feeder`), from the
         inputs' positions. With ``autocommit`` the instance commits between records as its commit
-        policy says and stops when the task asks to shut down; without it nothing commits until the
-        caller does."""
-        if not autocommit:
-            return self.feeder.feed(records, policies)  # type: ignore[union-attr]
-        return self.feeder.feed(records, policies, self._between, self.committer.records_until_due)  # type: ignore[union-attr]
+        policy says and stops when the task asks to shut down; else only the caller commits."""
+        between, due_in = (self._between, self.committer.records_until_due) if autocommit else (None, None)
+        return self.feeder.feed(records, policies, between, due_in)  # type: ignore[union-attr]
 
     def process(self, envelope: Envelope) -> bool:
         """Process one record unless the checkpoint already covers it. May commit afterwards."""
