@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["FileWatch", "wait_for_files", "WATCH_MASK"]
+__all__ = ["FileWatch", "WatchedFiles", "wait_for_files", "WATCH_MASK"]
 
 log = logging.getLogger(__name__)
 
@@ -201,3 +201,22 @@ def wait_for_files(watch: FileWatch, directories: Sequence[tuple[Path, bool]], t
             return True
         if any(not name or touched(directory, name) for directory, name in events) and holds():
             return True
+
+
+class WatchedFiles:
+    """What a file input that waits with a :class:`FileWatch` (in ``self._watch``) has in common
+    as a :class:`~localstate.core.stream.WaitableInput`; the input adds ``wait_for_records``."""
+
+    _watch: FileWatch
+
+    def wakes_at_once(self) -> bool:
+        """Yes: the kernel wakes the wait at the append."""
+        return True
+
+    def can_wait(self) -> bool:
+        """Whether ``wait_for_records`` waits in the kernel (inotify): else the input is probed."""
+        return self._watch.available
+
+    def close(self) -> None:
+        """Close the inotify descriptor of ``wait_for_records`` (if one was opened)."""
+        self._watch.close()

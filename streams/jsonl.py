@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, ClassVar, Iterable, Iterator, Mapping, NamedTu
 import numpy as np
 
 from localstate.core.config import JobConfig, StreamConfig
-from localstate.core.filewatch import FileWatch, wait_for_files
+from localstate.core.filewatch import FileWatch, WatchedFiles, wait_for_files
 from localstate.core.fsutil import fsync_dir, open_nofollow, os_error
 from localstate.core.options import Option, parse_path, parse_size
 from localstate.core.partitioner import partition_for
@@ -208,7 +208,7 @@ def _segment_gap(path: Path, partition: int, base: int, found: int, previous: Pa
                            "segments written after the last checkpoint (rollback)")
 
 
-class JsonLinesInput(InputStream):
+class JsonLinesInput(WatchedFiles, InputStream):
     system = "jsonl"
     options: ClassVar[Mapping[str, Option]] = {
         "path": Option(str, parse=parse_path, doc="directory holding <partition>.jsonl files (relative to the job file)"),
@@ -221,14 +221,6 @@ class JsonLinesInput(InputStream):
         self._identities = FileIdentities()
         self._watch = FileWatch(self.name)
 
-    def wakes_at_once(self) -> bool:
-        """Yes: the kernel wakes the wait at the append."""
-        return True
-
-    def can_wait(self) -> bool:
-        """Whether :meth:`wait_for_records` waits in the kernel (inotify): else the input is probed."""
-        return self._watch.available
-
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
         """See :class:`~localstate.core.stream.WaitableInput`: sleeps until a partition file of
         ``positions`` (or a later segment of one) is written or created, then checks with
@@ -237,10 +229,6 @@ class JsonLinesInput(InputStream):
         return wait_for_files(self._watch, [(self.directory, True)],
                               lambda _directory, name: name.split(".", 1)[0] in wanted,
                               lambda: any(self.end_offset(p) > at for p, at in positions.items()), timeout)
-
-    def close(self) -> None:
-        """Close the inotify descriptor of :meth:`wait_for_records` (if one was opened)."""
-        self._watch.close()
 
     def location(self) -> tuple[str, str]:
         return "path", str(self.directory.resolve())

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping
 
-from localstate.core.filewatch import FileWatch, wait_for_files
+from localstate.core.filewatch import FileWatch, WatchedFiles, wait_for_files
 from localstate.core.fsutil import fsync_dir, open_nofollow
 from localstate.core.config import JobConfig, StreamConfig
 from localstate.core.options import Option, parse_path, parse_size
@@ -81,7 +81,7 @@ class _FileLog:
         return "path", str((self.root / self.stream).resolve())
 
 
-class FileLogInput(_FileLog, InputStream):
+class FileLogInput(WatchedFiles, _FileLog, InputStream):
     system = "file"
     options: ClassVar[Mapping[str, Option]] = {
         **_SERDE_OPTIONS,
@@ -98,14 +98,6 @@ class FileLogInput(_FileLog, InputStream):
         self._identities = FileIdentities()
         self._watch = FileWatch(self.name)
 
-    def wakes_at_once(self) -> bool:
-        """Yes: the kernel wakes the wait at the append."""
-        return True
-
-    def can_wait(self) -> bool:
-        """Whether :meth:`wait_for_records` waits in the kernel (inotify): else the input is probed."""
-        return self._watch.available
-
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
         """See :class:`~localstate.core.stream.WaitableInput`: sleeps until a segment of a partition
         of ``positions`` is written or created (or the partition's directory), then checks with
@@ -116,10 +108,6 @@ class FileLogInput(_FileLog, InputStream):
         return wait_for_files(self._watch, directories,
                               lambda directory, name: directory != stream_dir or name in wanted,
                               lambda: any(self.end_offset(p) > at for p, at in positions.items()), timeout)
-
-    def close(self) -> None:
-        """Close the inotify descriptor of :meth:`wait_for_records` (if one was opened)."""
-        self._watch.close()
 
     def identity(self, partition: int, recorded: str | None = None) -> str | None:
         """The partition's first segment file: device, inode and a fingerprint of its first bytes
