@@ -327,37 +327,50 @@ class JsonLinesInput(WatchedFiles, InputStream):
         at most :data:`READ_ROWS` lines (each with its newline), ending once :data:`READ_BYTES` are
         reached."""
         handle, offset, position, inode = self._open_at(path, partition, base, start, end)
-        with handle:
-            while offset < start:  # lines before the range: skipped, not decoded
-                line = handle.readline()
-                if not line.endswith(b"\n"):
-                    break
-                offset += 1
-                position += len(line)
-            while start <= offset < end:
-                lines = _read_lines(handle, min(READ_ROWS, end - offset))
-                if lines and not lines[-1].endswith(b"\n"):
-                    lines.pop()  # an append in progress: not read
-                if not lines:
-                    break
-                yield offset, lines
-                offset += len(lines)
-                position += sum(map(len, lines))
+        try:
+            with handle:
+                while offset < start:  # lines before the range: skipped, not decoded
+                    line = handle.readline()
+                    if not line.endswith(b"\n"):
+                        break
+                    offset += 1
+                    position += len(line)
+                while start <= offset < end:
+                    lines = _read_lines(handle, min(READ_ROWS, end - offset))
+                    if lines and not lines[-1].endswith(b"\n"):
+                        lines.pop()  # an append in progress: not read
+                    if not lines:
+                        break
+                    yield offset, lines
+                    offset += len(lines)
+                    position += sum(map(len, lines))
+        finally:  # also when the reader stops early: the next read resumes here
             self._remember(path, inode, offset, position)
 
     def _read_file(self, path: Path, partition: int, base: int, start: int, end: int) -> Iterator[InputRecord]:
         """The records ``[start, end)`` of one segment whose first line is offset ``base``."""
         handle, offset, position, inode = self._open_at(path, partition, base, start, end)
         name, decode, rule = self.name, _decode, self.timestamps
-        with handle:
-            for line in handle:
-                if offset >= end or not line.endswith(b"\n"):
-                    break
-                if offset >= start:
-                    yield decode(name, partition, offset, line, rule)
-                offset += 1
-                position += len(line)
+        previous = None  # (offset, byte position) of the last record yielded
+        try:
+            with handle:
+                for line in handle:
+                    if offset >= end or not line.endswith(b"\n"):
+                        break
+                    here, at = offset, position
+                    offset += 1
+                    position += len(line)
+                    if here >= start:
+                        previous = here, at
+                        yield decode(name, partition, here, line, rule)
+        finally:
+            # Also when the reader stops early (a round's record limit): the next read resumes at the
+            # line after the last record yielded, or at that record when a merge of several inputs
+            # had read it ahead without feeding it. Without a remembered position, a read starts
+            # again from the segment's first line.
             self._remember(path, inode, offset, position)
+            if previous is not None:
+                self._remember(path, inode, *previous)
 
 
 def _read_lines(handle: BinaryIO, limit: int) -> list[bytes]:

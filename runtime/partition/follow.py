@@ -77,10 +77,10 @@ class FollowingPartition:
             self.caught_up = waiting <= self.round_records
             limit = None
             if not self.caught_up:
-                # Each input's read ends where the round can end, so the reader runs its range to
-                # the end and the next round resumes where it stopped (a read cut short in the
-                # middle starts over from the file's first line); several inputs still share one
-                # round's worth of records.
+                # Each input's read ends where the round can end, so one input's reader runs its
+                # range to the end (a batch task keeps its columnar read); several inputs still
+                # share one round's worth of records, in their merged order, and a read the limit
+                # cuts short remembers where the next round resumes (streams/jsonl.py).
                 behind = {name: min(end, instance.position(name) + self.round_records) for name, end in behind.items()}
                 limit = self.round_records if len(behind) > 1 else None
             stats = instance.feed(read_inputs(instance, self.partition, behind, self.inputs, limit), self.inputs,

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from collections import Counter
+from itertools import islice
 from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
@@ -213,3 +214,26 @@ def test_a_crash_in_the_middle_of_a_round_loses_nothing_and_applies_nothing_twic
     finally:
         part.close()
     assert _emitted(job_file) == {key: list(range(1, n + 1)) for key, n in model.items()}
+
+
+def test_a_read_stopped_early_remembers_where_to_resume(tmp_path):
+    # A round over several inputs stops its merged read at a record limit, and the merge has read one
+    # record of each input ahead. Either way the next read must find a remembered byte position at
+    # its start: else it reads the file again from its first line (quadratic in a backlog).
+    job_file = _job(tmp_path)
+    _append(tmp_path, [f"k{i}" for i in range(500)])
+    source = open_input(load_job_config(job_file), "events")
+    path = tmp_path / "data" / "0.jsonl"
+    inode = os.stat(path).st_ino
+    for start, taken in ((0, 1), (0, 137), (137, 200), (337, 163)):
+        jsonl._POSITIONS.clear()
+        reader = source.read(0, start, 500)
+        records = list(islice(reader, taken))
+        reader.close()
+        assert [(r.offset, r.key) for r in records] == [(i, f"k{i}") for i in range(start, start + taken)]
+        resume = start + taken
+        for next_start in (resume, resume - 1):  # all fed; the last one read ahead, not fed
+            assert (str(path), inode, next_start) in jsonl._POSITIONS
+            if next_start < 500:
+                again = next(iter(source.read(0, next_start, 500)))  # from the remembered byte position
+                assert (again.offset, again.key) == (next_start, f"k{next_start}")
