@@ -17,15 +17,17 @@ from .test_spark_runtime import actual_hourly, cli_command, expected_hourly, win
 
 pytestmark = pytest.mark.spark
 
-#: Events per partition: 6 batches of 1500, so after the kill (3 batches committed) the rerun still
-#: has 3 batches' worth left whichever batch the kill lands in (the example's 20000 add nothing).
+#: Events per partition: 18 batches of 500, so after the kill (3 batches committed, the fourth perhaps
+#: too) the rerun still has most of them left: a batch takes tens of milliseconds on a warm worker,
+#: and the 0.15 s delay must not let the killed run finish (the example's 20000 add nothing).
 EVENTS = 9000
+BATCH = 500
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.15])
 def test_driver_sigkill_then_rerun_is_exact(tmp_path, spark_context, delay):
     job_file = windowed_counts_job(tmp_path, EVENTS)
-    process = subprocess.Popen(cli_command("run", str(job_file), "--master", "local[2]", "--batch-size", "1500"),
+    process = subprocess.Popen(cli_command("run", str(job_file), "--master", "local[2]", "--batch-size", str(BATCH)),
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     seen = []
     try:
@@ -42,7 +44,7 @@ def test_driver_sigkill_then_rerun_is_exact(tmp_path, spark_context, delay):
     job = load_job_config(job_file)
     # The killed driver's JVM and Python workers die with it (they may take a moment).
     summary = SparkJobRunner(job, context=spark_context, batch_size=5000, progress=None).run()
-    assert 0 < summary.records_in <= 2 * EVENTS - 2 * 3 * 1500
+    assert 0 < summary.records_in <= 2 * EVENTS - 2 * 3 * BATCH
     assert summary.lag == 0
     expected = expected_hourly(job)
     assert expected and actual_hourly(job) == expected

@@ -172,7 +172,8 @@ def sigterm_mid_record(process: subprocess.Popen, data: Path, keys: list[str], m
     keys += ["user-2", "user-3"]
     wait_for_file(marker)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=STOP_TIMEOUT) == 0
+    code = process.wait(timeout=STOP_TIMEOUT)
+    assert code == 0, process.stderr.read()[-8000:] if process.stderr else code  # type: ignore[union-attr]
 
 
 def kill_the_driver_mid_record(process: subprocess.Popen, data: Path, keys: list[str], marker: Path,
