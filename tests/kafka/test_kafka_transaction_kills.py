@@ -12,7 +12,6 @@ Tansu dev broker shows aborted transactions), against a plain-Python model (runn
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from localstate.core.partitioner import partition_for
+from localstate.streams.jsonl import by_key_partition, write_jsonl
 from localstate.testing.kafka import read_committed
 
 HERE = Path(__file__).resolve().parent
@@ -89,14 +88,10 @@ def _cli(*args: str) -> list[str]:
 def test_a_micro_batch_driver_killed_around_the_checkpoint_save_commits_each_output_once(tmp_path, kafka_broker,
                                                                                         topic_prefix, crash):
     servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "out"
-    keys: dict[int, list[str]] = {0: [], 1: []}
-    for i in range(400):
-        key = f"u{i % 23}"
-        keys[partition_for(key, 2)].append(key)
-    (tmp_path / "in").mkdir()
-    for partition, items in keys.items():
-        (tmp_path / "in" / f"{partition}.jsonl").write_text(
-            "".join(json.dumps({"key": key, "value": 1}) + "\n" for key in items))
+    grouped = by_key_partition(({"key": f"u{i % 23}", "value": 1} for i in range(400)), 2)
+    for partition, records in grouped.items():
+        write_jsonl(tmp_path / "in", partition, records)
+    keys = {partition: [record["key"] for record in records] for partition, records in grouped.items()}
     (tmp_path / "job.toml").write_text(f"""
 [job]
 name = "txn-batches"
