@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localstate.core.commit_stats import CommitStats
 from localstate.core.fsutil import ensure_dir, open_nofollow, os_error, read_nofollow, write_atomic
 from localstate.core.names import safe_join
 from localstate.errors import CheckpointError, CheckpointIOError, FencedError
@@ -81,6 +82,10 @@ class Checkpoint:
     """output -> the transaction this commit left open on it (transactional Kafka outputs: ``id``,
     ``producer_id``, ``epoch``), to be committed once this checkpoint is saved; a partition opened
     from this checkpoint commits them first (committing again is harmless)"""
+    commit_stats: CommitStats | None = None
+    """the partition's per-commit figures (:mod:`localstate.core.commit_stats`: commit durations,
+    record latencies), for the driver's metrics; None if none (micro-batch jobs, checkpoints written
+    before they existed). Never state: a damaged value reads as None, never a refused checkpoint"""
 
     def to_json(self) -> str:
         data = asdict(self)
@@ -97,6 +102,10 @@ class Checkpoint:
         for name in ("formats", "input_ids", "transactions"):
             if not data[name]:
                 del data[name]  # only jobs whose stores or inputs name them have them
+        if self.commit_stats is None:
+            del data["commit_stats"]  # only partitions that commit by themselves have them
+        else:
+            data["commit_stats"] = self.commit_stats.to_json()
         return json.dumps({"format": _FORMAT, **data}, sort_keys=True)
 
     @classmethod
@@ -127,7 +136,8 @@ class Checkpoint:
                    formats=_names(data.get("formats", {}), where, "formats", "store -> format name"),
                    input_ids=_names(data.get("input_ids", {}), where, "input_ids", "input -> identity"),
                    home=_home(data.get("home")),
-                   transactions=_transactions(data.get("transactions", {}), where))
+                   transactions=_transactions(data.get("transactions", {}), where),
+                   commit_stats=CommitStats.parse(data.get("commit_stats")))
 
 
 def _corrupt(where: str, field_name: str, problem: str) -> CheckpointError:

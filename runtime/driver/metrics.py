@@ -13,7 +13,11 @@ import threading
 from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
+from localstate.core.commit_stats import BOUNDS_MS, CommitStats
+from localstate.core.commit_stats import Histogram as Buckets
 from localstate.runtime.driver.operating import progress_time
 
 __all__ = ["JobMetrics", "METRICS", "DEFAULT_HOST"]
@@ -49,10 +53,22 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "localstate_warm_tasks": ("gauge", (), "tasks of the last batch that found their state warm"),
     "localstate_cold_tasks": ("gauge", (), "tasks of the last batch that restored state (cold)"),
     "localstate_batch_duration_seconds": ("histogram", (), "wall time of a batch"),
-    "localstate_commit_duration_seconds": ("histogram", (), "a batch's commit: checkpoint save plus the mean "
-                                           "task's changelog, store flush and outputs"),
+    "localstate_commits_total": ("counter", (), "commits: one per micro-batch; in continuous mode, one per "
+                                 "partition commit (each reported at the partition's next commit)"),
+    "localstate_commit_duration_seconds": ("histogram", (), "a commit's duration. Micro-batch: the batch's "
+                                           "checkpoint save plus the mean task's changelog, store flush and outputs; "
+                                           "continuous: each partition commit, from its start to its output "
+                                           "transactions committed"),
+    "localstate_record_latency_seconds": ("histogram", (), "continuous mode, per commit carrying input records: "
+                                          "how long its oldest record waited inside localstate, from the start of "
+                                          "the read that returned it to the end of the commit that made its "
+                                          "outputs visible"),
     "localstate_restore_duration_seconds": ("histogram", (), "time tasks spent restoring stores in a batch"),
 }
+
+_MS_HISTOGRAMS = ("localstate_commit_duration_seconds", "localstate_record_latency_seconds")
+"""histograms on the buckets of :data:`~localstate.core.commit_stats.BOUNDS_MS`, fed whole periods
+at a time by continuous runs (:class:`_MsHistogram`)"""
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -89,6 +105,39 @@ class _WithoutCreated:
             yield family
 
 
+class _MsHistogram:
+    """A Prometheus histogram on :data:`BOUNDS_MS` (in seconds) that takes a whole
+    :class:`~localstate.core.commit_stats.Histogram` of counts at once (prometheus_client's
+    Histogram observes one value at a time); one job, cumulative since it was made."""
+
+    def __init__(self, name: str, help_text: str, job: str) -> None:
+        self.name, self.help, self.job = name, help_text, job
+        self.buckets = Buckets()
+        self._lock = threading.Lock()  # a scrape reads while a progress report adds
+
+    def observe(self, seconds: float) -> None:
+        with self._lock:
+            self.buckets = self.buckets.observe(seconds * 1000.0)
+
+    def add(self, counted: Buckets) -> None:
+        with self._lock:
+            self.buckets = self.buckets.plus(counted)
+
+    def collect(self) -> Any:
+        with self._lock:
+            buckets = self.buckets
+        family = HistogramMetricFamily(self.name, self.help, labels=["job"])
+        cumulative, total = [], 0
+        for bound, n in zip((*BOUNDS_MS, math.inf), buckets.counts):
+            total += n
+            cumulative.append((floatToGoString(bound / 1000.0), total))
+        family.add_metric([self.job], cumulative, sum_value=buckets.sum_ms / 1000.0)
+        yield family
+
+    def describe(self) -> Any:
+        yield HistogramMetricFamily(self.name, self.help, labels=["job"])
+
+
 class JobMetrics:
     """The metrics of one job in a dedicated ``CollectorRegistry``; :meth:`observe` takes a progress
     object; :meth:`serve` starts the HTTP endpoint, :meth:`close` stops it."""
@@ -104,6 +153,9 @@ class JobMetrics:
                 self.metrics[name] = Counter(name[: -len("_total")], help_text, names, registry=self.registry)
             elif kind == "gauge":
                 self.metrics[name] = Gauge(name, help_text, names, registry=self.registry)
+            elif name in _MS_HISTOGRAMS:
+                self.metrics[name] = _MsHistogram(name, help_text, job)
+                self.registry.register(self.metrics[name])
             else:
                 self.metrics[name] = Histogram(name, help_text, names, buckets=_BUCKETS, registry=self.registry)
         self.server: Any = None
@@ -155,7 +207,14 @@ class JobMetrics:
         self._m("localstate_warm_tasks").set(_count(state, "warm_tasks") or 0)
         self._m("localstate_cold_tasks").set(_count(state, "cold_tasks") or 0)
         self._m("localstate_batch_duration_seconds").observe((_seconds(progress, "duration_ms") or 0.0) / 1000.0)
-        self._m("localstate_commit_duration_seconds").observe((_seconds(state, "commit_ms") or 0.0) / 1000.0)
+        commits = CommitStats.from_progress(progress.get("commits") if isinstance(progress, Mapping) else None)
+        if commits is not None:  # continuous: every commit of the period, each measured by its task
+            self.metrics["localstate_commit_duration_seconds"].add(commits.commit)
+            self.metrics["localstate_record_latency_seconds"].add(commits.latency)
+            self._m("localstate_commits_total").inc(commits.commits)
+        else:  # a micro-batch: one commit
+            self.metrics["localstate_commit_duration_seconds"].observe((_seconds(state, "commit_ms") or 0.0) / 1000.0)
+            self._m("localstate_commits_total").inc()
         self._m("localstate_restore_duration_seconds").observe((_seconds(restore, "ms") or 0.0) / 1000.0)
 
     def seed(self, progress: Mapping[str, Any] | None) -> None:

@@ -91,6 +91,9 @@ class BatchResult:
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     """what the batch's tasks dropped or redirected, summed (:class:`~localstate.core.task.TaskCounters`:
     ``late_records`` per window store, ``misrouted`` per input)"""
+    commit_stats: Any = None
+    """continuous mode: the per-commit figures (:class:`~localstate.core.commit_stats.CommitStats`) of
+    the commits the partitions made since the last report, summed; None in micro-batch mode"""
 
     def add_task(self, result: dict[str, Any], stateful: bool) -> None:
         """Count one task's result (what :func:`~localstate.runtime.spark.executor.run_partition`

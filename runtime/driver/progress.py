@@ -228,6 +228,9 @@ class ProgressReport:
 
         commit_tasks = sum(result.task_seconds.get(name, 0.0) for name in COMMIT_PHASES)
         commit_ms = _ms(checkpoint_s + (commit_tasks / result.tasks if result.tasks else 0.0))
+        commits = getattr(result, "commit_stats", None)
+        if commits is not None:  # continuous: the period's commits, each measured by its task
+            commit_ms = round(commits.commit.mean() or 0.0, 3)
         reasons = [attempt_reason(reason) for reason in getattr(result, "failed_attempt_reasons", None) or []]
         return {
             "job": job.name,
@@ -263,6 +266,7 @@ class ProgressReport:
             },
             "failed_attempts": result.failed_attempts,
             "failed_attempt_reasons": reasons,
+            **({"commits": commits.to_progress()} if commits is not None else {}),
         }
 
 

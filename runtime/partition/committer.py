@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from localstate.core.checkpoint import Checkpoint, CheckpointStore
+from localstate.runtime.partition.accounting import Began, CommitAccounting
 from localstate.runtime.partition.faults import crash_point
 
 __all__ = ["CommitPolicy", "ConfiguredCommits", "BatchCommits", "Committer", "PIPELINE_DEPTH", "CHECK_EVERY"]
@@ -105,7 +106,10 @@ class Committer:
         """time :meth:`settle` waited for a pipelined commit's save (what pipelining did not hide)"""
         self.checkpoint_seconds = 0.0
         """time spent saving checkpoints, on whichever thread saved them (the committer's, pipelined)"""
-        self._saves: deque[Future[None]] = deque()  # pipelined commits' checkpoint saves, oldest first
+        self.accounting = CommitAccounting()
+        """each commit's duration and its oldest record's wait (:mod:`.accounting`), for the checkpoints"""
+        self._began: Began | None = None  # the commit in progress, from prepare() or make_room() to its end
+        self._saves: deque[Future[tuple[Began, float] | None]] = deque()  # pipelined commits' checkpoint saves, oldest first
         self._submitted = 0  # pipelined commits submitted so far (a save knows whether a newer one follows)
         self._executor: ThreadPoolExecutor | None = None
 
@@ -118,10 +122,20 @@ class Committer:
         return self.policy.records_until_due(self.processed)
 
     def counted(self) -> None:
-        """A commit was made: the commit triggers start over."""
+        """A commit was made: the commit triggers start over. Saved in line, it ended: it is counted
+        (:attr:`accounting`); pipelined, it is once its save ended."""
         self.processed = 0
         self.commits += 1
         self.last_commit = self.clock()
+        if self._began is not None:
+            self.accounting.end(self._began)
+            self._began = None
+
+    def prepare(self) -> None:
+        """A commit saved in line starts (or a micro-batch's, which the driver saves and this does not
+        count): wait for the pipelined saves in flight, as :meth:`settle`."""
+        self._began = self.accounting.begin()
+        self.settle()
 
     # -- saving checkpoints ----------------------------------------------------------------------
     def save(self, checkpoint: Checkpoint, generation: int) -> None:
@@ -137,11 +151,13 @@ class Committer:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"localstate-commit-{self.partition}")
         self._submitted += 1
+        began, self._began = self._began, None
         self._saves.append(self._executor.submit(self._save_when_durable, checkpoint, waits, generation,
-                                                 self._submitted))
+                                                 self._submitted, began))
 
     def make_room(self) -> None:
-        """Before a pipelined commit: wait for the oldest save while :data:`PIPELINE_DEPTH` are in flight."""
+        """A pipelined commit starts: wait for the oldest save while :data:`PIPELINE_DEPTH` are in flight."""
+        self._began = self.accounting.begin()
         self._settle(keep=PIPELINE_DEPTH - 1)
 
     def wait_all(self) -> None:
@@ -164,23 +180,26 @@ class Committer:
         while saves and (saves[0].done() or len(saves) > keep):
             waited = time.perf_counter()
             try:
-                saves[0].result()
+                done = saves[0].result()
+                if done is not None:
+                    self.accounting.end(*done)
             finally:
                 self.commit_wait_seconds += time.perf_counter() - waited
                 saves.popleft()
 
     def _save_when_durable(self, checkpoint: Checkpoint, waits: list[Callable[[], None]], generation: int,
-                           number: int) -> None:
+                           number: int, began: Began | None) -> tuple[Began, float] | None:
         """Committer thread: wait until every object ``checkpoint`` names is durable, then save it,
         unless a newer commit was submitted meanwhile: its checkpoint, saved next on this thread,
         covers everything this one does (checkpoints are cumulative), so this save is skipped. That
-        keeps the saves from falling behind when one takes longer than a batch."""
+        keeps the saves from falling behind when one takes longer than a batch. Returns ``(began,
+        ended)`` of the commit for its accounting (None: ``began`` was)."""
         for durable in waits:
             durable()
         crash_point("commit_pending")  # every commit's save reaches it, skipped or not (tests count them)
-        if number < self._submitted:
-            return
-        self.save(checkpoint, generation)
+        if number >= self._submitted:
+            self.save(checkpoint, generation)
+        return None if began is None else (began, self.accounting.clock())
 
     def drop(self) -> None:
         """Let the saves in flight finish (logged if not saved) and stop the committer thread."""

@@ -38,6 +38,7 @@ from localstate.runtime.partition.timers import PartitionTime
 
 if TYPE_CHECKING:
     from localstate.core.stream import InputRecord
+    from localstate.runtime.partition.accounting import CommitAccounting
 
 __all__ = ["Feeder", "Between"]
 
@@ -54,7 +55,8 @@ class Feeder:
     its instance, which checkpoints them); ``time`` sees every event timestamp fed."""
 
     def __init__(self, task: StreamTask, partition: int, collector: Collector, coordinator: Coordinator,
-                 counters: TaskCounters, positions: dict[str, int], time: PartitionTime, several_inputs: bool) -> None:
+                 counters: TaskCounters, positions: dict[str, int], time: PartitionTime, several_inputs: bool,
+                 accounting: "CommitAccounting | None" = None) -> None:
         self.task = task
         self.partition = partition
         self.collector = collector
@@ -65,6 +67,8 @@ class Feeder:
         self.time = time
         self.several_inputs = several_inputs
         """a batch carries a ``stream`` column only when the job has several inputs"""
+        self.accounting = accounting
+        """told when the first record since the last commit was read (:attr:`CommitAccounting.oldest`)"""
 
     def feed(self, records: Iterable[tuple[str, "InputRecord"]], policies: Mapping[str, InputPolicy] | None = None,
              between: Between | None = None, check_every: CheckEvery | None = None) -> FeedStats:
@@ -81,10 +85,12 @@ class Feeder:
         n = 0
         pending = 0  # records fed since the last call of between
         stride = check_every() if between is not None and check_every is not None else 1
+        accounting = self.accounting
         try:
-            for chunk in _timed_chunks(records, CHUNK, stats):
+            for chunk in _timed_chunks(records, CHUNK, stats, accounting):
                 if chunk[0].__class__ is ArrowRows:  # rows held as Arrow (the DataFrame step)
                     chunk = [pair for rows in chunk for pair in rows.records()]
+                chunk_end = n + len(chunk)
                 for name, record in chunk:
                     point("process")
                     n += 1
@@ -109,6 +115,8 @@ class Feeder:
                                 return stats
                             if check_every is not None:
                                 stride = check_every()
+                            if accounting is not None and accounting.oldest is None and n < chunk_end:
+                                accounting.oldest = stats.chunk_read  # a commit came inside the chunk
             if pending:
                 between(pending)  # type: ignore[misc]  # the feed ends here anyway
         finally:
@@ -120,8 +128,9 @@ class Feeder:
         """:meth:`feed` for a BatchTask: each chunk of the input becomes one delivered batch."""
         stats = FeedStats()
         n = 0
+        accounting = self.accounting
         try:
-            for chunk in _timed_chunks(records, BATCH_ROWS, stats):
+            for chunk in _timed_chunks(records, BATCH_ROWS, stats, accounting):
                 kind = chunk[0].__class__
                 if kind is ColumnRows or kind is ArrowRows:
                     for rows in chunk:
@@ -130,6 +139,8 @@ class Feeder:
                         n += count
                         if between is not None and between(count):
                             return stats
+                        if accounting is not None and accounting.oldest is None and rows is not chunk[-1]:
+                            accounting.oldest = stats.chunk_read  # a commit came inside the chunk
                     continue
                 self._feed_records(chunk, policies, stats)
                 n += len(chunk)
@@ -217,9 +228,11 @@ class Feeder:
                              rows=rows, hint=PROCESS_HINT)
 
 
-def _timed_chunks(records: Iterable[Any], size: int, stats: FeedStats) -> Iterator[list[Any]]:
+def _timed_chunks(records: Iterable[Any], size: int, stats: FeedStats,
+                  accounting: "CommitAccounting | None" = None) -> Iterator[list[Any]]:
     """``records`` in lists of up to ``size``, the time spent pulling them (reading and decoding the
-    input) added to ``stats.read_seconds``: reading and processing are timed apart for free."""
+    input) added to ``stats.read_seconds``: reading and processing are timed apart for free. When
+    each pull started is ``stats.chunk_read``, and the ``accounting``'s oldest read when it had none."""
     items, clock = iter(records), time.perf_counter
     while True:
         started = clock()
@@ -227,4 +240,7 @@ def _timed_chunks(records: Iterable[Any], size: int, stats: FeedStats) -> Iterat
         stats.read_seconds += clock() - started
         if not chunk:
             return
+        stats.chunk_read = started
+        if accounting is not None and accounting.oldest is None:
+            accounting.oldest = started
         yield chunk

@@ -133,10 +133,10 @@ class TaskInstance:
         # Its output transactions first (its state counts them); rollback returns every output's position.
         self.sink.resume(self.partition, checkpoint.transactions)
         outputs = self.sink.rollback(self.partition, checkpoint.outputs) or dict(checkpoint.outputs)
-        self.positions = dict(checkpoint.inputs)
-        self.input_ids = dict(checkpoint.input_ids)
+        self.positions, self.input_ids = dict(checkpoint.inputs), dict(checkpoint.input_ids)
         self.batch = checkpoint.batch
         self.generation = checkpoint.generation + 1
+        self.committer.accounting.opened(self.generation)
         self.task = self._create_task()
         timers = self.stores.get(TIMER_STORE)
         if timers is not None:
@@ -148,8 +148,8 @@ class TaskInstance:
         # timer), so this checkpoint carries every field of the one it follows.
         self.checkpoints.save(self._checkpoint(outputs), expect_generation=checkpoint.generation)
         self.sink.fence(self.partition)  # only now (no saved checkpoint names an older transaction)
-        self.feeder = Feeder(self.task, self.partition, self.collector, self.coordinator, self.counters,
-                             self.positions, self.time, several_inputs=len(self.job.inputs) > 1)
+        self.feeder = Feeder(self.task, self.partition, self.collector, self.coordinator, self.counters, self.positions,
+                             self.time, len(self.job.inputs) > 1, self.committer.accounting)
         context = TaskContext(self.job.name, self.partition, self.job.partitions, self.stores.task_stores(),
                               self.job, timers=self.time, counters=self.counters)
         try:
@@ -317,7 +317,7 @@ class TaskInstance:
         Returns the checkpoint to write; until it is written, a restart rolls all of this back.
         The Spark runtime returns it to the driver, which writes it once every partition succeeded:
         it always waits for the changelogs' writes (never pipelined)."""
-        self.committer.settle()
+        self.committer.prepare()
         return self._prepare(in_flight=False)[0]
 
     def _prepare(self, in_flight: bool) -> tuple[Checkpoint, list[Callable[[], None]]]:
@@ -353,4 +353,4 @@ class TaskInstance:
             changelogs=self.stores.changelog_offsets(), outputs=dict(outputs), batch=self.batch,
             attempt=self.attempt, manifests=manifests, watermark=self.time.watermark,
             next_timer=self.time.next_processing_timer, formats=self.stores.formats(),
-            input_ids=dict(self.input_ids))
+            input_ids=dict(self.input_ids), commit_stats=self.committer.accounting.snapshot())

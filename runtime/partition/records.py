@@ -104,6 +104,8 @@ class FeedStats:
     dead_lettered: int = 0
     read_seconds: float = 0.0
     """time spent pulling (reading and decoding) records from the input"""
+    chunk_read: float = 0.0
+    """when the pull of the chunk being fed started (``time.perf_counter``)"""
 
 
 def make_envelope_maker() -> Callable[[str, int, int, Any, Any, float | None], Envelope]:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from localstate.core.checkpoint import Checkpoint
+from localstate.core.commit_stats import CommitStats
 from localstate.core.config import JobConfig
 from localstate.core.stream import InputStream, WaitableInput, open_input
 from localstate.core.task import add_task_paths
@@ -265,7 +266,10 @@ def _run_epoch(job: JobConfig, plan: EpochPlan) -> dict[str, Any]:
     return {"partitions": list(plan.partitions), "partition": plan.partitions[0] if plan.partitions else None,
             "reason": reason, "attempt": task_attempt(), "pid": os.getpid(),
             "records": {each.follower.partition: each.follower.records for each in opened},
-            "commits": {each.follower.partition: each.follower.commits for each in opened}}
+            "commits": {each.follower.partition: each.follower.commits for each in opened},
+            # Each partition's figures, its last commit's included: no checkpoint carries those.
+            "commit_stats": {each.follower.partition: each.follower.instance.committer.accounting.stats.to_json()
+                             for each in opened}}
 
 
 def _waitable(inputs: dict[str, InputStream]) -> dict[str, WaitableInput]:
@@ -322,6 +326,8 @@ class _Progress:
 
     positions: dict[int, dict[str, int]] = field(default_factory=dict)
     outputs: dict[int, dict[str, int]] = field(default_factory=dict)
+    stats: dict[int, CommitStats] = field(default_factory=dict)
+    """each partition's last sound per-commit figures (:attr:`Checkpoint.commit_stats`)"""
     tick: int = 0
     at: float = field(default_factory=time.perf_counter)
     """when the last report was made"""
@@ -419,7 +425,8 @@ class ContinuousRunner(SparkJobRunner):
                 reasons = failed_attempt_reasons(self._attempts, epoch, results)
                 log_failed_attempts(reasons)
                 self._look(progress, summary=summary, tasks=len(plans),
-                           failed=sum(r.get("attempt", 0) for r in results), reasons=reasons)
+                           failed=sum(r.get("attempt", 0) for r in results), reasons=reasons,
+                           final=_final_stats(results))
                 epoch += 1
                 if until_drained and all(r.get("reason") == "drained" for r in results):
                     break
@@ -438,11 +445,16 @@ class ContinuousRunner(SparkJobRunner):
         return summary
 
     def _look(self, seen: _Progress, *, report: bool = True, summary: RunSummary | None = None, tasks: int = 0,
-              failed: int = 0, reasons: list[dict[str, Any]] | None = None) -> None:
+              failed: int = 0, reasons: list[dict[str, Any]] | None = None,
+              final: dict[int, CommitStats] | None = None) -> None:
         """Read every partition's committed checkpoint; report what was committed since the last look
-        (a progress line, ``on_batch``: progress.jsonl and the metrics), if anything was."""
+        (a progress line, ``on_batch``: progress.jsonl and the metrics), if anything was. The tasks'
+        per-commit figures are the difference of each partition's since the last look
+        (:meth:`CommitStats.since_last`); a checkpoint without sound ones keeps the last seen. ``final``:
+        at an epoch's end, each partition's figures as its task returned them (its last commit's too)."""
         plans: list[PartitionPlan] = []
         result = BatchResult(seen.tick, tasks=tasks, failed_attempts=failed, failed_attempt_reasons=list(reasons or []))
+        commits = CommitStats()
         lag = 0
         for partition in range(self.job.partitions):
             checkpoint = self.checkpoints.load(partition) or Checkpoint(partition)
@@ -453,8 +465,13 @@ class ContinuousRunner(SparkJobRunner):
             result.records_out += sum(max(0, end - out_before.get(name, 0)) for name, end in checkpoint.outputs.items())
             seen.positions[partition] = dict(checkpoint.inputs)
             seen.outputs[partition] = dict(checkpoint.outputs)
+            stats = (final or {}).get(partition) or checkpoint.commit_stats
+            if stats is not None:
+                commits = commits.plus(stats.since_last(seen.stats.get(partition)))
+                seen.stats[partition] = stats
             plans.append(PartitionPlan(seen.tick, partition, ranges, None, run_id=self.run_id))
-        if not report or (result.records_in == 0 and result.records_out == 0 and not failed):
+        result.commit_stats = commits
+        if not report or (result.records_in == 0 and result.records_out == 0 and not failed and not commits.commits):
             return
         # The lag only for a report: an idle run's looks probe no input (on Kafka a request each).
         for partition in range(self.job.partitions):
@@ -469,6 +486,19 @@ class ContinuousRunner(SparkJobRunner):
             self.progress(committed_line(result))
         if self.on_batch is not None:
             self.on_batch(result, plans)
+
+
+def _final_stats(results: list[dict[str, Any]]) -> dict[int, CommitStats]:
+    """partition -> the per-commit figures an epoch's tasks returned (sound ones only: as a
+    checkpoint's, anything else reads as absent)."""
+    found: dict[int, CommitStats] = {}
+    for result in results:
+        stats = result.get("commit_stats")
+        for partition, value in stats.items() if isinstance(stats, dict) else ():
+            parsed = CommitStats.parse(value)
+            if type(partition) is int and parsed is not None:
+                found[partition] = parsed
+    return found
 
 
 def committed_line(result: BatchResult) -> str:
