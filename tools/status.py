@@ -18,6 +18,7 @@ import math
 import time
 from typing import Any
 
+from localstate.core.commit_stats import BOUNDS_MS, CommitStats, Histogram
 from localstate.tools.cli import command, load_job
 from localstate.errors import LocalStateError
 
@@ -42,6 +43,7 @@ def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
         "liveness": liveness, "why": why, "run": live_file.value, "progress_dir": str(progress_directory(job)),
         "last_progress": last.value, "last_batch_age_s": None, "lag": None, "pending_bytes": None,
         "input_partitions": [], "problems": [*live_file.problems, *last.problems],
+        "commits": commit_summary(last.value),
     }
     if liveness == UNKNOWN and why in out["problems"]:
         out["problems"].remove(why)  # said once, as the reason
@@ -67,6 +69,30 @@ def job_status(job: Any, *, stale: float | None = None) -> dict[str, Any]:
             out["problems"].append(_headed(f"input {info.input!r} partition {info.partition}", info.problem))
     out["lag"], out["pending_bytes"] = lag, pending
     return json_safe(out)
+
+
+def commit_summary(progress: Any) -> dict[str, Any] | None:
+    """A continuous run's commits in its last progress report (its ``commits``, read as hostile: None
+    if absent or unsound): how many, and of their durations and their oldest records' waits
+    (:class:`~localstate.core.commit_stats.CommitStats`) the mean and the p50 and p99, each the upper
+    bound of the bucket it falls in (milliseconds; None above the last bound or with nothing counted)."""
+    stats = CommitStats.from_progress(progress.get("commits")) if isinstance(progress, dict) else None
+    if stats is None:
+        return None
+    return {"count": stats.commits, "commit_ms": _figures(stats.commit), "latency_ms": _figures(stats.latency)}
+
+
+def _figures(histogram: Histogram) -> dict[str, Any]:
+    mean = histogram.mean()
+    return {"count": histogram.count, "mean": None if mean is None else round(mean, 3),
+            "p50": histogram.quantile(0.5), "p99": histogram.quantile(0.99)}
+
+
+def _figures_text(figures: dict[str, Any]) -> str:
+    def bound(ms: Any) -> str:
+        return f"> {BOUNDS_MS[-1]:g} ms" if ms is None or ms == math.inf else f"<= {ms:g} ms"
+
+    return f"mean {figures['mean']:.1f} ms (p50 {bound(figures['p50'])}, p99 {bound(figures['p99'])})"
 
 
 _SAYS = {"live": "LIVE", "not_live": "not running", "unknown": "unknown (treat as not running)"}
@@ -108,6 +134,11 @@ def _print(status: dict[str, Any]) -> None:
             for label, n in sorted(counts.items()) if isinstance(counts, dict) else ():
                 if isinstance(n, int) and not isinstance(n, bool) and n > 0:
                     print(f"  {what.format(_printable(str(label)), n)} in it")
+        commits = status.get("commits")
+        if commits is not None and commits["count"]:
+            print(f"  {commits['count']:,} commit(s): commit time {_figures_text(commits['commit_ms'])}"
+                  + (f"; oldest record's wait {_figures_text(commits['latency_ms'])}"
+                     if commits["latency_ms"]["count"] else ""))
     if status["lag"] is not None:
         print(f"now: {lag_text(status['lag'], status['pending_bytes'] or 0)}")
         for info in status["input_partitions"]:
