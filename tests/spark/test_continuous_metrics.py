@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import socket
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
