@@ -109,7 +109,8 @@ class Committer:
         self.accounting = CommitAccounting()
         """each commit's duration and its oldest record's wait (:mod:`.accounting`), for the checkpoints"""
         self._began: Began | None = None  # the commit in progress, from prepare() or make_room() to its end
-        self._saves: deque[Future[tuple[Began, float] | None]] = deque()  # pipelined commits' checkpoint saves, oldest first
+        # pipelined commits' checkpoint saves, oldest first; each returns its commit's start and end
+        self._saves: deque[Future[tuple[Began, float] | None]] = deque()
         self._submitted = 0  # pipelined commits submitted so far (a save knows whether a newer one follows)
         self._executor: ThreadPoolExecutor | None = None
 

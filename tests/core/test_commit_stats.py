@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from localstate import StreamTask
 from localstate.core.checkpoint import Checkpoint
 from localstate.core.commit_stats import BOUNDS_MS, COUNT_LIMIT, CommitStats, Histogram, bucket_of
-from localstate.runtime.driver.metrics import JobMetrics
+from localstate.runtime.driver.metrics import METRICS, JobMetrics
 from localstate.testing.driver import TaskTestDriver
 
 STORES = {"counts": {"engine": "kv", "key_serde": "string", "value_serde": "int"}}
@@ -133,7 +134,8 @@ HOSTILE = [
     _with(["commit_ms", "counts"], {"0": 1}),
     _with(["commit_ms", "sum_ms"], float("nan")), _with(["commit_ms", "sum_ms"], float("inf")),
     _with(["commit_ms", "sum_ms"], -0.5), _with(["commit_ms", "sum_ms"], 1e300), _with(["commit_ms", "sum_ms"], "1"),
-    _with(["latency_ms"], None), _with(["latency_ms", "counts"], [9] + [0] * (BUCKETS - 1)),  # more latencies than commits
+    _with(["latency_ms"], None),
+    _with(["latency_ms", "counts"], [9] + [0] * (BUCKETS - 1)),  # more latencies than commits
 ]
 
 
@@ -186,3 +188,9 @@ def test_the_metrics_add_a_period_of_commits_at_once():
     assert value("localstate_commit_duration_seconds_sum", {"job": "j"}) == pytest.approx(2 * 44.3 / 1000)
     assert value("localstate_record_latency_seconds_bucket", {"job": "j", "le": "0.005"}) == 4
     assert value("localstate_record_latency_seconds_bucket", {"job": "j", "le": "+Inf"}) == 6
+
+
+def test_every_metric_is_in_the_operations_table():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
+    missing = [name for name in METRICS if f"| `{name}` |" not in text]
+    assert not missing, missing
