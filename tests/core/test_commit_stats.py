@@ -194,3 +194,21 @@ def test_every_metric_is_in_the_operations_table():
     text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text(encoding="utf-8")
     missing = [name for name in METRICS if f"| `{name}` |" not in text]
     assert not missing, missing
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_status_reads_a_hostile_commits_value_as_absent(value):
+    from localstate.tools.status import commit_summary
+
+    assert commit_summary({"commits": value}) is None
+    assert commit_summary(value) is None
+
+
+def test_status_summarises_the_last_reports_commits():
+    from localstate.tools.status import commit_summary
+
+    period = _stats(0, [0.3, 2.0, 2.0, 40.0], [3.0, 3.0, 1e9])
+    summary = commit_summary({"commits": period.to_progress()})
+    assert summary["count"] == 4
+    assert summary["commit_ms"] == {"count": 4, "mean": 11.075, "p50": 2.5, "p99": 50.0}
+    assert summary["latency_ms"]["p50"] == 5.0 and summary["latency_ms"]["p99"] == math.inf  # above the last bound
