@@ -52,6 +52,16 @@ def _buckets(family: dict[tuple, float], name: str) -> list[float]:
     return [by_le[le] for le in sorted(by_le, key=float)]
 
 
+def assert_sum_within_buckets(cumulative: list[float], total_seconds: float) -> None:
+    """A histogram's sum lies between what its buckets allow: each count at least its bucket's lower
+    bound and at most its upper one (nothing counted above the last bound here)."""
+    counts = [b - a for a, b in zip([0.0] + cumulative[:-1], cumulative)]
+    assert counts[-1] == 0
+    lower = sum(n * bound for n, bound in zip(counts[1:], BOUNDS_MS))
+    upper = sum(n * bound for n, bound in zip(counts, BOUNDS_MS))
+    assert lower <= total_seconds * 1000 <= upper * (1 + 1e-9), (lower, total_seconds * 1000, upper)
+
+
 def test_a_continuous_run_counts_every_commit_in_prometheus_and_status(tmp_path, spark_context, capsys):
     port = _free_port()
     job_file = write_counting_job(tmp_path / "job", "continuous-metrics",
@@ -96,7 +106,7 @@ def test_a_continuous_run_counts_every_commit_in_prometheus_and_status(tmp_path,
     assert all(0 <= served - shown_ <= job.partitions for served, shown_ in zip(commit_buckets, cumulative))
     commit_sum = value("localstate_commit_duration_seconds", "localstate_commit_duration_seconds_sum")
     assert commit_sum * 1000 >= in_checkpoints.commit.sum_ms > 0
-    assert commit_sum <= commits * BOUNDS_MS[-1] / 1000
+    assert_sum_within_buckets(commit_buckets, commit_sum)
 
     latencies = value("localstate_record_latency_seconds", "localstate_record_latency_seconds_count")
     assert in_checkpoints.latency.count <= latencies <= in_checkpoints.latency.count + job.partitions
@@ -105,6 +115,7 @@ def test_a_continuous_run_counts_every_commit_in_prometheus_and_status(tmp_path,
     assert latency_buckets[-1] == latencies and latency_buckets == sorted(latency_buckets)
     latency_sum = value("localstate_record_latency_seconds", "localstate_record_latency_seconds_sum")
     assert latency_sum * 1000 >= in_checkpoints.latency.sum_ms > 0
+    assert_sum_within_buckets(latency_buckets, latency_sum)
 
     # The progress objects hold the same commits, period by period.
     periods = [CommitStats.from_progress(progress.get("commits")) for progress in seen]
