@@ -605,6 +605,24 @@ class StructuredStreaming(PeerProcess):
                           str(root / "ss_query.py"), str(root)], log)
 
 
+FLOOR = REPO / "bench" / "standing_floor.py"
+
+
+class Floor(PeerProcess):
+    """The floor (bench/standing_floor.py): the job's reads, counts and durable commit steps without
+    Spark, a store or a task, one process per partition, on ``--input jsonl`` (the job folder under
+    ``root``) or ``kafka`` (``kafka``: servers, input and output topics)."""
+
+    def __init__(self, root: Path, log: Path, kafka: tuple[str, str, str] | None = None) -> None:
+        command = [sys.executable, "-c", DIE_WITH_PARENT + RUN_SCRIPT, str(FLOOR), "--root", str(root / "job")]
+        if kafka is None:
+            command += ["--input", "jsonl"]
+        else:
+            servers, events, counts = kafka
+            command += ["--input", "kafka", "--servers", servers, "--events", events, "--output", counts]
+        super().__init__(command, log)
+
+
 QUIX_PEER = REPO / "bench" / "quix_standing_peer.py"
 RUN_SCRIPT = "import runpy; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 """Runs the script named after ``-c``'s code with the arguments after it (as ``python script ...``)."""
@@ -761,8 +779,9 @@ def _measure(system, events: Events, watcher: Watcher, rates: list[int], seconds
             written_per_s = (end - first) / (time.monotonic() - began)
             watcher.caught_up(end, 60.0)
             per_rate[rate] = {**_latency(events, watcher, first, end), "written_per_s": written_per_s}
-        time.sleep(IDLE_SETTLE)
-        idle_pct = _idle_cpu(system, idle)
+        if idle > 0:
+            time.sleep(IDLE_SETTLE)
+            idle_pct = _idle_cpu(system, idle)
         if burst:
             info["throughput"] = _throughput(events, watcher, burst)
     finally:
@@ -922,6 +941,12 @@ def _latency_runs(report: Report, root: Path, args: argparse.Namespace, rates: l
             _setup(root / mode, mode=mode, epoch=args.epoch)
             measured[f"localstate {mode}"] = _measure(*_file_trial("localstate", root / mode, capacity, args.users,
                                                                    args.tick, standing), rates, seconds, idle, burst)
+        if not args.no_floor:
+            (root / "floor").mkdir()
+            _setup(root / "floor")
+            events = Events(root / "floor", args.users, capacity, False, args.tick)
+            measured["floor"] = _measure(Floor(root / "floor", root / "floor" / "floor.log"), events,
+                                         Watcher([root / "floor" / "job" / "out"], events), rates, seconds, 0)
         if not args.no_peer:
             measured["Structured Streaming"] = _measure(*_file_trial("spark", root, capacity, args.users, args.tick,
                                                                      True), rates, seconds, idle)
@@ -973,6 +998,13 @@ def _kafka_runs(report: Report, root: Path, args: argparse.Namespace, rates: lis
             system = Localstate(where, standing, where / "localstate.log")
             measured[f"localstate {mode}, Kafka"] = _measure(system, events, KafkaWatcher(settings, counts_topic, events),
                                                              rates, seconds, idle, burst)
+        if not args.no_floor:
+            events_topic, counts_topic = _kafka_topics(settings, "floor")
+            (root / "kafka-floor" / "job").mkdir(parents=True)
+            events = KafkaEvents(settings, events_topic, args.users, capacity, args.tick)
+            system = Floor(root / "kafka-floor", root / "kafka-floor" / "floor.log", (servers, events_topic, counts_topic))
+            measured["floor, Kafka"] = _measure(system, events, KafkaWatcher(settings, counts_topic, events), rates,
+                                                seconds, 0)
         python = None if args.no_peer or args.no_quix else _quix_python()
         if python is None and not (args.no_peer or args.no_quix):
             report.notes.append("Quix Streams was not measured (no Python with quixstreams; make "
@@ -1002,7 +1034,8 @@ def _rows(report: Report, measured: dict[str, Measured], rates: list[int], burst
             if rate in per_rate:
                 report.add(f"{name} {rate:,}/s", **per_rate[rate])
     for name, (found, _, idle_pct) in measured.items():
-        report.add(f"idle CPU, {name}", cpu_pct_of_core=idle_pct)
+        if not name.startswith("floor"):  # the floor polls its files every millisecond: no idle figure
+            report.add(f"idle CPU, {name}", cpu_pct_of_core=idle_pct)
     for name, (found, _, _) in measured.items():
         if burst and "throughput" in found:
             report.add(f"sustained throughput, {name}", events_per_s=found["throughput"], burst=burst)
@@ -1024,8 +1057,12 @@ def _ratios(report: Report, measured: dict[str, Measured], rates: list[int], bur
             for q in ("p50", "p99", "p99_9"):
                 ratio(f"{q.replace('_', '.')} latency: micro-batch / continuous{suffix} {at}", batch, cont, q,
                       ">= 10" if q == "p99" and rate == 10_000 else None)
+            floor = measured.get(f"floor{suffix}", ({}, {}, 0.0))[1].get(rate)
+            for q in ("p50", "p99"):
+                ratio(f"{q} latency: micro-batch / floor{suffix} {at}", batch, floor, q)
+                ratio(f"{q} latency: continuous / floor{suffix} {at}", cont, floor, q)
         for peer, (_, theirs, _) in measured.items():
-            if not peer.startswith("localstate"):
+            if not peer.startswith(("localstate", "floor")):
                 suffix = ", Kafka" if peer.endswith("Kafka") else ""
                 for mode in ("micro-batch", "continuous"):
                     mine = measured.get(f"localstate {mode}{suffix}", ({}, {}, 0.0))[1].get(rate)
@@ -1060,6 +1097,9 @@ def main(argv: list[str]) -> int:
                         help="inputs to measure, comma-separated: jsonl (JSON-lines files; Structured Streaming's "
                              "peer) and kafka (topics on a dev broker; Quix Streams' peer)")
     parser.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peer (Kafka)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the floor rows (bench/standing_floor.py: the same reads and durable commit "
+                             "steps without Spark, a store or a task)")
     parser.add_argument("--quix-guarantee", default="exactly-once", choices=("exactly-once", "at-least-once"),
                         help="Quix Streams' processing_guarantee")
     parser.add_argument("--quix-commit-interval", type=float, default=0.1,
