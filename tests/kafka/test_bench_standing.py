@@ -91,3 +91,25 @@ def test_the_floor_counts_every_event_once_and_stops_on_sigterm(tmp_path) -> Non
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_the_kafka_watcher_sees_counts_once_their_transaction_commits(kafka_broker, topic_prefix) -> None:
+    """The watcher's reader runs in a process of its own and reads read_committed: the reader-floor
+    events (each tick's counts in one transaction) become visible, every one of them."""
+    from bench.standing import KafkaOutputEvents, KafkaWatcher, _kafka_topics
+
+    settings = client_settings(validate_options(CONNECTION_OPTIONS,
+                                                {"bootstrap_servers": kafka_broker.bootstrap_servers}, "test"))
+    _, topic = _kafka_topics(settings, f"{topic_prefix}reader")
+    events = KafkaOutputEvents(settings, topic, users=10, capacity=100, tick=0.1)
+    watcher = KafkaWatcher(settings, topic, events)
+    watcher.start()
+    try:
+        events.write(25)
+        assert watcher.caught_up(25, 120.0)
+        assert not np.isnan(watcher.visible[:25]).any() and np.isnan(watcher.visible[25:]).all()
+        assert (watcher.visible[:25] >= events.appended[:25] - 1.0).all()  # seen after (or as) it was written
+    finally:
+        watcher.stop.set()
+        watcher.join()
+        events.producer.close(timeout=1)
