@@ -78,6 +78,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -385,6 +386,60 @@ class KafkaEvents(Events):
                                              self.owner[i % self.users]) for i in range(start, end)), linger=0.05)
 
 
+class OutputEvents(Events):
+    """The reader's floor: each event written straight to the job's *output* as the count it makes
+    (user ``i % users``'s ``i // users + 1``-th), one append per partition and tick, so the
+    latency is from that write to the reader seeing it, with nothing in between."""
+
+    def _deliver(self, start: int, end: int) -> None:
+        lines: list[list[str]] = [[], []]
+        for i in range(start, end):
+            u = i % self.users
+            lines[self.owner[u]].append(f'{{"key":"user-{u:05d}","value":{i // self.users + 1}}}\n')
+        for p in (0, 1):
+            if lines[p]:
+                with open(self.root / "job" / "out" / f"{p}.jsonl", "a") as handle:
+                    handle.write("".join(lines[p]))
+
+
+class KafkaOutputEvents(Events):
+    """The reader's floor on Kafka: each tick's counts (as :class:`OutputEvents`) produced straight to
+    the output topic in one transaction; their time is taken when its commit returns."""
+
+    def __init__(self, settings: dict, topic: str, users: int, capacity: int, tick: float) -> None:
+        from kafka import KafkaProducer
+
+        super().__init__(None, users, capacity, False, tick)
+        self.topic = topic
+        self.producer = KafkaProducer(**settings, acks="all", enable_idempotence=True, linger_ms=5,
+                                      transactional_id=f"bench-reader-floor-{topic}")
+        self.producer.init_transactions()
+
+    def _deliver(self, start: int, end: int) -> None:
+        self.producer.begin_transaction()
+        for i in range(start, end):
+            u = i % self.users
+            self.producer.send(self.topic, key=b"user-%05d" % u, value=b"%d" % (i // self.users + 1),
+                               partition=self.owner[u])
+        self.producer.commit_transaction()
+
+
+class Idle:
+    """No system: what the reader's floor rows measure against (the events are their own outputs)."""
+
+    proc = None
+    leftovers = 0
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> int:
+        return 0
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
 class Watcher(threading.Thread):
     """Polls output files for ``{"key","value"}`` lines and records when each event became visible.
     A directory among ``files`` stands for every ``*.jsonl`` in it (an output's later segments)."""
@@ -448,31 +503,81 @@ class Watcher(threading.Thread):
         return False
 
 
+def _read_committed(settings: dict, topic: str, seen: Any, stop: Any) -> None:
+    """A :class:`KafkaWatcher`'s reader, in a process of its own (dying with the bench):
+    ``(time received, [(user, count)])`` of every poll that returned records, until ``stop``; None at
+    the end."""
+    import ctypes
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG, as DIE_WITH_PARENT
+
+    from localstate.changelog.kafka.io import consumer_settings
+
+    # fetch_max_wait_ms: a fetch finding nothing new comes back within 5 ms, as the file watcher polls.
+    consumer = KafkaConsumer(**consumer_settings(settings, isolation_level="read_committed",
+                                                 auto_offset_reset="earliest", fetch_max_wait_ms=5))
+    consumer.assign([TopicPartition(topic, p) for p in (0, 1)])
+    seen.put(())  # assigned: the caller may go on
+    try:
+        while not stop.is_set():
+            batches = consumer.poll(timeout_ms=5)
+            now = time.time()
+            counts = [(int(r.key[5:]), int(r.value)) for records in batches.values() for r in records]
+            if counts:
+                seen.put((now, counts))
+    finally:
+        consumer.close()
+        seen.put(None)
+
+
 class KafkaWatcher(Watcher):
     """Reads an output topic (both partitions, from the start) with a ``read_committed`` consumer: a
     record counts as visible when this reader receives it, so a transactional writer's records count
-    from their transaction's commit. Keys are ``user-%05d``, values the count as JSON."""
+    from their transaction's commit. Keys are ``user-%05d``, values the count as JSON. The consumer
+    runs in a process of its own (:func:`_read_committed`), which takes the time a record arrives: in
+    this process it would wait for the GIL behind the producer (kafka-python, ~50 µs of Python per
+    record: tens of milliseconds a tick at 10k events/s)."""
 
     def __init__(self, settings: dict, topic: str, events: Events) -> None:
-        from kafka import KafkaConsumer, TopicPartition
-
-        from localstate.changelog.kafka.io import consumer_settings
+        import multiprocessing
 
         super().__init__([], events)
-        # fetch_max_wait_ms: a fetch finding nothing new comes back within 5 ms, as the file watcher polls.
-        self.consumer = KafkaConsumer(**consumer_settings(settings, isolation_level="read_committed",
-                                                          auto_offset_reset="earliest", fetch_max_wait_ms=5))
-        self.consumer.assign([TopicPartition(topic, p) for p in (0, 1)])
+        context = multiprocessing.get_context("spawn")  # this process runs client threads: no fork
+        self.queue, self.done = context.Queue(), context.Event()
+        self.reader = context.Process(target=_read_committed, args=(dict(settings), topic, self.queue, self.done),
+                                      daemon=True)
+        self.reader.start()
+        self.queue.get(timeout=120)
 
     def poll(self) -> None:
-        batches = self.consumer.poll(timeout_ms=5)
-        now = time.time()
-        for records in batches.values():
-            for record in records:
-                self.saw(int(record.key[5:]), int(record.value), now)
+        import queue
+
+        try:
+            item = self.queue.get(timeout=0.005)
+        except queue.Empty:
+            return
+        while item:
+            now, counts = item
+            for u, count in counts:
+                self.saw(u, count, now)
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return
+        if item is None:
+            self.queue.put(None)  # the reader ended: keep saying so
 
     def close(self) -> None:
-        self.consumer.close()
+        self.done.set()
+        # Drain what the reader still sends, up to its end marker, so that it can exit.
+        deadline = time.monotonic() + 30
+        while self.reader.is_alive() and time.monotonic() < deadline:
+            self.poll()
+        self.reader.join(5)
+        if self.reader.is_alive():
+            self.reader.kill()
 
 
 def _latency(events: Events, watcher: Watcher, first: int, end: int) -> dict[str, float]:
@@ -603,6 +708,24 @@ class StructuredStreaming(PeerProcess):
         (root / "ss_query.py").write_text(SS_QUERY)
         super().__init__([sys.executable, "-c", DIE_WITH_PARENT + "exec(open(sys.argv[1]).read())",
                           str(root / "ss_query.py"), str(root)], log)
+
+
+FLOOR = REPO / "bench" / "standing_floor.py"
+
+
+class Floor(PeerProcess):
+    """The floor (bench/standing_floor.py): the job's reads, counts and durable commit steps without
+    Spark, a store or a task, one process per partition, on ``--input jsonl`` (the job folder under
+    ``root``) or ``kafka`` (``kafka``: servers, input and output topics)."""
+
+    def __init__(self, root: Path, log: Path, kafka: tuple[str, str, str] | None = None) -> None:
+        command = [sys.executable, "-c", DIE_WITH_PARENT + RUN_SCRIPT, str(FLOOR), "--root", str(root / "job")]
+        if kafka is None:
+            command += ["--input", "jsonl"]
+        else:
+            servers, events, counts = kafka
+            command += ["--input", "kafka", "--servers", servers, "--events", events, "--output", counts]
+        super().__init__(command, log)
 
 
 QUIX_PEER = REPO / "bench" / "quix_standing_peer.py"
@@ -761,8 +884,9 @@ def _measure(system, events: Events, watcher: Watcher, rates: list[int], seconds
             written_per_s = (end - first) / (time.monotonic() - began)
             watcher.caught_up(end, 60.0)
             per_rate[rate] = {**_latency(events, watcher, first, end), "written_per_s": written_per_s}
-        time.sleep(IDLE_SETTLE)
-        idle_pct = _idle_cpu(system, idle)
+        if idle > 0:
+            time.sleep(IDLE_SETTLE)
+            idle_pct = _idle_cpu(system, idle)
         if burst:
             info["throughput"] = _throughput(events, watcher, burst)
     finally:
@@ -922,6 +1046,17 @@ def _latency_runs(report: Report, root: Path, args: argparse.Namespace, rates: l
             _setup(root / mode, mode=mode, epoch=args.epoch)
             measured[f"localstate {mode}"] = _measure(*_file_trial("localstate", root / mode, capacity, args.users,
                                                                    args.tick, standing), rates, seconds, idle, burst)
+        if not args.no_floor:
+            (root / "floor").mkdir()
+            _setup(root / "floor")
+            events = Events(root / "floor", args.users, capacity, False, args.tick)
+            measured["floor"] = _measure(Floor(root / "floor", root / "floor" / "floor.log"), events,
+                                         Watcher([root / "floor" / "job" / "out"], events), rates, seconds, 0)
+            (root / "reader").mkdir()
+            _setup(root / "reader")
+            events = OutputEvents(root / "reader", args.users, capacity, False, args.tick)
+            measured["reader floor"] = _measure(Idle(), events, Watcher([root / "reader" / "job" / "out"], events),
+                                                rates, seconds, 0)
         if not args.no_peer:
             measured["Structured Streaming"] = _measure(*_file_trial("spark", root, capacity, args.users, args.tick,
                                                                      True), rates, seconds, idle)
@@ -973,6 +1108,20 @@ def _kafka_runs(report: Report, root: Path, args: argparse.Namespace, rates: lis
             system = Localstate(where, standing, where / "localstate.log")
             measured[f"localstate {mode}, Kafka"] = _measure(system, events, KafkaWatcher(settings, counts_topic, events),
                                                              rates, seconds, idle, burst)
+        if not args.no_floor:
+            events_topic, counts_topic = _kafka_topics(settings, "floor")
+            (root / "kafka-floor" / "job").mkdir(parents=True)
+            events = KafkaEvents(settings, events_topic, args.users, capacity, args.tick)
+            system = Floor(root / "kafka-floor", root / "kafka-floor" / "floor.log", (servers, events_topic, counts_topic))
+            measured["floor, Kafka"] = _measure(system, events, KafkaWatcher(settings, counts_topic, events), rates,
+                                                seconds, 0)
+            _, counts_topic = _kafka_topics(settings, "reader")
+            events = KafkaOutputEvents(settings, counts_topic, args.users, capacity, args.tick)
+            try:
+                measured["reader floor, Kafka"] = _measure(Idle(), events, KafkaWatcher(settings, counts_topic, events),
+                                                           rates, seconds, 0)
+            finally:
+                events.producer.close(timeout=1)
         python = None if args.no_peer or args.no_quix else _quix_python()
         if python is None and not (args.no_peer or args.no_quix):
             report.notes.append("Quix Streams was not measured (no Python with quixstreams; make "
@@ -1002,7 +1151,8 @@ def _rows(report: Report, measured: dict[str, Measured], rates: list[int], burst
             if rate in per_rate:
                 report.add(f"{name} {rate:,}/s", **per_rate[rate])
     for name, (found, _, idle_pct) in measured.items():
-        report.add(f"idle CPU, {name}", cpu_pct_of_core=idle_pct)
+        if not name.startswith(("floor", "reader floor")):  # they poll every millisecond: no idle figure
+            report.add(f"idle CPU, {name}", cpu_pct_of_core=idle_pct)
     for name, (found, _, _) in measured.items():
         if burst and "throughput" in found:
             report.add(f"sustained throughput, {name}", events_per_s=found["throughput"], burst=burst)
@@ -1024,8 +1174,12 @@ def _ratios(report: Report, measured: dict[str, Measured], rates: list[int], bur
             for q in ("p50", "p99", "p99_9"):
                 ratio(f"{q.replace('_', '.')} latency: micro-batch / continuous{suffix} {at}", batch, cont, q,
                       ">= 10" if q == "p99" and rate == 10_000 else None)
+            floor = measured.get(f"floor{suffix}", ({}, {}, 0.0))[1].get(rate)
+            for q in ("p50", "p99"):
+                ratio(f"{q} latency: micro-batch / floor{suffix} {at}", batch, floor, q)
+                ratio(f"{q} latency: continuous / floor{suffix} {at}", cont, floor, q)
         for peer, (_, theirs, _) in measured.items():
-            if not peer.startswith("localstate"):
+            if not peer.startswith(("localstate", "floor", "reader floor")):
                 suffix = ", Kafka" if peer.endswith("Kafka") else ""
                 for mode in ("micro-batch", "continuous"):
                     mine = measured.get(f"localstate {mode}{suffix}", ({}, {}, 0.0))[1].get(rate)
@@ -1060,6 +1214,9 @@ def main(argv: list[str]) -> int:
                         help="inputs to measure, comma-separated: jsonl (JSON-lines files; Structured Streaming's "
                              "peer) and kafka (topics on a dev broker; Quix Streams' peer)")
     parser.add_argument("--no-quix", action="store_true", help="skip the Quix Streams peer (Kafka)")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the floor rows (bench/standing_floor.py: the same reads and durable commit "
+                             "steps without Spark, a store or a task)")
     parser.add_argument("--quix-guarantee", default="exactly-once", choices=("exactly-once", "at-least-once"),
                         help="Quix Streams' processing_guarantee")
     parser.add_argument("--quix-commit-interval", type=float, default=0.1,

@@ -33,7 +33,7 @@ __all__ = ["InputRecord", "InputStream", "OutputStream", "StreamSystem", "Direct
            "open_regular_file", "check_output_file", "PendingTail", "RetainedStart", "IdentifiedInput",
            "PENDING_TAIL_WARN_AFTER", "check_input_position", "same_stream", "FileIdentities", "IDENTITY_BYTES", "seek_hint",
            "InputColumns", "ColumnarInput", "columns_of", "COLUMN_ROWS", "TimestampRule", "BadTimestamp",
-           "RecordProblem", "NO_BOUNDS", "timestamp_rule", "WaitableInput"]
+           "RecordProblem", "NO_BOUNDS", "timestamp_rule", "WaitableInput", "FollowedInput", "follow_end"]
 
 ON_ERROR = ("fail", "skip", "dead_letter")
 
@@ -386,6 +386,27 @@ class WaitableInput(Protocol):
         """Wait until any partition of ``positions`` (partition -> position) holds a record at or past
         its position (True, as soon as it does), or ``timeout`` seconds pass (False). Raises
         :class:`~localstate.errors.InputError` when it cannot wait (the caller sleeps instead)."""
+
+
+@runtime_checkable
+class FollowedInput(Protocol):
+    """An input that a continuous run's task follows without probing its ends (Kafka: one consumer
+    kept assigned, whose fetches carry the partitions' high watermarks and bring the records that
+    :meth:`InputStream.read` then hands out). Optional: without it the task asks
+    :meth:`InputStream.end_offset` every round."""
+
+    def follow_end(self, partitions: Mapping[int, int]) -> dict[int, int]:
+        """Follow ``partitions`` (partition -> position) from here on; return each one's end as last
+        seen (at least its position; records below it exist and are readable). Does not wait for
+        records. Raises :class:`~localstate.errors.InputError`."""
+
+
+def follow_end(source: "InputStream", partition: int, position: int) -> int:
+    """``partition``'s end for a task that follows ``source`` from ``position``: :class:`FollowedInput`'s
+    when it is one, else :meth:`InputStream.end_offset`."""
+    if isinstance(source, FollowedInput):
+        return source.follow_end({partition: position})[partition]
+    return source.end_offset(partition)
 
 
 IDENTITY_BYTES = 4096

@@ -670,6 +670,10 @@ class JsonLinesOutput(OutputStream):
         super().__init__(job, config)
         self.directory = resolve_path(job, self.config["path"])
         self.segment_bytes: int = self.config["segment_bytes"]
+        # partition -> (segment path, inode, size, complete lines) as this object's last append left it:
+        # the next append counts its own lines on top instead of reading the whole segment again
+        # (up to segment_bytes at every commit), as long as the file is just as that append left it.
+        self._appended: dict[int, tuple[str, int, int, int]] = {}
 
     def location(self) -> tuple[str, str]:
         return "path", str(self.directory.resolve())
@@ -688,6 +692,7 @@ class JsonLinesOutput(OutputStream):
             raise os_error(exc, "read output", path, OutputIOError, stream=self.name, partition=partition) from exc
 
     def truncate(self, partition: int, position: int) -> int:
+        self._appended.pop(partition, None)
         segments = _segments(self.directory, partition)
         for _base, path in segments:
             check_output_file(path, stream=self.name, partition=partition)
@@ -778,14 +783,29 @@ class JsonLinesOutput(OutputStream):
                     path = _segment_file(self.directory, partition, base)
                     check_output_file(path, stream=self.name, partition=partition)
                 text = "".join(json.dumps({"key": k, "value": v}, separators=(",", ":"), sort_keys=True) + "\n"
-                               for k, v in items)
+                               for k, v in items).encode("utf-8")
                 with os.fdopen(open_nofollow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as handle:
-                    handle.write(text.encode("utf-8"))
+                    before = os.fstat(handle.fileno())
+                    handle.write(text)
                     handle.flush()
                     if self.config["fsync"]:
                         os.fsync(handle.fileno())
+                    size = os.fstat(handle.fileno()).st_size
                 if full and self.config["fsync"]:
                     fsync_dir(self.directory)
+                known = self._appended.get(partition)
+                if known is not None and known[:3] == (str(path), before.st_ino, before.st_size) \
+                        and size == before.st_size + len(text):
+                    lines = known[3] + len(items)  # what the last append left, plus these lines
+                else:
+                    lines = _complete_lines(path)
+                self._appended[partition] = (str(path), before.st_ino, size, lines)
+                return base + lines
+            known = self._appended.get(partition)
+            if known is not None and known[0] == str(path):
+                stat = os.stat(path)
+                if (stat.st_ino, stat.st_size) == known[1:3]:
+                    return base + known[3]
             return base + _complete_lines(path)
         except OSError as exc:
             # A partial line may be left behind; the next run's rollback truncates to the checkpoint.

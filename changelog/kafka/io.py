@@ -10,6 +10,7 @@ import atexit
 import logging
 import threading
 import time
+from collections import deque
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -21,7 +22,7 @@ from localstate.errors import InputError, LocalStateError, OutputError
 from .client import bootstrap_servers, kafka_error
 
 __all__ = ["TopicWriter", "wait_acknowledged", "consumer_settings", "listed_ends", "start_offsets", "find_data_end", "topic_checked", "remember_topic", "end_offsets", "read_range", "read_records", "topic_partitions", "topic_id", "ensure_topic",
-           "produce", "pooled_consumer", "release_consumer", "close_clients", "pooled_admin", "drop_admin", "RecordWaiter", "WAIT_FETCH_MS"]
+           "produce", "pooled_consumer", "release_consumer", "close_clients", "pooled_admin", "drop_admin", "TopicFollower", "WAIT_FETCH_MS", "BUSY_FETCH_MS"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,12 @@ def consumer_settings(settings: Mapping[str, Any], **tuning: Any) -> dict[str, A
 METADATA_MAX_AGE_MS = 10_000
 
 
+_MAX_POLL_RECORDS = 5000
+
+
 def _consumer_config(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return consumer_settings(settings, allow_auto_create_topics=False, fetch_max_wait_ms=100, max_poll_records=5000,
+    return consumer_settings(settings, allow_auto_create_topics=False, fetch_max_wait_ms=100,
+                             max_poll_records=_MAX_POLL_RECORDS,
                              metadata_max_age_ms=METADATA_MAX_AGE_MS)
 
 
@@ -274,74 +279,177 @@ def end_offsets(consumer: Any, topic: str, partitions: Sequence[int], known: Map
     return ends
 
 
-# -- waiting for records: a long-poll fetch instead of repeated end probes --------------------------
+# -- following partitions: one consumer kept assigned, its fetches waiting at the broker --------------
 
 WAIT_FETCH_MS = 500
-"""How long a :class:`RecordWaiter`'s fetch may wait at the broker for a record (``fetch_max_wait_ms``):
-the broker answers at once when one arrives, so this bounds only how often an idle waiter asks."""
+"""How long a :class:`TopicFollower`'s fetch may wait at the broker for a record (``fetch_max_wait_ms``)
+once its partitions have been quiet for :data:`BUSY_SECONDS`: bounds how often an idle follower asks."""
+
+BUSY_FETCH_MS = 10
+"""...while records keep arriving: a broker may answer a waiting fetch only at its wait's end (Tansu
+does), so a short wait bounds how late a follower sees a record; a busy follower pays a fetch per
+this at most, where end probes cost four requests each."""
+
+BUSY_SECONDS = 1.0
+"""Seconds after the last record fetched during which a follower's fetches wait :data:`BUSY_FETCH_MS`."""
+
+BUFFER_RECORDS = 50_000
+"""Records a follower keeps fetched ahead of its reader at most: past that it fetches only to read."""
 
 
-class RecordWaiter:
-    """Waits until a topic's partitions hold a record past given positions, with one consumer of its
-    own (not pooled: it keeps its assignment and its fetch in flight between waits) whose fetches wait
-    at the broker (a long poll). It only says *whether* there is something to read: the records it
-    fetches are dropped, the caller reads them with its own reader. Not thread safe."""
+class TopicFollower:
+    """Follows partitions of a topic from the positions its caller gives, with one consumer of its own
+    that stays assigned between calls (not pooled), so that one fetch both finds and brings the records
+    that arrived: no end probe (ListOffsets, metadata) and no assign-and-seek per read. What it fetches
+    is kept per partition until :meth:`records` hands it out, in offset order; a position other than
+    where it follows from (a rollback, a reopen) makes it seek there and drop what it kept. Fetches
+    wait at the broker (a long poll): :data:`BUSY_FETCH_MS` while records keep arriving,
+    :data:`WAIT_FETCH_MS` once idle. Raises kafka-python errors (the consumer is then closed; the next
+    call opens another). Not thread safe."""
 
-    def __init__(self, settings: Mapping[str, Any], topic: str, *, max_wait_ms: int = WAIT_FETCH_MS) -> None:
+    def __init__(self, settings: Mapping[str, Any], topic: str, *, max_wait_ms: int = WAIT_FETCH_MS,
+                 busy_wait_ms: int = BUSY_FETCH_MS) -> None:
         self.settings = settings
         self.topic = topic
         self.max_wait_ms = max_wait_ms
+        self.busy_wait_ms = busy_wait_ms
         self._consumer: Any = None
-        self._assigned: frozenset[int] = frozenset()
-        self._at: dict[int, int] = {}  # where the consumer fetches from, per partition, as last sought
+        self._kept: dict[int, deque[Any]] = {}  # partition -> records fetched, not handed out yet
+        self._low: dict[int, int] = {}  # partition -> every record in [low, next) is in _kept
+        self._next: dict[int, int] = {}  # partition -> where the consumer fetches next
+        self._busy_until = 0.0
 
-    def wait(self, positions: Mapping[int, int], timeout: float) -> bool:
-        """True as soon as any partition of ``positions`` has a record at or past its position; False
-        after ``timeout`` seconds without one. Raises kafka-python errors (the consumer is then
-        closed; the next wait opens another)."""
+    def following(self, partition: int, position: int) -> bool:
+        """Whether a read of ``partition`` from ``position`` can go through this follower (it follows
+        the partition from there, or from below with the records in between kept)."""
+        low = self._low.get(partition)
+        return self._consumer is not None and low is not None and low <= position <= self._next[partition]
+
+    def end(self, partitions: Mapping[int, int]) -> dict[int, int]:
+        """Follow ``partitions`` (partition -> position) and collect what arrived, without waiting:
+        each partition's end as last seen (the high watermark of the latest fetch response, or past
+        the last record kept), at least its position. Before the first fetch response of a partition,
+        one fetch is waited for (up to ``request_timeout``), so an end is never made up."""
         try:
-            return self._wait(positions, timeout)
+            self._follow(partitions)
+            if self._room():
+                self._poll(0)
+            deadline = time.monotonic() + self.settings.get("request_timeout_ms", 30000) / 1000
+            while any(self._highwater(p) is None for p in partitions) and time.monotonic() < deadline:
+                self._poll(50)
+            return {p: max(position, self._next[p], self._highwater(p) or 0) for p, position in partitions.items()}
         except BaseException:
             self.close()
             raise
 
-    def _wait(self, positions: Mapping[int, int], timeout: float) -> bool:
-        consumer = self._follow(positions)
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            # max_records=1: one record is enough to know, and the fewest to decode.
-            fetched = consumer.poll(timeout_ms=max(1, int(remaining * 1000)), max_records=1)
-            if fetched:
-                self._at = {}  # the consumer moved past what it returned: seek again next time
-                if any(r.offset >= positions[tp.partition] for tp, records in fetched.items() for r in records):
+    def wait(self, positions: Mapping[int, int], timeout: float) -> bool:
+        """True as soon as any partition of ``positions`` has a record at or past its position; False
+        after ``timeout`` seconds without one."""
+        try:
+            self._follow(positions)
+            deadline = time.monotonic() + timeout
+            while True:
+                if any(self._kept[p] or (self._highwater(p) or 0) > self._next[p] for p in positions):
                     return True
-        return False
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._poll(max(1, int(remaining * 1000)))
+        except BaseException:
+            self.close()
+            raise
 
-    def _follow(self, positions: Mapping[int, int]) -> Any:
-        """The consumer, assigned to the partitions of ``positions`` and fetching from them. Seeks only
-        what moved: a seek would drop the fetch already waiting at the broker."""
+    def records(self, partition: int, start: int, end: int, *, timeout: float,
+                on_stall: Callable[[int], LocalStateError]) -> Iterator[Any]:
+        """The kafka-python records of ``partition`` with ``start <= offset < end``, in order, from what
+        was kept, then fetched (gaps skipped). Call only when :meth:`following` says so. When no
+        progress is made for ``timeout`` seconds, raises ``on_stall(position)``."""
+        self._follow({partition: start})
+        kept = self._kept[partition]
+        position = start
+        idle_since = time.monotonic()
+        try:
+            while position < end:
+                while kept and kept[0].offset < end:
+                    record = kept.popleft()
+                    position = self._low[partition] = record.offset + 1
+                    yield record
+                if kept or self._next[partition] >= end:  # the rest of the range holds no record
+                    position = self._low[partition] = end
+                    break
+                position = self._low[partition] = self._next[partition]  # past a gap (markers)
+                self._poll(200)
+                if kept or self._next[partition] > position:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > timeout:
+                    raise on_stall(position)
+        except (GeneratorExit, LocalStateError):
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def _room(self) -> bool:
+        return sum(len(kept) for kept in self._kept.values()) < BUFFER_RECORDS
+
+    def _highwater(self, partition: int) -> int | None:
+        highwater = self._consumer.highwater(TopicPartition(self.topic, partition))
+        return None if highwater is None else int(highwater)
+
+    def _follow(self, positions: Mapping[int, int]) -> None:
+        """The consumer, assigned to (at least) the partitions of ``positions`` and following each from
+        its position: a partition whose position lies outside what is kept is sought there (a seek
+        drops the fetch waiting at the broker, so only those that moved are)."""
         if self._consumer is None:
             self._consumer = KafkaConsumer(**{**_consumer_config(self.settings), "fetch_max_wait_ms": self.max_wait_ms})
-            self._assigned, self._at = frozenset(), {}
+            self._kept, self._low, self._next = {}, {}, {}
         consumer = self._consumer
-        if self._assigned != set(positions):
-            consumer.assign([TopicPartition(self.topic, p) for p in positions])
-            self._assigned, self._at = frozenset(positions), {}
-        for partition, position in positions.items():
-            if self._at.get(partition) != position:
-                consumer.seek(TopicPartition(self.topic, partition), position)
-                self._at[partition] = position
-        return consumer
+        if not set(positions) <= set(self._kept):
+            assigned = sorted(set(self._kept) | set(positions))
+            consumer.assign([TopicPartition(self.topic, p) for p in assigned])
+            for p in assigned:  # a new assignment starts every partition over
+                self._seek(p, positions.get(p, self._low.get(p, 0)))
+        for p, position in positions.items():
+            kept = self._kept[p]
+            if not self._low[p] <= position <= self._next[p]:
+                self._seek(p, position)
+                continue
+            while kept and kept[0].offset < position:
+                kept.popleft()
+            self._low[p] = position
+
+    def _seek(self, partition: int, position: int) -> None:
+        self._consumer.seek(TopicPartition(self.topic, partition), position)
+        self._kept[partition] = deque()
+        self._low[partition] = self._next[partition] = position
+
+    def _poll(self, timeout_ms: int) -> bool:
+        """One poll of the consumer; keeps what it returns. True if it returned a record."""
+        consumer = self._consumer
+        now = time.monotonic()
+        # The wait at the broker: short while records keep arriving (kafka-python reads it per fetch).
+        consumer._fetcher.config["fetch_max_wait_ms"] = self.busy_wait_ms if now < self._busy_until \
+            else self.max_wait_ms
+        fetched = consumer.poll(timeout_ms=timeout_ms, max_records=_MAX_POLL_RECORDS)
+        for tp, records in fetched.items():
+            if records and tp.partition in self._kept:
+                self._kept[tp.partition].extend(records)
+                self._next[tp.partition] = max(self._next[tp.partition], records[-1].offset + 1)
+        for p in self._kept:  # past what the fetches skipped (transaction markers, compacted records)
+            self._next[p] = max(self._next[p], int(consumer.position(TopicPartition(self.topic, p))))
+        if fetched:
+            self._busy_until = time.monotonic() + BUSY_SECONDS
+        return bool(fetched)
 
     def close(self) -> None:
-        """Close the consumer (a later wait opens another)."""
+        """Close the consumer and drop what it kept (a later call opens another)."""
         consumer, self._consumer = self._consumer, None
-        self._assigned, self._at = frozenset(), {}
+        self._kept, self._low, self._next = {}, {}, {}
         if consumer is not None:
             try:
                 consumer.close()
             except Exception:  # noqa: BLE001 - closing is best effort: the consumer is dropped either way
-                log.debug("closing a waiting Kafka consumer raised", exc_info=True)
+                log.debug("closing a following Kafka consumer raised", exc_info=True)
 
 
 def read_range(consumer: Any, topic: str, partition: int, start: int, end: int, *, timeout: float,

@@ -44,7 +44,7 @@ from localstate.errors import ConfigError, InputError, LocalStateError, OutputEr
 
 from .client import CONNECTION_OPTIONS, bootstrap_servers, client_settings, kafka_error
 from .transactions import FENCED, commit_recorded, recorded
-from .io import (RecordWaiter, TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce,
+from .io import (TopicFollower, TopicWriter, close_clients, end_offsets, ensure_topic, pooled_consumer, produce,
                  read_range, read_records, release_consumer, remember_topic, start_offsets, topic_checked, topic_id,
                  topic_partitions, wait_acknowledged)
 
@@ -111,8 +111,10 @@ class _KafkaTopic:
 
 class KafkaInput(_KafkaTopic, InputStream):
     """``[inputs.<name>] system = "kafka"``: topic partition ``p`` feeds job partition ``p``. Its
-    identity (:class:`~localstate.core.stream.IdentifiedInput`) is the topic's id; an idle continuous
-    task waits on it with a long-poll fetch (:class:`~localstate.core.stream.WaitableInput`)."""
+    identity (:class:`~localstate.core.stream.IdentifiedInput`) is the topic's id. A continuous task
+    follows it (:class:`~localstate.core.stream.FollowedInput`) with one consumer kept assigned, whose
+    long-poll fetches wake the task (:class:`~localstate.core.stream.WaitableInput`), give the ends and
+    bring the records its reads hand out."""
 
     system = "kafka"
     section = "inputs"
@@ -135,7 +137,7 @@ class KafkaInput(_KafkaTopic, InputStream):
         self._starts: dict[int, int] = {}
         self._served: set[int] | None = None
         self._topic_id: str | None = None
-        self._waiter = RecordWaiter(self.settings, self.topic)
+        self._follower = TopicFollower(self.settings, self.topic)
 
     # driver side ------------------------------------------------------------------------------
     def _error(self, exc: BaseException, action: str, **context: Any) -> InputError:
@@ -206,27 +208,37 @@ class KafkaInput(_KafkaTopic, InputStream):
         self._served = set()
 
     # executor side ----------------------------------------------------------------------------
+    def follow_end(self, partitions: Mapping[int, int]) -> dict[int, int]:
+        """See :class:`~localstate.core.stream.FollowedInput`: the ends of ``partitions`` (partition ->
+        position) as this input's follower last saw them (:class:`~.io.TopicFollower`: one consumer
+        kept assigned, whose fetches bring the records a following :meth:`read` hands out), with no
+        end probe. Any broker error is raised as InputError."""
+        try:
+            return self._follower.end(partitions)
+        except Exception as exc:  # noqa: BLE001 - every kafka-python failure becomes a typed error
+            raise self._error(exc, f"follow input {self.name!r}") from exc
+
     def wakes_at_once(self) -> bool:
-        """No: the broker answers a waiting fetch when it chooses (up to the fetch's wait), so a
-        task keeps probing while records arrive and waits only once idle."""
-        return False
+        """Yes, within :data:`~.io.BUSY_FETCH_MS` while records keep arriving: the follower's fetch
+        waits that long at most at the broker then (and :data:`~.io.WAIT_FETCH_MS` once idle)."""
+        return True
 
     def can_wait(self) -> bool:
         """Always: a broker that cannot be reached makes :meth:`wait_for_records` raise instead."""
         return True
 
     def wait_for_records(self, positions: dict[int, int], timeout: float) -> bool:
-        """See :class:`~localstate.core.stream.WaitableInput`: one long-lived consumer per input object,
-        assigned to the asking group's partitions, whose fetch waits at the broker. Any broker error
-        is raised as InputError (the caller sleeps instead; its next end probe reports what is wrong)."""
+        """See :class:`~localstate.core.stream.WaitableInput`: the follower's fetch waits at the broker,
+        and what it brings is kept for the next :meth:`read`. Any broker error is raised as
+        InputError (the caller sleeps instead; its next end probe reports what is wrong)."""
         try:
-            return self._waiter.wait(positions, timeout)
+            return self._follower.wait(positions, timeout)
         except Exception as exc:  # noqa: BLE001 - every kafka-python failure becomes a typed error
             raise self._error(exc, f"wait for records of input {self.name!r}") from exc
 
     def close(self) -> None:
-        """Close the waiting consumer (the pooled ones are this process's, not the input's)."""
-        self._waiter.close()
+        """Close the following consumer (the pooled ones are this process's, not the input's)."""
+        self._follower.close()
 
     def read_columns(self, partition: int, start: int, end: int) -> Iterator[InputColumns]:
         """:meth:`read` as :class:`~localstate.core.stream.InputColumns` chunks (a batch task's
@@ -238,7 +250,7 @@ class KafkaInput(_KafkaTopic, InputStream):
         decode_key, decode_value = self.key_serde.deserialize, self.value_serde.deserialize
         ts_field, allow_null = self.config["ts_field"], self.config["allow_null_keys"]
         seconds = self.timestamps.seconds
-        for record in read_records(self.settings, self.topic, partition, start, end, stream=self.name):
+        for record in self._raw(partition, start, end):
             if record.key is None and not allow_null:
                 yield InputRecord(record.offset, None, None, None, "missing key", repr(record.value)[:1000])
                 continue
@@ -259,6 +271,30 @@ class KafkaInput(_KafkaTopic, InputStream):
                 yield InputRecord(record.offset, None, None, None, exc.problem, repr((record.key, record.value))[:1000])
                 continue
             yield InputRecord(record.offset, key, value, ts)
+
+
+    def _raw(self, partition: int, start: int, end: int) -> Iterator[Any]:
+        """The kafka-python records of ``[start, end)``: from the follower when it follows the partition
+        from ``start`` (a continuous run), else with a pooled consumer (a planned batch)."""
+        if not self._follower.following(partition, start):
+            yield from read_records(self.settings, self.topic, partition, start, end, stream=self.name)
+            return
+        timeout = self.settings["request_timeout_ms"] / 1000
+        where = {"topic": self.topic, "partition": partition, "stream": self.name}
+
+        def stalled(position: int) -> LocalStateError:
+            return InputError(f"Kafka topic {self.topic!r} partition {partition} returned nothing at offset "
+                              f"{position} for {timeout:.0f}s although records up to offset {end} were seen",
+                              offset=position, bootstrap_servers=self.servers, **where,
+                              hint="check the broker's health; if the records were deleted (retention, topic "
+                                   "re-created), the positions that point at them cannot be read any more")
+
+        try:
+            yield from self._follower.records(partition, start, end, timeout=timeout, on_stall=stalled)
+        except LocalStateError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every kafka-python failure becomes a typed error
+            raise self._error(exc, f"read input {self.name!r}", partition=partition, offset=start) from exc
 
 
 _DELIVERED: dict[tuple[str, str, str, int], int] = {}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-from localstate.core.stream import InputStream
+from localstate.core.stream import InputStream, follow_end
 from localstate.runtime.partition.reading import read_inputs
 
 if TYPE_CHECKING:
@@ -69,7 +69,9 @@ class FollowingPartition:
         if not probe:
             self._after_feed(0)
             return 0
-        ends = {name: source.end_offset(self.partition) for name, source in self.inputs.items()}
+        # A followed input (Kafka) gives its end from its own fetches, with no end probe (a request each).
+        ends = {name: follow_end(source, self.partition, instance.position(name))
+                for name, source in self.inputs.items()}
         behind = {name: end for name, end in ends.items() if end > instance.position(name)}
         fed = 0
         if behind:

@@ -246,3 +246,21 @@ def test_an_input_below_its_first_retained_segment_is_an_input_position_error(tm
     with pytest.raises(InputPositionError) as info:
         check_input_position(source, 0, first - 1, source.end_offset(0))
     assert info.value.start == first and info.value.input == "events"
+
+
+def test_a_jsonl_output_end_counts_its_own_appends_and_what_others_wrote(tmp_path):
+    """The end an append returns (the checkpoint's output position) counts the lines of that append on
+    top of the last one's, and counts the file again when it is not as that append left it."""
+    job = load_job_config(job_file(tmp_path, "jsonl"))
+    output = open_output(job, "reports")
+    segment = tmp_path / "out" / "0.jsonl"
+    assert output.append(0, [("a", 1), ("b", 2)]) == 2
+    assert output.append(0, []) == 2
+    assert output.append(0, [("c", 3)]) == 3
+    with open(segment, "a") as handle:  # written by someone else (a zombie, by hand)
+        handle.write('{"key":"x","value":0}\n')
+    assert output.append(0, []) == 4
+    assert output.append(0, [("d", 4)]) == 5
+    assert output.truncate(0, 1) == 1
+    assert output.append(0, [("e", 5)]) == 2
+    assert [key for key, _ in output.read(0)] == ["a", "e"]

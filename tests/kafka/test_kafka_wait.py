@@ -17,7 +17,7 @@ from localstate.changelog.kafka.client import CONNECTION_OPTIONS, client_setting
 from localstate.changelog.kafka.streams import ensure_topic, produce
 from localstate.core.config import parse_job_config
 from localstate.core.options import validate_options
-from localstate.core.stream import WaitableInput, open_input
+from localstate.core.stream import FollowedInput, WaitableInput, open_input
 from localstate.errors import InputError
 
 pytestmark = pytest.mark.kafka
@@ -79,3 +79,36 @@ def test_wait_raises_a_typed_error_when_the_broker_is_unreachable(tmp_path: Path
     with pytest.raises(InputError):
         source.wait_for_records({0: 0}, 0.2)
     source.close()
+
+
+def test_a_followed_input_reads_what_its_follower_fetched_and_sees_rollbacks(tmp_path: Path, kafka_broker,
+                                                                              topic_prefix) -> None:
+    """A continuous task follows its Kafka input (:class:`~localstate.core.stream.FollowedInput`): the
+    end comes from the follower's fetches (no end probe), ``read`` hands out the records it fetched,
+    records arriving later are found by the next ``follow_end``, and a position outside what it
+    follows (a rollback to a checkpoint, a read by a planned batch) reads the same records."""
+    servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "follow"
+    settings = _settings(servers)
+    assert ensure_topic(settings, topic, 2, -1, create=True) == 2
+    produce(settings, topic, _records(0, 7) + _records(1, 2))
+    source = _input(tmp_path, servers, topic, 2)
+    assert isinstance(source, FollowedInput)
+    try:
+        assert source.follow_end({0: 3}) == {0: 7}
+        assert [r.value["i"] for r in source.read(0, 3, 7)] == [3, 4, 5, 6]
+        assert source.follow_end({1: 0}) == {1: 2}  # a second partition joins the same follower
+        assert source.follow_end({0: 7}) == {0: 7}  # caught up: nothing made up
+
+        produce(settings, topic, [(json.dumps("k").encode(), json.dumps({"i": 7 + i}).encode(), 0)
+                                  for i in range(5)])
+        assert source.wait_for_records({0: 7, 1: 2}, 60.0)  # what the wait fetched is kept for the read
+        end = source.follow_end({0: 7})[0]
+        assert 7 < end <= 12
+        assert [r.value["i"] for r in source.read(0, 7, end)] == list(range(7, end))
+
+        # A rollback (a reopen at an older checkpoint) reads the same records again, in order.
+        assert source.follow_end({0: 2}) == {0: 12}
+        assert [r.value["i"] for r in source.read(0, 2, 12)] == list(range(2, 12))
+        assert [r.value["i"] for r in source.read(1, 0, 2)] == [0, 1]
+    finally:
+        source.close()
