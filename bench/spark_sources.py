@@ -122,10 +122,11 @@ def _spark_count(spark: Any, source: Any, checkpoint: Path) -> float:
 
 
 def _spark_counts(spark: Any, checkpoint: Path, users: int) -> np.ndarray:
-    """Every user's count as Spark's state store holds it after the query (-1: a user it lacks)."""
+    """Every user's count as Spark's state store holds it after the query (0: a user it lacks, as a
+    user without events has no row; a user it lacks that had events then differs from the expected)."""
     rows = spark.read.format("statestore").load(str(checkpoint)).selectExpr("key.user_id AS u", "value.count AS c") \
         .toPandas()
-    counts = np.full(users, -1, dtype=np.int64)
+    counts = np.zeros(users, dtype=np.int64)
     counts[rows["u"].str.slice(5).astype("int64").to_numpy()] = rows["c"].astype("int64").to_numpy()
     return counts
 

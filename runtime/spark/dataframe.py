@@ -59,6 +59,7 @@ import uuid
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timezone
 from itertools import count, repeat
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, cast
@@ -633,11 +634,50 @@ def _result_schema() -> Any:
                       ("counts", pa.string())])
 
 
+_UTC_NAMES = frozenset({"UTC", "Etc/UTC", "+00:00", "Z"})
+"""Time zone names of Arrow timestamps that are UTC itself: a UTC datetime is already in the zone."""
+_PY_MICROS = (-62_135_596_800_000_000, 253_402_300_799_999_999)
+"""The microseconds since the epoch that ``datetime.datetime`` can hold (years 1 to 9999)."""
+_PY_DAYS = (-719_162, 2_932_896)
+"""The days since the epoch that ``datetime.date`` can hold."""
+
+
+def _pylist(column: Any) -> list[Any]:
+    """``column.to_pylist()``, the same objects, for the columns a Spark DataFrame hands Python:
+    microsecond timestamps and dates go through numpy (``datetime64`` to ``object``), where pyarrow
+    builds each value through a scalar of its own (tz-aware timestamps some ten times slower than
+    the rest of a row's conversion); an aware value is then made as pyarrow makes it (UTC, then
+    ``astimezone`` of the column's zone as pyarrow reads it). Columns with nulls, other types and
+    values outside what ``datetime`` holds go through ``to_pylist``."""
+    kind = column.type
+    timestamp = pa.types.is_timestamp(kind) and kind.unit == "us"
+    if not (timestamp or pa.types.is_date32(kind)) or column.null_count or not len(column):
+        return column.to_pylist()
+    raw = pc.cast(column, pa.int64() if timestamp else pa.int32())
+    low, high = (value.as_py() for value in pc.min_max(raw).values())
+    lowest, highest = _PY_MICROS if timestamp else _PY_DAYS
+    if low < lowest or high > highest:
+        return column.to_pylist()  # what pyarrow does with them (an error) is kept
+    values = raw.to_numpy().astype("datetime64[us]" if timestamp else "datetime64[D]").astype(object).tolist()
+    zone_name = kind.tz if timestamp else None
+    if zone_name is None:
+        return cast("list[Any]", values)
+    zone = pa.lib.string_to_tzinfo(zone_name)
+    if zone_name in _UTC_NAMES:
+        return [value.replace(tzinfo=zone) for value in values]
+    utc = timezone.utc
+    try:
+        return [value.replace(tzinfo=utc).astimezone(zone) for value in values]
+    except OverflowError:  # a value the zone's offset takes past year 1 or 9999: pyarrow's own error
+        return column.to_pylist()
+
+
 def _row_values(rows: Any, names: Iterable[str]) -> list[dict[str, Any]]:
-    """The rows as dicts of ``names``: one ``to_pylist`` per column, then one dict per row built
-    from the columns' lists (Arrow's own Table.to_pylist builds each row key by key, slower)."""
+    """The rows as dicts of ``names``: one list of values per column (:func:`_pylist`), then one
+    dict per row built from the columns' lists (Arrow's own Table.to_pylist builds each row key by
+    key, slower)."""
     names = list(names)
-    columns = [rows.column(name).to_pylist() for name in names]
+    columns = [_pylist(rows.column(name)) for name in names]
     return list(map(dict, map(zip, repeat(names), zip(*columns))))
 
 
@@ -648,7 +688,7 @@ def _records(spec: DataFrameSpec, rows: Any, start: int) -> Iterator[tuple[str, 
     the rule refuses is a bad record (:func:`_checked_record`)."""
     keys = rows.column(spec.key).to_pylist()
     if spec.value is not None:
-        values: list[Any] = rows.column(spec.value).to_pylist()
+        values: list[Any] = _pylist(rows.column(spec.value))
     else:
         values = _row_values(rows, spec.columns)
     if spec.ts is None:

@@ -40,9 +40,11 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from itertools import islice
 from typing import Any, Iterator, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from kafka import TopicPartition
 from pyspark import TaskContext
 from pyspark.sql.datasource import (DataSource, DataSourceReader, DataSourceStreamReader, DataSourceStreamWriter,
@@ -213,13 +215,37 @@ def _plan(config: _Config, starting: Mapping[int, int] | str | None, ending: Map
     return pick(starting, earliest), pick(ending, latest)
 
 
-def _read(config: _Config, split: KafkaRangePartition) -> Iterator[tuple]:
-    """Rows of one range (executor side)."""
-    topic = config.topic
-    for r in read_records(config.settings(), topic, split.partition, split.start, split.end):
-        ts = datetime.fromtimestamp(r.timestamp / 1000, tz=timezone.utc) \
-            if r.timestamp is not None and r.timestamp >= 0 else None
-        yield (r.key, r.value, topic, split.partition, r.offset, ts)
+READ_BATCH_ROWS = 10_000
+"""Records per Arrow batch a read hands Spark (Spark's own ``maxRecordsPerBatch`` default)."""
+
+
+def _arrow_schema() -> Any:
+    """:data:`SCHEMA` as the Arrow schema Spark expects of a Python data source's batches."""
+    return pa.schema([("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+                      ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC"))])
+
+
+def _read(config: _Config, split: KafkaRangePartition) -> Iterator[Any]:
+    """The rows of one range (executor side) as Arrow record batches of :data:`SCHEMA`, at most
+    :data:`READ_BATCH_ROWS` each: Spark takes them as they are, where it converts rows given as
+    tuples one value at a time. A record's timestamp is null when Kafka has none (-1)."""
+    topic, partition = config.topic, split.partition
+    schema = _arrow_schema()
+    records = read_records(config.settings(), topic, partition, split.start, split.end)
+    while True:
+        chunk = list(islice(records, READ_BATCH_ROWS))
+        if not chunk:
+            return
+        n = len(chunk)
+        millis = [-1 if r.timestamp is None else r.timestamp for r in chunk]
+        stamps = pa.array(millis, pa.int64())
+        absent = pc.less(stamps, 0)
+        micros = pc.if_else(absent, pa.scalar(None, pa.int64()), pc.multiply(stamps, 1000))
+        yield pa.RecordBatch.from_arrays([
+            pa.array([r.key for r in chunk], pa.binary()), pa.array([r.value for r in chunk], pa.binary()),
+            pa.array([topic] * n, pa.string()), pa.array([partition] * n, pa.int32()),
+            pa.array([r.offset for r in chunk], pa.int64()), micros.cast(pa.timestamp("us", tz="UTC"))],
+            schema=schema)
 
 
 class _BatchReader(DataSourceReader):
@@ -230,7 +256,7 @@ class _BatchReader(DataSourceReader):
         start, end = _plan(self.config, self.config.offsets("startingoffsets"), self.config.offsets("endingoffsets"))
         return [KafkaRangePartition(p, start[p], max(start[p], end[p])) for p in sorted(start)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.config, partition)  # type: ignore[arg-type]
 
 
@@ -271,7 +297,7 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [KafkaRangePartition(int(p), int(start.get(p, 0)), int(end[p]))
                 for p in sorted(end, key=int)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return _read(self.config, partition)  # type: ignore[arg-type]
 
     def commit(self, end: dict) -> None:

@@ -357,6 +357,43 @@ def test_data_source_reads_partition_p_as_spark_partition_p_and_writes_by_murmur
     assert all(partition_for(k, 4) == p for p, k, _ in written if k is not None)
 
 
+def test_data_source_reads_every_record_as_kafka_python_gives_it(spark, kafka_broker, topic_prefix, monkeypatch):
+    """The source's rows are Arrow batches of at most READ_BATCH_ROWS records: differential against
+    kafka-python's records read directly (the reference), field by field, keys absent and present,
+    across batch boundaries; through Spark, each row's timestamp is its record's."""
+    from datetime import datetime, timezone
+
+    from localstate.runtime.spark import kafka_source
+
+    servers = kafka_broker.bootstrap_servers
+    settings = _settings(servers)
+    topic = topic_prefix + "fields"
+    ensure_topic(settings, topic, 2, -1, create=True)
+    produce(settings, topic, [(None if i % 5 == 0 else b"k-%d" % i, b"v-%d" % i, i % 2) for i in range(53)])
+    reference = {(p, r.offset): (r.key, r.value, r.timestamp) for p in (0, 1)
+                 for r in read_records(settings, topic, p, 0, 27 if p == 0 else 26)}
+    assert len(reference) == 53
+
+    monkeypatch.setattr(kafka_source, "READ_BATCH_ROWS", 7)
+    config = kafka_source._Config.parse({"bootstrap_servers": servers, "topic": topic})
+    read = {}
+    for p, count in ((0, 27), (1, 26)):
+        batches = list(kafka_source._read(config, kafka_source.KafkaRangePartition(p, 2, count)))
+        assert [b.num_rows for b in batches] == [7] * ((count - 2) // 7) + ([(count - 2) % 7] if (count - 2) % 7 else [])
+        assert all(b.schema == kafka_source._arrow_schema() for b in batches)
+        for row in (r for b in batches for r in b.to_pylist()):
+            assert row["topic"] == topic and row["partition"] == p
+            read[(p, row["offset"])] = (row["key"], row["value"], row["timestamp"])
+    assert read.keys() == {key for key in reference if key[1] >= 2}
+    for key, (k, v, at) in read.items():
+        assert (k, v) == reference[key][:2]
+        assert at == datetime.fromtimestamp(reference[key][2] / 1000, tz=timezone.utc)
+
+    rows = spark.read.format("localstate-kafka").option("bootstrap_servers", servers).option("topic", topic).load() \
+        .selectExpr("partition", "offset", "key", "value", "CAST(unix_micros(timestamp) AS BIGINT) AS micros").collect()
+    assert {(r.partition, r.offset): (r.key, r.value, r.micros // 1000) for r in rows} == reference
+
+
 def test_data_source_streaming_read_resumes_from_its_checkpoint(tmp_path, spark, kafka_broker, topic_prefix):
     servers = kafka_broker.bootstrap_servers
     settings = _settings(servers)
