@@ -40,13 +40,19 @@ def _input(tmp_path: Path, servers: str, topic: str, partitions: int) -> Any:
     return open_input(job, "events")
 
 
+def _topic_input(tmp_path: Path, kafka_broker: Any, topic: str, per_partition: tuple[int, int]) -> tuple[Any, Any]:
+    """A two-partition topic holding ``per_partition`` records (partition 0, partition 1) and the job
+    input on it: ``(settings, input)``."""
+    settings = _settings(kafka_broker.bootstrap_servers)
+    assert ensure_topic(settings, topic, 2, -1, create=True) == 2
+    produce(settings, topic, _records(0, per_partition[0]) + _records(1, per_partition[1]))
+    return settings, _input(tmp_path, kafka_broker.bootstrap_servers, topic, 2)
+
+
 def test_wait_is_quiet_when_idle_and_wakes_on_a_record_past_the_positions(tmp_path: Path, kafka_broker,
                                                                           topic_prefix) -> None:
-    servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "wait"
-    settings = _settings(servers)
-    assert ensure_topic(settings, topic, 2, -1, create=True) == 2
-    produce(settings, topic, _records(0, 5) + _records(1, 3))
-    source = _input(tmp_path, servers, topic, 2)
+    topic = topic_prefix + "wait"
+    settings, source = _topic_input(tmp_path, kafka_broker, topic, (5, 3))
     assert isinstance(source, WaitableInput)
     try:
         # Records below the positions are not a reason to wake; a record at a position is.
@@ -87,11 +93,8 @@ def test_a_followed_input_reads_what_its_follower_fetched_and_sees_rollbacks(tmp
     end comes from the follower's fetches (no end probe), ``read`` hands out the records it fetched,
     records arriving later are found by the next ``follow_end``, and a position outside what it
     follows (a rollback to a checkpoint, a read by a planned batch) reads the same records."""
-    servers, topic = kafka_broker.bootstrap_servers, topic_prefix + "follow"
-    settings = _settings(servers)
-    assert ensure_topic(settings, topic, 2, -1, create=True) == 2
-    produce(settings, topic, _records(0, 7) + _records(1, 2))
-    source = _input(tmp_path, servers, topic, 2)
+    topic = topic_prefix + "follow"
+    settings, source = _topic_input(tmp_path, kafka_broker, topic, (7, 2))
     assert isinstance(source, FollowedInput)
     try:
         assert source.follow_end({0: 3}) == {0: 7}
